@@ -1,0 +1,133 @@
+"""Evaluation figures as PNG files: reliability, uncertainty vs error, risk-coverage, uncertainty histograms.
+
+Figures are built on matplotlib's object API with an explicit Agg canvas instead of pyplot:
+pyplot keeps a global registry of open figures and picks a backend on import, and neither
+suits a library that runs inside a headless CLI, a service or parallel tests. All numbers
+come from :mod:`model.metrics`, so a plot never disagrees with the table beside it.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Mapping, Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from model import metrics
+
+_DPI = 120
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    """A figure attached to its own Agg canvas (no pyplot, no display)."""
+    fig = Figure(figsize=(width, height), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path) -> pathlib.Path:
+    """Write the figure as PNG, creating the parent folder, and return the path."""
+    path = pathlib.Path(os.fspath(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def reliability_diagram(p, y, num_bins: int = metrics.NUM_BINS, path="reliability.png") -> pathlib.Path:
+    """Accuracy vs confidence per bin (bars), the gap to the diagonal, a count histogram, ECE in the title."""
+    bins = metrics.calibration_bins(p, y, num_bins)
+    count = bins["count"]
+    filled = count > 0
+    # Empty bins have no accuracy; leave their bars out instead of drawing zeros.
+    acc = np.divide(bins["sum_correct"], count, out=np.zeros(num_bins), where=filled)
+    conf = np.divide(bins["sum_confidence"], count, out=np.zeros(num_bins), where=filled)
+    edges = np.linspace(0.0, 1.0, num_bins + 1)
+    left, width = edges[:-1], 1.0 / num_bins
+    ece = float(metrics.ece(p, y, num_bins))
+
+    fig = _new_figure(5.0, 6.0)
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    top.bar(left[filled], acc[filled], width=width, align="edge", color="tab:blue",
+            edgecolor="black", label="accuracy")
+    # The gap is drawn from accuracy to the mean confidence of the bin, not to the bin centre.
+    top.bar(left[filled], conf[filled] - acc[filled], bottom=acc[filled], width=width, align="edge",
+            color="tab:red", alpha=0.35, edgecolor="tab:red", hatch="//", label="gap")
+    top.plot([0, 1], [0, 1], linestyle="--", color="gray", label="perfect calibration")
+    top.set_ylabel("accuracy")
+    top.set_ylim(0, 1)
+    top.set_title(f"Reliability ({num_bins} bins, top-label)  ECE = {ece:.4f}")
+    top.legend(loc="upper left", fontsize=8)
+    bottom.bar(left, count, width=width, align="edge", color="gray", edgecolor="black")
+    bottom.set_xlabel("confidence max(p, 1 - p)")
+    bottom.set_ylabel("count")
+    # Top-label confidence never falls below 0.5, so the lower half of the axis is empty.
+    bottom.set_xlim(max(0.0, left[filled].min()) if filled.any() else 0.0, 1.0)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def uncertainty_vs_error(
+    p_mean, y, uncertainty, num_bins: int = 10, path="uncertainty_vs_error.png", name: str = "uncertainty"
+) -> pathlib.Path:
+    """Error rate and NLL in equal-count uncertainty bins: a useful uncertainty rises with both."""
+    binned = metrics.error_by_uncertainty(p_mean, y, uncertainty, num_bins)
+    fig = _new_figure(6.0, 4.0)
+    ax = fig.subplots()
+    ax.plot(binned["mean_uncertainty"], binned["error_rate"], marker="o", color="tab:blue", label="error rate")
+    ax.set_xlabel(f"{name} (bin mean, {len(binned['count'])} equal-count bins)")
+    ax.set_ylabel("error rate (threshold 0.5)", color="tab:blue")
+    twin = ax.twinx()
+    twin.plot(binned["mean_uncertainty"], binned["nll"], marker="s", color="tab:red", label="NLL")
+    twin.set_ylabel("NLL (nats)", color="tab:red")
+    ax.set_title(f"Error vs {name}")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def risk_coverage_plot(
+    tables: Mapping[str, Sequence[Mapping]],
+    path="risk_coverage.png",
+    metric_names: Sequence[str] = ("auc_pr", "auc_roc", "nll", "ece"),
+) -> pathlib.Path:
+    """One panel per metric vs coverage, one line per uncertainty measure (tables from selective_prediction)."""
+    fig = _new_figure(4.0 * len(metric_names), 3.6)
+    axes = np.atleast_1d(fig.subplots(1, len(metric_names)))
+    for ax, metric in zip(axes, metric_names):
+        for name, rows in tables.items():
+            coverage = [row["coverage"] for row in rows]
+            # evaluate() stores undefined values as None; plot them as gaps.
+            values = [np.nan if row[metric] is None else row[metric] for row in rows]
+            ax.plot(coverage, values, marker="o", markersize=3, label=name)
+        ax.set_xlabel("coverage (fraction kept)")
+        ax.set_title(metric)
+        # Referral moves right to left: full coverage on the right like the paper's figures.
+        ax.invert_xaxis()
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def uncertainty_histogram(
+    uncertainty, correct=None, path="uncertainty_histogram.png", name: str = "uncertainty", bins: int = 30
+) -> pathlib.Path:
+    """Histogram of an uncertainty measure, split into correct and incorrect predictions when `correct` is given."""
+    u = np.asarray(uncertainty, dtype=np.float64)
+    edges = np.histogram_bin_edges(u, bins=bins)
+    fig = _new_figure(6.0, 4.0)
+    ax = fig.subplots()
+    if correct is None:
+        ax.hist(u, bins=edges, color="tab:blue")
+    else:
+        correct = np.asarray(correct, dtype=bool)
+        # Densities, because errors are the minority and would vanish beside raw counts.
+        for mask, label, color in ((correct, "correct", "tab:blue"), (~correct, "incorrect", "tab:red")):
+            if mask.any():
+                ax.hist(u[mask], bins=edges, density=True, alpha=0.5, color=color, label=f"{label} (n={mask.sum()})")
+        ax.legend()
+    ax.set_xlabel(name)
+    ax.set_ylabel("density" if correct is not None else "count")
+    ax.set_title(f"Distribution of {name}")
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,39 @@
+"""Vocabulary and normalisation statistics against direct computations."""
+import numpy as np
+import pytest
+
+from ehr_pipeline import vocab
+
+
+def test_example_stats_match_direct_computation():
+    codes = np.array(["lab:1", "lab:1", "chart:2", "lab:1"], dtype=object)
+    values = np.array([1.0, np.nan, 5.0, 3.0])
+    st = vocab.example_code_stats(codes, values)
+    assert st["lab:1"] == (1, 3, 2, 4.0, 10.0)
+    assert st["chart:2"] == (1, 1, 1, 5.0, 25.0)
+
+
+def test_vocabulary_orders_by_frequency_and_applies_limits():
+    stats = {
+        "lab:a": (5, 9, 0, 0.0, 0.0),
+        "lab:b": (7, 7, 0, 0.0, 0.0),
+        "lab:c": (1, 1, 0, 0.0, 0.0),
+        "chart:x": (2, 2, 0, 0.0, 0.0),
+    }
+    v = vocab.build_vocabulary(stats, min_count=2, max_size=None)
+    assert v == {"chart": ["chart:x"], "lab": ["lab:b", "lab:a"]}
+    assert vocab.build_vocabulary(stats, min_count=1, max_size=1)["lab"] == ["lab:b"]
+
+
+def test_normalisation_matches_numpy_and_handles_constant_codes():
+    rng = np.random.default_rng(0)
+    x = rng.normal(3.0, 2.0, size=500)
+    parts = [vocab.example_code_stats(np.array(["lab:v"] * len(c), dtype=object), c)
+             for c in np.array_split(x, 7)]
+    merged = vocab.merge_all(kv for p in parts for kv in p.items())
+    norm = vocab.normalisation_stats(merged)
+    assert norm["lab:v"]["mean"] == pytest.approx(x.mean())
+    assert norm["lab:v"]["std"] == pytest.approx(x.std())
+    assert merged["lab:v"][0] == 7
+    const = vocab.normalisation_stats({"lab:k": (1, 3, 3, 6.0, 12.0)})
+    assert const["lab:k"] == {"mean": 2.0, "std": 1.0, "n": 3}
