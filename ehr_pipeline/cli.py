@@ -1,10 +1,102 @@
-"""`ehr-pipeline`: command-line entry point of the data layer."""
+"""`ehr-pipeline`: command-line entry point of the data layer.
+
+Sub-commands:
+  summarize  read every table of a release and count rows / dead letters
+  synth      write a synthetic MIMIC-III release with known death probabilities
+  run        the Beam job: bag admissions into SequenceExample TFRecords
+  demo       run the job end to end on the MIMIC-III demo and print the manifest summary
+"""
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
+
+log = logging.getLogger("ehr_pipeline")
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `ehr-pipeline` with every sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="ehr-pipeline",
+        description="MIMIC-III v1.4 CSV tables -> bagged tf.train.SequenceExample TFRecords.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "summarize",
+        help="read every table of a release; count rows parsed and dead-lettered",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--mimic-dir", required=True, help="folder with TABLE.csv.gz or TABLE.csv files")
+    p.add_argument("--dead-letter-dir", default=None,
+                   help="write bad rows here as TABLE.jsonl (default: count them only)")
+
+    from ehr_pipeline.synth import cli as synth_cli
+
+    p = sub.add_parser(
+        "synth",
+        help="write a synthetic MIMIC-III release with known death probabilities",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    synth_cli.add_arguments(p)
+
+    from ehr_pipeline import job_cli
+
+    p = sub.add_parser(
+        "run",
+        help="the Beam job: bag each admission into a SequenceExample (extra args go to Beam)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    job_cli.add_arguments(p)
+
+    p = sub.add_parser(
+        "demo",
+        help="run the job end to end on the MIMIC-III demo and print the manifest summary",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--mimic-dir", default="../shared/mimic-iii-demo", help="the demo release")
+    p.add_argument("--out", default="out/demo", help="output folder")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Dispatches `ehr-pipeline` sub-commands; returns the process exit code."""
-    print("ehr-pipeline: not yet wired", file=sys.stderr)
+    """Runs `ehr-pipeline`; returns the process exit code."""
+    parser = build_parser()
+    # Beam options (--runner=..., --direct_num_workers=...) pass through `run` untouched.
+    args, extra = parser.parse_known_args(argv)
+    _setup_logging(args.verbose)
+    if extra and args.command != "run":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "summarize":
+        from ehr_pipeline.summary import summarize_command
+
+        return summarize_command(args.mimic_dir, args.dead_letter_dir)
+    if args.command == "synth":
+        from ehr_pipeline.synth import cli as synth_cli
+
+        return synth_cli.run(args)
+    if args.command == "run":
+        from ehr_pipeline import job_cli
+
+        return job_cli.run(args, extra)
+    if args.command == "demo":
+        from ehr_pipeline import demo
+
+        return demo.run(args.mimic_dir, args.out)
+    parser.error(f"unknown command {args.command}")
     return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

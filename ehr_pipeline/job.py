@@ -1,0 +1,370 @@
+"""The Beam job: MIMIC-III tables -> one bagged SequenceExample per cohort admission.
+
+Shape of the pipeline (every arrow a PCollection):
+
+  driver: ADMISSIONS + PATIENTS -> cohort (small: ~60k admissions in the full release)
+  (table, file) --ReadAndExtract--> (hadm_id, event chunk)      [+ dead letters, counts]
+  cohort rows  --------------------> (hadm_id, meta)
+        \\-- Flatten -> GroupByKey(hadm_id) -> BagAdmission -> (split, shard, hadm, record)
+                                                           [+ train-split code stats, counts]
+  records -> GroupByKey(split, shard) -> WriteShard (sorted by hadm_id: byte-identical reruns)
+  code stats -> CombinePerKey -> vocabulary.json, numeric_stats.json
+  counts -> CombinePerKey(sum) -> the manifest (written by the driver after the run)
+
+Each worker parses whole blocks of a CSV file with pyarrow and drops events of patients
+outside the cohort and at or after their trigger BEFORE the shuffle, so the grouped state is
+only what reaches an example, packed as numpy arrays with per-chunk code dictionaries.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+# Counters are keyed "stage/source/reason"; they also land in the manifest.
+COUNTS = "counts"
+DEAD = "dead"
+STATS = "stats"
+
+
+@dataclasses.dataclass(frozen=True)
+class EventChunk:
+    """Events of one admission from one block, packed compactly for the shuffle."""
+
+    times: np.ndarray  # int64 seconds since epoch, when known
+    code_index: np.ndarray  # int32 index into `codes`
+    codes: tuple[str, ...]  # this chunk's code dictionary
+    values: np.ndarray  # float32... kept float64 for exact aggregates; NaN = no value
+
+    @staticmethod
+    def pack(times: np.ndarray, codes: np.ndarray, values: np.ndarray) -> "EventChunk":
+        """Dictionary-encodes the codes of one admission's events."""
+        uniq, inv = np.unique(np.asarray(codes, dtype=object).astype(str), return_inverse=True)
+        return EventChunk(
+            np.asarray(times, dtype=np.int64),
+            inv.astype(np.int32),
+            tuple(str(c) for c in uniq),
+            np.asarray(values, dtype=np.float64),
+        )
+
+
+def concat_chunks(chunks: list[EventChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unpacks and concatenates chunks into (times, codes, values) arrays."""
+    if not chunks:
+        return np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, np.float64)
+    times = np.concatenate([c.times for c in chunks])
+    codes = np.concatenate([np.asarray(c.codes, dtype=object)[c.code_index] for c in chunks])
+    values = np.concatenate([c.values for c in chunks])
+    return times, codes, values
+
+
+def canonical_order(times: np.ndarray, codes: np.ndarray, values: np.ndarray):
+    """Sorts events by (time, code, value) so the shuffle's arbitrary chunk order cannot change output."""
+    if times.size == 0:
+        return times, codes, values
+    codes_s = codes.astype(str)
+    order = np.lexsort((np.nan_to_num(values, nan=-np.inf), codes_s, times))
+    return times[order], codes[order], values[order]
+
+
+def _counter(name: str):
+    from apache_beam.metrics import Metrics
+
+    return Metrics.counter("ehr_pipeline", name)
+
+
+def _count(name: str, n: int):
+    """Bumps a Beam counter and returns the (name, n) pair that also flows into the manifest."""
+    if n:
+        _counter(name).inc(int(n))
+    return name, int(n)
+
+
+# ----------------------------------------------------------------------------- DoFns
+
+
+def _make_dofns():
+    """The job's DoFns, defined inside a function so importing this module needs no Beam."""
+    import apache_beam as beam
+    from apache_beam import pvalue
+
+    from ehr_pipeline import events as ev
+    from ehr_pipeline.reader import TableReader
+
+    class _ReadAndExtract(beam.DoFn):
+        def __init__(self, cohort_table, discharges, block_size_bytes: int):
+            self._cohort = cohort_table
+            self._discharges = discharges
+            self._block = block_size_bytes
+
+        def process(self, element):
+            table, path = element
+            dead: list = []
+            _, columns = ev.EXTRACTORS[table]
+            reader = TableReader(path, table, columns=columns, on_dead_letter=dead.append,
+                                 block_size_bytes=self._block)
+            for batch in reader:
+                events, extract_counts = ev.extract(table, batch, self._discharges)
+                kept, cohort_counts = ev.filter_to_cohort(events, self._cohort)
+                for hadm, times, codes, values in ev.split_by_admission(kept):
+                    yield hadm, EventChunk.pack(times, codes, values)
+                for reason, n in extract_counts.items():
+                    yield pvalue.TaggedOutput(COUNTS, _count(f"events/{table}/extract/{reason}", n))
+                for reason, n in cohort_counts.items():
+                    yield pvalue.TaggedOutput(COUNTS, _count(f"events/{table}/cohort/{reason}", n))
+                for letter in dead:
+                    yield pvalue.TaggedOutput(DEAD, (table, letter))
+                dead.clear()
+            stats = reader.stats
+            yield pvalue.TaggedOutput(COUNTS, _count(f"rows/{table}/read", stats.rows_read))
+            yield pvalue.TaggedOutput(COUNTS, _count(f"rows/{table}/parsed", stats.rows_parsed))
+            for reason, n in stats.dead_lettered.items():
+                yield pvalue.TaggedOutput(COUNTS, _count(f"rows/{table}/dead_letter/{reason}", n))
+
+    class _BagAdmission(beam.DoFn):
+        def __init__(self, config_dict: dict):
+            self._config_dict = config_dict
+
+        def setup(self):
+            from ehr_pipeline.config import PipelineConfig
+
+            self._config = PipelineConfig.model_validate(self._config_dict)
+
+        def process(self, element):
+            from ehr_pipeline import bagging, spec, splits, vocab
+
+            hadm, items = element
+            meta, chunks = None, []
+            for kind, payload in items:
+                if kind == "meta":
+                    meta = payload
+                else:
+                    chunks.append(payload)
+            if meta is None:  # cannot happen: filter_to_cohort only keys cohort admissions
+                yield pvalue.TaggedOutput(COUNTS, _count("examples/orphan_events", len(chunks)))
+                return
+            cfg = self._config
+            times, codes, values = canonical_order(*concat_chunks(chunks))
+            bags = bagging.bag_events(times, codes, values, meta["trigger_time"], cfg.bagging)
+            context = {
+                spec.SUBJECT_ID: meta["SUBJECT_ID"], spec.HADM_ID: hadm, spec.LABEL: meta["label"],
+                spec.TRIGGER_TIME: meta["trigger_time"], spec.AGE_YEARS: meta["age_years"],
+                spec.GENDER: meta["gender"], spec.ADMISSION_TYPE: meta["admission_type"],
+            }
+            record = spec.make_sequence_example(context, bags).SerializeToString(deterministic=True)
+            split = splits.assign_split(meta["SUBJECT_ID"], cfg.splits.model_dump(), cfg.split_salt)
+            shard = splits.shard_of(hadm, getattr(cfg.num_shards, split))
+            yield (split, shard), (hadm, record)
+            yield pvalue.TaggedOutput(COUNTS, _count(f"examples/{split}/written", 1))
+            yield pvalue.TaggedOutput(COUNTS, _count(f"examples/{split}/positive", meta["label"]))
+            yield pvalue.TaggedOutput(COUNTS, _count("bagging/events_in", times.size))
+            yield pvalue.TaggedOutput(COUNTS, _count("bagging/used", bags.n_events_used))
+            for reason, n in bags.n_dropped_by_reason.items():
+                yield pvalue.TaggedOutput(COUNTS, _count(f"bagging/dropped/{reason}", n))
+            if split == "train":
+                for code, st in vocab.example_code_stats(codes, values).items():
+                    yield pvalue.TaggedOutput(STATS, (code, st))
+
+    class _WriteShard(beam.DoFn):
+        def __init__(self, out_dir: str, config_dict: dict):
+            self._out = out_dir
+            self._config_dict = config_dict
+
+        def process(self, element):
+            from apache_beam.io.filesystems import FileSystems
+
+            from ehr_pipeline import outputs, spec, tfrecord
+
+            (split, shard), items = element
+            records = sorted((kv for kv in items if kv is not None), key=lambda kv: kv[0])
+            n_shards = self._config_dict["num_shards"][split]
+            name = spec.shard_file_name(split, shard, n_shards)
+            path = outputs.join(self._out, name)
+            tmp = path + ".inprogress"
+            with FileSystems.create(tmp) as f:
+                n = tfrecord.write_records(f, (r for _, r in records))
+            if FileSystems.exists(path):
+                FileSystems.delete([path])
+            FileSystems.rename([tmp], [path])
+            yield _count(f"files/{split}/records_written", n)
+
+    class _WriteDeadLetters(beam.DoFn):
+        def __init__(self, out_dir: str):
+            self._out = out_dir
+
+        def process(self, element):
+            from ehr_pipeline import outputs
+
+            table, letters = element
+            letters = sorted(letters, key=lambda d: (d.file, d.line))
+            body = "".join(d.to_json() + "\n" for d in letters).encode("utf-8")
+            outputs.write_bytes(outputs.join(self._out, outputs.DEAD_LETTER_DIR, f"{table}.jsonl"), body)
+            yield _count(f"dead_letters_written/{table}", len(letters))
+
+    return _ReadAndExtract, _BagAdmission, _WriteShard, _WriteDeadLetters
+
+
+# ----------------------------------------------------------------------------- driver
+
+COHORT_TABLES = ("ADMISSIONS", "PATIENTS")
+DEFAULT_RUNNER = "FnApiRunner"  # in-process and local: nothing to download (see README)
+
+
+def pipeline_options(beam_args: list[str]):
+    """Beam options from command-line style args, defaulting to the local FnApiRunner."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    options = PipelineOptions(list(beam_args))
+    if not options.view_as(StandardOptions).runner:
+        options.view_as(StandardOptions).runner = DEFAULT_RUNNER
+    return options
+
+
+def _read_cohort_tables(mimic_dir: str, dead: list) -> tuple[dict, dict]:
+    from ehr_pipeline import cohort
+    from ehr_pipeline.reader import locate_table, read_table
+
+    tables, stats = {}, {}
+    for name, columns in (("ADMISSIONS", cohort.ADMISSION_COLUMNS), ("PATIENTS", cohort.PATIENT_COLUMNS)):
+        path = locate_table(mimic_dir, name)
+        tables[name], stats[name] = read_table(
+            path, name, columns=columns, on_dead_letter=lambda d, n=name: dead.append((n, d)))
+    return tables, stats
+
+
+def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = None) -> dict[str, Any]:
+    """Runs the whole job and writes the manifest; returns the manifest dict."""
+    import time
+
+    import apache_beam as beam
+
+    from ehr_pipeline import cohort as cohort_mod
+    from ehr_pipeline import events as ev
+    from ehr_pipeline import outputs, spec, vocab
+    from ehr_pipeline.config import SPLIT_NAMES
+    from ehr_pipeline.reader import locate_table
+
+    started = time.time()
+    mimic_dir, out_dir = str(mimic_dir), str(out_dir)
+    cfg_dict = config.to_dict()
+
+    # Locate every table first: a missing required table fails before any work is done.
+    enabled = set(config.sources)
+    event_inputs = []
+    for table, source in ev.TABLE_SOURCE.items():
+        path = locate_table(mimic_dir, table)
+        if path is not None and source in enabled:
+            event_inputs.append((table, str(path)))
+
+    dead_driver: list = []
+    cohort_tables, cohort_stats = _read_cohort_tables(mimic_dir, dead_driver)
+    coh = cohort_mod.build_cohort(
+        cohort_tables["ADMISSIONS"], cohort_tables["PATIENTS"],
+        trigger_offset_seconds=config.trigger_offset_seconds, min_age_years=config.min_age_years)
+    log.info("cohort: %d of %d admissions kept; excluded %s", coh.counts.get(cohort_mod.KEPT, 0),
+             sum(coh.counts.values()), {k: v for k, v in coh.counts.items() if k != cohort_mod.KEPT and v})
+    meta_cols = ("SUBJECT_ID", "HADM_ID", "trigger_time", "label", "age_years", "gender", "admission_type")
+    metas = [(r["HADM_ID"], ("meta", r)) for r in coh.table.select(list(meta_cols)).to_pylist()]
+    # Only what the workers need to filter events travels with the DoFn.
+    cohort_index = coh.table.select(["SUBJECT_ID", "HADM_ID", "trigger_time"])
+
+    ReadAndExtract, BagAdmission, WriteShard, WriteDeadLetters = _make_dofns()
+    empty_shards = [((split, shard), None)
+                    for split in SPLIT_NAMES for shard in range(cfg_dict["num_shards"][split])]
+    tmp_dir = outputs.join(out_dir, outputs.TMP_DIR)
+
+    def write_json_list(items, name):
+        outputs.write_json(outputs.join(tmp_dir, name), sorted(items))
+
+    # Tagged outputs confuse Beam's inferred hints; the main outputs are all key-value pairs.
+    KV = tuple[Any, Any]
+    options = pipeline_options(beam_args or [])
+    with beam.Pipeline(options=options) as p:
+        extracted = (
+            p
+            | "EventFiles" >> beam.Create(sorted(event_inputs))
+            # One file is one unit of work: gzip cannot be split, and a reshuffle spreads files.
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "ReadAndExtract" >> beam.ParDo(
+                ReadAndExtract(cohort_index, coh.discharges, 4 << 20)).with_output_types(
+                    KV).with_outputs(
+                    COUNTS, DEAD, main="events")
+        )
+        chunks = extracted.events | "TagChunks" >> beam.Map(lambda kv: (kv[0], ("events", kv[1])))
+        cohort_rows = p | "CohortRows" >> beam.Create(metas)
+        bagged = (
+            (chunks, cohort_rows)
+            | "JoinAdmission" >> beam.Flatten()
+            | "GroupByAdmission" >> beam.GroupByKey()
+            | "Bag" >> beam.ParDo(BagAdmission(cfg_dict)).with_output_types(KV).with_outputs(
+                COUNTS, STATS, main="records")
+        )
+        written = (
+            (bagged.records, p | "AllShards" >> beam.Create(empty_shards))
+            | "JoinShards" >> beam.Flatten()
+            | "GroupByShard" >> beam.GroupByKey()
+            | "WriteShards" >> beam.ParDo(WriteShard(out_dir, cfg_dict))
+        )
+        dead_written = (
+            extracted[DEAD]
+            | "GroupDeadLetters" >> beam.GroupByKey()
+            | "WriteDeadLetters" >> beam.ParDo(WriteDeadLetters(out_dir))
+        )
+        (
+            (extracted[COUNTS], bagged[COUNTS], written, dead_written)
+            | "AllCounts" >> beam.Flatten()
+            | "SumCounts" >> beam.CombinePerKey(sum)
+            | "CountsList" >> beam.combiners.ToList()
+            | "WriteCounts" >> beam.Map(write_json_list, "counts.json")
+        )
+        (
+            bagged[STATS]
+            | "SumStats" >> beam.CombinePerKey(_combine_stats)
+            | "StatsList" >> beam.combiners.ToList()
+            | "WriteStats" >> beam.Map(write_json_list, "code_stats.json")
+        )
+
+    counts = dict(outputs.read_json(outputs.join(tmp_dir, "counts.json")))
+    stats = {code: tuple(st) for code, st in outputs.read_json(outputs.join(tmp_dir, "code_stats.json"))}
+    vocabulary = vocab.build_vocabulary(stats, config.vocab.min_count, config.vocab.max_size_per_source)
+    outputs.write_json(outputs.join(out_dir, outputs.VOCABULARY), {
+        "schema_version": spec.SCHEMA_VERSION, "sources": vocabulary,
+        "min_count": config.vocab.min_count, "built_on": "train"})
+    outputs.write_json(outputs.join(out_dir, outputs.NUMERIC_STATS), {
+        "schema_version": spec.SCHEMA_VERSION, "clip_z": config.numeric.clip_z,
+        "codes": vocab.normalisation_stats(stats), "built_on": "train"})
+    _write_driver_dead_letters(out_dir, dead_driver)
+    from ehr_pipeline import manifest as manifest_mod
+
+    manifest = manifest_mod.build_manifest(
+        out_dir=out_dir, mimic_dir=mimic_dir, config=config, counts=counts, cohort=coh,
+        cohort_stats=cohort_stats, event_tables=[t for t, _ in event_inputs],
+        vocabulary=vocabulary, seconds=time.time() - started, runner=str(
+            options.get_all_options().get("runner")))
+    outputs.write_json(outputs.join(out_dir, outputs.MANIFEST), manifest)
+    return manifest
+
+
+def _combine_stats(values):
+    from ehr_pipeline import vocab
+
+    total = vocab.ZERO
+    for v in values:
+        total = vocab.add_stats(total, v)
+    return total
+
+
+def _write_driver_dead_letters(out_dir: str, dead: list) -> None:
+    from ehr_pipeline import outputs
+
+    by_table: dict[str, list] = {}
+    for table, letter in dead:
+        by_table.setdefault(table, []).append(letter)
+    for table, letters in by_table.items():
+        body = "".join(d.to_json() + "\n" for d in letters).encode("utf-8")
+        outputs.write_bytes(outputs.join(out_dir, outputs.DEAD_LETTER_DIR, f"{table}.jsonl"), body)

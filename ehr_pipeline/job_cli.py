@@ -1,0 +1,53 @@
+"""`ehr-pipeline run`: flags of the Beam job (anything unrecognised is a Beam pipeline option)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the job's flags to `parser`."""
+    parser.add_argument("--mimic-dir", required=True,
+                        help="folder with the MIMIC-III v1.4 tables (TABLE.csv.gz or TABLE.csv)")
+    parser.add_argument("--out", required=True, help="output folder (local path or a Beam filesystem URL)")
+    parser.add_argument("--config", default=None,
+                        help="pipeline YAML (see configs/pipeline.yaml); default: built-in defaults")
+    parser.epilog = (
+        "Any other flag is passed to Beam, e.g. --runner=FlinkRunner --flink_master=HOST:8081, "
+        "--runner=SparkRunner --spark_master_url=spark://HOST:7077, or --runner=DataflowRunner "
+        "--project=P --region=R --temp_location=gs://B/tmp. Default runner: FnApiRunner (local, "
+        "in-process; add --direct_num_workers=N --direct_running_mode=multi_processing for cores).")
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    """Runs the job from parsed flags; returns the exit code."""
+    from ehr_pipeline import manifest as manifest_mod
+    from ehr_pipeline import outputs
+    from ehr_pipeline.config import load_pipeline_config
+    from ehr_pipeline.job import run_job
+
+    config = load_pipeline_config(args.config)
+    started = time.time()
+    manifest = run_job(args.mimic_dir, args.out, config, beam_args)
+    seconds = time.time() - started
+    outputs.write_json(outputs.join(args.out, "run_info.json"),
+                       {"seconds": round(seconds, 3), "beam_args": beam_args})
+    print(manifest_mod.format_summary(manifest))
+    print(f"\nwrote {args.out} in {seconds:.1f} s")
+    if not manifest["balanced"]:
+        for table, t in manifest["tables"].items():
+            for problem in t["problems"]:
+                log.error("%s: %s", table, problem)
+        return 1
+    return 0
+
+
+def manifest_json(out_dir: str) -> str:
+    """The manifest of a finished run as pretty JSON text."""
+    from ehr_pipeline import outputs
+
+    return json.dumps(outputs.read_json(outputs.join(out_dir, outputs.MANIFEST)), indent=2)

@@ -1,0 +1,65 @@
+"""File layout of the job's output folder, shared by the job, the trainer and the service.
+
+Everything goes through Beam's FileSystems so the same code writes to a local folder or to a
+bucket (gs://, s3://) when the job runs on Dataflow, Flink or Spark.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from typing import Any
+
+MANIFEST = "manifest.json"
+VOCABULARY = "vocabulary.json"
+NUMERIC_STATS = "numeric_stats.json"
+DEAD_LETTER_DIR = "dead_letter"
+TMP_DIR = "_tmp"
+
+
+def join(base: str, *parts: str) -> str:
+    """Joins path parts for local folders and URLs alike."""
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.join(base, *parts) if "://" in base else posixpath.join(base, *parts)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes a whole file atomically where the filesystem allows (temp then rename)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    tmp = path + ".inprogress"
+    with FileSystems.create(tmp) as f:
+        f.write(data)
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+    FileSystems.rename([tmp], [path])
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Writes pretty, key-sorted JSON (stable bytes for stable content)."""
+    write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _open_read(path: str):
+    # Local reads must not pay Beam's import: the trainer and the service read these files too.
+    if "://" not in path:
+        return open(path, "rb")
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.open(path)
+
+
+def read_json(path: str) -> Any:
+    """Reads a JSON file written by write_json."""
+    with _open_read(path) as f:
+        return json.loads(f.read().decode())
+
+
+def sha256_of(path: str) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with _open_read(path) as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
