@@ -1,0 +1,224 @@
+"""Bagging: one admission's timestamped events -> per-code aggregates in time bags.
+
+This is the single implementation used both by the Beam job (training data) and by the
+prediction service (request data), so the two cannot skew. It is pure numpy: no Beam, no
+TensorFlow, no Keras, cheap to import. It is vectorised (sorts and segment reductions, no
+per-event Python loop) because the job runs it for ~60k admissions of thousands of events.
+
+Semantics (docs/spec.md has a worked example):
+
+* ``age = trigger_time - time`` in seconds. Events with ``age <= 0`` (at or after the
+  trigger) are never bagged; they are counted under ``at_or_after_trigger``.
+* Bag index ``k = age // precision``: bag 0 holds ages in ``[1, precision - 1]`` seconds (an
+  event exactly ``precision`` seconds old is in bag 1).
+* With ``bagging_aggregate_older_than >= 0``, every event with ``age > older_than`` goes to
+  one history bag, which is older than every regular bag.
+* Only non-empty bags are emitted, oldest first; each bag's ``offset_seconds`` says where it
+  lies in time. If there are more than ``max_bags``, the newest ``max_bags`` are kept (the
+  history bag counts as a bag, and being the oldest it is the first dropped); events of the
+  dropped bags are counted under ``older_than_max_bags``.
+* Within a bag, codes are distinct and sorted by code point order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Mapping
+
+import numpy as np
+
+from ehr_pipeline import spec
+from ehr_pipeline.config import BaggingConfig
+
+DROP_AT_OR_AFTER_TRIGGER = "at_or_after_trigger"
+DROP_OLDER_THAN_MAX_BAGS = "older_than_max_bags"
+# Every reason is always reported (zero included) so counters and manifests are stable.
+DROP_REASONS = (DROP_AT_OR_AFTER_TRIGGER, DROP_OLDER_THAN_MAX_BAGS)
+
+_ENTRY_FIELDS = {  # per-(bag, code) arrays and their dtypes
+    "codes": object,
+    "counts": np.int64,
+    "value_count": np.int64,
+    "value_mean": np.float64,
+    "value_last": np.float64,
+}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: == on numpy arrays is ambiguous
+class Bags:
+    """One admission's bags, oldest first, in ragged form (flat entries + row_splits).
+
+    Bag ``i`` owns entries ``row_splits[i]:row_splits[i + 1]`` of ``codes``, ``counts``,
+    ``value_count``, ``value_mean`` and ``value_last``. Arrays are read-only.
+    """
+
+    offset_seconds: np.ndarray  # int64 [n_bags]: trigger time minus the bag's newest event, s
+    row_splits: np.ndarray  # int64 [n_bags + 1]
+    codes: np.ndarray  # object (str) [n_entries]: "source:code", distinct within a bag, sorted
+    counts: np.ndarray  # int64 [n_entries]: events of the code in the bag
+    value_count: np.ndarray  # int64 [n_entries]: events with a finite numeric value
+    value_mean: np.ndarray  # float64 [n_entries]: mean of those values, 0 when value_count = 0
+    value_last: np.ndarray  # float64 [n_entries]: newest of those values, 0 when value_count = 0
+    has_history_bag: bool  # True when bag 0 is the history bag
+    n_events_used: int  # events that landed in a kept bag
+    n_dropped_by_reason: Mapping[str, int]  # every name in DROP_REASONS -> events dropped
+
+    def __post_init__(self) -> None:
+        # Read-only views: a frozen dataclass should not hand out mutable arrays, and a
+        # view leaves any array the caller passed in untouched.
+        fields = {"offset_seconds": np.int64, "row_splits": np.int64, **_ENTRY_FIELDS}
+        for name, dtype in fields.items():
+            arr = np.asarray(getattr(self, name), dtype=dtype).view()
+            arr.setflags(write=False)
+            object.__setattr__(self, name, arr)
+        splits, n_entries = self.row_splits, len(self.codes)
+        if (splits.ndim != 1 or len(splits) != len(self.offset_seconds) + 1 or splits[0] != 0
+                or splits[-1] != n_entries or np.any(np.diff(splits) < 0)):
+            raise ValueError("Bags.row_splits must run from 0 to len(codes), one more than the bags")
+        for name in _ENTRY_FIELDS:
+            if getattr(self, name).shape != (n_entries,):
+                raise ValueError(f"Bags.{name} must have one entry per code, like Bags.codes")
+        object.__setattr__(self, "n_dropped_by_reason",
+                           {r: int(self.n_dropped_by_reason.get(r, 0)) for r in DROP_REASONS})
+
+    @property
+    def num_bags(self) -> int:
+        """Number of bags (the sequence length)."""
+        return len(self.offset_seconds)
+
+    def bag_slice(self, i: int) -> slice:
+        """The entries of bag ``i`` (0 = oldest) as a slice into the per-code arrays."""
+        return slice(int(self.row_splits[i]), int(self.row_splits[i + 1]))
+
+
+def bag_events(
+    times: np.ndarray,
+    codes: np.ndarray,
+    values: np.ndarray,
+    trigger_time: int,
+    config: BaggingConfig,
+) -> Bags:
+    """Bags the events before trigger_time; times and trigger_time in seconds since 1970, NaN value = none."""
+    times, codes, values = _check_events(times, codes, values)
+    trigger = _check_seconds(trigger_time)
+    precision = config.bagging_time_precision
+    older_than = config.bagging_aggregate_older_than
+
+    age = trigger - times  # seconds before the trigger
+    past = age > 0
+    n_future = int(age.size - np.count_nonzero(past))
+    event_index = np.flatnonzero(past)  # input position: breaks 'last' ties on equal times
+    age, codes, values = age[past], codes[past], values[past]
+
+    slot = age // precision
+    history_slot = older_than // precision + 1  # one past the oldest regular bag
+    if older_than >= 0:
+        slot = np.where(age > older_than, history_slot, slot)
+
+    # Ascending slot = newest bag first, so truncation to the newest is a prefix.
+    slots, newest_first = np.unique(slot, return_inverse=True)
+    n_bags = min(len(slots), config.max_bags)
+    kept = newest_first < n_bags
+    n_too_old = int(kept.size - np.count_nonzero(kept))
+    if n_too_old:
+        age, codes, values = age[kept], codes[kept], values[kept]
+        event_index, newest_first = event_index[kept], newest_first[kept]
+    dropped = {DROP_AT_OR_AFTER_TRIGGER: n_future, DROP_OLDER_THAN_MAX_BAGS: n_too_old}
+    if age.size == 0:
+        return _empty_bags(dropped)
+    bag = (n_bags - 1) - newest_first  # oldest first
+
+    vocab, code_id = np.unique(codes, return_inverse=True)
+    _check_codes(vocab)
+    vocab = vocab.astype(object)  # Python str out, like the caller's codes
+    # One entry per (bag, code); unique() sorts keys by bag, then by code.
+    keys, entry, counts = np.unique(bag * len(vocab) + code_id, return_inverse=True,
+                                    return_counts=True)
+    entry_bag = keys // len(vocab)
+    row_splits = np.concatenate(([0], np.cumsum(np.bincount(entry_bag, minlength=n_bags))))
+    offsets = np.full(n_bags, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(offsets, bag, age)  # newest event of each bag
+    value_count, value_mean, value_last = _numeric_aggregates(
+        entry, len(keys), age, values, event_index)
+    return Bags(
+        offset_seconds=offsets,
+        row_splits=row_splits,
+        codes=vocab[keys % len(vocab)],
+        counts=counts,
+        value_count=value_count,
+        value_mean=value_mean,
+        value_last=value_last,
+        has_history_bag=bool(older_than >= 0 and slots[n_bags - 1] == history_slot),
+        n_events_used=int(age.size),
+        n_dropped_by_reason=dropped,
+    )
+
+
+def _numeric_aggregates(
+    entry: np.ndarray, n_entries: int, age: np.ndarray, values: np.ndarray, event_index: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-entry count, mean and newest of the finite values (0 where there are none)."""
+    numeric = np.isfinite(values)  # NaN means "no value"; +-inf would poison the mean
+    entry, values, age, event_index = entry[numeric], values[numeric], age[numeric], event_index[numeric]
+    value_count = np.bincount(entry, minlength=n_entries).astype(np.int64)
+    mean = np.zeros(n_entries)
+    last = np.zeros(n_entries)
+    if entry.size == 0:
+        return value_count, mean, last
+    # Sum each entry's values in ascending value order: floating-point addition is not
+    # associative, and this makes the mean bit-identical whatever order the input came in.
+    by_value = np.lexsort((values, entry))
+    starts = np.flatnonzero(np.r_[True, np.diff(entry[by_value]) != 0])
+    present = entry[by_value][starts]
+    mean[present] = np.add.reduceat(values[by_value], starts) / value_count[present]
+    # Same segments (both orders sort by entry first); within one, oldest first and, on
+    # equal times, input order, so each segment's last element is the newest value.
+    by_time = np.lexsort((event_index, -age, entry))
+    ends = np.r_[starts[1:], entry.size] - 1
+    last[present] = values[by_time][ends]
+    return value_count, mean, last
+
+
+def _empty_bags(dropped: dict[str, int]) -> Bags:
+    """Zero bags: a valid (empty) sequence, e.g. an admission with no events before the trigger."""
+    return Bags(
+        offset_seconds=np.zeros(0, np.int64), row_splits=np.zeros(1, np.int64),
+        codes=np.zeros(0, object), counts=np.zeros(0, np.int64),
+        value_count=np.zeros(0, np.int64), value_mean=np.zeros(0), value_last=np.zeros(0),
+        has_history_bag=False, n_events_used=0, n_dropped_by_reason=dropped,
+    )
+
+
+def _check_seconds(t: object) -> int:
+    """An integral number of seconds as a Python int; bool and float are refused."""
+    if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+        raise TypeError(f"trigger_time must be integer seconds, got {type(t).__name__}")
+    return int(t)
+
+
+def _check_events(times, codes, values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Coerces the three event arrays, checking they are 1-D, aligned and typed."""
+    times, codes = np.asarray(times), np.asarray(codes)
+    values = np.asarray(values, dtype=np.float64)  # None becomes NaN: "no value"
+    n = times.shape[0] if times.ndim == 1 else -1
+    if n < 0 or codes.shape != (n,) or values.shape != (n,):
+        raise ValueError(f"times, codes and values must be 1-D and equally long, got shapes "
+                         f"{times.shape}, {codes.shape}, {values.shape}")
+    if n == 0:  # np.asarray([]) is float64; an empty input is still valid
+        return times.astype(np.int64), codes.astype(object), values
+    if times.dtype.kind not in "iu":
+        raise TypeError(f"times must be integer seconds since 1970, got dtype {times.dtype}")
+    if codes.dtype.kind not in "UOT":
+        raise TypeError(f"codes must be strings 'source:code', got dtype {codes.dtype}")
+    # Fixed-width unicode sorts in C, about twice as fast as Python str objects. A stray
+    # None or number becomes 'None' / '3' here, which _check_codes then rejects.
+    return times.astype(np.int64, copy=False), codes.astype(np.str_, copy=False), values
+
+
+def _check_codes(vocab: np.ndarray) -> None:
+    """Checks that the distinct codes (not every event: cheap) read 'source:code' with a known source."""
+    source, sep, rest = np.strings.partition(vocab, spec.CODE_SEPARATOR)
+    bad = ~(np.isin(source, spec.SOURCES) & (sep == spec.CODE_SEPARATOR) & (np.strings.str_len(rest) > 0))
+    if np.any(bad):
+        raise ValueError(f"code {str(vocab[bad][0])!r} is not 'source{spec.CODE_SEPARATOR}code' "
+                         f"with a source in {spec.SOURCES}")

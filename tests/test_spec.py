@@ -1,0 +1,212 @@
+"""The SequenceExample contract: build, write real GZIP TFRecords, read back through tf.data."""
+from __future__ import annotations
+
+import fnmatch
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from ehr_pipeline import spec
+from ehr_pipeline.bagging import bag_events
+from ehr_pipeline.config import SPLIT_NAMES, BaggingConfig
+
+T = 1_600_000_000
+DAY = 86400
+PER_CODE = [k for k in spec.SEQUENCE_KEYS if k != spec.BAG_OFFSET]  # ragged [batch, bags, codes]
+CONFIG = BaggingConfig(bagging_time_precision=6 * 3600, bagging_aggregate_older_than=3 * DAY, max_bags=20)
+
+
+def context(hadm_id: int, **overrides) -> dict:
+    ctx = {spec.SUBJECT_ID: 100 + hadm_id, spec.HADM_ID: hadm_id, spec.LABEL: hadm_id % 2,
+           spec.TRIGGER_TIME: T, spec.AGE_YEARS: 40.25 + hadm_id, spec.GENDER: "F",
+           spec.ADMISSION_TYPE: "EMERGENCY"}
+    ctx.update(overrides)
+    return ctx
+
+
+def random_bags(seed: int, n_events: int):
+    rng = np.random.default_rng(seed)
+    codes = np.array([spec.format_code(s, c) for s in ("lab", "chart", "diagnosis") for c in range(6)])
+    return bag_events(T - rng.integers(-DAY, 10 * DAY, n_events), codes[rng.integers(0, len(codes), n_events)],
+                      np.where(rng.random(n_events) < 0.6, rng.normal(50, 20, n_events), np.nan), T, CONFIG)
+
+
+def write_shards(directory, split: str, examples: list[tf.train.SequenceExample], num_shards: int) -> list[str]:
+    paths = [str(directory / spec.shard_file_name(split, i, num_shards)) for i in range(num_shards)]
+    options = tf.io.TFRecordOptions(compression_type=spec.COMPRESSION)
+    writers = [tf.io.TFRecordWriter(p, options) for p in paths]
+    for i, ex in enumerate(examples):
+        writers[i % num_shards].write(ex.SerializeToString())
+    for w in writers:
+        w.close()
+    return paths
+
+
+def test_round_trip_bags_to_gzip_tfrecords_to_dataset(tmp_path):
+    admissions = {h: random_bags(h, n) for h, n in [(1, 300), (2, 5), (3, 0), (4, 1000), (5, 40)]}
+    assert admissions[3].num_bags == 0 and admissions[4].has_history_bag
+    examples = [spec.make_sequence_example(context(h), b) for h, b in admissions.items()]
+    paths = write_shards(tmp_path, "train", examples, num_shards=2)
+    with open(paths[0], "rb") as f:
+        assert f.read(2) == b"\x1f\x8b"  # really GZIP on disk
+
+    ds = spec.make_dataset(str(tmp_path / spec.split_file_pattern("train")), batch_size=2)
+    seen = set()
+    for batch in ds:
+        assert isinstance(batch[spec.BAG_CODES], tf.RaggedTensor) and batch[spec.BAG_CODES].ragged_rank == 2
+        assert batch[spec.BAG_OFFSET].ragged_rank == 1
+        np.testing.assert_array_equal(batch[spec.BAG_OFFSET].row_lengths(), batch[spec.NUM_BAGS])
+        for key in PER_CODE:
+            np.testing.assert_array_equal(batch[key].nested_row_splits[1],
+                                          batch[spec.BAG_CODES].nested_row_splits[1])
+        for row in range(int(tf.shape(batch[spec.HADM_ID])[0])):
+            hadm = int(batch[spec.HADM_ID][row])
+            bags, ctx = admissions[hadm], context(hadm)
+            seen.add(hadm)
+            assert int(batch[spec.NUM_BAGS][row]) == bags.num_bags
+            for key in (spec.SUBJECT_ID, spec.LABEL, spec.TRIGGER_TIME):
+                assert int(batch[key][row]) == ctx[key]
+            assert float(batch[spec.AGE_YEARS][row]) == np.float32(ctx[spec.AGE_YEARS])
+            assert batch[spec.GENDER][row].numpy().decode() == ctx[spec.GENDER]
+            assert batch[spec.ADMISSION_TYPE][row].numpy().decode() == ctx[spec.ADMISSION_TYPE]
+            np.testing.assert_array_equal(batch[spec.BAG_OFFSET][row].numpy(),
+                                          bags.offset_seconds.astype(np.float32))
+            assert batch[spec.BAG_CODES][row].row_lengths().numpy().tolist() == np.diff(bags.row_splits).tolist()
+            flat = {key: batch[key][row].flat_values.numpy() for key in PER_CODE}
+            assert [c.decode() for c in flat[spec.BAG_CODES]] == bags.codes.tolist()
+            np.testing.assert_array_equal(flat[spec.BAG_COUNTS], bags.counts)
+            np.testing.assert_array_equal(flat[spec.BAG_VALUE_COUNT], bags.value_count)
+            np.testing.assert_array_equal(flat[spec.BAG_VALUE_MEAN], bags.value_mean.astype(np.float32))
+            np.testing.assert_array_equal(flat[spec.BAG_VALUE_LAST], bags.value_last.astype(np.float32))
+    assert seen == set(admissions)
+
+
+def test_shuffled_repeated_dataset_serves_every_example(tmp_path):
+    examples = [spec.make_sequence_example(context(h), random_bags(h, 20)) for h in range(1, 8)]
+    write_shards(tmp_path, "validation", examples, num_shards=3)
+    ds = spec.make_dataset(str(tmp_path / spec.split_file_pattern("validation")), batch_size=3,
+                           shuffle=True, seed=7, repeat=True, drop_remainder=True)
+    ids = [int(h) for batch in ds.take(7) for h in batch[spec.HADM_ID]]  # 21 = 3 epochs
+    assert sorted(ids) == sorted(list(range(1, 8)) * 3)
+
+
+def test_zero_bags_make_a_valid_example():
+    bags = bag_events([], [], [], T, CONFIG)
+    ex = spec.make_sequence_example(context(9), bags)
+    d = spec.sequence_example_to_dict(ex.SerializeToString())
+    assert d[spec.NUM_BAGS] == 0
+    assert all(d[key] == [] for key in spec.SEQUENCE_KEYS)  # feature lists present, empty
+    out = spec.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+    assert out[spec.NUM_BAGS].numpy().tolist() == [0]
+    assert out[spec.BAG_CODES].shape.as_list()[0] == 1
+    assert out[spec.BAG_CODES].flat_values.shape[0] == 0
+    assert out[spec.BAG_OFFSET].row_lengths().numpy().tolist() == [0]
+
+
+def test_sequence_example_to_dict_mirrors_the_bags():
+    bags = bag_events(T - np.array([10, 20, DAY]), np.array(["lab:1", "chart:2", "lab:1"]),
+                      np.array([1.5, np.nan, 3.0]), T, CONFIG)
+    d = spec.sequence_example_to_dict(spec.make_sequence_example(context(4, **{spec.LABEL: spec.LABEL_UNKNOWN}), bags))
+    assert d == {
+        spec.SUBJECT_ID: 104, spec.HADM_ID: 4, spec.LABEL: -1, spec.TRIGGER_TIME: T,
+        spec.AGE_YEARS: 44.25, spec.GENDER: "F", spec.ADMISSION_TYPE: "EMERGENCY", spec.NUM_BAGS: 2,
+        spec.BAG_OFFSET: [float(DAY), 10.0],
+        spec.BAG_CODES: [["lab:1"], ["chart:2", "lab:1"]],
+        spec.BAG_COUNTS: [[1], [1, 1]],
+        spec.BAG_VALUE_COUNT: [[1], [0, 1]],
+        spec.BAG_VALUE_MEAN: [[3.0], [0.0, 1.5]],
+        spec.BAG_VALUE_LAST: [[3.0], [0.0, 1.5]],
+    }
+
+
+@pytest.mark.parametrize("change, error, match", [
+    ({spec.HADM_ID: None}, TypeError, spec.HADM_ID),
+    ({spec.NUM_BAGS: 3}, ValueError, "filled from the bags"),
+    ({"ward": "MICU"}, ValueError, "ward"),
+    ({spec.LABEL: 2}, ValueError, spec.LABEL),
+    ({spec.LABEL: True}, TypeError, spec.LABEL),
+    ({spec.GENDER: "X"}, ValueError, spec.GENDER),
+    ({spec.AGE_YEARS: float("nan")}, ValueError, spec.AGE_YEARS),
+    ({spec.AGE_YEARS: 300.0}, ValueError, spec.AGE_YEARS),
+    ({spec.TRIGGER_TIME: 1.6e9}, TypeError, spec.TRIGGER_TIME),
+    ({spec.ADMISSION_TYPE: ""}, TypeError, spec.ADMISSION_TYPE),
+])
+def test_context_that_breaks_the_contract_is_refused(change, error, match):
+    ctx = context(1)
+    ctx.update(change)
+    with pytest.raises(error, match=match):
+        spec.make_sequence_example(ctx, bag_events([], [], [], T, CONFIG))
+
+
+def test_missing_context_key_is_named():
+    ctx = context(1)
+    del ctx[spec.GENDER]
+    with pytest.raises(ValueError, match=spec.GENDER):
+        spec.make_sequence_example(ctx, bag_events([], [], [], T, CONFIG))
+
+
+def test_parser_rejects_num_bags_that_disagrees_with_the_sequence(tmp_path):
+    ex = spec.make_sequence_example(context(1), random_bags(1, 50))
+    ex.context.feature[spec.NUM_BAGS].int64_list.value[0] += 1
+    write_shards(tmp_path, "test", [ex], num_shards=1)
+    ds = spec.make_dataset(str(tmp_path / spec.split_file_pattern("test")), batch_size=1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=spec.NUM_BAGS):
+        next(iter(ds))
+
+
+def test_parser_rejects_per_code_steps_beyond_num_bags():
+    ex = spec.make_sequence_example(context(1), random_bags(1, 50))
+    lists = ex.feature_lists.feature_list
+    for key in PER_CODE:  # one extra, internally consistent bag that num_bags does not count
+        lists[key].feature.append(lists[key].feature[0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=spec.NUM_BAGS):
+        spec.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+
+
+def test_parser_rejects_per_code_lists_not_aligned_with_codes():
+    ex = spec.make_sequence_example(context(1), random_bags(1, 50))
+    ex.feature_lists.feature_list[spec.BAG_VALUE_MEAN].feature[0].float_list.value.append(1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=spec.BAG_VALUE_MEAN):
+        spec.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+
+
+def test_shard_names_match_the_split_pattern_and_only_it():
+    name = spec.shard_file_name("train", 3, 8)
+    assert name == "train-00003-of-00008.tfrecord.gz"
+    for split in SPLIT_NAMES:
+        names = [spec.shard_file_name(s, 0, 1) for s in SPLIT_NAMES]
+        assert fnmatch.filter(names, spec.split_file_pattern(split)) == [spec.shard_file_name(split, 0, 1)]
+    for bad in [("train", 8, 8), ("train", -1, 8), ("train-x", 0, 1), ("", 0, 1), ("a/b", 0, 1)]:
+        with pytest.raises(ValueError):
+            spec.shard_file_name(*bad)
+
+
+def test_make_dataset_names_a_pattern_with_no_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing-here"):
+        spec.make_dataset(str(tmp_path / "nothing-here-*.tfrecord.gz"), batch_size=4)
+
+
+def test_format_code():
+    assert spec.format_code("lab", 50912) == "lab:50912"
+    with pytest.raises(ValueError, match="blood"):
+        spec.format_code("blood", 1)
+    with pytest.raises(ValueError, match="empty"):
+        spec.format_code("lab", "")
+
+
+def test_feature_spec_covers_every_declared_feature():
+    context_spec, sequence_spec = feature_spec = spec.feature_spec()
+    assert set(context_spec) == set(spec.CONTEXT_INT + spec.CONTEXT_FLOAT + spec.CONTEXT_BYTES)
+    assert set(sequence_spec) == set(spec.SEQUENCE_KEYS)
+    assert not set(context_spec) & set(sequence_spec)  # one flat output dict needs unique names
+    assert feature_spec[1][spec.BAG_CODES].dtype == tf.string
+
+
+def test_importing_spec_bagging_config_loads_no_tensorflow_beam_or_keras():
+    code = ("import sys, ehr_pipeline.spec, ehr_pipeline.bagging, ehr_pipeline.config; "
+            "print(sorted(m for m in ('tensorflow', 'apache_beam', 'keras', 'tf_keras') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
