@@ -27,9 +27,21 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 # Counters are keyed "stage/source/reason"; they also land in the manifest.
+# Every DoFn emits (kind, payload) pairs on ONE output and consumers select their kind:
+# the Dask runner does not route Beam's tagged outputs (all tags reach every consumer).
+EVENTS = "events"
+RECORDS = "records"
 COUNTS = "counts"
 DEAD = "dead"
 STATS = "stats"
+
+
+def select(kind: str):
+    """A FlatMap function keeping the payloads of one kind."""
+    def keep(item):
+        if item[0] == kind:
+            yield item[1]
+    return keep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +103,6 @@ def _count(name: str, n: int):
 def _make_dofns():
     """The job's DoFns, defined inside a function so importing this module needs no Beam."""
     import apache_beam as beam
-    from apache_beam import pvalue
-
     from ehr_pipeline import events as ev
     from ehr_pipeline.reader import TableReader
 
@@ -112,19 +122,19 @@ def _make_dofns():
                 events, extract_counts = ev.extract(table, batch, self._discharges)
                 kept, cohort_counts = ev.filter_to_cohort(events, self._cohort)
                 for hadm, times, codes, values in ev.split_by_admission(kept):
-                    yield hadm, EventChunk.pack(times, codes, values)
+                    yield EVENTS, (hadm, ("events", EventChunk.pack(times, codes, values)))
                 for reason, n in extract_counts.items():
-                    yield pvalue.TaggedOutput(COUNTS, _count(f"events/{table}/extract/{reason}", n))
+                    yield (COUNTS, _count(f"events/{table}/extract/{reason}", n))
                 for reason, n in cohort_counts.items():
-                    yield pvalue.TaggedOutput(COUNTS, _count(f"events/{table}/cohort/{reason}", n))
+                    yield (COUNTS, _count(f"events/{table}/cohort/{reason}", n))
                 for letter in dead:
-                    yield pvalue.TaggedOutput(DEAD, (table, letter))
+                    yield (DEAD, (table, letter))
                 dead.clear()
             stats = reader.stats
-            yield pvalue.TaggedOutput(COUNTS, _count(f"rows/{table}/read", stats.rows_read))
-            yield pvalue.TaggedOutput(COUNTS, _count(f"rows/{table}/parsed", stats.rows_parsed))
+            yield (COUNTS, _count(f"rows/{table}/read", stats.rows_read))
+            yield (COUNTS, _count(f"rows/{table}/parsed", stats.rows_parsed))
             for reason, n in stats.dead_lettered.items():
-                yield pvalue.TaggedOutput(COUNTS, _count(f"rows/{table}/dead_letter/{reason}", n))
+                yield (COUNTS, _count(f"rows/{table}/dead_letter/{reason}", n))
 
     class _BagAdmission(beam.DoFn):
         def __init__(self, config_dict: dict):
@@ -146,7 +156,7 @@ def _make_dofns():
                 else:
                     chunks.append(payload)
             if meta is None:  # cannot happen: filter_to_cohort only keys cohort admissions
-                yield pvalue.TaggedOutput(COUNTS, _count("examples/orphan_events", len(chunks)))
+                yield (COUNTS, _count("examples/orphan_events", len(chunks)))
                 return
             cfg = self._config
             times, codes, values = canonical_order(*concat_chunks(chunks))
@@ -159,16 +169,16 @@ def _make_dofns():
             record = spec.make_sequence_example(context, bags).SerializeToString(deterministic=True)
             split = splits.assign_split(meta["SUBJECT_ID"], cfg.splits.model_dump(), cfg.split_salt)
             shard = splits.shard_of(hadm, getattr(cfg.num_shards, split))
-            yield (split, shard), (hadm, record)
-            yield pvalue.TaggedOutput(COUNTS, _count(f"examples/{split}/written", 1))
-            yield pvalue.TaggedOutput(COUNTS, _count(f"examples/{split}/positive", meta["label"]))
-            yield pvalue.TaggedOutput(COUNTS, _count("bagging/events_in", times.size))
-            yield pvalue.TaggedOutput(COUNTS, _count("bagging/used", bags.n_events_used))
+            yield RECORDS, ((split, shard), (hadm, record))
+            yield (COUNTS, _count(f"examples/{split}/written", 1))
+            yield (COUNTS, _count(f"examples/{split}/positive", meta["label"]))
+            yield (COUNTS, _count("bagging/events_in", times.size))
+            yield (COUNTS, _count("bagging/used", bags.n_events_used))
             for reason, n in bags.n_dropped_by_reason.items():
-                yield pvalue.TaggedOutput(COUNTS, _count(f"bagging/dropped/{reason}", n))
+                yield (COUNTS, _count(f"bagging/dropped/{reason}", n))
             if split == "train":
                 for code, st in vocab.example_code_stats(codes, values).items():
-                    yield pvalue.TaggedOutput(STATS, (code, st))
+                    yield (STATS, (code, st))
 
     class _WriteShard(beam.DoFn):
         def __init__(self, out_dir: str, config_dict: dict):
@@ -213,13 +223,22 @@ def _make_dofns():
 
 COHORT_TABLES = ("ADMISSIONS", "PATIENTS")
 DEFAULT_RUNNER = "FnApiRunner"  # in-process and local: nothing to download (see README)
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 
 
 def pipeline_options(beam_args: list[str]):
     """Beam options from command-line style args, defaulting to the local FnApiRunner."""
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-    options = PipelineOptions(list(beam_args))
+    beam_args = list(beam_args)
+    if any("DaskRunner" in a for a in beam_args):
+        # Beam knows the Dask runner only by its full name, and parses --dask_* flags only
+        # once its options class has been imported.
+        from apache_beam.runners.dask import dask_runner
+
+        beam_args = [f"--runner={DASK_RUNNER}" if a in ("--runner=DaskRunner",) else a for a in beam_args]
+        del dask_runner
+    options = PipelineOptions(beam_args)
     if not options.view_as(StandardOptions).runner:
         options.view_as(StandardOptions).runner = DEFAULT_RUNNER
     return options
@@ -280,54 +299,64 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
 
     def write_json_list(items, name):
         outputs.write_json(outputs.join(tmp_dir, name), sorted(items))
+        return name
 
-    # Tagged outputs confuse Beam's inferred hints; the main outputs are all key-value pairs.
-    KV = tuple[Any, Any]
+    KV = tuple[Any, Any]  # inferred hints cannot see through select(); the payloads are pairs
     options = pipeline_options(beam_args or [])
-    with beam.Pipeline(options=options) as p:
-        extracted = (
-            p
-            | "EventFiles" >> beam.Create(sorted(event_inputs))
-            # One file is one unit of work: gzip cannot be split, and a reshuffle spreads files.
-            | "SpreadFiles" >> beam.Reshuffle()
-            | "ReadAndExtract" >> beam.ParDo(
-                ReadAndExtract(cohort_index, coh.discharges, 4 << 20)).with_output_types(
-                    KV).with_outputs(
-                    COUNTS, DEAD, main="events")
-        )
-        chunks = extracted.events | "TagChunks" >> beam.Map(lambda kv: (kv[0], ("events", kv[1])))
-        cohort_rows = p | "CohortRows" >> beam.Create(metas)
-        bagged = (
-            (chunks, cohort_rows)
-            | "JoinAdmission" >> beam.Flatten()
-            | "GroupByAdmission" >> beam.GroupByKey()
-            | "Bag" >> beam.ParDo(BagAdmission(cfg_dict)).with_output_types(KV).with_outputs(
-                COUNTS, STATS, main="records")
-        )
-        written = (
-            (bagged.records, p | "AllShards" >> beam.Create(empty_shards))
-            | "JoinShards" >> beam.Flatten()
-            | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShards" >> beam.ParDo(WriteShard(out_dir, cfg_dict))
-        )
-        dead_written = (
-            extracted[DEAD]
-            | "GroupDeadLetters" >> beam.GroupByKey()
-            | "WriteDeadLetters" >> beam.ParDo(WriteDeadLetters(out_dir))
-        )
-        (
-            (extracted[COUNTS], bagged[COUNTS], written, dead_written)
-            | "AllCounts" >> beam.Flatten()
-            | "SumCounts" >> beam.CombinePerKey(sum)
-            | "CountsList" >> beam.combiners.ToList()
-            | "WriteCounts" >> beam.Map(write_json_list, "counts.json")
-        )
-        (
-            bagged[STATS]
-            | "SumStats" >> beam.CombinePerKey(_combine_stats)
-            | "StatsList" >> beam.combiners.ToList()
-            | "WriteStats" >> beam.Map(write_json_list, "code_stats.json")
-        )
+    p = beam.Pipeline(options=options)
+    extracted = (
+        p
+        | "EventFiles" >> beam.Create(sorted(event_inputs))
+        # One file is one unit of work: gzip cannot be split, and a reshuffle spreads files.
+        | "SpreadFiles" >> beam.Reshuffle()
+        | "ReadAndExtract" >> beam.ParDo(ReadAndExtract(cohort_index, coh.discharges, 4 << 20))
+    )
+    chunks = extracted | "Chunks" >> beam.FlatMap(select(EVENTS)).with_output_types(KV)
+    cohort_rows = p | "CohortRows" >> beam.Create(metas)
+    bagged = (
+        (chunks, cohort_rows)
+        | "JoinAdmission" >> beam.Flatten()
+        | "GroupByAdmission" >> beam.GroupByKey()
+        | "Bag" >> beam.ParDo(BagAdmission(cfg_dict))
+    )
+    records = bagged | "Records" >> beam.FlatMap(select(RECORDS)).with_output_types(KV)
+    written = (
+        (records, p | "AllShards" >> beam.Create(empty_shards).with_output_types(KV))
+        | "JoinShards" >> beam.Flatten()
+        | "GroupByShard" >> beam.GroupByKey()
+        | "WriteShards" >> beam.ParDo(WriteShard(out_dir, cfg_dict))
+    )
+    dead_written = (
+        extracted
+        | "DeadLetters" >> beam.FlatMap(select(DEAD)).with_output_types(KV)
+        | "GroupDeadLetters" >> beam.GroupByKey()
+        | "WriteDeadLetters" >> beam.ParDo(WriteDeadLetters(out_dir))
+    )
+    counts_done = (
+        (extracted | "ExtractCounts" >> beam.FlatMap(select(COUNTS)),
+         bagged | "BagCounts" >> beam.FlatMap(select(COUNTS)), written, dead_written)
+        | "AllCounts" >> beam.Flatten()
+        | "SumCounts" >> beam.CombinePerKey(sum)
+        | "CountsList" >> beam.combiners.ToList()
+        | "WriteCounts" >> beam.Map(write_json_list, "counts.json")
+    )
+    stats_done = (
+        bagged
+        | "Stats" >> beam.FlatMap(select(STATS)).with_output_types(KV)
+        | "SumStats" >> beam.CombinePerKey(_combine_stats)
+        | "StatsList" >> beam.combiners.ToList()
+        | "WriteStats" >> beam.Map(write_json_list, "code_stats.json")
+    )
+    # One final sink that depends on every branch: the Dask runner computes only the
+    # last transform's graph, so a branch left dangling would silently never run.
+    _ = (counts_done, stats_done) | "Finish" >> beam.Flatten()
+    result = p.run()
+    result.wait_until_finish()
+    # The Dask runner opens its own client and never closes it; left open, it keeps trying
+    # to reconnect after the cluster is gone and floods the log.
+    client = getattr(result, "client", None)
+    if client is not None:
+        client.close()
 
     counts = dict(outputs.read_json(outputs.join(tmp_dir, "counts.json")))
     stats = {code: tuple(st) for code, st in outputs.read_json(outputs.join(tmp_dir, "code_stats.json"))}
