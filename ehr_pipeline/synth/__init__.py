@@ -1,0 +1,11 @@
+"""Synthetic MIMIC-III v1.4 releases with a known, learnable mortality truth.
+
+``generate_release`` writes the 13 tables the job reads (real file names, either CSV
+dialect) plus ``SYNTH_TRUTH.csv``; ``add_arguments`` / ``run`` are the CLI hook.
+The generative model is documented in docs/synthetic.md.
+"""
+from ehr_pipeline.synth.cli import add_arguments, run
+from ehr_pipeline.synth.config import SynthConfig
+from ehr_pipeline.synth.release import SynthSummary, generate_release, write_release
+
+__all__ = ["SynthConfig", "SynthSummary", "add_arguments", "generate_release", "run", "write_release"]

@@ -1,0 +1,59 @@
+"""`ehr-pipeline synth`: argument definitions and the command body.
+
+Wiring in ehr_pipeline/cli.py is one line per hook:
+``synth.add_arguments(sub.add_parser("synth", help=...))`` and dispatch to ``synth.run(args)``.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from ehr_pipeline.synth.config import DIALECTS, SynthConfig
+from ehr_pipeline.synth.release import write_release
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the synth flags to a (sub)parser."""
+    parser.add_argument("--patients", type=int, required=True,
+                        help="number of patients to generate (required; ~1.4 admissions each)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed; equal seeds and settings give byte-identical files (default: %(default)s)")
+    parser.add_argument("--out", type=pathlib.Path, required=True,
+                        help="output directory, created if missing; existing tables are replaced (required)")
+    parser.add_argument("--dialect", choices=DIALECTS, default="demo",
+                        help="CSV dialect: 'demo' = quoted UPPERCASE header and quoted strings as in the "
+                             "MIMIC-III demo, 'physionet' = lowercase header, minimal quoting (default: %(default)s)")
+    parser.add_argument("--no-gzip", dest="gzip", action="store_false",
+                        help="write TABLE.csv instead of TABLE.csv.gz (default: gzip)")
+    parser.add_argument("--trigger-offset-seconds", type=int, default=86_400,
+                        help="prediction time after ADMITTIME; deaths of stays reaching it happen after it, "
+                             "whole minutes >= 4 h (default: %(default)s)")
+    parser.add_argument("--events-scale", type=float, default=1.0,
+                        help="multiplies every measurement rate; 1.0 is ~300 events per ICU day "
+                             "(default: %(default)s)")
+    parser.add_argument("--compresslevel", type=int, default=1,
+                        help="gzip level 0-9; higher is smaller and slower (default: %(default)s)")
+    parser.add_argument("--dictionary-dir", type=pathlib.Path, default=None,
+                        help="a MIMIC-III release whose D_ITEMS / D_LABITEMS are written in full, with our "
+                             "items added (default: built-in catalogue only)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="hide the progress bar (default: shown when stderr is a terminal)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs `synth` with parsed arguments; prints the summary; returns the exit code."""
+    try:
+        cfg = SynthConfig(patients=args.patients, seed=args.seed,
+                          trigger_offset_seconds=args.trigger_offset_seconds, dialect=args.dialect,
+                          gzip=args.gzip, events_scale=args.events_scale, compresslevel=args.compresslevel,
+                          dictionary_dir=args.dictionary_dir)
+    except ValueError as e:
+        print(f"ehr-pipeline synth: {e}", file=sys.stderr)
+        return 2
+    if cfg.dictionary_dir is not None and not cfg.dictionary_dir.is_dir():
+        print(f"ehr-pipeline synth: --dictionary-dir {cfg.dictionary_dir} is not a directory", file=sys.stderr)
+        return 2
+    summary = write_release(cfg, args.out, show_progress=args.progress)
+    print(summary.format())
+    return 0

@@ -1,0 +1,78 @@
+"""The known truth of a synthetic release: P(in-hospital death) from pre-trigger facts.
+
+Every input of ``death_logit`` can be recomputed from the written tables alone (events
+with CHARTTIME < trigger, DOB, earlier admissions), so a model can in principle learn
+P_DEATH exactly; tests recompute it from the files. docs/synthetic.md gives the formula.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+SECONDS_PER_YEAR = 365.2425 * 86400.0
+AGE_CAP_YEARS = 90.0  # MIMIC shifts DOB of patients > 89 by ~300 years; cap like the pipeline
+
+
+@dataclasses.dataclass(frozen=True)
+class PreTriggerFeatures:
+    """Per-admission facts observable before the trigger; NaN = not measured."""
+
+    lactate_mean: np.ndarray  # mmol/L, mean LABEVENTS 50813 VALUENUM
+    creatinine_max: np.ndarray  # mg/dL, max LABEVENTS 50912 VALUENUM
+    hr_mean: np.ndarray  # beats/min, mean of CHARTEVENTS 211/220045 (ERROR != 1)
+    sbp_min: np.ndarray  # mmHg, min of CHARTEVENTS 51/455/220050/220179 (ERROR != 1)
+    n_labs: np.ndarray  # count of LABEVENTS rows of the admission (any value)
+    age_years: np.ndarray  # (ADMITTIME - DOB) / 365.2425 d, capped at 90
+    prior_admissions: np.ndarray  # earlier admissions of the same patient
+    prior_chronic: np.ndarray  # distinct CHRONIC_DX codes coded on earlier admissions
+
+
+@dataclasses.dataclass(frozen=True)
+class MortalityModel:
+    """Coefficients of the logit; the intercept sets the base rate (~12% for stays > 24 h)."""
+
+    intercept: float = -5.55
+    lactate: float = 1.3  # per log(lactate / 1.4 mmol/L)
+    creatinine: float = 0.8  # per log(max creatinine / 1.0 mg/dL)
+    heart_rate: float = 0.035  # per beat/min above the age-band reference
+    systolic: float = 0.03  # per mmHg the minimum falls below the age-band reference
+    lab_intensity: float = 0.35  # per log(1 + lab rows / lab_volume_scale)
+    age: float = 0.03  # per year above 65
+    prior_admission: float = 0.25  # per earlier admission, at most 3 counted
+    chronic: float = 0.3  # per distinct chronic condition coded before
+    neonate: float = -2.5  # newborns (age < 1 y) rarely die in hospital
+    # The release's events_scale: lab volume is judged against it, so the base rate does
+    # not move when a release is generated sparser or denser.
+    lab_volume_scale: float = 1.0
+
+    def logit(self, f: PreTriggerFeatures) -> np.ndarray:
+        """Log-odds of in-hospital death for each admission (dimensionless)."""
+        neo = f.age_years < 1.0
+        hr_ref = np.where(neo, 135.0, 85.0)
+        sbp_ref = np.where(neo, 72.0, 122.0)
+        # Unmeasured -> the reference value, i.e. a zero contribution: missing labs are
+        # (weakly) reassuring, as clinicians skip tests on stable patients.
+        z_lac = np.log(np.nan_to_num(f.lactate_mean, nan=1.4) / 1.4)
+        z_cr = np.log(np.nan_to_num(f.creatinine_max, nan=1.0) / 1.0)
+        z_hr = np.nan_to_num(f.hr_mean - hr_ref, nan=0.0)
+        z_sbp = np.nan_to_num(sbp_ref - f.sbp_min, nan=0.0)
+        return (self.intercept
+                + self.lactate * z_lac
+                + self.creatinine * z_cr
+                + self.heart_rate * z_hr
+                + self.systolic * z_sbp
+                + self.lab_intensity * np.log1p(f.n_labs / self.lab_volume_scale)
+                + self.age * (np.minimum(f.age_years, AGE_CAP_YEARS) - 65.0)
+                + self.prior_admission * np.minimum(f.prior_admissions, 3)
+                + self.chronic * f.prior_chronic
+                + self.neonate * neo)
+
+    def probability(self, f: PreTriggerFeatures) -> np.ndarray:
+        """P(in-hospital death) per admission, in [0, 1]."""
+        return 1.0 / (1.0 + np.exp(-self.logit(f)))
+
+
+def age_years(admit_s: np.ndarray, dob_s: np.ndarray) -> np.ndarray:
+    """Age at admission in years from int64 epoch seconds, capped at 90 (DOB-shift safe)."""
+    return np.minimum((admit_s - dob_s) / SECONDS_PER_YEAR, AGE_CAP_YEARS)
