@@ -137,14 +137,22 @@ def test_outputs_vocabulary_stats_and_checksums(demo_run):
             assert outputs.sha256_of(str(out / name)) == f["sha256"]
 
 
-def test_rerun_is_byte_identical(demo_run, demo_dir, tmp_path):
-    out1, _, _ = demo_run
-    run_job(str(demo_dir), str(tmp_path), PipelineConfig.model_validate(CONFIG))
+def test_rerun_on_synthetic_release_is_byte_identical(tmp_path):
+    from ehr_pipeline.synth import SynthConfig, write_release
+
+    release = tmp_path / "release"
+    write_release(SynthConfig(patients=120, seed=3, events_scale=0.3), release, show_progress=False)
+    config = PipelineConfig.model_validate(CONFIG)
+    out1, out2 = tmp_path / "a", tmp_path / "b"
+    m1 = run_job(str(release), str(out1), config)
+    run_job(str(release), str(out2), config)
+    assert m1["balanced"] and m1["tables"]["CHARTEVENTS"]["rows_read"] > 0
+    assert sum(s["examples"] for s in m1["splits"].values()) > 50
     files1 = sorted(p.relative_to(out1) for p in out1.rglob("*") if p.is_file())
-    files2 = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    files2 = sorted(p.relative_to(out2) for p in out2.rglob("*") if p.is_file())
     assert files1 == files2
     for rel in files1:
-        assert (out1 / rel).read_bytes() == (tmp_path / rel).read_bytes(), rel
+        assert (out1 / rel).read_bytes() == (out2 / rel).read_bytes(), rel
 
 
 def test_dask_cluster_produces_the_same_records(demo_run, demo_dir, tmp_path):
