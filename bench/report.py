@@ -1,0 +1,149 @@
+"""Shared helpers of the bench scripts: one results file, machine description, peak memory.
+
+Each bench script owns one section of docs/benchmarks.md, delimited by
+``<!-- begin:NAME -->`` / ``<!-- end:NAME -->``, so scripts can be re-run independently
+without clobbering each other's numbers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+import pathlib
+import platform
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT_PATH = "docs/benchmarks.md"
+_PACKAGES = ("pyarrow", "numpy", "pandas", "tensorflow", "tf-keras", "tensorflow-probability", "apache-beam")
+
+
+def write_section(name: str, markdown: str, path: str | os.PathLike = DEFAULT_PATH) -> pathlib.Path:
+    """Replaces section NAME of the results file (relative paths are under the repo root); returns the file."""
+    if not name or any(c in name for c in "<>\n") or "--" in name:
+        raise ValueError(f"section name {name!r} cannot be used inside an HTML comment marker")
+    target = pathlib.Path(path)
+    if not target.is_absolute():
+        target = ROOT / target
+    begin, end = f"<!-- begin:{name} -->", f"<!-- end:{name} -->"
+    block = f"{begin}\n{markdown.strip()}\n{end}"
+    text = target.read_text(encoding="utf-8") if target.exists() else "# Benchmarks\n"
+    b, e = text.find(begin), text.find(end)
+    if b >= 0 and e > b:
+        text = text[:b] + block + text[e + len(end):]
+    elif b >= 0 or e >= 0:
+        # Half a section means someone edited the markers by hand: guessing would eat text.
+        raise ValueError(f"{target}: section {name!r} has only one of its markers; fix the file by hand")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    return target
+
+
+def _cpu_model() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> str:
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return f"{int(line.split()[1]) / 2**20:.0f} GiB"
+    except OSError:
+        pass
+    return "unknown"
+
+
+def machine_info() -> str:
+    """One markdown line per fact: CPU model, cores, memory, OS, Python and package versions."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count()
+    versions = []
+    for pkg in _PACKAGES:
+        try:
+            versions.append(f"{pkg} {importlib.metadata.version(pkg)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "\n".join([
+        f"- CPU: {_cpu_model()}, {os.cpu_count()} cores ({usable} usable by this process)",
+        f"- memory: {_memory_gib()}; OS: {platform.platform()}",
+        f"- Python {platform.python_version()}; {', '.join(versions)}",
+    ])
+
+
+def _vm_hwm_mb(status_path: str) -> float | None:
+    """VmHWM (peak RSS of the process's current memory image) from a /proc status file, MiB."""
+    try:
+        with open(status_path) as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process since it started (exec), in MiB.
+
+    Prefers Linux's VmHWM: ``ru_maxrss`` survives exec, so a child forked from a big parent
+    would report the parent's size.
+    """
+    hwm = _vm_hwm_mb("/proc/self/status")
+    if hwm is not None:
+        return hwm
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildRun:
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    peak_rss_mb: float | None  # highest VmHWM seen while polling the child; None off Linux
+
+
+def run_child(argv: list[str], env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
+              poll_s: float = 0.02) -> ChildRun:
+    """Runs argv in a fresh process; returns its output, wall time (s) and peak RSS (MiB).
+
+    A fresh process per measurement makes peaks comparable: nothing an earlier size or
+    variant allocated stays in the allocator. The peak is polled from /proc every
+    ``poll_s`` (the kernel's rusage would include the parent's memory at fork, see
+    ``peak_rss_mb``), so growth in the child's last ``poll_s`` can be missed: a child that
+    can should also report ``peak_rss_mb()`` itself.
+    """
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    peak: list[float] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        status = f"/proc/{proc.pid}/status"
+        while not done.is_set():
+            hwm = _vm_hwm_mb(status)
+            if hwm is not None:
+                peak.append(hwm if not peak else max(hwm, peak[-1]))
+            done.wait(poll_s)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    stdout, stderr = proc.communicate()
+    done.set()
+    poller.join()
+    return ChildRun(proc.returncode, stdout, stderr, time.perf_counter() - started, peak[-1] if peak else None)

@@ -1,0 +1,706 @@
+"""Streaming, typed reader of MIMIC-III v1.4 CSV tables (gzip or plain, either dialect).
+
+Arrow's streaming CSV reader does the parsing: every column is read as a string and cast
+per block with vectorised kernels, so memory depends on the block size, never on the file.
+Rows that cannot be typed are dead letters (see ``deadletter``): counted by reason, handed to
+a sink with file, physical line and raw text, and never fatal.
+
+Exact line numbers come cheap: a record spans ``1 + (newlines inside its fields)`` lines and
+Arrow numbers every record it parses (including the ones it rejects), so the reader walks a
+line cursor block by block and only computes per-row spans in blocks that hold a dead row.
+The raw text of a dead row is cut out of a small window of recently read bytes.
+"""
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import io
+import logging
+import pathlib
+import threading
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+
+from ehr_pipeline import schemas
+from ehr_pipeline.deadletter import (
+    BAD_ENCODING,
+    BAD_NUMBER,
+    BAD_TIMESTAMP,
+    BLANK_LINE,
+    FIELD_COUNT,
+    MISSING_REQUIRED,
+    DeadLetter,
+    DeadLetterSink,
+)
+
+logger = logging.getLogger(__name__)
+
+# Bytes of decompressed CSV per Arrow block (one RecordBatch each). Arrow reads about 32
+# blocks ahead. At 256 KiB peak RSS stays flat from 1M to 10M rows (bench/reader.py); 1 MiB
+# blocks were no faster but let allocator fragmentation add ~20% between those sizes.
+DEFAULT_BLOCK_SIZE = 256 << 10
+_HEADER_PROBE_BYTES = 1 << 16
+_MAX_HEADER_BYTES = 1 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+_NEWLINE = 10
+_CR = 13
+
+ARROW_TYPES: dict[schemas.ColType, pa.DataType] = {
+    schemas.ColType.INT: pa.int64(),
+    schemas.ColType.FLOAT: pa.float64(),
+    # Seconds, never nanoseconds: DOBs of patients over 89 sit ~300 years before the other
+    # shifted dates and would overflow int64 nanoseconds in age arithmetic.
+    schemas.ColType.TIMESTAMP: pa.int64(),
+    schemas.ColType.STR: pa.string(),
+}
+
+
+class ReaderError(ValueError):
+    """A file that cannot be read as the MIMIC-III table it should be."""
+
+
+class EmptyFileError(ReaderError):
+    """The file has no header line at all."""
+
+
+class SchemaMismatchError(ReaderError):
+    """The header does not carry the columns the v1.4 schema requires."""
+
+
+class CorruptFileError(ReaderError):
+    """Truncated or corrupt compressed data, or CSV structure Arrow cannot recover from."""
+
+
+class MissingTableError(FileNotFoundError):
+    """A required table has no file in the release directory."""
+
+
+@dataclasses.dataclass
+class ReadStats:
+    """Row accounting of one pass: rows_read == rows_parsed + sum(dead_lettered.values())."""
+
+    rows_read: int = 0
+    rows_parsed: int = 0
+    dead_lettered: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def rows_dead(self) -> int:
+        """Rows dead-lettered, all reasons together."""
+        return sum(self.dead_lettered.values())
+
+
+def arrow_schema(table: str | schemas.TableSchema, columns: Sequence[str] | None = None) -> pa.Schema:
+    """The Arrow schema TableReader yields for ``table`` restricted to ``columns``."""
+    schema = _as_schema(table)
+    return pa.schema([pa.field(c.name, ARROW_TYPES[c.type]) for c in _requested(schema, columns)])
+
+
+def locate_table(mimic_dir: str | pathlib.Path, table: str) -> pathlib.Path | None:
+    """Finds TABLE.csv.gz or TABLE.csv (any case) in mimic_dir; None if an optional table is absent."""
+    schema = schemas.get(table)
+    directory = pathlib.Path(mimic_dir)
+    if not directory.is_dir():
+        raise MissingTableError(f"MIMIC-III directory {directory} does not exist or is not a directory")
+    files_by_name: dict[str, list[pathlib.Path]] = collections.defaultdict(list)
+    for p in directory.iterdir():
+        if p.is_file():
+            files_by_name[p.name.lower()].append(p)
+    for name in schema.file_names:
+        found = sorted(files_by_name.get(name.lower(), []))
+        if len(found) > 1:
+            raise ReaderError(
+                f"{directory}: several files match {name} case-insensitively: "
+                f"{', '.join(p.name for p in found)}; keep one"
+            )
+        if found:
+            return found[0]
+    expected = " or ".join(schema.file_names)
+    if schema.required:
+        raise MissingTableError(f"required MIMIC-III table {schema.name} not found in {directory}: expected {expected}")
+    logger.info("optional table %s absent from %s (looked for %s); skipping it", schema.name, directory, expected)
+    return None
+
+
+class TableReader:
+    """Iterates a MIMIC-III table file as typed pyarrow RecordBatches; see module docstring.
+
+    INT -> int64, FLOAT -> float64, TIMESTAMP -> int64 seconds since 1970-01-01, STR ->
+    string, empty field -> null. ``stats`` describes the last (or running) pass.
+    """
+
+    def __init__(
+        self,
+        path: str | pathlib.Path,
+        table: str | schemas.TableSchema,
+        columns: Sequence[str] | None = None,
+        on_dead_letter: DeadLetterSink | None = None,
+        block_size_bytes: int = DEFAULT_BLOCK_SIZE,
+    ):
+        self.path = pathlib.Path(path)
+        self.schema = _as_schema(table)
+        self.columns = _requested(self.schema, columns)
+        self.arrow_schema = pa.schema([pa.field(c.name, ARROW_TYPES[c.type]) for c in self.columns])
+        self.on_dead_letter = on_dead_letter
+        if block_size_bytes < 1024:
+            raise ValueError(f"block_size_bytes must be at least 1024, got {block_size_bytes}")
+        self.block_size_bytes = int(block_size_bytes)
+        self.stats = ReadStats()
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        self.stats = ReadStats()
+        with _RawWindow.open(self.path) as window:
+            header_names = _read_header(window, self.path)
+            positions = _match_header(header_names, self.schema, self.path)
+            if window.only_header_left():
+                return
+            yield from _Pass(self, window, header_names, positions).run()
+        if self.stats.rows_dead and self.on_dead_letter is None:
+            logger.warning(
+                "%s: %d row(s) dead-lettered %s with no sink to keep them; pass on_dead_letter",
+                self.path, self.stats.rows_dead, self.stats.dead_lettered,
+            )
+
+
+def read_table(
+    path: str | pathlib.Path,
+    table: str | schemas.TableSchema,
+    columns: Sequence[str] | None = None,
+    on_dead_letter: DeadLetterSink | None = None,
+) -> tuple[pa.Table, ReadStats]:
+    """Reads a whole table file into memory; for small tables (dimension tables, the demo)."""
+    reader = TableReader(path, table, columns=columns, on_dead_letter=on_dead_letter)
+    batches = list(reader)
+    return pa.Table.from_batches(batches, schema=reader.arrow_schema), reader.stats
+
+
+# ---------------------------------------------------------------------------- internals
+
+
+def _as_schema(table: str | schemas.TableSchema) -> schemas.TableSchema:
+    return table if isinstance(table, schemas.TableSchema) else schemas.get(table)
+
+
+def _requested(schema: schemas.TableSchema, columns: Sequence[str] | None) -> tuple[schemas.Column, ...]:
+    """Requested columns in the caller's order; names match the schema case-insensitively."""
+    if columns is None:
+        return schema.columns
+    if isinstance(columns, str):
+        raise TypeError("columns must be a sequence of column names, not one string")
+    by_upper = {c.name: c for c in schema.columns}
+    out: list[schemas.Column] = []
+    for name in columns:
+        col = by_upper.get(str(name).upper())
+        if col is None:
+            raise KeyError(f"{schema.name} has no column {name!r}; columns: {', '.join(schema.column_names)}")
+        if col in out:
+            raise ValueError(f"column {col.name} requested twice")
+        out.append(col)
+    if not out:
+        raise ValueError("columns must name at least one column (or be None for all)")
+    return tuple(out)
+
+
+class _RawWindow:
+    """File-like view of the (decompressed) file that remembers recent blocks.
+
+    Arrow reads it from its I/O thread; the reader asks it for the text of dead rows by line
+    number and tells it which lines it will never ask for again, which bounds its memory.
+    """
+
+    def __init__(self, path: pathlib.Path, stream: pa.NativeFile):
+        self.path = path
+        self._stream = stream
+        self._lock = threading.Lock()
+        # (line number at the chunk's first byte, bytes, newlines in it, newline offsets or None)
+        self._chunks: collections.deque[list] = collections.deque()
+        self._newlines_seen = 0
+        self._replay: collections.deque[pa.Buffer] = collections.deque()
+        self._eof = False
+        self.error: BaseException | None = None
+        self.closed = False
+
+    @classmethod
+    def open(cls, path: pathlib.Path) -> "_RawWindow":
+        with open(path, "rb") as fh:  # a missing file is a plain FileNotFoundError naming it
+            magic = fh.read(2)
+        # The content decides, not the name: a mislabelled .csv.gz must not be read as text.
+        compression = "gzip" if magic == _GZIP_MAGIC else None
+        return cls(path, pa.input_stream(str(path), compression=compression))
+
+    # -- file protocol used by Arrow
+    def read(self, nbytes: int = -1) -> pa.Buffer:
+        buf = self._next(nbytes)
+        # Arrow drops the first "\n" of a buffer that follows one ending in "\r", even inside
+        # a quoted value (apache/arrow#51368): a quoted CRLF split there loses a byte and
+        # every later line number shifts. So no buffer but the last may end in "\r".
+        while len(buf) and buf[len(buf) - 1] == _CR:
+            if len(buf) > 1:
+                self._replay.appendleft(buf.slice(len(buf) - 1))
+                return buf.slice(0, len(buf) - 1)
+            more = self._next(max(nbytes - 1, 1))
+            if not len(more):
+                return buf
+            buf = pa.py_buffer(b"\r" + more.to_pybytes())
+        return buf
+
+    def _next(self, nbytes: int) -> pa.Buffer:
+        if self._replay:
+            buf = self._replay.popleft()
+            if 0 < nbytes < len(buf):
+                self._replay.appendleft(buf.slice(nbytes))
+                buf = buf.slice(0, nbytes)
+            return buf
+        return self._read_new(nbytes)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> "_RawWindow":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stream.close()
+        self.closed = True
+
+    # -- helpers for the reader
+    def _read_new(self, nbytes: int) -> pa.Buffer:
+        if self._eof:
+            return pa.py_buffer(b"")
+        try:
+            buf = self._stream.read_buffer(nbytes if nbytes > 0 else None)
+        except Exception as e:  # zlib and I/O errors: keep them so the reader can name the cause
+            self.error = e
+            raise
+        if len(buf) == 0:
+            self._eof = True
+            return buf
+        count = int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8) == _NEWLINE))
+        with self._lock:
+            self._chunks.append([self._newlines_seen + 1, buf, count, None])
+            self._newlines_seen += count
+        return buf
+
+    def probe(self, nbytes: int) -> bytes:
+        """Reads ahead of Arrow; what is read here is replayed to Arrow later."""
+        try:
+            buf = self._read_new(nbytes)
+        except (OSError, pa.ArrowException) as e:
+            raise CorruptFileError(f"{self.path}: compressed data is truncated or corrupt at its start: {e}") from e
+        if len(buf):
+            self._replay.append(buf)
+        return buf.to_pybytes()
+
+    def only_header_left(self) -> bool:
+        """True when nothing but the header line (and at most its terminator) is in the file."""
+        data = b"".join(b.to_pybytes() for b in self._replay)
+        rest = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+        while not rest and not self._eof:
+            more = self.probe(_HEADER_PROBE_BYTES)
+            data += more
+            rest = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+        return not rest
+
+    def release_before(self, line: int) -> None:
+        """Forgets bytes before the start of ``line``: the reader never asks for them again."""
+        with self._lock:
+            # Chunk 0 holds newlines up to number chunks[1].first - 1; line L starts after
+            # newline L - 1, so chunk 0 is still needed while that newline may be in it.
+            while len(self._chunks) > 1 and self._chunks[1][0] < line:
+                self._chunks.popleft()
+
+    def text(self, line: int, span: int) -> str:
+        """The raw text of ``span`` physical lines starting at ``line``, without the final terminator."""
+        with self._lock:
+            start = self._line_start(line)
+            end = self._line_start(line + span)
+            parts = []
+            for i in range(start[0], end[0] + 1):
+                data = self._chunks[i][1]
+                lo = start[1] if i == start[0] else 0
+                hi = end[1] if i == end[0] else len(data)
+                parts.append(data.slice(lo, hi - lo).to_pybytes())
+        raw = b"".join(parts)
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        return raw.decode("utf-8", errors="replace")
+
+    def _line_start(self, line: int) -> tuple[int, int]:
+        """(chunk index, byte offset) just after newline number ``line - 1``; end of data if unread."""
+        chunks = self._chunks
+        wanted = line - 1  # the newline that ends the previous line
+        if not chunks or wanted < chunks[0][0]:
+            raise RuntimeError(f"{self.path}: line {line} is no longer in the read window (reader bug)")
+        for idx in range(len(chunks) - 1, -1, -1):
+            first, data, count, offsets = chunks[idx]
+            if first <= wanted < first + count:
+                if offsets is None:
+                    offsets = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == _NEWLINE)
+                    chunks[idx][3] = offsets
+                return idx, int(offsets[wanted - first]) + 1
+        # Past the last newline read: the final line of a file without a closing newline.
+        return len(chunks) - 1, len(chunks[-1][1])
+
+
+def _read_header(window: _RawWindow, path: pathlib.Path) -> list[str]:
+    """Parses the first physical line as CSV column names."""
+    data = b""
+    while b"\n" not in data:
+        more = window.probe(_HEADER_PROBE_BYTES)
+        if not more:
+            break
+        data += more
+        if len(data) > _MAX_HEADER_BYTES and b"\n" not in data:
+            raise ReaderError(f"{path}: no line break in the first {_MAX_HEADER_BYTES} bytes; not a CSV table")
+    line = data.split(b"\n", 1)[0].rstrip(b"\r")
+    if not line.strip():
+        if not data.strip():
+            raise EmptyFileError(f"{path} is empty: expected a header line with the column names")
+        raise EmptyFileError(f"{path}: line 1 is blank; expected the header line with the column names")
+    try:
+        text = line.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ReaderError(f"{path}: header line is not UTF-8 ({e})") from e
+    if text.count('"') % 2:
+        raise ReaderError(f"{path}: header line has an unterminated quote: {text[:200]!r}")
+    return next(csv.reader(io.StringIO(text)))
+
+
+def _match_header(names: list[str], schema: schemas.TableSchema, path: pathlib.Path) -> dict[str, int]:
+    """Maps each schema column to its position in the header (names match case-insensitively)."""
+    positions: dict[str, int] = {}
+    extras: list[str] = []
+    for i, name in enumerate(names):
+        key = name.strip().upper()
+        if key in positions:
+            raise SchemaMismatchError(
+                f"{path}: header names column {key} twice (positions {positions[key] + 1}, {i + 1})")
+        if key in schema.column_names:
+            positions[key] = i
+        else:
+            extras.append(name)
+            positions[key] = i  # also catches duplicated extras
+    missing = [c for c in schema.column_names if c not in positions]
+    if missing:
+        # Even a nullable column is not filled with nulls: a missing DEATHTIME would quietly
+        # read as "nobody died". A header without a v1.4 column means the wrong file.
+        raise SchemaMismatchError(
+            f"{path}: header lacks {schema.name} column(s) {', '.join(missing)}; "
+            f"found {', '.join(names)}"
+        )
+    if extras:
+        logger.warning("%s: ignoring column(s) not in the %s v1.4 schema: %s", path, schema.name, ", ".join(extras))
+    return {c: positions[c] for c in schema.column_names}
+
+
+def _string_newlines(arr: pa.Array) -> int:
+    """Number of '\\n' bytes in the values of a string array (nulls count none)."""
+    bufs = arr.buffers()
+    if arr.null_count == len(arr) or bufs[2] is None:
+        return 0
+    offsets = np.frombuffer(bufs[1], dtype=np.int32, count=len(arr) + 1, offset=4 * arr.offset)
+    start, end = int(offsets[0]), int(offsets[-1])
+    if end == start:
+        return 0
+    data = np.frombuffer(bufs[2], dtype=np.uint8, count=end - start, offset=start)
+    return int(np.count_nonzero(data == _NEWLINE))
+
+
+def _per_row_newlines(arr: pa.Array) -> np.ndarray:
+    return pc.count_substring(arr, "\n").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _failures(raw: pa.Array, convert: Callable[[pa.Array], pa.Array]) -> np.ndarray:
+    """Boolean mask of the values ``convert`` rejects, found by bisection (rare path)."""
+    bad = np.zeros(len(raw), dtype=bool)
+
+    def visit(lo: int, hi: int) -> None:
+        try:
+            convert(raw.slice(lo, hi - lo))
+            return
+        except pa.ArrowInvalid:
+            pass
+        if hi - lo <= 16:
+            for i in range(lo, hi):
+                try:
+                    convert(raw.slice(i, 1))
+                except pa.ArrowInvalid:
+                    bad[i] = True
+            return
+        mid = (lo + hi) // 2
+        visit(lo, mid)
+        visit(mid, hi)
+
+    visit(0, len(raw))
+    return bad
+
+
+def _to_int(raw: pa.Array) -> pa.Array:
+    return pc.cast(raw, pa.int64())
+
+
+def _to_float(raw: pa.Array) -> pa.Array:
+    return pc.cast(raw, pa.float64())
+
+
+def _to_seconds(raw: pa.Array) -> pa.Array:
+    # Arrow's ISO-8601 parser checks calendar ranges (no 2164-02-30) and rejects trailing text.
+    return pc.cast(pc.cast(raw, pa.timestamp("s")), pa.int64())
+
+
+def _checked_utf8(raw: pa.Array) -> pa.Array:
+    raw.validate(full=True)
+    return raw
+
+
+_CONVERTERS = {
+    schemas.ColType.INT: (_to_int, BAD_NUMBER, "is not an integer"),
+    schemas.ColType.FLOAT: (_to_float, BAD_NUMBER, "is not a number"),
+    schemas.ColType.TIMESTAMP: (_to_seconds, BAD_TIMESTAMP, "is not a YYYY-MM-DD[ HH:MM:SS] timestamp"),
+    schemas.ColType.STR: (_checked_utf8, BAD_ENCODING, "is not valid UTF-8"),
+}
+
+
+@dataclasses.dataclass
+class _Problem:
+    column: str
+    reason: str
+    mask: np.ndarray
+    message: str
+    raw: pa.Array | None  # to quote the offending value in the detail
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class _Pass:
+    """One pass over a file: typing, dead-lettering and the line cursor."""
+
+    def __init__(self, reader: TableReader, window: _RawWindow, header: list[str], positions: dict[str, int]):
+        self.reader = reader
+        self.window = window
+        self.header = header
+        self.file = str(reader.path)
+        self.stats = reader.stats
+        self.wanted = [(c, positions[c.name]) for c in reader.columns]
+        wanted_pos = {p for _, p in self.wanted}
+        # Columns never typed still count lines: their quoted values may hold newlines.
+        self.untyped = [i for i in range(len(header)) if i not in wanted_pos]
+        self.invalid: collections.deque[pacsv.InvalidRow] = collections.deque()
+        self.next_number = 2  # Arrow's number of the next record; the header is record 1
+        self.next_line = 2  # physical line where the next record starts
+
+    def _on_invalid(self, row: pacsv.InvalidRow) -> str:
+        self.invalid.append(row)
+        return "skip"
+
+    def run(self) -> Iterator[pa.RecordBatch]:
+        reader = self._open()
+        try:
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                except (pa.ArrowException, OSError) as e:
+                    raise self._failure(e) from e
+                out = self._process(batch)
+                self.window.release_before(self.next_line)
+                if out.num_rows:
+                    yield out
+        finally:
+            # Stop Arrow's read-ahead before the caller's `with` closes the stream under it
+            # (a consumer may stop early).
+            reader.close()
+        self._flush_invalid(len(self.invalid))
+        if self.invalid:
+            raise RuntimeError(f"{self.file}: rejected rows out of order (reader bug)")
+
+    def _open(self) -> pacsv.CSVStreamingReader:
+        read = pacsv.ReadOptions(use_threads=False, block_size=self.reader.block_size_bytes)
+        parse = pacsv.ParseOptions(
+            newlines_in_values=True,  # D_ITEMS labels, NOTEEVENTS text
+            ignore_empty_lines=False,  # a skipped blank line would shift every later line number
+            invalid_row_handler=self._on_invalid,
+        )
+        convert = pacsv.ConvertOptions(
+            column_types={name: pa.string() for name in self.header},
+            check_utf8=False,  # checked per column so one bad byte is one dead row, not a dead file
+            null_values=[""],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=True,
+        )
+        try:
+            reader = pacsv.open_csv(self.window, read_options=read, parse_options=parse, convert_options=convert)
+        except (pa.ArrowException, OSError) as e:
+            raise self._failure(e) from e
+        if reader.schema.names != self.header:
+            raise ReaderError(f"{self.file}: Arrow parsed the header as {reader.schema.names}, expected {self.header}")
+        return reader
+
+    def _failure(self, e: BaseException) -> ReaderError:
+        self._flush_invalid(len(self.invalid), partial=True)
+        where = f"after {self.stats.rows_read} data rows (last complete row ends on line {self.next_line - 1})"
+        if self.window.error is not None:
+            return CorruptFileError(
+                f"{self.file}: compressed data is truncated or corrupt {where}: {self.window.error}")
+        hint = ""
+        if "straddl" in str(e):
+            hint = (f" (a quoted field opened at or after line {self.next_line} never closes, or one row is"
+                    f" longer than block_size_bytes={self.reader.block_size_bytes})")
+        return CorruptFileError(f"{self.file}: CSV cannot be parsed {where}{hint}: {e}")
+
+    # -- per block
+    def _process(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        n = batch.num_rows
+        typed: list[pa.Array] = []
+        problems: list[_Problem] = []
+        nl_columns: list[pa.Array] = []
+        for col, pos in self.wanted:
+            raw = batch.column(pos)
+            convert, reason, message = _CONVERTERS[col.type]
+            try:
+                value = convert(raw)
+            except pa.ArrowInvalid:
+                bad = _failures(raw, convert)
+                # Invalid UTF-8 cannot be quoted back as text; the raw line still carries it.
+                quote = raw if col.type is not schemas.ColType.STR else None
+                problems.append(_Problem(col.name, reason, bad, message, quote))
+                value = convert(pc.if_else(pa.array(bad), pa.nulls(n, raw.type), raw))
+                # Unparseable values may hide quoted newlines; parsed numbers never do.
+                nl_columns.append(raw)
+            else:
+                if col.type is schemas.ColType.STR:
+                    nl_columns.append(raw)
+            if not col.nullable and raw.null_count:
+                problems.append(_Problem(col.name, MISSING_REQUIRED, raw.is_null().to_numpy(zero_copy_only=False),
+                                         "is empty but NOT NULL", None))
+            typed.append(value)
+        nl_columns.extend(batch.column(i) for i in self.untyped)
+        counts = [_string_newlines(a) for a in nl_columns]
+        newlines = sum(counts)
+        nl_columns = [a for a, c in zip(nl_columns, counts) if c]
+
+        blank = self._blank_candidates(batch)
+        n_invalid = self._invalid_in_range(n)
+        if not problems and blank is None and not n_invalid:
+            self.stats.rows_read += n
+            self.stats.rows_parsed += n
+            self.next_number += n
+            self.next_line += n + newlines
+            return pa.RecordBatch.from_arrays(typed, schema=self.reader.arrow_schema)
+        return self._process_slow(batch, typed, problems, nl_columns, blank, n_invalid)
+
+    def _blank_candidates(self, batch: pa.RecordBatch) -> np.ndarray | None:
+        """Rows where every field is null: a blank line, or a line of empty fields."""
+        if batch.num_rows == 0 or batch.column(0).null_count == 0:
+            return None
+        mask = batch.column(0).is_null()
+        for i in range(1, batch.num_columns):
+            mask = pc.and_(mask, batch.column(i).is_null())
+        out = mask.to_numpy(zero_copy_only=False)
+        return out if out.any() else None
+
+    def _invalid_in_range(self, n: int) -> int:
+        """How many rejected rows Arrow reported inside this block's range of records."""
+        end = self.next_number + n
+        count = 0
+        for row in self.invalid:
+            if row.number is None:
+                raise RuntimeError(f"{self.file}: Arrow gave a rejected row no number (reader bug)")
+            if row.number >= end:
+                break
+            count += 1
+            end += 1
+        return count
+
+    def _process_slow(self, batch, typed, problems, nl_columns, blank, n_invalid) -> pa.RecordBatch:
+        n = batch.num_rows
+        invalid = [self.invalid.popleft() for _ in range(n_invalid)]
+        total = n + n_invalid
+        is_valid = np.ones(total, dtype=bool)
+        spans = np.ones(total, dtype=np.int64)
+        inv_pos = np.array([r.number - self.next_number for r in invalid], dtype=np.int64)
+        is_valid[inv_pos] = False
+        if nl_columns:
+            row_nl = np.zeros(n, dtype=np.int64)
+            for arr in nl_columns:
+                row_nl += _per_row_newlines(arr)
+            spans[is_valid] += row_nl
+        for p, r in zip(inv_pos, invalid):
+            spans[p] = 1 + r.text.count("\n")
+        starts = self.next_line + np.concatenate(([0], np.cumsum(spans)[:-1]))
+        row_starts, row_spans = starts[is_valid], spans[is_valid]
+
+        letters: list[DeadLetter] = [
+            DeadLetter(self.file, int(starts[p]), r.text, FIELD_COUNT,
+                       f"expected {r.expected_columns} fields, found {r.actual_columns}")
+            for p, r in zip(inv_pos, invalid)
+        ]
+        candidates = np.zeros(n, dtype=bool)
+        for prob in problems:
+            candidates |= prob.mask
+        if blank is not None:
+            candidates |= blank
+        dead = np.zeros(n, dtype=bool)
+        for i in np.flatnonzero(candidates):
+            line, span = int(row_starts[i]), int(row_spans[i])
+            raw_text = self.window.text(line, span)
+            if blank is not None and blank[i] and raw_text.strip() == "":
+                letters.append(DeadLetter(self.file, line, raw_text, BLANK_LINE, "blank line"))
+                dead[i] = True
+                continue
+            found = [p for p in problems if p.mask[i]]
+            if not found:  # a line of empty fields whose requested columns are all nullable: data
+                continue
+            detail = "; ".join(
+                f"{p.column} {_short(p.raw[i].as_py()) + ' ' if p.raw is not None else ''}{p.message}"
+                for p in found
+            )
+            letters.append(DeadLetter(self.file, line, raw_text, found[0].reason, detail))
+            dead[i] = True
+
+        letters.sort(key=lambda l: l.line)
+        for letter in letters:
+            self._emit(letter)
+        self.stats.rows_read += total
+        self.stats.rows_parsed += n - int(dead.sum())
+        self.next_number += total
+        self.next_line = int(starts[-1] + spans[-1]) if total else self.next_line
+        out = pa.RecordBatch.from_arrays(typed, schema=self.reader.arrow_schema)
+        return out.filter(pa.array(~dead)) if dead.any() else out
+
+    def _flush_invalid(self, count: int, partial: bool = False) -> None:
+        """Emits rejected rows that follow the last block (end of file, or before a failure)."""
+        for _ in range(count):
+            row = self.invalid[0]
+            if row.number != self.next_number:
+                if partial:
+                    return
+                raise RuntimeError(f"{self.file}: rejected row {row.number} out of order (reader bug)")
+            self.invalid.popleft()
+            self._emit(DeadLetter(self.file, self.next_line, row.text, FIELD_COUNT,
+                                  f"expected {row.expected_columns} fields, found {row.actual_columns}"))
+            self.stats.rows_read += 1
+            self.next_number += 1
+            self.next_line += 1 + row.text.count("\n")
+
+    def _emit(self, letter: DeadLetter) -> None:
+        self.stats.dead_lettered[letter.reason] = self.stats.dead_lettered.get(letter.reason, 0) + 1
+        logger.debug("dead letter %s:%d %s: %s", letter.file, letter.line, letter.reason, letter.detail)
+        if self.reader.on_dead_letter is not None:
+            self.reader.on_dead_letter(letter)
