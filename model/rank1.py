@@ -1,0 +1,237 @@
+"""The layer factory: the one place that turns a ``PosteriorConfig`` into layers.
+
+Model code (the EHR LSTM, the image models) only calls ``dense``, ``conv2d``,
+``lstm_cell`` / ``lstm`` and ``kl_loss``; which posterior those layers carry is data
+(``config.method``). Each method is an entry in a registry, so a new low-rank posterior
+(k-tied Normal, particle adapters, ...) is added with ``register(name, builder)``
+without touching model code.
+
+Built-in entries:
+  deterministic  plain Keras layers (the tiled batch just repeats the same network).
+  rank1          edward2 rank-1 layers; factors with trainable Normal/Cauchy posteriors
+                 and a KL to the (mixture) prior in ``layer.losses``.
+  batchensemble  the same edward2 layers with point-mass factors: plain Keras
+                 initializers make edward2 use its variables directly (no sampling, no KL).
+                 Sharing the rank-1 classes keeps one code path and identical variable
+                 layouts, so a BatchEnsemble checkpoint can warm-start a rank-1 run.
+
+Losses: edward2 puts the KL (summed over all K members, not divided by the dataset size)
+into ``layer.losses`` next to Keras' L2 terms, so ``sum(model.losses)`` mixes two things
+that need different scaling. Use ``kl_loss`` (scale by 1/N_train and the annealing factor)
+and ``l2_loss`` separately.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Iterable
+
+import tensorflow as tf
+
+from model._edward2 import ed
+from model.posterior import PosteriorConfig
+from model.rank1_lstm import Rank1LSTM
+
+Layer = tf.keras.layers.Layer
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerBuilder:
+    """A registry entry: how one posterior method builds each layer kind."""
+
+    dense: Callable[..., Layer]  # (units, config, *, activation, use_bias, name) -> Layer
+    conv2d: Callable[..., Layer]  # (filters, kernel_size, config, *, strides, padding, activation, use_bias, name)
+    lstm_cell: Callable[..., Layer]  # (units, config, *, name) -> a tf.keras.layers.LSTMCell
+
+
+_REGISTRY: dict[str, LayerBuilder] = {}
+
+
+def register(method: str, builder: LayerBuilder) -> None:
+    """Adds a posterior method to the factory; PosteriorConfig then accepts its name."""
+    if method in _REGISTRY:
+        raise ValueError(f"posterior method {method!r} is already registered")
+    _REGISTRY[method] = builder
+
+
+def registered_methods() -> frozenset[str]:
+    """Names accepted as PosteriorConfig.method."""
+    return frozenset(_REGISTRY)
+
+
+def _builder(config: PosteriorConfig) -> LayerBuilder:
+    if not isinstance(config, PosteriorConfig):
+        raise TypeError(f"expected a PosteriorConfig, got {type(config).__name__}")
+    return _REGISTRY[config.method]
+
+
+# --- public factory -------------------------------------------------------------------
+
+def dense(units: int, config: PosteriorConfig, *, activation=None, use_bias: bool = True,
+          name: str | None = None) -> Layer:
+    """A dense layer under `config`'s posterior; input [K*batch, d] for ensemble methods."""
+    return _builder(config).dense(units, config, activation=activation, use_bias=use_bias, name=name)
+
+
+def conv2d(filters: int, kernel_size, config: PosteriorConfig, *, strides=(1, 1), padding: str = "valid",
+           activation=None, use_bias: bool = True, name: str | None = None) -> Layer:
+    """A 2-D convolution under `config`'s posterior (channels_last)."""
+    return _builder(config).conv2d(filters, kernel_size, config, strides=strides, padding=padding,
+                                   activation=activation, use_bias=use_bias, name=name)
+
+
+def lstm_cell(units: int, config: PosteriorConfig, *, name: str | None = None) -> Layer:
+    """An LSTM cell under `config`'s posterior (usable in tf.keras.layers.RNN)."""
+    return _builder(config).lstm_cell(units, config, name=name)
+
+
+def lstm(units: int, config: PosteriorConfig, *, return_sequences: bool = False,
+         return_state: bool = False, name: str | None = None) -> Rank1LSTM:
+    """The fast LSTM layer (model.rank1_lstm) around ``lstm_cell(units, config)``."""
+    cell = lstm_cell(units, config, name=f"{name}_cell" if name else None)
+    return Rank1LSTM(cell, return_sequences=return_sequences, return_state=return_state, name=name)
+
+
+# --- losses ---------------------------------------------------------------------------
+
+# Attribute prefixes of edward2's rank-1 factor sites (<site>_initializer / _regularizer).
+_FACTOR_SITES = ("alpha", "gamma", "recurrent_alpha", "recurrent_gamma", "ensemble_bias")
+
+
+def _modules(obj: Any) -> list[tf.Module]:
+    seen: dict[int, tf.Module] = {}
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, tf.Module):
+            for module in (item, *item.submodules):
+                seen.setdefault(id(module), module)
+        elif isinstance(item, Iterable) and not isinstance(item, (str, bytes)):
+            stack.extend(item)
+        else:
+            raise TypeError(f"expected layers or a model, got {type(item).__name__}")
+    return list(seen.values())
+
+
+def kl_loss(layers_or_model: Any) -> tf.Tensor:
+    """Sum of all KL(q || prior) terms under a layer, model or list of them (unscaled)."""
+    terms = []
+    for module in _modules(layers_or_model):
+        own = getattr(module, "kl_divergence", None)
+        if callable(own):  # our own stochastic layers (e.g. embeddings)
+            terms.append(own())
+            continue
+        for site in _FACTOR_SITES:
+            init = getattr(module, f"{site}_initializer", None)
+            reg = getattr(module, f"{site}_regularizer", None)
+            # Same call edward2 registers as the layer's loss: regularizer(q as RandomVariable).
+            if isinstance(init, Layer) and reg is not None and init.built:
+                terms.append(reg(init(getattr(module, f"{site}_shape"), module.dtype)))
+    if not terms:
+        return tf.constant(0.0)
+    return tf.add_n([tf.reduce_sum(t) for t in terms])
+
+
+def l2_loss(layers_or_model: Any) -> tf.Tensor:
+    """Sum of the L2 penalties on shared weight matrices (kernels, recurrent kernels)."""
+    terms = []
+    for module in _modules(layers_or_model):
+        for reg_name, var_name in (("kernel_regularizer", "kernel"), ("recurrent_regularizer", "recurrent_kernel")):
+            reg = getattr(module, reg_name, None)
+            var = getattr(module, var_name, None)
+            if reg is not None and isinstance(var, tf.Variable):
+                terms.append(reg(var))
+    if not terms:
+        return tf.constant(0.0)
+    return tf.add_n(terms)
+
+
+# --- initializers -----------------------------------------------------------------------
+
+def softplus_inverse(x: float) -> float:
+    """Raw parameter whose softplus is x (stable for small and large x)."""
+    return x + math.log(-math.expm1(-x))
+
+
+def mean_initializer(config: PosteriorConfig) -> tf.keras.initializers.Initializer:
+    """Factor means per Appendix B: random signs (v > 0), N(1, |v|) (v < 0), ones (v == 0)."""
+    v = config.random_sign_init
+    if v > 0:
+        return ed.initializers.RandomSign(probs=v)
+    if v < 0:
+        return tf.keras.initializers.RandomNormal(mean=1.0, stddev=-v)
+    return tf.keras.initializers.Ones()
+
+
+def factor_posterior(config: PosteriorConfig, factor: str) -> tuple[Any, Any]:
+    """(initializer, regularizer) for one rank-1 factor site; a fresh pair per site."""
+    kind = config.factor_initializer(factor)
+    loc_init = mean_initializer(config)
+    if kind == "trainable_deterministic":
+        # A plain initializer: edward2 uses the variable as is, no sampling and no KL.
+        return loc_init, None
+    # Constant, not uncertainty-baselines' jittered TruncatedNormal: the initial stddev is
+    # exactly the dropout parameterisation's sqrt(p / (1 - p)).
+    raw_scale = tf.keras.initializers.Constant(softplus_inverse(config.init_stddev))
+    if kind == "trainable_normal":
+        return (ed.initializers.TrainableNormal(mean_initializer=loc_init, stddev_initializer=raw_scale,
+                                                stddev_constraint="softplus"),
+                ed.regularizers.NormalKLDivergence(mean=config.prior_mean, stddev=config.prior_stddev))
+    return (ed.initializers.TrainableCauchy(loc_initializer=loc_init, scale_initializer=raw_scale,
+                                            scale_constraint="softplus"),
+            ed.regularizers.CauchyKLDivergence(loc=config.prior_mean, scale=config.prior_stddev))
+
+
+def _l2(config: PosteriorConfig):
+    return tf.keras.regularizers.l2(config.l2) if config.l2 > 0 else None
+
+
+# --- built-in registry entries ---------------------------------------------------------
+
+def _det_dense(units, config, *, activation, use_bias, name):
+    return tf.keras.layers.Dense(units, activation=activation, use_bias=use_bias,
+                                 kernel_regularizer=_l2(config), name=name)
+
+
+def _det_conv2d(filters, kernel_size, config, *, strides, padding, activation, use_bias, name):
+    return tf.keras.layers.Conv2D(filters, kernel_size, strides=strides, padding=padding, activation=activation,
+                                  use_bias=use_bias, kernel_regularizer=_l2(config), name=name)
+
+
+def _det_lstm_cell(units, config, *, name):
+    return tf.keras.layers.LSTMCell(units, kernel_regularizer=_l2(config), recurrent_regularizer=_l2(config),
+                                    name=name)
+
+
+def _factor_kwargs(config: PosteriorConfig, prefix: str = "") -> dict[str, Any]:
+    alpha_init, alpha_reg = factor_posterior(config, "alpha")
+    gamma_init, gamma_reg = factor_posterior(config, "gamma")
+    return {f"{prefix}alpha_initializer": alpha_init, f"{prefix}alpha_regularizer": alpha_reg,
+            f"{prefix}gamma_initializer": gamma_init, f"{prefix}gamma_regularizer": gamma_reg}
+
+
+def _r1_dense(units, config, *, activation, use_bias, name):
+    return ed.layers.DenseRank1(units, activation=activation, use_bias=use_bias, kernel_regularizer=_l2(config),
+                                use_additive_perturbation=config.use_additive_perturbation,
+                                ensemble_size=config.ensemble_size, name=name, **_factor_kwargs(config))
+
+
+def _r1_conv2d(filters, kernel_size, config, *, strides, padding, activation, use_bias, name):
+    return ed.layers.Conv2DRank1(filters, kernel_size, strides=strides, padding=padding, activation=activation,
+                                 use_bias=use_bias, kernel_regularizer=_l2(config),
+                                 use_additive_perturbation=config.use_additive_perturbation,
+                                 ensemble_size=config.ensemble_size, name=name, **_factor_kwargs(config))
+
+
+def _r1_lstm_cell(units, config, *, name):
+    return ed.layers.LSTMCellRank1(units, kernel_regularizer=_l2(config), recurrent_regularizer=_l2(config),
+                                   use_additive_perturbation=config.use_additive_perturbation,
+                                   ensemble_size=config.ensemble_size, name=name,
+                                   **_factor_kwargs(config), **_factor_kwargs(config, prefix="recurrent_"))
+
+
+register("deterministic", LayerBuilder(dense=_det_dense, conv2d=_det_conv2d, lstm_cell=_det_lstm_cell))
+_RANK1_BUILDER = LayerBuilder(dense=_r1_dense, conv2d=_r1_conv2d, lstm_cell=_r1_lstm_cell)
+register("rank1", _RANK1_BUILDER)
+# Same layers; PosteriorConfig.factor_initializer resolves to point masses for this method.
+register("batchensemble", _RANK1_BUILDER)
