@@ -1,0 +1,171 @@
+"""The experiment configuration of the EHR model: pydantic models loaded from ``configs/ehr_*.yaml``.
+
+One YAML file describes one training run (model, optimisation, evaluation). Every model
+rejects unknown keys, so a typo (``learning_rat: 1e-3``) fails loudly, naming the key,
+instead of silently training with a default. Configs are frozen values, passed explicitly.
+
+Field names follow the paper's Table 7 (and uncertainty-baselines) so published settings
+can be copied verbatim. Importing this module is cheap: no TensorFlow.
+"""
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from ehr_pipeline.config import ConfigError
+
+# Strict ints: YAML `1.5` must not quietly become 1, nor `true` the integer 1.
+_Int = Annotated[int, Field(strict=True)]
+_PosInt = Annotated[int, Field(strict=True, gt=0)]
+_NonNegInt = Annotated[int, Field(strict=True, ge=0)]
+_PosFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+_NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+_Prob = Annotated[float, Field(gt=0.0, lt=1.0, allow_inf_nan=False)]
+
+# The methods of the paper's Table 4 (deep ensembles are independently trained
+# "deterministic" runs combined at evaluation/export time, not a training method).
+METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1")
+Method = Literal["deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1"]
+# Methods whose ensemble dimension K is meaningful; the others are single networks (K = 1).
+ENSEMBLE_METHODS = ("batchensemble", "rank1")
+# Methods with a stochastic (variational) embedding table, shared by the K members.
+STOCHASTIC_EMBEDDING_METHODS = ("bayesian_embeddings", "fully_bayesian", "rank1")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Model):
+    """Architecture and posterior of the EHR model (see docs/model.md)."""
+
+    method: Method = "rank1"
+    distribution: Literal["normal", "cauchy"] = Field(
+        "normal", description="Family of the rank-1 posteriors and priors (rank1 only).")
+    ensemble_size: _PosInt = Field(4, description="K mixture components / ensemble members.")
+    embedding_dim: _PosInt = Field(32, description="Width of a code embedding and of a bag vector.")
+    rnn_dim: _PosInt = Field(512, description="LSTM units.")
+    hidden_layer_dim: _PosInt = Field(512, description="Units of the hidden dense layer.")
+    prior_mean: float = Field(1.0, allow_inf_nan=False, description="Mean of the rank-1 factor prior.")
+    prior_stddev: _PosFloat = Field(0.1, description="Stddev (Cauchy: scale) of the factor prior, and "
+                                                     "of the weight prior of fully_bayesian.")
+    random_sign_init: float = Field(
+        0.5, le=1.0, allow_inf_nan=False,
+        description="Factor mean init: v > 0 random signs (+1 w.p. v), v < 0 N(1, |v|), 0 ones.")
+    dropout_rate: _Prob = Field(1e-3, description="Posterior stddev init sigma = sqrt(p / (1 - p)).")
+    use_additive_perturbation: bool = False
+    l2: _NonNegFloat = Field(1e-4, description="L2 coefficient on the shared (point-estimated) weights.")
+    embedding_prior_stddev: _PosFloat = Field(1.0, description="Stddev of the N(0, s^2) embedding prior.")
+    embedding_init_stddev: _PosFloat = Field(1e-3, description="Initial embedding posterior stddev.")
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        if self.method not in ENSEMBLE_METHODS and self.ensemble_size != 1:
+            # K copies of one network would just repeat the same prediction K times.
+            raise ValueError(f"ensemble_size must be 1 for method {self.method!r} (got {self.ensemble_size}); "
+                             "a deep ensemble combines separate deterministic runs at evaluation time")
+        if self.method != "rank1" and self.distribution != "normal":
+            raise ValueError(f"distribution={self.distribution!r} only applies to method 'rank1'")
+        return self
+
+    @property
+    def stochastic_embeddings(self) -> bool:
+        """Whether the code embeddings are variational (and carry a KL term)."""
+        return self.method in STOCHASTIC_EMBEDDING_METHODS
+
+
+class TrainConfig(_Model):
+    """Optimisation of one run (defaults: Table 7, Gaussian rank-1 RNN)."""
+
+    batch_size: _PosInt = Field(128, description="B examples per step; the model sees B*K rows.")
+    learning_rate: _PosFloat = 3.0352e-4
+    fast_weight_lr_multiplier: _PosFloat = Field(
+        1.0, description="Learning-rate factor of the rank-1 factors (alpha/gamma) and their posteriors.")
+    clip_norm: _PosFloat = Field(7.29199, description="Global-norm gradient clipping.")
+    kl_scale: _NonNegFloat = Field(1.0, description="Weight of KL / N_train in the loss (1 = the ELBO).")
+    kl_annealing_steps: _NonNegInt = Field(
+        20000, description="KL weight rises linearly from 0 to kl_scale over these steps (0 = off).")
+    max_steps: _PosInt = 25000
+    loss: Literal["average", "mixture"] = Field(
+        "average", description="average: mean per-member NLL (App. D.4); mixture: NLL of the K-mixture (D.5).")
+    eval_every_steps: _NonNegInt = Field(1000, description="Validation every N steps (0 = only at the end).")
+    eval_samples: _PosInt = Field(4, description="S samples per member for the periodic validation.")
+    checkpoint_every_steps: _PosInt = 500
+    keep_checkpoints: _PosInt = 3
+    log_every_steps: _PosInt = 50
+    shuffle_buffer: _PosInt = 4096
+    mixed_precision: bool = Field(False, description="float16 compute on GPUs (float32 variables).")
+    seed: _Int = 0
+
+
+class EvalConfig(_Model):
+    """Evaluation and export settings."""
+
+    num_samples: Annotated[int, Field(strict=True, ge=1, le=100)] = Field(
+        25, description="S samples of every member (the paper evaluates with 25).")
+    batch_size: _PosInt = Field(64, description="Examples per prediction call.")
+    referral_rate: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        0.1, description="Fraction of cases referred to a clinician; threshold chosen on validation.")
+    referral_measure: Literal["predictive_entropy", "mutual_information", "predictive_std"] = "predictive_entropy"
+    num_bins: _PosInt = Field(15, description="ECE bins (Table 7).")
+    n_bootstrap: _PosInt = Field(1000, description="Bootstrap resamples for the confidence intervals.")
+    seed: _Int = Field(0, description="Sampling seed of the final evaluation.")
+
+
+class ExperimentConfig(_Model):
+    """One training run: ``name`` plus the three sections."""
+
+    name: str = Field("ehr", min_length=1)
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict of every setting (for the run folder and the model card)."""
+        return self.model_dump(mode="json")
+
+    def with_overrides(self, **sections: dict[str, Any]) -> ExperimentConfig:
+        """A copy with some fields replaced, e.g. with_overrides(train={"max_steps": 10}); validated."""
+        data = self.to_dict()
+        for section, values in sections.items():
+            if section not in data or not isinstance(data[section], dict):
+                raise ConfigError(f"unknown config section {section!r}")
+            data[section].update(values)
+        return parse_config(data, source="<overrides>")
+
+
+def _format_errors(err: pydantic.ValidationError) -> str:
+    """One line per problem led by the dotted key path, e.g. 'train.learning_rat: Extra inputs ...'."""
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "<top level>"
+        lines.append(f"  {where}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<dict>") -> ExperimentConfig:
+    """Validates already-parsed YAML/JSON data; raises ConfigError naming each bad key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: an experiment config must be a mapping, got {type(data).__name__}")
+    try:
+        return ExperimentConfig.model_validate(data)
+    except pydantic.ValidationError as err:
+        raise ConfigError(f"{source}: invalid experiment config:\n{_format_errors(err)}") from None
+
+
+def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
+    """Reads and validates a YAML experiment config."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read experiment config: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    return parse_config(data, source=os.fspath(path))

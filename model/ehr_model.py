@@ -1,0 +1,197 @@
+"""The EHR mortality model: stochastic code embeddings -> bag vectors -> rank-1 LSTM -> dense -> logit.
+
+Forward pass for N admissions, S samples and K members (docs/model.md has the picture):
+
+  1. every code of every bag is looked up in one embedding table (stochastic for the
+     Bayesian methods), once per sample: the table is shared by the K members (paper
+     Section 4.4), so it is evaluated on the S-tiled tokens, not on the K*S-tiled batch;
+  2. a token is tanh(Dense([embedding, value features])): the value features (z-scores,
+     has_value, log count) modulate each code's own vector, so "high lactate" and "high
+     creatinine" need not point the same way; this projection is deterministic and shared
+     by the members, like the embeddings (the paper keeps embeddings out of the rank-1 part);
+  3. a bag is the mean of its tokens plus its time features (hours before trigger, size);
+  4. the [S*N, bags, d] sequence is tiled K times (row block k = member k, as every
+     rank-1 layer expects) and run through the LSTM masked by num_bags;
+  5. the final state, concatenated with the admission context, goes through a dense
+     hidden layer and a dense output layer (one logit per row).
+
+The result is reshaped to [N, S*K], sample-major (column m = s*K + k), the layout of
+``model.metrics``. Layers come from the factory ``model.rank1``; which posterior they carry
+is data (``ModelConfig.method``).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import tensorflow as tf
+
+from model import rank1
+from model._edward2 import ed
+from model.config import ModelConfig
+from model.embeddings import EmbeddingConfig, StochasticEmbedding
+from model.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
+from model.posterior import PosteriorConfig
+
+# Registry name of the mean-field (fully Bayesian) posterior added to the layer factory below.
+MEAN_FIELD = "mean_field_flipout"
+
+
+class _DenseFlipout(ed.layers.DenseFlipout):
+    """edward2 0.0.2's DenseFlipout with +-1 output signs.
+
+    WHY: upstream draws the output signs with ``tf.random.uniform(..., dtype=inputs.dtype)``,
+    i.e. floats in [0, 2), so ``2u - 1`` lies in [-1, 3): the perturbation gets mean 1 instead
+    of 0 and the estimator is biased. Here both sign vectors are drawn as integers.
+    """
+
+    def call(self, inputs):
+        if not isinstance(self.kernel, ed.RandomVariable):
+            return super().call(inputs)
+        self.call_weights()
+        shape = tf.shape(inputs)
+        out_shape = tf.concat([shape[:-1], [self.units]], 0)
+        sign_in = tf.cast(2 * tf.random.uniform(shape, 0, 2, dtype=tf.int32) - 1, inputs.dtype)
+        sign_out = tf.cast(2 * tf.random.uniform(out_shape, 0, 2, dtype=tf.int32) - 1, inputs.dtype)
+        mean = self.kernel.distribution.mean()
+        outputs = tf.matmul(inputs, mean) + tf.matmul(inputs * sign_in, self.kernel - mean) * sign_out
+        if self.use_bias:
+            outputs = tf.nn.bias_add(outputs, self.bias)
+        return self.activation(outputs) if self.activation is not None else outputs
+
+
+def _mf_posterior(config: PosteriorConfig, mean_initializer) -> tuple[Any, Any]:
+    """(initializer, KL regularizer) of a mean-field Gaussian weight matrix."""
+    raw = tf.keras.initializers.Constant(rank1.softplus_inverse(config.init_stddev))
+    init = ed.initializers.TrainableNormal(mean_initializer=mean_initializer, stddev_initializer=raw,
+                                           stddev_constraint="softplus")
+    # Zero-mean weight prior (prior_mean is the rank-1 factors' prior location, not the weights').
+    return init, ed.regularizers.NormalKLDivergence(mean=0.0, stddev=config.prior_stddev)
+
+
+def _mf_dense(units, config, *, activation, use_bias, name):
+    init, reg = _mf_posterior(config, tf.keras.initializers.GlorotUniform())
+    return _DenseFlipout(units, activation=activation, use_bias=use_bias, kernel_initializer=init,
+                         kernel_regularizer=reg, name=name)
+
+
+def _mf_conv2d(*args, **kwargs):
+    raise NotImplementedError("the mean-field posterior has no conv2d layer (edward2 0.0.2's Flipout conv is broken)")
+
+
+def _mf_lstm_cell(units, config, *, name):
+    k_init, k_reg = _mf_posterior(config, tf.keras.initializers.GlorotUniform())
+    r_init, r_reg = _mf_posterior(config, tf.keras.initializers.Orthogonal())
+    return ed.layers.LSTMCellFlipout(units, kernel_initializer=k_init, kernel_regularizer=k_reg,
+                                     recurrent_initializer=r_init, recurrent_regularizer=r_reg, name=name)
+
+
+# TODO(model.rank1 owner): move this entry into model/rank1.py's built-in registry.
+if MEAN_FIELD not in rank1.registered_methods():
+    rank1.register(MEAN_FIELD, rank1.LayerBuilder(dense=_mf_dense, conv2d=_mf_conv2d, lstm_cell=_mf_lstm_cell))
+
+
+def posterior_config(config: ModelConfig) -> PosteriorConfig:
+    """The factory's PosteriorConfig for a ModelConfig's method."""
+    method = {"deterministic": "deterministic", "bayesian_embeddings": "deterministic",
+              "batchensemble": "batchensemble", "rank1": "rank1", "fully_bayesian": MEAN_FIELD}[config.method]
+    return PosteriorConfig(
+        method=method, distribution=config.distribution, ensemble_size=config.ensemble_size,
+        prior_mean=config.prior_mean, prior_stddev=config.prior_stddev,
+        random_sign_init=config.random_sign_init, dropout_rate=config.dropout_rate,
+        use_additive_perturbation=config.use_additive_perturbation, l2=config.l2)
+
+
+def is_mean_field_layer(module: tf.Module) -> bool:
+    """Whether a module is an edward2 mean-field layer (its KL lives in ``layer.losses``)."""
+    return isinstance(module, (ed.layers.DenseReparameterization, ed.layers.LSTMCellReparameterization))
+
+
+class EHRModel(tf.keras.Model):
+    """features (model.inputs.Featurizer output) -> logits [N, S*K], sample-major."""
+
+    def __init__(self, config: ModelConfig, vocab_size: int, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config
+        self.ensemble_size = config.ensemble_size
+        posterior = posterior_config(config)
+        reg = tf.keras.regularizers.l2(config.l2) if config.l2 > 0 else None
+        self.embedding = StochasticEmbedding(
+            vocab_size, config.embedding_dim,
+            EmbeddingConfig(stochastic=config.stochastic_embeddings, prior_stddev=config.embedding_prior_stddev,
+                            init_stddev=config.embedding_init_stddev),
+            name="code_embedding")
+        self.token = tf.keras.layers.Dense(config.embedding_dim, activation="tanh", kernel_regularizer=reg,
+                                           name="token_projection")
+        if config.method == "fully_bayesian":
+            # The fast Rank1LSTM reads cell.kernel as a fixed matrix; Flipout cells resample
+            # their weights and signs in get_initial_state, which only keras' RNN calls.
+            self.lstm = tf.keras.layers.RNN(rank1.lstm_cell(config.rnn_dim, posterior, name="lstm_cell"), name="lstm")
+        else:
+            self.lstm = rank1.lstm(config.rnn_dim, posterior, name="lstm")
+        self.hidden = rank1.dense(config.hidden_layer_dim, posterior, activation="relu", name="hidden")
+        self.output_layer = rank1.dense(1, posterior, name="logit")
+
+    def build_for_inputs(self) -> None:
+        """Creates every variable with a one-admission dummy batch (needed before restoring checkpoints)."""
+        ids = tf.RaggedTensor.from_nested_row_lengths(tf.zeros([1], tf.int64), [[1], [1]])
+        vals = tf.RaggedTensor.from_nested_row_lengths(tf.zeros([1, NUM_VALUE_FEATURES]), [[1], [1]])
+        bags = tf.RaggedTensor.from_row_lengths(tf.zeros([1, NUM_BAG_FEATURES]), [1])
+        self({"code_ids": ids, "code_values": vals, "bag_features": bags, "num_bags": tf.ones([1], tf.int32),
+              "context": tf.zeros([1, CONTEXT_DIM])}, num_samples=1, training=False)
+
+    def call(self, features: Mapping[str, Any], num_samples: int | tf.Tensor = 1, training=None) -> tf.Tensor:
+        """Logits [N, S*K] (float32), column s*K + k = sample s of member k."""
+        del training  # every method samples its posterior in training and evaluation alike
+        ids = features["code_ids"]  # ragged [N, (T), (C)]
+        num_bags = tf.cast(features["num_bags"], tf.int32)
+        n = tf.shape(num_bags)[0]
+        s = tf.convert_to_tensor(num_samples, tf.int32)
+        k = self.ensemble_size
+
+        # 1-2. tokens, S times (one embedding sample per token per sample).
+        tok_ids = ids.flat_values
+        n_tok = tf.shape(tok_ids)[0]
+        emb = self.embedding(tf.tile(tok_ids, [s]))
+        values = tf.tile(tf.cast(features["code_values"].flat_values, emb.dtype), [s, 1])
+        tokens = self.token(tf.concat([emb, values], axis=-1))  # [S*n_tok, D]
+
+        # 3. mean over each bag's tokens; sample j's bags are segments j*n_bags .. (j+1)*n_bags.
+        tok_bag = tf.cast(ids.values.value_rowids(), tf.int32)  # [n_tok] bag index
+        n_bags = tf.cast(ids.values.nrows(), tf.int32)
+        offsets = tf.repeat(tf.range(s) * n_bags, n_tok)
+        pooled = tf.math.unsorted_segment_mean(tokens, tf.tile(tok_bag, [s]) + offsets, s * n_bags)
+        bag_feats = tf.cast(features["bag_features"].flat_values, pooled.dtype)
+        pooled = tf.concat([pooled, tf.tile(bag_feats, [s, 1])], axis=-1)  # [S*n_bags, F]
+        width = pooled.shape[-1]
+        per_bag = tf.transpose(tf.reshape(pooled, [s, n_bags, width]), [1, 0, 2])  # [n_bags, S, F]
+        seq = tf.RaggedTensor.from_row_splits(per_bag, tf.cast(ids.row_splits, tf.int32)).to_tensor()
+        # [N, T, S, F] -> [S*N, T, F]; at least one (masked) step so all-empty batches run.
+        steps = tf.shape(seq)[1]
+        seq = tf.reshape(tf.transpose(seq, [2, 0, 1, 3]), [s * n, steps, width])
+        seq = tf.pad(seq, [[0, 0], [0, tf.maximum(1 - steps, 0)], [0, 0]])
+
+        # 4. member tiling: rows k*(S*N) + j*N + i = member k, sample j, admission i.
+        x = tf.tile(seq, [k, 1, 1])
+        lengths = tf.tile(num_bags, [s * k])
+        if isinstance(self.lstm, tf.keras.layers.RNN):
+            h = self.lstm(x, mask=tf.sequence_mask(lengths, tf.shape(x)[1]))
+        else:
+            h = self.lstm(x, lengths=lengths)
+        context = tf.tile(tf.cast(features["context"], h.dtype), [s * k, 1])
+
+        # 5. head.
+        z = self.hidden(tf.concat([h, context], axis=-1))
+        logits = tf.cast(self.output_layer(z)[:, 0], tf.float32)  # float32 even under mixed precision
+        return tf.reshape(tf.transpose(tf.reshape(logits, [k, s, n]), [2, 1, 0]), [n, s * k])
+
+
+def build_model(config: ModelConfig, vocab_size: int) -> EHRModel:
+    """A built EHRModel (variables created) for a vocabulary of vocab_size ids."""
+    model = EHRModel(config, vocab_size, name="ehr_model")
+    model.build_for_inputs()
+    return model
+
+
+def count_parameters(model: tf.keras.Model) -> int:
+    """Number of trainable scalars (weights, factor posteriors, embedding table)."""
+    return int(sum(v.shape.num_elements() for v in model.trainable_variables))

@@ -1,0 +1,108 @@
+"""`ehr-eval`: evaluate one export, or a deep ensemble of several, on a split of a data folder.
+
+  ehr-eval --model runs/rank1/export --data out/demo/data --split test --samples 25 --out eval/rank1
+  ehr-eval --model runs/det_s0 --model runs/det_s1 --model runs/det_s2 --data DATA --export-ensemble runs/deep_ens
+
+All S samples x K members of an example are one vectorised pass inside the export; the
+probabilities are the ones the service computes for the same example and seed.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import pathlib
+import sys
+
+log = logging.getLogger("model.eval")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `ehr-eval`."""
+    from model.config import EvalConfig
+
+    d = EvalConfig()
+    parser = argparse.ArgumentParser(
+        prog="ehr-eval",
+        description="Evaluate exported EHR models on one split: NLL, AUC-PR, AUC-ROC, ECE, Brier with bootstrap "
+                    "confidence intervals, uncertainty, selective prediction and referral at the threshold chosen "
+                    "on validation. Several --model give a deep ensemble (members side by side along K).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", action="append", required=True, metavar="DIR",
+                        help="export directory (MODEL_DIR) or run folder holding export/; repeat for an ensemble")
+    parser.add_argument("--data", required=True, help="output folder of the Beam job")
+    parser.add_argument("--split", default="test", help="split to evaluate (train, validation, test)")
+    parser.add_argument("--samples", type=int, default=d.num_samples, help="S samples per member (1-100)")
+    parser.add_argument("--seed", type=int, default=d.seed, help="sampling seed")
+    parser.add_argument("--out", default=None,
+                        help="write metrics.json, PNG plots and predictions.csv here; without it the report "
+                             "is only printed")
+    parser.add_argument("--truth", default=None,
+                        help="known-truth CSV (HADM_ID,P_DEATH,...) of a synthetic release: adds error vs truth")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per prediction call")
+    parser.add_argument("--referral-rate", type=float, default=None,
+                        help="referral rate; default: the rate stored with a single model (re-chosen on "
+                             f"validation if given, and always for ensembles, where it defaults to {d.referral_rate})")
+    parser.add_argument("--referral-measure", default=None,
+                        choices=("predictive_entropy", "mutual_information", "predictive_std"),
+                        help=f"uncertainty for referral; default: the stored one ({d.referral_measure} for ensembles)")
+    parser.add_argument("--bootstrap", type=int, default=d.n_bootstrap, help="bootstrap resamples for the CIs")
+    parser.add_argument("--num-bins", type=int, default=d.num_bins, help="ECE bins")
+    parser.add_argument("--export-ensemble", default=None, metavar="DIR",
+                        help="also write the --model exports as one ensemble export (MODEL_DIR) here")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def resolve_model_dir(path: str) -> pathlib.Path:
+    """An export directory, given either itself or a run folder that holds export/."""
+    from model.export import MANIFEST
+    from model.train import EXPORT_DIR
+
+    p = pathlib.Path(path)
+    if (p / MANIFEST).is_file():
+        return p
+    if (p / EXPORT_DIR / MANIFEST).is_file():
+        return p / EXPORT_DIR
+    raise FileNotFoundError(f"{p}: neither an export directory nor a run folder with {EXPORT_DIR}/")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `ehr-eval`; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("absl", "tensorflow"):  # their INFO chatter hides ours
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not 1 <= args.samples <= 100:
+        print("ehr-eval: --samples must be in [1, 100]", file=sys.stderr)
+        return 2
+    import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
+    from model import evaluate as evaluation
+    from model import metrics
+    from model.export import ExportError
+
+    try:
+        dirs = [resolve_model_dir(m) for m in args.model]
+        report, extra = evaluation.run_evaluation(
+            dirs, args.data, args.split, num_samples=args.samples, seed=args.seed, batch_size=args.batch_size,
+            truth_path=args.truth, referral_rate=args.referral_rate, referral_measure=args.referral_measure,
+            n_bootstrap=args.bootstrap, num_bins=args.num_bins, out_dir=args.out,
+            export_ensemble=args.export_ensemble, progress=not args.no_progress)
+    except (ExportError, FileNotFoundError, ValueError) as err:
+        print(f"ehr-eval: {err}", file=sys.stderr)
+        return 2
+    print(metrics.format_table(report))
+    r = report["referral"]
+    print(f"referral ({r['measure']} > {r['threshold']}, chosen on validation for rate {r['rate']}): "
+          f"{r['referred_fraction']:.3f} referred")
+    if args.out:
+        print(f"report: {args.out}")
+    if extra.get("export_dir"):
+        print(f"ensemble export: {extra['export_dir']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""Evaluation of predictions [N, S*K]: metrics (model.metrics), referral at a stored threshold, plots.
+
+Shared by ``ehr-eval`` and by the trainer's final evaluation. Every number comes from
+``model.metrics``; this module only gathers predictions, picks the referral threshold on
+validation and writes the report files.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from model import metrics, plots
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "metrics.json"
+PLOT_FILES = {"reliability": "reliability.png", "uncertainty_vs_error": "uncertainty_vs_error.png",
+              "risk_coverage": "risk_coverage.png", "uncertainty_histogram": "uncertainty_histogram.png"}
+PREDICTIONS_FILE = "predictions.csv"
+
+
+def json_ready(obj: Any) -> Any:
+    """Plain JSON types (numpy unwrapped); NaN and +-inf become None, as in metrics.evaluate's reports."""
+    if isinstance(obj, Mapping):
+        return {str(k): json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, np.ndarray)):
+        return [json_ready(v) for v in obj]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if np.isfinite(obj) else None
+    return obj
+
+
+def load_truth(path: str | os.PathLike[str], hadm_ids: Sequence[int]) -> np.ndarray:
+    """P_DEATH per admission from a known-truth CSV (HADM_ID,P_DEATH,...), in the order of hadm_ids."""
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing_cols = {"HADM_ID", "P_DEATH"} - set(reader.fieldnames or ())
+        if missing_cols:
+            raise ValueError(f"{path}: truth CSV lacks columns {sorted(missing_cols)}")
+        truth = {int(row["HADM_ID"]): float(row["P_DEATH"]) for row in reader}
+    absent = [h for h in hadm_ids if int(h) not in truth]
+    if absent:
+        raise ValueError(f"{path}: no P_DEATH for {len(absent)} admissions, e.g. HADM_ID {absent[:3]}")
+    return np.array([truth[int(h)] for h in hadm_ids], dtype=np.float64)
+
+
+def referral_threshold(probs: np.ndarray, rate: float, measure: str) -> float:
+    """Uncertainty threshold (measure in metrics.UNCERTAINTY_MEASURES) referring at most `rate` of these cases."""
+    return float(metrics.referral_threshold(metrics.uncertainties(probs)[measure], rate))
+
+
+def referral_report(probs: np.ndarray, labels: np.ndarray, threshold: float, measure: str, rate: float,
+                    num_bins: int = metrics.NUM_BINS) -> dict[str, Any]:
+    """What a stored validation threshold does on these cases: fraction referred, metrics of the kept ones."""
+    u = metrics.uncertainties(probs)[measure]
+    referred = metrics.refer(u, threshold)
+    kept = ~referred
+    p = metrics.predictive_mean(probs)
+    return json_ready({
+        "measure": measure, "rate": rate, "threshold": threshold,
+        "referred_fraction": float(referred.mean()) if referred.size else 0.0,
+        "kept": metrics.scalar_metrics(p[kept], labels[kept], num_bins),
+    })
+
+
+def evaluate_predictions(probs: np.ndarray, labels: Sequence[int], ensemble_size: int, num_samples: int, *,
+                         threshold: float, measure: str, rate: float, truth: np.ndarray | None = None,
+                         num_bins: int = metrics.NUM_BINS, n_bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """metrics.evaluate's report plus "referral" at the given (validation-chosen) threshold."""
+    y = np.asarray(labels)
+    if np.any((y != 0) & (y != 1)):
+        raise ValueError("labels must be 0/1 for evaluation (unknown labels, -1, are serving-only)")
+    report = metrics.evaluate(probs, y, ensemble_size, num_samples, truth, num_bins=num_bins,
+                              n_bootstrap=n_bootstrap, seed=seed)
+    report["referral"] = referral_report(probs, y, threshold, measure, rate, num_bins)
+    return report
+
+
+def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], probs: np.ndarray,
+                 labels: Sequence[int], hadm_ids: Sequence[int], measure: str, num_bins: int = metrics.NUM_BINS,
+                 extra: Mapping[str, Any] | None = None) -> dict[str, pathlib.Path]:
+    """Writes metrics.json, the four PNG plots and predictions.csv; returns their paths."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    y = np.asarray(labels, dtype=np.float64)
+    p = metrics.predictive_mean(probs)
+    u = metrics.uncertainties(probs)
+    doc = dict(report)
+    if extra:
+        doc.update(extra)
+    paths = {"metrics": out / REPORT_FILE}
+    with open(paths["metrics"], "w", encoding="utf-8") as f:
+        json.dump(json_ready(doc), f, indent=2, sort_keys=True, allow_nan=False)
+        f.write("\n")
+    paths["reliability"] = plots.reliability_diagram(p, y, num_bins, path=out / PLOT_FILES["reliability"])
+    paths["uncertainty_vs_error"] = plots.uncertainty_vs_error(
+        p, y, u[measure], path=out / PLOT_FILES["uncertainty_vs_error"], name=measure)
+    paths["risk_coverage"] = plots.risk_coverage_plot(report["selective"], path=out / PLOT_FILES["risk_coverage"])
+    correct = (p > 0.5) == (y > 0.5)
+    paths["uncertainty_histogram"] = plots.uncertainty_histogram(
+        u[measure], correct, path=out / PLOT_FILES["uncertainty_histogram"], name=measure)
+    paths["predictions"] = out / PREDICTIONS_FILE
+    with open(paths["predictions"], "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["HADM_ID", "LABEL", "P_MEAN", *metrics.UNCERTAINTY_MEASURES])
+        for i, h in enumerate(hadm_ids):
+            writer.writerow([int(h), int(y[i]), f"{p[i]:.6f}",
+                             *(f"{u[name][i]:.6f}" for name in metrics.UNCERTAINTY_MEASURES)])
+    return paths
+
+
+def summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The headline numbers of a report (for model cards and tables)."""
+    keys = ("ece", "nll", "auc_pr", "auc_roc", "brier", "accuracy")
+    out = {k: report["overall"].get(k) for k in keys}
+    out["per_component_nll"] = report["overall"].get("per_component_nll")
+    out["n"] = report["n"]
+    out["prevalence"] = report["prevalence"]
+    if "truth" in report:
+        out["truth"] = report["truth"]
+    return out
+
+
+def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str | os.PathLike[str], split: str, *,
+                   num_samples: int, seed: int = 0, batch_size: int = 64,
+                   truth_path: str | os.PathLike[str] | None = None, referral_rate: float | None = None,
+                   referral_measure: str | None = None, n_bootstrap: int = 1000, num_bins: int = metrics.NUM_BINS,
+                   out_dir: str | os.PathLike[str] | None = None, export_ensemble: str | os.PathLike[str] | None = None,
+                   progress: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Evaluates exports (several = a deep ensemble) on a split; returns (report, {"export_dir": ...})."""
+    from model import export as export_mod
+    from model.inputs import load_data_files, read_split
+    from model.predict import predict_probs
+
+    exports = [export_mod.load_export(d) for d in model_dirs]
+    files = load_data_files(data_dir)
+    data_sha = export_mod.data_manifest_sha256(files.data_dir)
+    for e in exports:
+        if e.model_card.get("data_manifest_sha256") != data_sha:
+            log.warning("%s was trained on other data (data manifest checksum differs): evaluating anyway", e.path)
+    k = sum(e.ensemble_size for e in exports)
+
+    def predict(split_name: str) -> tuple[np.ndarray, list[int], list[int]]:
+        records, labels, hadm_ids = read_split(files, split_name)
+        probs = predict_probs(exports, records, num_samples, seed, batch_size=batch_size, progress=progress)
+        return probs, labels, hadm_ids
+
+    # The referral rule: a single model's stored one, unless the caller changes it; an ensemble
+    # has none stored, so it is chosen on this data's validation split, as training does.
+    stored = exports[0].metrics.get("referral") if len(exports) == 1 else None
+    measure = referral_measure or (stored["measure"] if stored else "predictive_entropy")
+    rate = referral_rate if referral_rate is not None else (stored["rate"] if stored else 0.1)
+    cache: dict[str, tuple] = {}
+    if stored and referral_rate is None and referral_measure is None:
+        threshold = float("-inf") if stored["threshold"] is None else float(stored["threshold"])
+    else:
+        cache["validation"] = predict("validation")
+        threshold = referral_threshold(cache["validation"][0], rate, measure)
+
+    def report_for(split_name: str) -> tuple[dict, np.ndarray, list[int], list[int]]:
+        probs, labels, hadm_ids = cache.get(split_name) or predict(split_name)
+        truth = load_truth(truth_path, hadm_ids) if truth_path is not None else None
+        rep = evaluate_predictions(probs, labels, k, num_samples, threshold=threshold, measure=measure, rate=rate,
+                                   truth=truth, num_bins=num_bins, n_bootstrap=n_bootstrap, seed=seed)
+        return rep, probs, labels, hadm_ids
+
+    report, probs, labels, hadm_ids = report_for(split)
+    extra: dict[str, Any] = {}
+    if out_dir is not None:
+        write_report(out_dir, report, probs, labels, hadm_ids, measure, num_bins,
+                     extra={"models": [str(e.path) for e in exports], "split": split, "seed": seed,
+                            "data_manifest_sha256": data_sha})
+    if export_ensemble is not None:
+        test_report = report if split == "test" else report_for("test")[0]
+        metrics_doc = export_mod.metrics_document(test_report, measure=measure, rate=rate, threshold=threshold)
+        methods = sorted({e.model_card.get("method", "?") for e in exports})
+        card = export_mod.model_card(
+            name=f"deep_ensemble_{len(exports)}", method="deep_ensemble", ensemble_size=k,
+            data_sha256=exports[0].model_card.get("data_manifest_sha256", data_sha), metrics_doc=metrics_doc,
+            members=[f"{e.model_card.get('name')} ({', '.join(methods)}) {e.path}" for e in exports])
+        extra["export_dir"] = export_mod.write_ensemble_export(export_ensemble, [e.path for e in exports],
+                                                               card=card, metrics_doc=metrics_doc)
+    return report, extra

@@ -1,0 +1,215 @@
+"""DATA_DIR -> model tensors: vocabulary lookup, z-scored numeric values, log counts, bag times.
+
+The same ``Featurizer`` runs in the training input pipeline (tf.data) and inside the exported
+SavedModel, so serving sees exactly the transformation training saw (no train/serve skew).
+Its lookup tables are TensorFlow resources tracked by the module, so ``tf.saved_model.save``
+carries them along.
+
+Per code entry of a bag (a "token") the model gets:
+  * an id: vocabulary codes get their own id; an unknown code gets the out-of-vocabulary
+    (OOV) id of its source ("lab", "chart", ...), and a code of an unknown source the
+    shared unknown-source id, so rare labs and rare drugs do not share one vector;
+  * NUM_VALUE_FEATURES floats: z(mean value), z(last value) (z-scores from the training
+    split's statistics, clipped to +-clip_z), has_value, log(1 + events of the code).
+Per bag: log(1 + hours before the trigger) / 10 and log(1 + distinct codes) / 10 (both ~O(1)).
+Per admission: age / 90, one-hot gender, one-hot admission type.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import tensorflow as tf
+
+from ehr_pipeline import outputs, spec
+from ehr_pipeline.config import parse_pipeline_config
+
+# MIMIC-III ADMISSIONS.ADMISSION_TYPE values; anything else maps to one extra "other" slot.
+# TODO(spec owner): this list belongs in ehr_pipeline.spec next to GENDERS.
+ADMISSION_TYPES = ("ELECTIVE", "EMERGENCY", "NEWBORN", "URGENT")
+NUM_VALUE_FEATURES = 4  # z_mean, z_last, has_value, log1p(count)
+NUM_BAG_FEATURES = 2  # log1p(hours before trigger) / 10, log1p(codes in bag) / 10
+CONTEXT_DIM = 1 + len(spec.GENDERS) + len(ADMISSION_TYPES) + 1
+DEFAULT_CLIP_Z = 10.0  # the authors capped |z| at 10 (NOTES.md)
+_LOG_SCALE = 10.0  # log1p(hours) reaches ~11 for ten years of history: /10 keeps features ~O(1)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFiles:
+    """The side files of a Beam job output folder, read once."""
+
+    data_dir: str
+    vocabulary: dict[str, list[str]]  # source -> codes, most frequent first
+    numeric_stats: dict[str, dict[str, float]]  # code -> {mean, std, n}
+    clip_z: float
+    manifest: dict[str, Any]
+    pipeline_config: dict[str, Any]  # the manifest's "config": the settings the data was made with
+
+    def path(self, name: str) -> str:
+        """Path of a file in the data folder."""
+        return os.path.join(self.data_dir, name)
+
+    def split_pattern(self, split: str) -> str:
+        """Glob of one split's TFRecord shards."""
+        return self.path(spec.split_file_pattern(split))
+
+    def num_examples(self, split: str) -> int | None:
+        """Examples in a split according to the manifest (None if it does not say)."""
+        return (self.manifest.get("splits", {}).get(split) or {}).get("examples")
+
+
+def load_data_files(data_dir: str | os.PathLike[str]) -> DataFiles:
+    """Reads vocabulary.json, numeric_stats.json and manifest.json of a Beam job output folder."""
+    data_dir = os.fspath(data_dir)
+    missing = [n for n in (outputs.VOCABULARY, outputs.NUMERIC_STATS, outputs.MANIFEST)
+               if not os.path.exists(os.path.join(data_dir, n))]
+    if missing:
+        raise FileNotFoundError(f"{data_dir}: not a pipeline output folder, missing {missing}")
+    vocab_doc = outputs.read_json(os.path.join(data_dir, outputs.VOCABULARY))
+    stats_doc = outputs.read_json(os.path.join(data_dir, outputs.NUMERIC_STATS))
+    manifest = outputs.read_json(os.path.join(data_dir, outputs.MANIFEST))
+    vocabulary = vocab_doc.get("sources")
+    codes = stats_doc.get("codes")
+    if not isinstance(vocabulary, dict) or not isinstance(codes, dict):
+        raise ValueError(f"{data_dir}: {outputs.VOCABULARY} needs a 'sources' mapping and "
+                         f"{outputs.NUMERIC_STATS} a 'codes' mapping")
+    # clip_z is a pipeline setting: the manifest's config is its one source of truth
+    # (validated, so a hand-edited manifest with a bad value fails here, not in training).
+    pipeline_cfg = manifest.get("config") or {}
+    clip_z = parse_pipeline_config(pipeline_cfg, source=f"{data_dir}/manifest.json").numeric.clip_z
+    return DataFiles(data_dir=data_dir, vocabulary=vocabulary, numeric_stats=codes, clip_z=float(clip_z),
+                     manifest=manifest, pipeline_config=pipeline_cfg)
+
+
+class Featurizer(tf.Module):
+    """Parsed SequenceExample batch (spec.parse_sequence_examples) -> model tensors."""
+
+    def __init__(self, vocabulary: Mapping[str, list[str]], numeric_stats: Mapping[str, Mapping[str, float]],
+                 clip_z: float = DEFAULT_CLIP_Z, name: str | None = None):
+        super().__init__(name=name)
+        if not clip_z > 0:
+            raise ValueError(f"clip_z must be > 0, got {clip_z}")
+        unknown = sorted(set(vocabulary) - set(spec.SOURCES))
+        if unknown:
+            raise ValueError(f"vocabulary has unknown sources {unknown}; known: {spec.SOURCES}")
+        self.clip_z = float(clip_z)
+        # Ids: [0, len(SOURCES)) per-source OOV, len(SOURCES) unknown source, then the codes.
+        self.num_oov = len(spec.SOURCES) + 1
+        codes = [c for source in sorted(vocabulary) for c in vocabulary[source]]
+        if len(set(codes)) != len(codes):
+            raise ValueError("vocabulary lists a code twice")
+        self.vocab_size = self.num_oov + len(codes)
+        self._code_table = _table(codes, range(self.num_oov, self.vocab_size), tf.int64)
+        self._source_table = _table(list(spec.SOURCES), range(len(spec.SOURCES)), tf.int64)
+        stat_codes = sorted(numeric_stats)
+        self._stat_table = _table(stat_codes, range(len(stat_codes)), tf.int64)
+        # One extra row (mean 0, std 1) is the target of "no statistics": index -1 -> last row.
+        self._mean = tf.constant([float(numeric_stats[c]["mean"]) for c in stat_codes] + [0.0], tf.float32)
+        self._std = tf.constant([float(numeric_stats[c]["std"]) for c in stat_codes] + [1.0], tf.float32)
+        self._genders = _table(list(spec.GENDERS), range(len(spec.GENDERS)), tf.int64)
+        self._admission_types = _table(list(ADMISSION_TYPES), range(len(ADMISSION_TYPES)), tf.int64)
+
+    @classmethod
+    def from_data_files(cls, files: DataFiles) -> Featurizer:
+        """The featurizer of a data folder (its vocabulary, statistics and clip_z)."""
+        return cls(files.vocabulary, files.numeric_stats, files.clip_z)
+
+    def code_ids(self, codes: tf.Tensor) -> tf.Tensor:
+        """int64 ids of 'source:code' strings (any shape); unknown codes get their source's OOV id."""
+        ids = self._code_table.lookup(codes)
+        # The source is everything before the first separator (spec.CODE_SEPARATOR).
+        source = tf.strings.regex_replace(codes, spec.CODE_SEPARATOR + ".*", "", replace_global=False)
+        source_id = self._source_table.lookup(source)
+        oov = tf.where(source_id >= 0, source_id, len(spec.SOURCES))
+        return tf.where(ids >= 0, ids, oov)
+
+    def __call__(self, parsed: Mapping[str, Any]) -> dict[str, Any]:
+        """Model features of one parsed batch: ragged code ids/values and bag features, dense context."""
+        codes = parsed[spec.BAG_CODES]  # ragged [B, (bags), (codes)] of bytes
+        flat_codes = codes.flat_values
+        ids = self.code_ids(flat_codes)
+        stat = self._stat_table.lookup(flat_codes)
+        has_stats = stat >= 0
+        stat = tf.where(has_stats, stat, tf.cast(tf.shape(self._mean)[0] - 1, tf.int64))
+        mean, std = tf.gather(self._mean, stat), tf.gather(self._std, stat)
+        value_count = parsed[spec.BAG_VALUE_COUNT].flat_values
+        has_value = value_count > 0
+        usable = tf.logical_and(has_value, has_stats)
+
+        def z(values: tf.Tensor) -> tf.Tensor:
+            # A code without training statistics has no meaningful scale: its z is 0, and
+            # has_value still tells the model a value was measured.
+            zv = tf.clip_by_value((values - mean) / std, -self.clip_z, self.clip_z)
+            return tf.where(usable, zv, tf.zeros_like(zv))
+
+        counts = tf.cast(parsed[spec.BAG_COUNTS].flat_values, tf.float32)
+        values = tf.stack([
+            z(parsed[spec.BAG_VALUE_MEAN].flat_values),
+            z(parsed[spec.BAG_VALUE_LAST].flat_values),
+            tf.cast(has_value, tf.float32),
+            tf.math.log1p(counts),
+        ], axis=-1)
+
+        offsets = parsed[spec.BAG_OFFSET]  # ragged [B, (bags)] seconds
+        codes_per_bag = tf.cast(codes.values.row_lengths(), tf.float32)
+        hours = tf.maximum(offsets.flat_values, 0.0) / 3600.0
+        bag = tf.stack([tf.math.log1p(hours) / _LOG_SCALE, tf.math.log1p(codes_per_bag) / _LOG_SCALE], axis=-1)
+
+        gender = self._genders.lookup(parsed[spec.GENDER])
+        adm = self._admission_types.lookup(parsed[spec.ADMISSION_TYPE])
+        adm = tf.where(adm >= 0, adm, len(ADMISSION_TYPES))  # unknown type -> the "other" slot
+        context = tf.concat([
+            parsed[spec.AGE_YEARS][:, None] / spec.AGE_CAP_YEARS,
+            tf.one_hot(gender, len(spec.GENDERS)),  # an unknown gender (-1) one-hots to zeros
+            tf.one_hot(adm, len(ADMISSION_TYPES) + 1),
+        ], axis=-1)
+        return {
+            "code_ids": codes.with_flat_values(ids),
+            "code_values": codes.with_flat_values(values),
+            "bag_features": offsets.with_flat_values(bag),
+            "num_bags": tf.cast(parsed[spec.NUM_BAGS], tf.int32),
+            "context": context,
+            "label": parsed[spec.LABEL],
+            "hadm_id": parsed[spec.HADM_ID],
+        }
+
+
+def _table(keys: list[str], values, dtype) -> tf.lookup.StaticHashTable:
+    """A string -> id hash table; missing keys give -1."""
+    values = list(values)
+    if not keys:
+        # Tables cannot be empty: map "" (never a code, bag_events refuses empty codes) to "missing".
+        keys, values = [""], [-1]
+    init = tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.string), tf.constant(values, dtype))
+    return tf.lookup.StaticHashTable(init, default_value=tf.constant(-1, dtype))
+
+
+def dataset(files: DataFiles, featurizer: Featurizer, split: str, batch_size: int, *, training: bool = False,
+            seed: int | None = None, shuffle_buffer: int = 4096) -> tf.data.Dataset:
+    """Batches of (features, labels float32 [B]) for one split; training: shuffled, repeated, full batches."""
+    ds = spec.make_dataset(files.split_pattern(split), batch_size, shuffle=training, seed=seed,
+                           shuffle_buffer=shuffle_buffer, repeat=training, drop_remainder=training)
+
+    def to_model(parsed):
+        feats = featurizer(parsed)
+        return feats, tf.cast(feats["label"], tf.float32)
+
+    return ds.map(to_model, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def read_split(files: DataFiles, split: str) -> tuple[list[bytes], list[int], list[int]]:
+    """All serialized examples of a split with their labels and hadm_ids (file order)."""
+    paths = sorted(tf.io.gfile.glob(files.split_pattern(split)))
+    if not paths:
+        raise FileNotFoundError(f"no TFRecord files for split {split!r} in {files.data_dir}")
+    records: list[bytes] = []
+    for record in tf.data.TFRecordDataset(paths, compression_type=spec.COMPRESSION):
+        records.append(bytes(record.numpy()))
+    if not records:
+        return [], [], []
+    parsed = spec.parse_sequence_examples(tf.constant(records))
+    return records, parsed[spec.LABEL].numpy().tolist(), parsed[spec.HADM_ID].numpy().tolist()
+

@@ -1,0 +1,243 @@
+"""Reproducible prediction: serialized SequenceExamples + (S, seed) -> probabilities [N, S*K].
+
+One function body serves ehr-eval, the tests and the exported SavedModel, so the service's
+prediction for an example equals ehr-eval's for the same seed.
+
+Reproducibility. The layers (edward2's rank-1 and Flipout layers, the stochastic embeddings,
+the fast LSTM) draw their noise with TensorFlow's *stateful* random ops, whose stream cannot
+be reset from an input tensor. While the prediction graph is traced, ``_stateless_sampling``
+therefore swaps ``tf.random.normal / uniform / truncated_normal`` for their stateless
+versions keyed by (seed input, example, call index). Every traced graph is then checked for
+leftover stateful random ops (``assert_stateless``), so a layer that samples some other way
+fails loudly at trace time instead of silently breaking reproducibility.
+
+Batch independence. Each example is processed on its own (``tf.map_fn``) with the stateless
+key ``(seed, fingerprint(example bytes))``: its probabilities depend only on the example,
+S and the seed, never on which other examples share the request. Within one example the
+S samples x K members are one vectorised pass (the example is tiled S*K times).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tqdm.auto import tqdm
+
+from ehr_pipeline import spec
+
+MAX_SAMPLES = 100
+SIGNATURE = "serving_default"
+INPUT_SIGNATURE = (
+    tf.TensorSpec([None], tf.string, name="examples"),
+    tf.TensorSpec([], tf.int32, name="num_samples"),
+    tf.TensorSpec([], tf.int64, name="seed"),
+)
+# Random ops that keep hidden state: none may remain in a seeded prediction graph.
+STATEFUL_RANDOM_OPS = frozenset({
+    "RandomStandardNormal", "RandomUniform", "RandomUniformInt", "TruncatedNormal", "RandomGamma",
+    "RandomPoisson", "RandomPoissonV2", "RandomShuffle", "Multinomial", "ParameterizedTruncatedNormal",
+    "StatefulStandardNormal", "StatefulStandardNormalV2", "StatefulUniform", "StatefulUniformInt",
+    "StatefulUniformFullInt", "StatefulTruncatedNormal", "StatefulRandomBinomial", "RngReadAndSkip",
+    "RngSkip", "RandomGammaGrad",
+})
+_PATCH_LOCK = threading.RLock()  # the swap is process-wide while a graph is traced
+
+
+class _StatelessSampling:
+    """Context: tf.random.{normal,uniform,truncated_normal} draw statelessly from `key` [2] int64."""
+
+    def __init__(self, key: tf.Tensor):
+        self.key = key
+        self.calls = 0
+        self.originals = {"normal": tf.random.normal, "uniform": tf.random.uniform,
+                          "truncated_normal": tf.random.truncated_normal}
+        self.patched: list[tuple[dict, str, Any]] = []
+
+    def _next_key(self) -> tf.Tensor:
+        # A distinct stateless key per call site, in trace order (deterministic for a given graph).
+        self.calls += 1
+        return tf.random.experimental.stateless_fold_in(self.key, self.calls)
+
+    def _normal(self, shape, mean=0.0, stddev=1.0, dtype=tf.float32, seed=None, name=None):
+        del seed, name
+        return tf.random.stateless_normal(shape, self._next_key(), mean=mean, stddev=stddev, dtype=dtype)
+
+    def _truncated_normal(self, shape, mean=0.0, stddev=1.0, dtype=tf.float32, seed=None, name=None):
+        del seed, name
+        return tf.random.stateless_truncated_normal(shape, self._next_key(), mean=mean, stddev=stddev, dtype=dtype)
+
+    def _uniform(self, shape, minval=0, maxval=None, dtype=tf.float32, seed=None, name=None):
+        del seed, name
+        dtype = tf.as_dtype(dtype)
+        if dtype.is_integer and maxval is None:
+            raise ValueError("integer tf.random.uniform needs maxval")
+        return tf.random.stateless_uniform(shape, self._next_key(), minval=minval, maxval=maxval, dtype=dtype)
+
+    def __enter__(self) -> _StatelessSampling:
+        _PATCH_LOCK.acquire()
+        replacement = {id(fn): getattr(self, f"_{name}") for name, fn in self.originals.items()}
+        originals = {id(fn): fn for fn in self.originals.values()}
+        # Every module binding of the public functions (tf.random, tf.compat.v2.random,
+        # random_ops, ...): libraries reach them through different namespaces.
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for attr, value in list(namespace.items()):
+                if id(value) in replacement and originals[id(value)] is value:
+                    self.patched.append((namespace, attr, value))
+                    namespace[attr] = replacement[id(value)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for namespace, attr, value in reversed(self.patched):
+            namespace[attr] = value
+        self.patched.clear()
+        _PATCH_LOCK.release()
+
+
+def stateful_random_ops(graph_def: tf.compat.v1.GraphDef) -> set[str]:
+    """Types of stateful random ops in a GraphDef, including its nested functions (loops, map_fn)."""
+    found = {n.op for n in graph_def.node if n.op in STATEFUL_RANDOM_OPS}
+    for fn in graph_def.library.function:
+        found |= {n.op for n in fn.node_def if n.op in STATEFUL_RANDOM_OPS}
+    return found
+
+
+def assert_stateless(concrete_fn) -> None:
+    """Raises RuntimeError if a traced prediction graph still holds stateful random ops."""
+    found = stateful_random_ops(concrete_fn.graph.as_graph_def())
+    if found:
+        raise RuntimeError(f"seeded prediction graph still draws stateful random numbers via {sorted(found)}: "
+                           "a layer samples through an API that model.predict does not make stateless")
+
+
+def _example_keys(examples: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """[N, 2] int64 stateless keys (seed, fingerprint of the serialized example)."""
+    fp = tf.bitcast(tf.fingerprint(examples), tf.int64)  # [N, 8] uint8 -> [N] int64
+    return tf.stack([tf.fill(tf.shape(fp), seed), fp], axis=1)
+
+
+def _check_samples(num_samples: tf.Tensor) -> tf.Tensor:
+    ok = tf.logical_and(num_samples >= 1, num_samples <= MAX_SAMPLES)
+    with tf.control_dependencies([tf.debugging.Assert(ok, [f"num_samples must be in [1, {MAX_SAMPLES}], got",
+                                                           num_samples])]):
+        return tf.identity(num_samples)
+
+
+class _Untracked:
+    """A plain holder: objects inside it are invisible to TensorFlow's object tracking."""
+
+    def __init__(self, **items: Any):
+        self.__dict__.update(items)
+
+
+class ServingModule(tf.Module):
+    """Featurizer + member models behind one seeded prediction function (what gets exported).
+
+    Only the models' variables are tracked, not the Keras objects: tf_keras would otherwise
+    try to serialise every layer's call (edward2 layers cannot be re-created from configs).
+    """
+
+    def __init__(self, featurizer: tf.Module, models: Sequence[tf.keras.Model]):
+        super().__init__(name="ehr_serving")
+        self.featurizer = featurizer
+        self._hidden = _Untracked(models=list(models), concrete=None)  # see the class docstring
+        self.model_variables = [v for m in self._hidden.models for v in m.variables]
+        self.ensemble_size = int(sum(m.ensemble_size for m in self._hidden.models))
+
+    def probs_one(self, example: tf.Tensor, key: tf.Tensor, num_samples: tf.Tensor) -> tf.Tensor:
+        """Probabilities [S*K] of one serialized example (traced under stateless sampling)."""
+        with _StatelessSampling(key):
+            feats = self.featurizer(spec.parse_sequence_examples(tf.reshape(example, [1])))
+            per_member = []
+            for model in self._hidden.models:
+                logits = model(feats, num_samples=num_samples)  # [1, S*K_m]
+                per_member.append(tf.reshape(tf.sigmoid(logits), [num_samples, model.ensemble_size]))
+            # Members side by side, still sample-major: column s*K + k.
+            return tf.reshape(tf.concat(per_member, axis=1), [-1])
+
+    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
+    def serve(self, examples, num_samples, seed):
+        """{"probs": float32 [N, S*K]} for serialized SequenceExamples, reproducible given seed."""
+        num_samples = _check_samples(num_samples)
+        keys = _example_keys(examples, seed)
+        probs = tf.map_fn(lambda a: self.probs_one(a[0], a[1], num_samples), (examples, keys),
+                          fn_output_signature=tf.TensorSpec([None], tf.float32))
+        width = num_samples * self.ensemble_size
+        return {"probs": tf.reshape(probs, [tf.shape(examples)[0], width])}
+
+    def concrete(self):
+        """The traced serving function (checked to be free of stateful random ops)."""
+        if self._hidden.concrete is None:
+            fn = self.serve.get_concrete_function()
+            assert_stateless(fn)
+            self._hidden.concrete = fn
+        return self._hidden.concrete
+
+
+class Predictor:
+    """An in-memory model (or deep ensemble of models) ready for predict_probs."""
+
+    def __init__(self, featurizer: tf.Module, models: Sequence[tf.keras.Model] | tf.keras.Model):
+        models = [models] if isinstance(models, tf.keras.Model) else list(models)
+        self.module = ServingModule(featurizer, models)
+
+    @property
+    def ensemble_size(self) -> int:
+        """Total K over the member models."""
+        return self.module.ensemble_size
+
+    def __call__(self, examples: tf.Tensor, num_samples: int, seed: int) -> np.ndarray:
+        out = self.module.concrete()(examples=examples, num_samples=tf.constant(num_samples, tf.int32),
+                                     seed=tf.constant(seed, tf.int64))
+        return out["probs"].numpy()
+
+
+def _as_callables(export_or_model: Any) -> list:
+    """Predictor / loaded export / export path, or a list of them (a deep ensemble) -> callables."""
+    if isinstance(export_or_model, (str, os.PathLike)):
+        from model.export import load_export
+
+        return [load_export(export_or_model)]
+    if isinstance(export_or_model, (list, tuple)):
+        return [c for item in export_or_model for c in _as_callables(item)]
+    if not callable(export_or_model):
+        raise TypeError("expected a Predictor, a loaded export or an export path, "
+                        f"got {type(export_or_model).__name__}")
+    return [export_or_model]
+
+
+def predict_probs(export_or_model: Any, serialized_examples: Sequence[bytes] | np.ndarray | tf.Tensor,
+                  num_samples: int, seed: int, *, batch_size: int = 256, progress: bool = False) -> np.ndarray:
+    """Probabilities float32 [N, S*K] (column s*K + k); a list of models/exports is a deep ensemble."""
+    if not 1 <= int(num_samples) <= MAX_SAMPLES:
+        raise ValueError(f"num_samples must be in [1, {MAX_SAMPLES}], got {num_samples}")
+    members = _as_callables(export_or_model)
+    examples = tf.convert_to_tensor(serialized_examples, tf.string) if len(serialized_examples) else None
+    if examples is None:
+        total_k = sum(m.ensemble_size for m in members)
+        return np.zeros([0, int(num_samples) * total_k], np.float32)
+    n = int(examples.shape[0])
+    outs = []
+    for member in members:
+        chunks = []
+        starts = range(0, n, batch_size)
+        for start in tqdm(starts, desc="predict", unit="batch", disable=not progress, leave=False):
+            chunks.append(member(examples[start:start + batch_size], int(num_samples), int(seed)))
+        probs = np.concatenate(chunks, axis=0)
+        outs.append(probs.reshape(n, int(num_samples), -1))  # [N, S, K_member]
+    return np.concatenate(outs, axis=2).reshape(n, -1).astype(np.float32)
+
+
+@contextlib.contextmanager
+def stateless_sampling(key: tf.Tensor):
+    """Public form of the tracing context (for tests of other seeded functions)."""
+    with _StatelessSampling(tf.convert_to_tensor(key, tf.int64)) as ctx:
+        yield ctx

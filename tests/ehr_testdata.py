@@ -1,0 +1,133 @@
+"""Small real pipeline output folders for the model tests (not a test module itself).
+
+Built with the pipeline's own pieces (bag_events, make_sequence_example, the TFRecord writer,
+the vocabulary functions), so the model reads exactly the format the Beam job writes. The
+label carries an easy signal: admissions with the code "diagnosis:RISK" or a high lactate
+(lab:50813) mostly die; ``P_DEATH`` of the truth CSV is that probability.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import pathlib
+
+import numpy as np
+
+from ehr_pipeline import bagging, outputs, spec, vocab
+from ehr_pipeline.config import PipelineConfig
+from ehr_pipeline.tfrecord import write_records
+
+CODES = ["lab:50813", "lab:50912", "chart:211", "chart:220045", "input:30018", "prescription:ASPIRIN",
+         "diagnosis:4019", "procedure:9604", "output:40055", "diagnosis:RISK"]
+LAB_MEANS = {"lab:50813": 1.5, "lab:50912": 1.0, "chart:211": 85.0, "chart:220045": 85.0, "output:40055": 200.0}
+DAY = 86400
+T0 = 1_700_000_000
+
+
+def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool) -> tuple:
+    trigger = T0 + hadm_id * DAY
+    n = int(rng.integers(3, 14))
+    pool = CODES[:-1] + (["lab:99999"] if rare_codes else [])  # an out-of-vocabulary lab
+    codes = list(rng.choice(pool, size=n))
+    risky = rng.random() < 0.35
+    if risky:
+        codes.append("diagnosis:RISK")
+    if rng.random() < 0.05:
+        codes = []  # an admission with no events before the trigger: zero bags
+    times = trigger - rng.integers(60, 3 * DAY, size=len(codes))
+    values = np.array([rng.normal(LAB_MEANS[c], 0.2 * LAB_MEANS[c]) if c in LAB_MEANS else np.nan for c in codes])
+    lactate = values[[i for i, c in enumerate(codes) if c == "lab:50813"]]
+    high_lactate = bool(lactate.size and np.nanmax(lactate) > 1.9)
+    p_death = 0.9 if (risky or high_lactate) else 0.05
+    bags = bagging.bag_events(np.asarray(times, np.int64), np.asarray(codes, dtype=object), values, trigger,
+                              PipelineConfig().bagging)
+    context = {spec.SUBJECT_ID: 10_000 + hadm_id, spec.HADM_ID: hadm_id, spec.LABEL: int(rng.random() < p_death),
+               spec.TRIGGER_TIME: trigger, spec.AGE_YEARS: float(rng.uniform(20, 90)),
+               spec.GENDER: str(rng.choice(["M", "F"])),
+               spec.ADMISSION_TYPE: str(rng.choice(["EMERGENCY", "ELECTIVE"]))}
+    return context, bags, p_death, codes, values
+
+
+def write_data_dir(out: str | os.PathLike[str], sizes=(("train", 160), ("validation", 48), ("test", 48)),
+                   seed: int = 0, train_shards: int = 2) -> pathlib.Path:
+    """Writes a complete pipeline output folder (shards, vocabulary, statistics, manifest, truth CSV)."""
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    config = PipelineConfig.model_validate({"num_shards": {"train": train_shards, "validation": 1, "test": 1},
+                                            "vocab": {"min_count": 2}})
+    stats: dict = {}
+    truth_rows = []
+    splits = {}
+    hadm = 100
+    for split, n in sizes:
+        records, positives = [], 0
+        for _ in range(n):
+            hadm += 1
+            context, bags, p_death, codes, values = _admission(rng, hadm, rare_codes=split != "train")
+            records.append(spec.make_sequence_example(context, bags).SerializeToString())
+            positives += context[spec.LABEL]
+            truth_rows.append((hadm, p_death))
+            if split == "train":
+                for code, st in vocab.example_code_stats(np.asarray(codes, dtype=object), values).items():
+                    stats[code] = vocab.add_stats(stats.get(code, vocab.ZERO), st)
+        shards = config.num_shards.model_dump()[split]
+        for shard in range(shards):
+            with open(out / spec.shard_file_name(split, shard, shards), "wb") as f:
+                write_records(f, records[shard::shards])
+        splits[split] = {"examples": n, "positives": positives, "label_rate": positives / n}
+    vocabulary = vocab.build_vocabulary(stats, config.vocab.min_count, config.vocab.max_size_per_source)
+    outputs.write_json(str(out / outputs.VOCABULARY), {"schema_version": spec.SCHEMA_VERSION, "sources": vocabulary,
+                                                       "min_count": config.vocab.min_count, "built_on": "train"})
+    outputs.write_json(str(out / outputs.NUMERIC_STATS), {
+        "schema_version": spec.SCHEMA_VERSION, "clip_z": config.numeric.clip_z,
+        "codes": vocab.normalisation_stats(stats), "built_on": "train"})
+    outputs.write_json(str(out / outputs.MANIFEST), {"manifest_version": 1, "schema_version": spec.SCHEMA_VERSION,
+                                                     "config": config.to_dict(), "splits": splits})
+    with open(out / "SYNTH_TRUTH.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["HADM_ID", "P_DEATH"])
+        writer.writerows(truth_rows)
+    return out
+
+
+def tiny_config_dict(method: str = "rank1", steps: int = 60, **train) -> dict:
+    """A tiny experiment config (hidden 8-16, K = 2) that trains in seconds on 2 cores."""
+    ensemble = 2 if method in ("rank1", "batchensemble") else 1
+    return {
+        "name": f"tiny_{method}",
+        "model": {"method": method, "ensemble_size": ensemble, "embedding_dim": 16, "rnn_dim": 16,
+                  "hidden_layer_dim": 16, "prior_stddev": 1.0 if method == "fully_bayesian" else 0.1},
+        "train": {"batch_size": 16, "learning_rate": 0.01, "clip_norm": 5.0, "kl_annealing_steps": 20,
+                  "max_steps": steps, "eval_every_steps": 0, "checkpoint_every_steps": 20, "log_every_steps": 10,
+                  "shuffle_buffer": 256, **train},
+        "eval": {"num_samples": 3, "batch_size": 32, "n_bootstrap": 50},
+    }
+
+
+def read_json(path) -> dict:
+    """JSON file -> dict."""
+    with open(path) as f:
+        return json.load(f)
+
+
+def trained_rank1_run(base: pathlib.Path) -> dict:
+    """A tiny rank-1 run (data, run folder, export, loss history), trained once per test session.
+
+    Several test modules need a trained export; each calls this with the session's base temp
+    folder, and only the first call trains (later calls find the finished export on disk).
+    """
+    data, run = base / "data", base / "run"
+    history_path = base / "history.json"
+    if not history_path.exists():
+        from model.config import parse_config
+        from model.train import train
+
+        write_data_dir(data)
+        # kl_scale < 1: with 160 training admissions the full KL / N_train would swamp the likelihood.
+        config = parse_config(tiny_config_dict("rank1", steps=100, kl_scale=0.05))
+        result = train(config, data, run, progress=False, truth_path=data / "SYNTH_TRUTH.csv")
+        history_path.write_text(json.dumps({"history": result.history, "step": result.step,
+                                            "n_train": 160, "config": config.to_dict()}))
+    return {"data": data, "run": run, "export": run / "export", **read_json(history_path)}

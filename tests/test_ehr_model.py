@@ -1,0 +1,174 @@
+"""The EHR model's inputs, forward layout, loss terms and seeded prediction, on real TFRecords."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from ehr_testdata import tiny_config_dict, write_data_dir
+
+from ehr_pipeline import bagging, spec
+from ehr_pipeline.config import PipelineConfig
+from model import inputs, losses, metrics, rank1
+from model.config import parse_config
+from model.ehr_model import build_model
+from model.predict import Predictor, predict_probs, stateful_random_ops
+from model.train import is_fast_weight
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = write_data_dir(tmp_path_factory.mktemp("ehr_model_data"), sizes=(("train", 40), ("validation", 8),
+                                                                            ("test", 12)))
+    files = inputs.load_data_files(path)
+    featurizer = inputs.Featurizer.from_data_files(files)
+    records, labels, _ = inputs.read_split(files, "test")
+    return files, featurizer, records, np.asarray(labels)
+
+
+def _features(featurizer, records):
+    return featurizer(spec.parse_sequence_examples(tf.constant(records)))
+
+
+def _model(featurizer, method, **model):
+    cfg = tiny_config_dict(method)
+    cfg["model"].update(model)
+    return build_model(parse_config(cfg).model, featurizer.vocab_size)
+
+
+def _example(codes, values, trigger=1_000_000, age=70.0, gender="F", adm="URGENT"):
+    times = np.full(len(codes), trigger - 3600, np.int64)
+    bags = bagging.bag_events(times, np.asarray(codes, dtype=object), np.asarray(values, float), trigger,
+                              PipelineConfig().bagging)
+    context = {spec.SUBJECT_ID: 1, spec.HADM_ID: 2, spec.LABEL: 0, spec.TRIGGER_TIME: trigger,
+               spec.AGE_YEARS: age, spec.GENDER: gender, spec.ADMISSION_TYPE: adm}
+    return spec.make_sequence_example(context, bags).SerializeToString()
+
+
+def test_featurizer_looks_up_codes_zscores_values_and_encodes_context():
+    vocab = {"lab": ["lab:50813"], "chart": ["chart:211"]}
+    stats = {"lab:50813": {"mean": 1.5, "std": 0.5, "n": 10}}
+    fz = inputs.Featurizer(vocab, stats, clip_z=3.0)
+    record = _example(["lab:50813", "lab:50813", "lab:77777", "chart:211", "chart:211"],
+                      [2.5, 99.0, 4.0, np.nan, np.nan])
+    feats = _features(fz, [record])
+    ids = feats["code_ids"].flat_values.numpy()  # one bag; codes sorted: chart:211, lab:50813, lab:77777
+    codes = spec.sequence_example_to_dict(record)[spec.BAG_CODES][0]
+    assert codes == ["chart:211", "lab:50813", "lab:77777"]
+    # Sorted sources give chart the first vocabulary id; an unknown lab gets the lab OOV id.
+    assert ids.tolist() == [fz.num_oov, fz.num_oov + 1, spec.SOURCES.index("lab")]
+    assert fz.code_ids(tf.constant(["weird:1", "prescription:X"])).numpy().tolist() == [
+        len(spec.SOURCES), spec.SOURCES.index("prescription")]
+    values = feats["code_values"].flat_values.numpy()
+    # lactate: mean (2.5 + 99) / 2 -> z = 97.25 clipped to 3; last = 99 (same time: input order) -> 3.
+    np.testing.assert_allclose(values[1], [3.0, 3.0, 1.0, math.log(3.0)], rtol=1e-6)
+    # chart:211 has no value; lab:77777 has a value but no statistics: z = 0, has_value kept.
+    np.testing.assert_allclose(values[0], [0.0, 0.0, 0.0, math.log(3.0)], rtol=1e-6)
+    np.testing.assert_allclose(values[2], [0.0, 0.0, 1.0, math.log(2.0)], rtol=1e-6)
+    bag = feats["bag_features"].flat_values.numpy()[0]
+    np.testing.assert_allclose(bag, [math.log1p(1.0) / 10, math.log1p(3.0) / 10], rtol=1e-6)
+    context = feats["context"].numpy()[0]
+    expected_context = np.zeros(inputs.CONTEXT_DIM)
+    expected_context[0] = 70.0 / 90.0
+    expected_context[1 + spec.GENDERS.index("F")] = 1.0
+    expected_context[1 + len(spec.GENDERS) + inputs.ADMISSION_TYPES.index("URGENT")] = 1.0
+    np.testing.assert_allclose(context, expected_context, rtol=1e-6)
+
+
+def test_data_files_take_clip_z_from_the_pipeline_config(tmp_path):
+    path = write_data_dir(tmp_path, sizes=(("train", 6), ("validation", 2), ("test", 2)))
+    assert inputs.load_data_files(path).clip_z == PipelineConfig().numeric.clip_z
+    (path / "vocabulary.json").unlink()
+    with pytest.raises(FileNotFoundError, match="vocabulary.json"):
+        inputs.load_data_files(path)
+
+
+def test_output_is_sample_major_with_one_column_per_member(data):
+    _, fz, records, _ = data
+    feats = _features(fz, records)
+    model = _model(fz, "batchensemble")  # point-mass members: every sample of member k is identical
+    one = model(feats, num_samples=1).numpy()
+    three = model(feats, num_samples=3).numpy()
+    assert one.shape == (len(records), 2) and three.shape == (len(records), 6)
+    for s in range(3):
+        np.testing.assert_allclose(three[:, s * 2:(s + 1) * 2], one, rtol=1e-5, atol=1e-6)
+    assert np.abs(one[:, 0] - one[:, 1]).max() > 1e-4  # the members are different networks
+
+
+def test_an_admission_does_not_see_its_batch_neighbours(data):
+    _, fz, records, _ = data
+    model = _model(fz, "deterministic")
+    together = model(_features(fz, records), num_samples=1).numpy()
+    alone = np.concatenate([model(_features(fz, [r]), num_samples=1).numpy() for r in records[:4]])
+    np.testing.assert_allclose(alone, together[:4], rtol=1e-5, atol=1e-6)
+
+
+def test_zero_bag_admissions_are_predicted():
+    fz = inputs.Featurizer({"lab": ["lab:1"]}, {})
+    record = _example([], [])
+    model = _model(fz, "rank1")
+    out = model(_features(fz, [record, record]), num_samples=2).numpy()
+    assert out.shape == (2, 4) and np.all(np.isfinite(out))
+
+
+def test_kl_collects_every_stochastic_part_and_nothing_else(data):
+    _, fz, _, _ = data
+    assert float(losses.kl_divergence(_model(fz, "deterministic"))) == 0.0
+    assert float(losses.kl_divergence(_model(fz, "batchensemble"))) == 0.0
+    emb_only = _model(fz, "bayesian_embeddings")
+    np.testing.assert_allclose(float(losses.kl_divergence(emb_only)), float(emb_only.embedding.kl_divergence()),
+                               rtol=1e-6)
+    r1 = _model(fz, "rank1")
+    np.testing.assert_allclose(float(losses.kl_divergence(r1)), float(rank1.kl_loss(r1)), rtol=1e-6)
+    assert float(rank1.kl_loss(r1)) > float(r1.embedding.kl_divergence()) > 0  # factors + embeddings
+    mf = _model(fz, "fully_bayesian")
+    # The mean-field weights' KL comes on top of the embeddings' (edward2 keeps it in layer.losses).
+    assert float(losses.kl_divergence(mf)) > float(mf.embedding.kl_divergence()) + 1.0
+
+
+def test_kl_weight_is_annealed_and_divided_by_n_train():
+    w = [float(losses.kl_weight(s, kl_scale=2.0, annealing_steps=10, num_train_examples=500)) for s in (0, 4, 9, 50)]
+    np.testing.assert_allclose(w, [2.0 * 0.1 / 500, 2.0 * 0.5 / 500, 2.0 / 500, 2.0 / 500], rtol=1e-6)
+    assert float(losses.kl_weight(0, kl_scale=1.0, annealing_steps=0, num_train_examples=4)) == 0.25
+    with pytest.raises(ValueError):
+        losses.kl_weight(0, kl_scale=1.0, annealing_steps=1, num_train_examples=0)
+
+
+def test_losses_match_the_metrics_module():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(20, 4)).astype(np.float32)
+    y = rng.integers(0, 2, size=20)
+    probs = 1 / (1 + np.exp(-logits.astype(np.float64)))
+    np.testing.assert_allclose(float(losses.nll_loss(logits, y, "average")), metrics.per_component_nll(probs, y),
+                               rtol=1e-5)
+    np.testing.assert_allclose(float(losses.nll_loss(logits, y, "mixture")), metrics.mixture_nll(probs, y), rtol=1e-5)
+    assert float(losses.nll_loss(logits, y, "mixture")) <= float(losses.nll_loss(logits, y, "average"))
+    with pytest.raises(ValueError, match="average"):
+        losses.nll_loss(logits, y, "sum")
+
+
+def test_fast_weights_are_exactly_the_rank1_factors(data):
+    _, fz, _, _ = data
+    model = _model(fz, "rank1")
+    fast = sorted(v.name for v in model.trainable_variables if is_fast_weight(v))
+    assert fast and all(("alpha" in n or "gamma" in n) for n in fast)
+    assert not any(is_fast_weight(v) for v in model.trainable_variables
+                   if "kernel" in v.name or "bias" in v.name or "embedding" in v.name)
+
+
+def test_seeded_prediction_is_reproducible_and_independent_of_the_batch(data):
+    _, fz, records, _ = data
+    predictor = Predictor(fz, _model(fz, "rank1"))
+    a = predict_probs(predictor, records, 4, seed=7, batch_size=5)
+    b = predict_probs(predictor, records[::-1], 4, seed=7, batch_size=len(records))[::-1]
+    c = predict_probs(predictor, records, 4, seed=8)
+    assert a.shape == (len(records), 8)
+    np.testing.assert_array_equal(a, b)  # same example + seed -> same numbers, whatever the batch
+    assert np.abs(a - c).max() > 1e-4  # another seed draws other samples
+    assert np.abs(a[:, 0] - a[:, 2]).max() > 1e-5  # samples s=0 and s=1 of member 0 differ
+    assert not stateful_random_ops(predictor.module.concrete().graph.as_graph_def())
+    with pytest.raises(ValueError, match="num_samples"):
+        predict_probs(predictor, records, 0, seed=0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="num_samples"):
+        predictor(tf.constant(records[:1]), 101, 0)

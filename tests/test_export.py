@@ -1,0 +1,84 @@
+"""The export contract: files and checksums, and the SavedModel predicting exactly what the
+in-memory model predicts for the same examples and seed."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from ehr_testdata import read_json, trained_rank1_run
+
+from model import inputs
+from model.export import ExportError, load_export
+from model.predict import Predictor, predict_probs
+from model.train import load_run
+
+REQUIRED = {"saved_model/saved_model.pb", "model_card.json", "pipeline_config.json", "vocabulary.json",
+            "numeric_stats.json", "metrics.json"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return trained_rank1_run(tmp_path_factory.getbasetemp() / "trained_rank1")
+
+
+def test_export_holds_the_contract_files(trained):
+    export, data = trained["export"], trained["data"]
+    manifest = read_json(export / "manifest.json")
+    assert manifest["format_version"] == 1 and REQUIRED <= set(manifest["files"])
+    card = read_json(export / "model_card.json")
+    assert (card["method"], card["ensemble_size"], card["name"]) == ("rank1_normal", 2, "tiny_rank1")
+    for key in ("version", "created", "data_manifest_sha256", "intended_use", "limitations", "metrics_summary"):
+        assert card[key]
+    metrics = read_json(export / "metrics.json")
+    assert {"ece", "nll", "auc_pr", "auc_roc", "brier"} <= set(metrics["test"])
+    assert metrics["decision_threshold"] == 0.5
+    referral = metrics["referral"]
+    assert (referral["measure"], referral["rate"]) == ("predictive_entropy", 0.1)
+    # The threshold is the validation split's: it refers ~10 % of the validation cases.
+    validation = read_json(trained["run"] / "eval" / "validation" / "metrics.json")
+    assert validation["referral"]["threshold"] == referral["threshold"]
+    assert 0.0 < validation["referral"]["referred_fraction"] <= 0.1
+    assert read_json(export / "pipeline_config.json") == read_json(data / "manifest.json")["config"]
+    for name in ("vocabulary.json", "numeric_stats.json"):
+        assert (export / name).read_bytes() == (data / name).read_bytes()
+
+
+def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained):
+    config, model, featurizer, step = load_run(trained["run"], trained["data"])
+    assert step == 100
+    records, _, _ = inputs.read_split(inputs.load_data_files(trained["data"]), "test")
+    in_memory = predict_probs(Predictor(featurizer, model), records, 5, seed=123)
+    exported = load_export(trained["export"])
+    from_export = predict_probs(exported, records, 5, seed=123, batch_size=7)
+    assert from_export.shape == (len(records), 5 * config.model.ensemble_size)
+    np.testing.assert_allclose(from_export, in_memory, rtol=0, atol=1e-6)
+    # One example alone (as the service may send it) gets the same numbers as in a batch.
+    np.testing.assert_array_equal(predict_probs(exported, records[3:4], 5, seed=123), from_export[3:4])
+    assert np.abs(predict_probs(exported, records, 5, seed=124) - from_export).max() > 1e-5
+
+
+@pytest.mark.parametrize("damage, name", [
+    (lambda d: (d / "vocabulary.json").write_text('{"sources": {}}'), "vocabulary.json"),
+    (lambda d: (d / "metrics.json").unlink(), "metrics.json"),
+    (lambda d: (d / "saved_model" / "saved_model.pb").write_bytes(b"x"), "saved_model/saved_model.pb"),
+    (lambda d: (d / "notes.txt").write_text("?"), "notes.txt"),
+    (lambda d: (d / "manifest.json").unlink(), "manifest.json"),
+])
+def test_altered_or_missing_files_are_named(trained, tmp_path, damage, name):
+    copy = tmp_path / "export"
+    shutil.copytree(trained["export"], copy)
+    damage(copy)
+    with pytest.raises(ExportError, match=name.replace(".", r"\.")):
+        load_export(copy)
+
+
+def test_unknown_format_version_is_refused(trained, tmp_path):
+    copy = tmp_path / "export"
+    shutil.copytree(trained["export"], copy)
+    manifest = read_json(copy / "manifest.json")
+    manifest["format_version"] = 2
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match="format_version"):
+        load_export(copy)
