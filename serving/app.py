@@ -1,0 +1,277 @@
+"""The app factory: create_app(settings) -> FastAPI, with everything it needs on app.state.
+
+No module-level state besides the logger: the settings, the model, the micro-batcher and the
+metrics registry all belong to one app, handed to routes by dependency injection.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import re
+import time
+import traceback
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serving import __version__
+from serving.batching import BatcherStoppedError, MicroBatcher, QueueFullError
+from serving.encoding import InputError, encode
+from serving.metrics import ServiceMetrics
+from serving.predictor import Predictor
+from serving.routes import health_router, metrics_router, v1_router
+from serving.schemas import Admission, Patient, PredictRequest
+from serving.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+REQUEST_ID_HEADER = "X-Request-ID"
+# A client's request id is echoed only if it is short and plain: it goes into logs and headers.
+_CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+DESCRIPTION = """\
+In-hospital mortality predictions from a rank-1 Bayesian LSTM, with their uncertainty:
+predictive mean and spread over S samples of each of K ensemble members, total / aleatoric /
+epistemic uncertainty, and a referral flag calibrated on held-out data.
+
+Events are bagged by the same code that built the training data. Authenticate with an
+`X-API-Key` header (or `Authorization: Bearer <key>`). Not a medical device.
+"""
+
+
+class RequestContextMiddleware:
+    """Pure ASGI middleware: request id, one access-log line, and the HTTP metrics.
+
+    It logs the route template (never the raw path or query), status and latency: request
+    bodies hold patient data and must not reach the logs.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((v.decode("latin-1") for k, v in scope.get("headers", [])
+                      if k == REQUEST_ID_HEADER.lower().encode()), "")
+        request_id = given if _CLIENT_REQUEST_ID.match(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        status = 500  # if the app dies before answering, that is what the client gets
+        status_sent: int | None = None
+        started = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, status_sent
+            if message["type"] == "http.response.start":
+                status = status_sent = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = list(message["headers"]) + [
+                    (REQUEST_ID_HEADER.lower().encode(), request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            # Handled here, not by Starlette's ServerErrorMiddleware: that one re-raises, and the
+            # server would then log the traceback WITH the exception's message, which may quote
+            # request data. We log the type and the line that raised, and answer 500 ourselves.
+            where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+            logger.error("request_id=%s unhandled %s at %s:%s", request_id, type(exc).__name__,
+                         where.filename if where else "?", where.lineno if where else "?")
+            if status_sent is None:
+                response = JSONResponse(status_code=500, content={
+                    "detail": "internal error; quote the request_id when reporting it", "request_id": request_id})
+                await response(scope, receive, send_with_id)
+            # else: the answer had started; the client sees it cut off, and the log says why.
+        finally:
+            elapsed = time.perf_counter() - started
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "")
+            self.metrics.requests.inc(route=template, method=method, status=str(status))
+            self.metrics.latency.observe(elapsed, route=template)
+            if status >= 400:
+                self.metrics.errors.inc(route=template, kind="server" if status >= 500 else "client")
+            logger.info("request_id=%s %s %s status=%d latency_ms=%.1f", request_id, method, template, status,
+                        elapsed * 1000.0)
+
+
+class BodyLimitMiddleware:
+    """Pure ASGI middleware: 413 for a request body over max_bytes, before any route sees it.
+
+    A declared Content-Length over the limit is refused without reading a byte; otherwise
+    the body is read (up to the limit, chunked uploads included) and replayed to the app,
+    which would buffer it whole anyway to parse the JSON.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = next((v for k, v in scope.get("headers", []) if k == b"content-length"), None)
+        if declared is not None:
+            if not declared.strip().isdigit():
+                await self._refuse(scope, send, 400, "invalid Content-Length header")
+                return
+            if int(declared) > self.max_bytes:
+                await self._refuse(scope, send, 413, f"request body larger than {self.max_bytes} bytes")
+                return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # client went away: nothing to answer
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(scope, send, 413, f"request body larger than {self.max_bytes} bytes")
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # after the body, only http.disconnect is left
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
+        request_id = scope.get("state", {}).get("request_id")
+        response = JSONResponse(status_code=status, content={"detail": message, "request_id": request_id},
+                                headers={"Connection": "close"})  # the rest of the body stays unread
+        await response(scope, None, send)  # type: ignore[arg-type]  # a JSONResponse never receives
+
+
+def _request_id(request: Request) -> str | None:
+    return getattr(request.state, "request_id", None)
+
+
+def _error_items(errors) -> list[dict]:
+    """FastAPI/pydantic errors without 'input' and 'ctx': they would echo patient data back and may not be JSON."""
+    return [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", "value_error"))}
+            for e in errors]
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every failure becomes a JSON ErrorResponse; client mistakes are 4xx with the field named."""
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": _error_items(exc.errors()),
+                                                      "request_id": _request_id(request)})
+
+    @app.exception_handler(InputError)
+    async def input_error(request: Request, exc: InputError) -> JSONResponse:
+        return JSONResponse(status_code=422, content={
+            "detail": [{"loc": list(exc.loc), "msg": exc.msg, "type": exc.kind}], "request_id": _request_id(request)})
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(status_code=exc.status_code, content=jsonable_encoder(
+            {"detail": exc.detail, "request_id": _request_id(request)}), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(QueueFullError)
+    async def queue_full(request: Request, exc: QueueFullError) -> JSONResponse:
+        return JSONResponse(status_code=503, headers={"Retry-After": "1"},
+                            content={"detail": str(exc), "request_id": _request_id(request)})
+
+    @app.exception_handler(BatcherStoppedError)
+    async def stopped(request: Request, exc: BatcherStoppedError) -> JSONResponse:
+        return JSONResponse(status_code=503, headers={"Retry-After": "1"},
+                            content={"detail": str(exc), "request_id": _request_id(request)})
+
+
+def _warmup_request() -> PredictRequest:
+    """A minimal admission (one event) for the warm-up pass; its prediction is thrown away."""
+    admit = dt.datetime(2150, 1, 1, 8, 0)
+    return PredictRequest(
+        patient=Patient(gender="U", age_years=60.0),
+        admission=Admission(admit_time=admit.isoformat(), admission_type="EMERGENCY"),
+        events=[{"time": (admit + dt.timedelta(hours=1)).isoformat(), "source": "lab", "code": "warmup"}],
+    )
+
+
+async def _warm_up(app: FastAPI, predictor: Predictor, batcher: MicroBatcher, settings: Settings) -> None:
+    """One forward pass on the model thread, then /readyz turns 'ok'; a failure keeps it 503."""
+    try:
+        encoded = await run_in_threadpool(encode, _warmup_request(), predictor.export)
+        await batcher.run_in_model_thread(predictor.forward, [encoded.example], settings.default_num_samples, 0)
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:
+        logger.error("warm-up forward pass failed (%s: %s); /readyz stays 503", type(err).__name__, err)
+        return
+    app.state.ready = True
+    app.state.metrics.ready.set(1)
+    logger.info("model warmed up; ready")
+
+
+def create_app(settings: Settings, predictor: Predictor | None = None) -> FastAPI:
+    """The service app; loads settings.model_dir at start-up unless a loaded `predictor` is given."""
+    metrics = ServiceMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        model = predictor if predictor is not None else await run_in_threadpool(Predictor.load, settings.model_dir)
+        export = model.export
+        metrics.model_info.set(1, name=export.card.name, version=export.card.version, checksum=export.checksum)
+        batcher = MicroBatcher(model.forward, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000.0,
+                               max_queue=settings.max_queue, metrics=metrics)
+        await batcher.start()
+        app.state.predictor = model
+        app.state.batcher = batcher
+        if settings.warmup:
+            warm = asyncio.create_task(_warm_up(app, model, batcher, settings))
+        else:
+            warm = None
+            app.state.ready = True
+            metrics.ready.set(1)
+        try:
+            yield
+        finally:
+            app.state.ready = False  # tell load balancers first, then drain
+            metrics.ready.set(0)
+            if warm is not None:
+                warm.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await warm
+            await batcher.stop()
+
+    app = FastAPI(
+        title="ehr-uncertainty prediction service",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.predictor = None
+    app.state.ready = False
+    # Last added runs first: the request id, log line and metrics cover 413s too.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+    _install_error_handlers(app)
+    app.include_router(health_router)
+    app.include_router(metrics_router)
+    app.include_router(v1_router)
+    return app

@@ -1,0 +1,126 @@
+"""Request -> serialized SequenceExample, through the very functions that built the training data.
+
+Training/serving skew is the bug this module exists to prevent: events are bagged by
+``ehr_pipeline.bagging.bag_events`` with the export's own bagging config, the age is
+computed by ``ehr_pipeline.ages`` at the admission time (as the cohort builder does), and the
+proto is built by ``ehr_pipeline.spec.make_sequence_example``. Nothing here re-implements
+any of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import numpy as np
+
+from ehr_pipeline import ages, bagging, spec
+from serving.predictor import Export
+from serving.schemas import PredictRequest
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+ONE_SECOND = dt.timedelta(seconds=1)
+MAX_SECONDS = (dt.datetime.max.replace(tzinfo=dt.timezone.utc) - EPOCH) // ONE_SECOND  # end of year 9999
+MAX_OOV_LISTED = 50  # the response lists this many unknown codes at most (the count is exact)
+# Context ids the service cannot know; LABEL_UNKNOWN marks a live prediction in the proto.
+_SERVING_ID = 0
+
+
+class InputError(ValueError):
+    """A request that is well-formed JSON but makes no sense (answered 422); loc names the field."""
+
+    def __init__(self, loc: tuple[str | int, ...], msg: str, kind: str = "value_error"):
+        super().__init__(msg)
+        self.loc = loc
+        self.msg = msg
+        self.kind = kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    """One request as the model sees it, plus what the response reports about the input."""
+
+    example: bytes  # serialized tf.train.SequenceExample
+    prediction_time: dt.datetime  # UTC
+    age_years: float  # fed to the model (capped)
+    events_received: int
+    events_used: int
+    ignored: dict[str, int]  # bagging.DROP_REASONS -> count
+    oov_codes: list[str]  # sorted, at most MAX_OOV_LISTED
+    oov_count: int
+    warnings: list[str]
+
+
+def to_seconds(value: dt.datetime | dt.date) -> int:
+    """Whole seconds since 1970-01-01 UTC (floor); a time without an offset is taken as UTC."""
+    if not isinstance(value, dt.datetime):
+        value = dt.datetime(value.year, value.month, value.day)
+    if value.tzinfo is None or value.utcoffset() is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    # timedelta arithmetic, not .timestamp(): no float rounding and no overflow at year 1 or 9999.
+    return (value - EPOCH) // ONE_SECOND
+
+
+def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] = ("body",)) -> Encoded:
+    """Bags a request's events and builds its SequenceExample; raises InputError (with loc) on nonsense input."""
+    admit = to_seconds(request.admission.admit_time)
+    pipeline = export.pipeline
+    if request.prediction_time is None:
+        trigger = admit + pipeline.trigger_offset_seconds
+        if trigger > MAX_SECONDS:  # the response could not even write the default time down
+            raise InputError(loc + ("admission", "admit_time"), "admit_time is too late to add the "
+                             f"model's trigger offset of {pipeline.trigger_offset_seconds} s")
+    else:
+        trigger = to_seconds(request.prediction_time)
+        if trigger < admit:
+            raise InputError(loc + ("prediction_time",), "prediction_time must not precede admission.admit_time")
+
+    patient = request.patient
+    if patient.date_of_birth is not None:
+        raw_age = float(ages.age_years(to_seconds(patient.date_of_birth), admit))
+        if raw_age < 0:
+            raise InputError(loc + ("patient", "date_of_birth"), "date_of_birth is after admission.admit_time")
+    else:
+        raw_age = float(patient.age_years)
+    age = float(ages.cap_age(raw_age))
+
+    events = request.events
+    times = np.fromiter((to_seconds(e.time) for e in events), dtype=np.int64, count=len(events))
+    codes = np.array([spec.format_code(e.source, e.code) for e in events], dtype=object)
+    values = np.fromiter((np.nan if e.value is None else e.value for e in events), dtype=np.float64,
+                         count=len(events))
+    bags = bagging.bag_events(times, codes, values, trigger, pipeline.bagging)
+
+    context = {
+        spec.SUBJECT_ID: _SERVING_ID,
+        spec.HADM_ID: _SERVING_ID,
+        spec.LABEL: spec.LABEL_UNKNOWN,
+        spec.TRIGGER_TIME: trigger,
+        spec.AGE_YEARS: age,
+        spec.GENDER: patient.gender,
+        spec.ADMISSION_TYPE: request.admission.admission_type,
+    }
+    example = spec.make_sequence_example(context, bags).SerializeToString()
+
+    # Only codes the model actually sees (kept bags) can be out of its vocabulary.
+    unknown = sorted(set(bags.codes.tolist()) - export.vocabulary)
+    warnings = []
+    if raw_age < pipeline.min_age_years:
+        warnings.append(f"age {raw_age:.1f} years is below the training cohort's minimum of "
+                        f"{pipeline.min_age_years:g} years")
+    if trigger != admit + pipeline.trigger_offset_seconds:
+        warnings.append(f"prediction_time is not admit_time + {pipeline.trigger_offset_seconds} s, "
+                        f"the time point the model was trained for")
+    if bags.num_bags == 0:
+        warnings.append("no events before the prediction time: the model sees only age, gender and "
+                        "admission type")
+    return Encoded(
+        example=example,
+        prediction_time=EPOCH + dt.timedelta(seconds=trigger),
+        age_years=age,
+        events_received=len(events),
+        events_used=bags.n_events_used,
+        ignored=dict(bags.n_dropped_by_reason),
+        oov_codes=unknown[:MAX_OOV_LISTED],
+        oov_count=len(unknown),
+        warnings=warnings,
+    )

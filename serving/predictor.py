@@ -1,0 +1,278 @@
+"""The exported model: verify and read an export directory, run its SavedModel, summarise samples.
+
+Start-up fails here, with a message naming the file, when the directory is missing, a file
+is absent or is not what manifest.json's SHA-256 says (checked by the exporter's own
+``model.export.load_export``: one verifier for the format), the SavedModel does not load or
+has the wrong signature, or a JSON file does not hold what the service needs.
+
+Every uncertainty number comes from ``model.metrics`` (never re-implemented here), so the
+service reports exactly the quantities the evaluation reported.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from ehr_pipeline import config as pipeline_config
+from ehr_pipeline import spec
+from model import metrics as model_metrics
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+MODEL_CARD = "model_card.json"
+PIPELINE_CONFIG = "pipeline_config.json"
+VOCABULARY = "vocabulary.json"
+METRICS = "metrics.json"
+SAVED_MODEL = "saved_model"
+SIGNATURE = "serving_default"
+SIGNATURE_INPUTS = ("examples", "num_samples", "seed")
+OUTPUT = "probs"
+INTERVAL_LEVEL = 0.95
+
+
+class ModelDirError(RuntimeError):
+    """The export directory cannot be served; the message names the file and the problem."""
+
+
+# ------------------------------------------------------------------------ export files
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")  # exporters may add fields; we read what we need
+
+
+class ModelCard(_Loose):
+    """The fields of model_card.json the service relies on."""
+
+    name: str = Field(min_length=1)
+    version: str = Field(min_length=1)
+    method: str = Field(min_length=1)
+    ensemble_size: int = Field(ge=1)
+    created: str | None = None
+
+
+class HeldOutMetrics(_Loose):
+    """metrics.json 'test': held-out calibration (other metrics pass through to /v1/model)."""
+
+    ece: float | None = None
+    nll: float | None = None
+
+
+class ReferralPolicy(_Loose):
+    """metrics.json 'referral': refer when `measure` > `threshold` (None: -inf, refer every case)."""
+
+    measure: str
+    rate: float = Field(ge=0.0, le=1.0)
+    threshold: float | None
+
+    @pydantic.field_validator("measure")
+    @classmethod
+    def _known_measure(cls, value: str) -> str:
+        if value not in model_metrics.UNCERTAINTY_MEASURES:
+            raise ValueError(f"must be one of {model_metrics.UNCERTAINTY_MEASURES}")
+        return value
+
+
+class ExportMetrics(_Loose):
+    """metrics.json as the service needs it."""
+
+    test: HeldOutMetrics
+    referral: ReferralPolicy
+    decision_threshold: float = Field(0.5, gt=0.0, lt=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Export:
+    """Everything read from an export directory except the SavedModel itself."""
+
+    directory: pathlib.Path
+    checksum: str  # SHA-256 of manifest.json: identifies every file of the export at once
+    card: ModelCard
+    card_raw: Mapping[str, Any]
+    pipeline: pipeline_config.PipelineConfig
+    pipeline_raw: Mapping[str, Any]
+    vocabulary: frozenset[str]  # "source:code"
+    metrics: ExportMetrics
+    metrics_raw: Mapping[str, Any]
+
+    @property
+    def ensemble_size(self) -> int:
+        """K, the number of ensemble members."""
+        return self.card.ensemble_size
+
+
+def _sha256(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_json(directory: pathlib.Path, name: str) -> Any:
+    try:
+        return json.loads((directory / name).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise ModelDirError(f"{directory / name}: cannot read: {err}") from None
+    except json.JSONDecodeError as err:
+        raise ModelDirError(f"{directory / name}: not valid JSON: {err}") from None
+
+
+def _validate(model: type[BaseModel], data: Any, where: pathlib.Path) -> Any:
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as err:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<top>'}: {e['msg']}" for e in err.errors())
+        raise ModelDirError(f"{where}: {problems}") from None
+
+
+def _vocabulary(data: Any, where: pathlib.Path) -> frozenset[str]:
+    """Known codes as 'source:code' from {"sources": {source: [codes]}} or {source: [codes]}."""
+    by_source = data.get("sources", data) if isinstance(data, dict) else None
+    if not isinstance(by_source, dict):
+        raise ModelDirError(f"{where}: expected {{source: [codes]}} (optionally under 'sources')")
+    codes: set[str] = set()
+    for source, items in by_source.items():
+        if source not in spec.SOURCES:
+            continue  # other keys (sizes, special tokens) are the exporter's business
+        if not isinstance(items, list) or not all(isinstance(c, str) for c in items):
+            raise ModelDirError(f"{where}: sources.{source} must be a list of code strings")
+        prefix = f"{source}{spec.CODE_SEPARATOR}"
+        # The pipeline stores full 'source:code' strings; accept bare codes too.
+        codes.update(c if c.startswith(prefix) else prefix + c for c in items)
+    return frozenset(codes)
+
+
+def read_export(model_dir: str | pathlib.Path) -> Export:
+    """Reads and validates the JSON side files of an export (checksums: model.export.verify_export)."""
+    directory = pathlib.Path(model_dir)
+    if not directory.is_dir():
+        raise ModelDirError(f"{directory}: model directory does not exist or is not a directory")
+    checksum = _sha256(directory / MANIFEST)
+    card_raw = _read_json(directory, MODEL_CARD)
+    card = _validate(ModelCard, card_raw, directory / MODEL_CARD)
+    pipeline_raw = _read_json(directory, PIPELINE_CONFIG)
+    try:
+        pipeline = pipeline_config.parse_pipeline_config(pipeline_raw, str(directory / PIPELINE_CONFIG))
+    except pipeline_config.ConfigError as err:
+        raise ModelDirError(str(err)) from None
+    vocabulary = _vocabulary(_read_json(directory, VOCABULARY), directory / VOCABULARY)
+    metrics_raw = _read_json(directory, METRICS)
+    metrics = _validate(ExportMetrics, metrics_raw, directory / METRICS)
+    return Export(directory=directory, checksum=checksum, card=card, card_raw=card_raw, pipeline=pipeline,
+                  pipeline_raw=pipeline_raw, vocabulary=vocabulary, metrics=metrics, metrics_raw=metrics_raw)
+
+
+# ------------------------------------------------------------------------ the model
+
+
+class Predictor:
+    """A verified export plus its loaded SavedModel signature; forward() is thread-safe."""
+
+    def __init__(self, export: Export, loaded: Any):
+        self.export = export
+        self._loaded = loaded  # model.export.LoadedExport: holds the SavedModel and its variables
+
+    @classmethod
+    def load(cls, model_dir: str | pathlib.Path) -> Predictor:
+        """Verifies every checksum (model.export.load_export), loads the SavedModel, validates the side files."""
+        directory = pathlib.Path(model_dir)
+        if not directory.is_dir():  # before importing TensorFlow: the commonest mistake fails at once
+            raise ModelDirError(f"{directory}: model directory does not exist or is not a directory")
+        # The exporter owns the export format, so its loader is the one checksum verifier.
+        from model.export import ExportError, load_export  # imports TensorFlow
+
+        path = directory / SAVED_MODEL
+        try:
+            loaded = load_export(directory)
+        except ExportError as err:
+            raise ModelDirError(str(err)) from None
+        except Exception as err:  # TF raises many types for a bad SavedModel; all mean the same here
+            first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise ModelDirError(f"{directory}: cannot load the export: {type(err).__name__}: {first_line}") from None
+        export = read_export(directory)
+        if loaded.ensemble_size != export.ensemble_size:
+            raise ModelDirError(f"{directory / MODEL_CARD}: ensemble_size disagrees with the loaded export")
+        signature = loaded.signature
+        inputs = set(signature.structured_input_signature[1])
+        if inputs != set(SIGNATURE_INPUTS):
+            raise ModelDirError(f"{path}: signature '{SIGNATURE}' takes {sorted(inputs)}, "
+                                f"expected {sorted(SIGNATURE_INPUTS)}")
+        if OUTPUT not in signature.structured_outputs:
+            raise ModelDirError(f"{path}: signature '{SIGNATURE}' returns {sorted(signature.structured_outputs)}, "
+                                f"expected '{OUTPUT}'")
+        logger.info("loaded model %s %s (K=%d) from %s", export.card.name, export.card.version,
+                    export.ensemble_size, export.directory)
+        return cls(export, loaded)
+
+    def forward(self, examples: Sequence[bytes], num_samples: int, seed: int) -> np.ndarray:
+        """Sampled probabilities [N, num_samples * K] (float64, sample-major) for serialized SequenceExamples."""
+        from model.predict import predict_probs  # the same call ehr-eval makes: same numbers for a seed
+
+        out = predict_probs(self._loaded, list(examples), num_samples, seed,
+                            batch_size=max(len(examples), 1)).astype(np.float64)
+        expected = (len(examples), num_samples * self.export.ensemble_size)
+        if out.shape != expected:
+            raise RuntimeError(f"model returned probs of shape {out.shape}, expected {expected} "
+                               f"(N, S*K with K = model_card ensemble_size)")
+        if not np.all(np.isfinite(out)) or np.any((out < 0) | (out > 1)):
+            raise RuntimeError("model returned probabilities outside [0, 1] or non-finite")
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """Per-example summaries of an [N, S*K] probability matrix, each of shape [N] unless noted."""
+
+    probability: np.ndarray
+    std: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    predictive_entropy: np.ndarray
+    aleatoric: np.ndarray
+    epistemic: np.ndarray
+    members: np.ndarray  # [N, K]
+    predicted_positive: np.ndarray  # bool
+    across_threshold: np.ndarray
+    referral_value: np.ndarray
+    refer: np.ndarray  # bool
+
+
+def summarise(probs: np.ndarray, export: Export, num_samples: int) -> Summary:
+    """Uncertainty summaries of sampled probabilities [N, S*K] (model.metrics definitions, nats)."""
+    k = export.ensemble_size
+    measures = model_metrics.uncertainties(probs)
+    mean = model_metrics.predictive_mean(probs)
+    tail = (1.0 - INTERVAL_LEVEL) / 2.0
+    lower, upper = np.quantile(probs, [tail, 1.0 - tail], axis=1)
+    threshold = export.metrics.decision_threshold
+    positive = mean > threshold  # the strict '>' of model.metrics.accuracy
+    across = np.mean((probs > threshold) != positive[:, None], axis=1)
+    policy = export.metrics.referral
+    referral_threshold = -math.inf if policy.threshold is None else policy.threshold
+    value = measures[policy.measure]
+    return Summary(
+        probability=mean,
+        std=measures["predictive_std"],
+        lower=lower,
+        upper=upper,
+        predictive_entropy=measures["predictive_entropy"],
+        aleatoric=model_metrics.expected_entropy(probs),
+        epistemic=measures["mutual_information"],
+        members=model_metrics.member_means(probs, k, num_samples),
+        predicted_positive=positive,
+        across_threshold=across,
+        referral_value=value,
+        refer=model_metrics.refer(value, referral_threshold),
+    )

@@ -1,0 +1,260 @@
+"""Request and response bodies of the service (pydantic), with descriptions and examples for /docs.
+
+Requests reject unknown fields (a typo such as ``"admit_tim"`` must not silently fall back to
+a default) and text that cannot be encoded as UTF-8. Times are ISO 8601 strings: a bare
+number is refused because "seconds or milliseconds since 1970?" has no safe answer. A time
+without a UTC offset is read as UTC, which is how MIMIC-style (date-shifted) times are
+stored by the pipeline.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from ehr_pipeline import bagging, spec
+
+MAX_TEXT = 128  # longest code / admission type / unit / id accepted, characters
+
+
+def _require_iso_text(value: Any) -> Any:
+    """Only strings may become times: a bare number has no unit anyone could agree on."""
+    if not isinstance(value, str):
+        raise ValueError("must be an ISO 8601 string, e.g. '2150-03-01T08:30:00'")
+    return value
+
+
+def _utf8_text(value: str) -> str:
+    """Text must survive UTF-8 encoding: JSON allows lone surrogates ('\\ud800'), protobuf does not."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (no unpaired surrogates)") from None
+    return value
+
+
+def _no_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
+IsoDateTime = Annotated[dt.datetime, BeforeValidator(_require_iso_text)]
+IsoDate = Annotated[dt.date, BeforeValidator(_require_iso_text)]
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_utf8_text), AfterValidator(_no_blank)]
+Source = Literal[spec.SOURCES]  # type: ignore[valid-type]  # the spec's sources, one list for all
+Gender = Literal[spec.GENDERS]  # type: ignore[valid-type]
+
+_STRICT_FLOAT = dict(strict=True, allow_inf_nan=False)  # no "1.5" strings, no NaN / Infinity
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Patient(_Request):
+    """Who the patient is; give exactly one of date_of_birth and age_years."""
+
+    gender: Gender = Field(description="'M', 'F' or 'U' (unknown), as in the training data.", examples=["F"])
+    date_of_birth: IsoDate | None = Field(
+        None, description="Date of birth (YYYY-MM-DD); the age at admission is computed on the calendar "
+                          "exactly as in training, then capped at 90.", examples=["2080-05-17"])
+    age_years: float | None = Field(
+        None, ge=0.0, le=150.0, description="Age at admission in years, if the date of birth is not "
+                                            "given; capped at 90 like the training data.",
+        examples=[67.5], **_STRICT_FLOAT)
+
+    @model_validator(mode="after")
+    def _one_age(self) -> Patient:
+        if (self.date_of_birth is None) == (self.age_years is None):
+            raise ValueError("give exactly one of date_of_birth and age_years")
+        return self
+
+
+class Admission(_Request):
+    """The hospital admission the prediction is about."""
+
+    admit_time: IsoDateTime = Field(description="Admission time, ISO 8601; no offset means UTC.",
+                                    examples=["2150-03-01T08:30:00"])
+    admission_type: Text = Field(description="MIMIC-III ADMISSION_TYPE, e.g. EMERGENCY, ELECTIVE, URGENT.",
+                                 examples=["EMERGENCY"])
+
+
+class Event(_Request):
+    """One timestamped observation: a lab result, chart entry, drug, diagnosis, ..."""
+
+    time: IsoDateTime = Field(description="When the event became known, ISO 8601; no offset means UTC. "
+                                          "Events at or after the prediction time are ignored and counted.",
+                              examples=["2150-03-01T10:00:00"])
+    source: Source = Field(description=f"Event table, one of {', '.join(spec.SOURCES)}.", examples=["lab"])
+    code: Text = Field(description="The code within its source (MIMIC ITEMID, ICD-9 code, drug name, ...); "
+                                   "the model sees 'source:code'.", examples=["50912"])
+    value: float | None = Field(None, description="Numeric value, if any (text results: leave it out).",
+                                examples=[1.4], **_STRICT_FLOAT)
+    unit: Text | None = Field(None, description="Unit as recorded; informational only: values must be in the "
+                                                "units the training data used.", examples=["mg/dL"])
+
+
+class PredictRequest(_Request):
+    """One admission to score."""
+
+    id: Text | None = Field(None, description="Your reference for this admission, echoed back; never logged.",
+                            examples=["bed-12"])
+    patient: Patient
+    admission: Admission
+    prediction_time: IsoDateTime | None = Field(
+        None, description="Predict as of this time; default: admit_time + the model's trigger offset "
+                          "(the time point it was trained for). Must not precede admit_time.")
+    events: list[Event] = Field(default_factory=list, description="The admission's events, any order.")
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
+        "id": "bed-12",
+        "patient": {"gender": "F", "date_of_birth": "2080-05-17"},
+        "admission": {"admit_time": "2150-03-01T08:30:00", "admission_type": "EMERGENCY"},
+        "events": [
+            {"time": "2150-03-01T09:10:00", "source": "lab", "code": "50912", "value": 1.4, "unit": "mg/dL"},
+            {"time": "2150-03-01T09:15:00", "source": "chart", "code": "220045", "value": 112},
+            {"time": "2150-03-01T11:00:00", "source": "prescription", "code": "Vancomycin"},
+        ],
+    }]})
+
+
+class BatchRequest(_Request):
+    """Several admissions scored in one call (one vectorised forward pass)."""
+
+    patients: list[PredictRequest] = Field(min_length=1, description="The admissions to score, in order.")
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+class ModelIdentity(BaseModel):
+    """Which exported model answered."""
+
+    name: str = Field(description="model_card.json name.", examples=["rank1-lstm-mimic"])
+    version: str = Field(description="model_card.json version.", examples=["1.0.0"])
+    checksum: str = Field(description="SHA-256 of the export's manifest.json, which pins every file's hash.")
+
+
+class Calibration(BaseModel):
+    """How well calibrated the model was on held-out data (from metrics.json, not this request)."""
+
+    split: str = Field("test", description="The held-out split the numbers come from.")
+    ece: float | None = Field(description="Expected calibration error (15 bins), lower is better.")
+    nll: float | None = Field(description="Negative log-likelihood per admission, nats.")
+
+
+class Interval(BaseModel):
+    """Central interval of the sampled probabilities."""
+
+    level: float = Field(0.95, description="Coverage of the interval.")
+    lower: float = Field(description="2.5th percentile of the S*K sampled probabilities.")
+    upper: float = Field(description="97.5th percentile of the S*K sampled probabilities.")
+
+
+class Referral(BaseModel):
+    """Whether to refer this case to a clinician because the model is unsure."""
+
+    refer: bool = Field(description="True when this case's uncertainty exceeds the threshold.")
+    measure: str = Field(description="Uncertainty measure the threshold applies to.",
+                         examples=["predictive_entropy"])
+    value: float = Field(description="This case's value of that measure.")
+    threshold: float | None = Field(description="Refer when value > threshold (chosen on validation data); "
+                                                 "null means every case is referred.")
+    rate: float = Field(description="Share of validation cases the threshold refers.")
+
+
+class EventCounts(BaseModel):
+    """What happened to the request's events."""
+
+    received: int = Field(description="Events in the request.")
+    used: int = Field(description="Events that went into the model's time bags.")
+    ignored: dict[str, int] = Field(
+        description=f"Events not used, by reason: '{bagging.DROP_AT_OR_AFTER_TRIGGER}' (at or after the "
+                    f"prediction time) and '{bagging.DROP_OLDER_THAN_MAX_BAGS}' (beyond the model's history).")
+
+
+class OutOfVocabulary(BaseModel):
+    """Codes the model never learned (they share one 'unknown' embedding)."""
+
+    count: int = Field(description="Distinct unknown codes.")
+    codes: list[str] = Field(description="The first of them ('source:code'), sorted.")
+
+
+class PatientPrediction(BaseModel):
+    """The prediction for one admission, with its uncertainty."""
+
+    id: str | None = Field(None, description="The request's id, if it gave one.")
+    probability: float = Field(description="Predictive mean probability of in-hospital death "
+                                           "(mean over all S*K samples).", examples=[0.12])
+    std: float = Field(description="Standard deviation of the S*K sampled probabilities.")
+    interval: Interval
+    predictive_entropy: float = Field(description="Total uncertainty H[E p], nats.")
+    aleatoric: float = Field(description="Expected entropy E H[p] (noise in the data), nats.")
+    epistemic: float = Field(description="Mutual information H[E p] - E H[p] (model uncertainty), nats.")
+    member_probabilities: list[float] = Field(description="Each ensemble member's mean over its S samples.")
+    decision_threshold: float = Field(description="Positive when probability > this (from metrics.json).")
+    predicted_positive: bool = Field(description="probability > decision_threshold.")
+    samples_across_threshold: float = Field(
+        description="Share of the S*K samples on the other side of the decision threshold from the mean.")
+    refer: bool = Field(description="Shortcut for referral.refer.")
+    referral: Referral
+    events: EventCounts
+    out_of_vocabulary: OutOfVocabulary
+    prediction_time: dt.datetime = Field(description="The prediction time used (UTC).")
+    age_years: float = Field(description="Age at admission fed to the model, years (capped at 90).")
+    warnings: list[str] = Field(default_factory=list,
+                                description="Ways this input differs from what the model was trained on.")
+    samples: list[float] | None = Field(
+        None, description="All S*K sampled probabilities, sample-major (column s*K + k), with include_samples=true.")
+
+
+class _Answer(BaseModel):
+    num_samples: int = Field(description="Samples S per ensemble member.", examples=[25])
+    ensemble_size: int = Field(description="Ensemble members K.", examples=[4])
+    model: ModelIdentity
+    calibration: Calibration
+    request_id: str = Field(description="Also in the X-Request-ID header; quote it when reporting a problem.")
+
+
+class PredictResponse(_Answer, PatientPrediction):
+    """POST /v1/predict answer."""
+
+
+class BatchResponse(_Answer):
+    """POST /v1/predict/batch answer: predictions in request order."""
+
+    predictions: list[PatientPrediction]
+
+
+class ModelInfo(BaseModel):
+    """GET /v1/model answer."""
+
+    model: ModelIdentity
+    model_card: dict[str, Any] = Field(description="model_card.json as exported.")
+    metrics: dict[str, Any] = Field(description="metrics.json as exported (held-out test metrics, referral).")
+    pipeline_config: dict[str, Any] = Field(description="pipeline_config.json: how training data was bagged.")
+    vocabulary_size: int = Field(description="Codes the model knows, all sources.")
+    limits: dict[str, int] = Field(description="This server's request limits.")
+
+
+class Health(BaseModel):
+    """GET /healthz and /readyz answer."""
+
+    status: Literal["ok", "starting"] = Field(description="'ok', or 'starting' while the model warms up.")
+
+
+class ErrorItem(BaseModel):
+    """One problem with a request."""
+
+    loc: list[str | int] = Field(description="Where: e.g. ['body', 'events', 3, 'time'] or ['query', 'num_samples'].")
+    msg: str = Field(description="What is wrong.")
+    type: str = Field(description="Machine-readable kind of problem.")
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx answer."""
+
+    detail: list[ErrorItem] | str
+    request_id: str | None = None

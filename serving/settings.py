@@ -1,0 +1,122 @@
+"""Service settings: one frozen pydantic model, built by the CLI (or a test) and handed to create_app.
+
+Nothing here is read from module-level state: the app factory receives a ``Settings`` value
+and routes get it through dependency injection, so two apps with different settings can
+live in one process (the tests do exactly that).
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import pathlib
+from collections.abc import Iterable, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+API_KEYS_ENV = "EHR_API_KEYS"  # comma-separated keys; merged with --api-keys-file
+MIN_API_KEY_LENGTH = 16  # shorter keys are guessable by brute force over the network
+LOOPBACK_NAMES = ("localhost",)
+
+
+class SettingsError(ValueError):
+    """Settings that cannot work together (e.g. --no-auth on a public interface)."""
+
+
+def is_loopback(host: str) -> bool:
+    """True when `host` names the loopback interface (127.0.0.0/8, ::1 or 'localhost')."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name other than localhost: we cannot know where it binds
+        return False
+
+
+class Settings(BaseModel):
+    """Everything the service needs besides the model itself; defaults are the CLI defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_dir: pathlib.Path = Field(description="Export directory written by model.export.")
+    host: str = Field("127.0.0.1", description="Interface to bind.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port; 0 picks a free one.")
+    api_keys: tuple[SecretStr, ...] = Field(
+        (), description="Accepted API keys (SecretStr: never printed in reprs or logs).")
+    no_auth: bool = Field(False, description="Serve without API keys; loopback hosts only.")
+    max_batch: int = Field(
+        32, ge=1, le=1024, description="Most examples merged into one forward pass.")
+    max_wait_ms: float = Field(
+        5.0, ge=0.0, le=1000.0,
+        description="Longest a request waits for others to share its forward pass, ms.")
+    max_queue: int = Field(
+        1024, ge=1, description="Requests waiting for the model before new ones get 503.")
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Largest accepted request body, bytes (else 413).")
+    max_events: int = Field(
+        20000, ge=1, description="Most events per patient (else 422 naming 'events').")
+    max_patients: int = Field(
+        64, ge=1, description="Most patients per batch request (else 422 naming 'patients').")
+    default_num_samples: int = Field(
+        25, ge=1, description="Monte-Carlo samples per ensemble member when the query omits it.")
+    # The export contract's signature accepts S in [1, 100] (model.predict.MAX_SAMPLES).
+    max_num_samples: int = Field(
+        100, ge=1, le=100, description="Largest num_samples a request may ask for.")
+    warmup: bool = Field(True, description="Run one forward pass at start-up before /readyz says ready.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.no_auth and not is_loopback(self.host):
+            raise ValueError(
+                f"--no-auth is only allowed on a loopback host (127.0.0.1, ::1, localhost), got "
+                f"--host {self.host}: set API keys with {API_KEYS_ENV} or --api-keys-file instead")
+        if not self.no_auth and not self.api_keys:
+            raise ValueError(
+                f"no API keys: set {API_KEYS_ENV} (comma-separated) or --api-keys-file, or pass "
+                f"--no-auth to serve without keys on a loopback host")
+        short = [i for i, k in enumerate(self.api_keys) if len(k.get_secret_value()) < MIN_API_KEY_LENGTH]
+        if short:  # say which (by position), never what
+            raise ValueError(f"API keys must have at least {MIN_API_KEY_LENGTH} characters; "
+                             f"key number(s) {[i + 1 for i in short]} are shorter")
+        if self.default_num_samples > self.max_num_samples:
+            raise ValueError(f"default_num_samples ({self.default_num_samples}) exceeds "
+                             f"max_num_samples ({self.max_num_samples})")
+        return self
+
+
+def parse_api_keys(text: str, *, separator: str | None = None) -> list[str]:
+    """Keys from text: split on `separator` (None: lines); blanks and '#' comment lines skipped."""
+    parts = text.split(separator) if separator else text.splitlines()
+    keys = []
+    for part in parts:
+        key = part.strip()
+        if key and not key.startswith("#"):
+            keys.append(key)
+    return keys
+
+
+def load_api_keys(env: Mapping[str, str] | None = None, keys_file: str | os.PathLike | None = None) -> list[str]:
+    """API keys from EHR_API_KEYS in `env` (default os.environ) plus one-per-line `keys_file`; deduplicated."""
+    env = os.environ if env is None else env
+    keys = parse_api_keys(env.get(API_KEYS_ENV, ""), separator=",")
+    if keys_file is not None:
+        try:
+            text = pathlib.Path(keys_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise SettingsError(f"cannot read API keys file {keys_file}: {err}") from None
+        keys += parse_api_keys(text)
+    return list(dict.fromkeys(keys))  # keeps order, drops repeats
+
+
+def make_settings(api_keys: Iterable[str] = (), **kwargs) -> Settings:
+    """Settings from plain values; raises SettingsError with one readable line per problem."""
+    import pydantic
+
+    try:
+        return Settings(api_keys=tuple(SecretStr(k) for k in api_keys), **kwargs)
+    except pydantic.ValidationError as err:
+        lines = []
+        for e in err.errors():
+            where = ".".join(str(p) for p in e["loc"])
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}: {msg}" if where else msg)
+        raise SettingsError("; ".join(lines)) from None

@@ -1,0 +1,306 @@
+"""Helpers for tests and benchmarks of the service: a fixture export and a real server process.
+
+``write_fixture_export`` writes a SMALL REAL export directory (manifest, JSON files and a
+tf.saved_model with the exact ``serving_default`` signature of the export contract) whose
+model is a TEST FIXTURE, NOT A CLINICAL MODEL: a seeded stochastic function of the event
+counts and the age. It exists so the service can be tested end to end (parsing, bagging,
+SavedModel call, uncertainty summaries, checksums) without training anything. Its model
+card says so in its name and method.
+
+``write_tiny_model_export`` writes the same kind of directory through the real exporter
+(``model.export.write_export``) around a tiny UNTRAINED rank-1 model: the real featurizer,
+architecture and seeded sampling, meaningless weights.
+
+``ServerProcess`` runs ``python -m serving`` (the ehr-serve CLI) on 127.0.0.1 with a free
+port, waits for /readyz, and stops it. ``ThreadedServer`` runs a real uvicorn server for an
+app built by create_app in a background thread.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ehr_pipeline import spec
+from ehr_pipeline.config import PipelineConfig
+
+FIXTURE_NAME = "TEST-FIXTURE-not-a-clinical-model"
+FIXTURE_METHOD = "test-fixture: seeded noise around a function of event counts"
+DEFAULT_VOCABULARY = {
+    "lab": ["50912", "50971", "51006", "50983"],
+    "chart": ["220045", "220210", "220277"],
+    "prescription": ["Vancomycin", "Heparin"],
+    "diagnosis": ["4019", "42731"],
+}
+
+
+def _sha256(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_manifest(directory: str | os.PathLike) -> dict[str, str]:
+    """Writes manifest.json listing the SHA-256 of every other file under directory; returns the map."""
+    root = pathlib.Path(directory)
+    files = {p.relative_to(root).as_posix(): _sha256(p) for p in sorted(root.rglob("*"))
+             if p.is_file() and p.name != "manifest.json"}
+    (root / "manifest.json").write_text(json.dumps({"files": files, "format_version": 1}, indent=2, sort_keys=True))
+    return files
+
+
+def _fixture_module(ensemble_size: int, output_scale: float):
+    """A tf.Module whose serving_default has the export contract's signature (fixture maths)."""
+    import tensorflow as tf
+
+    class FixtureModel(tf.Module):
+        """TEST FIXTURE, NOT A CLINICAL MODEL: logit = f(event count, age) + member bias + seeded noise."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.member_bias = tf.Variable(tf.linspace(-0.4, 0.4, ensemble_size), trainable=False)
+
+        @tf.function(input_signature=[
+            tf.TensorSpec([None], tf.string, name="examples"),
+            tf.TensorSpec([], tf.int32, name="num_samples"),
+            tf.TensorSpec([], tf.int64, name="seed"),
+        ])
+        def serve(self, examples, num_samples, seed):
+            parsed = spec.parse_sequence_examples(examples)
+            counts = tf.cast(parsed[spec.BAG_COUNTS], tf.float32)
+            total = tf.reduce_sum(tf.reduce_sum(counts, axis=-1), axis=-1)  # events per admission
+            age = parsed[spec.AGE_YEARS]
+            logit = -1.5 + 0.6 * tf.math.log1p(total) + 0.03 * (age - 60.0)
+            n = tf.shape(examples)[0]
+            # Noise keyed by (seed, fingerprint of the example), as the export contract requires:
+            # an example's samples never depend on which other examples share the call.
+            keys = tf.bitcast(tf.fingerprint(examples), tf.int64)
+            noise = tf.map_fn(
+                lambda key: tf.random.stateless_normal(tf.stack([num_samples, ensemble_size]),
+                                                       seed=tf.stack([seed, key])),
+                keys, fn_output_signature=tf.TensorSpec([None, ensemble_size], tf.float32))
+            logits = logit[:, None, None] + tf.cast(self.member_bias, tf.float32)[None, None, :] + 0.7 * noise
+            probs = tf.reshape(tf.sigmoid(logits), tf.stack([n, num_samples * ensemble_size])) * output_scale
+            return {"probs": probs}
+
+    return FixtureModel()
+
+
+def write_fixture_export(
+    directory: str | os.PathLike,
+    *,
+    ensemble_size: int = 3,
+    vocabulary: Mapping[str, Sequence[str]] | None = None,
+    pipeline: PipelineConfig | None = None,
+    referral: Mapping[str, Any] | None = None,
+    version: str = "0.0.1",
+    output_scale: float = 1.0,
+) -> pathlib.Path:
+    """Writes a fixture export (TEST FIXTURE model, real SavedModel) under directory; returns its path.
+
+    output_scale != 1 multiplies every probability, making a deliberately BROKEN model (values
+    outside [0, 1]) for tests of how the service handles a model failure.
+    """
+    import tensorflow as tf
+
+    root = pathlib.Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    module = _fixture_module(ensemble_size, output_scale)
+    tf.saved_model.save(module, str(root / "saved_model"), signatures={"serving_default": module.serve})
+    vocab = DEFAULT_VOCABULARY if vocabulary is None else vocabulary
+    documents = {
+        "model_card.json": {
+            "name": FIXTURE_NAME, "version": version, "method": FIXTURE_METHOD, "ensemble_size": ensemble_size,
+            "created": "2024-06-01T00:00:00Z", "intended_use": "tests of the serving layer only",
+        },
+        "pipeline_config.json": (pipeline or PipelineConfig()).to_dict(),
+        "vocabulary.json": {"sources": {s: [spec.format_code(s, c) for c in codes] for s, codes in vocab.items()}},
+        "numeric_stats.json": {},
+        "metrics.json": {
+            "test": {"ece": 0.031, "nll": 0.254, "auc_pr": 0.41, "auc_roc": 0.83},
+            "referral": dict(referral or {"measure": "predictive_entropy", "rate": 0.2, "threshold": 0.6}),
+            "decision_threshold": 0.5,
+        },
+    }
+    for name, doc in documents.items():
+        (root / name).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_manifest(root)
+    return root
+
+
+TINY_MODEL_NAME = "TEST-FIXTURE-untrained-tiny-rank1"
+
+
+def write_tiny_model_export(
+    directory: str | os.PathLike,
+    *,
+    ensemble_size: int = 2,
+    vocabulary: Mapping[str, Sequence[str]] | None = None,
+    pipeline: PipelineConfig | None = None,
+    referral: Mapping[str, Any] | None = None,
+) -> pathlib.Path:
+    """Writes an export of a tiny UNTRAINED rank-1 model through the real exporter (model.export).
+
+    The architecture, featurizer, stateless seeded sampling and SavedModel are the real ones;
+    the weights are random initialisations, so the probabilities mean nothing. It is a TEST
+    FIXTURE for the serving path (and for benchmarks of its overheads), not a clinical model.
+    """
+    import tempfile
+
+    from model import export, inputs
+    from model.config import ModelConfig
+    from model.ehr_model import build_model
+    from model.predict import Predictor as ModelPredictor
+
+    pipeline = pipeline or PipelineConfig()
+    vocab = DEFAULT_VOCABULARY if vocabulary is None else vocabulary
+    with tempfile.TemporaryDirectory(prefix="ehr-tiny-data-") as data:
+        data_dir = pathlib.Path(data)
+        # The three side files of a Beam job output folder that the featurizer reads.
+        (data_dir / "vocabulary.json").write_text(json.dumps(
+            {"sources": {s: [spec.format_code(s, c) for c in codes] for s, codes in vocab.items()}}))
+        (data_dir / "numeric_stats.json").write_text(json.dumps(
+            {"codes": {"lab:50912": {"mean": 1.1, "std": 0.6, "n": 1000},
+                       "chart:220045": {"mean": 88.0, "std": 17.0, "n": 1000}}}))
+        (data_dir / "manifest.json").write_text(json.dumps({"config": pipeline.to_dict()}))
+        files = inputs.load_data_files(data_dir)
+        featurizer = inputs.Featurizer.from_data_files(files)
+        config = ModelConfig(method="rank1", ensemble_size=ensemble_size, embedding_dim=8, rnn_dim=8,
+                             hidden_layer_dim=8)
+        model = build_model(config, featurizer.vocab_size)
+        metrics_doc = {
+            "test": {"ece": 0.05, "nll": 0.31, "auc_pr": None, "auc_roc": None},
+            "referral": dict(referral or {"measure": "mutual_information", "rate": 0.2, "threshold": 0.001}),
+            "decision_threshold": 0.5,
+        }
+        card = export.model_card(name=TINY_MODEL_NAME, method="rank1_normal (untrained test fixture)",
+                                 ensemble_size=ensemble_size, data_sha256=export.data_manifest_sha256(data_dir),
+                                 metrics_doc=metrics_doc,
+                                 config={"model": config.model_dump(mode="json")})
+        return export.write_export(directory, ModelPredictor(featurizer, model), data_dir=str(data_dir),
+                                   pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc)
+
+
+# ----------------------------------------------------------------------------- server process
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """`python -m serving ARGS` on 127.0.0.1 and a free port; use as a context manager."""
+
+    def __init__(self, args: Sequence[str], *, env: Mapping[str, str] | None = None,
+                 log_path: str | os.PathLike, startup_timeout_s: float = 60.0, cwd: str | os.PathLike | None = None):
+        self.args = list(args)
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = pathlib.Path(log_path)
+        self.startup_timeout_s = startup_timeout_s
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+        self.base_url = ""
+
+    def log(self) -> str:
+        """Everything the server wrote so far (stdout and stderr)."""
+        return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
+
+    def start(self) -> ServerProcess:
+        """Starts the server and waits until /readyz answers 200; raises RuntimeError with its log if not."""
+        import httpx
+
+        port = free_port()  # chosen here, not by --port 0: the log level may hide uvicorn's "running on"
+        argv = [sys.executable, "-m", "serving", "--host", "127.0.0.1", "--port", str(port), *self.args]
+        self.base_url = f"http://127.0.0.1:{port}"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base_url}/readyz", timeout=2.0).status_code == 200:
+                    return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"server not ready within {self.startup_timeout_s} s:\n{self.log()}")
+
+    def stop(self) -> int | None:
+        """SIGTERM (uvicorn's graceful shutdown), then SIGKILL after 10 s; returns the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ThreadedServer:
+    """A real uvicorn server for `app` on 127.0.0.1 and a free port, run in a background thread."""
+
+    def __init__(self, app: Any, *, startup_timeout_s: float = 30.0, wait_ready: bool = True):
+        import uvicorn
+
+        self.config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
+                                     lifespan="on")
+        self.server = uvicorn.Server(self.config)
+        self.startup_timeout_s = startup_timeout_s
+        self.wait_ready = wait_ready
+        self.base_url = ""
+        self._thread: Any = None
+
+    def start(self) -> ThreadedServer:
+        """Starts serving; returns once the socket listens (and /readyz is 200 when wait_ready)."""
+        import threading
+
+        import httpx
+
+        # uvicorn installs signal handlers only in the main thread, so a thread is safe here.
+        self._thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start (see the log above)")
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{port}"
+        while self.wait_ready:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base_url}/readyz", timeout=2.0).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("server never became ready")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        """Asks uvicorn to shut down gracefully and waits for the thread."""
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+
+    def __enter__(self) -> ThreadedServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,493 @@
+"""The prediction service over real HTTP: a real uvicorn server on 127.0.0.1, no mocks.
+
+The model is a real export written by model.export around a tiny UNTRAINED rank-1 model
+(serving.testing.write_tiny_model_export): the real featurizer, architecture, seeded
+stateless sampling and SavedModel, with meaningless random weights.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import datetime as dt
+import hashlib
+import json
+import math
+import re
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
+
+import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
+from ehr_pipeline import ages, bagging, spec
+from ehr_pipeline.config import PipelineConfig
+from model import metrics as model_metrics
+from serving.app import create_app
+from serving.predictor import Predictor
+from serving.settings import make_settings
+from serving.testing import TINY_MODEL_NAME, ThreadedServer, write_tiny_model_export
+
+KEY = "test-key-serving-0123456789"
+OTHER_KEY = "second-key-serving-abcdefghij"
+HEADERS = {"X-API-Key": KEY}
+K = 2
+MAX_EVENTS = 40
+MAX_PATIENTS = 4
+MAX_BODY = 48 * 1024
+ADMIT = dt.datetime(2150, 3, 1, 8, 30)
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    return write_tiny_model_export(tmp_path_factory.mktemp("tiny") / "export", ensemble_size=K)
+
+
+@pytest.fixture(scope="module")
+def predictor(export_dir):
+    return Predictor.load(export_dir)
+
+
+@pytest.fixture(scope="module")
+def server(export_dir, predictor):
+    settings = make_settings(api_keys=[KEY, OTHER_KEY], model_dir=export_dir, max_events=MAX_EVENTS,
+                             max_patients=MAX_PATIENTS, max_body_bytes=MAX_BODY, max_wait_ms=40.0, max_batch=32)
+    with ThreadedServer(create_app(settings, predictor)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.base_url, timeout=30.0) as c:
+        yield c
+
+
+def iso(t: dt.datetime) -> str:
+    return t.isoformat()
+
+
+def body(events=None, **overrides) -> dict:
+    """A valid single-patient request; keyword arguments replace top-level fields."""
+    req = {
+        "id": "case-1",
+        "patient": {"gender": "F", "date_of_birth": "2080-05-17"},
+        "admission": {"admit_time": iso(ADMIT), "admission_type": "EMERGENCY"},
+        "events": events if events is not None else [
+            {"time": iso(ADMIT + dt.timedelta(hours=1)), "source": "lab", "code": "50912", "value": 1.4,
+             "unit": "mg/dL"},
+            {"time": iso(ADMIT + dt.timedelta(hours=2)), "source": "chart", "code": "220045", "value": 112},
+            {"time": iso(ADMIT + dt.timedelta(hours=3)), "source": "lab", "code": "NOT-IN-VOCAB"},
+            {"time": iso(ADMIT - dt.timedelta(days=400)), "source": "diagnosis", "code": "4019"},
+            {"time": iso(ADMIT + dt.timedelta(days=3)), "source": "lab", "code": "50912", "value": 2.0},
+        ],
+    }
+    req.update(overrides)
+    return req
+
+
+def locs(response: httpx.Response) -> list[list]:
+    return [d["loc"] for d in response.json()["detail"]]
+
+
+def scrape(client: httpx.Client) -> dict[str, float]:
+    """/metrics as {'name{labels}': value}."""
+    out = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+# ------------------------------------------------------------------------------- basics
+
+
+def test_health_ready_and_openapi(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/predict", "/v1/predict/batch", "/v1/model", "/healthz", "/readyz", "/metrics"} <= set(paths)
+
+
+def test_predict_returns_uncertainty_from_model_metrics(client, export_dir):
+    r = client.post("/v1/predict", json=body(), headers=HEADERS, params={"include_samples": "true", "seed": 7})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    probs = np.array([out["samples"]])
+    assert probs.shape == (1, 25 * K) and out["num_samples"] == 25 and out["ensemble_size"] == K
+    assert out["probability"] == pytest.approx(model_metrics.predictive_mean(probs)[0])
+    assert out["std"] == pytest.approx(model_metrics.predictive_std(probs)[0])
+    assert out["predictive_entropy"] == pytest.approx(model_metrics.predictive_entropy(probs)[0])
+    assert out["aleatoric"] == pytest.approx(model_metrics.expected_entropy(probs)[0])
+    assert out["epistemic"] == pytest.approx(model_metrics.mutual_information(probs)[0])
+    assert out["member_probabilities"] == pytest.approx(model_metrics.member_means(probs, K, 25)[0].tolist())
+    assert out["interval"]["lower"] <= out["probability"] <= out["interval"]["upper"]
+    side = (probs[0] > 0.5) != (out["probability"] > 0.5)
+    assert out["samples_across_threshold"] == pytest.approx(side.mean())
+    # Referral: the stored rule (mutual information > 0.001, chosen to refer 20 %).
+    stored = json.loads((export_dir / "metrics.json").read_text())["referral"]
+    assert out["referral"] == {**stored, "refer": out["refer"], "value": pytest.approx(out["epistemic"])}
+    assert out["refer"] == (out["epistemic"] > stored["threshold"])
+    # Events: the one 3 days after admission is at/after the default prediction time (admit + 1 day).
+    assert out["events"] == {"received": 5, "used": 4,
+                             "ignored": {"at_or_after_trigger": 1, "older_than_max_bags": 0}}
+    assert out["out_of_vocabulary"] == {"count": 1, "codes": ["lab:NOT-IN-VOCAB"]}
+    assert out["prediction_time"] == "2150-03-02T08:30:00Z"
+    assert out["calibration"] == {"split": "test", "ece": 0.05, "nll": 0.31}
+    manifest_sha = hashlib.sha256((export_dir / "manifest.json").read_bytes()).hexdigest()
+    assert out["model"] == {"name": TINY_MODEL_NAME, "version": ehr_pipeline.__version__, "checksum": manifest_sha}
+    assert out["id"] == "case-1" and r.headers["x-request-id"] == out["request_id"]
+
+
+def test_service_feeds_the_model_exactly_what_the_pipeline_would(client, predictor):
+    """No training/serving skew: same bags, age and proto as ehr_pipeline builds, so the same samples."""
+    req = body()
+    out = client.post("/v1/predict", json=req, headers=HEADERS,
+                      params={"include_samples": "true", "seed": 11, "num_samples": 4}).json()
+    cfg = PipelineConfig()
+    admit = int(ADMIT.replace(tzinfo=dt.timezone.utc).timestamp())
+    trigger = admit + cfg.trigger_offset_seconds
+    times = np.array([int(dt.datetime.fromisoformat(e["time"]).replace(tzinfo=dt.timezone.utc).timestamp())
+                      for e in req["events"]], dtype=np.int64)
+    codes = np.array([spec.format_code(e["source"], e["code"]) for e in req["events"]], dtype=object)
+    values = np.array([e.get("value", np.nan) for e in req["events"]], dtype=np.float64)
+    bags = bagging.bag_events(times, codes, values, trigger, cfg.bagging)
+    dob = int(dt.datetime(2080, 5, 17, tzinfo=dt.timezone.utc).timestamp())
+    context = {spec.SUBJECT_ID: 0, spec.HADM_ID: 0, spec.LABEL: spec.LABEL_UNKNOWN, spec.TRIGGER_TIME: trigger,
+               spec.AGE_YEARS: float(ages.capped_age_years(dob, admit)), spec.GENDER: "F",
+               spec.ADMISSION_TYPE: "EMERGENCY"}
+    example = spec.make_sequence_example(context, bags).SerializeToString()
+    expected = predictor.forward([example], 4, 11)[0]
+    np.testing.assert_allclose(out["samples"], expected, rtol=1e-6)
+    assert out["age_years"] == pytest.approx(context[spec.AGE_YEARS])
+
+
+def test_seed_reproduces_and_no_seed_draws_fresh_samples(client):
+    params = {"include_samples": "true", "num_samples": 5}
+    a = client.post("/v1/predict", json=body(), headers=HEADERS, params={**params, "seed": 3}).json()
+    b = client.post("/v1/predict", json=body(), headers=HEADERS, params={**params, "seed": 3}).json()
+    c = client.post("/v1/predict", json=body(), headers=HEADERS, params=params).json()
+    assert a["samples"] == b["samples"] and len(a["samples"]) == 5 * K
+    assert c["samples"] != a["samples"]
+
+
+def test_age_instead_of_dob_explicit_prediction_time_and_warnings(client):
+    req = body(events=[], patient={"gender": "M", "age_years": 120.0},
+               prediction_time=iso(ADMIT + dt.timedelta(hours=6)))
+    out = client.post("/v1/predict", json=req, headers=HEADERS).json()
+    assert out["age_years"] == 90.0  # capped like the training data
+    assert out["prediction_time"] == "2150-03-01T14:30:00Z"
+    assert out["events"]["received"] == 0 and out["events"]["used"] == 0
+    assert any("trained for" in w for w in out["warnings"]) and any("no events" in w for w in out["warnings"])
+    young = client.post("/v1/predict", json=body(patient={"gender": "F", "age_years": 12.0}), headers=HEADERS)
+    assert any("minimum" in w for w in young.json()["warnings"])
+
+
+def test_timezone_offsets_are_converted_to_utc(client):
+    req = body(events=[], admission={"admit_time": "2150-03-01T10:30:00+02:00", "admission_type": "URGENT"})
+    assert client.post("/v1/predict", json=req, headers=HEADERS).json()["prediction_time"] == "2150-03-02T08:30:00Z"
+
+
+def test_model_info(client):
+    r = client.get("/v1/model", headers=HEADERS)
+    assert r.status_code == 200
+    info = r.json()
+    assert info["model_card"]["ensemble_size"] == K and info["model"]["name"] == TINY_MODEL_NAME
+    assert info["metrics"]["referral"]["measure"] == "mutual_information"
+    assert info["pipeline_config"]["trigger_offset_seconds"] == 86400
+    assert info["limits"]["max_events"] == MAX_EVENTS and info["vocabulary_size"] == 11
+
+
+# ------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("mutate, loc", [
+    (lambda b: b.pop("patient"), ["body", "patient"]),
+    (lambda b: b["patient"].update(age_years=50.0), ["body", "patient"]),  # both dob and age
+    (lambda b: b["patient"].pop("date_of_birth"), ["body", "patient"]),  # neither
+    (lambda b: b["patient"].update(gender="X"), ["body", "patient", "gender"]),
+    (lambda b: b["events"][0].update(source="radiology"), ["body", "events", 0, "source"]),
+    (lambda b: b["events"][1].update(code=""), ["body", "events", 1, "code"]),
+    (lambda b: b["events"][1].update(code="   "), ["body", "events", 1, "code"]),
+    (lambda b: b["events"][1].update(code=50912), ["body", "events", 1, "code"]),
+    (lambda b: b["events"][0].update(time=1700000000), ["body", "events", 0, "time"]),
+    (lambda b: b["events"][0].update(time="yesterday"), ["body", "events", 0, "time"]),
+    (lambda b: b["events"][0].update(value="1.5"), ["body", "events", 0, "value"]),
+    (lambda b: b["events"][0].update(colour="red"), ["body", "events", 0, "colour"]),
+    (lambda b: b.update(admision={}), ["body", "admision"]),
+    (lambda b: b.update(prediction_time=iso(ADMIT - dt.timedelta(seconds=1))), ["body", "prediction_time"]),
+    (lambda b: b["patient"].update(date_of_birth="2151-01-01"), ["body", "patient", "date_of_birth"]),
+    (lambda b: b["admission"].update(admit_time="9999-12-31T12:00:00"), ["body", "admission", "admit_time"]),
+])
+def test_invalid_requests_are_422_naming_the_field(client, mutate, loc):
+    b = copy.deepcopy(body())
+    mutate(b)
+    r = client.post("/v1/predict", json=b, headers=HEADERS)
+    assert r.status_code == 422, r.text
+    assert any(l[:len(loc)] == loc for l in locs(r)), locs(r)
+    assert all(set(d) == {"loc", "msg", "type"} for d in r.json()["detail"])  # no 'input': data not echoed
+
+
+@pytest.mark.parametrize("content, content_type", [
+    (b'{"patient": ', "application/json"),  # truncated JSON
+    (b"[" * 50000 + b"]" * 50000, "application/json"),  # nesting deep enough to break a recursive parser
+    (b'{"patient": NaN}', "application/json"),
+    (b"", "application/json"),
+    (b"\xff\xfe\x00garbage", "application/json"),
+    (json.dumps(body()).encode(), "text/plain"),
+    (b"[]", "application/json"),
+])
+def test_malformed_bodies_are_4xx_not_500(client, content, content_type):
+    r = client.post("/v1/predict", content=content, headers={**HEADERS, "content-type": content_type})
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:200])
+    assert "detail" in r.json()
+
+
+def test_non_finite_and_surrogate_values_are_rejected(client):
+    raw = json.dumps(body()).replace('"value": 1.4', '"value": NaN')
+    r = client.post("/v1/predict", content=raw, headers={**HEADERS, "content-type": "application/json"})
+    assert r.status_code == 422 and ["body", "events", 0, "value"] in locs(r)
+    raw = json.dumps(body()).replace('"50912"', '"\\ud800"', 1)  # a lone surrogate: valid JSON, not UTF-8
+    r = client.post("/v1/predict", content=raw, headers={**HEADERS, "content-type": "application/json"})
+    assert r.status_code == 422 and ["body", "events", 0, "code"] in locs(r)
+
+
+@pytest.mark.parametrize("params, status", [
+    ({"num_samples": 0}, 422), ({"num_samples": 101}, 422), ({"num_samples": "many"}, 422),
+    ({"seed": -1}, 422), ({"seed": 2**64}, 422), ({"num_samples": 100}, 200), ({"num_samples": 1}, 200),
+])
+def test_query_limits(client, params, status):
+    r = client.post("/v1/predict", json=body(), headers=HEADERS, params=params)
+    assert r.status_code == status, r.text
+    if status == 422:
+        assert locs(r)[0][0] == "query" and locs(r)[0][1] in params
+    else:
+        assert len(r.json()["member_probabilities"]) == K and r.json()["num_samples"] == params["num_samples"]
+
+
+def test_unknown_route_and_method_are_json_4xx(client):
+    assert client.get("/v2/predict", headers=HEADERS).status_code == 404
+    assert client.get("/v1/predict", headers=HEADERS).status_code == 405
+
+
+# ------------------------------------------------------------------------------- auth
+
+
+def test_auth(client):
+    assert client.post("/v1/predict", json=body()).status_code == 401
+    r = client.post("/v1/predict", json=body(), headers={"X-API-Key": KEY + "x"})
+    assert r.status_code == 401 and r.json()["detail"] == "invalid API key" and "www-authenticate" in r.headers
+    assert client.post("/v1/predict", json=body(), headers={"X-API-Key": ""}).status_code == 401
+    assert client.post("/v1/predict", json=body(), headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert client.get("/v1/model").status_code == 401
+    assert client.post("/v1/predict", json=body(), headers={"X-API-Key": OTHER_KEY}).status_code == 200
+    assert client.post("/v1/predict", json=body(), headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    # Health and metrics stay open for probes and scrapers; they hold no patient data.
+    assert client.get("/healthz").status_code == 200 and client.get("/metrics").status_code == 200
+
+
+def test_no_auth_server_on_loopback_needs_no_key(export_dir, predictor):
+    settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", warmup=False)
+    with ThreadedServer(create_app(settings, predictor)) as srv:
+        r = httpx.post(f"{srv.base_url}/v1/predict", json=body(), timeout=30)
+        assert r.status_code == 200, r.text
+
+
+# ------------------------------------------------------------------------------- limits
+
+
+def test_body_over_the_limit_is_413(client):
+    big = body(id="x" * 100, events=[{"time": iso(ADMIT), "source": "lab", "code": "c" * 120}] * 400)
+    r = client.post("/v1/predict", json=big, headers=HEADERS)
+    assert r.status_code == 413 and str(MAX_BODY) in r.json()["detail"]
+
+    def chunks():  # no Content-Length: the limit must hold for streamed bodies too
+        yield b'{"id": "'
+        for _ in range(MAX_BODY // 1000 + 2):
+            yield b"y" * 1000
+        yield b'"}'
+
+    r = client.post("/v1/predict", content=chunks(), headers={**HEADERS, "content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_too_many_events_and_patients_are_422_naming_the_field(client):
+    ev = {"time": iso(ADMIT), "source": "lab", "code": "1"}
+    r = client.post("/v1/predict", json=body(events=[ev] * (MAX_EVENTS + 1)), headers=HEADERS)
+    assert r.status_code == 422 and locs(r) == [["body", "events"]] and str(MAX_EVENTS) in r.text
+    r = client.post("/v1/predict/batch", json={"patients": [body(events=[])] * (MAX_PATIENTS + 1)}, headers=HEADERS)
+    assert r.status_code == 422 and locs(r) == [["body", "patients"]]
+    r = client.post("/v1/predict/batch", json={"patients": [body(events=[]), body(events=[ev] * (MAX_EVENTS + 1))]},
+                    headers=HEADERS)
+    assert r.status_code == 422 and locs(r) == [["body", "patients", 1, "events"]]
+    assert client.post("/v1/predict/batch", json={"patients": []}, headers=HEADERS).status_code == 422
+
+
+# ------------------------------------------------------------------------------- batch
+
+
+def test_batch_answers_in_order(client):
+    patients = [body(id=f"p{i}", events=body()["events"][: i + 1]) for i in range(MAX_PATIENTS)]
+    r = client.post("/v1/predict/batch", json={"patients": patients}, headers=HEADERS, params={"num_samples": 3})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [p["id"] for p in out["predictions"]] == [f"p{i}" for i in range(MAX_PATIENTS)]
+    assert [p["events"]["received"] for p in out["predictions"]] == [1, 2, 3, 4]
+    assert out["num_samples"] == 3 and out["ensemble_size"] == K and out["model"]["name"] == TINY_MODEL_NAME
+    bad = [body(), body(prediction_time=iso(ADMIT - dt.timedelta(days=1)))]
+    r = client.post("/v1/predict/batch", json={"patients": bad}, headers=HEADERS)
+    assert r.status_code == 422 and locs(r) == [["body", "patients", 1, "prediction_time"]]
+
+
+def test_concurrent_requests_are_merged_into_shared_forward_passes(client, server):
+    before = scrape(client)
+    n = 24
+
+    def one(i):
+        with httpx.Client(base_url=server.base_url, timeout=30) as c:
+            return c.post("/v1/predict", json=body(id=f"c{i}"), headers=HEADERS, params={"num_samples": 10})
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        responses = list(pool.map(one, range(n)))
+    assert all(r.status_code == 200 for r in responses)
+    assert sorted(r.json()["id"] for r in responses) == sorted(f"c{i}" for i in range(n))
+    after = scrape(client)
+    passes = after["ehr_model_batch_size_count"] - before.get("ehr_model_batch_size_count", 0)
+    examples = after["ehr_model_batch_size_sum"] - before.get("ehr_model_batch_size_sum", 0)
+    assert examples == n
+    assert passes < n, f"{n} concurrent requests took {passes} forward passes: nothing was merged"
+    assert after['ehr_model_batch_size_bucket{le="1"}'] - before.get('ehr_model_batch_size_bucket{le="1"}', 0) < n
+
+
+# ------------------------------------------------------------------------------- metrics
+
+
+def test_metrics_endpoint_is_prometheus_text(client):
+    client.post("/v1/predict", json=body(), headers=HEADERS)
+    client.post("/v1/predict", json=body())  # 401
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    for name, kind in [("ehr_http_requests_total", "counter"), ("ehr_http_request_duration_seconds", "histogram"),
+                       ("ehr_http_errors_total", "counter"), ("ehr_model_batch_size", "histogram")]:
+        assert f"# TYPE {name} {kind}" in text
+    m = scrape(client)
+    assert m['ehr_http_requests_total{route="/v1/predict",method="POST",status="200"}'] >= 1
+    assert m['ehr_http_requests_total{route="/v1/predict",method="POST",status="401"}'] >= 1
+    assert m['ehr_http_errors_total{route="/v1/predict",kind="client"}'] >= 1
+    assert m["ehr_ready"] == 1 and m["ehr_predictions_total"] >= 1
+    assert m['ehr_events_ignored_total{reason="at_or_after_trigger"}'] >= 1
+    buckets = [v for k, v in m.items() if k.startswith('ehr_http_request_duration_seconds_bucket{route="/v1/predict"')]
+    assert buckets == sorted(buckets) and buckets[-1] == m['ehr_http_request_duration_seconds_count{route="/v1/predict"}']
+    # Every sample line is "name{labels} value": the format Prometheus parses.
+    sample = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? \S+$')
+    assert all(sample.match(line) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+# ------------------------------------------------------------------------------- fuzz
+
+
+def _from_schema(schema: dict, defs: dict) -> st.SearchStrategy:
+    """A hypothesis strategy for (most of) the JSON Schema dialect FastAPI writes into /openapi.json."""
+    if "$ref" in schema:
+        return st.deferred(lambda: _from_schema(defs[schema["$ref"].rsplit("/", 1)[1]], defs))
+    if "anyOf" in schema:
+        return st.one_of([_from_schema(s, defs) for s in schema["anyOf"]])
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    if "const" in schema:
+        return st.just(schema["const"])
+    kind = schema.get("type")
+    if kind == "object":
+        props = schema.get("properties", {})
+        required = set(schema.get("required", []))
+        return st.fixed_dictionaries(
+            {k: _from_schema(v, defs) for k, v in props.items() if k in required},
+            optional={k: _from_schema(v, defs) for k, v in props.items() if k not in required})
+    if kind == "array":
+        return st.lists(_from_schema(schema.get("items", {}), defs), min_size=schema.get("minItems", 0),
+                        max_size=min(schema.get("maxItems", 6), 6))
+    if kind == "string":
+        if schema.get("format") == "date-time":
+            tz = st.none() | st.builds(dt.timezone, st.timedeltas(-dt.timedelta(hours=23), dt.timedelta(hours=23)))
+            return st.datetimes(dt.datetime(1, 1, 2), dt.datetime(9999, 12, 30), timezones=tz).map(
+                lambda t: t.isoformat())
+        if schema.get("format") == "date":
+            return st.dates().map(lambda d: d.isoformat())
+        return st.text(min_size=schema.get("minLength", 0), max_size=min(schema.get("maxLength", 20), 20))
+    if kind == "number":
+        return st.floats(schema.get("minimum"), schema.get("maximum"), allow_nan=False, allow_infinity=False)
+    if kind == "integer":
+        return st.integers(schema.get("minimum"), schema.get("maximum"))
+    if kind == "boolean":
+        return st.booleans()
+    if kind == "null":
+        return st.none()
+    return st.nothing()
+
+
+JUNK = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8)
+
+
+def _mutate(data, draw):
+    """Replaces, deletes or adds one node somewhere in a JSON document."""
+    path = []
+    node = data
+    while isinstance(node, (dict, list)) and node and draw(st.booleans()):
+        key = draw(st.sampled_from(sorted(node) if isinstance(node, dict) else list(range(len(node)))))
+        path.append((node, key))
+        node = node[key]
+    if not path:
+        return draw(JUNK)
+    parent, key = path[-1]
+    action = draw(st.sampled_from(["replace", "delete", "add"]))
+    if action == "replace":
+        parent[key] = draw(JUNK)
+    elif action == "delete":
+        del parent[key]
+    elif isinstance(parent, dict):
+        parent[draw(st.text(min_size=1, max_size=8))] = draw(JUNK)
+    else:
+        parent.append(draw(JUNK))
+    return data
+
+
+@pytest.fixture(scope="module")
+def request_strategy(client):
+    components = client.get("/openapi.json").json()["components"]["schemas"]
+    return _from_schema(components["PredictRequest"], components)
+
+
+def test_fuzz_predict_schema_never_5xx(client, request_strategy):
+    """Schema-shaped requests, some mutated, with random query values: always an answer, never a 5xx."""
+    query = st.fixed_dictionaries({}, optional={
+        "num_samples": st.integers(-5, 200) | st.text(max_size=4),
+        "seed": st.integers(-2, 2**64) | st.text(max_size=4),
+        "include_samples": st.sampled_from(["true", "false", "maybe"]),
+    })
+
+    @hyp_settings(max_examples=120, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def run(data):
+        doc = data.draw(request_strategy)
+        if data.draw(st.booleans()):
+            doc = _mutate(doc, data.draw)
+        params = data.draw(query)
+        route = data.draw(st.sampled_from(["/v1/predict", "/v1/predict/batch"]))
+        payload = {"patients": [doc]} if route.endswith("batch") and data.draw(st.booleans()) else doc
+        r = client.post(route, json=payload, headers=HEADERS, params=params)
+        assert r.status_code < 500, (r.status_code, r.text[:300], payload, params)
+        if r.status_code == 200:
+            out = r.json()
+            preds = out.get("predictions", [out])
+            assert all(0.0 <= p["probability"] <= 1.0 and math.isfinite(p["epistemic"]) for p in preds)
+        else:
+            assert r.json()["detail"]
+
+    run()
+    # Health: the server answers normally after the fuzz.
+    assert client.post("/v1/predict", json=body(), headers=HEADERS).status_code == 200

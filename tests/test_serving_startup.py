@@ -1,0 +1,208 @@
+"""Start-up of the service: settings and auth rules, bad model directories, and the ehr-serve CLI as a process."""
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
+from serving import cli
+from serving import metrics as metrics_module
+from serving.auth import key_matches
+from serving.app import create_app
+from serving.predictor import ModelDirError, Predictor
+from serving.settings import SettingsError, is_loopback, load_api_keys, make_settings
+from serving.testing import ServerProcess, ThreadedServer, write_fixture_export, write_manifest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+KEY = "startup-key-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory):
+    return write_fixture_export(tmp_path_factory.mktemp("export"), ensemble_size=2)
+
+
+@pytest.fixture
+def broken(export_dir, tmp_path):
+    """A fresh copy of the valid export to break."""
+    return pathlib.Path(shutil.copytree(export_dir, tmp_path / "export"))
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "serving", *args], capture_output=True, text=True, timeout=60,
+                          cwd=REPO, env={"PATH": "/usr/bin:/bin", **(env or {})})
+
+
+# ------------------------------------------------------------------------------- settings and auth
+
+
+@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True),
+                                            ("[::1]", True), ("localhost", True), ("0.0.0.0", False),
+                                            ("::", False), ("10.0.0.5", False), ("example.org", False)])
+def test_is_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_no_auth_only_on_loopback_and_keys_otherwise_required(tmp_path):
+    with pytest.raises(SettingsError, match="--no-auth is only allowed on a loopback host"):
+        make_settings(model_dir=tmp_path, host="0.0.0.0", no_auth=True)
+    with pytest.raises(SettingsError, match="no API keys"):
+        make_settings(model_dir=tmp_path, host="127.0.0.1")
+    with pytest.raises(SettingsError, match="at least 16 characters"):
+        make_settings(api_keys=["short"], model_dir=tmp_path)
+    s = make_settings(api_keys=[KEY], model_dir=tmp_path, host="0.0.0.0")
+    assert KEY not in repr(s) and KEY not in str(s.model_dump())  # SecretStr: never printed
+
+
+def test_api_keys_from_env_and_file(tmp_path):
+    f = tmp_path / "keys.txt"
+    f.write_text("# ops team\nfile-key-aaaaaaaaaaaaaaaa\n\n  second-file-key-bbbbbbbbbb  \n")
+    env = {"EHR_API_KEYS": " env-key-cccccccccccccccc , ,file-key-aaaaaaaaaaaaaaaa"}
+    assert load_api_keys(env, f) == ["env-key-cccccccccccccccc", "file-key-aaaaaaaaaaaaaaaa",
+                                     "second-file-key-bbbbbbbbbb"]
+    with pytest.raises(SettingsError, match="cannot read API keys file"):
+        load_api_keys({}, tmp_path / "missing.txt")
+
+
+def test_key_matches_is_exact():
+    keys = ("a" * 20, "b" * 20)
+    assert key_matches("b" * 20, keys) and not key_matches("b" * 19, keys) and not key_matches("", keys)
+    assert not key_matches("\udcff" * 20, keys)  # undecodable header bytes do not crash the check
+
+
+def test_cli_refuses_no_auth_on_public_host_and_missing_keys(export_dir):
+    r = run_cli("--model", str(export_dir), "--host", "0.0.0.0", "--no-auth")
+    assert r.returncode == 2 and "loopback" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("--model", str(export_dir))
+    assert r.returncode == 2 and "EHR_API_KEYS" in r.stderr
+
+
+def test_cli_help_explains_every_flag_with_default():
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for flag in ("--model", "--host", "--port", "--api-keys-file", "--no-auth", "--max-batch", "--max-wait-ms",
+                 "--max-body-bytes", "--max-events", "--max-patients", "--num-samples", "--max-num-samples"):
+        assert flag in r.stdout
+    assert "(default: 127.0.0.1)" in r.stdout and "(default: 8000)" in r.stdout and "(default: 5.0)" in r.stdout
+
+
+# ------------------------------------------------------------------------------- bad model directories
+
+
+def _rewrite(path: pathlib.Path, text: str) -> None:
+    """Changes a file AND re-signs the manifest, so the content check (not the checksum) must catch it."""
+    path.write_text(text)
+    write_manifest(path.parent if path.parent.name != "saved_model" else path.parent.parent)
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda d: shutil.rmtree(d), "does not exist"),
+    (lambda d: (d / "manifest.json").unlink(), "missing manifest.json"),
+    (lambda d: (d / "manifest.json").write_text("{not json"), "manifest.json: not valid JSON"),
+    (lambda d: (d / "vocabulary.json").write_text('{"sources": {}}'), "vocabulary.json does not match its checksum"),
+    (lambda d: (d / "saved_model" / "variables" / "variables.index").write_bytes(b"x"),
+     "variables.index does not match its checksum"),
+    (lambda d: (d / "metrics.json").unlink(), "metrics.json is missing"),
+    (lambda d: (d / "stray.bin").write_bytes(b"?"), "files not in manifest.json"),
+    (lambda d: _rewrite(d / "metrics.json", json.dumps({"test": {"ece": 0.1}})), "metrics.json: referral"),
+    (lambda d: _rewrite(d / "model_card.json", json.dumps({"name": "m", "version": "1", "method": "x",
+                                                           "ensemble_size": 0})), "ensemble_size"),
+    (lambda d: _rewrite(d / "pipeline_config.json", json.dumps({"bagging": {"max_bags": "many"}})),
+     "pipeline_config.json"),
+    (lambda d: _rewrite(d / "metrics.json", json.dumps({"test": {}, "referral": {
+        "measure": "vibes", "rate": 0.1, "threshold": 0.5}})), "metrics.json: referral.measure"),
+    (lambda d: _rewrite(d / "vocabulary.json", json.dumps({"sources": {"lab": [1, 2]}})), "vocabulary.json"),
+    (lambda d: _rewrite(d / "saved_model" / "saved_model.pb", "not a protobuf"), "cannot load the export"),
+])
+def test_bad_model_dir_fails_at_load_with_a_message_naming_the_file(broken, breakage, message):
+    breakage(broken)
+    with pytest.raises(ModelDirError, match=message.replace(".", r"\.")):
+        Predictor.load(broken)
+
+
+def test_cli_exits_2_on_checksum_mismatch_before_serving(broken, capsys, monkeypatch):
+    monkeypatch.setenv("EHR_API_KEYS", KEY)
+    (broken / "numeric_stats.json").write_text('{"tampered": true}')
+    # In-process main(): the same code path as the console script, without a second TensorFlow start.
+    assert cli.main(["--model", str(broken), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "bad model directory" in err and "numeric_stats.json does not match its checksum" in err
+
+
+# ------------------------------------------------------------------------------- the real process
+
+
+def test_cli_serves_with_keys_and_logs_no_patient_data(export_dir, tmp_path):
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("file-key-0123456789abcdef\n")
+    secrets = {"id": "PATIENT-ID-4711", "code": "SECRET-CODE-42", "type": "SECRET-ADMISSION-TYPE"}
+    request = {
+        "id": secrets["id"],
+        "patient": {"gender": "M", "date_of_birth": "2071-02-03"},
+        "admission": {"admit_time": "2150-06-07T05:04:03", "admission_type": secrets["type"]},
+        "events": [{"time": "2150-06-07T06:00:00", "source": "lab", "code": secrets["code"], "value": 98.7}],
+    }
+    server = ServerProcess(["--model", str(export_dir), "--api-keys-file", str(keys_file), "--max-wait-ms", "1"],
+                           env={"EHR_API_KEYS": KEY}, log_path=tmp_path / "server.log", cwd=REPO)
+    with server:
+        with httpx.Client(base_url=server.base_url, timeout=30) as c:
+            for key in (KEY, "file-key-0123456789abcdef"):
+                r = c.post("/v1/predict", json=request, headers={"X-API-Key": key})
+                assert r.status_code == 200, r.text
+                assert r.json()["out_of_vocabulary"]["codes"] == [f"lab:{secrets['code']}"]
+            assert c.post("/v1/predict", json=request).status_code == 401
+            bad = {**request, "prediction_time": "2150-01-01T00:00:00"}
+            assert c.post("/v1/predict", json=bad, headers={"X-API-Key": KEY}).status_code == 422
+            rid = c.get("/healthz", headers={"X-Request-ID": "probe-1"}).headers["x-request-id"]
+            assert rid == "probe-1"
+            assert 'ehr_model_info{name="TEST-FIXTURE-not-a-clinical-model"' in c.get("/metrics").text
+    log = server.log()
+    # SIGTERM: uvicorn drains, runs the lifespan shutdown, then re-raises the signal (exit -15).
+    assert server.proc.returncode in (0, -15) and "Application shutdown complete" in log
+    assert "POST /v1/predict status=200" in log and "request_id=probe-1" in log
+    for leaked in [*secrets.values(), "2150-06-07", "2071-02-03", "98.7", KEY, "file-key-0123456789abcdef"]:
+        assert leaked not in log, f"{leaked!r} reached the log"
+
+
+def test_a_failing_model_is_a_500_with_request_id_and_a_log_line_without_data(tmp_path, caplog):
+    broken = write_fixture_export(tmp_path / "broken", output_scale=3.0)  # probabilities up to 3
+    settings = make_settings(model_dir=broken, no_auth=True, warmup=False)
+    request = {"patient": {"gender": "F", "age_years": 70.0},
+               "admission": {"admit_time": "2150-01-01T00:00:00", "admission_type": "SECRET-TYPE-99"},
+               "events": [{"time": "2150-01-01T01:00:00", "source": "lab", "code": "SECRET-CODE-77", "value": 5}]}
+    with caplog.at_level(logging.INFO), ThreadedServer(create_app(settings, Predictor.load(broken))) as srv:
+        r = httpx.post(f"{srv.base_url}/v1/predict", json=request, timeout=30)
+        assert r.status_code == 500 and r.json()["request_id"] == r.headers["x-request-id"]
+        assert "SECRET" not in r.text
+        assert httpx.get(f"{srv.base_url}/healthz", timeout=30).status_code == 200  # still serving
+        metrics = httpx.get(f"{srv.base_url}/metrics", timeout=30).text
+    assert "ehr_model_errors_total 1" in metrics
+    assert 'ehr_http_errors_total{route="/v1/predict",kind="server"} 1' in metrics
+    logged = caplog.text
+    assert f"request_id={r.json()['request_id']} unhandled RuntimeError" in logged
+    assert "SECRET" not in logged and "outside [0, 1]" not in logged
+
+
+# ------------------------------------------------------------------------------- metrics text format
+
+
+def test_prometheus_rendering_escapes_and_accumulates():
+    m = metrics_module.ServiceMetrics(namespace="t")
+    m.requests.inc(route='/a"b\\c\nd', method="GET", status="200")
+    m.batch_size.observe(3)
+    m.batch_size.observe(1)
+    m.batch_size.observe(5000)
+    text = m.render()
+    assert 't_http_requests_total{route="/a\\"b\\\\c\\nd",method="GET",status="200"} 1' in text
+    assert 't_model_batch_size_bucket{le="1"} 1' in text and 't_model_batch_size_bucket{le="4"} 2' in text
+    assert 't_model_batch_size_bucket{le="+Inf"} 3' in text and "t_model_batch_size_sum 5004" in text
+    assert m.batch_size.snapshot()["count"] == 3 and text.endswith("\n")
+    with pytest.raises(ValueError):
+        m.requests.inc(route="x")
