@@ -168,3 +168,18 @@ def test_dask_cluster_produces_the_same_records(demo_run, demo_dir, tmp_path):
     dask = read_examples(tmp_path)
     assert sorted(ex["raw"] for ex in dask.values()) == sorted(ex["raw"] for ex in local.values())
     assert manifest["balanced"]
+
+
+def test_event_chunks_round_trip_exactly():
+    import numpy as np
+
+    from ehr_pipeline.job import pack_chunk, unpack_chunk
+
+    times = np.array([5_000_000_000, 4_000_000_000, 5_000_000_001], dtype=np.int64)
+    codes = np.array(["lab:1", "chart:2", "lab:1"], dtype=object)
+    values = np.array([1.5, np.nan, 1e-300])
+    t, c, v = unpack_chunk(pack_chunk(times, codes, values))
+    assert t.tolist() == times.tolist() and c.tolist() == codes.tolist()
+    assert np.array_equal(v, values, equal_nan=True)
+    far = np.array([0, 2**33], dtype=np.int64)  # a span beyond 32-bit seconds falls back to int64
+    assert unpack_chunk(pack_chunk(far, codes[:2], values[:2]))[0].tolist() == far.tolist()
