@@ -8,12 +8,9 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import pathlib
-import socket
-import subprocess
 import sys
-import time
+import tempfile
 
 import ehr_pipeline  # noqa: F401  (pins the Keras flavour before anything imports TensorFlow)
 
@@ -71,12 +68,6 @@ def build_request(mimic_dir: pathlib.Path, subject_id: int, hadm_id: int, after_
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Starts ehr-serve on loopback, posts one demo admission, prints the answer, stops the server."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -88,40 +79,23 @@ def main(argv: list[str] | None = None) -> int:
 
     import httpx
 
+    from serving.testing import ServerProcess
+
     subject_id, hadm_id = first_test_admission(pathlib.Path(args.data))
     body = build_request(pathlib.Path(args.mimic_dir), subject_id, hadm_id)
-    port = _free_port()
-    cmd = [sys.executable, "-m", "serving", "--model", args.model, "--host", "127.0.0.1",
-           "--port", str(port), "--no-auth", "--log-level", "warning"]
-    server = subprocess.Popen(cmd, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + args.timeout
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"ehr-serve exited with code {server.returncode}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise SystemExit("ehr-serve did not become ready in time")
-            time.sleep(0.5)
-        resp = httpx.post(f"{url}/v1/predict", json=body, params={"num_samples": 25, "seed": 0}, timeout=60)
-        print(f"POST /v1/predict  (admission {hadm_id}, {len(body['events'])} raw events) -> {resp.status_code}")
-        answer = resp.json()
-        keep = ("probability", "std", "interval", "predictive_entropy", "aleatoric", "epistemic",
-                "member_probabilities", "refer", "referral", "events", "out_of_vocabulary", "calibration",
-                "num_samples", "ensemble_size", "model")
-        print(json.dumps({k: answer[k] for k in keep if k in answer}, indent=2))
-        return 0 if resp.status_code == 200 else 1
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    with tempfile.TemporaryDirectory(prefix="ehr-demo-serve-") as tmp:
+        server = ServerProcess(["--model", args.model, "--no-auth", "--log-level", "warning"],
+                               log_path=pathlib.Path(tmp) / "server.log", startup_timeout_s=args.timeout)
+        with server:
+            resp = httpx.post(f"{server.base_url}/v1/predict", json=body,
+                              params={"num_samples": 25, "seed": 0}, timeout=60)
+    print(f"POST /v1/predict  (admission {hadm_id}, {len(body['events'])} raw events) -> {resp.status_code}")
+    answer = resp.json()
+    keep = ("probability", "std", "interval", "predictive_entropy", "aleatoric", "epistemic",
+            "member_probabilities", "refer", "referral", "events", "out_of_vocabulary", "calibration",
+            "num_samples", "ensemble_size", "model")
+    print(json.dumps({k: answer[k] for k in keep if k in answer}, indent=2))
+    return 0 if resp.status_code == 200 else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,49 @@
+"""No training/serving skew: raw events sent to the service score exactly like the Beam job's record."""
+from __future__ import annotations
+
+import pathlib
+
+import httpx
+import numpy as np
+import pytest
+
+from ehr_pipeline import outputs, spec, tfrecord
+from ehr_pipeline.config import PipelineConfig
+from ehr_pipeline.job import run_job
+from serving.demo import build_request, first_test_admission
+from serving.testing import ServerProcess, write_tiny_model_export
+
+
+@pytest.fixture(scope="module")
+def demo_export(demo_dir, tmp_path_factory):
+    base = tmp_path_factory.mktemp("skew")
+    data = base / "data"
+    config = PipelineConfig.model_validate({"num_shards": {"train": 1, "validation": 1, "test": 1},
+                                            "vocab": {"min_count": 1}})
+    run_job(str(demo_dir), str(data), config)
+    vocab = outputs.read_json(str(data / outputs.VOCABULARY))["sources"]
+    raw_codes = {s: [c.split(":", 1)[1] for c in codes] for s, codes in vocab.items()}
+    export = write_tiny_model_export(base / "export", ensemble_size=2, vocabulary=raw_codes, pipeline=config)
+    return data, export
+
+
+def test_service_scores_raw_events_like_the_job_record(demo_export, demo_dir, tmp_path):
+    from model.predict import predict_probs
+
+    data, export = demo_export
+    subject_id, hadm_id = first_test_admission(data)
+    record = next(r for p in sorted(data.glob(spec.split_file_pattern("test")))
+                  for r in tfrecord.read_records(open(p, "rb"))
+                  if spec.sequence_example_to_dict(r)[spec.HADM_ID] == hadm_id)
+    expected = predict_probs(str(export), [record], num_samples=5, seed=7)[0]
+
+    body = build_request(pathlib.Path(demo_dir), subject_id, hadm_id)
+    with ServerProcess(["--model", str(export), "--no-auth", "--log-level", "warning"],
+                       log_path=tmp_path / "server.log") as server:
+        resp = httpx.post(f"{server.base_url}/v1/predict", json=body,
+                          params={"num_samples": 5, "seed": 7, "include_samples": "true"}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()
+    assert answer["events"]["ignored"]["at_or_after_trigger"] > 0  # the request had later events too
+    np.testing.assert_allclose(answer["samples"], expected, rtol=0, atol=1e-6)
+    assert answer["probability"] == pytest.approx(float(np.mean(expected)), abs=1e-6)
