@@ -4,6 +4,7 @@ Sub-commands:
   summarize  read every table of a release and count rows / dead letters
   synth      write a synthetic MIMIC-III release with known death probabilities
   run        the Beam job: bag admissions into SequenceExample TFRecords
+  shard      split a big table into parts that workers read in parallel
   demo       run the job end to end on the MIMIC-III demo and print the manifest summary
 """
 from __future__ import annotations
@@ -61,6 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
     job_cli.add_arguments(p)
 
     p = sub.add_parser(
+        "shard",
+        help="split one big table (e.g. CHARTEVENTS) into parts workers read in parallel",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--mimic-dir", required=True, help="release folder holding the table")
+    p.add_argument("--table", default="CHARTEVENTS", help="table to split")
+    p.add_argument("--parts", type=int, default=16, help="number of parts (about one per worker)")
+    p.add_argument("--out", default=None,
+                   help="folder for the parts (default: the release folder; then move the whole "
+                        "file away, since whole and parts together are refused)")
+
+    p = sub.add_parser(
         "demo",
         help="run the job end to end on the MIMIC-III demo and print the manifest summary",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -90,6 +103,17 @@ def main(argv: list[str] | None = None) -> int:
         from ehr_pipeline import job_cli
 
         return job_cli.run(args, extra)
+    if args.command == "shard":
+        from ehr_pipeline.reader import locate_table
+        from ehr_pipeline.shard import shard_table
+
+        src = locate_table(args.mimic_dir, args.table)
+        if src is None:
+            parser.error(f"{args.table} not found in {args.mimic_dir}")
+        paths, rows = shard_table(src, args.table, args.out or args.mimic_dir, args.parts,
+                                  show_progress=sys.stderr.isatty())
+        print(f"{src}: {rows:,} rows -> {len(paths)} parts in {paths[0].parent}")
+        return 0
     if args.command == "demo":
         from ehr_pipeline import demo
 

@@ -269,7 +269,7 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     from ehr_pipeline import events as ev
     from ehr_pipeline import outputs, spec, vocab
     from ehr_pipeline.config import SPLIT_NAMES
-    from ehr_pipeline.reader import locate_table
+    from ehr_pipeline.reader import locate_table_files
 
     started = time.time()
     mimic_dir, out_dir = str(mimic_dir), str(out_dir)
@@ -279,9 +279,8 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     enabled = set(config.sources)
     event_inputs = []
     for table, source in ev.TABLE_SOURCE.items():
-        path = locate_table(mimic_dir, table)
-        if path is not None and source in enabled:
-            event_inputs.append((table, str(path)))
+        if source in enabled:
+            event_inputs.extend((table, str(path)) for path in locate_table_files(mimic_dir, table))
 
     dead_driver: list = []
     cohort_tables, cohort_stats = _read_cohort_tables(mimic_dir, dead_driver)
@@ -375,7 +374,7 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
 
     manifest = manifest_mod.build_manifest(
         out_dir=out_dir, mimic_dir=mimic_dir, config=config, counts=counts, cohort=coh,
-        cohort_stats=cohort_stats, event_tables=[t for t, _ in event_inputs],
+        cohort_stats=cohort_stats, event_tables=sorted({t for t, _ in event_inputs}),
         vocabulary=vocabulary, seconds=time.time() - started, runner=str(
             options.get_all_options().get("runner")))
     outputs.write_json(outputs.join(out_dir, outputs.MANIFEST), manifest)

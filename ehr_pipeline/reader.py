@@ -126,6 +126,34 @@ def locate_table(mimic_dir: str | pathlib.Path, table: str) -> pathlib.Path | No
     return None
 
 
+def locate_table_files(mimic_dir: str | pathlib.Path, table: str) -> list[pathlib.Path]:
+    """All files of a table: [TABLE.csv(.gz)] or its parts TABLE-*.csv(.gz); [] for an absent optional table.
+
+    Parts let one huge table (CHARTEVENTS: 330M rows) be read by many workers at once: a gzip
+    file can only be read from its start, so one file is one unit of work. Each part is a
+    complete CSV with its own header (``ehr-pipeline shard`` writes them).
+    """
+    schema = schemas.get(table)
+    directory = pathlib.Path(mimic_dir)
+    if not directory.is_dir():
+        raise MissingTableError(f"MIMIC-III directory {directory} does not exist or is not a directory")
+    prefix = schema.name.lower() + "-"
+    parts = sorted(
+        p for p in directory.iterdir()
+        if p.is_file() and p.name.lower().startswith(prefix)
+        and (p.name.lower().endswith(".csv") or p.name.lower().endswith(".csv.gz"))
+    )
+    if not parts:
+        whole = locate_table(directory, table)
+        return [] if whole is None else [whole]
+    whole = [n for n in schema.file_names if (directory / n).exists() or (directory / n.lower()).exists()]
+    if whole:
+        raise ReaderError(
+            f"{directory}: {schema.name} is given both whole ({whole[0]}) and in {len(parts)} part(s) "
+            f"({parts[0].name}, ...); keep one or the other")
+    return parts
+
+
 class TableReader:
     """Iterates a MIMIC-III table file as typed pyarrow RecordBatches; see module docstring.
 
