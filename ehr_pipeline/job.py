@@ -18,6 +18,7 @@ only what reaches an example, packed as numpy arrays with per-chunk code diction
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,11 +44,16 @@ def select(kind: str):
     return keep
 
 
-# One admission's events from one block, packed for the shuffle as a tuple of ints, bytes and
-# strings: Beam's fast coder encodes those natively, while numpy arrays or dataclasses would go
-# through pickle at several times the size. Layout:
-#   (t0 seconds, time dtype, time deltas, code-index dtype, code indices, code dictionary, values)
-EventChunk = tuple
+# One admission's events from one block, packed for the shuffle as ONE bytes object. The local
+# runner's GroupByKey keeps every grouped value as a decoded Python object, so a chunk made of
+# arrays, tuples and one str per code costs hundreds of bytes of object headers; a single
+# bytes value costs one. Layout (little-endian):
+#   header <q t0 seconds, B time width (4|8), B index width (2|4), I events, I codes, I code-blob bytes>
+#   code blob (codes joined by NUL), time deltas, code indices, float64 values
+EventChunk = bytes
+_HEADER = struct.Struct("<qBBIII")
+_T_DTYPES = {4: "<u4", 8: "<i8"}
+_I_DTYPES = {2: "<u2", 4: "<i4"}
 
 
 def pack_chunk(times: np.ndarray, codes: np.ndarray, values: np.ndarray) -> EventChunk:
@@ -56,18 +62,29 @@ def pack_chunk(times: np.ndarray, codes: np.ndarray, values: np.ndarray) -> Even
     times = np.asarray(times, dtype=np.int64)
     t0 = int(times.min()) if times.size else 0
     delta = times - t0
-    t_dtype = "<u4" if times.size == 0 or int(delta.max()) < 2**32 else "<i8"
-    i_dtype = "<u2" if len(uniq) < 2**16 else "<i4"
-    return (t0, t_dtype, delta.astype(t_dtype).tobytes(), i_dtype, inv.astype(i_dtype).tobytes(),
-            tuple(str(c) for c in uniq), np.asarray(values, dtype="<f8").tobytes())
+    t_width = 4 if times.size == 0 or int(delta.max()) < 2**32 else 8
+    i_width = 2 if len(uniq) < 2**16 else 4
+    blob = "\0".join(str(c) for c in uniq).encode("utf-8")
+    if blob.count(b"\0") != max(len(uniq) - 1, 0):
+        raise ValueError(f"an event code contains a NUL character: {[c for c in uniq if chr(0) in c][:3]}")
+    return b"".join((
+        _HEADER.pack(t0, t_width, i_width, times.size, len(uniq), len(blob)), blob,
+        delta.astype(_T_DTYPES[t_width]).tobytes(), inv.astype(_I_DTYPES[i_width]).tobytes(),
+        np.asarray(values, dtype="<f8").tobytes()))
 
 
 def unpack_chunk(chunk: EventChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Inverse of pack_chunk: (times int64 s, codes object array, values float64)."""
-    t0, t_dtype, t_bytes, i_dtype, i_bytes, codes, v_bytes = chunk
-    times = np.frombuffer(t_bytes, dtype=t_dtype).astype(np.int64) + t0
-    index = np.frombuffer(i_bytes, dtype=i_dtype)
-    return times, np.asarray(codes, dtype=object)[index], np.frombuffer(v_bytes, dtype="<f8").copy()
+    t0, t_width, i_width, n, n_codes, blob_len = _HEADER.unpack_from(chunk)
+    pos = _HEADER.size
+    codes = np.asarray(chunk[pos:pos + blob_len].decode("utf-8").split("\0") if n_codes else [], dtype=object)
+    pos += blob_len
+    times = np.frombuffer(chunk, _T_DTYPES[t_width], n, pos).astype(np.int64) + t0
+    pos += n * t_width
+    index = np.frombuffer(chunk, _I_DTYPES[i_width], n, pos)
+    pos += n * i_width
+    values = np.frombuffer(chunk, "<f8", n, pos).copy()
+    return times, codes[index], values
 
 
 def concat_chunks(chunks: list[EventChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -125,7 +142,7 @@ def _make_dofns():
                 events, extract_counts = ev.extract(table, batch, self._discharges)
                 kept, cohort_counts = ev.filter_to_cohort(events, self._cohort)
                 for hadm, times, codes, values in ev.split_by_admission(kept):
-                    yield EVENTS, (hadm, ("events", pack_chunk(times, codes, values)))
+                    yield EVENTS, (hadm, pack_chunk(times, codes, values))
                 for reason, n in extract_counts.items():
                     yield (COUNTS, _count(f"events/{table}/extract/{reason}", n))
                 for reason, n in cohort_counts.items():
@@ -153,11 +170,11 @@ def _make_dofns():
 
             hadm, items = element
             meta, chunks = None, []
-            for kind, payload in items:
-                if kind == "meta":
-                    meta = payload
+            for item in items:  # the cohort row (a dict) and the event chunks (bytes)
+                if isinstance(item, dict):
+                    meta = item
                 else:
-                    chunks.append(payload)
+                    chunks.append(item)
             if meta is None:  # cannot happen: filter_to_cohort only keys cohort admissions
                 yield (COUNTS, _count("examples/orphan_events", len(chunks)))
                 return
@@ -290,7 +307,7 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     log.info("cohort: %d of %d admissions kept; excluded %s", coh.counts.get(cohort_mod.KEPT, 0),
              sum(coh.counts.values()), {k: v for k, v in coh.counts.items() if k != cohort_mod.KEPT and v})
     meta_cols = ("SUBJECT_ID", "HADM_ID", "trigger_time", "label", "age_years", "gender", "admission_type")
-    metas = [(r["HADM_ID"], ("meta", r)) for r in coh.table.select(list(meta_cols)).to_pylist()]
+    metas = [(r["HADM_ID"], r) for r in coh.table.select(list(meta_cols)).to_pylist()]
     # Only what the workers need to filter events travels with the DoFn.
     cohort_index = coh.table.select(["SUBJECT_ID", "HADM_ID", "trigger_time"])
 
