@@ -123,8 +123,11 @@ class PipelineConfig(_Model):
         return self.model_dump(mode="json")
 
 
-def _format_errors(err: pydantic.ValidationError) -> str:
-    """One line per problem, led by the dotted field path, e.g. 'bagging.max_bags: ...'."""
+def format_validation_errors(err: pydantic.ValidationError) -> str:
+    """One line per problem, led by the dotted field path, e.g. 'bagging.max_bags: ...'.
+
+    Shared by every YAML config of the project (pipeline, model, image) so errors read alike.
+    """
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "<top level>"
@@ -141,7 +144,7 @@ def parse_pipeline_config(data: Any, source: str = "<dict>") -> PipelineConfig:
     try:
         return PipelineConfig.model_validate(data)
     except pydantic.ValidationError as err:
-        raise ConfigError(f"{source}: invalid pipeline config:\n{_format_errors(err)}") from None
+        raise ConfigError(f"{source}: invalid pipeline config:\n{format_validation_errors(err)}") from None
 
 
 def load_pipeline_config(path: str | os.PathLike[str] | None = None) -> PipelineConfig:

@@ -16,7 +16,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from ehr_pipeline.config import ConfigError
+from ehr_pipeline.config import ConfigError, format_validation_errors
 
 # Strict ints: YAML `1.5` must not quietly become 1, nor `true` the integer 1.
 _Int = Annotated[int, Field(strict=True)]
@@ -138,15 +138,6 @@ class ExperimentConfig(_Model):
         return parse_config(data, source="<overrides>")
 
 
-def _format_errors(err: pydantic.ValidationError) -> str:
-    """One line per problem led by the dotted key path, e.g. 'train.learning_rat: Extra inputs ...'."""
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "<top level>"
-        lines.append(f"  {where}: {e['msg']}")
-    return "\n".join(lines)
-
-
 def parse_config(data: Any, source: str = "<dict>") -> ExperimentConfig:
     """Validates already-parsed YAML/JSON data; raises ConfigError naming each bad key."""
     if data is None:
@@ -156,7 +147,7 @@ def parse_config(data: Any, source: str = "<dict>") -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(data)
     except pydantic.ValidationError as err:
-        raise ConfigError(f"{source}: invalid experiment config:\n{_format_errors(err)}") from None
+        raise ConfigError(f"{source}: invalid experiment config:\n{format_validation_errors(err)}") from None
 
 
 def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
