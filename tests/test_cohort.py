@@ -10,6 +10,7 @@ import pytest
 
 from ehr_pipeline import cohort, schemas
 from ehr_pipeline.reader import TableReader, locate_table
+from tests.arrow_rows import batch
 
 DAY = 86400
 T0 = 5_000_000_000  # an admission time in the shifted MIMIC era (year 2128), seconds
@@ -20,14 +21,6 @@ def secs(text: str) -> int:
     return int(dt.datetime.fromisoformat(text).replace(tzinfo=dt.timezone.utc).timestamp())
 
 
-def batch(table: str, rows: list[dict]) -> pa.RecordBatch:
-    """A RecordBatch shaped like reader.TableReader's (UPPERCASE names, times int64 s), only the given columns."""
-    sch = schemas.get(table)
-    arrow = {schemas.ColType.INT: pa.int64(), schemas.ColType.FLOAT: pa.float64(),
-             schemas.ColType.TIMESTAMP: pa.int64(), schemas.ColType.STR: pa.string()}
-    names = list(rows[0])
-    return pa.RecordBatch.from_arrays(
-        [pa.array([r[n] for r in rows], arrow[sch.column(n).type]) for n in names], names=names)
 
 
 def adm(subject, hadm, admit, disch, death=None, flag=None, kind="EMERGENCY"):

@@ -12,20 +12,13 @@ from hypothesis import strategies as st
 
 from ehr_pipeline import cohort, events, schemas
 from ehr_pipeline.reader import TableReader, locate_table
+from tests.arrow_rows import batch
 
 DAY = 86400
 T0 = 5_000_000_000  # 2128-06-10 14:13:20 UTC, a time in the shifted MIMIC era, seconds
 MIDNIGHT = T0 - T0 % DAY
 
 
-def batch(table: str, rows: list[dict]) -> pa.RecordBatch:
-    """A RecordBatch shaped like reader.TableReader's (UPPERCASE names, times int64 s), only the given columns."""
-    sch = schemas.get(table)
-    arrow = {schemas.ColType.INT: pa.int64(), schemas.ColType.FLOAT: pa.float64(),
-             schemas.ColType.TIMESTAMP: pa.int64(), schemas.ColType.STR: pa.string()}
-    names = list(rows[0])
-    return pa.RecordBatch.from_arrays(
-        [pa.array([r[n] for r in rows], arrow[sch.column(n).type]) for n in names], names=names)
 
 
 def rows_of(table: pa.Table) -> list[tuple]:
