@@ -54,8 +54,10 @@ def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained):
     from_export = predict_probs(exported, records, 5, seed=123, batch_size=7)
     assert from_export.shape == (len(records), 5 * config.model.ensemble_size)
     np.testing.assert_allclose(from_export, in_memory, rtol=0, atol=1e-6)
-    # One example alone (as the service may send it) gets the same numbers as in a batch.
-    np.testing.assert_array_equal(predict_probs(exported, records[3:4], 5, seed=123), from_export[3:4])
+    # One example alone (as the service may send it) gets the same noise as in a batch; only
+    # float rounding of the larger batched matmuls may differ.
+    np.testing.assert_allclose(predict_probs(exported, records[3:4], 5, seed=123), from_export[3:4],
+                               rtol=0, atol=1e-6)
     assert np.abs(predict_probs(exported, records, 5, seed=124) - from_export).max() > 1e-5
 
 
