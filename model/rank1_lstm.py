@@ -14,9 +14,10 @@ What it adds over ``RNN(LSTMCellRank1)``:
     sequence in one pass, and additive perturbations fold into a per-sequence constant:
     (h + r) U + s = h U + (r U + s), costing nothing inside the loop.
   * ``input_projection="all_steps"`` computes ((x * r) W) * s + b for all T steps as one
-    matmul before the loop. On our 2-core CPU this was ~15% slower than the per-step
-    projection (the 4u-wide [T, B, 4u] tensor leaves the cache and is copied into the
-    TensorArray), so "per_step" is the default; "all_steps" is the usual choice on
+    matmul before the loop. On our 2-core CPU it is ~10-20% slower than the per-step
+    projection, for rank-1 and deterministic cells alike (the 4u-wide [T, B, 4u] tensor and
+    its gradient leave the cache and are copied through TensorArrays, which costs more than
+    the per-step factor multiplies it saves), so "per_step" is the default; "all_steps" is the usual choice on
     accelerators, where many small matmuls are the bottleneck (not measured here).
   * A bare ``tf.while_loop`` over TensorArrays with a static trip count: XLA compiles it.
 """
