@@ -70,6 +70,11 @@ def resolve_model_dir(path: str) -> pathlib.Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `ehr-eval`; returns the exit code."""
+    from model.image import cli as image_cli
+
+    # One command for both families: a task: image config (or run folder) goes to the image models.
+    if image_cli.wants_image(argv):
+        return image_cli.eval_main(argv)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")

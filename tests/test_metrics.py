@@ -311,3 +311,61 @@ def test_labels_validated():
         m.brier(np.array([0.5]), np.array([2]))
     with pytest.raises(ValueError):
         m.brier(np.array([0.5, 0.2]), np.array([1]))
+
+
+# --------------------------------------------------------------------------- multi-class
+
+
+def _softmax(z, axis=-1):
+    e = np.exp(z - z.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def test_categorical_mixture_nll_matches_direct_float64_and_logits():
+    rng = np.random.default_rng(3)
+    logits = rng.normal(0, 2, (50, 6, 4))
+    y = rng.integers(0, 4, 50)
+    probs = _softmax(logits)
+    direct = -np.mean(np.log(probs.mean(axis=1)[np.arange(50), y]))
+    assert m.categorical_mixture_nll(probs, y) == pytest.approx(direct, rel=1e-10)
+    assert m.categorical_mixture_nll(logits, y, from_logits=True) == pytest.approx(direct, rel=1e-10)
+    per_comp = -np.mean(np.log(probs[np.arange(50), :, y]))
+    assert m.categorical_per_component_nll(probs, y) == pytest.approx(per_comp, rel=1e-10)
+    assert m.categorical_per_component_nll(probs, y) >= m.categorical_mixture_nll(probs, y)
+    # An [N, C] input is a one-component mixture: plain cross-entropy.
+    assert m.categorical_mixture_nll(probs[:, 0], y) == pytest.approx(-np.mean(np.log(probs[np.arange(50), 0, y])))
+
+
+def test_categorical_nll_extreme_logits_stay_finite():
+    logits = np.array([[[1e4, -1e4, 0.0], [0.0, 0.0, 0.0]]])  # one component is certain of the wrong class
+    value = m.categorical_mixture_nll(logits, [1], from_logits=True)
+    assert value == pytest.approx(-np.log(0.5 * (1 / 3)), rel=1e-9)
+
+
+def test_categorical_accuracy_and_ece_hand_computed():
+    p = np.array([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25], [0.1, 0.1, 0.8], [0.5, 0.5, 0.0]])
+    y = np.array([0, 1, 2, 1])
+    assert m.categorical_accuracy(p, y) == pytest.approx(0.5)  # the tie at row 3 goes to class 0
+    # 10 bins: conf 0.7 (bin 7, correct), 0.4 (bin 4, wrong), 0.8 (bin 8, correct), 0.5 (bin 5, wrong).
+    expected = (abs(1 - 0.7) + abs(0 - 0.4) + abs(1 - 0.8) + abs(0 - 0.5)) / 4
+    assert m.categorical_ece(p, y, num_bins=10) == pytest.approx(expected)
+    assert m.categorical_ece(np.eye(3)[[0, 1, 2]], [0, 1, 2]) == pytest.approx(0.0)
+
+
+def test_categorical_ece_equals_binary_ece_for_two_classes():
+    rng = np.random.default_rng(5)
+    p1 = rng.random(300)
+    y = (rng.random(300) < p1).astype(int)
+    two = np.stack([1 - p1, p1], axis=1)
+    # Ties at exactly 0.5 differ by convention (argmax vs p > 0.5); random floats have none.
+    assert m.categorical_ece(two, y) == pytest.approx(m.ece(p1, y), rel=1e-12)
+    assert m.categorical_accuracy(two, y) == pytest.approx(m.accuracy(p1, y))
+
+
+def test_categorical_labels_validated():
+    p = np.full((2, 3), 1 / 3)
+    for bad in ([0, 3], [0, -1], [0.5, 1], [0]):
+        with pytest.raises(ValueError):
+            m.categorical_accuracy(p, bad)
+    with pytest.raises(ValueError):
+        m.categorical_mixture_nll(np.full((2, 1), 1.0), [0, 0])
