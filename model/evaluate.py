@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from model import metrics, plots
+from model.metrics import json_ready
 
 log = logging.getLogger(__name__)
 
@@ -24,21 +25,6 @@ REPORT_FILE = "metrics.json"
 PLOT_FILES = {"reliability": "reliability.png", "uncertainty_vs_error": "uncertainty_vs_error.png",
               "risk_coverage": "risk_coverage.png", "uncertainty_histogram": "uncertainty_histogram.png"}
 PREDICTIONS_FILE = "predictions.csv"
-
-
-def json_ready(obj: Any) -> Any:
-    """Plain JSON types (numpy unwrapped); NaN and +-inf become None, as in metrics.evaluate's reports."""
-    if isinstance(obj, Mapping):
-        return {str(k): json_ready(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, np.ndarray)):
-        return [json_ready(v) for v in obj]
-    if isinstance(obj, (bool, np.bool_)):
-        return bool(obj)
-    if isinstance(obj, (int, np.integer)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if np.isfinite(obj) else None
-    return obj
 
 
 def load_truth(path: str | os.PathLike[str], hadm_ids: Sequence[int]) -> np.ndarray:

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 import ehr_pipeline
 from ehr_pipeline import outputs
-from model.evaluate import json_ready
+from model.metrics import json_ready
 from model.predict import INPUT_SIGNATURE, SIGNATURE, Predictor, assert_stateless
 
 FORMAT_VERSION = 1

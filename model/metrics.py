@@ -20,7 +20,7 @@ Conventions shared by the whole module:
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -422,12 +422,12 @@ def error_by_uncertainty(p_mean, y, uncertainty, num_bins: int = 10) -> dict[str
 # --------------------------------------------------------------------------- report
 
 
-def _jsonable(obj):
+def json_ready(obj: Any) -> Any:
     """Plain Python types for json.dumps(allow_nan=False): numpy scalars unwrapped, NaN/inf -> None."""
     if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): json_ready(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, np.ndarray)):
-        return [_jsonable(v) for v in obj]
+        return [json_ready(v) for v in obj]
     if isinstance(obj, (bool, np.bool_)):
         return bool(obj)
     if isinstance(obj, (int, np.integer)):
@@ -506,7 +506,7 @@ def evaluate(
             "nll_truth": nll_truth,
             "nll_excess": overall["nll"] - nll_truth,
         }
-    return _jsonable(report)
+    return json_ready(report)
 
 
 def _fmt(value, digits: int = 4) -> str:

@@ -73,11 +73,12 @@ def choose_strategy() -> tf.distribute.Strategy:
     return tf.distribute.get_strategy()
 
 
-def _check_run_folder(out: pathlib.Path, config: ExperimentConfig) -> None:
-    """Writes config.json, or checks that a restart uses the same config."""
+def check_run_folder(out: pathlib.Path, config, parse=None) -> None:
+    """Writes config.json, or checks that a restart uses the same config (EHR and image runs alike)."""
+    parse = parse or parse_config
     path = out / CONFIG_FILE
     if path.exists():
-        previous = parse_config(json.loads(path.read_text()), source=str(path))
+        previous = parse(json.loads(path.read_text()), source=str(path))
         if previous != config:
             raise ConfigMismatchError(f"{out} holds a run with a different config ({path}); use a new --out "
                                       "or the same config to resume")
@@ -146,7 +147,7 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
     """Trains (or resumes) a run; then evaluates on validation/test and writes the export."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _check_run_folder(out, config)
+    check_run_folder(out, config)
     tc, mc = config.train, config.model
     tf.random.set_seed(tc.seed)  # entry point of a run: makes initialisation reproducible
     files = inputs.load_data_files(data_dir)

@@ -18,7 +18,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from ehr_pipeline.config import ConfigError
+from ehr_pipeline.config import ConfigError, format_validation_errors
 from model.image.corruptions import CIFAR_C_CORRUPTIONS, CORRUPTIONS, SEVERITIES
 from model.posterior import PosteriorConfig
 
@@ -217,14 +217,6 @@ class ImageExperimentConfig(_Model):
         return parse_config(data, source="<overrides>")
 
 
-def _format_errors(err: pydantic.ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "<top level>"
-        lines.append(f"  {where}: {e['msg']}")
-    return "\n".join(lines)
-
-
 def parse_config(data: Any, source: str = "<dict>") -> ImageExperimentConfig:
     """Validates already-parsed YAML/JSON data; raises ConfigError naming each bad key."""
     if not isinstance(data, dict):
@@ -232,7 +224,7 @@ def parse_config(data: Any, source: str = "<dict>") -> ImageExperimentConfig:
     try:
         return ImageExperimentConfig.model_validate(data)
     except pydantic.ValidationError as err:
-        raise ConfigError(f"{source}: invalid image config:\n{_format_errors(err)}") from None
+        raise ConfigError(f"{source}: invalid image config:\n{format_validation_errors(err)}") from None
     except (TypeError, ValueError) as err:  # PosteriorConfig's own type checks raise TypeError
         raise ConfigError(f"{source}: invalid image config: {err}") from None
 

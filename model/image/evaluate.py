@@ -146,6 +146,6 @@ def write_report(directory: str | os.PathLike[str], report: dict[str, Any]) -> p
     """Writes metrics.json and summary.md into `directory`; returns it."""
     out = pathlib.Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    (out / REPORT_FILE).write_text(json.dumps(metrics._jsonable(report), indent=2, allow_nan=False) + "\n")
+    (out / REPORT_FILE).write_text(json.dumps(metrics.json_ready(report), indent=2, allow_nan=False) + "\n")
     (out / SUMMARY_FILE).write_text(format_report(report) + "\n")
     return out

@@ -32,7 +32,8 @@ from model.image import evaluate as evaluation
 from model.image.config import ImageExperimentConfig, TrainConfig, parse_config
 from model.image.data import ImageData, load_data, train_dataset
 from model.image.models import ImageModel, build_model
-from model.train import CHECKPOINT_DIR, CONFIG_FILE, TENSORBOARD_DIR, ConfigMismatchError, write_scalars
+from model.train import (CHECKPOINT_DIR, CONFIG_FILE, TENSORBOARD_DIR, ConfigMismatchError, check_run_folder,
+                         write_scalars)
 
 log = logging.getLogger(__name__)
 
@@ -139,17 +140,6 @@ def plan_steps(tc: TrainConfig, num_train: int) -> StepPlan:
 # --------------------------------------------------------------------------- the run
 
 
-def _check_run_folder(out: pathlib.Path, config: ImageExperimentConfig) -> None:
-    path = out / CONFIG_FILE
-    if path.exists():
-        previous = parse_config(json.loads(path.read_text()), source=str(path))
-        if previous != config:
-            raise ConfigMismatchError(f"{out} holds a run with a different config ({path}); use a new --out "
-                                      "or the same config to resume")
-    else:
-        path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
-
-
 def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, data: ImageData | None = None,
           data_dir: str | os.PathLike[str] | None = None, progress: bool = True, evaluate: bool = True,
           corrupted: bool = True) -> TrainResult:
@@ -157,7 +147,7 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
     started = time.time()
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _check_run_folder(out, config)
+    check_run_folder(out, config, parse_config)
     tc = config.train
     tf.random.set_seed(tc.seed)  # entry point of a run: initialisation and factor draws are reproducible
     if data is None:
