@@ -4,7 +4,7 @@ Shape of the pipeline (every arrow a PCollection):
 
   driver: ADMISSIONS + PATIENTS -> cohort (small: ~60k admissions in the full release)
   (table, file) --ReadAndExtract--> (hadm_id, event chunk)      [+ dead letters, counts]
-  cohort rows  --------------------> (hadm_id, meta)
+  cohort rows  --------------------> (hadm_id, cohort row)
         \\-- Flatten -> GroupByKey(hadm_id) -> BagAdmission -> (split, shard, hadm, record)
                                                            [+ train-split code stats, counts]
   records -> GroupByKey(split, shard) -> WriteShard (sorted by hadm_id: byte-identical reruns)
@@ -13,13 +13,12 @@ Shape of the pipeline (every arrow a PCollection):
 
 Each worker parses whole blocks of a CSV file with pyarrow and drops events of patients
 outside the cohort and at or after their trigger BEFORE the shuffle, so the grouped state is
-only what reaches an example, packed as numpy arrays with per-chunk code dictionaries.
+only what reaches an example, packed as one bytes object per (block, admission) chunk.
 """
 from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
