@@ -116,7 +116,34 @@ class EvalConfig(_Model):
     seed: _Int = Field(0, description="Sampling seed of the final evaluation.")
 
 
-class ExperimentConfig(_Model):
+class ExperimentBase(_Model):
+    """What every experiment config (EHR and image) offers: a JSON dict and validated overrides."""
+
+    @classmethod
+    def parse(cls, data: Any, source: str = "<dict>") -> ExperimentBase:
+        """Validates parsed YAML/JSON into this config class; raises ConfigError naming each bad key."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict of every setting (for the run folder and the model card)."""
+        return self.model_dump(mode="json")
+
+    def with_overrides(self, **sections: dict[str, Any]) -> ExperimentBase:
+        """A copy with some fields replaced, e.g. with_overrides(train={"max_steps": 10}); validated."""
+        data = self.to_dict()
+        for section, values in sections.items():
+            if section not in data or not isinstance(data[section], dict):
+                raise ConfigError(f"unknown config section {section!r}")
+            data[section].update(values)
+        return self.parse(data, source="<overrides>")
+
+    def with_train_overrides(self, **values: Any) -> ExperimentBase:
+        """A copy with the given train settings replaced; None means "keep" (CLI flags left unset)."""
+        values = {k: v for k, v in values.items() if v is not None}
+        return self.with_overrides(train=values) if values else self
+
+
+class ExperimentConfig(ExperimentBase):
     """One training run: ``name`` plus the three sections."""
 
     name: str = Field("ehr", min_length=1)
@@ -124,18 +151,10 @@ class ExperimentConfig(_Model):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict of every setting (for the run folder and the model card)."""
-        return self.model_dump(mode="json")
-
-    def with_overrides(self, **sections: dict[str, Any]) -> ExperimentConfig:
-        """A copy with some fields replaced, e.g. with_overrides(train={"max_steps": 10}); validated."""
-        data = self.to_dict()
-        for section, values in sections.items():
-            if section not in data or not isinstance(data[section], dict):
-                raise ConfigError(f"unknown config section {section!r}")
-            data[section].update(values)
-        return parse_config(data, source="<overrides>")
+    @classmethod
+    def parse(cls, data: Any, source: str = "<dict>") -> ExperimentConfig:
+        """See ExperimentBase.parse."""
+        return parse_config(data, source)
 
 
 def parse_config(data: Any, source: str = "<dict>") -> ExperimentConfig:

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from model import evaluate as evaluation
 from model import export, inputs, losses, metrics
-from model.config import ExperimentConfig, parse_config
+from model.config import ExperimentBase, ExperimentConfig, parse_config
 from model.ehr_model import build_model, count_parameters
 from model.predict import Predictor, predict_probs
 
@@ -73,12 +73,11 @@ def choose_strategy() -> tf.distribute.Strategy:
     return tf.distribute.get_strategy()
 
 
-def check_run_folder(out: pathlib.Path, config, parse=None) -> None:
+def check_run_folder(out: pathlib.Path, config: ExperimentBase) -> None:
     """Writes config.json, or checks that a restart uses the same config (EHR and image runs alike)."""
-    parse = parse or parse_config
     path = out / CONFIG_FILE
     if path.exists():
-        previous = parse(json.loads(path.read_text()), source=str(path))
+        previous = type(config).parse(json.loads(path.read_text()), source=str(path))
         if previous != config:
             raise ConfigMismatchError(f"{out} holds a run with a different config ({path}); use a new --out "
                                       "or the same config to resume")

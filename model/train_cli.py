@@ -56,14 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from model.config import load_config
 
     try:
-        config = load_config(args.config)
-        overrides = {}
-        if args.steps is not None:
-            overrides["max_steps"] = args.steps
-        if args.seed is not None:
-            overrides["seed"] = args.seed
-        if overrides:
-            config = config.with_overrides(train=overrides)
+        config = load_config(args.config).with_train_overrides(max_steps=args.steps, seed=args.seed)
     except ConfigError as err:
         print(f"ehr-train: {err}", file=sys.stderr)
         return 2

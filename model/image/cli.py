@@ -89,11 +89,7 @@ def train_main(argv: list[str] | None = None) -> int:
     from model.image.config import load_config
 
     try:
-        config = load_config(args.config)
-        overrides = {key: value for key, value in (("max_steps", args.steps), ("seed", args.seed))
-                     if value is not None}
-        if overrides:
-            config = config.with_overrides(train=overrides)
+        config = load_config(args.config).with_train_overrides(max_steps=args.steps, seed=args.seed)
     except ConfigError as err:
         print(f"ehr-train: {err}", file=sys.stderr)
         return 2

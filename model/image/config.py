@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_pipeline.config import ConfigError, format_validation_errors
 from model.image.corruptions import CIFAR_C_CORRUPTIONS, CORRUPTIONS, SEVERITIES
+from model.config import ExperimentBase
 from model.posterior import PosteriorConfig
 
 _Int = Annotated[int, Field(strict=True)]
@@ -193,7 +194,7 @@ class EvalConfig(_Model):
     seed: _Int = Field(0, description="Sampling seed of the final evaluation.")
 
 
-class ImageExperimentConfig(_Model):
+class ImageExperimentConfig(ExperimentBase):
     """One image training run: ``task: image``, a name and four sections."""
 
     task: Literal["image"]
@@ -203,18 +204,10 @@ class ImageExperimentConfig(_Model):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict of every setting (written to the run folder)."""
-        return self.model_dump(mode="json")
-
-    def with_overrides(self, **sections: dict[str, Any]) -> ImageExperimentConfig:
-        """A copy with some fields replaced, e.g. with_overrides(train={"max_steps": 10}); validated."""
-        data = self.to_dict()
-        for section, values in sections.items():
-            if section not in data or not isinstance(data[section], dict):
-                raise ConfigError(f"unknown config section {section!r}")
-            data[section].update(values)
-        return parse_config(data, source="<overrides>")
+    @classmethod
+    def parse(cls, data: Any, source: str = "<dict>") -> ImageExperimentConfig:
+        """See ExperimentBase.parse."""
+        return parse_config(data, source)
 
 
 def parse_config(data: Any, source: str = "<dict>") -> ImageExperimentConfig:

@@ -147,7 +147,7 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
     started = time.time()
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    check_run_folder(out, config, parse_config)
+    check_run_folder(out, config)
     tc = config.train
     tf.random.set_seed(tc.seed)  # entry point of a run: initialisation and factor draws are reproducible
     if data is None:
