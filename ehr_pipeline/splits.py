@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-SPLITS = ("train", "validation", "test")
+from ehr_pipeline.config import SPLIT_NAMES
 
 
 def unit_hash(key: str) -> float:
@@ -19,10 +19,10 @@ def unit_hash(key: str) -> float:
 
 
 def assign_split(subject_id: int, fractions: Mapping[str, float], salt: str = "") -> str:
-    """The split of a patient, given split fractions that sum to 1 (ordered as SPLITS)."""
+    """The split of a patient, given split fractions that sum to 1 (ordered as config.SPLIT_NAMES)."""
     u = unit_hash(f"{salt}:{int(subject_id)}")
     edge = 0.0
-    names = [s for s in SPLITS if s in fractions]
+    names = [s for s in SPLIT_NAMES if s in fractions]
     for name in names:
         edge += fractions[name]
         if u < edge:

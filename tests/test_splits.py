@@ -1,5 +1,6 @@
 """Split assignment is stable, patient-level and follows the fractions."""
 from ehr_pipeline import splits
+from ehr_pipeline.config import SPLIT_NAMES
 
 FRACTIONS = {"train": 0.8, "validation": 0.1, "test": 0.1}
 
@@ -13,7 +14,7 @@ def test_assignment_is_stable_and_known():
 
 def test_fractions_are_followed():
     n = 20_000
-    counts = {s: 0 for s in splits.SPLITS}
+    counts = {s: 0 for s in SPLIT_NAMES}
     for sid in range(n):
         counts[splits.assign_split(sid, FRACTIONS)] += 1
     for name, frac in FRACTIONS.items():
