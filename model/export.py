@@ -65,10 +65,13 @@ def _sha256(path: pathlib.Path) -> str:
     return outputs.sha256_of(str(path))
 
 
-def _write_manifest(root: pathlib.Path) -> None:
+def write_manifest(root: str | os.PathLike[str]) -> dict[str, str]:
+    """Writes manifest.json with the SHA-256 of every other file under root; returns that map."""
+    root = pathlib.Path(root)
     files = {p.relative_to(root).as_posix(): _sha256(p)
              for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
     _write_json(root / MANIFEST, {"files": files, "format_version": FORMAT_VERSION})
+    return files
 
 
 def metrics_document(test_report: Mapping[str, Any], *, measure: str, rate: float, threshold: float) -> dict:
@@ -87,7 +90,7 @@ def _finish(tmp: pathlib.Path, export_dir: pathlib.Path, source_dir: str | os.Pa
     _write_json(tmp / PIPELINE_CONFIG, dict(pipeline_config))
     _write_json(tmp / METRICS, metrics_doc)
     _write_json(tmp / MODEL_CARD, card)
-    _write_manifest(tmp)
+    write_manifest(tmp)
     # Replace a previous export only once the new one is complete.
     if export_dir.exists():
         shutil.rmtree(export_dir)

@@ -11,7 +11,6 @@ service reports exactly the quantities the evaluation reported.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -25,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_pipeline import config as pipeline_config
 from ehr_pipeline import spec
+from ehr_pipeline.outputs import sha256_of
 from model import metrics as model_metrics
 
 logger = logging.getLogger(__name__)
@@ -112,14 +112,6 @@ class Export:
         return self.card.ensemble_size
 
 
-def _sha256(path: pathlib.Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _read_json(directory: pathlib.Path, name: str) -> Any:
     try:
         return json.loads((directory / name).read_text(encoding="utf-8"))
@@ -159,7 +151,7 @@ def read_export(model_dir: str | pathlib.Path) -> Export:
     directory = pathlib.Path(model_dir)
     if not directory.is_dir():
         raise ModelDirError(f"{directory}: model directory does not exist or is not a directory")
-    checksum = _sha256(directory / MANIFEST)
+    checksum = sha256_of(str(directory / MANIFEST))
     card_raw = _read_json(directory, MODEL_CARD)
     card = _validate(ModelCard, card_raw, directory / MODEL_CARD)
     pipeline_raw = _read_json(directory, PIPELINE_CONFIG)

@@ -18,7 +18,6 @@ app built by create_app in a background thread.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import pathlib
@@ -42,17 +41,11 @@ DEFAULT_VOCABULARY = {
 }
 
 
-def _sha256(path: pathlib.Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def write_manifest(directory: str | os.PathLike) -> dict[str, str]:
     """Writes manifest.json listing the SHA-256 of every other file under directory; returns the map."""
-    root = pathlib.Path(directory)
-    files = {p.relative_to(root).as_posix(): _sha256(p) for p in sorted(root.rglob("*"))
-             if p.is_file() and p.name != "manifest.json"}
-    (root / "manifest.json").write_text(json.dumps({"files": files, "format_version": 1}, indent=2, sort_keys=True))
-    return files
+    from model.export import write_manifest as export_manifest
+
+    return export_manifest(directory)
 
 
 def _fixture_module(ensemble_size: int, output_scale: float):
