@@ -20,6 +20,13 @@ What it adds over ``RNN(LSTMCellRank1)``:
     the per-step factor multiplies it saves), so "per_step" is the default; "all_steps" is the usual choice on
     accelerators, where many small matmuls are the bottleneck (not measured here).
   * A bare ``tf.while_loop`` over TensorArrays with a static trip count: XLA compiles it.
+  * Inference in reduced precision (``call(..., matmul_dtype="bfloat16")``, used by the
+    service's fast signature, never in training): both matmuls take bfloat16 operands
+    (weights cast once per call) and every step's element-wise work (factor multiply, gates,
+    mask, the cast of the next matmul's input) runs as one small XLA-compiled function.
+    Without it, a step is ~15 separate TensorFlow ops on [B, 4u] tensors, which on a 2-core
+    CPU costs as much as the bfloat16 matmul itself (docs/benchmarks.md, serving). bfloat16
+    operands round to 8 bits of mantissa: tests bound the effect on the probabilities.
 """
 from __future__ import annotations
 
@@ -33,6 +40,8 @@ from model._edward2 import ed
 SITES = ("alpha", "gamma", "recurrent_alpha", "recurrent_gamma")
 # "all_steps": one [T*B, d] x [d, 4u] matmul before the loop; "per_step": [B, d] x [d, 4u] inside it.
 INPUT_PROJECTIONS = ("per_step", "all_steps")
+# Operand dtypes of the reduced-precision inference path (float32 = the exact path).
+MATMUL_DTYPES = ("float32", "bfloat16")
 
 
 def _site_family(cell: tf.keras.layers.Layer, site: str) -> str:
@@ -140,10 +149,16 @@ class Rank1LSTM(tf.keras.layers.Layer):
             out.update(zip(sites, tf.split(draw, sizes, axis=-1)))
         return out
 
-    def call(self, inputs, mask=None, lengths=None, perturbations=None):
-        """inputs [B, T, d]; mask [B, T] or lengths [B]; perturbations from sample_perturbations."""
+    def call(self, inputs, mask=None, lengths=None, perturbations=None, matmul_dtype=None):
+        """inputs [B, T, d]; mask [B, T] or lengths [B]; perturbations from sample_perturbations.
+
+        matmul_dtype: None or "float32" (exact), or "bfloat16" for the inference-only fast path.
+        """
         cell = self.cell
         x = tf.convert_to_tensor(inputs)
+        reduced = matmul_dtype is not None and tf.as_dtype(matmul_dtype) != x.dtype
+        if matmul_dtype is not None and tf.as_dtype(matmul_dtype).name not in MATMUL_DTYPES:
+            raise ValueError(f"matmul_dtype={matmul_dtype!r}: expected one of {MATMUL_DTYPES}")
         batch, steps = tf.shape(x)[0], tf.shape(x)[1]
         if lengths is not None:
             mask = tf.sequence_mask(lengths, steps)
@@ -168,6 +183,18 @@ class Rank1LSTM(tf.keras.layers.Layer):
             else:
                 x = x * p["alpha"]  # r is constant over time: one pass over the (narrow) inputs
                 in_scale, rec_in, rec_out = p["gamma"], p["recurrent_alpha"], p["recurrent_gamma"]
+        if reduced:
+            # Inference only: the input projection for all steps in one matmul (cheap in
+            # bfloat16), then the fused-step recurrence.
+            low = tf.as_dtype(matmul_dtype)
+            dim = x.shape[-1]
+            proj = tf.matmul(tf.cast(tf.reshape(x, [-1, dim]), low), tf.cast(kernel, low))
+            proj = tf.reshape(tf.cast(proj, x.dtype), [steps, batch, 4 * cell.units])
+            if in_scale is not None:
+                proj = proj * in_scale
+            if const is not None:
+                proj = proj + const
+            return self._fused_recurrence(proj, mask, tf.cast(recurrent_kernel, low), rec_in, rec_out)
         if self.input_projection == "all_steps":
             # One [T*B, d] x [d, 4u] matmul for the whole sequence.
             dim = x.shape[-1]
@@ -223,6 +250,59 @@ class Rank1LSTM(tf.keras.layers.Layer):
         # maximum_iterations gives XLA a static trip count for the TensorArrays.
         _, h, c, out_ta = tf.while_loop(
             lambda t, *_: t < steps, body, (tf.constant(0), zeros, zeros, out_ta),
+            maximum_iterations=steps, parallel_iterations=32)
+        output = tf.transpose(out_ta.stack(), [1, 0, 2]) if keep_outputs else h
+        if self.return_state:
+            return [output, h, c]
+        return output
+
+    def _fused_step_fn(self, low: tf.DType):
+        """The XLA-compiled element-wise part of one inference step (built once per layer and dtype)."""
+        # Kept in __dict__ directly: Keras would otherwise try to track the functions.
+        cache = self.__dict__.setdefault("_fused_steps", {})
+        fn = cache.get(low.name)
+        if fn is None:
+            act, rec_act = self.cell.activation, self.cell.recurrent_activation
+
+            def step(rec, z_in, h, c, rec_in, rec_out, valid):
+                rec = tf.cast(rec, z_in.dtype)
+                z_i, z_f, z_c, z_o = tf.split(z_in + (rec * rec_out if rec_out is not None else rec), 4, axis=-1)
+                c_new = rec_act(z_f) * c + rec_act(z_i) * act(z_c)
+                h_new = rec_act(z_o) * act(c_new)
+                out = h_new
+                if valid is not None:
+                    out = tf.where(valid, h_new, tf.zeros_like(h_new))
+                    h_new = tf.where(valid, h_new, h)
+                    c_new = tf.where(valid, c_new, c)
+                # The next step's matmul operand, already scaled and cast: one kernel fewer.
+                nxt = h_new * rec_in if rec_in is not None else h_new
+                return h_new, c_new, out, tf.cast(nxt, low)
+
+            fn = cache[low.name] = tf.function(step, jit_compile=True, autograph=False)
+        return fn
+
+    def _fused_recurrence(self, proj, mask, recurrent_kernel, rec_in, rec_out):
+        """Inference recurrence over pre-activations proj [T, B, 4u] with low-precision matmuls."""
+        step_fn = self._fused_step_fn(recurrent_kernel.dtype)
+        steps, batch = tf.shape(proj)[0], tf.shape(proj)[1]
+        proj_ta = tf.TensorArray(proj.dtype, size=steps).unstack(proj)
+        mask_ta = None
+        if mask is not None:
+            mask_ta = tf.TensorArray(tf.bool, size=steps).unstack(tf.transpose(tf.cast(mask, tf.bool))[:, :, None])
+        keep_outputs = self.return_sequences
+        out_ta = tf.TensorArray(proj.dtype, size=steps) if keep_outputs else tf.constant(0)
+
+        def body(t, h, c, nxt, out_ta):
+            valid = mask_ta.read(t) if mask_ta is not None else None
+            h, c, out, nxt = step_fn(tf.matmul(nxt, recurrent_kernel), proj_ta.read(t), h, c, rec_in, rec_out, valid)
+            if keep_outputs:
+                out_ta = out_ta.write(t, out)
+            return t + 1, h, c, nxt, out_ta
+
+        zeros = tf.zeros([batch, self.cell.units], proj.dtype)
+        _, h, c, _, out_ta = tf.while_loop(
+            lambda t, *_: t < steps, body,
+            (tf.constant(0), zeros, zeros, tf.zeros([batch, self.cell.units], recurrent_kernel.dtype), out_ta),
             maximum_iterations=steps, parallel_iterations=32)
         output = tf.transpose(out_ta.stack(), [1, 0, 2]) if keep_outputs else h
         if self.return_state:

@@ -80,6 +80,37 @@ def test_padding_does_not_change_the_final_state():
     np.testing.assert_allclose(padded.numpy(), short.numpy(), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("kwargs", [dict(), dict(use_additive_perturbation=True), dict(method="deterministic")])
+@pytest.mark.parametrize("return_sequences", [False, True])
+def test_bfloat16_inference_path_stays_close_to_float32_and_keeps_masking(kwargs, return_sequences):
+    config = PosteriorConfig(ensemble_size=1 if kwargs.get("method") else K, **kwargs)
+    fast = rank1.lstm(U, config, return_sequences=return_sequences, return_state=True)
+    x = _inputs()
+    rows = int(x.shape[0])
+    fast.build(x.shape)
+    noise = fast.sample_perturbations(rows)
+    lengths = tf.constant(([5, 2, 1] * K)[:rows])
+    exact = [t.numpy() for t in fast(x, lengths=lengths, perturbations=noise)]
+    same = [t.numpy() for t in fast(x, lengths=lengths, perturbations=noise, matmul_dtype="float32")]
+    low = [t.numpy() for t in tf.function(lambda: fast(x, lengths=lengths, perturbations=noise,
+                                                        matmul_dtype="bfloat16"))()]
+    for a, b, c in zip(exact, same, low):
+        np.testing.assert_array_equal(b, a)  # "float32" is the exact path itself
+        # bfloat16 operands keep 8 mantissa bits (relative 2^-9 per operand); states are O(1).
+        np.testing.assert_allclose(c, a, rtol=0, atol=2e-2)
+    assert max(np.abs(c - a).max() for a, c in zip(exact, low)) > 0  # bfloat16 really ran
+    if return_sequences:
+        mask = tf.sequence_mask(lengths, T).numpy()
+        assert np.all(low[0][~mask] == 0)  # padded steps emit zeros and keep the state
+        np.testing.assert_array_equal(low[1], low[0][np.arange(rows), lengths.numpy() - 1])
+
+
+def test_unknown_matmul_dtype_is_refused():
+    fast = rank1.lstm(U, PosteriorConfig(ensemble_size=K))
+    with pytest.raises(ValueError, match="matmul_dtype"):
+        fast(_inputs(), matmul_dtype="float16")
+
+
 def test_deterministic_fast_lstm_equals_keras_lstm():
     cell = rank1.lstm_cell(U, PosteriorConfig(method="deterministic"))
     reference = tf.keras.layers.RNN(cell, return_sequences=True)
