@@ -139,8 +139,13 @@ class EHRModel(tf.keras.Model):
         self({"code_ids": ids, "code_values": vals, "bag_features": bags, "num_bags": tf.ones([1], tf.int32),
               "context": tf.zeros([1, CONTEXT_DIM])}, num_samples=1, training=False)
 
-    def call(self, features: Mapping[str, Any], num_samples: int | tf.Tensor = 1, training=None) -> tf.Tensor:
-        """Logits [N, S*K] (float32), column s*K + k = sample s of member k."""
+    def call(self, features: Mapping[str, Any], num_samples: int | tf.Tensor = 1, training=None,
+             matmul_dtype: str | None = None) -> tf.Tensor:
+        """Logits [N, S*K] (float32), column s*K + k = sample s of member k.
+
+        matmul_dtype "bfloat16": the LSTM's matmuls in bfloat16 (inference only, see
+        model.rank1_lstm); None / "float32": exact. The Keras-RNN (fully Bayesian) LSTM ignores it.
+        """
         del training  # every method samples its posterior in training and evaluation alike
         ids = features["code_ids"]  # ragged [N, (T), (C)]
         num_bags = tf.cast(features["num_bags"], tf.int32)
@@ -176,7 +181,7 @@ class EHRModel(tf.keras.Model):
         if isinstance(self.lstm, tf.keras.layers.RNN):
             h = self.lstm(x, mask=tf.sequence_mask(lengths, tf.shape(x)[1]))
         else:
-            h = self.lstm(x, lengths=lengths)
+            h = self.lstm(x, lengths=lengths, matmul_dtype=matmul_dtype)
         context = tf.tile(tf.cast(features["context"], h.dtype), [s * k, 1])
 
         # 5. head.

@@ -8,6 +8,9 @@ Layout (the contract with serving/):
                         -> {"probs": float32 [N, S*K]}, sample-major (column s*K + k).
                         Parsing, vocabulary lookup and z-scoring run inside; sampling is stateless,
                         keyed by (seed, example), so a prediction never depends on the batch.
+                        A second signature "serving_bfloat16" takes the same inputs and draws the
+                        same noise with the LSTM's matmuls in bfloat16 (faster on CPUs with
+                        bfloat16 units; probabilities within the tolerance the tests pin).
   model_card.json       name, version, method, ensemble_size, created, data manifest checksum,
                         intended use, limitations, metrics summary (+ config, parameters)
   pipeline_config.json  the pipeline config the data was made with (trigger offset, bagging, ...)
@@ -33,7 +36,7 @@ import tensorflow as tf
 import ehr_pipeline
 from ehr_pipeline import outputs
 from model.metrics import json_ready
-from model.predict import INPUT_SIGNATURE, SIGNATURE, Predictor, assert_stateless
+from model.predict import INPUT_SIGNATURE, PRECISIONS, SIGNATURE, SIGNATURES, Predictor, assert_stateless
 
 FORMAT_VERSION = 1
 SAVED_MODEL_DIR = "saved_model"
@@ -126,7 +129,7 @@ def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, 
         "intended_use": INTENDED_USE,
         "limitations": LIMITATIONS,
         "metrics_summary": metrics_doc.get("test", {}),
-        "signature": {"name": SIGNATURE, "inputs": {"examples": "string [N]", "num_samples": "int32 []",
+        "signature": {"name": SIGNATURE, "precisions": dict(SIGNATURES), "inputs": {"examples": "string [N]", "num_samples": "int32 []",
                                                     "seed": "int64 []"},
                       "outputs": {"probs": "float32 [N, num_samples * ensemble_size], column s*K + k"}},
     }
@@ -145,7 +148,7 @@ def write_export(export_dir: str | os.PathLike[str], predictor: Predictor, *, da
     export_dir = pathlib.Path(export_dir)
     tmp = _new_tmp(export_dir)
     module = predictor.module
-    tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures={SIGNATURE: module.concrete()})
+    tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=module.signatures())
     return _finish(tmp, export_dir, data_dir, card, metrics_doc, pipeline_config)
 
 
@@ -158,15 +161,23 @@ class _EnsembleModule(tf.Module):
         self.sizes = [int(k) for k in sizes]
         self.ensemble_size = int(sum(self.sizes))
 
-    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
-    def serve(self, examples, num_samples, seed):
-        """{"probs": [N, S*K_total]}: each member's [N, S, K_m] joined along K."""
+    def _serve(self, examples, num_samples, seed, signature: str):
         n = tf.shape(examples)[0]
         parts = []
         for member, k in zip(self.members, self.sizes):
-            probs = member.signatures[SIGNATURE](examples=examples, num_samples=num_samples, seed=seed)["probs"]
+            probs = member.signatures[signature](examples=examples, num_samples=num_samples, seed=seed)["probs"]
             parts.append(tf.reshape(probs, [n, num_samples, k]))
         return {"probs": tf.reshape(tf.concat(parts, axis=2), [n, num_samples * self.ensemble_size])}
+
+    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
+    def serve(self, examples, num_samples, seed):
+        """{"probs": [N, S*K_total]}: each member's [N, S, K_m] joined along K."""
+        return self._serve(examples, num_samples, seed, SIGNATURES["float32"])
+
+    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
+    def serve_bfloat16(self, examples, num_samples, seed):
+        """As serve, through each member's bfloat16 signature."""
+        return self._serve(examples, num_samples, seed, SIGNATURES["bfloat16"])
 
 
 def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Sequence[str | os.PathLike[str]], *,
@@ -178,10 +189,16 @@ def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Seque
         raise ExportError("ensemble members were trained on different vocabularies/statistics")
     export_dir = pathlib.Path(export_dir)
     tmp = _new_tmp(export_dir)
+    missing = sorted({str(e.path) for e in loaded for name in SIGNATURES.values() if name not in e.saved_model.signatures})
+    if missing:
+        raise ExportError(f"ensemble members {missing} lack a signature of {sorted(SIGNATURES.values())}: "
+                          "re-export them with this version")
     module = _EnsembleModule([e.saved_model for e in loaded], [e.ensemble_size for e in loaded])
-    concrete = module.serve.get_concrete_function()
-    assert_stateless(concrete)
-    tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures={SIGNATURE: concrete})
+    signatures = {}
+    for fn, name in ((module.serve, SIGNATURES["float32"]), (module.serve_bfloat16, SIGNATURES["bfloat16"])):
+        signatures[name] = fn.get_concrete_function()
+        assert_stateless(signatures[name])
+    tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=signatures)
     pipeline_config = json.loads((loaded[0].path / PIPELINE_CONFIG).read_text(encoding="utf-8"))
     return _finish(tmp, export_dir, loaded[0].path, card, metrics_doc, pipeline_config)
 
@@ -189,13 +206,15 @@ def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Seque
 class LoadedExport:
     """A verified export: callable like a Predictor, (examples, S, seed) -> probs [N, S*K]."""
 
-    def __init__(self, path: pathlib.Path, manifest: dict, model_card: dict, metrics: dict, saved_model: Any):
+    def __init__(self, path: pathlib.Path, manifest: dict, model_card: dict, metrics: dict, saved_model: Any,
+                 precision: str = "float32"):
         self.path = path
         self.manifest = manifest
         self.model_card = model_card
         self.metrics = metrics
         self.saved_model = saved_model
-        self.signature = saved_model.signatures[SIGNATURE]
+        self.precision = precision
+        self.signature = saved_model.signatures[SIGNATURES[precision]]
         self.ensemble_size = int(model_card["ensemble_size"])
 
     def __call__(self, examples, num_samples: int, seed: int) -> np.ndarray:
@@ -235,13 +254,20 @@ def verify_export(export_dir: str | os.PathLike[str]) -> dict:
     return manifest
 
 
-def load_export(export_dir: str | os.PathLike[str]) -> LoadedExport:
-    """Verifies every checksum, then loads the SavedModel and the JSON side files."""
+def load_export(export_dir: str | os.PathLike[str], precision: str = "float32") -> LoadedExport:
+    """Verifies every checksum, then loads the SavedModel and the JSON side files.
+
+    precision picks the signature: "float32" (exact) or "bfloat16" (faster LSTM matmuls).
+    """
+    if precision not in SIGNATURES:
+        raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
     root = pathlib.Path(export_dir)
     manifest = verify_export(root)
     card = json.loads((root / MODEL_CARD).read_text(encoding="utf-8"))
     metrics_doc = json.loads((root / METRICS).read_text(encoding="utf-8"))
     saved = tf.saved_model.load(str(root / SAVED_MODEL_DIR))
-    if SIGNATURE not in saved.signatures:
-        raise ExportError(f"{root}: {SAVED_MODEL_DIR} has no {SIGNATURE!r} signature")
-    return LoadedExport(root, manifest, card, metrics_doc, saved)
+    name = SIGNATURES[precision]
+    if name not in saved.signatures:
+        raise ExportError(f"{root}: {SAVED_MODEL_DIR} has no {name!r} signature (precision {precision}); "
+                          "exports older than the bfloat16 signature serve float32 only")
+    return LoadedExport(root, manifest, card, metrics_doc, saved, precision)

@@ -36,6 +36,10 @@ from ehr_pipeline import spec
 
 MAX_SAMPLES = 100
 SIGNATURE = "serving_default"
+# Inference precision -> exported signature. "bfloat16" runs the LSTM's matmuls with bfloat16
+# operands (model.rank1_lstm); tests bound how far that moves the probabilities.
+SIGNATURES = {"float32": SIGNATURE, "bfloat16": "serving_bfloat16"}
+PRECISIONS = tuple(SIGNATURES)
 INPUT_SIGNATURE = (
     tf.TensorSpec([None], tf.string, name="examples"),
     tf.TensorSpec([], tf.int32, name="num_samples"),
@@ -293,12 +297,12 @@ class ServingModule(tf.Module):
     def __init__(self, featurizer: tf.Module, models: Sequence[tf.keras.Model]):
         super().__init__(name="ehr_serving")
         self.featurizer = featurizer
-        self._hidden = _Untracked(models=list(models), concrete=None)  # see the class docstring
+        self._hidden = _Untracked(models=list(models), concrete={})  # see the class docstring
         self.model_variables = [v for m in self._hidden.models for v in m.variables]
         self.ensemble_size = int(sum(m.ensemble_size for m in self._hidden.models))
 
     def probs_batch(self, examples: tf.Tensor, keys: tf.Tensor, seed: tf.Tensor,
-                    num_samples: tf.Tensor) -> tf.Tensor:
+                    num_samples: tf.Tensor, precision: str = "float32") -> tf.Tensor:
         """Probabilities [N, S*K] of serialized examples in one vectorised pass (traced statelessly)."""
         seed_key = tf.stack([seed, tf.constant(0, tf.int64)])
         with _StatelessSampling(keys, seed_key) as sampling:
@@ -309,35 +313,53 @@ class ServingModule(tf.Module):
             per_member = []
             with _grouped_embeddings(self._hidden.models, sampling, tokens):
                 for model in self._hidden.models:
-                    logits = model(feats, num_samples=num_samples)  # [N, S*K_m]
+                    logits = model(feats, num_samples=num_samples, matmul_dtype=precision)  # [N, S*K_m]
                     per_member.append(tf.reshape(tf.sigmoid(logits), [-1, num_samples, model.ensemble_size]))
             # Members side by side, still sample-major: column s*K + k.
             return tf.reshape(tf.concat(per_member, axis=2), [tf.shape(examples)[0], -1])
 
-    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
-    def serve(self, examples, num_samples, seed):
-        """{"probs": float32 [N, S*K]} for serialized SequenceExamples, reproducible given seed."""
+    def _serve(self, examples, num_samples, seed, precision: str):
         num_samples = _check_samples(num_samples)
         keys = _example_keys(examples, seed)
-        probs = self.probs_batch(examples, keys, seed, num_samples)
+        probs = self.probs_batch(examples, keys, seed, num_samples, precision)
         width = num_samples * self.ensemble_size
         return {"probs": tf.reshape(probs, [tf.shape(examples)[0], width])}
 
-    def concrete(self):
-        """The traced serving function (checked to be free of stateful random ops)."""
-        if self._hidden.concrete is None:
-            fn = self.serve.get_concrete_function()
+    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
+    def serve(self, examples, num_samples, seed):
+        """{"probs": float32 [N, S*K]} for serialized SequenceExamples, reproducible given seed."""
+        return self._serve(examples, num_samples, seed, "float32")
+
+    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
+    def serve_bfloat16(self, examples, num_samples, seed):
+        """As serve, with the LSTM's matmuls in bfloat16 (same noise; probabilities within tolerance)."""
+        return self._serve(examples, num_samples, seed, "bfloat16")
+
+    def concrete(self, precision: str = "float32"):
+        """The traced serving function of a precision (checked to be free of stateful random ops)."""
+        if precision not in SIGNATURES:
+            raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
+        if precision not in self._hidden.concrete:
+            fn = (self.serve if precision == "float32" else self.serve_bfloat16).get_concrete_function()
             assert_stateless(fn)
-            self._hidden.concrete = fn
-        return self._hidden.concrete
+            self._hidden.concrete[precision] = fn
+        return self._hidden.concrete[precision]
+
+    def signatures(self) -> dict:
+        """Every precision's concrete function under its exported signature name."""
+        return {SIGNATURES[p]: self.concrete(p) for p in PRECISIONS}
 
 
 class Predictor:
     """An in-memory model (or deep ensemble of models) ready for predict_probs."""
 
-    def __init__(self, featurizer: tf.Module, models: Sequence[tf.keras.Model] | tf.keras.Model):
+    def __init__(self, featurizer: tf.Module, models: Sequence[tf.keras.Model] | tf.keras.Model,
+                 precision: str = "float32"):
         models = [models] if isinstance(models, tf.keras.Model) else list(models)
+        if precision not in SIGNATURES:
+            raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
         self.module = ServingModule(featurizer, models)
+        self.precision = precision
 
     @property
     def ensemble_size(self) -> int:
@@ -345,7 +367,7 @@ class Predictor:
         return self.module.ensemble_size
 
     def __call__(self, examples: tf.Tensor, num_samples: int, seed: int) -> np.ndarray:
-        out = self.module.concrete()(examples=examples, num_samples=tf.constant(num_samples, tf.int32),
+        out = self.module.concrete(self.precision)(examples=examples, num_samples=tf.constant(num_samples, tf.int32),
                                      seed=tf.constant(seed, tf.int64))
         return out["probs"].numpy()
 

@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples per ensemble member when a request does not say")
     p.add_argument("--max-num-samples", type=int, default=d["max_num_samples"],
                    help="largest num_samples a request may ask for")
+    p.add_argument("--precision", default=d["precision"], choices=["float32", "bfloat16"],
+                   help="operands of the LSTM's matmuls: float32 is exact (equals ehr-eval for a seed); "
+                        "bfloat16 is faster on CPUs with bfloat16 units and moves probabilities by at most "
+                        "the tolerance in docs/serving.md")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the start-up forward pass (/readyz is 'ok' at once)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
@@ -81,6 +85,7 @@ def settings_from_args(args: argparse.Namespace, env=None) -> Settings:
         default_num_samples=args.num_samples,
         max_num_samples=args.max_num_samples,
         warmup=not args.no_warmup,
+        precision=args.precision,
     )
 
 
@@ -99,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from serving.predictor import ModelDirError, Predictor  # after the cheap checks: it imports TensorFlow
 
     try:
-        predictor = Predictor.load(settings.model_dir)
+        predictor = Predictor.load(settings.model_dir, settings.precision)
     except ModelDirError as err:
         print(f"ehr-serve: error: bad model directory: {err}", file=sys.stderr)
         return EXIT_USAGE

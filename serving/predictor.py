@@ -36,6 +36,9 @@ VOCABULARY = "vocabulary.json"
 METRICS = "metrics.json"
 SAVED_MODEL = "saved_model"
 SIGNATURE = "serving_default"
+# Precision -> signature name; mirrors model.predict.SIGNATURES, which this module must not
+# import at start-up (TensorFlow). tests/test_serving_predictor.py pins the two equal.
+SIGNATURES = {"float32": SIGNATURE, "bfloat16": "serving_bfloat16"}
 SIGNATURE_INPUTS = ("examples", "num_samples", "seed")
 OUTPUT = "probs"
 INTERVAL_LEVEL = 0.95
@@ -176,9 +179,18 @@ class Predictor:
         self.export = export
         self._loaded = loaded  # model.export.LoadedExport: holds the SavedModel and its variables
 
+    @property
+    def precision(self) -> str:
+        """Operand precision of the LSTM's matmuls in the signature in use ("float32" or "bfloat16")."""
+        return self._loaded.precision
+
     @classmethod
-    def load(cls, model_dir: str | pathlib.Path) -> Predictor:
-        """Verifies every checksum (model.export.load_export), loads the SavedModel, validates the side files."""
+    def load(cls, model_dir: str | pathlib.Path, precision: str = "float32") -> Predictor:
+        """Verifies every checksum (model.export.load_export), loads the SavedModel, validates the side files.
+
+        precision "bfloat16" serves the export's bfloat16 signature (faster; probabilities within
+        the tolerance docs/serving.md states), "float32" the exact one.
+        """
         directory = pathlib.Path(model_dir)
         if not directory.is_dir():  # before importing TensorFlow: the commonest mistake fails at once
             raise ModelDirError(f"{directory}: model directory does not exist or is not a directory")
@@ -187,7 +199,7 @@ class Predictor:
 
         path = directory / SAVED_MODEL
         try:
-            loaded = load_export(directory)
+            loaded = load_export(directory, precision)
         except ExportError as err:
             raise ModelDirError(str(err)) from None
         except Exception as err:  # TF raises many types for a bad SavedModel; all mean the same here
@@ -197,15 +209,16 @@ class Predictor:
         if loaded.ensemble_size != export.ensemble_size:
             raise ModelDirError(f"{directory / MODEL_CARD}: ensemble_size disagrees with the loaded export")
         signature = loaded.signature
+        name = SIGNATURES[precision]
         inputs = set(signature.structured_input_signature[1])
         if inputs != set(SIGNATURE_INPUTS):
-            raise ModelDirError(f"{path}: signature '{SIGNATURE}' takes {sorted(inputs)}, "
+            raise ModelDirError(f"{path}: signature '{name}' takes {sorted(inputs)}, "
                                 f"expected {sorted(SIGNATURE_INPUTS)}")
         if OUTPUT not in signature.structured_outputs:
-            raise ModelDirError(f"{path}: signature '{SIGNATURE}' returns {sorted(signature.structured_outputs)}, "
+            raise ModelDirError(f"{path}: signature '{name}' returns {sorted(signature.structured_outputs)}, "
                                 f"expected '{OUTPUT}'")
-        logger.info("loaded model %s %s (K=%d) from %s", export.card.name, export.card.version,
-                    export.ensemble_size, export.directory)
+        logger.info("loaded model %s %s (K=%d, %s matmuls) from %s", export.card.name, export.card.version,
+                    export.ensemble_size, precision, export.directory)
         return cls(export, loaded)
 
     def forward(self, examples: Sequence[bytes], num_samples: int, seed: int) -> np.ndarray:

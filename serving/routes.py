@@ -92,8 +92,10 @@ async def prometheus(metrics: MetricsDep) -> Response:
 # ------------------------------------------------------------------------------- helpers
 
 
-def _identity(export: Export) -> ModelIdentity:
-    return ModelIdentity(name=export.card.name, version=export.card.version, checksum=export.checksum)
+def _identity(predictor: Predictor) -> ModelIdentity:
+    export = predictor.export
+    return ModelIdentity(name=export.card.name, version=export.card.version, checksum=export.checksum,
+                         precision=predictor.precision)
 
 
 def _calibration(export: Export) -> Calibration:
@@ -209,7 +211,7 @@ async def predict(
     _log(request, "predict", [prediction], samples)
     export = predictor.export
     return PredictResponse(**prediction.model_dump(), num_samples=samples, ensemble_size=export.ensemble_size,
-                           model=_identity(export), calibration=_calibration(export),
+                           model=_identity(predictor), calibration=_calibration(export),
                            request_id=request.state.request_id)
 
 
@@ -240,7 +242,7 @@ async def predict_batch(
     _log(request, "predict_batch", predictions, samples)
     export = predictor.export
     return BatchResponse(predictions=predictions, num_samples=samples, ensemble_size=export.ensemble_size,
-                         model=_identity(export), calibration=_calibration(export),
+                         model=_identity(predictor), calibration=_calibration(export),
                          request_id=request.state.request_id)
 
 
@@ -249,7 +251,7 @@ async def model_info(settings: SettingsDep, predictor: PredictorDep) -> ModelInf
     """The model card, held-out metrics and bagging config of the loaded export, and this server's limits."""
     export = predictor.export
     return ModelInfo(
-        model=_identity(export),
+        model=_identity(predictor),
         model_card=dict(export.card_raw),
         metrics=dict(export.metrics_raw),
         pipeline_config=dict(export.pipeline_raw),

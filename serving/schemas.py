@@ -135,6 +135,9 @@ class ModelIdentity(BaseModel):
     name: str = Field(description="model_card.json name.", examples=["rank1-lstm-mimic"])
     version: str = Field(description="model_card.json version.", examples=["1.0.0"])
     checksum: str = Field(description="SHA-256 of the export's manifest.json, which pins every file's hash.")
+    precision: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Operand precision of the LSTM's matmuls in the signature that answered "
+                               "(ehr-serve --precision).")
 
 
 class Calibration(BaseModel):

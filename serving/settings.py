@@ -11,6 +11,8 @@ import os
 import pathlib
 from collections.abc import Iterable, Mapping
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 API_KEYS_ENV = "EHR_API_KEYS"  # comma-separated keys; merged with --api-keys-file
@@ -62,6 +64,9 @@ class Settings(BaseModel):
     max_num_samples: int = Field(
         100, ge=1, le=100, description="Largest num_samples a request may ask for.")
     warmup: bool = Field(True, description="Run one forward pass at start-up before /readyz says ready.")
+    precision: Literal["float32", "bfloat16"] = Field(
+        "float32", description="LSTM matmul operands: float32 (exact, equals ehr-eval) or bfloat16 (faster on "
+                               "CPUs with bfloat16 units; probabilities within the documented tolerance).")
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

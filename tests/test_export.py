@@ -61,6 +61,28 @@ def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained):
     assert np.abs(predict_probs(exported, records, 5, seed=124) - from_export).max() > 1e-5
 
 
+# What bfloat16 matmul operands may move a probability (the tiny trained model; bench/serving.py
+# reports the same difference for the Table-7-size model).
+BFLOAT16_TOLERANCE = 2e-3
+
+
+def test_bfloat16_signature_draws_the_same_noise_and_stays_within_tolerance(trained):
+    config, model, featurizer, _ = load_run(trained["run"], trained["data"])
+    records, _, _ = inputs.read_split(inputs.load_data_files(trained["data"]), "test")
+    exact = predict_probs(load_export(trained["export"]), records, 5, seed=123)
+    low = predict_probs(load_export(trained["export"], "bfloat16"), records, 5, seed=123)
+    diff = np.abs(low - exact)
+    assert 0 < diff.max() <= BFLOAT16_TOLERANCE
+    # Same noise: a different seed moves the probabilities far more than the precision does.
+    assert np.abs(predict_probs(load_export(trained["export"]), records, 5, seed=124) - exact).max() > 10 * diff.max()
+    in_memory = predict_probs(Predictor(featurizer, model, precision="bfloat16"), records, 5, seed=123)
+    np.testing.assert_allclose(low, in_memory, rtol=0, atol=1e-6)
+    card = read_json(trained["export"] / "model_card.json")
+    assert card["signature"]["precisions"] == {"float32": "serving_default", "bfloat16": "serving_bfloat16"}
+    with pytest.raises(ValueError, match="precision"):
+        load_export(trained["export"], "float16")
+
+
 @pytest.mark.parametrize("damage, name", [
     (lambda d: (d / "vocabulary.json").write_text('{"sources": {}}'), "vocabulary.json"),
     (lambda d: (d / "metrics.json").unlink(), "metrics.json"),

@@ -135,7 +135,8 @@ def test_predict_returns_uncertainty_from_model_metrics(client, export_dir):
     assert out["prediction_time"] == "2150-03-02T08:30:00Z"
     assert out["calibration"] == {"split": "test", "ece": 0.05, "nll": 0.31}
     manifest_sha = hashlib.sha256((export_dir / "manifest.json").read_bytes()).hexdigest()
-    assert out["model"] == {"name": TINY_MODEL_NAME, "version": ehr_pipeline.__version__, "checksum": manifest_sha}
+    assert out["model"] == {"name": TINY_MODEL_NAME, "version": ehr_pipeline.__version__, "checksum": manifest_sha,
+                            "precision": "float32"}
     assert out["id"] == "case-1" and r.headers["x-request-id"] == out["request_id"]
 
 
@@ -291,6 +292,23 @@ def test_no_auth_server_on_loopback_needs_no_key(export_dir, predictor):
     with ThreadedServer(create_app(settings, predictor)) as srv:
         r = httpx.post(f"{srv.base_url}/v1/predict", json=body(), timeout=30)
         assert r.status_code == 200, r.text
+
+
+def test_bfloat16_precision_is_served_and_named_in_every_answer(export_dir, client):
+    from serving.predictor import SIGNATURES
+    from model.predict import SIGNATURES as MODEL_SIGNATURES
+
+    assert SIGNATURES == MODEL_SIGNATURES  # the service's copy of the name table (no TF at import)
+    low = Predictor.load(export_dir, "bfloat16")
+    settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", warmup=False,
+                             precision="bfloat16")
+    with ThreadedServer(create_app(settings, low)) as srv:
+        fast = httpx.post(f"{srv.base_url}/v1/predict", params={"seed": 7}, json=body(), timeout=30).json()
+        info = httpx.get(f"{srv.base_url}/v1/model", timeout=30).json()
+    exact = client.post("/v1/predict", params={"seed": 7}, json=body(), headers={"X-API-Key": KEY}).json()
+    assert fast["model"]["precision"] == info["model"]["precision"] == "bfloat16"
+    assert exact["model"]["precision"] == "float32"
+    assert abs(fast["probability"] - exact["probability"]) <= 2e-3
 
 
 # ------------------------------------------------------------------------------- limits
