@@ -165,17 +165,23 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
                                    pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc)
 
 
-def model_timings(model_dir: pathlib.Path, bodies: list[dict], num_samples: int, repeats: int) -> dict:
+def model_timings(model_dir: pathlib.Path, bodies: list[dict], num_samples: int, repeats: int,
+                  precision: str) -> dict:
     """In-process, after the server has stopped: the model pass (1 and 8 patients), 25 vs 25x1."""
     from serving.encoding import encode
     from serving.predictor import Predictor
     from serving.schemas import PredictRequest
 
-    predictor = Predictor.load(model_dir)
+    predictor = Predictor.load(model_dir, precision)
+    exact = predictor if precision == "float32" else Predictor.load(model_dir, "float32")
     examples = [encode(PredictRequest.model_validate(b), predictor.export).example for b in bodies[:8]]
     one = examples[0]
     out = {
         "pass_1": _median_time(lambda: predictor.forward([one], num_samples, 1), repeats),
+        "pass_1_float32": _median_time(lambda: exact.forward([one], num_samples, 1), repeats),
+        # What the served precision moves a probability by, same seed, the 8 timed patients.
+        "precision_max_diff": float(np.abs(predictor.forward(examples, num_samples, 3)
+                                           - exact.forward(examples, num_samples, 3)).max()),
         "pass_8": _median_time(lambda: predictor.forward(examples, num_samples, 1), max(repeats // 2, 3)),
         "one_pass_25": _median_time(lambda: predictor.forward([one], 25, 1), repeats),
         "loop_25x1": _median_time(lambda: [predictor.forward([one], 1, s) for s in range(25)], max(repeats // 2, 3)),
@@ -217,6 +223,34 @@ def edward2_cell_pass(units: int, input_dim: int, k: int, rows: int, steps: int,
     return _median_time(lambda: run(x).numpy(), repeats)
 
 
+def lstm_layer_pass(units: int, input_dim: int, k: int, rows: int, steps: int, repeats: int) -> dict:
+    """ms of our Rank1LSTM alone (noise included) per matmul precision, and the bfloat16 matmul floor."""
+    import tensorflow as tf
+
+    from model import rank1
+    from model.config import load_config
+    from model.ehr_model import posterior_config
+
+    layer = rank1.lstm(units, posterior_config(load_config(TABLE7_CONFIG).model))
+    x = tf.random.normal([rows, steps, input_dim])
+    layer.build(x.shape)
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        fn = tf.function(lambda x, dtype=dtype: layer(x, matmul_dtype=dtype))
+        out[f"lstm_{dtype}"] = _median_time(lambda: fn(x).numpy(), repeats)
+    kernel = tf.cast(layer.cell.recurrent_kernel, tf.bfloat16)
+
+    @tf.function
+    def floor(h):
+        for _ in range(steps):  # the recurrent matmuls only: every sample's state times U
+            h = tf.matmul(h, kernel)[:, :units]
+        return h
+
+    h0 = tf.zeros([rows, units], tf.bfloat16)
+    out["bf16_matmul_floor"] = _median_time(lambda: floor(h0).numpy(), repeats)
+    return out
+
+
 def flops_and_peak(units: int, input_dim: int, hidden: int, context: int, rows: int, steps: int,
                    repeats: int) -> dict:
     """FLOPs of one request's matmuls (LSTM + head) and the machine's measured matmul FLOP/s."""
@@ -236,11 +270,17 @@ def flops_and_peak(units: int, input_dim: int, hidden: int, context: int, rows: 
             "matmul_shape": f"[{rows * 8}, {input_dim + units}] x [{input_dim + units}, {4 * units}]"}
 
 
+def units_of(t: dict) -> int:
+    """Hidden size recorded with the timings."""
+    return int(t["units"])
+
+
 def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespace) -> str:
     """The benchmark's markdown section, with the issue's targets checked on ratios of this run."""
     per_patient_8 = 8000.0 / t["pass_8"]  # patients/s of an 8-patient pass: the batched model's own limit
     by_c = {lv["concurrency"]: lv for lv in levels}
-    checks = [("model pass >= 2.5x faster than edward2's LSTMCellRank1", t["ed2_cell"] / t["pass_1"], 2.5, ">=")]
+    checks = [(f"model pass ({args.precision}) >= 2.5x faster than edward2's LSTMCellRank1",
+               t["ed2_cell"] / t["pass_1"], 2.5, ">=")]
     if 1 in by_c:
         checks.append(("request p50 (concurrency 1) <= 1.3x the model pass", by_c[1]["p50"] / t["pass_1"], 1.3, "<="))
     if 32 in by_c:
@@ -267,8 +307,18 @@ def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespa
         "",
         "| model work (in process, median ms) | ms | note |",
         "|---|---:|---|",
-        f"| model pass, 1 patient, S={args.num_samples} | {t['pass_1']:.1f} | {args.num_samples * model['ensemble_size']}"
-        " sequences in one vectorised pass |",
+        f"| model pass, 1 patient, S={args.num_samples}, served precision {args.precision} | {t['pass_1']:.1f} | "
+        f"{args.num_samples * model['ensemble_size']} sequences in one vectorised pass; "
+        f"{t['ed2_cell'] / t['pass_1']:.2f}x edward2's cell |",
+        f"| model pass, 1 patient, float32 | {t['pass_1_float32']:.1f} | {t['ed2_cell'] / t['pass_1_float32']:.2f}x "
+        f"edward2's cell; served precision vs float32, same seed, 8 patients: max |probability diff| "
+        f"{t['precision_max_diff']:.1e} |",
+        f"| our Rank1LSTM alone, float32 / bfloat16 | {t['lstm_float32']:.1f} / {t['lstm_bfloat16']:.1f} | "
+        f"LSTM only (noise included), {t['ed2_cell'] / t['lstm_float32']:.2f}x / "
+        f"{t['ed2_cell'] / t['lstm_bfloat16']:.2f}x edward2's cell |",
+        f"| the {t['bags'][0]} recurrent matmuls alone, bfloat16 | {t['bf16_matmul_floor']:.1f} | "
+        f"[{t['ed2_rows']}, {units_of(t)}] x [{units_of(t)}, {4 * units_of(t)}] per step: a floor for any exact LSTM "
+        f"here, {t['ed2_cell'] / t['bf16_matmul_floor']:.2f}x edward2's cell |",
         f"| model pass, 8 patients, S={args.num_samples} | {t['pass_8']:.1f} | {per_patient_8:.2f} patients/s "
         f"(the batched model's own limit) |",
         f"| 8 single-patient passes | {t['loop_8x1']:.1f} | batching speed-up {t['loop_8x1'] / t['pass_8']:.2f}x |",
@@ -319,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=25, help="samples per ensemble member per request")
     p.add_argument("--max-batch", type=int, default=8, help="server --max-batch")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="server --max-wait-ms")
+    p.add_argument("--precision", default="bfloat16", choices=["float32", "bfloat16"],
+                   help="server --precision (the float32 pass is timed beside it either way)")
     p.add_argument("--repeats", type=int, default=5, help="repetitions of each in-process timing")
     p.add_argument("--no-write", action="store_true", help="print the markdown instead of writing docs/benchmarks.md")
     return p
@@ -348,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
         rng = np.random.default_rng(0)
         bodies = [make_request(rng, args.events, export.pipeline.trigger_offset_seconds) for _ in range(64)]
         server = ServerProcess(["--model", str(model_dir), "--max-batch", str(args.max_batch),
-                                "--max-wait-ms", str(args.max_wait_ms), "--log-level", "warning"],
+                                "--max-wait-ms", str(args.max_wait_ms), "--precision", args.precision,
+                                "--log-level", "warning"],
                                env={"EHR_API_KEYS": API_KEY}, log_path=pathlib.Path(tmp) / "server.log", cwd=ROOT,
                                startup_timeout_s=300)
         levels = []
@@ -361,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"p99 {level['p99']:.1f} ms, {level['mean_batch']:.1f} examples/pass, "
                       f"{level['errors']} errors", flush=True)
                 levels.append(level)
-        timings = model_timings(model_dir, bodies, args.num_samples, args.repeats)
+        timings = model_timings(model_dir, bodies, args.num_samples, args.repeats, args.precision)
         print({k: v for k, v in timings.items() if k != "bags"}, flush=True)
         card_model = export.card_raw.get("config", {}).get("model", {})
         units = int(card_model.get("rnn_dim", 8))
@@ -372,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         steps = timings["bags"][0]
         timings["ed2_rows"] = rows
         timings["ed2_cell"] = edward2_cell_pass(units, input_dim, export.ensemble_size, rows, steps, args.repeats)
+        timings["units"] = units
+        timings.update(lstm_layer_pass(units, input_dim, export.ensemble_size, rows, steps, args.repeats))
         timings.update(flops_and_peak(units, input_dim, int(card_model.get("hidden_layer_dim", 8)), CONTEXT_DIM,
                                       rows, steps, args.repeats))
         print(f"model pass {timings['pass_1']:.1f} ms, edward2 cell {timings['ed2_cell']:.1f} ms", flush=True)

@@ -41,8 +41,9 @@ DETERMINISTIC_CONFIG = "configs/ehr_deterministic.yaml"
 VOCAB_SIZES = (848, 10_000, 20_000)
 
 
-def _build(variant: str, hidden: int, config: PosteriorConfig) -> tuple[tf.keras.Model, bool]:
-    """(model, is_bayesian) for one variant name."""
+def _build(variant: str, hidden: int, config: PosteriorConfig, input_dim: int,
+           trainable_input: bool) -> tuple[tf.keras.Model, bool]:
+    """(model, is_bayesian) for one variant name; trainable_input puts a Dense(input_dim) in front."""
     det = PosteriorConfig(method="deterministic", l2=config.l2)
     if variant == "deterministic, fast loop":
         layers, bayes = [rank1.lstm(hidden, det), rank1.dense(1, det)], False
@@ -63,6 +64,10 @@ def _build(variant: str, hidden: int, config: PosteriorConfig) -> tuple[tf.keras
         layers, bayes = [tf.keras.layers.RNN(rank1.lstm_cell(hidden, config)), rank1.dense(1, config)], True
     else:
         raise ValueError(variant)
+    if trainable_input:
+        # As in the EHR model, whose LSTM reads pooled, projected embeddings: the gradient
+        # must flow into the LSTM's input for every method, not only for the rank-1 factor.
+        layers.insert(0, tf.keras.layers.Dense(input_dim, name="input_projection"))
     return tf.keras.Sequential(layers), bayes
 
 
@@ -83,7 +88,8 @@ def _train_step(net: tf.keras.Model, bayes: bool, xla: bool):
     return tf.function(step, jit_compile=xla)
 
 
-def run(hidden_sizes, batch_size, ensemble_size, time_steps, input_dim, timed_steps, warmup, xla, variants):
+def run(hidden_sizes, batch_size, ensemble_size, time_steps, input_dim, timed_steps, warmup, xla, variants,
+        trainable_input=True):
     """Times every variant at every hidden size; returns (markdown, rows)."""
     config = PosteriorConfig.mimic_normal(ensemble_size=ensemble_size)
     rows = []
@@ -93,7 +99,7 @@ def run(hidden_sizes, batch_size, ensemble_size, time_steps, input_dim, timed_st
         y = tf.cast(tf.random.uniform([tiled, 1]) < 0.1, tf.float32)
         runs = {}
         for variant in variants:
-            net, bayes = _build(variant, hidden, config)
+            net, bayes = _build(variant, hidden, config, input_dim, trainable_input)
             net(x[:ensemble_size])  # build variables
             # tf-keras' LSTM layer under XLA on CPU takes seconds per step (measured ~3.4 s CPU
             # at hidden 128): it is always timed in its normal graph mode.
@@ -123,7 +129,8 @@ def run(hidden_sizes, batch_size, ensemble_size, time_steps, input_dim, timed_st
             rows.append(row)
             print(f"hidden={hidden:4d} {variant:36s} wall {row['wall_ms']:8.1f} ms x{row['wall_ratio']:5.2f} | "
                   f"cpu {row['cpu_ms']:8.1f} ms x{row['cpu_ratio']:5.2f} | params {r['params']:,}", flush=True)
-    return _markdown(rows, batch_size, ensemble_size, time_steps, input_dim, timed_steps, warmup, xla), rows
+    return _markdown(rows, batch_size, ensemble_size, time_steps, input_dim, timed_steps, warmup, xla,
+                     trainable_input), rows
 
 
 def whole_model_parameters(vocab_sizes) -> list[dict]:
@@ -182,12 +189,17 @@ def _iqr(times):
     return q[2] - q[0]
 
 
-def _markdown(rows, batch_size, k, time_steps, input_dim, timed_steps, warmup, xla) -> str:
+def _markdown(rows, batch_size, k, time_steps, input_dim, timed_steps, warmup, xla, trainable_input) -> str:
     lines = [
         "## Train step: rank-1 LSTM vs deterministic (`bench/train_step.py`)",
         "",
         f"Forward + backward + Adam on a tiled batch of {batch_size} x K={k} = {batch_size * k} sequences, "
-        f"{time_steps} steps, input dim {input_dim}; LSTM -> dense(1). Median of {timed_steps} timed steps "
+        f"{time_steps} steps, input dim {input_dim}; "
+        + ("trainable Dense(input dim) -> LSTM -> dense(1) (as in the EHR model, the LSTM's input is trained, "
+           "so every method back-propagates through the input matmul). " if trainable_input else
+           "constant input -> LSTM -> dense(1) (the deterministic network skips the input gradient; the rank-1 "
+           "one needs it for its input factor: one extra matmul per step). ")
+        + f"Median of {timed_steps} timed steps "
         f"after {warmup} warm-up steps, variants timed round-robin; XLA {'on (not for Keras LSTM)' if xla else 'off'}; "
         "CPU, 2 cores shared with other jobs, so wall time is noisy: the process CPU time per step "
         "(all threads) is reported next to it and is the steadier measure. Ratios are against the "
@@ -253,24 +265,28 @@ DEFAULT_VARIANTS = VARIANTS[:4]
 
 def main(argv=None) -> None:
     """Command-line entry point."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, nargs="+", default=[128, 512])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--hidden", type=int, nargs="+", default=[128, 512], help="LSTM sizes to time")
     parser.add_argument("--batch-size", type=int, default=128, help="examples per member (tiled K times)")
-    parser.add_argument("--ensemble-size", type=int, default=4)
-    parser.add_argument("--time-steps", type=int, default=30)
-    parser.add_argument("--input-dim", type=int, default=64)
-    parser.add_argument("--timed-steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--ensemble-size", type=int, default=4, help="K, rank-1 members")
+    parser.add_argument("--time-steps", type=int, default=30, help="sequence length (bags)")
+    parser.add_argument("--input-dim", type=int, default=64, help="LSTM input width")
+    parser.add_argument("--input", choices=["trainable", "constant"], default="trainable",
+                        help="LSTM input from a trainable Dense layer (as in the EHR model) or a constant tensor")
+    parser.add_argument("--timed-steps", type=int, default=20, help="timed train steps per variant")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed train steps per variant first")
     # Off by default: on this 2-core CPU, XLA lowers CPU time a little but runs the loop
     # mostly on one thread, so wall time per step gets worse.
     parser.add_argument("--xla", action="store_true", help="jit_compile the train steps (not Keras' LSTM)")
-    parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=VARIANTS,
+                        help="which networks to time")
     parser.add_argument("--vocab-sizes", type=int, nargs="*", default=list(VOCAB_SIZES),
                         help="vocabulary sizes for the whole-model parameter count (none: skip it)")
     parser.add_argument("--no-write", dest="write", action="store_false", help="print only")
     args = parser.parse_args(argv)
     md, _ = run(args.hidden, args.batch_size, args.ensemble_size, args.time_steps, args.input_dim,
-                args.timed_steps, args.warmup, args.xla, args.variants)
+                args.timed_steps, args.warmup, args.xla, args.variants, args.input == "trainable")
     if args.vocab_sizes:
         md += "\n" + _parameters_markdown(whole_model_parameters(args.vocab_sizes))
     md += "\nCommand: `" + shlex.join(["python", "bench/train_step.py", *(argv if argv is not None else sys.argv[1:])]) + "`\n"
