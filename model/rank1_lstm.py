@@ -211,15 +211,8 @@ class Rank1LSTM(tf.keras.layers.Layer):
         cell = self.cell
         steps, batch = tf.shape(seq)[0], tf.shape(seq)[1]
         act, rec_act = cell.activation, cell.recurrent_activation
-        # TensorArrays rather than seq[t]: slicing a captured tensor inside a while loop
-        # makes its gradient a dense [T, ...] accumulation per step (quadratic in T).
-        seq_ta = tf.TensorArray(seq.dtype, size=steps).unstack(seq)
-        mask_ta = None
-        if mask is not None:
-            mask_ta = tf.TensorArray(tf.bool, size=steps).unstack(tf.transpose(tf.cast(mask, tf.bool))[:, :, None])
+        seq_ta, mask_ta, out_ta = self._loop_arrays(seq, mask)
         keep_outputs = self.return_sequences
-        # Without return_sequences the loop carries a dummy scalar instead of outputs.
-        out_ta = tf.TensorArray(seq.dtype, size=steps) if keep_outputs else tf.constant(0)
 
         def body(t, h, c, out_ta):
             z = seq_ta.read(t)
@@ -251,7 +244,23 @@ class Rank1LSTM(tf.keras.layers.Layer):
         _, h, c, out_ta = tf.while_loop(
             lambda t, *_: t < steps, body, (tf.constant(0), zeros, zeros, out_ta),
             maximum_iterations=steps, parallel_iterations=32)
-        output = tf.transpose(out_ta.stack(), [1, 0, 2]) if keep_outputs else h
+        return self._loop_result(out_ta, h, c)
+
+    def _loop_arrays(self, seq, mask):
+        """TensorArrays the loops read (seq, mask) and write (outputs; a dummy scalar without them)."""
+        steps = tf.shape(seq)[0]
+        # TensorArrays rather than seq[t]: slicing a captured tensor inside a while loop
+        # makes its gradient a dense [T, ...] accumulation per step (quadratic in T).
+        seq_ta = tf.TensorArray(seq.dtype, size=steps).unstack(seq)
+        mask_ta = None
+        if mask is not None:
+            mask_ta = tf.TensorArray(tf.bool, size=steps).unstack(tf.transpose(tf.cast(mask, tf.bool))[:, :, None])
+        out_ta = tf.TensorArray(seq.dtype, size=steps) if self.return_sequences else tf.constant(0)
+        return seq_ta, mask_ta, out_ta
+
+    def _loop_result(self, out_ta, h, c):
+        """The layer's return value from the loop's outputs and final state."""
+        output = tf.transpose(out_ta.stack(), [1, 0, 2]) if self.return_sequences else h
         if self.return_state:
             return [output, h, c]
         return output
@@ -285,12 +294,8 @@ class Rank1LSTM(tf.keras.layers.Layer):
         """Inference recurrence over pre-activations proj [T, B, 4u] with low-precision matmuls."""
         step_fn = self._fused_step_fn(recurrent_kernel.dtype)
         steps, batch = tf.shape(proj)[0], tf.shape(proj)[1]
-        proj_ta = tf.TensorArray(proj.dtype, size=steps).unstack(proj)
-        mask_ta = None
-        if mask is not None:
-            mask_ta = tf.TensorArray(tf.bool, size=steps).unstack(tf.transpose(tf.cast(mask, tf.bool))[:, :, None])
+        proj_ta, mask_ta, out_ta = self._loop_arrays(proj, mask)
         keep_outputs = self.return_sequences
-        out_ta = tf.TensorArray(proj.dtype, size=steps) if keep_outputs else tf.constant(0)
 
         def body(t, h, c, nxt, out_ta):
             valid = mask_ta.read(t) if mask_ta is not None else None
@@ -304,10 +309,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
             lambda t, *_: t < steps, body,
             (tf.constant(0), zeros, zeros, tf.zeros([batch, self.cell.units], recurrent_kernel.dtype), out_ta),
             maximum_iterations=steps, parallel_iterations=32)
-        output = tf.transpose(out_ta.stack(), [1, 0, 2]) if keep_outputs else h
-        if self.return_state:
-            return [output, h, c]
-        return output
+        return self._loop_result(out_ta, h, c)
 
     def compute_mask(self, inputs, mask=None):
         if self.return_sequences:
