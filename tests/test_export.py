@@ -61,9 +61,10 @@ def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained):
     assert np.abs(predict_probs(exported, records, 5, seed=124) - from_export).max() > 1e-5
 
 
-# What bfloat16 matmul operands may move a probability (the tiny trained model; bench/serving.py
-# reports the same difference for the Table-7-size model).
-BFLOAT16_TOLERANCE = 2e-3
+# What bfloat16 matmul operands may move a single sampled probability and the predictive mean
+# (docs/serving.md; measured on the trained demo model: 4.7e-3 and 4.0e-4).
+BFLOAT16_SAMPLE_TOLERANCE = 1e-2
+BFLOAT16_MEAN_TOLERANCE = 1e-3
 
 
 def test_bfloat16_signature_draws_the_same_noise_and_stays_within_tolerance(trained):
@@ -72,7 +73,8 @@ def test_bfloat16_signature_draws_the_same_noise_and_stays_within_tolerance(trai
     exact = predict_probs(load_export(trained["export"]), records, 5, seed=123)
     low = predict_probs(load_export(trained["export"], "bfloat16"), records, 5, seed=123)
     diff = np.abs(low - exact)
-    assert 0 < diff.max() <= BFLOAT16_TOLERANCE
+    assert 0 < diff.max() <= BFLOAT16_SAMPLE_TOLERANCE
+    assert np.abs(low.mean(axis=1) - exact.mean(axis=1)).max() <= BFLOAT16_MEAN_TOLERANCE
     # Same noise: a different seed moves the probabilities far more than the precision does.
     assert np.abs(predict_probs(load_export(trained["export"]), records, 5, seed=124) - exact).max() > 10 * diff.max()
     in_memory = predict_probs(Predictor(featurizer, model, precision="bfloat16"), records, 5, seed=123)

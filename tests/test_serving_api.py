@@ -308,7 +308,7 @@ def test_bfloat16_precision_is_served_and_named_in_every_answer(export_dir, clie
     exact = client.post("/v1/predict", params={"seed": 7}, json=body(), headers={"X-API-Key": KEY}).json()
     assert fast["model"]["precision"] == info["model"]["precision"] == "bfloat16"
     assert exact["model"]["precision"] == "float32"
-    assert abs(fast["probability"] - exact["probability"]) <= 2e-3
+    assert abs(fast["probability"] - exact["probability"]) <= 1e-3  # docs/serving.md: predictive mean
 
 
 # ------------------------------------------------------------------------------- limits
