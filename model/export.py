@@ -129,8 +129,8 @@ def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, 
         "intended_use": INTENDED_USE,
         "limitations": LIMITATIONS,
         "metrics_summary": metrics_doc.get("test", {}),
-        "signature": {"name": SIGNATURE, "precisions": dict(SIGNATURES), "inputs": {"examples": "string [N]", "num_samples": "int32 []",
-                                                    "seed": "int64 []"},
+        "signature": {"name": SIGNATURE, "precisions": dict(SIGNATURES),
+                      "inputs": {"examples": "string [N]", "num_samples": "int32 []", "seed": "int64 []"},
                       "outputs": {"probs": "float32 [N, num_samples * ensemble_size], column s*K + k"}},
     }
     if config is not None:
@@ -189,7 +189,8 @@ def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Seque
         raise ExportError("ensemble members were trained on different vocabularies/statistics")
     export_dir = pathlib.Path(export_dir)
     tmp = _new_tmp(export_dir)
-    missing = sorted({str(e.path) for e in loaded for name in SIGNATURES.values() if name not in e.saved_model.signatures})
+    missing = sorted({str(e.path) for e in loaded for name in SIGNATURES.values()
+                      if name not in e.saved_model.signatures})
     if missing:
         raise ExportError(f"ensemble members {missing} lack a signature of {sorted(SIGNATURES.values())}: "
                           "re-export them with this version")

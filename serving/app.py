@@ -232,7 +232,8 @@ def create_app(settings: Settings, predictor: Predictor | None = None) -> FastAP
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        model = predictor if predictor is not None else await run_in_threadpool(Predictor.load, settings.model_dir, settings.precision)
+        model = (predictor if predictor is not None
+                 else await run_in_threadpool(Predictor.load, settings.model_dir, settings.precision))
         export = model.export
         metrics.model_info.set(1, name=export.card.name, version=export.card.version, checksum=export.checksum)
         batcher = MicroBatcher(model.forward, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000.0,
