@@ -41,6 +41,8 @@ _ENTRY_FIELDS = {  # per-(bag, code) arrays and their dtypes
     "value_count": np.int64,
     "value_mean": np.float64,
     "value_last": np.float64,
+    "value_min": np.float64,
+    "value_max": np.float64,
 }
 
 
@@ -49,7 +51,8 @@ class Bags:
     """One admission's bags, oldest first, in ragged form (flat entries + row_splits).
 
     Bag ``i`` owns entries ``row_splits[i]:row_splits[i + 1]`` of ``codes``, ``counts``,
-    ``value_count``, ``value_mean`` and ``value_last``. Arrays are read-only.
+    ``value_count``, ``value_mean``, ``value_last``, ``value_min`` and ``value_max``. Arrays
+    are read-only; the numeric field names equal the spec's feature names.
     """
 
     offset_seconds: np.ndarray  # int64 [n_bags]: trigger time minus the bag's newest event, s
@@ -59,6 +62,8 @@ class Bags:
     value_count: np.ndarray  # int64 [n_entries]: events with a finite numeric value
     value_mean: np.ndarray  # float64 [n_entries]: mean of those values, 0 when value_count = 0
     value_last: np.ndarray  # float64 [n_entries]: newest of those values, 0 when value_count = 0
+    value_min: np.ndarray  # float64 [n_entries]: smallest of those values, 0 when value_count = 0
+    value_max: np.ndarray  # float64 [n_entries]: largest of those values, 0 when value_count = 0
     has_history_bag: bool  # True when bag 0 is the history bag
     n_events_used: int  # events that landed in a kept bag
     n_dropped_by_reason: Mapping[str, int]  # every name in DROP_REASONS -> events dropped
@@ -138,16 +143,13 @@ def bag_events(
     row_splits = np.concatenate(([0], np.cumsum(np.bincount(entry_bag, minlength=n_bags))))
     offsets = np.full(n_bags, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(offsets, bag, age)  # newest event of each bag
-    value_count, value_mean, value_last = _numeric_aggregates(
-        entry, len(keys), age, values, event_index)
+    numeric = _numeric_aggregates(entry, len(keys), age, values, event_index)
     return Bags(
         offset_seconds=offsets,
         row_splits=row_splits,
         codes=vocab[keys % len(vocab)],
         counts=counts,
-        value_count=value_count,
-        value_mean=value_mean,
-        value_last=value_last,
+        **numeric,
         has_history_bag=bool(older_than >= 0 and slots[n_bags - 1] == history_slot),
         n_events_used=int(age.size),
         n_dropped_by_reason=dropped,
@@ -156,27 +158,30 @@ def bag_events(
 
 def _numeric_aggregates(
     entry: np.ndarray, n_entries: int, age: np.ndarray, values: np.ndarray, event_index: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-entry count, mean and newest of the finite values (0 where there are none)."""
+) -> dict[str, np.ndarray]:
+    """Per-entry value_count, value_mean, value_last, value_min, value_max of the finite values (0 if none)."""
     numeric = np.isfinite(values)  # NaN means "no value"; +-inf would poison the mean
     entry, values, age, event_index = entry[numeric], values[numeric], age[numeric], event_index[numeric]
     value_count = np.bincount(entry, minlength=n_entries).astype(np.int64)
-    mean = np.zeros(n_entries)
-    last = np.zeros(n_entries)
+    mean, last, low, high = (np.zeros(n_entries) for _ in range(4))
+    out = {"value_count": value_count, "value_mean": mean, "value_last": last, "value_min": low,
+           "value_max": high}
     if entry.size == 0:
-        return value_count, mean, last
+        return out
     # Sum each entry's values in ascending value order: floating-point addition is not
     # associative, and this makes the mean bit-identical whatever order the input came in.
     by_value = np.lexsort((values, entry))
     starts = np.flatnonzero(np.r_[True, np.diff(entry[by_value]) != 0])
     present = entry[by_value][starts]
     mean[present] = np.add.reduceat(values[by_value], starts) / value_count[present]
+    ends = np.r_[starts[1:], entry.size] - 1
+    low[present] = values[by_value][starts]  # segments are in ascending value order
+    high[present] = values[by_value][ends]
     # Same segments (both orders sort by entry first); within one, oldest first and, on
     # equal times, input order, so each segment's last element is the newest value.
     by_time = np.lexsort((event_index, -age, entry))
-    ends = np.r_[starts[1:], entry.size] - 1
     last[present] = values[by_time][ends]
-    return value_count, mean, last
+    return out
 
 
 def _empty_bags(dropped: dict[str, int]) -> Bags:
@@ -185,7 +190,7 @@ def _empty_bags(dropped: dict[str, int]) -> Bags:
         offset_seconds=np.zeros(0, np.int64), row_splits=np.zeros(1, np.int64),
         codes=np.zeros(0, object), counts=np.zeros(0, np.int64),
         value_count=np.zeros(0, np.int64), value_mean=np.zeros(0), value_last=np.zeros(0),
-        has_history_bag=False, n_events_used=0, n_dropped_by_reason=dropped,
+        value_min=np.zeros(0), value_max=np.zeros(0), has_history_bag=False, n_events_used=0, n_dropped_by_reason=dropped,
     )
 
 

@@ -182,7 +182,8 @@ def _make_dofns():
             bags = bagging.bag_events(times, codes, values, meta["trigger_time"], cfg.bagging)
             context = {
                 spec.SUBJECT_ID: meta["SUBJECT_ID"], spec.HADM_ID: hadm, spec.LABEL: meta["label"],
-                spec.TRIGGER_TIME: meta["trigger_time"], spec.AGE_YEARS: meta["age_years"],
+                spec.TRIGGER_TIME: meta["trigger_time"], spec.ADMIT_OFFSET: meta["trigger_time"] - meta["ADMITTIME"],
+                spec.AGE_YEARS: meta["age_years"],
                 spec.GENDER: meta["gender"], spec.ADMISSION_TYPE: meta["admission_type"],
             }
             record = spec.make_sequence_example(context, bags).SerializeToString(deterministic=True)
@@ -305,7 +306,8 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
         trigger_offset_seconds=config.trigger_offset_seconds, min_age_years=config.min_age_years)
     log.info("cohort: %d of %d admissions kept; excluded %s", coh.counts.get(cohort_mod.KEPT, 0),
              sum(coh.counts.values()), {k: v for k, v in coh.counts.items() if k != cohort_mod.KEPT and v})
-    meta_cols = ("SUBJECT_ID", "HADM_ID", "trigger_time", "label", "age_years", "gender", "admission_type")
+    meta_cols = ("SUBJECT_ID", "HADM_ID", "ADMITTIME", "trigger_time", "label", "age_years", "gender",
+                 "admission_type")
     metas = [(r["HADM_ID"], r) for r in coh.table.select(list(meta_cols)).to_pylist()]
     # Only what the workers need to filter events travels with the DoFn.
     cohort_index = coh.table.select(["SUBJECT_ID", "HADM_ID", "trigger_time"])

@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # only for annotations: importing TensorFlow here would make 
 
     from ehr_pipeline.bagging import Bags
 
-SCHEMA_VERSION = 1
+# 2: per-code value_min / value_max and the admission's start (admit_offset_seconds).
+SCHEMA_VERSION = 2
 
 # --- context features (one value per admission) ---
 SUBJECT_ID = "subject_id"  # int64
@@ -29,6 +30,10 @@ AGE_YEARS = "age_years"  # float, age at admission in years, capped at 90
 GENDER = "gender"  # bytes, "M" / "F" / "U"
 ADMISSION_TYPE = "admission_type"  # bytes, e.g. "EMERGENCY"
 NUM_BAGS = "num_bags"  # int64, sequence length
+# int64, trigger time minus admission time, seconds (>= 0): bags newer than this lie in the
+# current admission, older ones are history. Relative, like BAG_OFFSET, so the job and the
+# service (whose ids and clocks differ) write the same value for the same admission.
+ADMIT_OFFSET = "admit_offset_seconds"
 
 # --- sequence features (one entry per bag, oldest bag first) ---
 BAG_OFFSET = "bag_offset_seconds"  # float [1]: seconds from the bag's newest event to the trigger
@@ -37,12 +42,16 @@ BAG_COUNTS = "code_counts"  # int64 [n_codes]: events of that code in the bag
 BAG_VALUE_COUNT = "value_count"  # int64 [n_codes]: numeric values seen (0 = no numeric value)
 BAG_VALUE_MEAN = "value_mean"  # float [n_codes]: mean of numeric values (0 when value_count = 0)
 BAG_VALUE_LAST = "value_last"  # float [n_codes]: newest numeric value (0 when value_count = 0)
+# Extremes: severity scores (SAPS-II, APACHE) use the worst value of each measurement, and a
+# mean dilutes one abnormal value among normal ones.
+BAG_VALUE_MIN = "value_min"  # float [n_codes]: smallest numeric value (0 when value_count = 0)
+BAG_VALUE_MAX = "value_max"  # float [n_codes]: largest numeric value (0 when value_count = 0)
 
-CONTEXT_INT = (SUBJECT_ID, HADM_ID, LABEL, TRIGGER_TIME, NUM_BAGS)
+CONTEXT_INT = (SUBJECT_ID, HADM_ID, LABEL, TRIGGER_TIME, NUM_BAGS, ADMIT_OFFSET)
 CONTEXT_FLOAT = (AGE_YEARS,)
 CONTEXT_BYTES = (GENDER, ADMISSION_TYPE)
 SEQUENCE_INT = (BAG_COUNTS, BAG_VALUE_COUNT)
-SEQUENCE_FLOAT = (BAG_OFFSET, BAG_VALUE_MEAN, BAG_VALUE_LAST)
+SEQUENCE_FLOAT = (BAG_OFFSET, BAG_VALUE_MEAN, BAG_VALUE_LAST, BAG_VALUE_MIN, BAG_VALUE_MAX)
 SEQUENCE_BYTES = (BAG_CODES,)
 
 # Event sources, used as code namespaces ("lab:50912") and in the service's request schema.
@@ -63,7 +72,8 @@ SHARD_NAME_TEMPLATE = "-SSSSS-of-NNNNN"
 _SHARD_DIGITS = 5
 
 # Keys make_sequence_example takes from the caller (NUM_BAGS is derived from the bags).
-CONTEXT_INPUT_KEYS = (SUBJECT_ID, HADM_ID, LABEL, TRIGGER_TIME, AGE_YEARS, GENDER, ADMISSION_TYPE)
+CONTEXT_INPUT_KEYS = (SUBJECT_ID, HADM_ID, LABEL, TRIGGER_TIME, ADMIT_OFFSET, AGE_YEARS, GENDER,
+                      ADMISSION_TYPE)
 SEQUENCE_KEYS = SEQUENCE_FLOAT + SEQUENCE_INT + SEQUENCE_BYTES
 # Sequence features that hold exactly one value per bag; the others hold one per code.
 _ONE_PER_BAG = (BAG_OFFSET,)
@@ -129,6 +139,9 @@ def _check_context(context: Mapping[str, Any]) -> None:
         raise ValueError(f"context[{LABEL!r}] must be one of {LABELS}, got {context[LABEL]!r}")
     if context[GENDER] not in GENDERS:
         raise ValueError(f"context[{GENDER!r}] must be one of {GENDERS}, got {context[GENDER]!r}")
+    if context[ADMIT_OFFSET] < 0:
+        raise ValueError(f"context[{ADMIT_OFFSET!r}] (trigger minus admission, s) must be >= 0, "
+                         f"got {context[ADMIT_OFFSET]!r}")
     if not 0.0 <= context[AGE_YEARS] <= AGE_CAP_YEARS:  # also false for NaN
         raise ValueError(f"context[{AGE_YEARS!r}] must be in [0, {AGE_CAP_YEARS}], "
                          f"got {context[AGE_YEARS]!r}")
@@ -152,15 +165,16 @@ def make_sequence_example(context: Mapping[str, Any], bags: Bags) -> tf.train.Se
         lists[key].SetInParent()  # present even with zero bags: readers see an empty sequence
     codes = [c.encode("utf-8") for c in bags.codes]
     counts, value_count = bags.counts.tolist(), bags.value_count.tolist()
-    value_mean, value_last = bags.value_mean.tolist(), bags.value_last.tolist()
+    per_code_floats = [(key, getattr(bags, key).tolist())
+                       for key in (BAG_VALUE_MEAN, BAG_VALUE_LAST, BAG_VALUE_MIN, BAG_VALUE_MAX)]
     for i in range(bags.num_bags):  # a loop over bags (tens), not over events
         s = bags.bag_slice(i)
         lists[BAG_OFFSET].feature.add().float_list.value.append(float(bags.offset_seconds[i]))
         lists[BAG_CODES].feature.add().bytes_list.value.extend(codes[s])
         lists[BAG_COUNTS].feature.add().int64_list.value.extend(counts[s])
         lists[BAG_VALUE_COUNT].feature.add().int64_list.value.extend(value_count[s])
-        lists[BAG_VALUE_MEAN].feature.add().float_list.value.extend(value_mean[s])
-        lists[BAG_VALUE_LAST].feature.add().float_list.value.extend(value_last[s])
+        for key, column in per_code_floats:
+            lists[key].feature.add().float_list.value.extend(column[s])
     return example
 
 

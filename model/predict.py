@@ -217,8 +217,9 @@ def assert_stateless(concrete_fn) -> None:
 # What the model sees of an example. Identifiers, the label and the trigger's absolute time
 # are left out on purpose: the service sends unknown ids and label -1 for the same admission
 # the Beam job wrote with its real ids, and both must draw the same noise for the same seed.
-_KEY_FEATURES = (spec.AGE_YEARS, spec.GENDER, spec.ADMISSION_TYPE, spec.BAG_OFFSET, spec.BAG_CODES,
-                 spec.BAG_COUNTS, spec.BAG_VALUE_COUNT, spec.BAG_VALUE_MEAN, spec.BAG_VALUE_LAST)
+_KEY_FEATURES = (spec.AGE_YEARS, spec.GENDER, spec.ADMISSION_TYPE, spec.ADMIT_OFFSET, spec.BAG_OFFSET,
+                 spec.BAG_CODES, spec.BAG_COUNTS, spec.BAG_VALUE_COUNT, spec.BAG_VALUE_MEAN, spec.BAG_VALUE_LAST,
+                 spec.BAG_VALUE_MIN, spec.BAG_VALUE_MAX)
 
 
 def _content_strings(examples: tf.Tensor) -> tf.Tensor:

@@ -95,6 +95,7 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
         spec.HADM_ID: _SERVING_ID,
         spec.LABEL: spec.LABEL_UNKNOWN,
         spec.TRIGGER_TIME: trigger,
+        spec.ADMIT_OFFSET: trigger - admit,
         spec.AGE_YEARS: age,
         spec.GENDER: patient.gender,
         spec.ADMISSION_TYPE: request.admission.admission_type,

@@ -43,7 +43,7 @@ def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool) -> tupl
     bags = bagging.bag_events(np.asarray(times, np.int64), np.asarray(codes, dtype=object), values, trigger,
                               PipelineConfig().bagging)
     context = {spec.SUBJECT_ID: 10_000 + hadm_id, spec.HADM_ID: hadm_id, spec.LABEL: int(rng.random() < p_death),
-               spec.TRIGGER_TIME: trigger, spec.AGE_YEARS: float(rng.uniform(20, 90)),
+               spec.TRIGGER_TIME: trigger, spec.ADMIT_OFFSET: 86400, spec.AGE_YEARS: float(rng.uniform(20, 90)),
                spec.GENDER: str(rng.choice(["M", "F"])),
                spec.ADMISSION_TYPE: str(rng.choice(["EMERGENCY", "ELECTIVE"]))}
     return context, bags, p_death, codes, values

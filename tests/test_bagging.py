@@ -108,6 +108,8 @@ def test_numeric_aggregates_match_a_hand_computation():
     assert per_bag(b, "value_count") == [[2, 3]]
     assert per_bag(b, "value_mean") == [[(10.0 - 1.5) / 2, (2.0 + 7.0 + 3.0) / 3]]
     assert per_bag(b, "value_last") == [[-1.5, 7.0]]  # the youngest (age 30 / 20), not the last row
+    assert per_bag(b, "value_min") == [[-1.5, 2.0]]
+    assert per_bag(b, "value_max") == [[10.0, 7.0]]
     assert b.offset_seconds.tolist() == [20]
 
 
@@ -201,7 +203,8 @@ def reference_bags(rows, config: BaggingConfig) -> dict:
         slot = history if 0 <= older < age else age // config.bagging_time_precision
         slots.setdefault(slot, {}).setdefault(code, []).append((age, i, value))
     kept = sorted(slots)[:config.max_bags]  # newest first
-    out = {"codes": [], "counts": [], "value_count": [], "value_mean": [], "value_last": [],
+    out = {"codes": [], "counts": [], "value_count": [], "value_mean": [], "value_last": [], "value_min": [],
+           "value_max": [],
            "offset": [], "history": bool(kept) and kept[-1] == history,
            "dropped": {DROP_AT_OR_AFTER_TRIGGER: future,
                        DROP_OLDER_THAN_MAX_BAGS: sum(len(e) for s in slots if s not in kept
@@ -216,6 +219,8 @@ def reference_bags(rows, config: BaggingConfig) -> dict:
         out["value_count"].append([len(n) for n in nums])
         out["value_mean"].append([math.fsum(v for _, _, v in n) / len(n) if n else 0.0 for n in nums])
         out["value_last"].append([max(n, key=lambda e: (-e[0], e[1]))[2] if n else 0.0 for n in nums])
+        out["value_min"].append([min(v for _, _, v in n) if n else 0.0 for n in nums])
+        out["value_max"].append([max(v for _, _, v in n) if n else 0.0 for n in nums])
     return out
 
 
@@ -224,7 +229,7 @@ def reference_bags(rows, config: BaggingConfig) -> dict:
 def test_matches_the_naive_reference(rows, config):
     b = bag_events(*events(*rows), T, config)
     ref = reference_bags(rows, config)
-    for field in ("codes", "counts", "value_count", "value_last"):
+    for field in ("codes", "counts", "value_count", "value_last", "value_min", "value_max"):
         assert per_bag(b, field) == ref[field], field
     np.testing.assert_allclose(np.concatenate([[]] + [np.array(m) for m in ref["value_mean"]]),
                                b.value_mean, rtol=1e-12, atol=1e-9)
@@ -241,7 +246,8 @@ def test_output_does_not_depend_on_input_order(rows, config, data):
     perm = data.draw(st.permutations(range(len(rows))))
     a = bag_events(*events(*rows), T, config)
     b = bag_events(*events(*[rows[i] for i in perm]), T, config)
-    for field in ("offset_seconds", "row_splits", "codes", "counts", "value_count", "value_mean"):
+    for field in ("offset_seconds", "row_splits", "codes", "counts", "value_count", "value_mean", "value_min",
+                  "value_max"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)  # bit-identical
     assert (a.has_history_bag, a.n_events_used, a.n_dropped_by_reason) == \
            (b.has_history_bag, b.n_events_used, b.n_dropped_by_reason)

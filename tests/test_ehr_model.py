@@ -42,7 +42,7 @@ def _example(codes, values, trigger=1_000_000, age=70.0, gender="F", adm="URGENT
     bags = bagging.bag_events(times, np.asarray(codes, dtype=object), np.asarray(values, float), trigger,
                               PipelineConfig().bagging)
     context = {spec.SUBJECT_ID: 1, spec.HADM_ID: 2, spec.LABEL: 0, spec.TRIGGER_TIME: trigger,
-               spec.AGE_YEARS: age, spec.GENDER: gender, spec.ADMISSION_TYPE: adm}
+               spec.ADMIT_OFFSET: 86400, spec.AGE_YEARS: age, spec.GENDER: gender, spec.ADMISSION_TYPE: adm}
     return spec.make_sequence_example(context, bags).SerializeToString()
 
 

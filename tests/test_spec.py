@@ -21,7 +21,7 @@ CONFIG = BaggingConfig(bagging_time_precision=6 * 3600, bagging_aggregate_older_
 
 def context(hadm_id: int, **overrides) -> dict:
     ctx = {spec.SUBJECT_ID: 100 + hadm_id, spec.HADM_ID: hadm_id, spec.LABEL: hadm_id % 2,
-           spec.TRIGGER_TIME: T, spec.AGE_YEARS: 40.25 + hadm_id, spec.GENDER: "F",
+           spec.TRIGGER_TIME: T, spec.ADMIT_OFFSET: DAY + hadm_id, spec.AGE_YEARS: 40.25 + hadm_id, spec.GENDER: "F",
            spec.ADMISSION_TYPE: "EMERGENCY"}
     ctx.update(overrides)
     return ctx
@@ -67,7 +67,7 @@ def test_round_trip_bags_to_gzip_tfrecords_to_dataset(tmp_path):
             bags, ctx = admissions[hadm], context(hadm)
             seen.add(hadm)
             assert int(batch[spec.NUM_BAGS][row]) == bags.num_bags
-            for key in (spec.SUBJECT_ID, spec.LABEL, spec.TRIGGER_TIME):
+            for key in (spec.SUBJECT_ID, spec.LABEL, spec.TRIGGER_TIME, spec.ADMIT_OFFSET):
                 assert int(batch[key][row]) == ctx[key]
             assert float(batch[spec.AGE_YEARS][row]) == np.float32(ctx[spec.AGE_YEARS])
             assert batch[spec.GENDER][row].numpy().decode() == ctx[spec.GENDER]
@@ -80,7 +80,8 @@ def test_round_trip_bags_to_gzip_tfrecords_to_dataset(tmp_path):
             np.testing.assert_array_equal(flat[spec.BAG_COUNTS], bags.counts)
             np.testing.assert_array_equal(flat[spec.BAG_VALUE_COUNT], bags.value_count)
             np.testing.assert_array_equal(flat[spec.BAG_VALUE_MEAN], bags.value_mean.astype(np.float32))
-            np.testing.assert_array_equal(flat[spec.BAG_VALUE_LAST], bags.value_last.astype(np.float32))
+            for key in (spec.BAG_VALUE_LAST, spec.BAG_VALUE_MIN, spec.BAG_VALUE_MAX):
+                np.testing.assert_array_equal(flat[key], getattr(bags, key).astype(np.float32))
     assert seen == set(admissions)
 
 
@@ -111,7 +112,7 @@ def test_sequence_example_to_dict_mirrors_the_bags():
                       np.array([1.5, np.nan, 3.0]), T, CONFIG)
     d = spec.sequence_example_to_dict(spec.make_sequence_example(context(4, **{spec.LABEL: spec.LABEL_UNKNOWN}), bags))
     assert d == {
-        spec.SUBJECT_ID: 104, spec.HADM_ID: 4, spec.LABEL: -1, spec.TRIGGER_TIME: T,
+        spec.SUBJECT_ID: 104, spec.HADM_ID: 4, spec.LABEL: -1, spec.TRIGGER_TIME: T, spec.ADMIT_OFFSET: DAY + 4,
         spec.AGE_YEARS: 44.25, spec.GENDER: "F", spec.ADMISSION_TYPE: "EMERGENCY", spec.NUM_BAGS: 2,
         spec.BAG_OFFSET: [float(DAY), 10.0],
         spec.BAG_CODES: [["lab:1"], ["chart:2", "lab:1"]],
@@ -119,6 +120,8 @@ def test_sequence_example_to_dict_mirrors_the_bags():
         spec.BAG_VALUE_COUNT: [[1], [0, 1]],
         spec.BAG_VALUE_MEAN: [[3.0], [0.0, 1.5]],
         spec.BAG_VALUE_LAST: [[3.0], [0.0, 1.5]],
+        spec.BAG_VALUE_MIN: [[3.0], [0.0, 1.5]],
+        spec.BAG_VALUE_MAX: [[3.0], [0.0, 1.5]],
     }
 
 
@@ -132,6 +135,7 @@ def test_sequence_example_to_dict_mirrors_the_bags():
     ({spec.AGE_YEARS: float("nan")}, ValueError, spec.AGE_YEARS),
     ({spec.AGE_YEARS: 300.0}, ValueError, spec.AGE_YEARS),
     ({spec.TRIGGER_TIME: 1.6e9}, TypeError, spec.TRIGGER_TIME),
+    ({spec.ADMIT_OFFSET: -1}, ValueError, spec.ADMIT_OFFSET),
     ({spec.ADMISSION_TYPE: ""}, TypeError, spec.ADMISSION_TYPE),
 ])
 def test_context_that_breaks_the_contract_is_refused(change, error, match):
