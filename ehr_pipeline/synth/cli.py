@@ -11,6 +11,7 @@ import sys
 
 from ehr_pipeline.synth.config import DIALECTS, SynthConfig
 from ehr_pipeline.synth.release import write_release
+from ehr_pipeline.synth.site import SITES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dictionary-dir", type=pathlib.Path, default=None,
                         help="a MIMIC-III release whose D_ITEMS / D_LABITEMS are written in full, with our "
                              "items added (default: built-in catalogue only)")
+    parser.add_argument("--site", choices=tuple(SITES), default="A",
+                        help="hospital the release comes from: B admits older, more emergent patients, charts "
+                             "vitals half as often, reads creatinine / lactate / glucose high and uses its own "
+                             "codes for some items and drugs; P_DEATH is the same function of the physiology "
+                             "(see docs/synthetic.md) (default: %(default)s)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="hide the progress bar (default: shown when stderr is a terminal)")
 
@@ -47,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = SynthConfig(patients=args.patients, seed=args.seed,
                           trigger_offset_seconds=args.trigger_offset_seconds, dialect=args.dialect,
                           gzip=args.gzip, events_scale=args.events_scale, compresslevel=args.compresslevel,
-                          dictionary_dir=args.dictionary_dir)
+                          dictionary_dir=args.dictionary_dir, site=args.site)
     except ValueError as e:
         print(f"ehr-pipeline synth: {e}", file=sys.stderr)
         return 2

@@ -11,14 +11,9 @@ from ehr_pipeline.synth import catalog as cat
 from ehr_pipeline.synth.blocks import Block, Cat
 from ehr_pipeline.synth.cohort import DAY, HOUR, Admissions, Outcome, floor_to, sigmoid
 
-_DRUGS = cat.DRUGS + (cat.COMFORT_DRUG,)
 _COMFORT = len(cat.DRUGS)
 _W = np.array([d.weight for d in cat.DRUGS])
 _GAIN = np.array([d.severity_gain for d in cat.DRUGS])
-
-
-def _field(name: str, main_only: bool = False) -> tuple[str | None, ...]:
-    return tuple(None if main_only and d.drug_type != "MAIN" else getattr(d, name) for d in _DRUGS)
 
 
 def _group_rank(owner: np.ndarray) -> np.ndarray:
@@ -30,8 +25,13 @@ def _group_rank(owner: np.ndarray) -> np.ndarray:
     return np.arange(owner.size) - start + 1
 
 
-def prescriptions(rng: np.random.Generator, adm: Admissions, out: Outcome, scale: float) -> Block:
-    """PRESCRIPTIONS rows: STARTDATE/ENDDATE at midnight, antibiotics and pressors for the sick."""
+def prescriptions(rng: np.random.Generator, adm: Admissions, out: Outcome, scale: float,
+                  drugs: tuple[cat.Drug, ...]) -> Block:
+    """PRESCRIPTIONS rows: STARTDATE/ENDDATE at midnight, antibiotics and pressors for the sick.
+
+    ``drugs`` names what is drawn: ``catalog.DRUGS`` then the comfort drug, in that order
+    (a site may rename them; frequencies come from ``catalog.DRUGS``).
+    """
     los = out.disch - adm.admit
     n = np.minimum(rng.poisson(scale * (2.0 + 1.5 * los / DAY)), 60)
     owner = np.repeat(np.arange(len(adm)), n)
@@ -55,7 +55,7 @@ def prescriptions(rng: np.random.Generator, adm: Admissions, out: Outcome, scale
     owner, drug, start, end = owner[order], drug[order], start[order], end[order]
 
     def col(name: str, main_only: bool = False) -> Cat:
-        return Cat(drug, _field(name, main_only))
+        return Cat(drug, tuple(None if main_only and d.drug_type != "MAIN" else getattr(d, name) for d in drugs))
 
     m = owner.size
     return {

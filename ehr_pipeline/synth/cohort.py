@@ -18,10 +18,19 @@ FIRST_ADMIT_MAX = 7_098_307_200  # 2195-01-01 00:00:00
 
 # Patient kinds: children and the over-89s exist so that cohort filters have work to do.
 ADULT, NEONATE, TEEN, OVER89 = 0, 1, 2, 3
-KIND_P = (0.90, 0.06, 0.01, 0.03)
 
 ADMISSION_TYPES = ("EMERGENCY", "ELECTIVE", "URGENT", "NEWBORN")
 EMERGENCY, ELECTIVE, URGENT, NEWBORN = range(4)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseMix:
+    """Who a hospital admits: the draws that differ between sites (docs/synthetic.md)."""
+
+    kind_p: tuple[float, float, float, float] = (0.90, 0.06, 0.01, 0.03)  # ADULT, NEONATE, TEEN, OVER89
+    adult_age_mean: float = 63.0  # years at first admission, before clipping to 18-89
+    adult_age_sd: float = 16.0
+    admission_type_p: tuple[float, float, float] = (0.8, 0.14, 0.06)  # EMERGENCY, ELECTIVE, URGENT (non-newborns)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -78,15 +87,16 @@ class Admissions:
         return int(self.pat.size)
 
 
-def draw_patients(rng: np.random.Generator, n: int, subject0: int) -> tuple[Patients, np.ndarray, np.ndarray]:
+def draw_patients(rng: np.random.Generator, n: int, subject0: int,
+                  mix: CaseMix) -> tuple[Patients, np.ndarray, np.ndarray]:
     """Draws n patients; returns them with each one's first ADMITTIME (s) and true age there (years)."""
-    kind = rng.choice(4, size=n, p=KIND_P).astype(np.int8)
+    kind = rng.choice(4, size=n, p=mix.kind_p).astype(np.int8)
     male = rng.random(n) < 0.56
     first_admit = floor_to(rng.integers(FIRST_ADMIT_MIN, FIRST_ADMIT_MAX, n), MINUTE)
     age_first = np.select(
         [kind == NEONATE, kind == TEEN, kind == OVER89],
         [np.zeros(n), rng.uniform(15.0, 18.0, n), rng.uniform(300.0, 306.0, n)],
-        np.clip(rng.normal(63.0, 16.0, n), 18.0, 89.0),
+        np.clip(rng.normal(mix.adult_age_mean, mix.adult_age_sd, n), 18.0, 89.0),
     )
     # Newborns are born on their admission day; everyone's DOB is a midnight.
     dob = floor_to(first_admit - (age_first * SECONDS_PER_YEAR).astype(np.int64), DAY)
@@ -97,7 +107,7 @@ def draw_patients(rng: np.random.Generator, n: int, subject0: int) -> tuple[Pati
 
 
 def draw_admissions(rng: np.random.Generator, pats: Patients, first_admit: np.ndarray,
-                    trigger_offset: int) -> Admissions:
+                    trigger_offset: int, mix: CaseMix) -> Admissions:
     """Draws every admission a patient would have if none ended in death (chronological)."""
     n_pat = pats.kind.size
     n_adm = np.where(pats.kind == NEONATE, 1, 1 + np.minimum(rng.poisson(0.5, n_pat), 5))
@@ -107,7 +117,7 @@ def draw_admissions(rng: np.random.Generator, pats: Patients, first_admit: np.nd
     k = np.arange(n) - starts[pat]
     neonate = pats.kind[pat] == NEONATE
 
-    adm_type = np.where(neonate, NEWBORN, rng.choice(3, size=n, p=(0.8, 0.14, 0.06))).astype(np.int8)
+    adm_type = np.where(neonate, NEWBORN, rng.choice(3, size=n, p=mix.admission_type_p)).astype(np.int8)
     n_chronic = pats.chronic[pat].sum(axis=1)
     severity = rng.normal(0.0, 1.0, n) + 0.15 * n_chronic - 0.5 * (adm_type == ELECTIVE) - 0.3 * neonate
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+from ehr_pipeline.synth.site import SITES
+
 DIALECTS = ("demo", "physionet")
 
 # Patients generated (and seeded) together. Part of a release's identity: the same seed
@@ -11,7 +13,8 @@ DIALECTS = ("demo", "physionet")
 # are ~400k events at events_scale 1, i.e. well under 200 MB of working memory.
 CHUNK_PATIENTS = 250
 
-# First SUBJECT_ID / HADM_ID / ICUSTAY_ID; ids then count up in patient order.
+# First SUBJECT_ID / HADM_ID / ICUSTAY_ID at site A (a site adds its id_offset); ids then
+# count up in patient order.
 SUBJECT_ID_BASE = 10_000
 HADM_ID_BASE = 100_000
 ICUSTAY_ID_BASE = 200_000
@@ -29,6 +32,7 @@ class SynthConfig:
     events_scale: float = 1.0  # multiplies every measurement rate (1.0 ~ 300 events per ICU day)
     compresslevel: int = 1  # gzip level; 1 is ~3x faster than 6 for ~15% larger files
     dictionary_dir: pathlib.Path | None = None  # a release whose D_ITEMS / D_LABITEMS enrich ours
+    site: str = "A"  # which hospital (site.SITES): case mix, charting rate, assay bias, local codes
 
     def __post_init__(self) -> None:
         if self.patients < 1:
@@ -43,5 +47,7 @@ class SynthConfig:
             raise ValueError(f"dialect must be one of {DIALECTS}, got {self.dialect!r}")
         if not 0.0 < self.events_scale <= 100.0:
             raise ValueError(f"events_scale must be in (0, 100], got {self.events_scale}")
+        if self.site not in SITES:
+            raise ValueError(f"site must be one of {tuple(SITES)}, got {self.site!r}")
         if not 0 <= self.compresslevel <= 9:
             raise ValueError(f"compresslevel must be in 0..9, got {self.compresslevel}")

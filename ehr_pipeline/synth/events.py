@@ -60,7 +60,8 @@ def severity_at(adm: Admissions, owner: np.ndarray, t: np.ndarray, w: Window) ->
     return s + RAMP_SEVERITY * frac * active
 
 
-def _round(x: np.ndarray, decimals: np.ndarray | int) -> np.ndarray:
+def round_decimals(x: np.ndarray, decimals: np.ndarray | int) -> np.ndarray:
+    """x rounded to ``decimals`` places, as MIMIC prints the value."""
     # Dividing two exact doubles gives the double nearest the decimal, so "14.1" prints as such.
     scale = 10.0 ** np.asarray(decimals)
     return np.round(x * scale) / scale
@@ -77,6 +78,7 @@ def _common(rng: np.random.Generator, t: np.ndarray) -> dict:
 # ---------------------------------------------------------------- labs
 _LAB = cat.LAB_ITEMS
 _L_ITEMID = np.array([i.itemid for i in _LAB])
+_L_SORTER = np.argsort(_L_ITEMID)
 _L_PANEL = np.array([cat.LAB_PANELS.index(i.panel) for i in _LAB])
 _L_CENTRE = np.array([i.centre for i in _LAB])
 _L_SD = np.array([i.sd for i in _LAB])
@@ -101,18 +103,42 @@ def _lab_rows(rng: np.random.Generator, owner: np.ndarray, t: np.ndarray, s: np.
     s = s[d]
     x = _L_CENTRE[j] + _L_SHIFT[j] * s + _L_SD[j] * rng.standard_normal(d.size)
     x = np.where(_L_LOG[j], np.exp(np.minimum(x, 12.0)), x)
-    x = _round(np.clip(x, _L_LO[j], _L_HI[j]), _L_DEC[j])
-    abnormal = (x < _L_REF_LO[j]) | (x > _L_REF_HI[j])
+    x = round_decimals(np.clip(x, _L_LO[j], _L_HI[j]), _L_DEC[j])
     bad = rng.random(d.size) < NON_NUMERIC_LAB_P
+    x = np.where(bad, np.nan, x)
     return {
         "owner": owner[d],
         "CHARTTIME": t[d],
         "ITEMID": _L_ITEMID[j],
         "VALUE": Cat(np.where(bad, rng.integers(0, len(LAB_TEXT_VALUES), d.size), -1), LAB_TEXT_VALUES),
-        "VALUENUM": np.where(bad, np.nan, x),
+        "VALUENUM": x,
         "VALUEUOM": Cat(_L_UOM[j], _L_UOM_VOCAB),
-        "FLAG": Cat(np.where(abnormal & ~bad, 0, -1), ("abnormal",)),
+        "FLAG": _lab_flag(j, x),
     }
+
+
+def _lab_flag(j: np.ndarray, x: np.ndarray) -> Cat:
+    """FLAG of lab values x of items j: "abnormal" outside the reference range (NaN: none)."""
+    return Cat(np.where((x < _L_REF_LO[j]) | (x > _L_REF_HI[j]), 0, -1), ("abnormal",))
+
+
+def assay_bias(b: Block, factors: dict[int, float]) -> Block:
+    """Lab rows as an assay reading ``factors[ITEMID]`` x the true value records them.
+
+    VALUENUM is scaled and rounded to the item's decimals again; FLAG is judged on the
+    recorded value (the lab does not know its bias). Items without a factor are unchanged.
+    """
+    out = dict(b)
+    ids = b["ITEMID"]
+    j = np.searchsorted(_L_ITEMID, ids, sorter=_L_SORTER)
+    j = _L_SORTER[np.clip(j, 0, _L_ITEMID.size - 1)]
+    x = b["VALUENUM"]
+    for itemid, factor in factors.items():
+        hit = ids == itemid
+        x = np.where(hit, round_decimals(x * factor, _L_DEC[j]), x)
+    out["VALUENUM"] = x
+    out["FLAG"] = _lab_flag(j, x)
+    return out
 
 
 def _panel_p(s: np.ndarray) -> np.ndarray:
@@ -168,7 +194,7 @@ _UOM_CODES = np.array([_CHART_UOM[i] for i in _UOM_IDS])
 
 def _vital(c: cat.ChartConcept, s: np.ndarray, neo: np.ndarray, z: np.ndarray) -> np.ndarray:
     x = c.centre + c.neonate_offset * neo + c.shift * s + c.sd * z
-    return _round(np.clip(x, c.lo, c.hi), c.decimals)
+    return round_decimals(np.clip(x, c.lo, c.hi), c.decimals)
 
 
 def _chart_uom(itemid: np.ndarray) -> Cat:
@@ -284,11 +310,11 @@ def inputs_cv(rng: np.random.Generator, adm: Admissions, w: Window, scale: float
     for item in (i for i in cat.INPUT_ITEMS if i.dbsource == "carevue"):
         owner, t, s, amount = _fluid_events(rng, adm, w, scale, item)
         n = owner.size
-        rate = (_round(item.median_rate * np.exp(0.3 * s + 0.4 * rng.standard_normal(n)), 3)
+        rate = (round_decimals(item.median_rate * np.exp(0.3 * s + 0.4 * rng.standard_normal(n)), 3)
                 if item.rate_uom else np.full(n, np.nan))
         order = _order_ids(rng, n)
         parts.append({"owner": owner, "CHARTTIME": t, "ITEMID": np.full(n, item.itemid),
-                      "AMOUNT": _round(amount, 2 if item.median < 10 else 0),
+                      "AMOUNT": round_decimals(amount, 2 if item.median < 10 else 0),
                       "AMOUNTUOM": Cat.const(item.uom, n), "RATE": rate,
                       "RATEUOM": Cat.const(item.rate_uom, n), "ORDERID": order, "LINKORDERID": order,
                       "ORIGINALAMOUNTUOM": Cat.const(item.uom, n), "ORIGINALROUTE": Cat.const(item.route, n),
@@ -310,11 +336,11 @@ def inputs_mv(rng: np.random.Generator, adm: Admissions, w: Window, scale: float
         push = item.order_description in ("Bolus", "Drug Push")
         minutes = (np.ones(n) if push else
                    np.maximum(np.round(item.duration_min * rng.lognormal(0.0, 0.5, n)), 1.0))
-        amount = _round(amount, 2 if item.median < 10 else 0)
+        amount = round_decimals(amount, 2 if item.median < 10 else 0)
         if item.rate_uom == "mL/hour":
-            rate = _round(amount / (minutes / 60.0), 2)
+            rate = round_decimals(amount / (minutes / 60.0), 2)
         elif item.rate_uom:
-            rate = _round(item.median_rate * np.exp(0.3 * s + 0.4 * rng.standard_normal(n)), 3)
+            rate = round_decimals(item.median_rate * np.exp(0.3 * s + 0.4 * rng.standard_normal(n)), 3)
         else:
             rate = np.full(n, np.nan)
         order = _order_ids(rng, n)
@@ -337,11 +363,11 @@ def inputs_mv(rng: np.random.Generator, adm: Admissions, w: Window, scale: float
 
 
 def window_events(rng: np.random.Generator, adm: Admissions, w: Window, scale: float,
-                  first_pass: bool) -> dict[str, Block]:
-    """All time-stamped ICU/lab events of one window, keyed by table name."""
+                  first_pass: bool, chart_rate: float) -> dict[str, Block]:
+    """All time-stamped ICU/lab events of one window, keyed by table name; chart_rate scales charting only."""
     return {
         "LABEVENTS": labs(rng, adm, w, scale, admission_draw=first_pass),
-        "CHARTEVENTS": charts(rng, adm, w, scale, with_weight=first_pass),
+        "CHARTEVENTS": charts(rng, adm, w, scale * chart_rate, with_weight=first_pass),
         "OUTPUTEVENTS": outputs(rng, adm, w, scale),
         "INPUTEVENTS_CV": inputs_cv(rng, adm, w, scale),
         "INPUTEVENTS_MV": inputs_mv(rng, adm, w, scale),

@@ -4,6 +4,7 @@ Order of draws within a chunk (fixed, so a seed gives the same data):
 patients -> admissions -> events before the trigger -> P(death) from those events ->
 death draw -> drop admissions after a death -> discharge/death times -> events after
 the trigger -> outpatient labs -> prescriptions -> diagnoses -> procedures -> labels.
+The site's recording of labs and charts (assay bias, local codes) draws nothing.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ehr_pipeline.synth import coding, cohort, events
 from ehr_pipeline.synth.blocks import NULL, Block, Cat
 from ehr_pipeline.synth.cohort import DAY, HOUR, MINUTE, Admissions, Outcome, Patients
 from ehr_pipeline.synth.config import SynthConfig
+from ehr_pipeline.synth.site import SITES
 from ehr_pipeline.synth.truth import MortalityModel, PreTriggerFeatures
 
 EVENT_TABLES = ("LABEVENTS", "CHARTEVENTS", "OUTPUTEVENTS", "INPUTEVENTS_CV", "INPUTEVENTS_MV")
@@ -48,9 +50,9 @@ class Chunk:
     n_long_deaths: int
 
 
-def chunk_rng(seed: int, chunk_index: int) -> np.random.Generator:
-    """The generator of one chunk: independent streams per (seed, chunk)."""
-    return np.random.default_rng(np.random.SeedSequence([seed, chunk_index]))
+def chunk_rng(seed: int, chunk_index: int, stream: tuple[int, ...]) -> np.random.Generator:
+    """The generator of one chunk: independent streams per (seed, chunk, site stream)."""
+    return np.random.default_rng(np.random.SeedSequence([seed, chunk_index, *stream]))
 
 
 def _group_reduce(owner: np.ndarray, values: np.ndarray, n: int, how: str) -> np.ndarray:
@@ -91,18 +93,23 @@ def pre_trigger_features(adm: Admissions, labs: Block, charts: Block) -> PreTrig
 
 def generate_chunk(cfg: SynthConfig, chunk_index: int, n_patients: int, ids: IdBase,
                    model: MortalityModel | None = None) -> Chunk:
-    """Generates n_patients patients with all their rows; deterministic in (cfg, chunk_index)."""
+    """Generates n_patients patients with all their rows; deterministic in (cfg, chunk_index).
+
+    Events are generated with their true values and site A's codes; P(death) is computed
+    from those, and only then does the site record them (assay bias, local codes).
+    """
     model = model or MortalityModel(lab_volume_scale=cfg.events_scale)
-    rng = chunk_rng(cfg.seed, chunk_index)
+    site = SITES[cfg.site]
+    rng = chunk_rng(cfg.seed, chunk_index, site.stream)
     trig = cfg.trigger_offset_seconds
-    pats, first_admit, _ = cohort.draw_patients(rng, n_patients, ids.subject)
-    adm = cohort.draw_admissions(rng, pats, first_admit, trig)
+    pats, first_admit, _ = cohort.draw_patients(rng, n_patients, ids.subject, site.case_mix)
+    adm = cohort.draw_admissions(rng, pats, first_admit, trig, site.case_mix)
 
     # --- before the trigger: these events alone decide P(death)
     pre_w = events.Window(
         lab_start=adm.admit, lab_end=np.where(adm.short, adm.disch_alive, adm.trigger),
         icu_start=adm.intime, icu_end=np.where(adm.short, adm.icu_out_short, adm.trigger))
-    pre = events.window_events(rng, adm, pre_w, cfg.events_scale, first_pass=True)
+    pre = events.window_events(rng, adm, pre_w, cfg.events_scale, first_pass=True, chart_rate=site.chart_rate)
     p_death = model.probability(pre_trigger_features(adm, pre["LABEVENTS"], pre["CHARTEVENTS"]))
     died = rng.random(len(adm)) < p_death
 
@@ -120,13 +127,15 @@ def generate_chunk(cfg: SynthConfig, chunk_index: int, n_patients: int, ids: IdB
         icu_start=adm.trigger, icu_end=np.where(adm.short, adm.trigger, out.icu_out),
         ramp_start=np.maximum(adm.trigger, out.death - RAMP_HOURS * HOUR),
         ramp_end=np.where(dying, out.death, 0))
-    post = events.window_events(rng, adm, post_w, cfg.events_scale, first_pass=False)
+    post = events.window_events(rng, adm, post_w, cfg.events_scale, first_pass=False, chart_rate=site.chart_rate)
 
     for b in (pre["LABEVENTS"], post["LABEVENTS"]):
         b["HADM_NULL"] = np.zeros(bl.size(b), bool)
     ev = {t: bl.concat([pre[t], post[t]]) for t in EVENT_TABLES}
-    ev["LABEVENTS"] = bl.concat([ev["LABEVENTS"], events.outpatient_labs(rng, adm, cfg.events_scale)])
-    rx = coding.prescriptions(rng, adm, out, cfg.events_scale)
+    ev["LABEVENTS"] = site.observe_labs(
+        bl.concat([ev["LABEVENTS"], events.outpatient_labs(rng, adm, cfg.events_scale)]))
+    ev["CHARTEVENTS"] = site.observe_charts(ev["CHARTEVENTS"])
+    rx = coding.prescriptions(rng, adm, out, cfg.events_scale, site.drugs())
     dx = coding.diagnoses(rng, adm, out)
     px = coding.procedures(rng, adm, out)
 

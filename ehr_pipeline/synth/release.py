@@ -17,6 +17,7 @@ from ehr_pipeline.synth import catalog
 from ehr_pipeline.synth.config import (CHUNK_PATIENTS, HADM_ID_BASE, ICUSTAY_ID_BASE, SUBJECT_ID_BASE,
                                        SynthConfig)
 from ehr_pipeline.synth.generator import IdBase, generate_chunk
+from ehr_pipeline.synth.site import SITES, Site
 from ehr_pipeline.synth.truth import MortalityModel
 from ehr_pipeline.synth.writer import ReleaseWriter
 
@@ -66,11 +67,11 @@ class SynthSummary:
 def generate_release(out_dir: str | pathlib.Path, patients: int, seed: int,
                      trigger_offset_seconds: int = 86_400, dialect: str = "demo", gzip: bool = True,
                      show_progress: bool = True, *, events_scale: float = 1.0, compresslevel: int = 1,
-                     dictionary_dir: str | pathlib.Path | None = None) -> SynthSummary:
+                     dictionary_dir: str | pathlib.Path | None = None, site: str = "A") -> SynthSummary:
     """Writes a synthetic MIMIC-III release (13 tables + SYNTH_TRUTH.csv) to out_dir; seconds in the summary."""
     cfg = SynthConfig(patients=patients, seed=seed, trigger_offset_seconds=trigger_offset_seconds,
                       dialect=dialect, gzip=gzip, events_scale=events_scale, compresslevel=compresslevel,
-                      dictionary_dir=pathlib.Path(dictionary_dir) if dictionary_dir else None)
+                      dictionary_dir=pathlib.Path(dictionary_dir) if dictionary_dir else None, site=site)
     return write_release(cfg, pathlib.Path(out_dir), show_progress)
 
 
@@ -78,13 +79,15 @@ def write_release(cfg: SynthConfig, out_dir: pathlib.Path, show_progress: bool =
     """Writes the release a config describes; byte-identical for equal configs."""
     t0 = time.perf_counter()
     model = MortalityModel(lab_volume_scale=cfg.events_scale)
-    ids = IdBase(SUBJECT_ID_BASE, HADM_ID_BASE, ICUSTAY_ID_BASE)
+    site = SITES[cfg.site]
+    ids = IdBase(SUBJECT_ID_BASE + site.id_offset, HADM_ID_BASE + site.id_offset,
+                 ICUSTAY_ID_BASE + site.id_offset)
     admissions = deaths = long_adm = long_deaths = 0
     bar = tqdm(total=cfg.patients, unit="patient", desc="synth", leave=False,
                disable=not (show_progress and sys.stderr.isatty()))
     with ReleaseWriter(out_dir, cfg.dialect, cfg.gzip, cfg.compresslevel) as w, bar:
         w.open_extra(TRUTH_FILE, TRUTH_FILE, TRUTH_COLUMNS)
-        for name, table in dictionaries(cfg.dictionary_dir).items():
+        for name, table in dictionaries(cfg.dictionary_dir, site).items():
             w.append(name, table)
         for chunk_index, first in enumerate(range(0, cfg.patients, CHUNK_PATIENTS)):
             n = min(CHUNK_PATIENTS, cfg.patients - first)
@@ -99,7 +102,7 @@ def write_release(cfg: SynthConfig, out_dir: pathlib.Path, show_progress: bool =
             long_deaths += chunk.n_long_deaths
             bar.update(n)
         rows = w.rows()
-    _write_manifest(out_dir / MANIFEST_FILE, cfg, model, rows)
+    _write_manifest(out_dir / MANIFEST_FILE, cfg, site, model, rows)
     summary = SynthSummary(
         out_dir=out_dir, patients=cfg.patients, admissions=admissions, deaths=deaths,
         long_admissions=long_adm, long_deaths=long_deaths,
@@ -109,9 +112,9 @@ def write_release(cfg: SynthConfig, out_dir: pathlib.Path, show_progress: bool =
     return summary
 
 
-def dictionaries(dictionary_dir: pathlib.Path | None) -> dict[str, pa.Table]:
-    """D_ITEMS and D_LABITEMS (minus ROW_ID): a real release's rows first if given, then ours."""
-    builtin = {"D_ITEMS": catalog.d_items_rows(), "D_LABITEMS": catalog.d_labitems_rows()}
+def dictionaries(dictionary_dir: pathlib.Path | None, site: Site) -> dict[str, pa.Table]:
+    """D_ITEMS and D_LABITEMS (minus ROW_ID): a real release's rows first if given, then the site's."""
+    builtin = {"D_ITEMS": site.d_items_rows(), "D_LABITEMS": site.d_labitems_rows()}
     real = catalog.load_dictionaries(dictionary_dir) if dictionary_dir is not None else {}
     out = {}
     for name, cols in builtin.items():
@@ -130,7 +133,7 @@ def dictionaries(dictionary_dir: pathlib.Path | None) -> dict[str, pa.Table]:
     return out
 
 
-def _write_manifest(path: pathlib.Path, cfg: SynthConfig, model: MortalityModel, rows: dict) -> None:
+def _write_manifest(path: pathlib.Path, cfg: SynthConfig, site: Site, model: MortalityModel, rows: dict) -> None:
     # Only inputs that determine the bytes go in (no timings, no paths): the manifest is
     # itself byte-identical for equal configs.
     doc = {
@@ -139,6 +142,6 @@ def _write_manifest(path: pathlib.Path, cfg: SynthConfig, model: MortalityModel,
         "trigger_offset_seconds": cfg.trigger_offset_seconds, "dialect": cfg.dialect, "gzip": cfg.gzip,
         "events_scale": cfg.events_scale, "compresslevel": cfg.compresslevel,
         "dictionary_enriched": cfg.dictionary_dir is not None,
-        "mortality_model": dataclasses.asdict(model), "rows": rows,
+        "site": site.describe(), "mortality_model": dataclasses.asdict(model), "rows": rows,
     }
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -1,8 +1,9 @@
 """The known truth of a synthetic release: P(in-hospital death) from pre-trigger facts.
 
 Every input of ``death_logit`` can be recomputed from the written tables alone (events
-with CHARTTIME < trigger, DOB, earlier admissions), so a model can in principle learn
-P_DEATH exactly; tests recompute it from the files. docs/synthetic.md gives the formula.
+with CHARTTIME < trigger, DOB, earlier admissions; at site B after undoing the assay bias
+and local codes the manifest lists), so a model can in principle learn P_DEATH exactly;
+tests recompute it from the files. docs/synthetic.md gives the formula.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ AGE_CAP_YEARS = 90.0  # MIMIC shifts DOB of patients > 89 by ~300 years; cap lik
 class PreTriggerFeatures:
     """Per-admission facts observable before the trigger; NaN = not measured."""
 
-    lactate_mean: np.ndarray  # mmol/L, mean LABEVENTS 50813 VALUENUM
-    creatinine_max: np.ndarray  # mg/dL, max LABEVENTS 50912 VALUENUM
+    lactate_mean: np.ndarray  # mmol/L, mean true LABEVENTS 50813 value (site A: the VALUENUM)
+    creatinine_max: np.ndarray  # mg/dL, max true LABEVENTS 50912 value (site A: the VALUENUM)
     hr_mean: np.ndarray  # beats/min, mean of CHARTEVENTS 211/220045 (ERROR != 1)
     sbp_min: np.ndarray  # mmHg, min of CHARTEVENTS 51/455/220050/220179 (ERROR != 1)
     n_labs: np.ndarray  # count of LABEVENTS rows of the admission (any value)

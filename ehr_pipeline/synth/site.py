@@ -1,0 +1,124 @@
+"""Hospitals a release can come from: the same disease, admitted and recorded differently.
+
+A site sets who is admitted (``CaseMix``), how often the ICU charts, and how the record
+reads what was measured: a lab assay bias and local item / drug codes. The mortality
+truth is computed from the true values before any of the recording differences apply,
+so P_DEATH is the same function of the physiology at every site (docs/synthetic.md,
+"Sites"). Site A is the generator as it always was; its releases do not change.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ehr_pipeline.synth import catalog as cat
+from ehr_pipeline.synth import events
+from ehr_pipeline.synth.blocks import Block
+from ehr_pipeline.synth.cohort import CaseMix
+
+# Site B's own codes are site A's code plus this: far above every MIMIC-III v1.4 ITEMID
+# (D_ITEMS ends near 230,000), so they never collide with a real dictionary's rows.
+SITE_CODE_OFFSET = 1_000_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One hospital's case mix, charting rate and recording conventions."""
+
+    name: str
+    stream: tuple[int, ...]  # appended to (seed, chunk) of every chunk's SeedSequence
+    id_offset: int  # added to the first SUBJECT_ID, HADM_ID and ICUSTAY_ID
+    case_mix: CaseMix
+    chart_rate: float  # multiplies the CHARTEVENTS rates (vitals, temperature, GCS; weight is charted once)
+    lab_bias: tuple[tuple[int, float], ...] = ()  # (LABEVENTS ITEMID, recorded / true value)
+    lab_codes: tuple[tuple[int, int], ...] = ()  # (site A lab ITEMID, this site's ITEMID)
+    chart_codes: tuple[tuple[int, int], ...] = ()  # (site A chart ITEMID, this site's ITEMID)
+    drug_codes: tuple[tuple[str, str, str], ...] = ()  # (site A FORMULARY_DRUG_CD, DRUG here, FORMULARY_DRUG_CD here)
+
+    def observe_labs(self, b: Block) -> Block:
+        """LABEVENTS rows of true values as this site records them (assay bias, local codes)."""
+        if not b or not (self.lab_bias or self.lab_codes):
+            return b
+        out = events.assay_bias(b, dict(self.lab_bias)) if self.lab_bias else dict(b)
+        out["ITEMID"] = _recode(b["ITEMID"], self.lab_codes)
+        return out
+
+    def observe_charts(self, b: Block) -> Block:
+        """CHARTEVENTS rows with this site's local item codes."""
+        if not b or not self.chart_codes:
+            return b
+        return {**b, "ITEMID": _recode(b["ITEMID"], self.chart_codes)}
+
+    def drugs(self) -> tuple[cat.Drug, ...]:
+        """The prescription vocabulary (``catalog.DRUGS`` + the comfort drug) with local names and codes."""
+        local = {old: (name, code) for old, name, code in self.drug_codes}
+        out = []
+        for d in cat.DRUGS + (cat.COMFORT_DRUG,):
+            if d.formulary_cd in local:
+                name, code = local[d.formulary_cd]
+                d = dataclasses.replace(d, drug=name, formulary_cd=code)
+            out.append(d)
+        return tuple(out)
+
+    def d_labitems_rows(self) -> dict[str, list]:
+        """D_LABITEMS columns: the built-in rows, then one per local code (label and LOINC of the original)."""
+        return _with_local_rows(cat.d_labitems_rows(), self.lab_codes)
+
+    def d_items_rows(self) -> dict[str, list]:
+        """D_ITEMS columns: the built-in rows, then one per local chart code (copied from the original)."""
+        return _with_local_rows(cat.d_items_rows(), self.chart_codes)
+
+    def describe(self) -> dict:
+        """The site's parameters as JSON-ready values (for SYNTH_MANIFEST.json)."""
+        return {
+            "name": self.name, "stream": list(self.stream), "id_offset": self.id_offset,
+            "case_mix": dataclasses.asdict(self.case_mix), "chart_rate": self.chart_rate,
+            "lab_bias": {str(i): f for i, f in self.lab_bias},
+            "lab_codes": {str(a): b for a, b in self.lab_codes},
+            "chart_codes": {str(a): b for a, b in self.chart_codes},
+            "drug_codes": {a: {"drug": n, "formulary_drug_cd": c} for a, n, c in self.drug_codes},
+        }
+
+
+def _recode(itemid: np.ndarray, pairs: tuple[tuple[int, int], ...]) -> np.ndarray:
+    out = itemid.copy()
+    for old, new in pairs:
+        out[itemid == old] = new
+    return out
+
+
+def _with_local_rows(rows: dict[str, list], pairs: tuple[tuple[int, int], ...]) -> dict[str, list]:
+    """Dictionary columns plus a copy of each recoded item's row under its local ITEMID."""
+    pos = {itemid: k for k, itemid in enumerate(rows["ITEMID"])}
+    out = {name: list(values) for name, values in rows.items()}
+    for old, new in pairs:
+        for name, values in rows.items():
+            out[name].append(new if name == "ITEMID" else values[pos[old]])
+    return out
+
+
+def _local(*itemids: int) -> tuple[tuple[int, int], ...]:
+    return tuple((i, i + SITE_CODE_OFFSET) for i in itemids)
+
+
+SITE_A = Site(name="A", stream=(), id_offset=0, case_mix=CaseMix(), chart_rate=1.0)
+
+# An older, sicker, mostly emergency population; vitals charted every 2 h, not hourly;
+# creatinine by a Jaffe-type assay that reads high, lactate and glucose on analysers that
+# read high; the blood count, INR and bilirubin, respiratory rate, SpO2 and temperature
+# under the site's own item codes; six drugs under local names and formulary codes.
+SITE_B = Site(
+    name="B", stream=(1,), id_offset=10_000_000,
+    case_mix=CaseMix(kind_p=(0.93, 0.02, 0.01, 0.04), adult_age_mean=70.0, adult_age_sd=14.0,
+                     admission_type_p=(0.88, 0.05, 0.07)),
+    chart_rate=0.5,
+    lab_bias=((cat.CREATININE_ITEMID, 1.15), (cat.LACTATE_ITEMID, 1.2), (50931, 1.1)),
+    lab_codes=_local(51301, 51265, 51237, 50885),  # WBC, platelets, INR, bilirubin
+    chart_codes=_local(*(i for c in (cat.RESP, cat.SPO2, cat.TEMP_F) for i in (c.cv_itemid, c.mv_itemid))),
+    drug_codes=(("HEPA5I", "Heparin Sodium", "HEPS5000I"), ("PANT40T", "Protonix", "PROT40T"),
+                ("VANC1F", "Vancomycin HCl", "VANH1000F"), ("PIPT45F", "Zosyn", "ZOSY45F"),
+                ("NORE4I", "Levophed", "LEVO4I"), ("ACET325T", "Tylenol", "TYLE325T")),
+)
+
+SITES = {s.name: s for s in (SITE_A, SITE_B)}
