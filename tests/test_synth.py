@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import math
 import pathlib
@@ -17,7 +18,7 @@ import pandas as pd
 import pytest
 
 from ehr_pipeline import reader, schemas
-from ehr_pipeline.synth import add_arguments, catalog, generate_release, run
+from ehr_pipeline.synth import SynthConfig, add_arguments, catalog, generate_release, run
 from ehr_pipeline.synth.truth import SECONDS_PER_YEAR, MortalityModel, PreTriggerFeatures
 
 DAY = 86_400
@@ -356,3 +357,208 @@ def test_cli_flags_have_help_with_defaults_and_run_writes_a_release(tmp_path, ca
                                   "--dialect", "physionet", "--events-scale", "0.1", "--no-progress"])) == 0
     assert not list(out.glob("*.gz")) and len(list(out.glob("*.csv"))) == 14
     assert run(parser.parse_args(["--patients", "10", "--out", str(out), "--trigger-offset-seconds", "100"])) == 2
+
+
+# ----------------------------------------------------------------------------- sites
+# Digests (sha256, first 16 hex digits) of a tiny uncompressed site-A release, taken from the
+# generator before sites existed: site A must keep writing exactly these bytes. If a change
+# to the generator is meant to alter site A's data, update them and say so in the change.
+SITE_A_DIGESTS = {
+    "ADMISSIONS.csv": "c1f2dbb2046c0ef6",
+    "CHARTEVENTS.csv": "105865bcfc04b77f",
+    "DIAGNOSES_ICD.csv": "fc0160ba3ee2badc",
+    "D_ITEMS.csv": "dfe26aabf3fecea4",
+    "D_LABITEMS.csv": "9d40828529faa8b3",
+    "ICUSTAYS.csv": "2b5c5413dd8b0ab8",
+    "INPUTEVENTS_CV.csv": "131a3c36ec6d71bb",
+    "INPUTEVENTS_MV.csv": "2a2731da32ee130c",
+    "LABEVENTS.csv": "dc28566b3f9a40dd",
+    "OUTPUTEVENTS.csv": "61d14ab9c05c4256",
+    "PATIENTS.csv": "bfe1244432a0015e",
+    "PRESCRIPTIONS.csv": "dbb3b0621138c156",
+    "PROCEDURES_ICD.csv": "633b33a5c72c5564",
+    "SYNTH_TRUTH.csv": "8e593e8d8225434a",
+}
+SITES_ARGS = dict(patients=600, seed=5, events_scale=0.2, show_progress=False)
+SITE_TABLES = ("ADMISSIONS", "PATIENTS", "ICUSTAYS", "LABEVENTS", "CHARTEVENTS", "PRESCRIPTIONS",
+               "DIAGNOSES_ICD", "D_ITEMS", "D_LABITEMS")
+
+
+def test_site_a_writes_the_bytes_it_always_wrote(tmp_path):
+    generate_release(tmp_path, patients=20, seed=1, events_scale=0.1, gzip=False, show_progress=False)
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+               for p in sorted(tmp_path.iterdir()) if p.name != "SYNTH_MANIFEST.json"}
+    assert digests == SITE_A_DIGESTS
+    manifest = json.loads((tmp_path / "SYNTH_MANIFEST.json").read_text())
+    assert manifest["site"]["name"] == "A" and manifest["site"]["lab_bias"] == {}
+    assert manifest["site"]["chart_rate"] == 1.0 and manifest["site"]["id_offset"] == 0
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory):
+    """The same seed generated at site A and at site B, read back."""
+    out = {}
+    for name in ("A", "B"):
+        rel = tmp_path_factory.mktemp("site") / name
+        summary = generate_release(rel, site=name, **SITES_ARGS)
+        tables = {t: _read(rel, t) for t in SITE_TABLES}
+        tables["truth"] = pd.read_csv(rel / "SYNTH_TRUTH.csv")
+        tables["manifest"] = json.loads((rel / "SYNTH_MANIFEST.json").read_text())
+        out[name] = (rel, summary, tables)
+    return out
+
+
+def _first_admission_ages(t: dict) -> pd.Series:
+    first = t["ADMISSIONS"].groupby("SUBJECT_ID").ADMITTIME.min()
+    return (first - t["PATIENTS"].set_index("SUBJECT_ID").DOB.reindex(first.index)) / SECONDS_PER_YEAR
+
+
+def test_site_b_admits_older_more_emergent_patients(sites):
+    shares = {}
+    for name in "AB":
+        t = sites[name][2]
+        age = _first_admission_ages(t)
+        adm = t["ADMISSIONS"]
+        adults = adm[adm.ADMISSION_TYPE != "NEWBORN"].ADMISSION_TYPE.value_counts(normalize=True)
+        shares[name] = dict(age=age[(age >= 18) & (age < 90)].mean(), newborn=(age < 1).mean(),
+                            emergency=adults["EMERGENCY"], elective=adults["ELECTIVE"])
+    mix = {n: sites[n][2]["manifest"]["site"]["case_mix"] for n in "AB"}
+    for name in "AB":  # the documented shares, within ~3 binomial standard errors
+        p_em, p_el, _ = mix[name]["admission_type_p"]
+        assert abs(shares[name]["emergency"] - p_em) < 0.045, (name, shares[name])
+        assert abs(shares[name]["elective"] - p_el) < 0.04, (name, shares[name])
+        assert abs(shares[name]["newborn"] - mix[name]["kind_p"][1]) < 0.03, (name, shares[name])
+    # Clipping to 18-89 pulls both means in; the gap stays near the 7 years between the means.
+    assert 4.0 < shares["B"]["age"] - shares["A"]["age"] < 10.0, shares
+    assert shares["B"]["elective"] < shares["A"]["elective"] - 0.05, shares
+
+
+def test_site_b_ids_do_not_collide_with_site_a(sites):
+    a, b = sites["A"][2], sites["B"][2]
+    offset = b["manifest"]["site"]["id_offset"]
+    assert offset > 0
+    for table, col in (("PATIENTS", "SUBJECT_ID"), ("ADMISSIONS", "HADM_ID"), ("ICUSTAYS", "ICUSTAY_ID")):
+        assert not set(a[table][col]) & set(b[table][col]), col
+        assert b[table][col].min() == a[table][col].min() + offset, col
+
+
+def _pre_trigger(df: pd.DataFrame, adm: pd.DataFrame) -> pd.DataFrame:
+    """Rows of an admission (HADM_ID set) charted before its trigger (ADMITTIME + 1 day)."""
+    df = df.dropna(subset=["HADM_ID"]).astype({"HADM_ID": "int64"})
+    trigger = adm.set_index("HADM_ID").ADMITTIME + DAY
+    return df[df.CHARTTIME.to_numpy() < trigger.reindex(df.HADM_ID).to_numpy()]
+
+
+@pytest.mark.parametrize("itemid", [catalog.CREATININE_ITEMID, catalog.LACTATE_ITEMID, 50931, 51006])
+def test_site_b_assays_read_high_for_the_same_physiology(sites, itemid):
+    # A log-scale lab is ln(value) = centre + shift * severity + noise at both sites: the
+    # intercept of ln(VALUENUM) on SEVERITY (the same physiology) moves by ln(bias).
+    intercept = {}
+    for name in "AB":
+        t = sites[name][2]
+        labs = _pre_trigger(t["LABEVENTS"], t["ADMISSIONS"])
+        labs = labs[(labs.ITEMID == itemid) & labs.VALUENUM.notna()]
+        sev = t["truth"].set_index("HADM_ID").SEVERITY.reindex(labs.HADM_ID).to_numpy()
+        assert len(labs) > 300, (name, len(labs))
+        slope, intercept[name] = np.polyfit(sev, np.log(labs.VALUENUM.to_numpy()), 1)
+    bias = sites["B"][2]["manifest"]["site"]["lab_bias"].get(str(itemid), 1.0)
+    assert bias != 1.0 or itemid == 51006  # urea nitrogen: the unbiased control
+    assert intercept["B"] - intercept["A"] == pytest.approx(math.log(bias), abs=0.05), intercept
+
+
+def test_site_b_uses_its_own_item_and_drug_codes(sites):
+    a, b = sites["A"][2], sites["B"][2]
+    site = b["manifest"]["site"]
+    for table, dictionary, codes in (("LABEVENTS", "D_LABITEMS", site["lab_codes"]),
+                                     ("CHARTEVENTS", "D_ITEMS", site["chart_codes"])):
+        old, new = {int(k) for k in codes}, set(codes.values())
+        assert len(old) >= 4 and not old & new
+        seen_a, seen_b = set(a[table].ITEMID), set(b[table].ITEMID)
+        assert new <= seen_b and not new & seen_a, table
+        assert not old & seen_b and old <= seen_a, table
+        assert seen_b <= set(b[dictionary].ITEMID), f"{table} item missing from {dictionary}"
+        # A local code is the same measurement: its dictionary row copies the original's.
+        d = b[dictionary].set_index("ITEMID").drop(columns="ROW_ID")
+        for k, v in codes.items():
+            assert d.loc[v].equals(d.loc[int(k)]), (dictionary, k)
+    drugs = site["drug_codes"]
+    rx_a, rx_b = set(a["PRESCRIPTIONS"].FORMULARY_DRUG_CD), set(b["PRESCRIPTIONS"].FORMULARY_DRUG_CD)
+    local = {v["formulary_drug_cd"] for v in drugs.values()}
+    assert local <= rx_b and not local & rx_a and not set(drugs) & rx_b
+    names = {v["drug"] for v in drugs.values()}
+    assert names <= set(b["PRESCRIPTIONS"].DRUG) and not names & set(a["PRESCRIPTIONS"].DRUG)
+
+
+def test_site_b_charts_at_its_documented_rate(sites):
+    rate = {}
+    for name in "AB":
+        t = sites[name][2]
+        icu_hours = (t["ICUSTAYS"].OUTTIME - t["ICUSTAYS"].INTIME).sum() / 3600
+        rate[name] = t["CHARTEVENTS"].ICUSTAY_ID.notna().sum() / icu_hours
+        labs_per_hour = len(t["LABEVENTS"]) / ((t["ADMISSIONS"].DISCHTIME - t["ADMISSIONS"].ADMITTIME).sum() / 3600)
+        rate[name + "_labs"] = labs_per_hour
+    chart_rate = sites["B"][2]["manifest"]["site"]["chart_rate"]
+    assert chart_rate == 0.5
+    # Vital rounds grow as exp(0.15 severity), and site B is a little sicker: a few % leeway.
+    assert rate["B"] / rate["A"] == pytest.approx(chart_rate, rel=0.12), rate
+    # Labs are drawn as often as at site A (they grow faster with severity: exp(0.35 s)).
+    assert rate["B_labs"] / rate["A_labs"] == pytest.approx(1.0, rel=0.2), rate
+
+
+def _as_site_a_records(t: dict) -> dict[str, pd.DataFrame]:
+    """Site B's tables with its recording undone, from the manifest alone: codes mapped
+    back, biased lab values divided by their bias and rounded as the item prints."""
+    site = t["manifest"]["site"]
+    decimals = {i.itemid: i.decimals for i in catalog.LAB_ITEMS}
+    labs = t["LABEVENTS"].copy()
+    for itemid, factor in site["lab_bias"].items():
+        hit = labs.ITEMID == int(itemid)
+        labs.loc[hit, "VALUENUM"] = (labs.VALUENUM[hit] / factor).round(decimals[int(itemid)])
+    labs["ITEMID"] = labs.ITEMID.replace({v: int(k) for k, v in site["lab_codes"].items()})
+    charts = t["CHARTEVENTS"].copy()
+    charts["ITEMID"] = charts.ITEMID.replace({v: int(k) for k, v in site["chart_codes"].items()})
+    return {**t, "LABEVENTS": labs, "CHARTEVENTS": charts}
+
+
+def test_site_b_truth_is_the_same_formula_of_the_true_values(sites):
+    a, b = sites["A"][2], sites["B"][2]
+    assert a["manifest"]["mortality_model"] == b["manifest"]["mortality_model"]
+    written = b["truth"].set_index("HADM_ID").P_DEATH
+    p = _recomputed_probability(_as_site_a_records(b), DAY, SITES_ARGS["events_scale"])
+    assert np.allclose(p.to_numpy(), written.reindex(p.index).to_numpy(), rtol=1e-9, atol=1e-12), \
+        f"max |diff| {np.abs(p - written.reindex(p.index)).max():.3g}"
+    # The recorded values are not the truth's inputs: read as written, lactate and
+    # creatinine overstate the risk of the admissions that had them measured.
+    naive = _recomputed_probability(b, DAY, SITES_ARGS["events_scale"])
+    ratio = naive / written.reindex(naive.index)
+    assert (ratio > 1 + 1e-6).mean() > 0.8 and (ratio < 1 - 1e-6).sum() == 0
+
+
+def test_beam_job_runs_on_a_site_b_release(tmp_path):
+    from ehr_pipeline.config import PipelineConfig
+    from ehr_pipeline.job import run_job
+
+    release = tmp_path / "release"
+    generate_release(release, patients=60, seed=3, events_scale=0.2, show_progress=False, site="B")
+    manifest = run_job(str(release), str(tmp_path / "data"),
+                       PipelineConfig.model_validate({"num_shards": {"train": 1, "validation": 1, "test": 1},
+                                                      "vocab": {"min_count": 1}}))
+    assert manifest["balanced"]
+    assert sum(s["examples"] for s in manifest["splits"].values()) > 40
+    vocab = json.loads((tmp_path / "data" / "vocabulary.json").read_text())["sources"]
+    site = json.loads((release / "SYNTH_MANIFEST.json").read_text())["site"]
+    assert {f"lab:{v}" for v in site["lab_codes"].values()} & set(vocab["lab"])
+    assert {f"chart:{v}" for v in site["chart_codes"].values()} & set(vocab["chart"])
+
+
+def test_site_is_a_validated_cli_flag(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--patients", "5", "--out", str(tmp_path), "--site", "C"])
+    assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="site must be one of"):
+        SynthConfig(patients=5, seed=0, site="C")
+    assert run(parser.parse_args(["--patients", "5", "--out", str(tmp_path), "--site", "B", "--events-scale",
+                                  "0.1", "--no-progress"])) == 0
+    assert json.loads((tmp_path / "SYNTH_MANIFEST.json").read_text())["site"]["name"] == "B"
