@@ -61,6 +61,10 @@ class ModelConfig(_Model):
     l2: _NonNegFloat = Field(1e-4, description="L2 coefficient on the shared (point-estimated) weights.")
     embedding_prior_stddev: _PosFloat = Field(1.0, description="Stddev of the N(0, s^2) embedding prior.")
     embedding_init_stddev: _PosFloat = Field(1e-3, description="Initial embedding posterior stddev.")
+    pooling: Literal["mean", "sum", "max", "mean_max", "attention"] = Field(
+        "mean_max", description="How a bag's token vectors become one bag vector: mean (dilutes one abnormal "
+                                "value among many normal ones), sum, elementwise max, mean and max side by side "
+                                "(2x wide), or attention (softmax over tokens, one learned query).")
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
@@ -92,7 +96,11 @@ class TrainConfig(_Model):
     max_steps: _PosInt = 25000
     loss: Literal["average", "mixture"] = Field(
         "average", description="average: mean per-member NLL (App. D.4); mixture: NLL of the K-mixture (D.5).")
-    eval_every_steps: _NonNegInt = Field(1000, description="Validation every N steps (0 = only at the end).")
+    eval_every_steps: _NonNegInt = Field(
+        1000, description="Validation every N steps and at the last step (0 = none: the last step is exported). "
+                          "The checkpoint with the best validation mixture NLL is the one evaluated and exported.")
+    early_stopping_patience: _NonNegInt = Field(
+        0, description="Stop after this many validations in a row without a better validation NLL (0 = never).")
     eval_samples: _PosInt = Field(4, description="S samples per member for the periodic validation.")
     checkpoint_every_steps: _PosInt = 500
     keep_checkpoints: _PosInt = 3

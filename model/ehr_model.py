@@ -9,7 +9,8 @@ Forward pass for N admissions, S samples and K members (docs/model.md has the pi
      has_value, log count) modulate each code's own vector, so "high lactate" and "high
      creatinine" need not point the same way; this projection is deterministic and shared
      by the members, like the embeddings (the paper keeps embeddings out of the rank-1 part);
-  3. a bag is the mean of its tokens plus its time features (hours before trigger, size);
+  3. a bag pools its tokens (``ModelConfig.pooling``: mean, sum, max, mean and max, or
+     attention) and adds its time features (hours before trigger, size, in admission);
   4. the [S*N, bags, d] sequence is tiled K times (row block k = member k, as every
      rank-1 layer expects) and run through the LSTM masked by num_bags;
   5. the final state, concatenated with the admission context, goes through a dense
@@ -122,6 +123,9 @@ class EHRModel(tf.keras.Model):
             name="code_embedding")
         self.token = tf.keras.layers.Dense(config.embedding_dim, activation="tanh", kernel_regularizer=reg,
                                            name="token_projection")
+        # A deterministic, shared scorer like the token projection: one learned query.
+        self.attention = (tf.keras.layers.Dense(1, use_bias=False, name="attention_query")
+                          if config.pooling == "attention" else None)
         if config.method == "fully_bayesian":
             # The fast Rank1LSTM reads cell.kernel as a fixed matrix; Flipout cells resample
             # their weights and signs in get_initial_state, which only keras' RNN calls.
@@ -160,11 +164,11 @@ class EHRModel(tf.keras.Model):
         values = tf.tile(tf.cast(features["code_values"].flat_values, emb.dtype), [s, 1])
         tokens = self.token(tf.concat([emb, values], axis=-1))  # [S*n_tok, D]
 
-        # 3. mean over each bag's tokens; sample j's bags are segments j*n_bags .. (j+1)*n_bags.
+        # 3. pool each bag's tokens; sample j's bags are segments j*n_bags .. (j+1)*n_bags.
         tok_bag = tf.cast(ids.values.value_rowids(), tf.int32)  # [n_tok] bag index
         n_bags = tf.cast(ids.values.nrows(), tf.int32)
         offsets = tf.repeat(tf.range(s) * n_bags, n_tok)
-        pooled = tf.math.unsorted_segment_mean(tokens, tf.tile(tok_bag, [s]) + offsets, s * n_bags)
+        pooled = self._pool(tokens, tf.tile(tok_bag, [s]) + offsets, s * n_bags)
         bag_feats = tf.cast(features["bag_features"].flat_values, pooled.dtype)
         pooled = tf.concat([pooled, tf.tile(bag_feats, [s, 1])], axis=-1)  # [S*n_bags, F]
         width = pooled.shape[-1]
@@ -188,6 +192,29 @@ class EHRModel(tf.keras.Model):
         z = self.hidden(tf.concat([h, context], axis=-1))
         logits = tf.cast(self.output_layer(z)[:, 0], tf.float32)  # float32 even under mixed precision
         return tf.reshape(tf.transpose(tf.reshape(logits, [k, s, n]), [2, 1, 0]), [n, s * k])
+
+
+    def _pool(self, tokens: tf.Tensor, segments: tf.Tensor, num_segments: tf.Tensor) -> tf.Tensor:
+        """[n_tokens, D] token vectors -> [num_segments, D] (2D for mean_max) bag vectors; empty bags -> 0."""
+        pooling = self.config.pooling
+        if pooling == "mean":
+            return tf.math.unsorted_segment_mean(tokens, segments, num_segments)
+        if pooling == "sum":
+            return tf.math.unsorted_segment_sum(tokens, segments, num_segments)
+        if pooling in ("max", "mean_max"):
+            # Tokens are tanh outputs in (-1, 1); an empty bag's max (the dtype's lowest) becomes 0.
+            high = tf.math.unsorted_segment_max(tokens, segments, num_segments)
+            high = tf.where(high < -1.0, tf.zeros_like(high), high)
+            if pooling == "max":
+                return high
+            return tf.concat([tf.math.unsorted_segment_mean(tokens, segments, num_segments), high], axis=-1)
+        # attention: a softmax over each bag's tokens, stabilised by the bag's largest score.
+        scores = self.attention(tokens)[:, 0]
+        top = tf.math.unsorted_segment_max(scores, segments, num_segments)
+        weights = tf.exp(scores - tf.gather(top, segments))
+        total = tf.math.unsorted_segment_sum(weights, segments, num_segments)
+        weights = weights / tf.gather(total, segments)
+        return tf.math.unsorted_segment_sum(tokens * weights[:, None], segments, num_segments)
 
 
 def build_model(config: ModelConfig, vocab_size: int) -> EHRModel:

@@ -9,9 +9,12 @@ Per code entry of a bag (a "token") the model gets:
   * an id: vocabulary codes get their own id; an unknown code gets the out-of-vocabulary
     (OOV) id of its source ("lab", "chart", ...), and a code of an unknown source the
     shared unknown-source id, so rare labs and rare drugs do not share one vector;
-  * NUM_VALUE_FEATURES floats: z(mean value), z(last value) (z-scores from the training
-    split's statistics, clipped to +-clip_z), has_value, log(1 + events of the code).
-Per bag: log(1 + hours before the trigger) / 10 and log(1 + distinct codes) / 10 (both ~O(1)).
+  * NUM_VALUE_FEATURES floats: z(mean), z(last), z(min), z(max) of the bag's values (z-scores
+    from the training split's statistics, clipped to +-clip_z), has_value, log(1 + events of
+    the code). The extremes are what severity scores (SAPS-II, APACHE) score: the worst value.
+Per bag: log(1 + hours before the trigger) / 10, log(1 + distinct codes) / 10 (both ~O(1)), and
+1 if the bag lies in the current admission (its newest event at or after admission), 0 for
+older history (earlier admissions' diagnoses, say).
 Per admission: age / 90, one-hot gender, one-hot admission type.
 """
 from __future__ import annotations
@@ -30,8 +33,8 @@ from ehr_pipeline.config import parse_pipeline_config
 # MIMIC-III ADMISSIONS.ADMISSION_TYPE values; anything else maps to one extra "other" slot.
 # TODO(spec owner): this list belongs in ehr_pipeline.spec next to GENDERS.
 ADMISSION_TYPES = ("ELECTIVE", "EMERGENCY", "NEWBORN", "URGENT")
-NUM_VALUE_FEATURES = 4  # z_mean, z_last, has_value, log1p(count)
-NUM_BAG_FEATURES = 2  # log1p(hours before trigger) / 10, log1p(codes in bag) / 10
+NUM_VALUE_FEATURES = 6  # z_mean, z_last, z_min, z_max, has_value, log1p(count)
+NUM_BAG_FEATURES = 3  # log1p(hours before trigger) / 10, log1p(codes in bag) / 10, in current admission
 CONTEXT_DIM = 1 + len(spec.GENDERS) + len(ADMISSION_TYPES) + 1
 DEFAULT_CLIP_Z = 10.0  # the authors capped |z| at 10 (NOTES.md)
 _LOG_SCALE = 10.0  # log1p(hours) reaches ~11 for ten years of history: /10 keeps features ~O(1)
@@ -147,8 +150,8 @@ class Featurizer(tf.Module):
 
         counts = tf.cast(parsed[spec.BAG_COUNTS].flat_values, tf.float32)
         values = tf.stack([
-            z(parsed[spec.BAG_VALUE_MEAN].flat_values),
-            z(parsed[spec.BAG_VALUE_LAST].flat_values),
+            *(z(parsed[key].flat_values)
+              for key in (spec.BAG_VALUE_MEAN, spec.BAG_VALUE_LAST, spec.BAG_VALUE_MIN, spec.BAG_VALUE_MAX)),
             tf.cast(has_value, tf.float32),
             tf.math.log1p(counts),
         ], axis=-1)
@@ -156,7 +159,10 @@ class Featurizer(tf.Module):
         offsets = parsed[spec.BAG_OFFSET]  # ragged [B, (bags)] seconds
         codes_per_bag = tf.cast(codes.values.row_lengths(), tf.float32)
         hours = tf.maximum(offsets.flat_values, 0.0) / 3600.0
-        bag = tf.stack([tf.math.log1p(hours) / _LOG_SCALE, tf.math.log1p(codes_per_bag) / _LOG_SCALE], axis=-1)
+        admit_offset = tf.cast(parsed[spec.ADMIT_OFFSET], tf.float32)  # [B] seconds
+        in_admission = offsets <= admit_offset[:, None]  # ragged [B, (bags)]
+        bag = tf.stack([tf.math.log1p(hours) / _LOG_SCALE, tf.math.log1p(codes_per_bag) / _LOG_SCALE,
+                        tf.cast(in_admission.flat_values, tf.float32)], axis=-1)
 
         gender = self._genders.lookup(parsed[spec.GENDER])
         adm = self._admission_types.lookup(parsed[spec.ADMISSION_TYPE])

@@ -3,6 +3,8 @@
 Run folder OUT/:
   config.json        the resolved experiment config (a restart must use the same one)
   checkpoints/       tf.train.CheckpointManager (model, both optimizers, step)
+  best/              the checkpoint with the best validation mixture NLL so far, and
+  best.json          its step and NLL, the validations since, and whether training stopped early
   tensorboard/       scalars: loss terms, KL weight, gradient norm, validation metrics
   eval/{validation,test}/  final reports (metrics.json + plots + predictions.csv)
   export/            MODEL_DIR, the service's contract (model/export.py)
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
+BEST_DIR = "best"
+BEST_FILE = "best.json"
 TENSORBOARD_DIR = "tensorboard"
 EVAL_DIR = "eval"
 EXPORT_DIR = "export"
@@ -57,6 +61,7 @@ class TrainResult:
     step: int
     history: list[dict[str, float]]  # one row per logged step: loss terms
     validation: list[dict[str, float]]  # one row per periodic validation
+    best: dict[str, Any]  # BEST_FILE: step and validation NLL of the exported checkpoint, early stop
     export_dir: pathlib.Path | None
     test_report: dict[str, Any] | None
 
@@ -83,6 +88,57 @@ def check_run_folder(out: pathlib.Path, config: ExperimentBase) -> None:
                                       "or the same config to resume")
     else:
         path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+@dataclasses.dataclass
+class BestTracker:
+    """Keeps the checkpoint with the lowest validation NLL; counts validations since (early stopping)."""
+
+    out: pathlib.Path
+    patience: int  # 0 = never stop early
+    step: int | None = None
+    validation_nll: float = float("inf")
+    since_best: int = 0
+    stopped_early: bool = False
+
+    @classmethod
+    def load(cls, out: pathlib.Path, patience: int) -> BestTracker:
+        """The tracker of a run folder, resumed from BEST_FILE when there is one."""
+        path = out / BEST_FILE
+        if not path.exists():
+            return cls(out, patience)
+        doc = json.loads(path.read_text())
+        return cls(out, patience, doc["step"], doc["validation_nll"], doc["validations_since_best"],
+                   doc["stopped_early"])
+
+    def update(self, step: int, validation_nll: float, checkpoint: tf.train.Checkpoint) -> bool:
+        """Records one validation (saving the model if it is the best); True when training should stop."""
+        if validation_nll < self.validation_nll:
+            self.step, self.validation_nll, self.since_best = step, validation_nll, 0
+            # max_to_keep=1: only the best survives, whatever the periodic manager deletes.
+            tf.train.CheckpointManager(checkpoint, str(self.out / BEST_DIR), max_to_keep=1).save(
+                checkpoint_number=step)
+        else:
+            self.since_best += 1
+        self.stopped_early = bool(self.patience) and self.since_best >= self.patience
+        self.write()
+        return self.stopped_early
+
+    def write(self) -> None:
+        """Writes BEST_FILE."""
+        (self.out / BEST_FILE).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form of BEST_FILE."""
+        return {"step": self.step, "validation_nll": self.validation_nll if self.step is not None else None,
+                "validations_since_best": self.since_best, "patience": self.patience,
+                "stopped_early": self.stopped_early}
+
+    def restore_into(self, model: tf.keras.Model) -> None:
+        """Loads the best checkpoint's weights into model (no-op when nothing was validated)."""
+        path = tf.train.latest_checkpoint(str(self.out / BEST_DIR))
+        if path is not None:
+            tf.train.Checkpoint(model=model).restore(path).expect_partial()
 
 
 def _num_train_examples(files: inputs.DataFiles) -> int:
@@ -232,11 +288,14 @@ def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, stra
     writer = tf.summary.create_file_writer(str(out / TENSORBOARD_DIR))
     history: list[dict[str, float]] = []
     validation: list[dict[str, float]] = []
+    best = BestTracker.load(out, tc.early_stopping_patience)
+    if best.stopped_early:
+        log.info("run stopped early at step %d (best step %s): not training further", start, best.step)
     iterator = iter(dist_ds)
     bar = tqdm(total=tc.max_steps, initial=start, desc=f"train {config.name}", unit="step", disable=not progress,
                dynamic_ncols=True)
     started = time.time()
-    while int(step.numpy()) < tc.max_steps:
+    while int(step.numpy()) < tc.max_steps and not best.stopped_early:
         stats = {k: float(v) for k, v in train_step(iterator).items()}
         current = int(step.numpy())
         bar.update(1)
@@ -247,36 +306,45 @@ def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, stra
             bar.set_postfix(loss=f"{stats['loss']:.4f}", nll=f"{stats['nll']:.4f}")
             rate = (current - start) / max(time.time() - started, 1e-9)
             write_scalars(writer, "train", {**stats, "steps_per_second": rate}, current)
-        if tc.eval_every_steps and current % tc.eval_every_steps == 0 and current < tc.max_steps:
+        stop = False
+        if tc.eval_every_steps and (current % tc.eval_every_steps == 0 or current == tc.max_steps):
             row = {"step": current, **run_validation()}
             validation.append(row)
             log.info("step %d validation %s", current, {k: round(v, 4) for k, v in row.items() if k != "step"})
             write_scalars(writer, "validation", {k: v for k, v in row.items() if k != "step"}, current)
-        if current % tc.checkpoint_every_steps == 0:
+            stop = best.update(current, row.get("mixture_nll", float("inf")), checkpoint)
+            if stop:
+                log.info("early stop at step %d: no better validation NLL in %d validations (best %.4f at step %d)",
+                         current, tc.early_stopping_patience, best.validation_nll, best.step)
+        if current % tc.checkpoint_every_steps == 0 or stop:
             manager.save(checkpoint_number=current)
     bar.close()
     final_step = int(step.numpy())
     if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(f"-{final_step}"):
         manager.save(checkpoint_number=final_step)
     writer.flush()
+    best.write()
 
     export_dir, test_report = None, None
     if export_model:
+        # Evaluate and export the best validated weights, not merely the last ones.
+        best.restore_into(model)
         export_dir, test_report = finalize(config, model, featurizer, files, out, progress=progress,
                                            truth_path=truth_path)
-    return TrainResult(out, final_step, history, validation, export_dir, test_report)
+    return TrainResult(out, final_step, history, validation, best.to_dict(), export_dir, test_report)
 
 
 def load_run(out_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str]
              ) -> tuple[ExperimentConfig, tf.keras.Model, inputs.Featurizer, int]:
-    """(config, model restored from the newest checkpoint, featurizer, step) of a run folder."""
+    """(config, model restored from the best validated (else newest) checkpoint, featurizer, step) of a run."""
     out = pathlib.Path(out_dir)
     config = parse_config(json.loads((out / CONFIG_FILE).read_text()), source=str(out / CONFIG_FILE))
     files = inputs.load_data_files(data_dir)
     featurizer = inputs.Featurizer.from_data_files(files)
     model = build_model(config.model, featurizer.vocab_size)
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-    latest = tf.train.latest_checkpoint(str(out / CHECKPOINT_DIR))
+    # The best validated checkpoint is the run's model (what the export holds); else the newest.
+    latest = tf.train.latest_checkpoint(str(out / BEST_DIR)) or tf.train.latest_checkpoint(str(out / CHECKPOINT_DIR))
     if latest is None:
         raise FileNotFoundError(f"{out}: no checkpoint in {CHECKPOINT_DIR}/")
     # expect_partial: the optimizers' slots are in the checkpoint but not needed here.

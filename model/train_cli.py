@@ -1,6 +1,7 @@
 """`ehr-train`: train (or resume) one EHR model run, then evaluate it and write its export.
 
-  ehr-train --config configs/ehr_rank1_normal.yaml --data out/demo/data --out runs/rank1 [--steps N] [--seed S]
+  ehr-train --config configs/ehr_rank1_normal.yaml --data out/demo/data --out runs/rank1 [--steps N] [--seed S] \
+            [--patience P] [--set model.rnn_dim=64 --set train.learning_rate=1e-3 ...]
 
 Killed and restarted with the same command, a run resumes from its newest checkpoint.
 """
@@ -29,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="override train.max_steps of the config (None: keep the config's)")
     parser.add_argument("--seed", type=int, default=None,
                         help="override train.seed of the config (None: keep the config's)")
+    parser.add_argument("--patience", type=int, default=None,
+                        help="override train.early_stopping_patience: stop after this many validations without a "
+                             "better validation NLL (0 = never; None: keep the config's)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override any config value, e.g. --set model.rnn_dim=64 --set eval.num_samples=10 "
+                             "(VALUE is read as YAML; repeatable; validated like the file)")
     parser.add_argument("--truth", default=None,
                         help="known-truth CSV (HADM_ID,P_DEATH,...) of a synthetic release: adds error vs truth "
                              "to the final reports")
@@ -36,6 +43,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-progress", action="store_true", help="hide the tqdm progress bars")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict[str, object]]:
+    """['model.rnn_dim=64', ...] -> {'model': {'rnn_dim': 64}}; values read as YAML scalars."""
+    import yaml
+
+    from ehr_pipeline.config import ConfigError
+
+    sections: dict[str, dict[str, object]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not (sep and dot and section and name):
+            raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. model.rnn_dim=64")
+        try:
+            sections.setdefault(section, {})[name] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {item!r}: value is not valid YAML: {err}") from None
+    return sections
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     from model.config import load_config
 
     try:
-        config = load_config(args.config).with_train_overrides(max_steps=args.steps, seed=args.seed)
+        config = load_config(args.config).with_overrides(**parse_overrides(args.overrides))
+        config = config.with_train_overrides(max_steps=args.steps, seed=args.seed,
+                                             early_stopping_patience=args.patience)
     except ConfigError as err:
         print(f"ehr-train: {err}", file=sys.stderr)
         return 2

@@ -126,8 +126,9 @@ def trained_rank1_run(base: pathlib.Path) -> dict:
 
         write_data_dir(data)
         # kl_scale < 1: with 160 training admissions the full KL / N_train would swamp the likelihood.
-        config = parse_config(tiny_config_dict("rank1", steps=100, kl_scale=0.05))
+        config = parse_config(tiny_config_dict("rank1", steps=100, kl_scale=0.05, eval_every_steps=25))
         result = train(config, data, run, progress=False, truth_path=data / "SYNTH_TRUTH.csv")
         history_path.write_text(json.dumps({"history": result.history, "step": result.step,
+                                            "validation": result.validation, "best": result.best,
                                             "n_train": 160, "config": config.to_dict()}))
     return {"data": data, "run": run, "export": run / "export", **read_json(history_path)}

@@ -61,13 +61,15 @@ def test_featurizer_looks_up_codes_zscores_values_and_encodes_context():
     assert fz.code_ids(tf.constant(["weird:1", "prescription:X"])).numpy().tolist() == [
         len(spec.SOURCES), spec.SOURCES.index("prescription")]
     values = feats["code_values"].flat_values.numpy()
-    # lactate: mean (2.5 + 99) / 2 -> z = 97.25 clipped to 3; last = 99 (same time: input order) -> 3.
-    np.testing.assert_allclose(values[1], [3.0, 3.0, 1.0, math.log(3.0)], rtol=1e-6)
+    # lactate: mean (2.5 + 99) / 2 -> z = 97.25 clipped to 3; last = 99 (same time: input order) -> 3;
+    # min 2.5 -> z = 2; max 99 -> clipped to 3.
+    np.testing.assert_allclose(values[1], [3.0, 3.0, 2.0, 3.0, 1.0, math.log(3.0)], rtol=1e-6)
     # chart:211 has no value; lab:77777 has a value but no statistics: z = 0, has_value kept.
-    np.testing.assert_allclose(values[0], [0.0, 0.0, 0.0, math.log(3.0)], rtol=1e-6)
-    np.testing.assert_allclose(values[2], [0.0, 0.0, 1.0, math.log(2.0)], rtol=1e-6)
+    np.testing.assert_allclose(values[0], [0.0, 0.0, 0.0, 0.0, 0.0, math.log(3.0)], rtol=1e-6)
+    np.testing.assert_allclose(values[2], [0.0, 0.0, 0.0, 0.0, 1.0, math.log(2.0)], rtol=1e-6)
     bag = feats["bag_features"].flat_values.numpy()[0]
-    np.testing.assert_allclose(bag, [math.log1p(1.0) / 10, math.log1p(3.0) / 10], rtol=1e-6)
+    # One hour before the trigger, inside the admission (admit_offset 1 day).
+    np.testing.assert_allclose(bag, [math.log1p(1.0) / 10, math.log1p(3.0) / 10, 1.0], rtol=1e-6)
     context = feats["context"].numpy()[0]
     expected_context = np.zeros(inputs.CONTEXT_DIM)
     expected_context[0] = 70.0 / 90.0
@@ -173,3 +175,42 @@ def test_seeded_prediction_is_reproducible_and_independent_of_the_batch(data):
         predict_probs(predictor, records, 0, seed=0)
     with pytest.raises(tf.errors.InvalidArgumentError, match="num_samples"):
         predictor(tf.constant(records[:1]), 101, 0)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "sum", "max", "mean_max", "attention"])
+def test_bag_pooling_matches_a_per_bag_computation(data, pooling):
+    _, featurizer, _, _ = data
+    model = _model(featurizer, "deterministic", pooling=pooling)
+    rng = np.random.default_rng(0)
+    tokens = np.tanh(rng.normal(size=(9, 16))).astype(np.float32)
+    segments = np.array([0, 0, 0, 2, 2, 3, 3, 3, 3], np.int32)  # bag 1 is empty
+    pooled = model._pool(tf.constant(tokens), tf.constant(segments), 4).numpy()
+    for bag in range(4):
+        members = tokens[segments == bag]
+        if not len(members):
+            np.testing.assert_array_equal(pooled[bag], 0.0)
+            continue
+        if pooling == "attention":
+            scores = members @ model.attention.kernel.numpy()[:, 0]
+            w = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+            expected = w @ members
+        else:
+            expected = {"mean": members.mean(0), "sum": members.sum(0), "max": members.max(0),
+                        "mean_max": np.concatenate([members.mean(0), members.max(0)])}[pooling]
+        np.testing.assert_allclose(pooled[bag], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_featurizer_gives_extremes_and_the_admission_window(data):
+    _, featurizer, _, _ = data
+    trigger = 1_000_000
+    times = np.array([trigger - 3600, trigger - 7200, trigger - 3 * 86400], np.int64)
+    bags = bagging.bag_events(times, np.array(["lab:50813"] * 3, dtype=object), np.array([1.0, 5.0, 2.0]),
+                              trigger, PipelineConfig().bagging)
+    context = {spec.SUBJECT_ID: 1, spec.HADM_ID: 2, spec.LABEL: 0, spec.TRIGGER_TIME: trigger,
+               spec.ADMIT_OFFSET: 86400, spec.AGE_YEARS: 60.0, spec.GENDER: "M", spec.ADMISSION_TYPE: "URGENT"}
+    feats = _features(featurizer, [spec.make_sequence_example(context, bags).SerializeToString()])
+    values = feats["code_values"].flat_values.numpy()  # [2 tokens, NUM_VALUE_FEATURES], oldest bag first
+    newest = values[1]
+    z_mean, z_last, z_min, z_max = newest[:4]
+    assert z_min < z_mean < z_max and z_last == pytest.approx(z_min)  # 1.0 is the newest, 5.0 the largest
+    assert feats["bag_features"].flat_values.numpy()[:, 2].tolist() == [0.0, 1.0]  # history, then admission

@@ -15,8 +15,11 @@ import tensorflow as tf
 import yaml
 from ehr_testdata import read_json, tiny_config_dict, trained_rank1_run, write_data_dir
 
+from ehr_pipeline.config import ConfigError
 from model.config import parse_config
-from model.train import CHECKPOINT_DIR, EXPORT_DIR, TENSORBOARD_DIR, ConfigMismatchError, train
+from model.train import (BEST_FILE, CHECKPOINT_DIR, EXPORT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError,
+                         load_run, train)
+from model.train_cli import parse_overrides
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -47,6 +50,53 @@ def test_kl_term_is_divided_by_n_train_and_linearly_annealed(trained):
         assert row["loss"] == pytest.approx(row["nll"] + row["kl_weight"] * row["kl"] + row["l2"], rel=1e-4)
         assert row["kl"] > 0 and row["l2"] > 0
     assert trained["history"][0]["kl_weight"] < trained["history"][-1]["kl_weight"]
+
+
+def test_the_best_validated_checkpoint_is_the_one_kept_and_loaded(trained):
+    rows = trained["validation"]
+    assert [r["step"] for r in rows] == [25, 50, 75, 100]  # every 25 steps and the last one
+    best = min(rows, key=lambda r: r["mixture_nll"])
+    assert trained["best"]["step"] == best["step"]
+    assert trained["best"]["validation_nll"] == pytest.approx(best["mixture_nll"])
+    assert read_json(trained["run"] / BEST_FILE)["step"] == best["step"]
+    _, _, _, step = load_run(trained["run"], trained["data"])
+    assert step == best["step"]  # the run's model is the best checkpoint, not the newest
+
+
+def test_best_tracker_keeps_the_lowest_nll_and_stops_after_patience(tmp_path):
+    weight = tf.Variable(0.0)
+    checkpoint = tf.train.Checkpoint(model=tf.Module(), weight=weight)
+    checkpoint.model.w = weight
+    tracker = BestTracker(tmp_path, patience=2)
+    stops = []
+    for step, nll in ((10, 0.5), (20, 0.4), (30, 0.45), (40, 0.41)):
+        weight.assign(float(step))
+        stops.append(tracker.update(step, nll, checkpoint))
+    assert stops == [False, False, False, True]
+    assert (tracker.step, tracker.validation_nll, tracker.since_best) == (20, 0.4, 2)
+    resumed = BestTracker.load(tmp_path, patience=2)
+    assert resumed.to_dict() == tracker.to_dict() and resumed.stopped_early
+    restored = tf.Module()
+    restored.w = tf.Variable(-1.0)
+    resumed.restore_into(restored)
+    assert float(restored.w.numpy()) == 20.0  # the weights saved at the best step
+
+
+def test_patience_zero_never_stops(tmp_path):
+    tracker = BestTracker(tmp_path, patience=0)
+    checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+    assert not any(tracker.update(step, 1.0 + step, checkpoint) for step in range(1, 20))
+
+
+def test_cli_overrides_reach_every_section():
+    assert parse_overrides(["model.rnn_dim=64", "train.learning_rate=1e-3", "model.pooling=max"]) == {
+        "model": {"rnn_dim": 64, "pooling": "max"}, "train": {"learning_rate": 1e-3}}
+    config = parse_config(tiny_config_dict()).with_overrides(**parse_overrides(["model.rnn_dim=24"]))
+    assert config.model.rnn_dim == 24
+    with pytest.raises(ConfigError, match="SECTION.KEY=VALUE"):
+        parse_overrides(["rnn_dim=64"])
+    with pytest.raises(ConfigError, match="rnn_dim"):
+        parse_config(tiny_config_dict()).with_overrides(**parse_overrides(["model.rnn_dim=-1"]))
 
 
 def test_restart_with_another_config_is_refused(trained):
