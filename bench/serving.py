@@ -418,9 +418,11 @@ def main(argv: list[str] | None = None) -> int:
         print({k: v for k, v in timings.items() if k != "bags"}, flush=True)
         card_model = export.card_raw.get("config", {}).get("model", {})
         units = int(card_model.get("rnn_dim", 8))
-        from model.inputs import CONTEXT_DIM, NUM_BAG_FEATURES
+        from model.config import ModelConfig
+        from model.ehr_model import bag_vector_dim
+        from model.inputs import CONTEXT_DIM
 
-        input_dim = int(card_model.get("embedding_dim", 8)) + NUM_BAG_FEATURES
+        input_dim = bag_vector_dim(ModelConfig.model_validate(card_model))
         rows = args.num_samples * export.ensemble_size
         steps = timings["bags"][0]
         timings["ed2_rows"] = rows

@@ -87,6 +87,9 @@ class TrainConfig(_Model):
 
     batch_size: _PosInt = Field(128, description="B examples per step; the model sees B*K rows.")
     learning_rate: _PosFloat = 3.0352e-4
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="constant (Table 7), or cosine decay from learning_rate to 0 at max_steps: a "
+                                "small final step size lowers the minibatch noise in the weights that are kept.")
     fast_weight_lr_multiplier: _PosFloat = Field(
         1.0, description="Learning-rate factor of the rank-1 factors (alpha/gamma) and their posteriors.")
     clip_norm: _PosFloat = Field(7.29199, description="Global-norm gradient clipping.")

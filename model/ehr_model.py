@@ -217,6 +217,11 @@ class EHRModel(tf.keras.Model):
         return tf.math.unsorted_segment_sum(tokens * weights[:, None], segments, num_segments)
 
 
+def bag_vector_dim(config: ModelConfig) -> int:
+    """Width of one LSTM input step: the pooled tokens (twice embedding_dim for mean_max) and the bag features."""
+    return config.embedding_dim * (2 if config.pooling == "mean_max" else 1) + NUM_BAG_FEATURES
+
+
 def build_model(config: ModelConfig, vocab_size: int) -> EHRModel:
     """A built EHRModel (variables created) for a vocabulary of vocab_size ids."""
     model = EHRModel(config, vocab_size, name="ehr_model")

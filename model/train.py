@@ -141,6 +141,13 @@ class BestTracker:
             tf.train.Checkpoint(model=model).restore(path).expect_partial()
 
 
+def learning_rate(tc, peak: float):
+    """The optimizer's learning rate: a constant, or a cosine decay from peak to 0 over max_steps."""
+    if tc.lr_schedule == "cosine":
+        return tf.keras.optimizers.schedules.CosineDecay(peak, decay_steps=tc.max_steps, alpha=0.0)
+    return peak
+
+
 def _num_train_examples(files: inputs.DataFiles) -> int:
     n = files.num_examples("train")
     if n:
@@ -225,8 +232,8 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
         # The policy only matters while layers are created; do not leak it to later code.
         tf.keras.mixed_precision.set_global_policy(previous_policy)
     with strategy.scope():
-        slow_opt = tf.keras.optimizers.Adam(tc.learning_rate)
-        fast_opt = tf.keras.optimizers.Adam(tc.learning_rate * tc.fast_weight_lr_multiplier)
+        slow_opt = tf.keras.optimizers.Adam(learning_rate(tc, tc.learning_rate))
+        fast_opt = tf.keras.optimizers.Adam(learning_rate(tc, tc.learning_rate * tc.fast_weight_lr_multiplier))
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     return _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, strategy, n_train, out,
                        progress=progress, export_model=export_model, truth_path=truth_path)

@@ -58,9 +58,16 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, object]]:
         if not (sep and dot and section and name):
             raise ConfigError(f"--set {item!r}: expected SECTION.KEY=VALUE, e.g. model.rnn_dim=64")
         try:
-            sections.setdefault(section, {})[name] = yaml.safe_load(raw)
+            value = yaml.safe_load(raw)
         except yaml.YAMLError as err:
             raise ConfigError(f"--set {item!r}: value is not valid YAML: {err}") from None
+        if isinstance(value, str):
+            # YAML 1.1 reads "1e-3" (no dot) as a string; on a command line it means a number.
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        sections.setdefault(section, {})[name] = value
     return sections
 
 

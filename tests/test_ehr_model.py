@@ -68,8 +68,11 @@ def test_featurizer_looks_up_codes_zscores_values_and_encodes_context():
     np.testing.assert_allclose(values[0], [0.0, 0.0, 0.0, 0.0, 0.0, math.log(3.0)], rtol=1e-6)
     np.testing.assert_allclose(values[2], [0.0, 0.0, 0.0, 0.0, 1.0, math.log(2.0)], rtol=1e-6)
     bag = feats["bag_features"].flat_values.numpy()[0]
-    # One hour before the trigger, inside the admission (admit_offset 1 day).
-    np.testing.assert_allclose(bag, [math.log1p(1.0) / 10, math.log1p(3.0) / 10, 1.0], rtol=1e-6)
+    # One hour before the trigger, inside the admission (admit_offset 1 day); 2 chart and 3 lab events.
+    per_source = np.zeros(len(spec.SOURCES))
+    per_source[spec.SOURCES.index("chart")] = math.log1p(2.0) / 10
+    per_source[spec.SOURCES.index("lab")] = math.log1p(3.0) / 10
+    np.testing.assert_allclose(bag, [math.log1p(1.0) / 10, math.log1p(3.0) / 10, 1.0, *per_source], rtol=1e-6)
     context = feats["context"].numpy()[0]
     expected_context = np.zeros(inputs.CONTEXT_DIM)
     expected_context[0] = 70.0 / 90.0
