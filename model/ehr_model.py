@@ -124,7 +124,7 @@ class EHRModel(tf.keras.Model):
         self.token = tf.keras.layers.Dense(config.embedding_dim, activation="tanh", kernel_regularizer=reg,
                                            name="token_projection")
         # A deterministic, shared scorer like the token projection: one learned query.
-        self.attention = (tf.keras.layers.Dense(1, use_bias=False, name="attention_query")
+        self.attention = (tf.keras.layers.Dense(config.attention_heads, use_bias=False, name="attention_query")
                           if config.pooling == "attention" else None)
         if config.method == "fully_bayesian":
             # The fast Rank1LSTM reads cell.kernel as a fixed matrix; Flipout cells resample
@@ -208,18 +208,20 @@ class EHRModel(tf.keras.Model):
             if pooling == "max":
                 return high
             return tf.concat([tf.math.unsorted_segment_mean(tokens, segments, num_segments), high], axis=-1)
-        # attention: a softmax over each bag's tokens, stabilised by the bag's largest score.
-        scores = self.attention(tokens)[:, 0]
+        # attention: per head, a softmax over each bag's tokens, stabilised by the bag's largest score.
+        scores = self.attention(tokens)  # [n_tokens, H]
         top = tf.math.unsorted_segment_max(scores, segments, num_segments)
         weights = tf.exp(scores - tf.gather(top, segments))
         total = tf.math.unsorted_segment_sum(weights, segments, num_segments)
         weights = weights / tf.gather(total, segments)
-        return tf.math.unsorted_segment_sum(tokens * weights[:, None], segments, num_segments)
+        pooled = tf.math.unsorted_segment_sum(weights[:, :, None] * tokens[:, None, :], segments, num_segments)
+        return tf.reshape(pooled, [num_segments, self.config.attention_heads * tokens.shape[-1]])
 
 
 def bag_vector_dim(config: ModelConfig) -> int:
-    """Width of one LSTM input step: the pooled tokens (twice embedding_dim for mean_max) and the bag features."""
-    return config.embedding_dim * (2 if config.pooling == "mean_max" else 1) + NUM_BAG_FEATURES
+    """Width of one LSTM input step: the pooled tokens (2 or attention_heads x embedding_dim) and the bag features."""
+    width = {"mean_max": 2, "attention": config.attention_heads}.get(config.pooling, 1)
+    return config.embedding_dim * width + NUM_BAG_FEATURES
 
 
 def build_model(config: ModelConfig, vocab_size: int) -> EHRModel:

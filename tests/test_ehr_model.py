@@ -12,7 +12,7 @@ from ehr_pipeline import bagging, spec
 from ehr_pipeline.config import PipelineConfig
 from model import inputs, losses, metrics, rank1
 from model.config import parse_config
-from model.ehr_model import build_model
+from model.ehr_model import bag_vector_dim, build_model
 from model.predict import Predictor, predict_probs, stateful_random_ops
 from model.train import is_fast_weight
 
@@ -180,10 +180,11 @@ def test_seeded_prediction_is_reproducible_and_independent_of_the_batch(data):
         predictor(tf.constant(records[:1]), 101, 0)
 
 
-@pytest.mark.parametrize("pooling", ["mean", "sum", "max", "mean_max", "attention"])
-def test_bag_pooling_matches_a_per_bag_computation(data, pooling):
+@pytest.mark.parametrize("pooling, heads", [("mean", 1), ("sum", 1), ("max", 1), ("mean_max", 1), ("attention", 1),
+                                            ("attention", 3)])
+def test_bag_pooling_matches_a_per_bag_computation(data, pooling, heads):
     _, featurizer, _, _ = data
-    model = _model(featurizer, "deterministic", pooling=pooling)
+    model = _model(featurizer, "deterministic", pooling=pooling, attention_heads=heads)
     rng = np.random.default_rng(0)
     tokens = np.tanh(rng.normal(size=(9, 16))).astype(np.float32)
     segments = np.array([0, 0, 0, 2, 2, 3, 3, 3, 3], np.int32)  # bag 1 is empty
@@ -194,13 +195,17 @@ def test_bag_pooling_matches_a_per_bag_computation(data, pooling):
             np.testing.assert_array_equal(pooled[bag], 0.0)
             continue
         if pooling == "attention":
-            scores = members @ model.attention.kernel.numpy()[:, 0]
-            w = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
-            expected = w @ members
+            expected = []
+            for head in range(heads):
+                scores = members @ model.attention.kernel.numpy()[:, head]
+                w = np.exp(scores - scores.max()) / np.exp(scores - scores.max()).sum()
+                expected.append(w @ members)
+            expected = np.concatenate(expected)
         else:
             expected = {"mean": members.mean(0), "sum": members.sum(0), "max": members.max(0),
                         "mean_max": np.concatenate([members.mean(0), members.max(0)])}[pooling]
         np.testing.assert_allclose(pooled[bag], expected, rtol=1e-5, atol=1e-6)
+    assert pooled.shape[1] + inputs.NUM_BAG_FEATURES == bag_vector_dim(model.config)
 
 
 def test_featurizer_gives_extremes_and_the_admission_window(data):
