@@ -49,6 +49,10 @@ DEFAULT_METHODS = ("deterministic", "batchensemble", "rank1_normal")
 DEEP_ENSEMBLE = "deep_ensemble"
 ENSEMBLE_SIZE = 4  # members of a deep ensemble: the rank-1 models' K
 BASELINES = ("logistic", "gbm")
+# The truth's own logistic design (its nine terms, recomputed from the tables) with coefficients
+# fitted on the training split: the well-specified model, so its error is the estimation error
+# any model pays at this training-set size.
+WELL_SPECIFIED = "well_specified_logistic"
 TRUTH = "truth (P_DEATH)"
 LEVELS = (0.5, 0.8, 0.95)
 SHIFT_REFERRAL = 0.2
@@ -63,10 +67,11 @@ SCALES = {
                        "early_stopping_patience": 4, "checkpoint_every_steps": 200, "log_every_steps": 50,
                        "shuffle_buffer": 1024, "kl_annealing_steps": 300}},
     "medium": {"releases": {"A": (7000, 11), "B": (7000, 12)}, "steps": 4000,
-               "model": {"embedding_dim": 16, "rnn_dim": 32, "hidden_layer_dim": 32},
+               "model": {"embedding_dim": 16, "rnn_dim": 32, "hidden_layer_dim": 32, "pooling": "attention",
+                         "attention_heads": 4},
                "train": {"batch_size": 32, "learning_rate": 3e-3, "lr_schedule": "cosine", "eval_every_steps": 250,
                          "early_stopping_patience": 4, "checkpoint_every_steps": 500, "log_every_steps": 50,
-                         "shuffle_buffer": 4096, "kl_annealing_steps": 1000}},
+                         "shuffle_buffer": 4096, "kl_annealing_steps": 1000, "kl_scale": 0.3}},
     "paper": {"releases": {"A": (40000, 11), "B": (7000, 12)}, "steps": None, "model": {}, "train": {}},
 }
 
@@ -85,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=25, help="S evaluation samples per member (1 for deterministic)")
     p.add_argument("--steps", type=int, default=None, help="max_steps per run (default: the scale's)")
     p.add_argument("--no-shift", action="store_true", help="skip site B (in-distribution tables only)")
+    p.add_argument("--no-baselines", action="store_true",
+                   help="train the methods only (e.g. a second process on other methods sharing WORK)")
     p.add_argument("--report-only", action="store_true", help="recompute the tables from WORK/preds only")
     p.add_argument("--n-bootstrap", type=int, default=2000, help="resamples of the paired bootstrap")
     p.add_argument("--out", default="docs/results.md", help="markdown file that receives the tables")
@@ -100,6 +107,7 @@ class Split:
 
     records: list
     labels: np.ndarray
+    hadm_ids: np.ndarray
     truth: np.ndarray
 
 
@@ -127,7 +135,32 @@ def _split(data: pathlib.Path, release: pathlib.Path, name: str) -> Split:
     from model.inputs import load_data_files, read_split
 
     records, labels, hadm_ids = read_split(load_data_files(data), name)
-    return Split(records, np.asarray(labels), load_truth(release / "SYNTH_TRUTH.csv", hadm_ids))
+    return Split(records, np.asarray(labels), np.asarray(hadm_ids), load_truth(release / "SYNTH_TRUTH.csv", hadm_ids))
+
+
+def _well_specified(work: pathlib.Path, sites) -> dict[str, np.ndarray]:
+    """Test-split probabilities [N, 1] per site of the truth's design fitted on site A's training split."""
+    from sklearn.linear_model import LogisticRegression
+
+    from ehr_pipeline.synth.recompute import pre_trigger_features, read_tables
+    from ehr_pipeline.synth.truth import MortalityModel
+
+    def design(site: str):
+        release = work / f"release_{site}"
+        manifest = json.loads((release / "SYNTH_MANIFEST.json").read_text())
+        settings = manifest.get("settings", manifest)
+        ids, feats = pre_trigger_features(read_tables(release), int(settings.get("trigger_offset_seconds", 86400)))
+        model = MortalityModel(lab_volume_scale=float(settings.get("events_scale", 1.0)))
+        return dict(zip(ids.tolist(), model.design(feats)))
+
+    rows_a = design("A")
+    train = _split(work / "data_A", work / "release_A", "train")
+    fit = LogisticRegression(C=1e6, max_iter=5000).fit(np.stack([rows_a[h] for h in train.hadm_ids]), train.labels)
+    out = {"params": np.array(fit.coef_.size + 1)}
+    for site, split in sites.items():
+        rows = rows_a if site == "A" else design(site)
+        out[f"probs_{site}"] = fit.predict_proba(np.stack([rows[h] for h in split.hadm_ids]))[:, 1:]
+    return out
 
 
 # --------------------------------------------------------------------------- training
@@ -211,7 +244,7 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
             export_dir, params, seconds = _train(method, seed, args, data_a, truth_a, work)
             samples = 1 if method == "batchensemble" else args.samples
             save_predictions(method, [export_dir], samples, seed, params, seconds)
-    for kind in BASELINES:
+    for kind in () if args.no_baselines else BASELINES:
         for seed in range(args.seeds):
             target = preds / f"{kind}_s{seed}.npz"
             if target.exists():
@@ -223,6 +256,10 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
             arrays = {f"probs_{site}": fitted.predict_data(work / f"data_{site}", "test")[:, None]
                       for site in splits}
             _save(target, params=fitted.num_parameters, seconds=time.time() - started, **arrays)
+    if not args.no_baselines and not (preds / f"{WELL_SPECIFIED}_s0.npz").exists():
+        started = time.time()
+        arrays = _well_specified(work, splits)
+        _save(preds / f"{WELL_SPECIFIED}_s0.npz", seconds=time.time() - started, **arrays)
     _save(preds / "truth.npz", **{f"truth_{s}": sp.truth for s, sp in splits.items()},
           **{f"labels_{s}": sp.labels for s, sp in splits.items()})
 
@@ -252,7 +289,7 @@ def load_predictions(preds: pathlib.Path) -> tuple[dict[str, list[dict]], dict[s
     for path in sorted(preds.glob("*_s*.npz")):
         name = path.stem.rsplit("_s", 1)[0]
         runs.setdefault(name, []).append(dict(np.load(path)))
-    order = [m for m in (*METHODS, DEEP_ENSEMBLE, *BASELINES) if m in runs]
+    order = [m for m in (*METHODS, DEEP_ENSEMBLE, *BASELINES, WELL_SPECIFIED) if m in runs]
     return {m: runs[m] for m in order}, truth
 
 

@@ -62,12 +62,12 @@ class ModelConfig(_Model):
     embedding_prior_stddev: _PosFloat = Field(1.0, description="Stddev of the N(0, s^2) embedding prior.")
     embedding_init_stddev: _PosFloat = Field(1e-3, description="Initial embedding posterior stddev.")
     pooling: Literal["mean", "sum", "max", "mean_max", "attention"] = Field(
-        "mean_max", description="How a bag's token vectors become one bag vector: mean (dilutes one abnormal "
+        "attention", description="How a bag's token vectors become one bag vector: mean (dilutes one abnormal "
                                 "value among many normal ones), sum, elementwise max, mean and max side by side "
                                 "(2x wide), or attention (softmax over tokens per head, attention_heads learned "
                                 "queries, heads side by side).")
     attention_heads: _PosInt = Field(
-        1, description="Learned queries of pooling: attention; each attends to its own tokens (lactate, say) "
+        4, description="Learned queries of pooling: attention; each attends to its own tokens (lactate, say) "
                        "and the bag vector is attention_heads x embedding_dim wide.")
 
     @pydantic.model_validator(mode="after")

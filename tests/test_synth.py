@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 
 from ehr_pipeline import reader, schemas
-from ehr_pipeline.synth import SynthConfig, add_arguments, catalog, generate_release, run
-from ehr_pipeline.synth.truth import SECONDS_PER_YEAR, MortalityModel, PreTriggerFeatures
+from ehr_pipeline.synth import SynthConfig, add_arguments, catalog, generate_release, recompute, run
+from ehr_pipeline.synth.truth import SECONDS_PER_YEAR, MortalityModel
 
 DAY = 86_400
 SMALL = dict(patients=120, seed=11, events_scale=0.5, show_progress=False)
@@ -283,41 +283,8 @@ def test_deaths_follow_the_written_probabilities(big):
 
 def _recomputed_probability(tables: dict[str, pd.DataFrame], trigger_offset: int, scale: float) -> pd.Series:
     """P(death) from the written pre-trigger events alone, by the documented formula."""
-    adm = tables["ADMISSIONS"].set_index("HADM_ID")
-    trigger = adm.ADMITTIME + trigger_offset
-
-    def pre(df: pd.DataFrame) -> pd.DataFrame:
-        df = df.dropna(subset=["HADM_ID"]).astype({"HADM_ID": "int64"})
-        return df[df.CHARTTIME.to_numpy() < trigger.reindex(df.HADM_ID).to_numpy()]
-
-    labs = pre(tables["LABEVENTS"])
-    charts = pre(tables["CHARTEVENTS"])
-    charts = charts[(charts.ERROR != 1) & charts.VALUENUM.notna()]
-    lab_num = labs[labs.VALUENUM.notna()]
-    dob = tables["PATIENTS"].set_index("SUBJECT_ID").DOB
-    order = adm.groupby("SUBJECT_ID").ADMITTIME.rank(method="first") - 1
-    dx = tables["DIAGNOSES_ICD"]
-    chronic = dx[dx.ICD9_CODE.isin(catalog.CHRONIC_DX)].merge(adm[["ADMITTIME"]], left_on="HADM_ID",
-                                                             right_index=True)
-    pairs = adm.reset_index()[["HADM_ID", "SUBJECT_ID", "ADMITTIME"]].merge(
-        chronic[["SUBJECT_ID", "ADMITTIME", "ICD9_CODE"]], on="SUBJECT_ID", suffixes=("", "_dx"))
-    prior_chronic = pairs[pairs.ADMITTIME_dx < pairs.ADMITTIME].groupby("HADM_ID").ICD9_CODE.nunique()
-
-    def by_adm(s: pd.Series) -> np.ndarray:
-        return s.reindex(adm.index).to_numpy(dtype=float)
-
-    feats = PreTriggerFeatures(
-        lactate_mean=by_adm(lab_num[lab_num.ITEMID == catalog.LACTATE_ITEMID].groupby("HADM_ID").VALUENUM.mean()),
-        creatinine_max=by_adm(lab_num[lab_num.ITEMID == catalog.CREATININE_ITEMID].groupby("HADM_ID").VALUENUM.max()),
-        hr_mean=by_adm(charts[charts.ITEMID.isin(catalog.HR_ITEMIDS)].groupby("HADM_ID").VALUENUM.mean()),
-        sbp_min=by_adm(charts[charts.ITEMID.isin(catalog.SBP_ITEMIDS)].groupby("HADM_ID").VALUENUM.min()),
-        n_labs=np.nan_to_num(by_adm(labs.groupby("HADM_ID").size())),
-        age_years=np.minimum((adm.ADMITTIME - dob.reindex(adm.SUBJECT_ID).to_numpy()) / SECONDS_PER_YEAR, 90.0)
-        .to_numpy(),
-        prior_admissions=order.to_numpy(dtype=float),
-        prior_chronic=np.nan_to_num(by_adm(prior_chronic)),
-    )
-    return pd.Series(MortalityModel(lab_volume_scale=scale).probability(feats), index=adm.index)
+    hadm_ids, feats = recompute.pre_trigger_features(tables, trigger_offset)
+    return pd.Series(MortalityModel(lab_volume_scale=scale).probability(feats), index=hadm_ids)
 
 
 def test_probability_is_a_function_of_pre_trigger_events_only(big):

@@ -47,27 +47,42 @@ class MortalityModel:
     # not move when a release is generated sparser or denser.
     lab_volume_scale: float = 1.0
 
-    def logit(self, f: PreTriggerFeatures) -> np.ndarray:
-        """Log-odds of in-hospital death for each admission (dimensionless)."""
+    # The logit's terms, in the order of ``design`` (names for tables and fitted coefficients).
+    TERMS = ("lactate", "creatinine", "heart_rate", "systolic", "lab_intensity", "age", "prior_admission",
+             "chronic", "neonate")
+
+    def design(self, f: PreTriggerFeatures) -> np.ndarray:
+        """[N, len(TERMS)] inputs of the logit, each multiplied by its coefficient (dimensionless)."""
         neo = f.age_years < 1.0
         hr_ref = np.where(neo, 135.0, 85.0)
         sbp_ref = np.where(neo, 72.0, 122.0)
         # Unmeasured -> the reference value, i.e. a zero contribution: missing labs are
         # (weakly) reassuring, as clinicians skip tests on stable patients.
-        z_lac = np.log(np.nan_to_num(f.lactate_mean, nan=1.4) / 1.4)
-        z_cr = np.log(np.nan_to_num(f.creatinine_max, nan=1.0) / 1.0)
-        z_hr = np.nan_to_num(f.hr_mean - hr_ref, nan=0.0)
-        z_sbp = np.nan_to_num(sbp_ref - f.sbp_min, nan=0.0)
-        return (self.intercept
-                + self.lactate * z_lac
-                + self.creatinine * z_cr
-                + self.heart_rate * z_hr
-                + self.systolic * z_sbp
-                + self.lab_intensity * np.log1p(f.n_labs / self.lab_volume_scale)
-                + self.age * (np.minimum(f.age_years, AGE_CAP_YEARS) - 65.0)
-                + self.prior_admission * np.minimum(f.prior_admissions, 3)
-                + self.chronic * f.prior_chronic
-                + self.neonate * neo)
+        return np.stack([
+            np.log(np.nan_to_num(f.lactate_mean, nan=1.4) / 1.4),
+            np.log(np.nan_to_num(f.creatinine_max, nan=1.0) / 1.0),
+            np.nan_to_num(f.hr_mean - hr_ref, nan=0.0),
+            np.nan_to_num(sbp_ref - f.sbp_min, nan=0.0),
+            np.log1p(f.n_labs / self.lab_volume_scale),
+            np.minimum(f.age_years, AGE_CAP_YEARS) - 65.0,
+            np.minimum(f.prior_admissions, 3),
+            np.asarray(f.prior_chronic, dtype=np.float64),
+            neo.astype(np.float64),
+        ], axis=1)
+
+    def coefficients(self) -> np.ndarray:
+        """The coefficient of each of TERMS."""
+        return np.array([self.lactate, self.creatinine, self.heart_rate, self.systolic, self.lab_intensity,
+                         self.age, self.prior_admission, self.chronic, self.neonate])
+
+    def logit(self, f: PreTriggerFeatures) -> np.ndarray:
+        """Log-odds of in-hospital death for each admission (dimensionless)."""
+        # Summed term by term, left to right: a matrix product would round differently and
+        # change the bytes of SYNTH_TRUTH.csv, which releases promise to keep.
+        logit = self.intercept
+        for coefficient, term in zip(self.coefficients(), self.design(f).T):
+            logit = logit + coefficient * term
+        return logit
 
     def probability(self, f: PreTriggerFeatures) -> np.ndarray:
         """P(in-hospital death) per admission, in [0, 1]."""
