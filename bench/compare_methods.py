@@ -322,7 +322,7 @@ def _scores(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[str, fl
 
 
 COLUMNS = (("nll", "NLL"), ("auc_pr", "AUC-PR"), ("auc_roc", "AUC-ROC"), ("ece", "ECE"), ("brier", "Brier"),
-           ("truth_mae", "|p - P|"), ("kl_truth", "KL(P, p)"), ("cov50", "cov 50%"), ("cov80", "cov 80%"),
+           ("truth_mae", "abs(p - P)"), ("kl_truth", "KL(P, p)"), ("cov50", "cov 50%"), ("cov80", "cov 80%"),
            ("cov95", "cov 95%"))
 
 
@@ -365,7 +365,7 @@ def _paired(runs, truth, site: str, a: str, b: str, n_boot: int) -> dict[str, tu
 def _paired_lines(runs, truth, site: str, n_boot: int) -> list[str]:
     pairs = [(TRUTH, m) for m in runs] + [(b, "rank1_normal") for b in (*BASELINES, DEEP_ENSEMBLE, "deterministic")
                                           if b in runs and "rank1_normal" in runs]
-    keys = (("nll", "NLL"), ("truth_mae", "|p - P|"), ("kl_truth", "KL(P, p)"), ("brier", "Brier"))
+    keys = (("nll", "NLL"), ("truth_mae", "abs(p - P)"), ("kl_truth", "KL(P, p)"), ("brier", "Brier"))
     lines = ["| B - A (same cases) | " + " | ".join(n for _, n in keys) + " |", "|---|" + "---|" * len(keys)]
     for a, b in pairs:
         diff = _paired(runs, truth, site, a, b, n_boot)
@@ -381,7 +381,7 @@ def _shift_lines(runs, truth) -> list[str]:
     ya, yb, tb = truth["labels_A"], truth["labels_B"], truth["truth_B"]
     is_b = np.r_[np.zeros(ya.size), np.ones(yb.size)]
     rate = SHIFT_REFERRAL
-    head = ("| Method | AUROC B vs A: mutual information | AUROC B vs A: entropy | kept |p - P|, refer by MI | "
+    head = ("| Method | AUROC B vs A: mutual information | AUROC B vs A: entropy | kept abs(p - P), refer by MI | "
             "refer by entropy | refer highest p | refer at random | no referral |")
     lines = [head, "|---|" + "---|" * 7]
     for name, seeds in runs.items():
@@ -420,7 +420,7 @@ def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: 
              f"kept; test splits: site A n = {n_a} ({int(truth['labels_A'].sum())} deaths)"
              + (f", site B n = {n_b} ({int(truth['labels_B'].sum())} deaths)" if n_b else "") + ".",
              f"Mean +- SEM over {args.seeds} seeds; S = {args.samples} samples per member for the Bayesian methods "
-             "(1 for deterministic members); |p - P| is the mean absolute error of the predictive mean against the "
+             "(1 for deterministic members); abs(p - P) is the mean absolute error of the predictive mean against the "
              "true P_DEATH, KL(P, p) the mean KL divergence from the true Bernoulli (the expected excess NLL); "
              "cov X% is the fraction of cases whose P_DEATH lies in the central X% interval of the S x K sampled "
              f"probabilities (n/a for one sample). A deep ensemble combines {ENSEMBLE_SIZE} deterministic runs of "
@@ -432,7 +432,7 @@ def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: 
         lines += ["", "### Site B (dataset shift), models trained at site A", "", *_table(runs, truth, "B"), "",
                   "Paired differences on site B's test cases:", "", *_paired_lines(runs, truth, "B", args.n_bootstrap),
                   "", f"Uncertainty under the shift: how well each measure separates site-B from site-A test cases "
-                  f"(AUROC), and the mean |p - P| of the site-B cases kept after referring {SHIFT_REFERRAL:.0%} of "
+                  f"(AUROC), and the mean abs(p - P) of the site-B cases kept after referring {SHIFT_REFERRAL:.0%} of "
                   "them by each rule:", "", *_shift_lines(runs, truth)]
     lines += ["", "Machine:", "", machine_info()]
     return "\n".join(lines)
