@@ -28,12 +28,13 @@ _Prob = Annotated[float, Field(gt=0.0, lt=1.0, allow_inf_nan=False)]
 
 # The methods of the paper's Table 4 (deep ensembles are independently trained
 # "deterministic" runs combined at evaluation/export time, not a training method).
-METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1")
-Method = Literal["deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1"]
+# ktied_normal is fully_bayesian with every weight matrix's stddevs tied to rank ktied_rank (paper 003).
+METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1", "ktied_normal")
+Method = Literal["deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1", "ktied_normal"]
 # Methods whose ensemble dimension K is meaningful; the others are single networks (K = 1).
 ENSEMBLE_METHODS = ("batchensemble", "rank1")
 # Methods with a stochastic (variational) embedding table, shared by the K members.
-STOCHASTIC_EMBEDDING_METHODS = ("bayesian_embeddings", "fully_bayesian", "rank1")
+STOCHASTIC_EMBEDDING_METHODS = ("bayesian_embeddings", "fully_bayesian", "rank1", "ktied_normal")
 
 
 class _Model(BaseModel):
@@ -52,7 +53,7 @@ class ModelConfig(_Model):
     hidden_layer_dim: _PosInt = Field(512, description="Units of the hidden dense layer.")
     prior_mean: float = Field(1.0, allow_inf_nan=False, description="Mean of the rank-1 factor prior.")
     prior_stddev: _PosFloat = Field(0.1, description="Stddev (Cauchy: scale) of the factor prior, and "
-                                                     "of the weight prior of fully_bayesian.")
+                                                     "of the weight prior of fully_bayesian / ktied_normal.")
     random_sign_init: float = Field(
         0.5, le=1.0, allow_inf_nan=False,
         description="Factor mean init: v > 0 random signs (+1 w.p. v), v < 0 N(1, |v|), 0 ones.")
@@ -69,6 +70,7 @@ class ModelConfig(_Model):
     attention_heads: _PosInt = Field(
         4, description="Learned queries of pooling: attention; each attends to its own tokens (lactate, say) "
                        "and the bag vector is attention_heads x embedding_dim wide.")
+    ktied_rank: _PosInt = Field(2, description="ktied_normal: rank k of every weight matrix's stddevs U V^T.")
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> ModelConfig:

@@ -27,84 +27,21 @@ from typing import Any, Mapping
 import tensorflow as tf
 
 from model import rank1
-from model._edward2 import ed
 from model.config import ModelConfig
 from model.embeddings import EmbeddingConfig, StochasticEmbedding
 from model.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
 from model.posterior import PosteriorConfig
 
-# Registry name of the mean-field (fully Bayesian) posterior added to the layer factory below.
-MEAN_FIELD = "mean_field_flipout"
-
-
-class _DenseFlipout(ed.layers.DenseFlipout):
-    """edward2 0.0.2's DenseFlipout with +-1 output signs.
-
-    WHY: upstream draws the output signs with ``tf.random.uniform(..., dtype=inputs.dtype)``,
-    i.e. floats in [0, 2), so ``2u - 1`` lies in [-1, 3): the perturbation gets mean 1 instead
-    of 0 and the estimator is biased. Here both sign vectors are drawn as integers.
-    """
-
-    def call(self, inputs):
-        if not isinstance(self.kernel, ed.RandomVariable):
-            return super().call(inputs)
-        self.call_weights()
-        shape = tf.shape(inputs)
-        out_shape = tf.concat([shape[:-1], [self.units]], 0)
-        sign_in = tf.cast(2 * tf.random.uniform(shape, 0, 2, dtype=tf.int32) - 1, inputs.dtype)
-        sign_out = tf.cast(2 * tf.random.uniform(out_shape, 0, 2, dtype=tf.int32) - 1, inputs.dtype)
-        mean = self.kernel.distribution.mean()
-        outputs = tf.matmul(inputs, mean) + tf.matmul(inputs * sign_in, self.kernel - mean) * sign_out
-        if self.use_bias:
-            outputs = tf.nn.bias_add(outputs, self.bias)
-        return self.activation(outputs) if self.activation is not None else outputs
-
-
-def _mf_posterior(config: PosteriorConfig, mean_initializer) -> tuple[Any, Any]:
-    """(initializer, KL regularizer) of a mean-field Gaussian weight matrix."""
-    raw = tf.keras.initializers.Constant(rank1.softplus_inverse(config.init_stddev))
-    init = ed.initializers.TrainableNormal(mean_initializer=mean_initializer, stddev_initializer=raw,
-                                           stddev_constraint="softplus")
-    # Zero-mean weight prior (prior_mean is the rank-1 factors' prior location, not the weights').
-    return init, ed.regularizers.NormalKLDivergence(mean=0.0, stddev=config.prior_stddev)
-
-
-def _mf_dense(units, config, *, activation, use_bias, name):
-    init, reg = _mf_posterior(config, tf.keras.initializers.GlorotUniform())
-    return _DenseFlipout(units, activation=activation, use_bias=use_bias, kernel_initializer=init,
-                         kernel_regularizer=reg, name=name)
-
-
-def _mf_conv2d(*args, **kwargs):
-    raise NotImplementedError("the mean-field posterior has no conv2d layer (edward2 0.0.2's Flipout conv is broken)")
-
-
-def _mf_lstm_cell(units, config, *, name):
-    k_init, k_reg = _mf_posterior(config, tf.keras.initializers.GlorotUniform())
-    r_init, r_reg = _mf_posterior(config, tf.keras.initializers.Orthogonal())
-    return ed.layers.LSTMCellFlipout(units, kernel_initializer=k_init, kernel_regularizer=k_reg,
-                                     recurrent_initializer=r_init, recurrent_regularizer=r_reg, name=name)
-
-
-# TODO(model.rank1 owner): move this entry into model/rank1.py's built-in registry.
-if MEAN_FIELD not in rank1.registered_methods():
-    rank1.register(MEAN_FIELD, rank1.LayerBuilder(dense=_mf_dense, conv2d=_mf_conv2d, lstm_cell=_mf_lstm_cell))
-
-
 def posterior_config(config: ModelConfig) -> PosteriorConfig:
     """The factory's PosteriorConfig for a ModelConfig's method."""
     method = {"deterministic": "deterministic", "bayesian_embeddings": "deterministic",
-              "batchensemble": "batchensemble", "rank1": "rank1", "fully_bayesian": MEAN_FIELD}[config.method]
+              "batchensemble": "batchensemble", "rank1": "rank1", "fully_bayesian": "mean_field",
+              "ktied_normal": "ktied_normal"}[config.method]
     return PosteriorConfig(
         method=method, distribution=config.distribution, ensemble_size=config.ensemble_size,
         prior_mean=config.prior_mean, prior_stddev=config.prior_stddev,
         random_sign_init=config.random_sign_init, dropout_rate=config.dropout_rate,
-        use_additive_perturbation=config.use_additive_perturbation, l2=config.l2)
-
-
-def is_mean_field_layer(module: tf.Module) -> bool:
-    """Whether a module is an edward2 mean-field layer (its KL lives in ``layer.losses``)."""
-    return isinstance(module, (ed.layers.DenseReparameterization, ed.layers.LSTMCellReparameterization))
+        use_additive_perturbation=config.use_additive_perturbation, l2=config.l2, ktied_rank=config.ktied_rank)
 
 
 class EHRModel(tf.keras.Model):
@@ -126,7 +63,7 @@ class EHRModel(tf.keras.Model):
         # A deterministic, shared scorer like the token projection: one learned query.
         self.attention = (tf.keras.layers.Dense(config.attention_heads, use_bias=False, name="attention_query")
                           if config.pooling == "attention" else None)
-        if config.method == "fully_bayesian":
+        if rank1.samples_weights(posterior):
             # The fast Rank1LSTM reads cell.kernel as a fixed matrix; Flipout cells resample
             # their weights and signs in get_initial_state, which only keras' RNN calls.
             self.lstm = tf.keras.layers.RNN(rank1.lstm_cell(config.rnn_dim, posterior, name="lstm_cell"), name="lstm")

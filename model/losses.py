@@ -7,7 +7,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from model import rank1
-from model.ehr_model import is_mean_field_layer
+from model.weight_posteriors import is_weight_posterior_layer
 
 
 def nll_loss(logits: tf.Tensor, labels: tf.Tensor, kind: str = "average") -> tf.Tensor:
@@ -24,10 +24,9 @@ def nll_loss(logits: tf.Tensor, labels: tf.Tensor, kind: str = "average") -> tf.
 
 
 def kl_divergence(model: tf.Module) -> tf.Tensor:
-    """Unscaled KL(q || prior) of every stochastic part (rank-1 factors, embeddings, mean-field weights), nats."""
+    """Unscaled KL(q || prior) of every stochastic part (rank-1 factors, embeddings, mean-field / k-tied weights), nats."""
     total = rank1.kl_loss(model)
-    mean_field = [m for m in model.submodules if is_mean_field_layer(m)]
-    for layer in mean_field:
+    for layer in [m for m in model.submodules if is_weight_posterior_layer(m)]:
         # edward2 registers its weight KL as the layer's regularisation loss.
         for term in layer.losses:
             total = total + tf.reduce_sum(term)

@@ -131,3 +131,38 @@ def uncertainty_histogram(
     ax.set_title(f"Distribution of {name}")
     fig.tight_layout()
     return _save(fig, path)
+
+
+def singular_values_plot(spectra: Mapping[str, np.ndarray], path="singular_values.png",
+                         max_rank: int = 10) -> pathlib.Path:
+    """Fraction of variance gamma_i^2 / sum gamma^2 per singular value i (log scale), one line per layer."""
+    fig = _new_figure(6.0, 4.0)
+    ax = fig.add_subplot(1, 1, 1)
+    for name, values in spectra.items():
+        fraction = np.asarray(values, float) ** 2 / max(float(np.sum(np.square(values))), 1e-300)
+        shown = fraction[:max_rank]
+        ax.plot(np.arange(1, len(shown) + 1), shown, marker="o", label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("singular value index")
+    ax.set_ylabel("fraction of variance explained")
+    ax.set_title("Posterior stddev matrices: spectrum")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def curves_plot(panels: Sequence[tuple[str, Mapping[str, tuple[Sequence[float], np.ndarray, np.ndarray]]]],
+                xlabel: str, path="curves.png", log_y: Sequence[bool] = ()) -> pathlib.Path:
+    """Side-by-side panels (title, {label: (x, mean, sem)}): mean lines with +-SEM bands."""
+    fig = _new_figure(5.0 * len(panels), 4.0)
+    for i, (title, series) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        for label, (x, mean, sem) in series.items():
+            mean, sem = np.asarray(mean, float), np.nan_to_num(np.asarray(sem, float))
+            ax.plot(x, mean, marker="o", label=label)
+            ax.fill_between(x, mean - sem, mean + sem, alpha=0.2)
+        if i < len(log_y) and log_y[i]:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    return _save(fig, path)

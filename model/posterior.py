@@ -14,6 +14,8 @@ DISTRIBUTIONS = ("normal", "cauchy")
 # Per-factor posterior families; "trainable_deterministic" is a point mass (no KL),
 # i.e. a BatchEnsemble factor. Names match edward2 / Table 7.
 FACTOR_INITIALIZERS = ("trainable_normal", "trainable_cauchy", "trainable_deterministic")
+# Posteriors over whole weight matrices (model.weight_posteriors), not over rank-1 factors.
+WEIGHT_POSTERIOR_METHODS = ("mean_field", "ktied_normal")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,7 +23,7 @@ class PosteriorConfig:
     """Posterior over the rank-1 factors r (alpha, on inputs) and s (gamma, on outputs).
 
     method: a name registered in ``model.rank1`` ("deterministic", "batchensemble",
-      "rank1", and later entries such as k-tied Normal or particle adapters).
+      "rank1", the whole-matrix posteriors "mean_field" and "ktied_normal", ...).
     distribution: family of the rank-1 posterior and of its mixture prior.
     ensemble_size: K mixture components; the minibatch is tiled K times.
     prior_mean, prior_stddev: location/scale of the prior on every factor element
@@ -37,6 +39,12 @@ class PosteriorConfig:
       FACTOR_INITIALIZERS; None follows `method` ("trainable_<distribution>" for rank1,
       "trainable_deterministic" for batchensemble). Allows Section 3's ablations
       (only r or only s stochastic).
+    ktied_rank: k of the k-tied Normal posterior (method "ktied_normal"): every weight
+      matrix's stddevs are U V^T with U, V of k columns (paper 003, Eq. 8).
+
+    The whole-matrix posteriors ("mean_field", "ktied_normal") use prior_stddev as the
+    stddev of their zero-mean Normal weight prior and init_stddev as the starting stddev
+    of every weight.
     """
 
     method: str = "rank1"
@@ -50,6 +58,7 @@ class PosteriorConfig:
     l2: float = 1e-4
     alpha_initializer: str | None = None
     gamma_initializer: str | None = None
+    ktied_rank: int = 2
 
     def __post_init__(self) -> None:
         # Imported here, not at module top: the registry lives with the layer factory
@@ -67,6 +76,12 @@ class PosteriorConfig:
             raise TypeError(f"PosteriorConfig.ensemble_size must be an int, got {self.ensemble_size!r}")
         if self.ensemble_size < 1:
             raise ValueError(f"PosteriorConfig.ensemble_size must be >= 1, got {self.ensemble_size}")
+        if isinstance(self.ktied_rank, bool) or not isinstance(self.ktied_rank, int) or self.ktied_rank < 1:
+            raise ValueError(f"PosteriorConfig.ktied_rank must be an int >= 1, got {self.ktied_rank!r}")
+        if self.method in WEIGHT_POSTERIOR_METHODS and self.ensemble_size != 1:
+            # One posterior over the weights: K rows of the tiled batch would just be more samples.
+            raise ValueError(f"PosteriorConfig.ensemble_size must be 1 for method {self.method!r}, "
+                             f"got {self.ensemble_size} (draw more samples instead)")
         _require_finite("prior_mean", self.prior_mean)
         _require_finite("prior_stddev", self.prior_stddev)
         if self.prior_stddev <= 0:
@@ -92,7 +107,7 @@ class PosteriorConfig:
                 continue
             if value not in FACTOR_INITIALIZERS:
                 raise ValueError(f"PosteriorConfig.{name}={value!r}: expected one of {FACTOR_INITIALIZERS}")
-            if self.method == "deterministic":
+            if self.method in ("deterministic", *WEIGHT_POSTERIOR_METHODS):
                 raise ValueError(f"PosteriorConfig.{name} has no effect with method='deterministic'")
             if self.method == "batchensemble" and value != "trainable_deterministic":
                 raise ValueError(
@@ -129,6 +144,11 @@ class PosteriorConfig:
         if self.method == "batchensemble":
             return "trainable_deterministic"
         return f"trainable_{self.distribution}"
+
+
+def softplus_inverse(x: float) -> float:
+    """Raw parameter whose softplus is x (stable for small and large x)."""
+    return x + math.log(-math.expm1(-x))
 
 
 def _require_finite(name: str, value: float) -> None:

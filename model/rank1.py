@@ -14,6 +14,8 @@ Built-in entries:
                  initializers make edward2 use its variables directly (no sampling, no KL).
                  Sharing the rank-1 classes keeps one code path and identical variable
                  layouts, so a BatchEnsemble checkpoint can warm-start a rank-1 run.
+  mean_field     a Gaussian on every kernel entry (Flipout layers; model.weight_posteriors).
+  ktied_normal   the same, its stddev matrix tied to rank k = config.ktied_rank (paper 003).
 
 Losses: edward2 puts the KL (summed over all K members, not divided by the dataset size)
 into ``layer.losses`` next to Keras' L2 terms, so ``sum(model.losses)`` mixes two things
@@ -23,13 +25,14 @@ and ``l2_loss`` separately.
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 from typing import Any, Callable, Iterable
 
 import tensorflow as tf
 
 from model._edward2 import ed
-from model.posterior import PosteriorConfig
+from model import weight_posteriors
+from model.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig, softplus_inverse
 from model.rank1_lstm import Rank1LSTM
 
 Layer = tf.keras.layers.Layer
@@ -149,11 +152,6 @@ def l2_loss(layers_or_model: Any) -> tf.Tensor:
 
 # --- initializers -----------------------------------------------------------------------
 
-def softplus_inverse(x: float) -> float:
-    """Raw parameter whose softplus is x (stable for small and large x)."""
-    return x + math.log(-math.expm1(-x))
-
-
 def mean_initializer(config: PosteriorConfig) -> tf.keras.initializers.Initializer:
     """Factor means per Appendix B: random signs (v > 0), N(1, |v|) (v < 0), ones (v == 0)."""
     v = config.random_sign_init
@@ -236,3 +234,13 @@ _RANK1_BUILDER = LayerBuilder(dense=_r1_dense, conv2d=_r1_conv2d, lstm_cell=_r1_
 register("rank1", _RANK1_BUILDER)
 # Same layers; PosteriorConfig.factor_initializer resolves to point masses for this method.
 register("batchensemble", _RANK1_BUILDER)
+for _name, _posterior in (("mean_field", weight_posteriors.mean_field),
+                          ("ktied_normal", weight_posteriors.ktied_normal)):
+    register(_name, LayerBuilder(dense=functools.partial(weight_posteriors.dense, _posterior),
+                                 conv2d=functools.partial(weight_posteriors.conv2d, _posterior),
+                                 lstm_cell=functools.partial(weight_posteriors.lstm_cell, _posterior)))
+
+
+def samples_weights(config: PosteriorConfig) -> bool:
+    """Whether the method samples whole weight matrices (Flipout layers, Keras' RNN for the LSTM)."""
+    return config.method in WEIGHT_POSTERIOR_METHODS

@@ -18,6 +18,7 @@ METHOD_FILES = {
     "ehr_fully_bayesian.yaml": ("fully_bayesian", "normal"),
     "ehr_rank1_normal.yaml": ("rank1", "normal"),
     "ehr_rank1_cauchy.yaml": ("rank1", "cauchy"),
+    "ehr_ktied_normal.yaml": ("ktied_normal", "normal"),
 }
 
 

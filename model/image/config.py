@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ehr_pipeline.config import ConfigError, format_validation_errors
 from model.image.corruptions import CIFAR_C_CORRUPTIONS, CORRUPTIONS, SEVERITIES
 from model.config import ExperimentBase
-from model.posterior import PosteriorConfig
+from model.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig
 
 _Int = Annotated[int, Field(strict=True)]
 _PosInt = Annotated[int, Field(strict=True, gt=0)]
@@ -109,9 +109,11 @@ RESNET_BLOCKS = {10: (1, 1, 1, 1), 18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 class ModelConfig(_Model):
     """Architecture and posterior of an image model (see docs/image_models.md)."""
 
-    architecture: Literal["wide_resnet", "resnet"] = "wide_resnet"
-    depth: _PosInt = Field(28, description="wide_resnet: 6n + 4 (28 = WRN-28); resnet: 10, 18 or 34.")
-    width: _PosInt = Field(10, description="Channel multiplier: the first stage has 16 * width filters.")
+    architecture: Literal["wide_resnet", "resnet", "mlp"] = "wide_resnet"
+    depth: _PosInt = Field(28, description="wide_resnet: 6n + 4 (28 = WRN-28); resnet: 10, 18 or 34; "
+                                           "mlp: number of hidden dense layers.")
+    width: _PosInt = Field(10, description="Channel multiplier: the first stage has 16 * width filters; "
+                                           "mlp: units of every hidden layer.")
     posterior: PosteriorSection = PosteriorSection()
     batch_norm: Literal["shared", "per_member"] = Field(
         "shared", description="shared: one batch norm over the tiled batch; per_member: one per ensemble member.")
@@ -136,10 +138,13 @@ class ModelConfig(_Model):
 
     @property
     def method_name(self) -> str:
-        """Row name of the paper's tables: deterministic, mc_dropout, batchensemble, rank1_normal, rank1_cauchy."""
+        """Row name of the tables: deterministic, mc_dropout, batchensemble, rank1_normal, rank1_cauchy,
+        mean_field, ktied_normal_k<k>."""
         method = self.posterior.method
         if method == "rank1":
             return f"rank1_{self.posterior.distribution}"
+        if method == "ktied_normal":
+            return f"ktied_normal_k{self.posterior.ktied_rank}"
         if method == "deterministic" and self.mc_dropout_rate > 0:
             return "mc_dropout"
         return method
@@ -147,7 +152,7 @@ class ModelConfig(_Model):
     @property
     def stochastic(self) -> bool:
         """Whether two forward passes of one member differ (then S > 1 samples are worth drawing)."""
-        return self.posterior.method == "rank1" or self.mc_dropout_rate > 0
+        return self.posterior.method in ("rank1", *WEIGHT_POSTERIOR_METHODS) or self.mc_dropout_rate > 0
 
 
 class TrainConfig(_Model):

@@ -1,4 +1,4 @@
-"""Rank-1 Wide ResNet and ResNet-style image classifiers, every conv and dense layer from ``model.rank1``.
+"""Rank-1 Wide ResNet, ResNet-style and MLP image classifiers, every conv and dense layer from ``model.rank1``.
 
 Batch layout (the same as the EHR model and edward2's rank-1 layers): the model tiles the
 input batch of B images S*K times; row block k (S*B rows) belongs to ensemble member k and
@@ -97,6 +97,13 @@ class ImageModel(tf.keras.Model):
         self.ensemble_size = config.posterior.ensemble_size
         self.dropout_rate = config.mc_dropout_rate
         w = config.width
+        self.hidden = []
+        if config.architecture == "mlp":
+            # Paper 003's MLP (App. D.1): flattened pixels -> `depth` ReLU layers of `width` units -> head.
+            self.hidden = [rank1.dense(w, config.posterior, activation="relu", name=f"dense{i + 1}")
+                           for i in range(config.depth)]
+            self.head = rank1.dense(num_classes, config.posterior, name="head")
+            return
         if config.architecture == "wide_resnet":
             # Zagoruyko & Komodakis 2016: three groups of (depth - 4) / 6 blocks, 16w / 32w / 64w filters.
             per_group = (config.depth - 4) // 6
@@ -125,6 +132,13 @@ class ImageModel(tf.keras.Model):
         batch = tf.shape(images)[0]
         # Copy c of the batch is member c // s, sample c % s: edward2 gives the first s*B rows to member 0.
         x = tf.tile(images, [s * k, 1, 1, 1])
+        if self.hidden:
+            x = tf.reshape(x, [tf.shape(x)[0], -1])
+            for i, layer in enumerate(self.hidden):
+                x = layer(tf.nn.dropout(x, rate=self.dropout_rate) if i > 0 and self.dropout_rate > 0 else x)
+            if self.dropout_rate > 0:
+                x = tf.nn.dropout(x, rate=self.dropout_rate)
+            return self._member_major(self.head(x), batch)
         x = self.stem(x)
         if self.stem_bn is not None:
             x = tf.nn.relu(self.stem_bn(x, training=training))
@@ -135,7 +149,11 @@ class ImageModel(tf.keras.Model):
         x = tf.reduce_mean(x, axis=[1, 2])
         if self.dropout_rate > 0:
             x = tf.nn.dropout(x, rate=self.dropout_rate)
-        logits = self.head(x)  # [K*S*B, C]
+        return self._member_major(self.head(x), batch)
+
+    def _member_major(self, logits, batch):
+        """[K*S*B, C] rows (member-major) -> [B, S*K, C], sample-major columns."""
+        k, s = self.ensemble_size, tf.shape(logits)[0] // (batch * self.ensemble_size)
         logits = tf.reshape(logits, [k, s, batch, self.num_classes])
         return tf.reshape(tf.transpose(logits, [2, 1, 0, 3]), [batch, s * k, self.num_classes])
 

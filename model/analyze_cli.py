@@ -1,0 +1,162 @@
+"""ehr-analyze: analyses of trained runs (EHR and image alike).
+
+  ehr-analyze posterior-rank --model RUN_DIR --data DATA [--split validation]   # an EHR run
+  ehr-analyze posterior-rank --model RUN_DIR [--split validation]               # an image run
+
+posterior-rank (paper 003, Section 2): per posterior stddev matrix (mean-field / k-tied kernels,
+variational embeddings) the singular values and the variance kept by ranks 1, 2, 3; then the
+run is re-evaluated with every mean-field stddev matrix replaced by its rank-k approximation
+(model.posterior_rank), with the metrics of ``model.metrics`` (EHR: mixture NLL, AUC-PR,
+AUC-ROC, ECE; image: NLL, accuracy, ECE). Writes posterior_rank.json, posterior_rank.md and
+singular_values.png into --out (default RUN_DIR/posterior_rank).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import pathlib
+import sys
+from typing import Any, Callable
+
+log = logging.getLogger("ehr-analyze")
+
+FULL = "full"  # row name of the unmodified posterior
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ehr-analyze."""
+    parser = argparse.ArgumentParser(prog="ehr-analyze", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("posterior-rank", help="singular values of posterior stddevs; rank-k replacement re-evaluated",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, metavar="RUN_DIR", help="run folder of ehr-train (EHR or image)")
+    p.add_argument("--data", default=None,
+                   help="EHR: output folder of the Beam job (required); image: CIFAR folder (default: the run's)")
+    p.add_argument("--split", default="validation", choices=("train", "validation", "test"), help="split to evaluate")
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 3], help="ranks of the post-hoc replacements")
+    p.add_argument("--samples", type=int, default=None,
+                   help="S posterior samples per example (default: the run's eval.num_samples)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (the same for every rank)")
+    p.add_argument("--out", default=None, help="output folder (default: RUN_DIR/posterior_rank)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def _ehr_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
+    """(model, evaluate(), S) of an EHR run."""
+    from model import inputs, metrics
+    from model.predict import Predictor, predict_probs
+    from model.train import load_run
+
+    if args.data is None:
+        raise ValueError("an EHR run needs --data (the Beam job's output folder)")
+    config, model, featurizer, _ = load_run(args.model, args.data)
+    records, labels, _ = inputs.read_split(inputs.load_data_files(args.data), args.split)
+    samples = args.samples or config.eval.num_samples
+    predictor = Predictor(featurizer, model)
+
+    def evaluate() -> dict[str, float]:
+        probs = predict_probs(predictor, records, samples, seed=args.seed)
+        scalar = metrics.scalar_metrics(metrics.predictive_mean(probs), labels, config.eval.num_bins)
+        return {"nll": float(metrics.mixture_nll(probs, labels)), "auc_pr": scalar["auc_pr"],
+                "auc_roc": scalar["auc_roc"], "ece": scalar["ece"]}
+
+    return model, evaluate, samples
+
+
+def _image_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
+    """(model, evaluate(), S) of an image run."""
+    import tensorflow as tf
+
+    from model.image import evaluate as evaluation
+    from model.image.train import load_run
+
+    config, model, data, _ = load_run(args.model, data_dir=args.data)
+    images, labels = {"train": (data.x_train, data.y_train), "validation": (data.x_val, data.y_val),
+                      "test": (data.x_test, data.y_test)}[args.split]
+    if labels.size == 0:
+        raise ValueError(f"{args.model}: the {args.split} split is empty")
+    samples = evaluation.effective_samples(config, args.samples)
+
+    def evaluate() -> dict[str, float]:
+        tf.random.set_seed(args.seed)  # the same weight draws for every rank
+        logits = evaluation.predict_logits(model, images, num_samples=samples, batch_size=config.eval.batch_size)
+        row = evaluation.classification_metrics(logits, labels, config.eval.num_bins)
+        return {key: row[key] for key in ("nll", "accuracy", "ece")}
+
+    return model, evaluate, samples
+
+
+def posterior_rank(args) -> dict[str, Any]:
+    """The analysis of one run as a JSON-ready dict (also written to --out)."""
+    from model import posterior_rank as pr
+    from model.image.cli import wants_image
+    from model.plots import singular_values_plot
+
+    run = pathlib.Path(args.model)
+    model, evaluate, samples = (_image_evaluator if wants_image(["--model", str(run)]) else _ehr_evaluator)(args)
+    sites = pr.stddev_sites(model)
+    if not sites:
+        raise ValueError(f"{run}: the model has no Gaussian posterior stddevs (a deterministic or rank-1 run?)")
+    table = pr.spectrum_table(sites, args.ranks)
+    results = {FULL: evaluate()}
+    if any(s.raw is not None for s in sites):
+        for rank in args.ranks:
+            with pr.replaced_by_rank(sites, rank):
+                results[f"rank {rank}"] = evaluate()
+            log.info("rank %d: %s", rank, results[f"rank {rank}"])
+    out = pathlib.Path(args.out) if args.out else run / "posterior_rank"
+    out.mkdir(parents=True, exist_ok=True)
+    singular_values_plot({row["site"]: row["singular_values"] for row in table}, out / "singular_values.png")
+    report = {"run": str(run), "split": args.split, "samples": samples, "seed": args.seed, "sites": table,
+              "evaluation": results}
+    (out / "posterior_rank.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "posterior_rank.md").write_text(format_report(report) + "\n")
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """Markdown: the spectrum table and the rank-k replacement table."""
+    ranks = sorted(int(key[len("variance_rank"):]) for key in report["sites"][0] if key.startswith("variance_rank"))
+    lines = ["| Posterior stddev matrix | family | shape | mean stddev | "
+             + " | ".join(f"variance rank {k}" for k in ranks) + " | top 3 singular values |",
+             "|---|---|---|---|" + "---|" * (len(ranks) + 1)]
+    for row in report["sites"]:
+        top = ", ".join(f"{v:.3g}" for v in row["singular_values"][:3])
+        lines.append(f"| {row['site']} | {row['family']} | {' x '.join(map(str, row['shape']))} | "
+                     f"{row['mean_stddev']:.4g} | " + " | ".join(f"{row[f'variance_rank{k}']:.4f}" for k in ranks)
+                     + f" | {top} |")
+    metric_names = list(report["evaluation"][FULL])
+    lines += ["", f"{report['split']} split, S = {report['samples']}, seed {report['seed']}; every mean-field / "
+              "embedding stddev matrix replaced by its rank-k approximation (clipped at 0):", "",
+              "| Posterior | " + " | ".join(metric_names) + " |", "|---|" + "---|" * len(metric_names)]
+    for name, row in report["evaluation"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{row[m]:.4f}" for m in metric_names) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `ehr-analyze`; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("absl", "tensorflow"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if any(k < 1 for k in args.ranks):
+        print("ehr-analyze: --ranks must be >= 1", file=sys.stderr)
+        return 2
+    import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
+
+    try:
+        report = posterior_rank(args)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"ehr-analyze: {err}", file=sys.stderr)
+        return 2
+    print(format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
