@@ -44,7 +44,7 @@ log = logging.getLogger("bench.compare_methods")
 
 # Table 4's rows in its order (configs/ehr_<name>.yaml), then the methods of the other papers.
 METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1_normal",
-           "rank1_cauchy")
+           "rank1_cauchy", "ktied_normal")  # ktied_normal: paper 003, fully_bayesian with stddevs of rank 2
 DEFAULT_METHODS = ("deterministic", "batchensemble", "rank1_normal")
 DEEP_ENSEMBLE = "deep_ensemble"
 ENSEMBLE_SIZE = 4  # members of a deep ensemble: the rank-1 models' K

@@ -306,20 +306,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command = ("python bench/ktied_results.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
                                                                                    else sys.argv[1:]))).strip()
-    sections = {}
-    if args.part in ("all", "snr"):
-        started = time.time()
-        sections["ktied_snr"] = snr_markdown(run_snr(args), command, FIGURE, time.time() - started)
-    if args.part in ("all", "digits"):
-        started = time.time()
-        reports, curves, params, config = run_digits(args)
-        sections["ktied_digits"] = digits_markdown(reports, curves, params, config, command, time.time() - started)
-    for name, md in sections.items():
+    def publish(name: str, md: str) -> None:  # as soon as a part is done: a later failure keeps it
         print(md)
         if not args.no_write:
             from bench.report import write_section
 
             print(f"\nwrote {write_section(name, md, args.output)}")
+
+    if args.part in ("all", "snr"):
+        started = time.time()
+        publish("ktied_snr", snr_markdown(run_snr(args), command, FIGURE, time.time() - started))
+    if args.part in ("all", "digits"):
+        started = time.time()
+        reports, curves, params, config = run_digits(args)
+        publish("ktied_digits", digits_markdown(reports, curves, params, config, command, time.time() - started))
     return 0
 
 
