@@ -44,12 +44,19 @@ SNR_LAYER = 1  # index of the hidden layer measured: the paper's "Dense 2"
 FIGURE = "docs/figures/ktied_snr.png"
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the benchmark."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--part", choices=("all", "digits", "snr"), default="all", help="which measurement to run")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per variant (>= 3 for a SEM)")
+    p.add_argument("--seeds", type=_positive, default=3, help="seeds per variant (>= 3 for a SEM)")
     p.add_argument("--epochs", type=float, default=None, help="override train.epochs of the digits configs")
     p.add_argument("--eval-every", type=int, default=50, help="steps between validation -ELBO evaluations")
     p.add_argument("--snr-steps", type=int, nargs="+", default=[50, 250, 500, 1000, 2000],
@@ -61,13 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _mean_sem(values: list[float]) -> tuple[float, float]:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    if not vals:
-        return float("nan"), float("nan")
-    mean = sum(vals) / len(vals)
-    if len(vals) < 2:
-        return mean, float("nan")
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1) / len(vals))
+    from bench.image_results import _mean_sem as mean_sem
+
+    vals = [v for v in values if v is not None and math.isfinite(v)]  # runs that never got there
+    return mean_sem(vals) if vals else (float("nan"), float("nan"))
 
 
 def _cell(values: list[float], digits: int = 4) -> str:
@@ -297,13 +301,8 @@ def snr_markdown(results: dict[str, list[list[dict]]], command: str, figure: str
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    for noisy in ("absl", "tensorflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    if args.seeds < 1:
-        print("ktied_results: --seeds must be >= 1", file=sys.stderr)
-        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
     command = ("python bench/ktied_results.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
                                                                                    else sys.argv[1:]))).strip()
     def publish(name: str, md: str) -> None:  # as soon as a part is done: a later failure keeps it
