@@ -33,13 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", required=True, metavar="RUN_DIR", help="run folder of ehr-train (EHR or image)")
     p.add_argument("--data", default=None,
-                   help="EHR: output folder of the Beam job (required); image: CIFAR folder (default: the run's)")
+                   help="EHR: output folder of the Beam job (required); image: CIFAR folder, None = the run's")
     p.add_argument("--split", default="validation", choices=("train", "validation", "test"), help="split to evaluate")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 3], help="ranks of the post-hoc replacements")
     p.add_argument("--samples", type=int, default=None,
-                   help="S posterior samples per example (default: the run's eval.num_samples)")
+                   help="S posterior samples per example; None = the run's eval.num_samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (the same for every rank)")
-    p.add_argument("--out", default=None, help="output folder (default: RUN_DIR/posterior_rank)")
+    p.add_argument("--out", default=None, help="output folder; None = RUN_DIR/posterior_rank")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
