@@ -276,7 +276,7 @@ def snr_markdown(results: dict[str, list[list[dict]]], command: str, figure: str
     rule = "|---|" + "---|" * len(steps)
     lines = ["## Gradient SNR of the stddev parameters, digits MLP (paper 003, Figure 6 right)", "",
              f"Command (repo root): `{command}`", "",
-             "The digits MLP of the section above, trained without KL annealing (App. D.4) at the fixed KL weight "
+             "The digits MLP of the k-tied digits section below, trained without KL annealing (App. D.4) at the fixed KL weight "
              "kl_scale x KL / N_train. SNR = E[g^2] / Var[g] (the paper's footnote 3) of each stddev parameter of the second dense layer "
              f"(400 x 400) over the last {SNR_WINDOW} batches: the raw softplus parameter of every sigma_ij for "
              "mean field (close to log sigma at these small sigmas), log u_ik and log v_jk for k-tied. The median "
