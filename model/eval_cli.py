@@ -2,6 +2,8 @@
 
   ehr-eval --model runs/rank1/export --data out/demo/data --split test --samples 25 --out eval/rank1
   ehr-eval --model runs/det_s0 --model runs/det_s1 --model runs/det_s2 --data DATA --export-ensemble runs/deep_ens
+  ehr-eval --baseline logistic --data DATA --truth RELEASE/SYNTH_TRUTH.csv --out eval/logistic
+  ehr-eval --compare eval/logistic/predictions.csv eval/rank1/predictions.csv --out eval/rank1_vs_logistic
 
 All S samples x K members of an example are one vectorised pass inside the export; the
 probabilities are the ones the service computes for the same example and seed.
@@ -18,7 +20,9 @@ log = logging.getLogger("model.eval")
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-eval`."""
+    from model.baselines import KINDS
     from model.config import EvalConfig
+    from model.metrics import UNCERTAINTY_MEASURES
 
     d = EvalConfig()
     parser = argparse.ArgumentParser(
@@ -28,9 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "on validation. Several --model give a deep ensemble (members side by side along K).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--model", action="append", required=True, metavar="DIR",
-                        help="export directory (MODEL_DIR) or run folder holding export/; repeat for an ensemble")
-    parser.add_argument("--data", required=True, help="output folder of the Beam job")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", action="append", metavar="DIR",
+                      help="export directory (MODEL_DIR) or run folder holding export/; repeat for an ensemble")
+    what.add_argument("--baseline", choices=KINDS, default=None,
+                      help="fit a scikit-learn baseline on --data's train split (settings chosen on validation) "
+                           "and evaluate it like a model")
+    what.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None,
+                      help="two predictions.csv files of earlier evaluations on the same cases: paired bootstrap "
+                           "differences B - A of NLL, AUC-PR, AUC-ROC, ECE, Brier (and |p - P_DEATH| with --truth "
+                           "or a P_TRUTH column); writes comparison.json to --out")
+    parser.add_argument("--data", default=None, help="output folder of the Beam job (needed with --model/--baseline)")
     parser.add_argument("--split", default="test", help="split to evaluate (train, validation, test)")
     parser.add_argument("--samples", type=int, default=d.num_samples, help="S samples per member (1-100)")
     parser.add_argument("--seed", type=int, default=d.seed, help="sampling seed")
@@ -38,14 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write metrics.json, PNG plots and predictions.csv here; without it the report "
                              "is only printed")
     parser.add_argument("--truth", default=None,
-                        help="known-truth CSV (HADM_ID,P_DEATH,...) of a synthetic release: adds error vs truth")
+                        help="known-truth CSV (HADM_ID,P_DEATH,...) of a synthetic release: adds error vs truth, "
+                             "coverage of P_DEATH by the 50/80/95%% sample intervals, Spearman correlations of "
+                             "each uncertainty with |p - P_DEATH| and referral against the truth")
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per prediction call")
     parser.add_argument("--referral-rate", type=float, default=None,
                         help="referral rate; default: the rate stored with a single model (re-chosen on "
                              f"validation if given, and always for ensembles, where it defaults to {d.referral_rate})")
     parser.add_argument("--referral-measure", default=None,
-                        choices=("predictive_entropy", "mutual_information", "predictive_std"),
-                        help=f"uncertainty for referral; default: the stored one ({d.referral_measure} for ensembles)")
+                        choices=UNCERTAINTY_MEASURES,
+                        help=f"uncertainty for referral; default: the stored one ({d.referral_measure} for ensembles, "
+                             "predictive_entropy for a baseline, whose mutual information is 0)")
     parser.add_argument("--bootstrap", type=int, default=d.n_bootstrap, help="bootstrap resamples for the CIs")
     parser.add_argument("--num-bins", type=int, default=d.num_bins, help="ECE bins")
     parser.add_argument("--export-ensemble", default=None, metavar="DIR",
@@ -88,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     from model import metrics
     from model.export import ExportError
 
+    if args.compare:
+        return _compare(args)
+    if args.data is None:
+        print("ehr-eval: --data is required with --model or --baseline", file=sys.stderr)
+        return 2
+    if args.baseline:
+        return _baseline(args)
     try:
         dirs = [resolve_model_dir(m) for m in args.model]
         report, extra = evaluation.run_evaluation(
@@ -106,6 +128,48 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: {args.out}")
     if extra.get("export_dir"):
         print(f"ensemble export: {extra['export_dir']}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """--compare A B: paired bootstrap of two predictions files, printed and written to --out."""
+    import json
+
+    from model import evaluate as evaluation
+    from model import metrics
+
+    try:
+        comparison = evaluation.compare_predictions(*args.compare, truth_path=args.truth, n_bootstrap=args.bootstrap,
+                                                    seed=args.seed, num_bins=args.num_bins)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"ehr-eval: {err}", file=sys.stderr)
+        return 2
+    print(metrics.format_comparison(comparison))
+    if args.out:
+        out = pathlib.Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / evaluation.COMPARISON_FILE).write_text(json.dumps(comparison, indent=2, allow_nan=False) + "\n")
+        print(f"comparison: {out / evaluation.COMPARISON_FILE}")
+    return 0
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    """--baseline KIND: fit on train, choose on validation, evaluate --split like a model."""
+    from model import evaluate as evaluation
+    from model import metrics
+
+    try:
+        report = evaluation.run_baseline_evaluation(
+            args.baseline, args.data, args.split, seed=args.seed, truth_path=args.truth,
+            referral_rate=args.referral_rate, referral_measure=args.referral_measure, n_bootstrap=args.bootstrap,
+            num_bins=args.num_bins, out_dir=args.out)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"ehr-eval: {err}", file=sys.stderr)
+        return 2
+    print(f"{args.baseline} baseline, chosen on validation: {report['baseline']['params']}")
+    print(metrics.format_table(report))
+    if args.out:
+        print(f"report: {args.out}")
     return 0
 
 

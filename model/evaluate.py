@@ -7,6 +7,7 @@ validation and writes the report files.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import os
@@ -24,7 +25,16 @@ log = logging.getLogger(__name__)
 REPORT_FILE = "metrics.json"
 PLOT_FILES = {"reliability": "reliability.png", "uncertainty_vs_error": "uncertainty_vs_error.png",
               "risk_coverage": "risk_coverage.png", "uncertainty_histogram": "uncertainty_histogram.png"}
+# Written only with a known truth: kept cases' error vs truth against the referral rate.
+TRUTH_PLOT_FILE = "referral_vs_truth.png"
 PREDICTIONS_FILE = "predictions.csv"
+COMPARISON_FILE = "comparison.json"
+# Quantiles of the S x K sampled probabilities kept per case in predictions.csv: the ends of
+# the central 50 / 80 / 95 % intervals, so coverage can be recomputed from the file.
+PREDICTION_QUANTILES: tuple[float, ...] = tuple(
+    q for level in metrics.COVERAGE_LEVELS for q in ((1.0 - level) / 2.0, (1.0 + level) / 2.0))
+# Headline numbers of the truth report that go into summaries and export metrics.json.
+TRUTH_SUMMARY_KEYS = ("mae", "rmse", "nll_truth", "nll_excess", "kl_truth", "coverage")
 
 
 def load_truth(path: str | os.PathLike[str], hadm_ids: Sequence[int]) -> np.ndarray:
@@ -75,8 +85,8 @@ def evaluate_predictions(probs: np.ndarray, labels: Sequence[int], ensemble_size
 
 def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], probs: np.ndarray,
                  labels: Sequence[int], hadm_ids: Sequence[int], measure: str, num_bins: int = metrics.NUM_BINS,
-                 extra: Mapping[str, Any] | None = None) -> dict[str, pathlib.Path]:
-    """Writes metrics.json, the four PNG plots and predictions.csv; returns their paths."""
+                 extra: Mapping[str, Any] | None = None, truth: np.ndarray | None = None) -> dict[str, pathlib.Path]:
+    """Writes metrics.json, the PNG plots and predictions.csv (one row per case); returns their paths."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     y = np.asarray(labels, dtype=np.float64)
@@ -96,14 +106,89 @@ def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], pro
     correct = (p > 0.5) == (y > 0.5)
     paths["uncertainty_histogram"] = plots.uncertainty_histogram(
         u[measure], correct, path=out / PLOT_FILES["uncertainty_histogram"], name=measure)
-    paths["predictions"] = out / PREDICTIONS_FILE
-    with open(paths["predictions"], "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["HADM_ID", "LABEL", "P_MEAN", *metrics.UNCERTAINTY_MEASURES])
-        for i, h in enumerate(hadm_ids):
-            writer.writerow([int(h), int(y[i]), f"{p[i]:.6f}",
-                             *(f"{u[name][i]:.6f}" for name in metrics.UNCERTAINTY_MEASURES)])
+    if report.get("truth"):
+        paths["referral_vs_truth"] = plots.referral_vs_truth_plot(report["truth"]["selective"],
+                                                                  path=out / TRUTH_PLOT_FILE)
+    paths["predictions"] = write_predictions(out / PREDICTIONS_FILE, probs, labels, hadm_ids, report["K"],
+                                             report["S"], truth)
     return paths
+
+
+def write_predictions(path: str | os.PathLike[str], probs: np.ndarray, labels: Sequence[int],
+                      hadm_ids: Sequence[int], ensemble_size: int, num_samples: int,
+                      truth: np.ndarray | None = None) -> pathlib.Path:
+    """predictions.csv: HADM_ID, LABEL, P_MEAN, [P_TRUTH], sample quantiles Q<q> and every uncertainty measure."""
+    measures = metrics.all_uncertainties(probs, ensemble_size, num_samples)
+    quantiles = np.quantile(probs, PREDICTION_QUANTILES, axis=1)
+    p = metrics.predictive_mean(probs)
+    columns = ["HADM_ID", "LABEL", "P_MEAN"] + (["P_TRUTH"] if truth is not None else [])
+    columns += [f"Q{q:g}" for q in PREDICTION_QUANTILES] + list(measures)
+    path = pathlib.Path(path)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for i, h in enumerate(hadm_ids):
+            row = [int(h), int(labels[i]), f"{p[i]:.6f}"] + ([f"{truth[i]:.6f}"] if truth is not None else [])
+            row += [f"{v:.6f}" for v in quantiles[:, i]] + [f"{measures[name][i]:.6f}" for name in measures]
+            writer.writerow(row)
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class Predictions:
+    """One predictions.csv: per case id, label, predictive mean and (when written) the truth."""
+
+    path: str
+    hadm_ids: np.ndarray  # int64 [N]
+    labels: np.ndarray  # int64 [N]
+    p: np.ndarray  # float64 [N]
+    truth: np.ndarray | None  # float64 [N], from the P_TRUTH column
+
+
+def read_predictions(path: str | os.PathLike[str]) -> Predictions:
+    """Reads a predictions.csv written by ehr-eval, the trainer or a baseline; errors name the file and row."""
+    path = os.fspath(path)
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = {"HADM_ID", "LABEL", "P_MEAN"} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: not a predictions file, missing columns {sorted(missing)}")
+        has_truth = "P_TRUTH" in (reader.fieldnames or ())
+        rows = []
+        for line, row in enumerate(reader, start=2):
+            try:
+                rows.append((int(row["HADM_ID"]), int(row["LABEL"]), float(row["P_MEAN"]),
+                             float(row["P_TRUTH"]) if has_truth else float("nan")))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{path}, row {line}: {err}") from None
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    if len(set(ids.tolist())) != ids.size:
+        raise ValueError(f"{path}: HADM_ID repeated")
+    return Predictions(path=path, hadm_ids=ids, labels=np.array([r[1] for r in rows], dtype=np.int64),
+                       p=np.array([r[2] for r in rows]), truth=np.array([r[3] for r in rows]) if has_truth else None)
+
+
+def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], *,
+                        truth_path: str | os.PathLike[str] | None = None, n_bootstrap: int = 1000, seed: int = 0,
+                        num_bins: int = metrics.NUM_BINS) -> dict[str, Any]:
+    """Paired bootstrap of model B minus model A (metrics.paired_bootstrap) on the cases both files hold.
+
+    The two files must hold the same admissions with the same labels (order may differ). The
+    truth comes from ``truth_path`` or else from A's P_TRUTH column; without either,
+    "truth_mae" is left out.
+    """
+    a, b = read_predictions(path_a), read_predictions(path_b)
+    if set(a.hadm_ids.tolist()) != set(b.hadm_ids.tolist()):
+        only_a = sorted(set(a.hadm_ids.tolist()) - set(b.hadm_ids.tolist()))[:3]
+        only_b = sorted(set(b.hadm_ids.tolist()) - set(a.hadm_ids.tolist()))[:3]
+        raise ValueError(f"{b.path}: not the admissions of {a.path} (only in A e.g. {only_a}, only in B e.g. {only_b})")
+    order = np.argsort(b.hadm_ids)[np.searchsorted(np.sort(b.hadm_ids), a.hadm_ids)]
+    if not np.array_equal(a.labels, b.labels[order]):
+        raise ValueError(f"{b.path}: labels differ from {a.path} for the same HADM_IDs")
+    truth = load_truth(truth_path, a.hadm_ids.tolist()) if truth_path is not None else a.truth
+    diffs = metrics.paired_bootstrap(a.p, b.p[order], a.labels, truth, n=n_bootstrap, seed=seed, num_bins=num_bins)
+    return json_ready({"a": a.path, "b": b.path, "n": int(a.labels.size), "n_bootstrap": n_bootstrap, "seed": seed,
+                       "difference": "b - a", "metrics": diffs})
 
 
 def summary(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,7 +199,7 @@ def summary(report: Mapping[str, Any]) -> dict[str, Any]:
     out["n"] = report["n"]
     out["prevalence"] = report["prevalence"]
     if "truth" in report:
-        out["truth"] = report["truth"]
+        out["truth"] = {k: report["truth"][k] for k in TRUTH_SUMMARY_KEYS if k in report["truth"]}
     return out
 
 
@@ -145,7 +230,7 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
     # The referral rule: a single model's stored one, unless the caller changes it; an ensemble
     # has none stored, so it is chosen on this data's validation split, as training does.
     stored = exports[0].metrics.get("referral") if len(exports) == 1 else None
-    measure = referral_measure or (stored["measure"] if stored else "predictive_entropy")
+    measure = referral_measure or (stored["measure"] if stored else metrics.DEFAULT_REFERRAL_MEASURE)
     rate = referral_rate if referral_rate is not None else (stored["rate"] if stored else 0.1)
     cache: dict[str, tuple] = {}
     if stored and referral_rate is None and referral_measure is None:
@@ -164,9 +249,10 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
     report, probs, labels, hadm_ids = report_for(split)
     extra: dict[str, Any] = {}
     if out_dir is not None:
+        truth = load_truth(truth_path, hadm_ids) if truth_path is not None else None
         write_report(out_dir, report, probs, labels, hadm_ids, measure, num_bins,
                      extra={"models": [str(e.path) for e in exports], "split": split, "seed": seed,
-                            "data_manifest_sha256": data_sha})
+                            "data_manifest_sha256": data_sha}, truth=truth)
     if export_ensemble is not None:
         test_report = report if split == "test" else report_for("test")[0]
         metrics_doc = export_mod.metrics_document(test_report, measure=measure, rate=rate, threshold=threshold)
@@ -178,3 +264,29 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
         extra["export_dir"] = export_mod.write_ensemble_export(export_ensemble, [e.path for e in exports],
                                                                card=card, metrics_doc=metrics_doc)
     return report, extra
+
+
+def run_baseline_evaluation(kind: str, data_dir: str | os.PathLike[str], split: str, *, seed: int = 0,
+                            truth_path: str | os.PathLike[str] | None = None, referral_rate: float | None = None,
+                            referral_measure: str | None = None, n_bootstrap: int = 1000,
+                            num_bins: int = metrics.NUM_BINS,
+                            out_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Fits a model.baselines baseline and reports it like a model (S = K = 1), same files; returns the report."""
+    from model.baselines import fit_baseline
+    from model.config import EvalConfig
+
+    result = fit_baseline(data_dir, kind, seed, splits=tuple(dict.fromkeys(("validation", split))))
+    # One probability per case: mutual information is 0, so entropy is the default measure here.
+    measure = referral_measure or "predictive_entropy"
+    rate = EvalConfig().referral_rate if referral_rate is None else referral_rate
+    threshold = referral_threshold(result.predictions["validation"].probs, rate, measure)
+    pred = result.predictions[split]
+    truth = load_truth(truth_path, pred.hadm_ids.tolist()) if truth_path is not None else None
+    report = evaluate_predictions(pred.probs, pred.labels, 1, 1, threshold=threshold, measure=measure, rate=rate,
+                                  truth=truth, num_bins=num_bins, n_bootstrap=n_bootstrap, seed=seed)
+    report["baseline"] = {"kind": kind, "seed": seed, "params": result.params,
+                          "validation_nll": result.validation_nll, "num_features": len(result.feature_names)}
+    if out_dir is not None:
+        write_report(out_dir, report, pred.probs, pred.labels.tolist(), pred.hadm_ids.tolist(), measure, num_bins,
+                     extra={"split": split, "data": os.fspath(data_dir)}, truth=truth)
+    return report

@@ -34,6 +34,13 @@ REFERRAL_RATES: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(11))
 # The scalar metrics reported overall, per member, with bootstrap CIs and per referral rate.
 SCALAR_METRICS: tuple[str, ...] = ("auc_pr", "auc_roc", "nll", "ece", "brier", "accuracy")
 UNCERTAINTY_MEASURES: tuple[str, ...] = ("predictive_entropy", "mutual_information", "predictive_std")
+# Referral measure unless a model's config says otherwise: epistemic uncertainty. Predictive
+# entropy is a function of p alone for one model (it refers the cases nearest 0.5, in practice
+# the highest-risk ones); mutual information is what the posterior adds. It is 0 for a single
+# deterministic model (S = K = 1), whose configs keep predictive entropy.
+DEFAULT_REFERRAL_MEASURE = "mutual_information"
+# Bootstrap interval per metric where the percentile one is wrong (see bootstrap_interval).
+BOOTSTRAP_METHODS: dict[str, tuple[str, tuple[float, float]]] = {"ece": ("basic", (0.0, 1.0))}
 
 
 # --------------------------------------------------------------------------- validation
@@ -293,13 +300,17 @@ def bootstrap_ci(
     alpha: float = 0.05,
     seed: int = 0,
     batched: bool = True,
+    method: str = "percentile",
+    bounds: tuple[float, float] = (-np.inf, np.inf),
 ) -> dict[str, float]:
-    """Percentile bootstrap (1 - alpha) interval of metric_fn(p, y), resampling examples (axis 0 of p).
+    """Bootstrap (1 - alpha) interval of metric_fn(p, y), resampling examples (axis 0 of p).
 
     ``batched=True`` requires ``metric_fn`` to reduce over the example axis with leading batch
     axes (every metric here does; for a ``[N, M]`` input it receives ``[B, N, M]``). Resamples
     where the metric is undefined (e.g. an AUC on one class) are dropped; ``n_valid`` counts
-    the rest.
+    the rest. ``method``: "percentile" or "basic" (see :func:`bootstrap_interval`); the
+    result also holds ``bias_corrected``, 2 * estimate - median(resamples), which always lies
+    inside the basic interval.
     """
     p = np.asarray(p, dtype=np.float64)
     y = _labels(y)
@@ -321,12 +332,37 @@ def bootstrap_ci(
             [metric_fn(p[i], y[i]) for i in (rng.integers(0, n_examples, n_examples) for _ in range(n))],
             dtype=np.float64,
         )
+    return {"estimate": estimate, **bootstrap_interval(values, estimate, alpha, method, bounds)}
+
+
+def bootstrap_interval(values, estimate: float, alpha: float = 0.05, method: str = "percentile",
+                       bounds: tuple[float, float] = (-np.inf, np.inf)) -> dict[str, float]:
+    """(1 - alpha) interval from bootstrap replicates of a statistic; non-finite replicates are dropped.
+
+    "percentile": the alpha/2 and 1 - alpha/2 quantiles q_lo, q_hi of the replicates. Right for
+    statistics whose plug-in value is about unbiased (AUC, NLL, Brier). "basic" (reverse
+    percentile): [2 * estimate - q_hi, 2 * estimate - q_lo]. Right for a statistic with a bias
+    the bootstrap reproduces, such as ECE: each bin's |acc - conf| only grows with sampling
+    noise, a resample adds its own noise on top, so the replicates sit above the estimate as
+    the estimate sits above the population value; the percentile interval then misses the
+    population ECE of a calibrated model almost always, and can exclude the estimate itself.
+    Both ends are clipped to ``bounds`` (ECE >= 0).
+    """
+    values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
-    if values.size == 0:
-        lower = upper = float("nan")
+    nan = float("nan")
+    if values.size == 0 or not np.isfinite(estimate):
+        return {"lower": nan, "upper": nan, "bias_corrected": nan, "n_valid": int(values.size)}
+    q_lo, median, q_hi = (float(v) for v in np.quantile(values, [alpha / 2.0, 0.5, 1.0 - alpha / 2.0]))
+    if method == "percentile":
+        lower, upper = q_lo, q_hi
+    elif method == "basic":
+        lower, upper = 2.0 * estimate - q_hi, 2.0 * estimate - q_lo
     else:
-        lower, upper = (float(v) for v in np.quantile(values, [alpha / 2.0, 1.0 - alpha / 2.0]))
-    return {"estimate": estimate, "lower": lower, "upper": upper, "n_valid": int(values.size)}
+        raise ValueError(f"bootstrap method must be 'percentile' or 'basic', got {method!r}")
+    lo, hi = bounds
+    return {"lower": float(np.clip(lower, lo, hi)), "upper": float(np.clip(upper, lo, hi)),
+            "bias_corrected": float(np.clip(2.0 * estimate - median, lo, hi)), "n_valid": int(values.size)}
 
 
 # --------------------------------------------------------------------------- referral
@@ -419,6 +455,236 @@ def error_by_uncertainty(p_mean, y, uncertainty, num_bins: int = 10) -> dict[str
     }
 
 
+# --------------------------------------------------------------------------- against a known truth
+# A synthetic release knows each case's true probability of death (``truth``, shape [N]). These
+# functions ask whether the uncertainty tracks the error that matters, |p - truth|, instead of
+# the label noise every model shares.
+
+# Central intervals of the M sampled probabilities whose coverage of the truth is reported.
+COVERAGE_LEVELS: tuple[float, ...] = (0.5, 0.8, 0.95)
+# Every per-case uncertainty measure correlated with |p - truth| (keys of all_uncertainties).
+TRUTH_MEASURES: tuple[str, ...] = ("predictive_entropy", "mutual_information", "expected_entropy",
+                                   "predictive_std", "interval_width_95", "member_disagreement")
+# Referral baselines beside the uncertainty measures: the highest predicted risk first, a
+# random order (averaged over draws), and the oracle that refers the largest |p - truth| first.
+# Referring by "closeness to 0.5" needs no row of its own: predictive entropy is a decreasing
+# function of |p - 0.5|, so it refers exactly those cases.
+REFERRAL_BASELINES: tuple[str, ...] = ("risk", "random", "oracle")
+
+
+def sample_interval(probs, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """Central `level` interval of each row's M sampled probabilities (linear-interpolated quantiles), [N] each."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"interval level must lie in (0, 1), got {level}")
+    lower, upper = np.quantile(_matrix(probs), [(1.0 - level) / 2.0, (1.0 + level) / 2.0], axis=1)
+    return lower, upper
+
+
+def interval_coverage(probs, truth, levels: Sequence[float] = COVERAGE_LEVELS) -> dict[str, float]:
+    """Fraction of cases whose true probability lies in the central interval, per level ("0.95": ...).
+
+    NaN when M = 1: a single sample gives a zero-width interval, which covers nothing by design.
+    """
+    probs = _matrix(probs)
+    truth = _truth(truth, probs.shape[0])
+    out = {}
+    for level in levels:
+        lower, upper = sample_interval(probs, level)
+        out[f"{level:g}"] = float("nan") if probs.shape[1] == 1 else float(np.mean((lower <= truth) & (truth <= upper)))
+    return out
+
+
+def all_uncertainties(probs, K: int, S: int) -> dict[str, np.ndarray]:
+    """Every per-case uncertainty measure of TRUTH_MEASURES, shape [N] each."""
+    lower, upper = sample_interval(probs, 0.95)
+    return {
+        **uncertainties(probs),
+        "expected_entropy": expected_entropy(probs),
+        "interval_width_95": upper - lower,
+        "member_disagreement": member_disagreement(probs, K, S),
+    }
+
+
+def _truth(truth, n: int) -> np.ndarray:
+    """Validated true probabilities, shape [n]."""
+    truth = np.asarray(truth, dtype=np.float64)
+    if truth.shape != (n,):
+        raise ValueError(f"truth has shape {truth.shape}, expected ({n},)")
+    if np.any((truth < 0) | (truth > 1)) or np.any(np.isnan(truth)):
+        raise ValueError("truth must lie in [0, 1]")
+    return truth
+
+
+def rank(a) -> np.ndarray:
+    """1-based ranks along the last axis, ties given their average rank (scipy.stats.rankdata's default)."""
+    a = np.asarray(a, dtype=np.float64)
+    order = np.argsort(a, axis=-1, kind="stable")
+    first, last = _tie_groups(np.take_along_axis(a, order, axis=-1))
+    ranks = np.empty_like(a)
+    np.put_along_axis(ranks, order, (first + last) / 2.0 + 1.0, axis=-1)
+    return ranks
+
+
+def spearman(a, b) -> float:
+    """Spearman rank correlation of two [N] vectors (Pearson on tie-averaged ranks); NaN if either is constant."""
+    ra, rb = rank(a), rank(b)
+    if ra.shape != rb.shape or ra.ndim != 1:
+        raise ValueError(f"need two vectors of one length, got {ra.shape} and {rb.shape}")
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = np.sqrt((ra * ra).sum() * (rb * rb).sum())
+    return float((ra * rb).sum() / denom) if denom > 0 else float("nan")
+
+
+def uncertainty_error_correlation(p, truth, measures: Mapping[str, np.ndarray],
+                                  num_groups: int = 10) -> dict[str, dict[str, Any]]:
+    """Spearman correlation of each measure with |p - truth|: overall and within equal-count groups of p.
+
+    "within_p_groups" averages the per-group correlations (groups where a measure is constant
+    are left out): every measure grows with p(1 - p), and so does the size of the error, so
+    only the within-group number says whether a measure knows *which* of two cases with the
+    same p is wrong.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    error = np.abs(p - _truth(truth, p.shape[0]))
+    groups = [g for g in np.array_split(np.argsort(p, kind="stable"), min(num_groups, p.size)) if g.size > 2]
+    out = {}
+    for name, u in measures.items():
+        u = np.asarray(u, dtype=np.float64)
+        per_group = np.array([spearman(u[g], error[g]) for g in groups])
+        finite = per_group[np.isfinite(per_group)]
+        out[name] = {"overall": spearman(u, error),
+                     "within_p_groups": float(finite.mean()) if finite.size else float("nan"),
+                     "per_group": per_group.tolist()}
+    return out
+
+
+def kl_bernoulli(truth, p, eps: float = EPS) -> np.ndarray:
+    """KL(Bernoulli(truth) || Bernoulli(p)) per case, nats: the expected excess NLL of p over the truth."""
+    t = np.asarray(truth, dtype=np.float64)
+    q = np.clip(np.asarray(p, dtype=np.float64), eps, 1.0 - eps)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pos = np.where(t > 0, t * (np.log(t) - np.log(q)), 0.0)
+        neg = np.where(t < 1, (1.0 - t) * (np.log1p(-t) - np.log1p(-q)), 0.0)
+    return pos + neg
+
+
+def _kept_vs_truth(p, y, truth, keep) -> dict[str, float]:
+    """Error vs truth and label metrics of the kept cases."""
+    if not keep.any():
+        return {"mae_truth": float("nan"), "kl_truth": float("nan"), "nll": float("nan"), "auc_roc": float("nan")}
+    return {"mae_truth": float(np.mean(np.abs(p[keep] - truth[keep]))),
+            "kl_truth": float(np.mean(kl_bernoulli(truth[keep], p[keep]))),
+            "nll": float(nll(p[keep], y[keep])), "auc_roc": float(auc_roc(p[keep], y[keep]))}
+
+
+def selective_vs_truth(p, y, truth, scores: Mapping[str, np.ndarray],
+                       referral_rates: Sequence[float] = REFERRAL_RATES, n_random: int = 100,
+                       seed: int = 0) -> dict[str, list[dict[str, float]]]:
+    """Per referral score and rate, the kept cases' mean |p - truth|, mean KL to the truth, NLL and AUC-ROC.
+
+    Each score in ``scores`` refers its highest values first by the deployment rule
+    (referral_threshold on these cases, ties kept); REFERRAL_BASELINES are added: "risk"
+    (highest p first), "random" (metrics averaged over ``n_random`` random orders) and
+    "oracle" (largest |p - truth| first, the best any measure could do).
+    """
+    p, y = _pair(p, y)
+    truth = _truth(truth, p.shape[0])
+    all_scores = {**scores, "risk": p, "oracle": np.abs(p - truth)}
+    out: dict[str, list[dict[str, float]]] = {}
+    for name, score in all_scores.items():
+        score = np.asarray(score, dtype=np.float64)
+        rows = []
+        for rate in referral_rates:
+            keep = ~refer(score, referral_threshold(score, rate))
+            rows.append({"referral_rate": float(rate), "coverage": float(keep.mean()), "n_kept": int(keep.sum()),
+                         **_kept_vs_truth(p, y, truth, keep)})
+        out[name] = rows
+    rng = np.random.default_rng(seed)
+    random_rows = []
+    for rate in referral_rates:
+        k = _referral_count(rate, p.size)
+        draws = []
+        for _ in range(n_random):
+            keep = np.ones(p.size, dtype=bool)
+            keep[rng.permutation(p.size)[:k]] = False
+            draws.append(_kept_vs_truth(p, y, truth, keep))
+        row = {"referral_rate": float(rate), "coverage": (p.size - k) / p.size, "n_kept": p.size - k}
+        row.update({key: float(np.nanmean([d[key] for d in draws])) for key in draws[0]})
+        random_rows.append(row)
+    out["random"] = random_rows
+    return out
+
+
+def truth_report(probs, y, truth, K: int, S: int, *, referral_rates: Sequence[float] = REFERRAL_RATES,
+                 levels: Sequence[float] = COVERAGE_LEVELS, num_groups: int = 10, seed: int = 0) -> dict[str, Any]:
+    """Everything measured against a known truth: error, coverage, uncertainty-error correlation, referral."""
+    probs = _matrix(probs)
+    y = _labels(y)
+    truth = _truth(truth, probs.shape[0])
+    p = probs.mean(axis=1)
+    nll_truth = float(nll(truth, y))
+    measures = all_uncertainties(probs, K, S)
+    return {
+        "mae": float(np.mean(np.abs(p - truth))),
+        "rmse": float(np.sqrt(np.mean((p - truth) ** 2))),
+        # The NLL the true probabilities score on these labels: no model can expect to beat it.
+        "nll_truth": nll_truth,
+        "nll_excess": float(nll(p, y)) - nll_truth,
+        "kl_truth": float(np.mean(kl_bernoulli(truth, p))),
+        "auc_roc_truth": float(auc_roc(truth, y)),
+        "ece_truth": float(ece(truth, y)),
+        "coverage": interval_coverage(probs, truth, levels),
+        "uncertainty_vs_error": uncertainty_error_correlation(p, truth, measures, num_groups),
+        "selective": selective_vs_truth(p, y, truth, {name: measures[name] for name in UNCERTAINTY_MEASURES},
+                                        referral_rates, seed=seed),
+    }
+
+
+# --------------------------------------------------------------------------- paired comparison
+
+# Metrics of a paired comparison; "truth_mae" (mean |p - truth|) only when the truth is known.
+PAIRED_METRICS: tuple[str, ...] = ("nll", "auc_pr", "auc_roc", "ece", "brier", "truth_mae")
+
+
+def _paired_metrics(p, y, truth, num_bins: int) -> dict[str, np.ndarray]:
+    """PAIRED_METRICS of p against (y, truth) with leading batch axes; truth None leaves truth_mae out."""
+    out = {"nll": nll(p, y), "auc_pr": auc_pr(p, y), "auc_roc": auc_roc(p, y), "ece": ece(p, y, num_bins),
+           "brier": brier(p, y)}
+    if truth is not None:
+        out["truth_mae"] = np.mean(np.abs(p - truth), axis=-1)
+    return out
+
+
+def paired_bootstrap(p_a, p_b, y, truth=None, *, n: int = 1000, alpha: float = 0.05, seed: int = 0,
+                     num_bins: int = NUM_BINS) -> dict[str, dict[str, float]]:
+    """Metric(b) - metric(a) on the same cases, with a bootstrap interval from shared resamples.
+
+    Both models are scored on the same resampled cases, so the case-to-case variation they
+    share cancels: the interval of the difference is much narrower than two separate
+    intervals suggest. Percentile intervals, except "basic" for ECE (see bootstrap_interval).
+    Per metric of PAIRED_METRICS: "a", "b", "difference" (b - a), "lower", "upper", "n_valid".
+    """
+    p_a, y = _pair(p_a, y)
+    p_b, _ = _pair(p_b, y)
+    if p_a.ndim != 1:
+        raise ValueError("p_a, p_b and y must have shape [N]")
+    truth = None if truth is None else _truth(truth, y.size)
+    full_a = _paired_metrics(p_a, y, truth, num_bins)
+    full_b = _paired_metrics(p_b, y, truth, num_bins)
+    idx = np.random.default_rng(seed).integers(0, y.size, size=(n, y.size))
+    truth_idx = None if truth is None else truth[idx]
+    boot_a = _paired_metrics(p_a[idx], y[idx], truth_idx, num_bins)
+    boot_b = _paired_metrics(p_b[idx], y[idx], truth_idx, num_bins)
+    out = {}
+    for name in full_a:
+        a, b = float(full_a[name]), float(full_b[name])
+        method = "basic" if name == "ece" else "percentile"
+        interval = bootstrap_interval(boot_b[name] - boot_a[name], b - a, alpha, method)
+        out[name] = {"a": a, "b": b, "difference": b - a, "lower": interval["lower"], "upper": interval["upper"],
+                     "n_valid": interval["n_valid"]}
+    return out
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -469,7 +735,9 @@ def evaluate(
     }
     ci = {}
     for name in SCALAR_METRICS:
-        ci[name] = bootstrap_ci(metric_fns[name], p, y, n=n_bootstrap, alpha=alpha, seed=seed)
+        method, bounds = BOOTSTRAP_METHODS.get(name, ("percentile", (-np.inf, np.inf)))
+        ci[name] = bootstrap_ci(metric_fns[name], p, y, n=n_bootstrap, alpha=alpha, seed=seed, method=method,
+                                bounds=bounds)
     measures = uncertainties(probs)
     report = {
         "n": int(y.size),
@@ -495,17 +763,7 @@ def evaluate(
         },
     }
     if truth is not None:
-        truth = np.asarray(truth, dtype=np.float64)
-        if truth.shape != p.shape:
-            raise ValueError(f"truth has shape {truth.shape}, expected {p.shape}")
-        nll_truth = float(nll(truth, y))
-        report["truth"] = {
-            "mae": float(np.mean(np.abs(p - truth))),
-            "rmse": float(np.sqrt(np.mean((p - truth) ** 2))),
-            # The NLL the true probabilities score on these labels: no model can expect to beat it.
-            "nll_truth": nll_truth,
-            "nll_excess": overall["nll"] - nll_truth,
-        }
+        report["truth"] = truth_report(probs, y, truth, K, S, referral_rates=referral_rates, seed=seed)
     return json_ready(report)
 
 
@@ -540,7 +798,35 @@ def format_table(metrics: Mapping) -> str:
         for name, rows in metrics["selective"].items():
             lines.append(f"{name:<20}" + "".join(f"{_fmt(row['auc_pr'], 3):>7}" for row in rows))
     if metrics.get("truth"):
-        lines.append("vs truth: " + "  ".join(f"{k}={_fmt(v)}" for k, v in metrics["truth"].items()))
+        lines.extend(format_truth(metrics["truth"]))
+    return "\n".join(lines)
+
+
+def format_truth(truth: Mapping) -> list[str]:
+    """Lines of a truth_report: error, interval coverage, uncertainty-error correlations, referral vs truth."""
+    scalars = {k: v for k, v in truth.items() if not isinstance(v, (Mapping, list))}
+    lines = ["vs truth: " + "  ".join(f"{k}={_fmt(v)}" for k, v in scalars.items())]
+    lines.append("coverage of truth by central intervals: "
+                 + "  ".join(f"{level}={_fmt(v, 3)}" for level, v in truth["coverage"].items()))
+    lines.append(f"{'spearman(u, |p - truth|)':<26}{'overall':>9}{'within p deciles':>18}")
+    for name, row in truth["uncertainty_vs_error"].items():
+        lines.append(f"{name:<26}{_fmt(row['overall'], 3):>9}{_fmt(row['within_p_groups'], 3):>18}")
+    rates = next(iter(truth["selective"].values()))
+    lines.append(f"{'mean |p - truth| kept':<26}" + "".join(f"{row['referral_rate']:>7.2f}" for row in rates))
+    for name, rows in truth["selective"].items():
+        lines.append(f"{name:<26}" + "".join(f"{_fmt(row['mae_truth'], 4):>7}" for row in rows))
+    return lines
+
+
+def format_comparison(comparison: Mapping[str, Any]) -> str:
+    """Text table of compare_predictions: per metric A, B, B - A and its interval."""
+    lines = [f"A = {comparison['a']}", f"B = {comparison['b']}",
+             f"n = {comparison['n']} paired cases, {comparison['n_bootstrap']} bootstrap resamples",
+             f"{'metric':<12}{'A':>9}{'B':>9}{'B - A':>10}  95% interval"]
+    for name, row in comparison["metrics"].items():
+        lines.append(f"{name:<12}{_fmt(row['a']):>9}{_fmt(row['b']):>9}"
+                     f"{_fmt(row['difference']):>10}  [{_fmt(row['lower'])}, "
+                     f"{_fmt(row['upper'])}]")
     return "\n".join(lines)
 
 

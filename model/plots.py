@@ -109,6 +109,32 @@ def risk_coverage_plot(
     return _save(fig, path)
 
 
+def referral_vs_truth_plot(
+    tables: Mapping[str, Sequence[Mapping]],
+    path="referral_vs_truth.png",
+    metric_names: Sequence[str] = ("mae_truth", "kl_truth"),
+) -> pathlib.Path:
+    """Kept cases' error vs the truth against the referral rate, one line per score (metrics.selective_vs_truth).
+
+    The baselines frame the measures: "random" is flat, "oracle" is the best any measure can
+    reach, "risk" refers by p; a measure earns its keep only between random and oracle.
+    """
+    titles = {"mae_truth": "mean |p - P_DEATH| of kept cases", "kl_truth": "mean KL(truth || p) of kept cases (nats)"}
+    fig = _new_figure(5.0 * len(metric_names), 3.8)
+    axes = np.atleast_1d(fig.subplots(1, len(metric_names)))
+    for ax, metric in zip(axes, metric_names):
+        for name, rows in tables.items():
+            rates = [row["referral_rate"] for row in rows]
+            values = [np.nan if row[metric] is None else row[metric] for row in rows]
+            style = "--" if name in metrics.REFERRAL_BASELINES else "-"
+            ax.plot(rates, values, linestyle=style, marker="o", markersize=3, label=name)
+        ax.set_xlabel("referral rate")
+        ax.set_title(titles.get(metric, metric), fontsize=9)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def uncertainty_histogram(
     uncertainty, correct=None, path="uncertainty_histogram.png", name: str = "uncertainty", bins: int = 30
 ) -> pathlib.Path:

@@ -35,7 +35,7 @@ def test_export_holds_the_contract_files(trained):
     assert {"ece", "nll", "auc_pr", "auc_roc", "brier"} <= set(metrics["test"])
     assert metrics["decision_threshold"] == 0.5
     referral = metrics["referral"]
-    assert (referral["measure"], referral["rate"]) == ("predictive_entropy", 0.1)
+    assert (referral["measure"], referral["rate"]) == ("mutual_information", 0.1)  # the default: epistemic
     # The threshold is the validation split's: it refers ~10 % of the validation cases.
     validation = read_json(trained["run"] / "eval" / "validation" / "metrics.json")
     assert validation["referral"]["threshold"] == referral["threshold"]
