@@ -9,9 +9,9 @@ Features per admission, one column block per vocabulary code (``vocabulary.json`
   * log(1 + events) of the code in the admission window (bags whose newest event lies at most
     ``window_hours`` before the trigger) and log(1 + events) in older history;
   * per code with training statistics (``numeric_stats.json``), over the window's values:
-    min, max, mean and last z-score (clipped to the data's clip_z, as the Featurizer does)
-    and a "no value in the window" indicator (the z-scores are then 0). A bag's min / max
-    are the spec's per-bag extremes where the data has them (schema 2), else its mean;
+    min, max (of the bags' spec.BAG_VALUE_MIN / MAX), count-weighted mean and last z-score
+    (clipped to the data's clip_z, as the Featurizer does) and a "no value in the window"
+    indicator (the z-scores are then 0): severity scores keep the worst value per window;
   * age / 90, one-hot gender, one-hot admission type (as the Featurizer encodes them).
 Hyperparameters are chosen by validation NLL; the test split is only predicted.
 """
@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ehr_pipeline import spec
 from model import metrics
@@ -42,9 +43,6 @@ GBM_SETTINGS = ((0.05, 15), (0.1, 31))
 GBM_MAX_ITER = 300
 VALUE_STATS = ("z_min", "z_max", "z_mean", "z_last", "no_value")
 _PARSE_BATCH = 512
-# Schema 2 carries each code's extremes per bag; older data falls back to the bag mean.
-_BAG_MIN = getattr(spec, "BAG_VALUE_MIN", spec.BAG_VALUE_MEAN)
-_BAG_MAX = getattr(spec, "BAG_VALUE_MAX", spec.BAG_VALUE_MEAN)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,8 +165,8 @@ def _window_values(parsed: Mapping[str, Any], layout: FeatureLayout, unique: np.
 
     z_min = np.full((batch, n_value), np.inf)
     z_max = np.full((batch, n_value), -np.inf)
-    np.minimum.at(z_min, (ex, vi), z(_BAG_MIN))
-    np.maximum.at(z_max, (ex, vi), z(_BAG_MAX))
+    np.minimum.at(z_min, (ex, vi), z(spec.BAG_VALUE_MIN))
+    np.maximum.at(z_max, (ex, vi), z(spec.BAG_VALUE_MAX))
     weighted = np.zeros((batch, n_value))
     total = np.zeros((batch, n_value))
     np.add.at(weighted, (ex, vi), weight * z(spec.BAG_VALUE_MEAN))
@@ -265,9 +263,14 @@ def fit_baseline(data_dir: str | os.PathLike[str], kind: str, seed: int = 0, *,
     if np.unique(train.labels).size < 2:
         raise ValueError(f"{files.data_dir}: the train split has one class only; a baseline cannot be fitted")
     fit = _fit_logistic if kind == "logistic" else _fit_gbm
-    model, params, scores = fit(train, val, seed)
+    # One native thread: on a shared, oversubscribed machine OpenMP's spinning workers turned a
+    # 20-s gradient boosting fit into many minutes; these fits are small enough for one core.
+    with threadpool_limits(limits=1):
+        model, params, scores = fit(train, val, seed)
     log.info("%s baseline: chose %s (validation NLL %.4f)", kind, params, min(scores.values()))
-    predictions = {s: SplitPredictions(features[s].hadm_ids, features[s].labels,
-                                       model.predict_proba(features[s].x)[:, 1].astype(np.float64)) for s in splits}
+    with threadpool_limits(limits=1):
+        predictions = {s: SplitPredictions(features[s].hadm_ids, features[s].labels,
+                                           model.predict_proba(features[s].x)[:, 1].astype(np.float64))
+                       for s in splits}
     return BaselineResult(kind=kind, seed=seed, params=params, validation_nll=scores,
                           feature_names=layout.names(), predictions=predictions)
