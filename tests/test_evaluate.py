@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from ehr_testdata import read_json, trained_rank1_run
 
-from model import eval_cli, inputs
-from model.evaluate import PLOT_FILES
+from model import baselines, eval_cli, evaluate, inputs, metrics
+from model.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
 from model.predict import predict_probs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -44,6 +44,16 @@ def test_eval_writes_report_plots_and_error_vs_truth(trained, tmp_path, capsys):
     probs = predict_probs(trained["export"], records, 4, seed=3)
     assert [int(r["HADM_ID"]) for r in rows] == hadm_ids and [int(r["LABEL"]) for r in rows] == labels
     np.testing.assert_allclose([float(r["P_MEAN"]) for r in rows], probs.mean(axis=1), atol=2e-6)
+    # Against the truth: coverage, correlations and referral, recomputable from the file.
+    truth = load_truth(trained["data"] / "SYNTH_TRUTH.csv", hadm_ids)
+    np.testing.assert_allclose([float(r["P_TRUTH"]) for r in rows], truth, atol=1e-6)
+    lo, hi = np.quantile(probs, [0.025, 0.975], axis=1)
+    np.testing.assert_allclose([float(r["Q0.025"]) for r in rows], lo, atol=2e-6)
+    inside = np.mean([float(r["Q0.025"]) <= t <= float(r["Q0.975"]) for r, t in zip(rows, truth)])
+    assert report["truth"]["coverage"]["0.95"] == pytest.approx(inside)
+    assert set(report["truth"]["uncertainty_vs_error"]) == set(metrics.TRUTH_MEASURES)
+    assert {"mutual_information", *metrics.REFERRAL_BASELINES} <= set(report["truth"]["selective"])
+    assert (out / TRUTH_PLOT_FILE).read_bytes()[:8] == PNG_MAGIC
 
 
 def test_deep_ensemble_of_exports_and_its_export(trained, tmp_path, capsys):
@@ -68,3 +78,48 @@ def test_bad_arguments_fail_with_a_message(trained, tmp_path, capsys):
     assert eval_cli.main(["--model", str(trained["export"]), "--data", str(trained["data"]), "--samples", "0"]) == 2
     assert eval_cli.main(["--model", str(tmp_path), "--data", str(trained["data"])]) == 2
     assert "neither an export directory" in capsys.readouterr().err
+
+
+def test_compare_two_prediction_files(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    n, ids = 120, np.arange(500, 620)
+    truth = rng.beta(1.0, 5.0, n)
+    y = (rng.random(n) < truth).astype(int)
+    probs_a = np.clip(truth[:, None] + rng.normal(0, 0.08, (n, 4)), 0.001, 0.999)
+    probs_b = np.clip(truth[:, None] + rng.normal(0, 0.02, (n, 1)), 0.001, 0.999)
+    evaluate.write_predictions(tmp_path / "a.csv", probs_a, y, ids, 2, 2, truth)
+    order = rng.permutation(n)  # B's file lists the cases in another order
+    evaluate.write_predictions(tmp_path / "b.csv", probs_b[order], y[order], ids[order], 1, 1)
+    code = eval_cli.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--bootstrap", "200",
+                          "--seed", "1", "--out", str(tmp_path / "cmp")])
+    assert code == 0
+    assert "truth_mae" in capsys.readouterr().out
+    doc = read_json(tmp_path / "cmp" / evaluate.COMPARISON_FILE)
+    p_a = np.round(probs_a.mean(axis=1), 6)
+    p_b = np.round(probs_b[:, 0], 6)
+    expected = metrics.paired_bootstrap(p_a, p_b, y, np.round(truth, 6), n=200, seed=1)
+    for name, row in expected.items():
+        assert doc["metrics"][name]["difference"] == pytest.approx(row["difference"], abs=1e-9)
+        assert doc["metrics"][name]["lower"] == pytest.approx(row["lower"], abs=1e-9)
+    assert doc["metrics"]["truth_mae"]["upper"] < 0  # B is closer to the truth
+    # Files of different admissions cannot be paired.
+    evaluate.write_predictions(tmp_path / "c.csv", probs_b[:10], y[:10], ids[:10], 1, 1)
+    assert eval_cli.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "c.csv")]) == 2
+    assert "not the admissions" in capsys.readouterr().err
+
+
+def test_baseline_is_evaluated_like_a_model(trained, tmp_path, capsys):
+    out = tmp_path / "logistic"
+    code = eval_cli.main(["--baseline", "logistic", "--data", str(trained["data"]), "--truth",
+                          str(trained["data"] / "SYNTH_TRUTH.csv"), "--bootstrap", "20", "--out", str(out)])
+    assert code == 0
+    assert "logistic baseline" in capsys.readouterr().out
+    report = read_json(out / "metrics.json")
+    assert (report["K"], report["S"], report["baseline"]["kind"]) == (1, 1, "logistic")
+    assert report["referral"]["measure"] == "predictive_entropy"  # mutual information is 0 with one probability
+    assert report["truth"]["coverage"]["0.95"] is None  # no interval from one probability
+    pred = baselines.fit_baseline(trained["data"], "logistic", splits=("test",)).predictions["test"]
+    rows = evaluate.read_predictions(out / "predictions.csv")
+    np.testing.assert_array_equal(rows.hadm_ids, pred.hadm_ids)
+    np.testing.assert_allclose(rows.p, pred.p, atol=1e-6)
+    assert report["overall"]["auc_roc"] == pytest.approx(metrics.auc_roc(pred.p, pred.labels))
