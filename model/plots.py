@@ -1,4 +1,5 @@
-"""Evaluation figures as PNG files: reliability, uncertainty vs error, risk-coverage, uncertainty histograms.
+"""Evaluation figures as PNG files: reliability, uncertainty vs error, risk-coverage, uncertainty histograms,
+referral against a known truth.
 
 Figures are built on matplotlib's object API with an explicit Agg canvas instead of pyplot:
 pyplot keeps a global registry of open figures and picks a backend on import, and neither

@@ -56,3 +56,11 @@ def test_uncertainty_histogram_split_and_plain(tmp_path, prediction):
     _assert_png(plots.uncertainty_histogram(mi, (p > 0.5) == (y == 1), path=split, name="MI"), split)
     plain = tmp_path / "hist.png"
     _assert_png(plots.uncertainty_histogram(mi, path=str(plain)), plain)
+
+
+def test_referral_vs_truth_plot_accepts_truth_report(tmp_path, prediction):
+    probs, y = prediction
+    truth = np.clip(probs[:, 0] + 0.01, 0.0, 1.0)
+    tables = metrics.truth_report(probs, y, truth, K=2, S=3)["selective"]
+    target = tmp_path / "rvt.png"
+    _assert_png(plots.referral_vs_truth_plot(tables, path=target), target)
