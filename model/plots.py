@@ -87,26 +87,34 @@ def uncertainty_vs_error(
     return _save(fig, path)
 
 
+def _table_panels(tables: Mapping[str, Sequence[Mapping]], x_key: str, metric_names: Sequence[str], xlabel: str,
+                  titles: Mapping[str, str], dashed: Sequence[str] = (), invert_x: bool = False) -> Figure:
+    """One panel per metric, one line per table (rows of dicts), x from each row's `x_key`."""
+    fig = _new_figure(4.5 * len(metric_names), 3.7)
+    axes = np.atleast_1d(fig.subplots(1, len(metric_names)))
+    for ax, metric in zip(axes, metric_names):
+        for name, rows in tables.items():
+            # evaluate() stores undefined values as None; plot them as gaps.
+            values = [np.nan if row[metric] is None else row[metric] for row in rows]
+            ax.plot([row[x_key] for row in rows], values, linestyle="--" if name in dashed else "-", marker="o",
+                    markersize=3, label=name)
+        ax.set_xlabel(xlabel)
+        ax.set_title(titles.get(metric, metric), fontsize=9)
+        if invert_x:
+            ax.invert_xaxis()
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def risk_coverage_plot(
     tables: Mapping[str, Sequence[Mapping]],
     path="risk_coverage.png",
     metric_names: Sequence[str] = ("auc_pr", "auc_roc", "nll", "ece"),
 ) -> pathlib.Path:
     """One panel per metric vs coverage, one line per uncertainty measure (tables from selective_prediction)."""
-    fig = _new_figure(4.0 * len(metric_names), 3.6)
-    axes = np.atleast_1d(fig.subplots(1, len(metric_names)))
-    for ax, metric in zip(axes, metric_names):
-        for name, rows in tables.items():
-            coverage = [row["coverage"] for row in rows]
-            # evaluate() stores undefined values as None; plot them as gaps.
-            values = [np.nan if row[metric] is None else row[metric] for row in rows]
-            ax.plot(coverage, values, marker="o", markersize=3, label=name)
-        ax.set_xlabel("coverage (fraction kept)")
-        ax.set_title(metric)
-        # Referral moves right to left: full coverage on the right like the paper's figures.
-        ax.invert_xaxis()
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
+    # Referral moves right to left: full coverage on the right like the paper's figures.
+    fig = _table_panels(tables, "coverage", metric_names, "coverage (fraction kept)", {}, invert_x=True)
     return _save(fig, path)
 
 
@@ -117,22 +125,12 @@ def referral_vs_truth_plot(
 ) -> pathlib.Path:
     """Kept cases' error vs the truth against the referral rate, one line per score (metrics.selective_vs_truth).
 
-    The baselines frame the measures: "random" is flat, "oracle" is the best any measure can
-    reach, "risk" refers by p; a measure earns its keep only between random and oracle.
+    The dashed baselines frame the measures: "random" is flat, "oracle" is the best any measure
+    can reach, "risk" refers by p; a measure earns its keep only between random and oracle.
     """
     titles = {"mae_truth": "mean |p - P_DEATH| of kept cases", "kl_truth": "mean KL(truth || p) of kept cases (nats)"}
-    fig = _new_figure(5.0 * len(metric_names), 3.8)
-    axes = np.atleast_1d(fig.subplots(1, len(metric_names)))
-    for ax, metric in zip(axes, metric_names):
-        for name, rows in tables.items():
-            rates = [row["referral_rate"] for row in rows]
-            values = [np.nan if row[metric] is None else row[metric] for row in rows]
-            style = "--" if name in metrics.REFERRAL_BASELINES else "-"
-            ax.plot(rates, values, linestyle=style, marker="o", markersize=3, label=name)
-        ax.set_xlabel("referral rate")
-        ax.set_title(titles.get(metric, metric), fontsize=9)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
+    fig = _table_panels(tables, "referral_rate", metric_names, "referral rate", titles,
+                        dashed=metrics.REFERRAL_BASELINES)
     return _save(fig, path)
 
 

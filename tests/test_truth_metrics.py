@@ -17,9 +17,9 @@ def ensemble():
     """N=300 cases, K=3 members x S=4 samples around a known truth, with labels drawn from it."""
     rng = np.random.default_rng(21)
     n, k, s = 300, 3, 4
-    truth = rng.beta(0.8, 5.0, n)
+    logit = rng.normal(-2.0, 1.0, n)
+    truth = 1.0 / (1.0 + np.exp(-logit))
     y = (rng.random(n) < truth).astype(int)
-    logit = np.log(truth / (1 - truth))
     z = logit[:, None, None] + rng.normal(0, 0.4, (n, 1, k)) + rng.normal(0, 0.2, (n, s, k))
     return 1.0 / (1.0 + np.exp(-z)).reshape(n, s * k), y, k, s, truth
 
