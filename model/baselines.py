@@ -109,6 +109,28 @@ class BaselineResult:
     validation_nll: dict[str, float]  # setting -> validation NLL (nats)
     feature_names: list[str]
     predictions: dict[str, SplitPredictions]  # split -> its predictions
+    model: Any  # the fitted scikit-learn estimator
+    layout: FeatureLayout  # the training data's vocabulary and statistics
+    window_hours: float
+
+    def predict_data(self, data_dir: str | os.PathLike[str], split: str) -> np.ndarray:
+        """Probabilities [N] (file order) for a split of another data folder, featurized with the training layout.
+
+        A model trained at one site keeps its own vocabulary and z-score statistics, as an
+        export does; the other folder's side files are not used.
+        """
+        features = read_features(load_data_files(data_dir), split, self.layout, self.window_hours)
+        with threadpool_limits(limits=1):
+            return self.model.predict_proba(features.x)[:, 1].astype(np.float64)
+
+    @property
+    def num_parameters(self) -> int:
+        """Fitted numbers: coefficients + intercept (logistic); nodes of all trees (gradient boosting)."""
+        if self.kind == "logistic":
+            estimator = self.model[-1]
+            return int(estimator.coef_.size + estimator.intercept_.size)
+        # scikit-learn has no public node count; its fitted predictors (one per tree) know theirs.
+        return int(sum(2 * tree.get_n_leaf_nodes() - 1 for trees in self.model._predictors for tree in trees))
 
 
 def aggregate_features(parsed: Mapping[str, Any], layout: FeatureLayout,
@@ -272,5 +294,5 @@ def fit_baseline(data_dir: str | os.PathLike[str], kind: str, seed: int = 0, *,
         predictions = {s: SplitPredictions(features[s].hadm_ids, features[s].labels,
                                            model.predict_proba(features[s].x)[:, 1].astype(np.float64))
                        for s in splits}
-    return BaselineResult(kind=kind, seed=seed, params=params, validation_nll=scores,
-                          feature_names=layout.names(), predictions=predictions)
+    return BaselineResult(kind=kind, seed=seed, params=params, validation_nll=scores, feature_names=layout.names(),
+                          predictions=predictions, model=model, layout=layout, window_hours=window_hours)

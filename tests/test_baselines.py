@@ -83,6 +83,9 @@ def test_logistic_baseline_is_scikit_learns_fit_at_the_validation_choice(data):
     np.testing.assert_array_equal(pred.hadm_ids, test.hadm_ids)
     np.testing.assert_allclose(pred.p, model.predict_proba(test.x)[:, 1], rtol=1e-6)
     assert pred.probs.shape == (len(pred.p), 1)
+    assert result.num_parameters == model[-1].coef_.size + 1
+    # Another data folder is featurized with the training layout (here: the same folder).
+    np.testing.assert_allclose(result.predict_data(data, "test"), pred.p, rtol=1e-6)
 
 
 def test_gbm_baseline_learns_the_signal_and_chooses_on_validation(data):
@@ -95,6 +98,7 @@ def test_gbm_baseline_learns_the_signal_and_chooses_on_validation(data):
                                    and f"learning_rate={result.params['learning_rate']:g}," in k)])
     pred = result.predictions["test"]
     assert roc_auc_score(pred.labels, pred.p) > 0.75  # "diagnosis:RISK" and high lactate mostly die
+    assert result.num_parameters >= result.params["max_iter"]  # at least one node per tree
 
 
 def test_unknown_kind_is_refused(data):
