@@ -390,14 +390,16 @@ def _shift_lines(runs, truth) -> list[str]:
             pa, pb = r["probs_A"], r["probs_B"]
             both = np.concatenate([pa, pb])
             mi, ent = metrics.mutual_information(both), metrics.predictive_entropy(both)
-            cells.setdefault("auc_mi", []).append(metrics.auc_roc(mi, is_b) if np.ptp(mi) > 0 else float("nan"))
+            sampled = pb.shape[1] > 1  # one sample per case has no mutual information (it is 0)
+            cells.setdefault("auc_mi", []).append(metrics.auc_roc(mi, is_b) if sampled else float("nan"))
             cells.setdefault("auc_ent", []).append(metrics.auc_roc(ent, is_b))
             p = pb.mean(axis=1)
             sel = metrics.selective_vs_truth(p, yb, tb, {"mi": metrics.mutual_information(pb),
                                                          "entropy": metrics.predictive_entropy(pb)},
                                              referral_rates=(0.0, rate))
             for key in ("mi", "entropy", "risk", "random"):
-                cells.setdefault(key, []).append(sel[key][1]["mae_truth"])
+                value = sel[key][1]["mae_truth"]
+                cells.setdefault(key, []).append(value if sampled or key != "mi" else float("nan"))
             cells.setdefault("none", []).append(sel["risk"][0]["mae_truth"])
         order = ("auc_mi", "auc_ent", "mi", "entropy", "risk", "random", "none")
         lines.append(f"| {name} | " + " | ".join(_fmt(*_mean_sem(cells[k])) for k in order) + " |")
