@@ -245,7 +245,8 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
             samples = 1 if method == "batchensemble" else args.samples
             save_predictions(method, [export_dir], samples, seed, params, seconds)
     for kind in () if args.no_baselines else BASELINES:
-        for seed in range(args.seeds):
+        # The logistic fit (lbfgs, C chosen on validation) has no randomness: one fit is every seed's.
+        for seed in range(1 if kind == "logistic" else args.seeds):
             target = preds / f"{kind}_s{seed}.npz"
             if target.exists():
                 continue
