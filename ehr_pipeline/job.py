@@ -94,12 +94,17 @@ def concat_chunks(chunks: list[EventChunk]) -> tuple[np.ndarray, np.ndarray, np.
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
 
 
+def canonical_permutation(times: np.ndarray, codes: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Indices that sort events by (time, code, value; no value first): the order every example is bagged in."""
+    codes_s = np.asarray(codes, dtype=object).astype(str)
+    return np.lexsort((np.nan_to_num(values, nan=-np.inf), codes_s, times))
+
+
 def canonical_order(times: np.ndarray, codes: np.ndarray, values: np.ndarray):
     """Sorts events by (time, code, value) so the shuffle's arbitrary chunk order cannot change output."""
     if times.size == 0:
         return times, codes, values
-    codes_s = codes.astype(str)
-    order = np.lexsort((np.nan_to_num(values, nan=-np.inf), codes_s, times))
+    order = canonical_permutation(times, codes, values)
     return times[order], codes[order], values[order]
 
 
@@ -387,6 +392,7 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     outputs.write_json(outputs.join(out_dir, outputs.NUMERIC_STATS), {
         "schema_version": spec.SCHEMA_VERSION, "clip_z": config.numeric.clip_z,
         "codes": vocab.normalisation_stats(stats), "built_on": "train"})
+    _write_lab_loinc(mimic_dir, out_dir, dead_driver)
     _write_driver_dead_letters(out_dir, dead_driver)
     from ehr_pipeline import manifest as manifest_mod
 
@@ -397,6 +403,23 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
             options.get_all_options().get("runner")))
     outputs.write_json(outputs.join(out_dir, outputs.MANIFEST), manifest)
     return manifest
+
+
+def _write_lab_loinc(mimic_dir: str, out_dir: str, dead: list) -> None:
+    """lab_loinc.json: LOINC -> lab ITEMIDs from D_LABITEMS (empty without it), shipped with every export."""
+    from ehr_pipeline import outputs, spec
+    from ehr_pipeline.fhir import codes
+    from ehr_pipeline.reader import locate_table, read_table
+
+    path = locate_table(mimic_dir, "D_LABITEMS")
+    bridge: dict[str, list[str]] = {}
+    if path is not None:
+        table, _ = read_table(path, "D_LABITEMS", columns=("ITEMID", "LOINC_CODE"),
+                              on_dead_letter=lambda d: dead.append(("D_LABITEMS", d)))
+        bridge = codes.lab_loinc_bridge(table.to_pylist())
+    outputs.write_json(outputs.join(out_dir, outputs.LAB_LOINC), {
+        "schema_version": spec.SCHEMA_VERSION, "system": codes.LOINC, "source": "D_LABITEMS.LOINC_CODE",
+        "codes": bridge})
 
 
 def _combine_stats(values):

@@ -15,6 +15,7 @@ Layout (the contract with serving/):
                         intended use, limitations, metrics summary (+ config, parameters)
   pipeline_config.json  the pipeline config the data was made with (trigger offset, bagging, ...)
   vocabulary.json, numeric_stats.json   copied from the data folder
+  lab_loinc.json        (optional) LOINC -> lab ITEMIDs from D_LABITEMS, copied from the data folder
   metrics.json          {"test": {...}, "referral": {measure, rate, threshold}, "decision_threshold": 0.5}
   manifest.json         {"files": {relative_path: sha256}, "format_version": 1}
 
@@ -90,6 +91,10 @@ def _finish(tmp: pathlib.Path, export_dir: pathlib.Path, source_dir: str | os.Pa
     """Writes the side files (vocabulary/statistics copied from source_dir) and the manifest, then moves tmp."""
     for name in (outputs.VOCABULARY, outputs.NUMERIC_STATS):
         shutil.copyfile(os.path.join(source_dir, name), tmp / name)
+    # The LOINC lab bridge travels with the model it was trained with (data folders and
+    # exports made before it existed have none: FHIR labs then need local MIMIC codes).
+    if os.path.exists(os.path.join(source_dir, outputs.LAB_LOINC)):
+        shutil.copyfile(os.path.join(source_dir, outputs.LAB_LOINC), tmp / outputs.LAB_LOINC)
     _write_json(tmp / PIPELINE_CONFIG, dict(pipeline_config))
     _write_json(tmp / METRICS, metrics_doc)
     _write_json(tmp / MODEL_CARD, card)
