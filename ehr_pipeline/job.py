@@ -33,6 +33,7 @@ RECORDS = "records"
 COUNTS = "counts"
 DEAD = "dead"
 STATS = "stats"
+UNITS = "units"
 
 
 def select(kind: str):
@@ -140,10 +141,13 @@ def _make_dofns():
             table, path = element
             dead: list = []
             _, columns = ev.EXTRACTORS[table]
-            reader = TableReader(path, table, columns=columns, on_dead_letter=dead.append,
+            unit_column = ev.UNIT_COLUMNS[table][1:] if table in ev.UNIT_COLUMNS else ()
+            reader = TableReader(path, table, columns=columns + unit_column, on_dead_letter=dead.append,
                                  block_size_bytes=self._block)
             for batch in reader:
                 events, extract_counts = ev.extract(table, batch, self._discharges)
+                for pair, n in ev.unit_counts(table, batch).items():
+                    yield UNITS, (pair, n)
                 kept, cohort_counts = ev.filter_to_cohort(events, self._cohort)
                 for hadm, times, codes, values in ev.split_by_admission(kept):
                     yield EVENTS, (hadm, pack_chunk(times, codes, values))
@@ -365,16 +369,21 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
         | "CountsList" >> beam.combiners.ToList()
         | "WriteCounts" >> beam.Map(write_json_list, "counts.json")
     )
-    stats_done = (
-        bagged
-        | "Stats" >> beam.FlatMap(select(STATS)).with_output_types(KV)
-        | "SumStats" >> beam.CombinePerKey(_combine_stats)
-        | "StatsList" >> beam.combiners.ToList()
-        | "WriteStats" >> beam.Map(write_json_list, "code_stats.json")
-    )
+    def combined_to_tmp(source, label: str, kind: str, combine, name: str):
+        """Payloads of one kind, combined per key and written to _tmp/name as one sorted list."""
+        return (
+            source
+            | label >> beam.FlatMap(select(kind)).with_output_types(KV)
+            | f"Sum{label}" >> beam.CombinePerKey(combine)
+            | f"{label}List" >> beam.combiners.ToList()
+            | f"Write{label}" >> beam.Map(write_json_list, name)
+        )
+
+    stats_done = combined_to_tmp(bagged, "Stats", STATS, _combine_stats, "code_stats.json")
+    units_done = combined_to_tmp(extracted, "Units", UNITS, sum, "units.json")
     # One final sink that depends on every branch: the Dask runner computes only the
     # last transform's graph, so a branch left dangling would silently never run.
-    _ = (counts_done, stats_done) | "Finish" >> beam.Flatten()
+    _ = (counts_done, stats_done, units_done) | "Finish" >> beam.Flatten()
     result = p.run()
     result.wait_until_finish()
     # The Dask runner opens its own client and never closes it; left open, it keeps trying
@@ -393,6 +402,12 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
         "schema_version": spec.SCHEMA_VERSION, "clip_z": config.numeric.clip_z,
         "codes": vocab.normalisation_stats(stats), "built_on": "train"})
     _write_lab_loinc(mimic_dir, out_dir, dead_driver)
+    units: dict[str, dict[str, int]] = {}
+    for (code, unit), n in outputs.read_json(outputs.join(tmp_dir, "units.json")):
+        units.setdefault(code, {})[unit] = n
+    outputs.write_json(outputs.join(out_dir, outputs.UNITS), {
+        "schema_version": spec.SCHEMA_VERSION, "codes": dict(sorted(units.items())),
+        "note": "rows with a numeric value per unit as written in the release"})
     _write_driver_dead_letters(out_dir, dead_driver)
     from ehr_pipeline import manifest as manifest_mod
 

@@ -87,6 +87,7 @@ def build_manifest(*, out_dir, mimic_dir, config, counts, cohort, cohort_stats, 
                           "sha256": outputs.sha256_of(outputs.join(out_dir, outputs.NUMERIC_STATS))},
         "lab_loinc": {"file": outputs.LAB_LOINC,
                       "sha256": outputs.sha256_of(outputs.join(out_dir, outputs.LAB_LOINC))},
+        "units": {"file": outputs.UNITS, "sha256": outputs.sha256_of(outputs.join(out_dir, outputs.UNITS))},
         "dead_letters": {t: sum(v["dead_lettered"].values()) for t, v in tables.items()},
         "balanced": all(v["balanced"] for v in tables.values()),
     }

@@ -35,6 +35,7 @@ PIPELINE_CONFIG = "pipeline_config.json"
 VOCABULARY = "vocabulary.json"
 METRICS = "metrics.json"
 LAB_LOINC = "lab_loinc.json"  # optional: exports made before the FHIR mapping have none
+UNITS = "units.json"  # optional, as LAB_LOINC
 SAVED_MODEL = "saved_model"
 SIGNATURE = "serving_default"
 # Precision -> signature name; mirrors model.predict.SIGNATURES, which this module must not
@@ -112,6 +113,8 @@ class Export:
     lab_loinc: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # LOINC -> ITEMIDs
     # 'source:code' -> its position in vocabulary.json's list (most frequent in training first).
     vocabulary_rank: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # 'source:code' -> the UCUM units its training values came in (MIMIC's spellings translated).
+    units: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def ensemble_size(self) -> int:
@@ -137,7 +140,7 @@ def _validate(model: type[BaseModel], data: Any, where: pathlib.Path) -> Any:
 
 
 def _vocabulary(data: Any, where: pathlib.Path) -> dict[str, int]:
-    """Known codes as 'source:code' -> rank in their source's list, from {"sources": {source: [codes]}} or {source: [codes]}."""
+    """'source:code' -> rank in its source's list, from {"sources": {source: [codes]}} or {source: [codes]}."""
     by_source = data.get("sources", data) if isinstance(data, dict) else None
     if not isinstance(by_source, dict):
         raise ModelDirError(f"{where}: expected {{source: [codes]}} (optionally under 'sources')")
@@ -167,6 +170,20 @@ def _lab_loinc(directory: pathlib.Path) -> dict[str, tuple[str, ...]]:
     return {str(k): tuple(v) for k, v in bridge.items()}
 
 
+def _units(directory: pathlib.Path) -> dict[str, frozenset[str]]:
+    """'source:code' -> UCUM units from units.json ({"codes": {code: {unit: rows}}}); {} when the export has none."""
+    from ehr_pipeline.fhir.codes import ucum
+
+    if not (directory / UNITS).exists():
+        return {}
+    data = _read_json(directory, UNITS)
+    by_code = data.get("codes") if isinstance(data, dict) else None
+    if not isinstance(by_code, dict) or not all(isinstance(v, dict) for v in by_code.values()):
+        raise ModelDirError(f"{directory / UNITS}: expected {{\"codes\": {{code: {{unit: rows}}}}}}")
+    # A unit without a UCUM code stays as written: a FHIR value can still match it as text.
+    return {code: frozenset(ucum(u) or u for u in units) for code, units in by_code.items()}
+
+
 def read_export(model_dir: str | pathlib.Path) -> Export:
     """Reads and validates the JSON side files of an export (checksums: model.export.verify_export)."""
     directory = pathlib.Path(model_dir)
@@ -186,7 +203,7 @@ def read_export(model_dir: str | pathlib.Path) -> Export:
     metrics = _validate(ExportMetrics, metrics_raw, directory / METRICS)
     return Export(directory=directory, checksum=checksum, card=card, card_raw=card_raw, pipeline=pipeline,
                   pipeline_raw=pipeline_raw, vocabulary=vocabulary, metrics=metrics, metrics_raw=metrics_raw,
-                  lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks)
+                  lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=_units(directory))
 
 
 # ------------------------------------------------------------------------ the model

@@ -78,8 +78,22 @@ MIMIC_UNIT_TO_UCUM: dict[str, str] = {
     "pg": "pg", "fL": "fL", "ratio": "{ratio}", "mL/min": "mL/min", "mg/24hr": "mg/(24.h)",
     "ml": "mL", "mL": "mL", "L": "L", "mg": "mg", "mcg": "ug", "gm": "g", "g": "g", "grams": "g",
     "kg": "kg", "cm": "cm", "bpm": "/min", "insp/min": "/min", "?C": "Cel", "?F": "[degF]",
-    "units": "[iU]", "mEq": "meq", "mmol": "mmol",
+    "mEq": "meq", "mmol": "mmol", "L/min": "L/min", "mm/hr": "mm/h", "ug/mL": "ug/mL", "U/mL": "U/mL",
+    "mg/g": "mg/g", "uU/mL": "u[IU]/mL", "EU/dL": "[EU]/dL", "U/g/Hb": "U/g{Hb}",
 }
+_UCUM_FOLDED = {k.casefold(): v for k, v in MIMIC_UNIT_TO_UCUM.items()}
+
+
+def ucum(mimic_unit: str | None) -> str | None:
+    """The UCUM code of a MIMIC unit string ('MEQ/L' and 'mEq/L' alike), or None when there is none.
+
+    MIMIC's bare 'units' is left out on purpose: it means pH units for labs and international
+    units for drugs, so it has no one UCUM code.
+    """
+    if mimic_unit is None:
+        return None
+    text = mimic_unit.strip()
+    return MIMIC_UNIT_TO_UCUM.get(text) or _UCUM_FOLDED.get(text.casefold())
 
 
 def resolve(candidates: Iterable[str], source: str, vocabulary: Mapping[str, int] | frozenset[str]) -> str | None:

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from ehr_pipeline import cohort as cohort_mod
 from ehr_pipeline.fhir import codes
+from ehr_pipeline.fhir.mapping import iso_utc
 from ehr_pipeline.reader import TableReader, locate_table, read_table
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -83,12 +84,6 @@ def load_release(mimic_dir: str | pathlib.Path, subject_ids: set[int] | None = N
     return Release(admissions, patients, built.discharges, bridge, tables)
 
 
-def _iso(seconds: int | None) -> str | None:
-    if seconds is None:
-        return None
-    return (EPOCH + dt.timedelta(seconds=int(seconds))).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _date(seconds: int) -> str:
     return (EPOCH + dt.timedelta(seconds=int(seconds))).strftime("%Y-%m-%d")
 
@@ -99,7 +94,7 @@ def _quantity(value: float | None, mimic_unit: str | None) -> dict[str, Any] | N
     out: dict[str, Any] = {"value": value}
     if mimic_unit and mimic_unit.strip():
         out["unit"] = mimic_unit.strip()
-        ucum = codes.MIMIC_UNIT_TO_UCUM.get(mimic_unit.strip())
+        ucum = codes.ucum(mimic_unit)
         if ucum is not None:
             out["system"], out["code"] = codes.UCUM, ucum
     return out
@@ -175,7 +170,8 @@ class _Writer:
             "status": "finished",
             "class": {"system": codes.ACT_CODE, "code": "IMP", "display": "inpatient encounter"},
             "subject": {"reference": self.patient_ref},
-            "period": {"start": _iso(row["ADMITTIME"]), **({"end": _iso(self.end[hadm])} if self.end[hadm] else {})},
+            "period": {"start": iso_utc(row["ADMITTIME"]),
+                       **({"end": iso_utc(self.end[hadm])} if self.end[hadm] else {})},
         }
         if _code(kind):
             out["type"] = [{"coding": [{"system": codes.MIMIC_ADMISSION_TYPE, "code": kind}], "text": kind}]
@@ -204,7 +200,7 @@ class _Writer:
         if enc:
             out["encounter"] = enc
         if row["CHARTTIME"] is not None:
-            out["effectiveDateTime"] = _iso(row["CHARTTIME"])
+            out["effectiveDateTime"] = iso_utc(row["CHARTTIME"])
         quantity = _quantity(row[value_column], row.get(unit_column))
         if quantity is not None:
             out["valueQuantity"] = quantity
@@ -262,9 +258,9 @@ class _Writer:
         if enc:
             out["context"] = enc
         if "STARTTIME" in row:
-            out["effectivePeriod"] = {**({"start": _iso(start)} if start is not None else {}), "end": _iso(end)}
+            out["effectivePeriod"] = {**({"start": iso_utc(start)} if start is not None else {}), "end": iso_utc(end)}
         else:
-            out["effectiveDateTime"] = _iso(end)
+            out["effectiveDateTime"] = iso_utc(end)
         dose = _quantity(row["AMOUNT"], row.get("AMOUNTUOM"))
         if dose is not None:
             out["dosage"] = {"dose": dose}
@@ -307,7 +303,7 @@ class _Writer:
 
 
 def admission_bundle(release: Release, hadm_id: int, local_lab_codes: bool = True) -> dict[str, Any]:
-    """The FHIR R4 Bundle (a JSON-ready dict) of one admission; local_lab_codes=False leaves LOINC alone on labs that have it."""
+    """The FHIR R4 Bundle (JSON-ready dict) of one admission; local_lab_codes=False: LOINC alone where labs have it."""
     writer = _Writer(release, int(hadm_id), local_lab_codes)
     entries = [writer.entry(r) for r in writer.resources()]
     return {"resourceType": "Bundle", "id": f"hadm-{int(hadm_id)}", "type": "collection", "entry": entries}

@@ -148,7 +148,8 @@ def _instant(value: Any) -> tuple[int | None, bool, bool]:
     return None, False, True  # 'YYYY' or 'YYYY-MM': no day to place it on
 
 
-def _iso(seconds: int) -> str:
+def iso_utc(seconds: int) -> str:
+    """An instant in whole seconds since 1970 as FHIR writes it in UTC ('2150-03-01T08:30:00Z')."""
     return (EPOCH + dt.timedelta(seconds=int(seconds))).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -207,7 +208,8 @@ class _Mapper:
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
-    def add(self, source: str, when: Any, code: str, value: float | None, unit: str | None, ref: str) -> None:
+    def add(self, source: str, when: Any, code: str, value: float | None, unit: str | None, ref: str) -> bool:
+        """Collects one event (True), or counts why it has no usable time (False)."""
         seconds, date_only, imprecise = _instant(when)
         if imprecise:
             self.skip(IMPRECISE_TIME)
@@ -215,6 +217,8 @@ class _Mapper:
             self.skip(NO_TIME)
         else:
             self.rows.append((source, seconds, date_only, code, value, unit, ref))
+            return True
+        return False
 
     def no_code(self, ref: str, concept: Any) -> None:
         self.skip(NO_CODE)
@@ -302,10 +306,10 @@ class _Mapper:
         if source is None or code is None:
             self.no_code(ref, obs.code)
             return
-        self.check_unit(ref, f"{source}:{code}", value, ucum, unit, expected)
         when = obs.effectiveDateTime or obs.effectiveInstant or (
             obs.effectivePeriod.end if obs.effectivePeriod is not None else None) or obs.issued
-        self.add(source, when, code, value, unit, ref)
+        if self.add(source, when, code, value, unit, ref):
+            self.check_unit(ref, f"{source}:{code}", value, ucum, unit, expected)
 
     def check_unit(self, ref: str, code: str, value: float | None, ucum: str | None, unit: str | None,
                    expected: str | None) -> None:
@@ -313,7 +317,7 @@ class _Mapper:
         if value is None:
             return
         seen = set(self.model.units.get(code, ())) | ({expected} if expected else set())
-        if not seen:
+        if not seen or (ucum or unit) in seen:
             return
         if unit is None:
             self.warnings.append(f"{ref}: value without a unit; the model saw {code} in {', '.join(sorted(seen))}")
@@ -354,10 +358,12 @@ class _Mapper:
             return
         dose = admin.dosage.dose if admin.dosage is not None else None
         value = _float(dose.value) if dose is not None else None
-        unit = (dose.code or dose.unit) if dose is not None else None
+        ucum = dose.code if dose is not None and dose.system == codes.UCUM else None
+        unit = (ucum or dose.unit) if dose is not None else None
         # An amount is only known once it has been given: the end of the period (MIMIC's ENDTIME).
         when = admin.effectivePeriod.end if admin.effectivePeriod is not None else admin.effectiveDateTime
-        self.add("input", when, code, value, unit, ref)
+        if self.add("input", when, code, value, unit, ref):
+            self.check_unit(ref, f"input:{code}", value, ucum, unit, None)
 
     def coded_billing(self, ref: str, resource: Any, source: str, current: Any) -> None:
         icd9 = next((c.code for c in _codings(resource.code) if c.system == codes.ICD9CM and c.code), None)
@@ -419,7 +425,8 @@ class _Mapper:
             patient_reference=patient_ref, encounter_reference=encounter_ref,
             gender=codes.GENDER_FROM_FHIR.get(patient.gender or "", "U"), birth_date=patient.birthDate,
             admit_time=EPOCH + dt.timedelta(seconds=start_s), admission_type=admission_type, events=events,
-            event_references=refs, basis=list(dict.fromkeys(refs)), unmapped=self.unmapped, skipped=dict(sorted(self.skipped.items())), warnings=self.warnings)
+            event_references=refs, basis=list(dict.fromkeys(refs)), unmapped=self.unmapped,
+            skipped=dict(sorted(self.skipped.items())), warnings=self.warnings)
 
     def stamp(self) -> tuple[list[dict[str, Any]], list[str]]:
         """Applies each source's known-time rule (events.known_time) and the job's event order (canonical_order).
@@ -440,7 +447,7 @@ class _Mapper:
         out, refs = [], []
         for j in order:
             source, _, _, code, value, unit, ref = self.rows[j]
-            event: dict[str, Any] = {"time": _iso(int(known[j])), "source": source, "code": code}
+            event: dict[str, Any] = {"time": iso_utc(int(known[j])), "source": source, "code": code}
             if value is not None:
                 event["value"] = value
             if unit:
