@@ -6,6 +6,7 @@ uncertainty travels in documented extensions (docs/fhir.md).
 """
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -19,6 +20,11 @@ EXTENSION = "urn:ehr-uncertainty:fhir:extension:"  # + name; each is described i
 MODEL_SYSTEM = "urn:ehr-uncertainty:model"
 MAX_LISTED = 50  # unmapped / unknown codes listed in an answer (the counts are exact)
 SUMMARY_LIMIT = 140  # CDS Hooks: a card's summary must be shorter than this
+
+
+def fhir_id(text: str) -> str:
+    """A FHIR id ([A-Za-z0-9.-], 1-64 characters) from a request id (which may also hold '_' and ':')."""
+    return re.sub(r"[^A-Za-z0-9.-]", "-", text)[:64] or "-"
 
 
 def clean(text: str) -> str:
@@ -93,7 +99,7 @@ def risk_assessment(mapped: MappedAdmission, p: PatientPrediction, *, model: Mod
     notes = [*p.warnings, *mapped.warnings[:MAX_LISTED]]
     answer: dict[str, Any] = {
         "resourceType": "RiskAssessment",
-        "id": request_id[:64],
+        "id": fhir_id(request_id),
         "extension": extensions,
         "status": "final",
         "subject": {"reference": clean(mapped.patient_reference)},

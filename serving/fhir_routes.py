@@ -12,6 +12,7 @@ function behind /v1/predict (bagging, encoding, micro-batching, uncertainty, met
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Annotated, Any
@@ -26,6 +27,9 @@ from ehr_pipeline.fhir.mapping import FhirInputError, MappedAdmission, ModelCode
 from serving import fhir_answers
 from serving.auth import require_api_key
 from serving.encoding import InputError
+from serving.batching import Arrival, MicroBatcher
+from serving.metrics import ServiceMetrics
+from serving.predictor import Predictor
 from serving.routes import (
     ArrivalDep,
     BatcherDep,
@@ -41,6 +45,7 @@ from serving.routes import (
     resolve_num_samples,
 )
 from serving.schemas import PatientPrediction, PredictRequest
+from serving.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +68,23 @@ _FHIR_RESPONSES: dict[int | str, dict[str, Any]] = {
 fhir_router = APIRouter(prefix="/fhir/r4", tags=["fhir"], dependencies=[Depends(require_api_key)])
 cds_router = APIRouter(tags=["cds-hooks"], dependencies=[Depends(require_api_key)])
 
+@dataclasses.dataclass(frozen=True)
+class Serving:
+    """What a prediction route needs from the app: the /v1 routes' dependencies in one."""
+
+    settings: Settings
+    predictor: Predictor
+    batcher: MicroBatcher
+    arrival: Arrival
+    metrics: ServiceMetrics
+
+
+def _serving(settings: SettingsDep, predictor: PredictorDep, batcher: BatcherDep, arrival: ArrivalDep,
+             metrics: MetricsDep) -> Serving:
+    return Serving(settings, predictor, batcher, arrival, metrics)
+
+
+ServingDep = Annotated[Serving, Depends(_serving)]
 EncounterQuery = Annotated[str | None, Query(
     max_length=64, description="id of the Encounter to predict for; default: the latest-starting one.")]
 
@@ -96,9 +118,9 @@ def parse_json(raw: bytes) -> Any:
 
 
 def model_codes(predictor: Any) -> ModelCodes:
-    """What the loaded export knows: vocabulary and LOINC bridge."""
+    """What the loaded export knows: vocabulary ranks, the LOINC bridge and the training units."""
     export = predictor.export
-    return ModelCodes(vocabulary=export.vocabulary_rank, lab_loinc=export.lab_loinc)
+    return ModelCodes(vocabulary=export.vocabulary_rank, lab_loinc=export.lab_loinc, units=export.units)
 
 
 def _expression(loc: tuple[str | int, ...], mapped: MappedAdmission) -> str:
@@ -131,14 +153,14 @@ def to_request(mapped: MappedAdmission) -> PredictRequest:
                          for e in err.errors()[:20]]) from None
 
 
-async def _predict_mapped(mapped: MappedAdmission, *, settings, predictor, batcher, arrival, metrics,
-                          num_samples: int, seed: int | None) -> PatientPrediction:
+async def _predict_mapped(mapped: MappedAdmission, serving: Serving, num_samples: int,
+                          seed: int | None) -> PatientPrediction:
     request = to_request(mapped)
     try:
-        check_event_limit(request, settings, ("body",))
+        check_event_limit(request, serving.settings, ("body",))
         [prediction] = await predict_admissions(
             [request], [("body",)], num_samples=num_samples, seed=seed, include_samples=False,
-            predictor=predictor, batcher=batcher, arrival=arrival, metrics=metrics)
+            predictor=serving.predictor, batcher=serving.batcher, arrival=serving.arrival, metrics=serving.metrics)
     except InputError as err:
         code = "too-costly" if err.kind == "too_long" else "value"
         raise FhirError([(_expression(err.loc, mapped), err.msg, code)]) from None
@@ -166,11 +188,7 @@ def _log(route: str, request: Request, mapped: MappedAdmission, p: PatientPredic
                   openapi_extra=_FHIR_BODY, responses=_FHIR_RESPONSES, response_class=JSONResponse)
 async def predict_mortality(
     request: Request,
-    settings: SettingsDep,
-    predictor: PredictorDep,
-    batcher: BatcherDep,
-    arrival: ArrivalDep,
-    metrics: MetricsDep,
+    serving: ServingDep,
     num_samples: NumSamplesQuery = None,
     seed: SeedQuery = None,
     encounter: EncounterQuery = None,
@@ -181,16 +199,16 @@ async def predict_mortality(
     patient's Observations, MedicationRequests, MedicationAdministrations, Conditions and
     Procedures. Invalid FHIR gets 422 with an OperationOutcome naming the element.
     """
+    predictor = serving.predictor
     try:
-        samples = resolve_num_samples(num_samples, settings)
+        samples = resolve_num_samples(num_samples, serving.settings)
         try:
             document = parse_json(await request.body())
         except ValueError as err:
             raise FhirError([("Bundle", str(err), "structure")]) from None
         # fhir.resources validates ~1 ms per resource: off the event loop, like a big /v1 encoding.
         mapped = await run_in_threadpool(_read_and_map, document, predictor, encounter)
-        prediction = await _predict_mapped(mapped, settings=settings, predictor=predictor, batcher=batcher,
-                                           arrival=arrival, metrics=metrics, num_samples=samples, seed=seed)
+        prediction = await _predict_mapped(mapped, serving, samples, seed)
     except FhirError as err:
         return outcome_response(err.issues, err.status, request)
     except InputError as err:  # the query's num_samples
@@ -258,16 +276,9 @@ def _cds_error(status: int, message: str, request: Request) -> JSONResponse:
                             412: {"description": "The prefetch lacks data the service needs."},
                             422: {"description": "The prefetched resources are not valid FHIR "
                                                  "(an OperationOutcome)."}})
-async def cds_service(
-    service_id: str,
-    request: Request,
-    settings: SettingsDep,
-    predictor: PredictorDep,
-    batcher: BatcherDep,
-    arrival: ArrivalDep,
-    metrics: MetricsDep,
-) -> JSONResponse:
+async def cds_service(service_id: str, request: Request, serving: ServingDep) -> JSONResponse:
     """Cards for a patient-view or encounter-start hook call, computed from its prefetch."""
+    settings, predictor = serving.settings, serving.predictor
     if service_id not in SERVICES:
         return _cds_error(404, "unknown CDS service id", request)
     try:
@@ -292,9 +303,7 @@ async def cds_service(
     document = fhir_answers.prefetch_bundle(prefetch, list(fhir_answers.prefetch_templates()))
     try:
         mapped = await run_in_threadpool(_read_and_map, document, predictor, call.context.encounterId)
-        prediction = await _predict_mapped(mapped, settings=settings, predictor=predictor, batcher=batcher,
-                                           arrival=arrival, metrics=metrics,
-                                           num_samples=settings.default_num_samples, seed=None)
+        prediction = await _predict_mapped(mapped, serving, settings.default_num_samples, None)
     except FhirError as err:
         return outcome_response(err.issues, err.status, request)
     _log("cds_service", request, mapped, prediction)
