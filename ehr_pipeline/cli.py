@@ -6,6 +6,7 @@ Sub-commands:
   run        the Beam job: bag admissions into SequenceExample TFRecords
   shard      split a big table into parts that workers read in parallel
   demo       run the job end to end on the MIMIC-III demo and print the manifest summary
+  to-fhir    write one admission as a FHIR R4 Bundle (JSON)
 """
 from __future__ import annotations
 
@@ -74,6 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "file away, since whole and parts together are refused)")
 
     p = sub.add_parser(
+        "to-fhir",
+        help="write one admission (and the patient's history up to its discharge) as a FHIR R4 Bundle",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--mimic-dir", required=True, help="release folder (ADMISSIONS, PATIENTS, event tables, "
+                                                      "D_LABITEMS for LOINC codings)")
+    p.add_argument("--hadm-id", required=True, type=int, help="the admission's HADM_ID")
+    p.add_argument("--out", required=True, help="output JSON file ('-' for stdout)")
+    p.add_argument("--no-local-lab-codes", action="store_true",
+                   help="code labs that have a LOINC code with LOINC only (default: LOINC and the local "
+                        "MIMIC ITEMID coding)")
+
+    p = sub.add_parser(
         "demo",
         help="run the job end to end on the MIMIC-III demo and print the manifest summary",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -114,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                                   show_progress=sys.stderr.isatty())
         print(f"{src}: {rows:,} rows -> {len(paths)} parts in {paths[0].parent}")
         return 0
+    if args.command == "to-fhir":
+        from ehr_pipeline.fhir import convert
+
+        return convert.main(args.mimic_dir, args.hadm_id, args.out, local_lab_codes=not args.no_local_lab_codes)
     if args.command == "demo":
         from ehr_pipeline import demo
 

@@ -12,7 +12,9 @@ Every extractor takes one typed block (pyarrow RecordBatch or Table, as
   ``missing_code``, then ``missing_time``.
 
 ``filter_to_cohort`` then keeps, per cohort admission, the same patient's events strictly
-before its trigger time. See docs/task.md for the rules and why.
+before its trigger time. See docs/task.md for the rules and why. ``known_time`` is the one
+place the known-time rule of each source lives; the FHIR mapping (``ehr_pipeline.fhir``)
+stamps its events with it too.
 """
 from __future__ import annotations
 
@@ -133,13 +135,14 @@ def _emit(
 
 def lab_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """LABEVENTS -> 'lab:ITEMID' at CHARTTIME (s), value VALUENUM; outpatient rows (null HADM_ID) are kept as history."""
-    return _emit(block, _col(block, "CHARTTIME"), _item_code(block, "lab"), _values(block, "VALUENUM"), [])
+    return _emit(block, known_time("lab", _col(block, "CHARTTIME")), _item_code(block, "lab"),
+                 _values(block, "VALUENUM"), [])
 
 
 def chart_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """CHARTEVENTS -> 'chart:ITEMID' at CHARTTIME (s), value VALUENUM; ERROR = 1 rows dropped as chart_error."""
     return _emit(
-        block, _col(block, "CHARTTIME"), _item_code(block, "chart"), _values(block, "VALUENUM"),
+        block, known_time("chart", _col(block, "CHARTTIME")), _item_code(block, "chart"), _values(block, "VALUENUM"),
         [(CHART_ERROR, _flag_set(block, "ERROR"))],
     )
 
@@ -147,14 +150,15 @@ def chart_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
 def output_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """OUTPUTEVENTS -> 'output:ITEMID' at CHARTTIME (s), value VALUE; ISERROR = 1 rows dropped as output_error."""
     return _emit(
-        block, _col(block, "CHARTTIME"), _item_code(block, "output"), _values(block, "VALUE"),
+        block, known_time("output", _col(block, "CHARTTIME")), _item_code(block, "output"), _values(block, "VALUE"),
         [(OUTPUT_ERROR, _flag_set(block, "ISERROR"))],
     )
 
 
 def input_cv_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """INPUTEVENTS_CV -> 'input:ITEMID' at CHARTTIME (s), value AMOUNT (CareVue charts an amount when it is recorded)."""
-    return _emit(block, _col(block, "CHARTTIME"), _item_code(block, "input"), _values(block, "AMOUNT"), [])
+    return _emit(block, known_time("input", _col(block, "CHARTTIME")), _item_code(block, "input"),
+                 _values(block, "AMOUNT"), [])
 
 
 def input_mv_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
@@ -168,7 +172,7 @@ def input_mv_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
         pc.equal(pc.cast(_col(block, "STATUSDESCRIPTION"), pa.string()), "Rewritten"), False
     )
     return _emit(
-        block, _col(block, "ENDTIME"), _item_code(block, "input"), _values(block, "AMOUNT"),
+        block, known_time("input", _col(block, "ENDTIME")), _item_code(block, "input"), _values(block, "AMOUNT"),
         [(INPUT_REWRITTEN, np.asarray(rewritten.to_numpy(zero_copy_only=False), dtype=bool))],
     )
 
@@ -190,6 +194,46 @@ def end_of_day(seconds: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pa.array(out, pa.int64(), mask=~np.asarray(valid, dtype=bool))
 
 
+# When the information of each source becomes known (docs/task.md). The caller picks the
+# time its record states (CHARTTIME, ENDTIME, STARTDATE, the admission's effective discharge;
+# for FHIR: effective[x], authoredOn, the encounter's period.end); the rule does the rest.
+AS_RECORDED = "as_recorded"  # charted, resulted, or (inputs) the end of what was given
+END_OF_DAY = "end_of_day"  # a dated order: the last second of its day
+AT_DISCHARGE = "at_discharge"  # billing codes: the (effective) discharge of their admission
+KNOWN_TIME_RULES: dict[str, str] = {
+    "lab": AS_RECORDED,
+    "chart": AS_RECORDED,
+    "output": AS_RECORDED,
+    "input": AS_RECORDED,
+    "prescription": END_OF_DAY,
+    "diagnosis": AT_DISCHARGE,
+    "procedure": AT_DISCHARGE,
+}
+
+
+def known_time(source: str, recorded: pa.Array | pa.ChunkedArray | np.ndarray,
+               date_only: bool | np.ndarray = False) -> pa.Array:
+    """int64 s when events of `source` became known, from the time their record states (int64 s, nulls kept).
+
+    Prescriptions are dated, so they are known at the end of their day; every other source is
+    known at the time given (for diagnoses and procedures that time must be their admission's
+    discharge). A time that is only a date (`date_only`, per element or for all) may describe
+    any moment of that day, so it too is known only at the day's end.
+    """
+    if source not in KNOWN_TIME_RULES:
+        raise ValueError(f"unknown source {source!r}; known: {tuple(KNOWN_TIME_RULES)}")
+    arr = recorded if isinstance(recorded, (pa.Array, pa.ChunkedArray)) else pa.array(recorded, pa.int64())
+    arr = pc.cast(arr, pa.int64())
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if KNOWN_TIME_RULES[source] == END_OF_DAY:
+        return end_of_day(arr)
+    dated = np.broadcast_to(np.asarray(date_only, dtype=bool), (len(arr),))
+    if not dated.any():
+        return arr
+    return pc.if_else(pa.array(dated), end_of_day(arr), arr)
+
+
 def prescription_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """PRESCRIPTIONS -> 'prescription:<FORMULARY_DRUG_CD, else DRUG>' known at the end (23:59:59) of STARTDATE's day, no value."""
     # FORMULARY_DRUG_CD is the hospital's stable drug code; DRUG (free text) fills gaps.
@@ -200,7 +244,7 @@ def prescription_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
         pc.cast(_col(block, "DRUG"), pa.string()),
     )
     code = _namespaced("prescription", name)
-    return _emit(block, end_of_day(_col(block, "STARTDATE")), code, _values(block, None), [])
+    return _emit(block, known_time("prescription", _col(block, "STARTDATE")), code, _values(block, None), [])
 
 
 def _discharge_arrays(discharges: Discharges) -> tuple[np.ndarray, np.ndarray]:
@@ -230,7 +274,7 @@ def _icd_events(block: Block, source: str, discharges: Discharges) -> tuple[pa.T
     # An unknown HADM_ID leaves the time unknown; counted apart from a null time because
     # it points at a broken or duplicated ADMISSIONS row, not at this table.
     return _emit(
-        block, pa.array(when, pa.int64(), mask=~found), code, _values(block, None),
+        block, known_time(source, pa.array(when, pa.int64(), mask=~found)), code, _values(block, None),
         [(UNKNOWN_ADMISSION, ~found & ~np.asarray(pc.is_null(code).to_numpy(zero_copy_only=False), dtype=bool))],
     )
 
@@ -270,6 +314,31 @@ TABLE_SOURCE: dict[str, str] = {
     "PROCEDURES_ICD": "procedure",
 }
 NEEDS_DISCHARGES = frozenset({"DIAGNOSES_ICD", "PROCEDURES_ICD"})
+# Tables whose values carry a unit: (value column, unit column). The job records which units each
+# code's values came in, so the service can warn about a value in a unit the model never saw.
+UNIT_COLUMNS: dict[str, tuple[str, str]] = {
+    "LABEVENTS": ("VALUENUM", "VALUEUOM"),
+    "CHARTEVENTS": ("VALUENUM", "VALUEUOM"),
+    "OUTPUTEVENTS": ("VALUE", "VALUEUOM"),
+    "INPUTEVENTS_CV": ("AMOUNT", "AMOUNTUOM"),
+    "INPUTEVENTS_MV": ("AMOUNT", "AMOUNTUOM"),
+}
+
+
+def unit_counts(table: str, block: Block) -> dict[tuple[str, str], int]:
+    """(code 'source:ITEMID', unit as written) -> rows with a numeric value in that unit; {} for unitless tables."""
+    name = table.upper()
+    if name not in UNIT_COLUMNS:
+        return {}
+    value_column, unit_column = UNIT_COLUMNS[name]
+    code = _item_code(block, TABLE_SOURCE[name])
+    unit = pc.utf8_trim_whitespace(pc.cast(_col(block, unit_column), pa.string()))
+    valid = pc.and_(pc.and_(pc.is_valid(_col(block, value_column)), pc.is_valid(code)),
+                    pc.and_(pc.is_valid(unit), pc.not_equal(unit, "")))
+    pairs = pa.table({"code": code, "unit": unit}).filter(pc.fill_null(valid, False))
+    grouped = pairs.group_by(["code", "unit"]).aggregate([([], "count_all")])
+    return {(c, u): int(n) for c, u, n in zip(grouped.column("code").to_pylist(), grouped.column("unit").to_pylist(),
+                                               grouped.column("count_all").to_pylist())}
 
 
 def extract(table: str, block: Block, discharges: Discharges | None = None) -> tuple[pa.Table, dict[str, int]]:

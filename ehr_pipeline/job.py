@@ -33,6 +33,7 @@ RECORDS = "records"
 COUNTS = "counts"
 DEAD = "dead"
 STATS = "stats"
+UNITS = "units"
 
 
 def select(kind: str):
@@ -94,12 +95,17 @@ def concat_chunks(chunks: list[EventChunk]) -> tuple[np.ndarray, np.ndarray, np.
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
 
 
+def canonical_permutation(times: np.ndarray, codes: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Indices that sort events by (time, code, value; no value first): the order every example is bagged in."""
+    codes_s = np.asarray(codes, dtype=object).astype(str)
+    return np.lexsort((np.nan_to_num(values, nan=-np.inf), codes_s, times))
+
+
 def canonical_order(times: np.ndarray, codes: np.ndarray, values: np.ndarray):
     """Sorts events by (time, code, value) so the shuffle's arbitrary chunk order cannot change output."""
     if times.size == 0:
         return times, codes, values
-    codes_s = codes.astype(str)
-    order = np.lexsort((np.nan_to_num(values, nan=-np.inf), codes_s, times))
+    order = canonical_permutation(times, codes, values)
     return times[order], codes[order], values[order]
 
 
@@ -135,10 +141,13 @@ def _make_dofns():
             table, path = element
             dead: list = []
             _, columns = ev.EXTRACTORS[table]
-            reader = TableReader(path, table, columns=columns, on_dead_letter=dead.append,
+            unit_column = ev.UNIT_COLUMNS[table][1:] if table in ev.UNIT_COLUMNS else ()
+            reader = TableReader(path, table, columns=columns + unit_column, on_dead_letter=dead.append,
                                  block_size_bytes=self._block)
             for batch in reader:
                 events, extract_counts = ev.extract(table, batch, self._discharges)
+                for pair, n in ev.unit_counts(table, batch).items():
+                    yield UNITS, (pair, n)
                 kept, cohort_counts = ev.filter_to_cohort(events, self._cohort)
                 for hadm, times, codes, values in ev.split_by_admission(kept):
                     yield EVENTS, (hadm, pack_chunk(times, codes, values))
@@ -360,16 +369,21 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
         | "CountsList" >> beam.combiners.ToList()
         | "WriteCounts" >> beam.Map(write_json_list, "counts.json")
     )
-    stats_done = (
-        bagged
-        | "Stats" >> beam.FlatMap(select(STATS)).with_output_types(KV)
-        | "SumStats" >> beam.CombinePerKey(_combine_stats)
-        | "StatsList" >> beam.combiners.ToList()
-        | "WriteStats" >> beam.Map(write_json_list, "code_stats.json")
-    )
+    def combined_to_tmp(source, label: str, kind: str, combine, name: str):
+        """Payloads of one kind, combined per key and written to _tmp/name as one sorted list."""
+        return (
+            source
+            | label >> beam.FlatMap(select(kind)).with_output_types(KV)
+            | f"Sum{label}" >> beam.CombinePerKey(combine)
+            | f"{label}List" >> beam.combiners.ToList()
+            | f"Write{label}" >> beam.Map(write_json_list, name)
+        )
+
+    stats_done = combined_to_tmp(bagged, "Stats", STATS, _combine_stats, "code_stats.json")
+    units_done = combined_to_tmp(extracted, "Units", UNITS, sum, "units.json")
     # One final sink that depends on every branch: the Dask runner computes only the
     # last transform's graph, so a branch left dangling would silently never run.
-    _ = (counts_done, stats_done) | "Finish" >> beam.Flatten()
+    _ = (counts_done, stats_done, units_done) | "Finish" >> beam.Flatten()
     result = p.run()
     result.wait_until_finish()
     # The Dask runner opens its own client and never closes it; left open, it keeps trying
@@ -387,6 +401,13 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     outputs.write_json(outputs.join(out_dir, outputs.NUMERIC_STATS), {
         "schema_version": spec.SCHEMA_VERSION, "clip_z": config.numeric.clip_z,
         "codes": vocab.normalisation_stats(stats), "built_on": "train"})
+    _write_lab_loinc(mimic_dir, out_dir, dead_driver)
+    units: dict[str, dict[str, int]] = {}
+    for (code, unit), n in outputs.read_json(outputs.join(tmp_dir, "units.json")):
+        units.setdefault(code, {})[unit] = n
+    outputs.write_json(outputs.join(out_dir, outputs.UNITS), {
+        "schema_version": spec.SCHEMA_VERSION, "codes": dict(sorted(units.items())),
+        "note": "rows with a numeric value per unit as written in the release"})
     _write_driver_dead_letters(out_dir, dead_driver)
     from ehr_pipeline import manifest as manifest_mod
 
@@ -397,6 +418,23 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
             options.get_all_options().get("runner")))
     outputs.write_json(outputs.join(out_dir, outputs.MANIFEST), manifest)
     return manifest
+
+
+def _write_lab_loinc(mimic_dir: str, out_dir: str, dead: list) -> None:
+    """lab_loinc.json: LOINC -> lab ITEMIDs from D_LABITEMS (empty without it), shipped with every export."""
+    from ehr_pipeline import outputs, spec
+    from ehr_pipeline.fhir import codes
+    from ehr_pipeline.reader import locate_table, read_table
+
+    path = locate_table(mimic_dir, "D_LABITEMS")
+    bridge: dict[str, list[str]] = {}
+    if path is not None:
+        table, _ = read_table(path, "D_LABITEMS", columns=("ITEMID", "LOINC_CODE"),
+                              on_dead_letter=lambda d: dead.append(("D_LABITEMS", d)))
+        bridge = codes.lab_loinc_bridge(table.to_pylist())
+    outputs.write_json(outputs.join(out_dir, outputs.LAB_LOINC), {
+        "schema_version": spec.SCHEMA_VERSION, "system": codes.LOINC, "source": "D_LABITEMS.LOINC_CODE",
+        "codes": bridge})
 
 
 def _combine_stats(values):

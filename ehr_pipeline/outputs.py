@@ -13,6 +13,10 @@ from typing import Any
 MANIFEST = "manifest.json"
 VOCABULARY = "vocabulary.json"
 NUMERIC_STATS = "numeric_stats.json"
+# LOINC -> lab ITEMIDs from D_LABITEMS.LOINC_CODE: how FHIR lab Observations reach the model's codes.
+LAB_LOINC = "lab_loinc.json"
+# Units each numeric code's values were recorded in: the service warns about any other unit.
+UNITS = "units.json"
 DEAD_LETTER_DIR = "dead_letter"
 TMP_DIR = "_tmp"
 

@@ -15,6 +15,8 @@ Layout (the contract with serving/):
                         intended use, limitations, metrics summary (+ config, parameters)
   pipeline_config.json  the pipeline config the data was made with (trigger offset, bagging, ...)
   vocabulary.json, numeric_stats.json   copied from the data folder
+  lab_loinc.json        (optional) LOINC -> lab ITEMIDs from D_LABITEMS, copied from the data folder
+  units.json            (optional) units each numeric code's values came in, copied from the data folder
   metrics.json          {"test": {...}, "referral": {measure, rate, threshold}, "decision_threshold": 0.5}
   manifest.json         {"files": {relative_path: sha256}, "format_version": 1}
 
@@ -90,6 +92,11 @@ def _finish(tmp: pathlib.Path, export_dir: pathlib.Path, source_dir: str | os.Pa
     """Writes the side files (vocabulary/statistics copied from source_dir) and the manifest, then moves tmp."""
     for name in (outputs.VOCABULARY, outputs.NUMERIC_STATS):
         shutil.copyfile(os.path.join(source_dir, name), tmp / name)
+    # The LOINC lab bridge and the training units travel with the model (data folders made
+    # before they existed have none: FHIR labs then need local codes, and units go unchecked).
+    for name in (outputs.LAB_LOINC, outputs.UNITS):
+        if os.path.exists(os.path.join(source_dir, name)):
+            shutil.copyfile(os.path.join(source_dir, name), tmp / name)
     _write_json(tmp / PIPELINE_CONFIG, dict(pipeline_config))
     _write_json(tmp / METRICS, metrics_doc)
     _write_json(tmp / MODEL_CARD, card)

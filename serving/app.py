@@ -27,6 +27,8 @@ from serving.batching import BatcherStoppedError, MicroBatcher, QueueFullError
 from serving.encoding import InputError, encode
 from serving.metrics import ServiceMetrics
 from serving.predictor import Predictor
+from serving.fhir_answers import FHIR_JSON, operation_outcome
+from serving.fhir_routes import cds_router, fhir_router
 from serving.routes import health_router, metrics_router, v1_router
 from serving.schemas import Admission, Patient, PredictRequest
 from serving.settings import Settings
@@ -177,6 +179,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if request.url.path.startswith(fhir_router.prefix + "/"):  # FHIR clients read OperationOutcomes
+            items = _error_items(exc.errors())
+            return JSONResponse(status_code=422, media_type=FHIR_JSON, content=operation_outcome(
+                [(".".join(str(p) for p in e["loc"]), e["msg"], "value") for e in items]))
         return JSONResponse(status_code=422, content={"detail": _error_items(exc.errors()),
                                                       "request_id": _request_id(request)})
 
@@ -275,4 +281,6 @@ def create_app(settings: Settings, predictor: Predictor | None = None) -> FastAP
     app.include_router(health_router)
     app.include_router(metrics_router)
     app.include_router(v1_router)
+    app.include_router(fhir_router)
+    app.include_router(cds_router)
     return app

@@ -34,6 +34,8 @@ MODEL_CARD = "model_card.json"
 PIPELINE_CONFIG = "pipeline_config.json"
 VOCABULARY = "vocabulary.json"
 METRICS = "metrics.json"
+LAB_LOINC = "lab_loinc.json"  # optional: exports made before the FHIR mapping have none
+UNITS = "units.json"  # optional, as LAB_LOINC
 SAVED_MODEL = "saved_model"
 SIGNATURE = "serving_default"
 # Precision -> signature name; mirrors model.predict.SIGNATURES, which this module must not
@@ -108,6 +110,11 @@ class Export:
     vocabulary: frozenset[str]  # "source:code"
     metrics: ExportMetrics
     metrics_raw: Mapping[str, Any]
+    lab_loinc: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # LOINC -> ITEMIDs
+    # 'source:code' -> its position in vocabulary.json's list (most frequent in training first).
+    vocabulary_rank: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # 'source:code' -> the UCUM units its training values came in (MIMIC's spellings translated).
+    units: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def ensemble_size(self) -> int:
@@ -132,12 +139,12 @@ def _validate(model: type[BaseModel], data: Any, where: pathlib.Path) -> Any:
         raise ModelDirError(f"{where}: {problems}") from None
 
 
-def _vocabulary(data: Any, where: pathlib.Path) -> frozenset[str]:
-    """Known codes as 'source:code' from {"sources": {source: [codes]}} or {source: [codes]}."""
+def _vocabulary(data: Any, where: pathlib.Path) -> dict[str, int]:
+    """'source:code' -> rank in its source's list, from {"sources": {source: [codes]}} or {source: [codes]}."""
     by_source = data.get("sources", data) if isinstance(data, dict) else None
     if not isinstance(by_source, dict):
         raise ModelDirError(f"{where}: expected {{source: [codes]}} (optionally under 'sources')")
-    codes: set[str] = set()
+    codes: dict[str, int] = {}
     for source, items in by_source.items():
         if source not in spec.SOURCES:
             continue  # other keys (sizes, special tokens) are the exporter's business
@@ -145,8 +152,36 @@ def _vocabulary(data: Any, where: pathlib.Path) -> frozenset[str]:
             raise ModelDirError(f"{where}: sources.{source} must be a list of code strings")
         prefix = f"{source}{spec.CODE_SEPARATOR}"
         # The pipeline stores full 'source:code' strings; accept bare codes too.
-        codes.update(c if c.startswith(prefix) else prefix + c for c in items)
-    return frozenset(codes)
+        for rank, c in enumerate(items):
+            codes.setdefault(c if c.startswith(prefix) else prefix + c, rank)
+    return codes
+
+
+def _lab_loinc(directory: pathlib.Path) -> dict[str, tuple[str, ...]]:
+    """LOINC -> lab ITEMIDs from lab_loinc.json ({"codes": {loinc: [itemids]}}); {} when the export has none."""
+    if not (directory / LAB_LOINC).exists():
+        logger.info("%s has no %s: FHIR lab Observations need local MIMIC codes", directory, LAB_LOINC)
+        return {}
+    data = _read_json(directory, LAB_LOINC)
+    bridge = data.get("codes") if isinstance(data, dict) else None
+    if not isinstance(bridge, dict) or not all(
+            isinstance(v, list) and all(isinstance(c, str) for c in v) for v in bridge.values()):
+        raise ModelDirError(f"{directory / LAB_LOINC}: expected {{\"codes\": {{loinc: [itemid strings]}}}}")
+    return {str(k): tuple(v) for k, v in bridge.items()}
+
+
+def _units(directory: pathlib.Path) -> dict[str, frozenset[str]]:
+    """'source:code' -> UCUM units from units.json ({"codes": {code: {unit: rows}}}); {} when the export has none."""
+    from ehr_pipeline.fhir.codes import ucum
+
+    if not (directory / UNITS).exists():
+        return {}
+    data = _read_json(directory, UNITS)
+    by_code = data.get("codes") if isinstance(data, dict) else None
+    if not isinstance(by_code, dict) or not all(isinstance(v, dict) for v in by_code.values()):
+        raise ModelDirError(f"{directory / UNITS}: expected {{\"codes\": {{code: {{unit: rows}}}}}}")
+    # A unit without a UCUM code stays as written: a FHIR value can still match it as text.
+    return {code: frozenset(ucum(u) or u for u in units) for code, units in by_code.items()}
 
 
 def read_export(model_dir: str | pathlib.Path) -> Export:
@@ -162,11 +197,13 @@ def read_export(model_dir: str | pathlib.Path) -> Export:
         pipeline = pipeline_config.parse_pipeline_config(pipeline_raw, str(directory / PIPELINE_CONFIG))
     except pipeline_config.ConfigError as err:
         raise ModelDirError(str(err)) from None
-    vocabulary = _vocabulary(_read_json(directory, VOCABULARY), directory / VOCABULARY)
+    ranks = _vocabulary(_read_json(directory, VOCABULARY), directory / VOCABULARY)
+    vocabulary = frozenset(ranks)
     metrics_raw = _read_json(directory, METRICS)
     metrics = _validate(ExportMetrics, metrics_raw, directory / METRICS)
     return Export(directory=directory, checksum=checksum, card=card, card_raw=card_raw, pipeline=pipeline,
-                  pipeline_raw=pipeline_raw, vocabulary=vocabulary, metrics=metrics, metrics_raw=metrics_raw)
+                  pipeline_raw=pipeline_raw, vocabulary=vocabulary, metrics=metrics, metrics_raw=metrics_raw,
+                  lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=_units(directory))
 
 
 # ------------------------------------------------------------------------ the model

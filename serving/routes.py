@@ -92,17 +92,17 @@ async def prometheus(metrics: MetricsDep) -> Response:
 # ------------------------------------------------------------------------------- helpers
 
 
-def _identity(predictor: Predictor) -> ModelIdentity:
+def model_identity(predictor: Predictor) -> ModelIdentity:
     export = predictor.export
     return ModelIdentity(name=export.card.name, version=export.card.version, checksum=export.checksum,
                          precision=predictor.precision)
 
 
-def _calibration(export: Export) -> Calibration:
+def held_out_calibration(export: Export) -> Calibration:
     return Calibration(split="test", ece=export.metrics.test.ece, nll=export.metrics.test.nll)
 
 
-def _num_samples(requested: int | None, settings: Settings) -> int:
+def resolve_num_samples(requested: int | None, settings: Settings) -> int:
     if requested is None:
         return settings.default_num_samples
     if requested > settings.max_num_samples:
@@ -111,13 +111,13 @@ def _num_samples(requested: int | None, settings: Settings) -> int:
     return requested
 
 
-def _check_events(request: PredictRequest, settings: Settings, loc: tuple[str | int, ...]) -> None:
+def check_event_limit(request: PredictRequest, settings: Settings, loc: tuple[str | int, ...]) -> None:
     if len(request.events) > settings.max_events:
         raise InputError(loc + ("events",), f"at most {settings.max_events} events per patient, got "
                                             f"{len(request.events)}", "too_long")
 
 
-async def _predict(
+async def predict_admissions(
     requests: list[PredictRequest],
     locs: list[tuple[str | int, ...]],
     *,
@@ -203,15 +203,15 @@ async def predict(
 
     Concurrent calls are micro-batched into shared forward passes (unless they pass a seed).
     """
-    samples = _num_samples(num_samples, settings)
-    _check_events(body, settings, ("body",))
-    [prediction] = await _predict([body], [("body",)], num_samples=samples, seed=seed,
+    samples = resolve_num_samples(num_samples, settings)
+    check_event_limit(body, settings, ("body",))
+    [prediction] = await predict_admissions([body], [("body",)], num_samples=samples, seed=seed,
                                   include_samples=include_samples, predictor=predictor, batcher=batcher,
                                   arrival=arrival, metrics=metrics)
     _log(request, "predict", [prediction], samples)
     export = predictor.export
     return PredictResponse(**prediction.model_dump(), num_samples=samples, ensemble_size=export.ensemble_size,
-                           model=_identity(predictor), calibration=_calibration(export),
+                           model=model_identity(predictor), calibration=held_out_calibration(export),
                            request_id=request.state.request_id)
 
 
@@ -229,20 +229,20 @@ async def predict_batch(
     include_samples: IncludeSamplesQuery = False,
 ) -> BatchResponse:
     """Predictions for up to the server's max patients, in request order, from one forward pass."""
-    samples = _num_samples(num_samples, settings)
+    samples = resolve_num_samples(num_samples, settings)
     if len(body.patients) > settings.max_patients:
         raise InputError(("body", "patients"), f"at most {settings.max_patients} patients per batch, got "
                                                f"{len(body.patients)}", "too_long")
     locs: list[tuple[str | int, ...]] = [("body", "patients", i) for i in range(len(body.patients))]
     for req, loc in zip(body.patients, locs):
-        _check_events(req, settings, loc)
-    predictions = await _predict(body.patients, locs, num_samples=samples, seed=seed,
+        check_event_limit(req, settings, loc)
+    predictions = await predict_admissions(body.patients, locs, num_samples=samples, seed=seed,
                                  include_samples=include_samples, predictor=predictor, batcher=batcher,
                                  arrival=arrival, metrics=metrics)
     _log(request, "predict_batch", predictions, samples)
     export = predictor.export
     return BatchResponse(predictions=predictions, num_samples=samples, ensemble_size=export.ensemble_size,
-                         model=_identity(predictor), calibration=_calibration(export),
+                         model=model_identity(predictor), calibration=held_out_calibration(export),
                          request_id=request.state.request_id)
 
 
@@ -251,7 +251,7 @@ async def model_info(settings: SettingsDep, predictor: PredictorDep) -> ModelInf
     """The model card, held-out metrics and bagging config of the loaded export, and this server's limits."""
     export = predictor.export
     return ModelInfo(
-        model=_identity(predictor),
+        model=model_identity(predictor),
         model_card=dict(export.card_raw),
         metrics=dict(export.metrics_raw),
         pipeline_config=dict(export.pipeline_raw),

@@ -137,8 +137,12 @@ def write_tiny_model_export(
     vocabulary: Mapping[str, Sequence[str]] | None = None,
     pipeline: PipelineConfig | None = None,
     referral: Mapping[str, Any] | None = None,
+    lab_loinc: Mapping[str, Sequence[str]] | None = None,
 ) -> pathlib.Path:
     """Writes an export of a tiny UNTRAINED rank-1 model through the real exporter (model.export).
+
+    lab_loinc (LOINC -> lab ITEMIDs) becomes the data folder's lab_loinc.json, as the Beam job
+    writes it from D_LABITEMS, and so reaches the export the way a trained model's does.
 
     The architecture, featurizer, stateless seeded sampling and SavedModel are the real ones;
     the weights are random initialisations, so the probabilities mean nothing. It is a TEST
@@ -162,6 +166,8 @@ def write_tiny_model_export(
             {"codes": {"lab:50912": {"mean": 1.1, "std": 0.6, "n": 1000},
                        "chart:220045": {"mean": 88.0, "std": 17.0, "n": 1000}}}))
         (data_dir / "manifest.json").write_text(json.dumps({"config": pipeline.to_dict()}))
+        if lab_loinc is not None:
+            (data_dir / "lab_loinc.json").write_text(json.dumps({"codes": {k: list(v) for k, v in lab_loinc.items()}}))
         files = inputs.load_data_files(data_dir)
         featurizer = inputs.Featurizer.from_data_files(files)
         config = ModelConfig(method="rank1", ensemble_size=ensemble_size, embedding_dim=8, rnn_dim=8,

@@ -196,3 +196,22 @@ def test_event_chunks_round_trip_exactly():
     assert np.array_equal(v, values, equal_nan=True)
     far = np.array([0, 2**33], dtype=np.int64)  # a span beyond 32-bit seconds falls back to int64
     assert unpack_chunk(pack_chunk(far, codes[:2], values[:2]))[0].tolist() == far.tolist()
+
+
+def test_units_and_lab_loinc_side_files_equal_a_plain_read(demo_run, demo_dir):
+    """units.json counts each (lab code, unit) pair with a value, as a csv-module read of LABEVENTS does;
+    lab_loinc.json is D_LABITEMS' LOINC column; both are pinned in the manifest."""
+    out, manifest, _ = demo_run
+    expected: dict[str, dict[str, int]] = {}
+    for row in _rows(demo_dir, "LABEVENTS"):
+        unit = row["VALUEUOM"].strip()
+        if row["VALUENUM"].strip() and unit:
+            per = expected.setdefault(f"lab:{row['ITEMID']}", {})
+            per[unit] = per.get(unit, 0) + 1
+    units = outputs.read_json(str(out / outputs.UNITS))["codes"]
+    assert {c: u for c, u in units.items() if c.startswith("lab:")} == expected
+    loinc = outputs.read_json(str(out / outputs.LAB_LOINC))["codes"]
+    pairs = {(r["LOINC_CODE"].strip(), r["ITEMID"]) for r in _rows(demo_dir, "D_LABITEMS") if r["LOINC_CODE"].strip()}
+    assert {(k, i) for k, items in loinc.items() for i in items} == pairs
+    for name, key in ((outputs.UNITS, "units"), (outputs.LAB_LOINC, "lab_loinc")):
+        assert manifest[key]["sha256"] == outputs.sha256_of(str(out / name))

@@ -1,0 +1,246 @@
+"""The FHIR mapping without a server: known-time rules, code tables, validation errors, resource rules."""
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import gzip
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ehr_pipeline import events as ev
+from ehr_pipeline.fhir import codes
+from ehr_pipeline.fhir.mapping import FhirInputError, ModelCodes, map_bundle, read_bundle
+
+DAY = 86400
+
+
+# ------------------------------------------------------------------------------- the shared known-time rule
+
+
+@given(st.lists(st.integers(-10**11, 10**11), max_size=30), st.data())
+@settings(max_examples=60, deadline=None)
+def test_known_time_against_a_naive_reference(times, data):
+    """Per source: as recorded, or the day's last second for prescriptions and for date-only times."""
+    dated = data.draw(st.lists(st.booleans(), min_size=len(times), max_size=len(times)))
+    for source in ev.KNOWN_TIME_RULES:
+        got = ev.known_time(source, np.array(times, np.int64), np.array(dated, bool)).to_pylist()
+        for t, d, g in zip(times, dated, got):
+            day_end = (t // DAY) * DAY + DAY - 1  # Python's // floors, as the rule must before 1970
+            expected = day_end if (source == "prescription" or d) else t
+            assert g == expected, (source, t, d)
+
+
+def test_known_time_keeps_nulls_and_refuses_unknown_sources():
+    assert ev.known_time("lab", pa.array([5, None], pa.int64())).to_pylist() == [5, None]
+    assert ev.known_time("prescription", pa.array([None, 0], pa.int64())).to_pylist() == [None, DAY - 1]
+    with pytest.raises(ValueError, match="radiology"):
+        ev.known_time("radiology", np.array([1]))
+
+
+def test_every_job_source_has_a_rule_and_the_job_uses_it():
+    """Each event table's extractor stamps times through known_time: prescriptions end on their day."""
+    assert set(ev.KNOWN_TIME_RULES) == set(ev.TABLE_SOURCE.values())
+    block = pa.table({"SUBJECT_ID": [1], "HADM_ID": [2], "STARTDATE": [3 * DAY], "FORMULARY_DRUG_CD": ["X"],
+                      "DRUG": ["x"]})
+    events, _ = ev.extract("PRESCRIPTIONS", block)
+    assert events.column("time").to_pylist() == ev.known_time("prescription", pa.array([3 * DAY])).to_pylist()
+
+
+# ------------------------------------------------------------------------------- code tables
+
+
+def test_lab_bridge_equals_a_plain_read_of_d_labitems(demo_dir):
+    from ehr_pipeline.reader import locate_table, read_table
+
+    with gzip.open(demo_dir / "D_LABITEMS.csv.gz", "rt", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["LOINC_CODE"].strip()]
+    expected: dict[str, set] = {}
+    for r in rows:
+        expected.setdefault(r["LOINC_CODE"].strip(), set()).add(r["ITEMID"])
+    table, _ = read_table(locate_table(demo_dir, "D_LABITEMS"), "D_LABITEMS")
+    bridge = codes.lab_loinc_bridge(table.to_pylist())
+    assert {k: set(v) for k, v in bridge.items()} == expected
+    assert sum(len(v) for v in bridge.values()) == len(rows) == 585  # NOTES: 585 of 753 items carry LOINC
+
+
+def test_ucum_of_mimic_units():
+    assert [codes.ucum(u) for u in ("mEq/L", "MEQ/L", " mm Hg ", "K/uL", "?C", "units", None)] == \
+        ["meq/L", "meq/L", "mm[Hg]", "10*3/uL", "Cel", None, None]
+
+
+@pytest.mark.parametrize("mimic, dotted, procedure", [
+    ("4019", "401.9", False), ("V4581", "V45.81", False), ("E8497", "E849.7", False), ("042", "042", False),
+    ("9604", "96.04", True), ("966", "96.6", True), ("38", "38", True)])
+def test_icd9_dots_round_trip(mimic, dotted, procedure):
+    assert codes.icd9_dotted(mimic, procedure) == dotted
+    assert codes.icd9_undotted(dotted) == mimic
+
+
+def test_resolve_prefers_the_most_frequent_known_item():
+    vocab = {"lab:50811": 7, "lab:51222": 2}
+    assert codes.resolve(["50811", "51222"], "lab", vocab) == "51222"
+    assert codes.resolve(["1", "2"], "lab", vocab) == "1"  # none known: the table's first (out of vocabulary)
+    assert codes.resolve([], "lab", vocab) is None
+    assert codes.vital_sign_candidates("8310-5", "[degF]") == (("223761", "678"), "[degF]")
+    assert codes.vital_sign_candidates("8310-5", "K") == (("223762", "676"), "Cel")  # unit unknown: warn
+
+
+def test_vital_sign_items_exist_in_d_items(demo_dir):
+    with gzip.open(demo_dir / "D_ITEMS.csv.gz", "rt", newline="") as f:
+        chart = {r["ITEMID"] for r in csv.DictReader(f) if r["LINKSTO"] == "chartevents"}
+    assert {i for v in codes.VITAL_SIGNS for i in v.itemids} <= chart
+
+
+# ------------------------------------------------------------------------------- validation
+
+
+def _bundle(*resources, patient=None, encounter=None):
+    patient = patient or {"resourceType": "Patient", "id": "p", "gender": "female", "birthDate": "2080-05-17"}
+    encounter = encounter or {"resourceType": "Encounter", "id": "e", "status": "in-progress",
+                              "class": {"system": codes.ACT_CODE, "code": "IMP"},
+                              "priority": {"coding": [{"system": codes.ACT_PRIORITY, "code": "EM"}]},
+                              "subject": {"reference": "Patient/p"},
+                              "period": {"start": "2150-03-01T08:30:00Z"}}
+    entries = [patient, encounter, *resources]
+    return {"resourceType": "Bundle", "type": "collection", "entry": [{"resource": r} for r in entries]}
+
+
+def _obs(rid, coding, value=None, unit=None, when="2150-03-01T10:00:00Z", status="final", **extra):
+    out = {"resourceType": "Observation", "id": rid, "status": status, "code": {"coding": [coding]},
+           "subject": {"reference": "Patient/p"}, "effectiveDateTime": when, **extra}
+    if value is not None:
+        out["valueQuantity"] = {"value": value, **({"system": codes.UCUM, "code": unit} if unit else {})}
+    return out
+
+
+MODEL = ModelCodes(vocabulary={"lab:50912": 0, "lab:51222": 1, "chart:220045": 0, "chart:211": 1},
+                   lab_loinc={"2160-0": ("50912",), "718-7": ("50811", "51222")},
+                   units={"lab:50912": frozenset({"mg/dL"}), "lab:51222": frozenset({"g/dL"})})
+
+
+def _map(*resources, **kw):
+    return map_bundle(read_bundle(_bundle(*resources, **kw)), MODEL)
+
+
+@pytest.mark.parametrize("document, expression", [
+    ({"resourceType": "Patient"}, "Bundle"),
+    ([], "Bundle"),
+    ({"resourceType": "Bundle", "type": "collection", "entry": [{"resource": {"resourceType": 5}}]},
+     "Bundle.entry[0].resource"),
+    ({"resourceType": "Bundle", "type": "collection", "entry": [{"resource": {"resourceType": "Nope"}}]},
+     "Bundle.entry[0].resource"),
+    ({"resourceType": "Bundle", "type": "collection",
+      "entry": [{"resource": {"resourceType": "Encounter", "status": "x", "class": {"code": "IMP"},
+                              "period": {"start": "2150-03-01T08:30:00"}}}]},  # a time needs an offset
+     "Bundle.entry[0].resource.period.start"),
+])
+def test_invalid_fhir_names_the_element(document, expression):
+    with pytest.raises(FhirInputError) as err:
+        read_bundle(document)
+    assert [i[0] for i in err.value.issues][0] == expression
+
+
+def test_admission_fields_come_from_patient_and_encounter():
+    m = _map()
+    assert (m.gender, m.birth_date, m.admission_type) == ("F", dt.date(2080, 5, 17), "EMERGENCY")
+    assert m.admit_time == dt.datetime(2150, 3, 1, 8, 30, tzinfo=dt.timezone.utc)
+    assert (m.patient_reference, m.encounter_reference) == ("Patient/p", "Encounter/e")
+
+
+def test_missing_admission_type_and_partial_birth_date_are_errors():
+    enc = {"resourceType": "Encounter", "id": "e", "status": "finished", "class": {"code": "IMP"},
+           "period": {"start": "2150-03-01T08:30:00Z"}}
+    with pytest.raises(FhirInputError, match="admission type"):
+        _map(encounter=enc)
+    with pytest.raises(FhirInputError, match="birth date"):
+        _map(patient={"resourceType": "Patient", "id": "p", "birthDate": "2080"})
+
+
+def test_codes_units_and_statuses():
+    m = _map(
+        _obs("a", {"system": codes.LOINC, "code": "2160-0"}, 1.4, "mg/dL"),  # lab via the bridge
+        _obs("b", {"system": codes.LOINC, "code": "718-7"}, 9.0, "g/dL"),  # shared code: the known item
+        _obs("c", {"system": codes.LOINC, "code": "8867-4"}, 88, "/min"),  # vital sign table
+        _obs("d", {"system": codes.LOINC, "code": "8310-5"}, 310, "K"),  # vital sign in a foreign unit
+        _obs("e", {"system": codes.mimic_system("chart"), "code": "211"}, 90),  # local code: unchanged
+        _obs("f", {"system": codes.LOINC, "code": "0000-0"}, 1),  # nothing maps it
+        _obs("g", {"system": codes.mimic_system("lab"), "code": "50912"}, 2, status="entered-in-error"),
+        _obs("h", {"system": codes.mimic_system("lab"), "code": "50912"}, 3, when="2150-03"),
+        _obs("i", {"system": codes.LOINC, "code": "2160-0"}, 97.0, "umol/L"),  # a lab unit never seen
+    )
+    got = {(e["source"], e["code"], e.get("value")) for e in m.events}
+    assert got == {("lab", "50912", 1.4), ("lab", "51222", 9.0), ("chart", "220045", 88.0), ("chart", "223762", 310.0),
+                   ("chart", "211", 90.0), ("lab", "50912", 97.0)}
+    assert m.unmapped == [{"reference": "Observation/f", "system": codes.LOINC, "code": "0000-0"}]
+    assert m.skipped == {"imprecise_time": 1, "unmapped_code": 1, "void_status": 1}
+    assert len(m.warnings) == 2  # used as sent, never silently
+    assert any("'K'" in w and "Cel" in w and w.startswith("Observation/d") for w in m.warnings)
+    assert any("'umol/L'" in w and "mg/dL" in w and w.startswith("Observation/i") for w in m.warnings)
+    assert sorted(m.basis) == ["Observation/a", "Observation/b", "Observation/c", "Observation/d", "Observation/e",
+                               "Observation/i"]
+
+
+def test_billing_codes_are_known_at_their_encounters_discharge():
+    prior = {"resourceType": "Encounter", "id": "old", "status": "finished", "class": {"code": "IMP"},
+             "period": {"start": "2149-01-01T00:00:00Z", "end": "2149-01-05T12:00:00Z"}}
+    def dx(rid, enc, code):
+        return {"resourceType": "Condition", "id": rid, "subject": {"reference": "Patient/p"},
+                "encounter": {"reference": f"Encounter/{enc}"},
+                "code": {"coding": [{"system": codes.ICD9CM, "code": code}]}}
+
+    m = _map(prior, dx("c1", "old", "401.9"), dx("c2", "e", "428.0"),
+             {"resourceType": "Procedure", "id": "p1", "status": "completed", "subject": {"reference": "Patient/p"},
+              "encounter": {"reference": "Encounter/old"}, "code": {"coding": [{"system": codes.ICD9CM,
+                                                                               "code": "96.04"}]}},
+             {"resourceType": "Condition", "id": "c3", "subject": {"reference": "Patient/p"},
+              "code": {"coding": [{"system": codes.ICD10CM, "code": "I10"}]}})
+    assert {(e["source"], e["code"], e["time"]) for e in m.events} == {
+        ("diagnosis", "4019", "2149-01-05T12:00:00Z"), ("procedure", "9604", "2149-01-05T12:00:00Z")}
+    assert m.skipped == {"known_at_discharge": 1, "unmapped_code": 1}  # the current stay's code; ICD-10
+    assert m.encounter_reference == "Encounter/e"  # the latest-starting encounter is predicted
+
+
+def test_medications_follow_the_job_rules():
+    m = _map(
+        {"resourceType": "MedicationRequest", "id": "r1", "status": "active", "intent": "order",
+         "subject": {"reference": "Patient/p"}, "authoredOn": "2150-03-01T09:00:00Z",
+         "medicationCodeableConcept": {"coding": [{"system": codes.mimic_system("prescription"), "code": "VANC1"}],
+                                       "text": "Vancomycin"}},
+        {"resourceType": "MedicationRequest", "id": "r2", "status": "cancelled", "intent": "order",
+         "subject": {"reference": "Patient/p"}, "authoredOn": "2150-03-01",
+         "medicationCodeableConcept": {"text": "Heparin"}},
+        {"resourceType": "MedicationAdministration", "id": "a1", "status": "completed",
+         "subject": {"reference": "Patient/p"},
+         "effectivePeriod": {"start": "2150-03-01T09:00:00Z", "end": "2150-03-01T11:00:00Z"},
+         "medicationCodeableConcept": {"coding": [{"system": codes.mimic_system("input"), "code": "225158"}]},
+         "dosage": {"dose": {"value": 250, "unit": "mL"}}},
+        {"resourceType": "Observation", "id": "x", "status": "final", "code": {"text": "other patient"},
+         "subject": {"reference": "Patient/someone-else"}},
+    )
+    assert m.events == [
+        {"time": "2150-03-01T11:00:00Z", "source": "input", "code": "225158", "value": 250.0, "unit": "mL"},
+        {"time": "2150-03-01T23:59:59Z", "source": "prescription", "code": "VANC1"},  # the end of its day
+    ]
+    assert m.skipped == {"other_patient": 1, "void_status": 1}
+
+
+def test_events_leave_in_the_jobs_canonical_order():
+    m = _map(_obs("b", {"system": codes.mimic_system("lab"), "code": "50912"}, 2.0),
+             _obs("a", {"system": codes.mimic_system("lab"), "code": "50912"}, 1.0),
+             _obs("c", {"system": codes.mimic_system("lab"), "code": "50811"}, 5.0))
+    assert [(e["code"], e["value"]) for e in m.events] == [("50811", 5.0), ("50912", 1.0), ("50912", 2.0)]
+    assert m.event_references == ["Observation/c", "Observation/a", "Observation/b"]
+
+
+def test_request_ids_become_valid_fhir_ids():
+    from fhir.resources.R4B.riskassessment import RiskAssessment
+
+    from serving.fhir_answers import fhir_id
+
+    for given in ("5f0c9a", "bed_12:retry-1", "x" * 80):
+        RiskAssessment.model_validate({"resourceType": "RiskAssessment", "status": "final", "id": fhir_id(given),
+                                       "subject": {"reference": "Patient/p"}})
+    assert fhir_id("bed_12:retry-1") == "bed-12-retry-1"
