@@ -29,10 +29,13 @@ _Prob = Annotated[float, Field(gt=0.0, lt=1.0, allow_inf_nan=False)]
 # The methods of the paper's Table 4 (deep ensembles are independently trained
 # "deterministic" runs combined at evaluation/export time, not a training method).
 # ktied_normal is fully_bayesian with every weight matrix's stddevs tied to rank ktied_rank (paper 003).
-METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1", "ktied_normal")
-Method = Literal["deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1", "ktied_normal"]
+# "bella" (paper 002) adapts a trained deterministic run (ehr-train --base RUN_DIR).
+METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1", "ktied_normal",
+           "bella")
+Method = Literal["deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1", "ktied_normal",
+                 "bella"]
 # Methods whose ensemble dimension K is meaningful; the others are single networks (K = 1).
-ENSEMBLE_METHODS = ("batchensemble", "rank1")
+ENSEMBLE_METHODS = ("batchensemble", "rank1", "bella")
 # Methods with a stochastic (variational) embedding table, shared by the K members.
 STOCHASTIC_EMBEDDING_METHODS = ("bayesian_embeddings", "fully_bayesian", "rank1", "ktied_normal")
 
@@ -71,6 +74,9 @@ class ModelConfig(_Model):
         4, description="Learned queries of pooling: attention; each attends to its own tokens (lactate, say) "
                        "and the bag vector is attention_heads x embedding_dim wide.")
     ktied_rank: _PosInt = Field(2, description="ktied_normal: rank k of every weight matrix's stddevs U V^T.")
+    adapter_rank: _PosInt = Field(4, description="bella: rank r of every adapter W + A_p B_p.")
+    particle_update: Literal["ensemble", "svgd"] = Field(
+        "ensemble", description="bella: particles trained independently (ensemble) or jointly (svgd).")
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> ModelConfig:

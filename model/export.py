@@ -12,7 +12,8 @@ Layout (the contract with serving/):
                         same noise with the LSTM's matmuls in bfloat16 (faster on CPUs with
                         bfloat16 units; probabilities within the tolerance the tests pin).
   model_card.json       name, version, method, ensemble_size, created, data manifest checksum,
-                        intended use, limitations, metrics summary (+ config, parameters)
+                        intended use, limitations, metrics summary (+ config, parameters;
+                        a Bella model adds "base": the adapted run's checkpoint and its SHA-256)
   pipeline_config.json  the pipeline config the data was made with (trigger offset, bagging, ...)
   vocabulary.json, numeric_stats.json   copied from the data folder
   lab_loinc.json        (optional) LOINC -> lab ITEMIDs from D_LABITEMS, copied from the data folder
@@ -123,8 +124,8 @@ def data_manifest_sha256(data_dir: str | os.PathLike[str]) -> str:
 
 def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, metrics_doc: Mapping[str, Any],
                config: Mapping[str, Any] | None = None, num_parameters: int | None = None,
-               members: Sequence[str] | None = None) -> dict[str, Any]:
-    """The model card dict (see the module docstring)."""
+               members: Sequence[str] | None = None, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The model card dict (see the module docstring); base: the adapted run of a Bella model (its checksum)."""
     card = {
         "name": name,
         "version": ehr_pipeline.__version__,
@@ -146,6 +147,8 @@ def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, 
         card["num_parameters"] = int(num_parameters)
     if members is not None:
         card["members"] = list(members)
+    if base is not None:
+        card["base"] = dict(base)
     return card
 
 

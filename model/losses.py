@@ -23,6 +23,13 @@ def nll_loss(logits: tf.Tensor, labels: tf.Tensor, kind: str = "average") -> tf.
     raise ValueError(f"loss kind must be 'average' or 'mixture', got {kind!r}")
 
 
+def member_nll(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """Mean Bernoulli NLL of each member (column) of logits [B, M] for labels [B]: [M], nats per example."""
+    logits = tf.convert_to_tensor(logits, tf.float32)
+    y = tf.broadcast_to(tf.cast(labels, tf.float32)[:, None], tf.shape(logits))
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits), axis=0)
+
+
 def kl_divergence(model: tf.Module) -> tf.Tensor:
     """Unscaled KL(q || prior) of every stochastic part (rank-1 factors, embeddings, mean-field / k-tied weights), nats."""
     total = rank1.kl_loss(model)

@@ -16,6 +16,8 @@ DISTRIBUTIONS = ("normal", "cauchy")
 FACTOR_INITIALIZERS = ("trainable_normal", "trainable_cauchy", "trainable_deterministic")
 # Posteriors over whole weight matrices (model.weight_posteriors), not over rank-1 factors.
 WEIGHT_POSTERIOR_METHODS = ("mean_field", "ktied_normal")
+# How Bella particles are trained (model.bella.ParticleUpdate).
+PARTICLE_UPDATES = ("ensemble", "svgd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,8 @@ class PosteriorConfig:
       sigma = sqrt(p / (1 - p)) (Section 3.5); only used at initialisation.
     use_additive_perturbation: (x + r) W + s instead of (x * r) W * s.
     l2: L2 coefficient on the shared weight matrices W (the paper's Normal prior on W).
+    adapter_rank: r of the Bella adapters W + A_p B_p (method "bella"; model.bella).
+    particle_update: how Bella's particles train: "ensemble" (each its own loss) or "svgd".
     alpha_initializer, gamma_initializer: per-factor posterior family, one of
       FACTOR_INITIALIZERS; None follows `method` ("trainable_<distribution>" for rank1,
       "trainable_deterministic" for batchensemble). Allows Section 3's ablations
@@ -59,6 +63,8 @@ class PosteriorConfig:
     alpha_initializer: str | None = None
     gamma_initializer: str | None = None
     ktied_rank: int = 2
+    adapter_rank: int = 4
+    particle_update: str = "ensemble"
 
     def __post_init__(self) -> None:
         # Imported here, not at module top: the registry lives with the layer factory
@@ -101,14 +107,22 @@ class PosteriorConfig:
             raise ValueError(f"PosteriorConfig.l2 must be >= 0, got {self.l2}")
         if not isinstance(self.use_additive_perturbation, bool):
             raise TypeError("PosteriorConfig.use_additive_perturbation must be a bool")
+        if isinstance(self.adapter_rank, bool) or not isinstance(self.adapter_rank, int) or self.adapter_rank < 1:
+            raise ValueError(f"PosteriorConfig.adapter_rank must be an int >= 1, got {self.adapter_rank!r}")
+        if self.particle_update not in PARTICLE_UPDATES:
+            raise ValueError(
+                f"PosteriorConfig.particle_update={self.particle_update!r}: expected one of {PARTICLE_UPDATES}")
+        if self.method == "bella" and self.prior_mean != 0:
+            # The adapters' prior is centred on the base network (A B = 0), whatever the rank-1 default.
+            raise ValueError(f"PosteriorConfig.prior_mean must be 0 for method 'bella', got {self.prior_mean}")
         for name in ("alpha_initializer", "gamma_initializer"):
             value = getattr(self, name)
             if value is None:
                 continue
             if value not in FACTOR_INITIALIZERS:
                 raise ValueError(f"PosteriorConfig.{name}={value!r}: expected one of {FACTOR_INITIALIZERS}")
-            if self.method in ("deterministic", *WEIGHT_POSTERIOR_METHODS):
-                raise ValueError(f"PosteriorConfig.{name} has no effect with method='deterministic'")
+            if self.method in ("deterministic", "bella", *WEIGHT_POSTERIOR_METHODS):
+                raise ValueError(f"PosteriorConfig.{name} has no effect with method={self.method!r}")
             if self.method == "batchensemble" and value != "trainable_deterministic":
                 raise ValueError(
                     f"PosteriorConfig.{name}={value!r}: batchensemble factors are point masses; "

@@ -10,6 +10,8 @@ Built-in entries:
   deterministic  plain Keras layers (the tiled batch just repeats the same network).
   rank1          edward2 rank-1 layers; factors with trainable Normal/Cauchy posteriors
                  and a KL to the (mixture) prior in ``layer.losses``.
+  bella          low-rank particle adapters W + A_p B_p on frozen base weights (model.bella);
+                 P = ensemble_size particles, no KL (their prior enters the particle loss).
   batchensemble  the same edward2 layers with point-mass factors: plain Keras
                  initializers make edward2 use its variables directly (no sampling, no KL).
                  Sharing the rank-1 classes keeps one code path and identical variable
@@ -30,8 +32,8 @@ from typing import Any, Callable, Iterable
 
 import tensorflow as tf
 
+from model import bella, weight_posteriors
 from model._edward2 import ed
-from model import weight_posteriors
 from model.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig, softplus_inverse
 from model.rank1_lstm import Rank1LSTM
 
@@ -234,6 +236,7 @@ _RANK1_BUILDER = LayerBuilder(dense=_r1_dense, conv2d=_r1_conv2d, lstm_cell=_r1_
 register("rank1", _RANK1_BUILDER)
 # Same layers; PosteriorConfig.factor_initializer resolves to point masses for this method.
 register("batchensemble", _RANK1_BUILDER)
+register("bella", LayerBuilder(dense=bella.dense, conv2d=bella.conv2d, lstm_cell=bella.lstm_cell))
 for _name, _posterior in (("mean_field", weight_posteriors.mean_field),
                           ("ktied_normal", weight_posteriors.ktied_normal)):
     register(_name, LayerBuilder(dense=functools.partial(weight_posteriors.dense, _posterior),

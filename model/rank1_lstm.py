@@ -67,6 +67,25 @@ def _loc_scale(cell: tf.keras.layers.Layer, site: str) -> tuple[tf.Tensor, tf.Te
     return loc, scale
 
 
+def _matmul(x: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
+    """x [B, d] @ weights [d, o]; with per-particle weights [P, d, o], row block p uses weights[p]."""
+    if weights.shape.rank == 3:
+        p = weights.shape[0]
+        return tf.reshape(tf.matmul(tf.reshape(x, [p, -1, weights.shape[1]]), weights), [-1, weights.shape[-1]])
+    return tf.matmul(x, weights)
+
+
+def _project_steps(x: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor:
+    """Time-major x [T, B, d] @ kernel for all steps in one matmul -> [T, B, o] (per-particle kernels too)."""
+    steps, dim, out = tf.shape(x)[0], x.shape[-1], kernel.shape[-1]
+    if kernel.shape.rank == 3:
+        p = kernel.shape[0]
+        blocks = tf.transpose(tf.reshape(x, [steps, p, -1, dim]), [1, 0, 2, 3])  # [P, T, B/P, d]
+        proj = tf.matmul(tf.reshape(blocks, [p, -1, dim]), kernel)  # [P, T*B/P, o]
+        return tf.reshape(tf.transpose(tf.reshape(proj, [p, steps, -1, out]), [1, 0, 2, 3]), [steps, -1, out])
+    return tf.reshape(tf.matmul(tf.reshape(x, [-1, dim]), kernel), [steps, -1, out])
+
+
 class Rank1LSTM(tf.keras.layers.Layer):
     """Runs an LSTM cell over [batch*K, T, d] inputs; padded steps are skipped via a mask."""
 
@@ -164,8 +183,12 @@ class Rank1LSTM(tf.keras.layers.Layer):
             mask = tf.sequence_mask(lengths, steps)
         # Time-major: the loop reads one [B, .] slice per step.
         x = tf.transpose(x, [1, 0, 2])
-        kernel = tf.convert_to_tensor(cell.kernel)
-        recurrent_kernel = tf.convert_to_tensor(cell.recurrent_kernel)
+        if hasattr(cell, "particle_kernels"):
+            # Bella (model.bella): one (kernel, recurrent kernel) pair per row block, [P, ., 4u].
+            kernel, recurrent_kernel = cell.particle_kernels()
+        else:
+            kernel = tf.convert_to_tensor(cell.kernel)
+            recurrent_kernel = tf.convert_to_tensor(cell.recurrent_kernel)
         const = tf.convert_to_tensor(cell.bias) if cell.use_bias else None  # added at every step
         in_scale = rec_in = rec_out = None  # per-sequence factors around the two matmuls
 
@@ -187,9 +210,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
             # Inference only: the input projection for all steps in one matmul (cheap in
             # bfloat16), then the fused-step recurrence.
             low = tf.as_dtype(matmul_dtype)
-            dim = x.shape[-1]
-            proj = tf.matmul(tf.cast(tf.reshape(x, [-1, dim]), low), tf.cast(kernel, low))
-            proj = tf.reshape(tf.cast(proj, x.dtype), [steps, batch, 4 * cell.units])
+            proj = tf.cast(_project_steps(tf.cast(x, low), tf.cast(kernel, low)), x.dtype)
             if in_scale is not None:
                 proj = proj * in_scale
             if const is not None:
@@ -197,8 +218,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
             return self._fused_recurrence(proj, mask, tf.cast(recurrent_kernel, low), rec_in, rec_out)
         if self.input_projection == "all_steps":
             # One [T*B, d] x [d, 4u] matmul for the whole sequence.
-            dim = x.shape[-1]
-            proj = tf.reshape(tf.matmul(tf.reshape(x, [-1, dim]), kernel), [steps, batch, 4 * cell.units])
+            proj = _project_steps(x, kernel)
             if in_scale is not None:
                 proj = proj * in_scale
             if const is not None:
@@ -217,12 +237,12 @@ class Rank1LSTM(tf.keras.layers.Layer):
         def body(t, h, c, out_ta):
             z = seq_ta.read(t)
             if kernel is not None:  # per-step input projection
-                z = tf.matmul(z, kernel)
+                z = _matmul(z, kernel)
                 if in_scale is not None:
                     z = z * in_scale
                 if const is not None:
                     z = z + const
-            rec = tf.matmul(h * rec_in if rec_in is not None else h, recurrent_kernel)
+            rec = _matmul(h * rec_in if rec_in is not None else h, recurrent_kernel)
             if rec_out is not None:
                 rec = rec * rec_out
             z_i, z_f, z_c, z_o = tf.split(z + rec, 4, axis=-1)
@@ -299,7 +319,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
 
         def body(t, h, c, nxt, out_ta):
             valid = mask_ta.read(t) if mask_ta is not None else None
-            h, c, out, nxt = step_fn(tf.matmul(nxt, recurrent_kernel), proj_ta.read(t), h, c, rec_in, rec_out, valid)
+            h, c, out, nxt = step_fn(_matmul(nxt, recurrent_kernel), proj_ta.read(t), h, c, rec_in, rec_out, valid)
             if keep_outputs:
                 out_ta = out_ta.write(t, out)
             return t + 1, h, c, nxt, out_ta

@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 from tqdm.auto import tqdm
 
+from model import bella
 from model import evaluate as evaluation
 from model import export, inputs, losses, metrics
 from model.config import ExperimentBase, ExperimentConfig, parse_config
@@ -205,9 +206,15 @@ def validate(probs_fn, dataset: tf.data.Dataset, num_bins: int) -> dict[str, flo
 
 def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
           progress: bool = True, export_model: bool = True,
-          truth_path: str | os.PathLike[str] | None = None) -> TrainResult:
-    """Trains (or resumes) a run; then evaluates on validation/test and writes the export."""
+          truth_path: str | os.PathLike[str] | None = None,
+          base_dir: str | os.PathLike[str] | None = None) -> TrainResult:
+    """Trains (or resumes) a run; then evaluates on validation/test and writes the export.
+
+    base_dir: the trained deterministic run a "bella" run adapts (required for it, refused otherwise).
+    """
     out = pathlib.Path(out_dir)
+    if (config.model.method == "bella") != (base_dir is not None):
+        raise ValueError("method 'bella' adapts a trained deterministic run: give it (and only it) --base RUN_DIR")
     out.mkdir(parents=True, exist_ok=True)
     check_run_folder(out, config)
     tc, mc = config.train, config.model
@@ -235,12 +242,25 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
         slow_opt = tf.keras.optimizers.Adam(learning_rate(tc, tc.learning_rate))
         fast_opt = tf.keras.optimizers.Adam(learning_rate(tc, tc.learning_rate * tc.fast_weight_lr_multiplier))
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    particles = _adapt_base(model, base_dir, data_dir, out, mc.particle_update, n_train) if base_dir else None
     return _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, strategy, n_train, out,
-                       progress=progress, export_model=export_model, truth_path=truth_path)
+                       progress=progress, export_model=export_model, truth_path=truth_path, particles=particles)
+
+
+def _adapt_base(model, base_dir, data_dir, out: pathlib.Path, update: str, n_train: int) -> bella.ParticleUpdate:
+    """Loads the base run's weights into a Bella model, freezes them and records the base's checksum."""
+    base_config, base_model, _, base_step = load_run(base_dir, data_dir)
+    if base_config.model.method != "deterministic":
+        raise ValueError(f"{base_dir}: a Bella base must be a deterministic run, not {base_config.model.method!r}")
+    prefix = tf.train.latest_checkpoint(str(pathlib.Path(base_dir) / CHECKPOINT_DIR))
+    bella.record_base(out, bella.base_record(base_dir, prefix, base_step))
+    bella.copy_base_weights(base_model, model)
+    bella.freeze_base(model)
+    return bella.ParticleUpdate(model, update, n_train)
 
 
 def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, strategy, n_train, out, *,
-                progress, export_model, truth_path) -> TrainResult:
+                progress, export_model, truth_path, particles=None) -> TrainResult:
     tc, ec = config.train, config.eval
     variables = model.trainable_variables
     fast_mask = [is_fast_weight(v) for v in variables]
@@ -261,12 +281,18 @@ def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, stra
     def replica_step(features, labels):
         with tf.GradientTape() as tape:
             logits = model(features, num_samples=1, training=True)  # [B, K]
-            nll = losses.nll_loss(logits, labels, tc.loss)
-            kl = losses.kl_divergence(model)
-            weight = losses.kl_weight(step, kl_scale=tc.kl_scale, annealing_steps=tc.kl_annealing_steps,
-                                      num_train_examples=n_train)
-            l2 = losses.l2_penalty(model)
-            loss = nll + weight * kl + l2
+            if particles is None:
+                nll = losses.nll_loss(logits, labels, tc.loss)
+                kl = losses.kl_divergence(model)
+                weight = losses.kl_weight(step, kl_scale=tc.kl_scale, annealing_steps=tc.kl_annealing_steps,
+                                          num_train_examples=n_train)
+                l2 = losses.l2_penalty(model)
+                loss = nll + weight * kl + l2
+            else:  # Bella: the sum of the particles' losses; "kl" reports their -log prior
+                member = losses.member_nll(logits, labels)
+                nll, kl = tf.reduce_mean(member), tf.reduce_sum(particles.neg_log_prior())
+                weight, l2 = tf.constant(1.0 / n_train), tf.constant(0.0)
+                loss = tf.reduce_sum(particles.particle_losses(member))
             per_replica = loss / replicas  # inside the tape: ops outside it have no gradient
         grads = tape.gradient(per_replica, variables)
         pairs = [(g, v, fast) for g, v, fast in zip(grads, variables, fast_mask) if g is not None]
@@ -274,6 +300,8 @@ def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, stra
         if replicas > 1:
             # Sum across replicas BEFORE clipping: the clip is on the global gradient norm.
             grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        if particles is not None:  # after the all-reduce: the SVGD kernel needs the summed gradients
+            grads = particles.gradients(grads, [v for _, v, _ in pairs])
         grads, norm = tf.clip_by_global_norm(grads, tc.clip_norm)
         slow = [(g, v) for g, (_, v, fast) in zip(grads, pairs) if not fast]
         fast_pairs = [(g, v) for g, (_, v, fast) in zip(grads, pairs) if fast]
@@ -385,13 +413,15 @@ def finalize(config: ExperimentConfig, model: tf.keras.Model, featurizer: inputs
     card = export.model_card(name=config.name, method=_method_name(config), ensemble_size=model.ensemble_size,
                              data_sha256=export.data_manifest_sha256(files.data_dir), metrics_doc=metrics_doc,
                              config=config.to_dict(),
-                             num_parameters=count_parameters(model))
+                             num_parameters=count_parameters(model), base=bella.read_base_record(out))
     export_dir = export.write_export(out / EXPORT_DIR, predictor, data_dir=files.data_dir,
                                      pipeline_config=files.pipeline_config, card=card, metrics_doc=metrics_doc)
     return export_dir, reports["test"]
 
 
 def _method_name(config: ExperimentConfig) -> str:
-    """'rank1_normal' / 'rank1_cauchy' for rank-1 runs, the method otherwise."""
+    """'rank1_normal' / 'rank1_cauchy' for rank-1 runs, 'bella_ensemble' / 'bella_svgd', the method otherwise."""
     m = config.model
+    if m.method == "bella":
+        return f"bella_{m.particle_update}"
     return f"rank1_{m.distribution}" if m.method == "rank1" else m.method

@@ -2,6 +2,7 @@
 
   ehr-train --config configs/ehr_rank1_normal.yaml --data out/demo/data --out runs/rank1 [--steps N] [--seed S] \
             [--patience P] [--set model.rnn_dim=64 --set train.learning_rate=1e-3 ...]
+  ehr-train --config configs/ehr_bella_svgd.yaml --data out/demo/data --out runs/bella --base runs/deterministic
 
 Killed and restarted with the same command, a run resumes from its newest checkpoint.
 """
@@ -39,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--truth", default=None,
                         help="known-truth CSV (HADM_ID,P_DEATH,...) of a synthetic release: adds error vs truth "
                              "to the final reports")
+    parser.add_argument("--base", default=None,
+                        help="trained deterministic run folder that a 'bella' config adapts (frozen; required for "
+                             "bella, refused otherwise)")
     parser.add_argument("--no-export", action="store_true", help="stop after training (no evaluation, no export)")
     parser.add_argument("--no-progress", action="store_true", help="hide the tqdm progress bars")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -101,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = train(config, args.data, args.out, progress=not args.no_progress,
-                       export_model=not args.no_export, truth_path=args.truth)
-    except (ConfigMismatchError, FileNotFoundError) as err:
+                       export_model=not args.no_export, truth_path=args.truth, base_dir=args.base)
+    except (ConfigMismatchError, FileNotFoundError, ValueError) as err:
         print(f"ehr-train: {err}", file=sys.stderr)
         return 2
     log.info("finished at step %d in %s", result.step, result.out_dir)
