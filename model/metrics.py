@@ -907,3 +907,15 @@ def categorical_ece(p, y, num_bins: int = NUM_BINS) -> float:
     sum_conf = np.bincount(bins, confidence, minlength=num_bins)
     sum_correct = np.bincount(bins, correct, minlength=num_bins)
     return float(np.abs(sum_correct - sum_conf).sum() / p.shape[0])
+
+
+def categorical_mutual_information(probs) -> np.ndarray:
+    """Per-example MI between label and component, [N] nats: H(mean_m p_m) - mean_m H(p_m), probs [N, M, C]."""
+    probs = np.asarray(probs, dtype=np.float64)
+    if probs.ndim != 3:
+        raise ValueError(f"probs must have shape [N, M, C], got {probs.shape}")
+
+    def entropy(p):
+        return -np.sum(np.where(p > 0, p * np.log(np.clip(p, 1e-300, None)), 0.0), axis=-1)
+
+    return np.maximum(entropy(probs.mean(axis=1)) - entropy(probs).mean(axis=1), 0.0)

@@ -1,6 +1,7 @@
 """Command lines of the image models, reached through ``ehr-train`` / ``ehr-eval`` for ``task: image`` configs.
 
   ehr-train --config configs/image_digits_rank1_normal.yaml --out runs/digits_r1 [--steps N] [--seed S]
+  ehr-train --config configs/image_digits_bella_svgd.yaml --out runs/digits_bella --base runs/digits_det
   ehr-train --config configs/image_cifar10_wrn28-10_rank1.yaml --data ~/data/cifar-10-batches-py --out runs/c10
   ehr-eval --run runs/c10 --data ~/data/cifar-10-batches-py --corrupted-dir ~/data/CIFAR-10-C --samples 4
 
@@ -73,6 +74,9 @@ def build_train_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="CIFAR python-pickle folder (overrides data.data_dir; digits: unused)")
     p.add_argument("--steps", type=int, default=None, help="override train.max_steps")
     p.add_argument("--seed", type=int, default=None, help="override train.seed")
+    p.add_argument("--base", default=None,
+                   help="trained deterministic run folder that a posterior.method 'bella' config adapts (frozen; "
+                        "required for bella, refused otherwise)")
     p.add_argument("--no-eval", action="store_true", help="stop after training")
     p.add_argument("--no-corruptions", action="store_true", help="evaluate the clean test set only")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
@@ -99,7 +103,7 @@ def train_main(argv: list[str] | None = None) -> int:
 
     try:
         result = train(config, args.out, data_dir=args.data, progress=not args.no_progress,
-                       evaluate=not args.no_eval, corrupted=not args.no_corruptions)
+                       evaluate=not args.no_eval, corrupted=not args.no_corruptions, base_dir=args.base)
     except (ConfigMismatchError, FileNotFoundError, ValueError) as err:
         print(f"ehr-train: {err}", file=sys.stderr)
         return 2

@@ -132,6 +132,9 @@ class ModelConfig(_Model):
         if method == "deterministic" and self.posterior.ensemble_size != 1:
             # K identical copies of one network would only repeat the same prediction K times.
             raise ValueError("posterior.ensemble_size must be 1 for method 'deterministic'")
+        if method == "bella" and self.batch_norm != "shared":
+            # The base's (frozen) batch norms are shared; per-member norms would be new, untrained weights.
+            raise ValueError("posterior.method 'bella' adapts a base with shared batch norms: use batch_norm 'shared'")
         if self.mc_dropout_rate > 0 and method != "deterministic":
             raise ValueError("mc_dropout_rate > 0 is the MC-dropout baseline: use posterior.method 'deterministic'")
         return self
@@ -139,12 +142,14 @@ class ModelConfig(_Model):
     @property
     def method_name(self) -> str:
         """Row name of the tables: deterministic, mc_dropout, batchensemble, rank1_normal, rank1_cauchy,
-        mean_field, ktied_normal_k<k>."""
+        mean_field, ktied_normal_k<k>, bella_ensemble, bella_svgd."""
         method = self.posterior.method
         if method == "rank1":
             return f"rank1_{self.posterior.distribution}"
         if method == "ktied_normal":
             return f"ktied_normal_k{self.posterior.ktied_rank}"
+        if method == "bella":
+            return f"bella_{self.posterior.particle_update}"
         if method == "deterministic" and self.mc_dropout_rate > 0:
             return "mc_dropout"
         return method

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 from tqdm.auto import tqdm
 
-from model import losses
+from model import bella, losses
 from model.image import evaluate as evaluation
 from model.image.config import ImageExperimentConfig, TrainConfig, parse_config
 from model.image.data import ImageData, load_data, train_dataset
@@ -142,9 +142,15 @@ def plan_steps(tc: TrainConfig, num_train: int) -> StepPlan:
 
 def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, data: ImageData | None = None,
           data_dir: str | os.PathLike[str] | None = None, progress: bool = True, evaluate: bool = True,
-          corrupted: bool = True) -> TrainResult:
-    """Trains (or resumes) a run, then evaluates it on the clean and corrupted test sets."""
+          corrupted: bool = True, base_dir: str | os.PathLike[str] | None = None) -> TrainResult:
+    """Trains (or resumes) a run, then evaluates it on the clean and corrupted test sets.
+
+    base_dir: the trained deterministic run a "bella" run adapts (required for it, refused otherwise).
+    """
     started = time.time()
+    if (config.model.posterior.method == "bella") != (base_dir is not None):
+        raise ValueError("posterior.method 'bella' adapts a trained deterministic run: give it (and only it) "
+                         "--base RUN_DIR")
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     check_run_folder(out, config)
@@ -155,6 +161,8 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
     n_train = int(data.y_train.shape[0])
     plan = plan_steps(tc, n_train)
     model = build_model(config.model, data.image_shape, data.num_classes)
+    particles = _adapt_base(model, base_dir, data, out, config.model.posterior.particle_update, n_train) \
+        if base_dir is not None else None
     schedule = WarmupPiecewiseConstant(tc.learning_rate, plan.warmup_steps, plan.decay_steps, tc.lr_decay_ratio)
     fast_schedule = WarmupPiecewiseConstant(tc.learning_rate * tc.fast_weight_lr_multiplier, plan.warmup_steps,
                                             plan.decay_steps, tc.lr_decay_ratio)
@@ -182,13 +190,20 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
             logits = model(images, num_samples=1, training=True)  # [B, K, C]: every member sees the batch
             tiled = tf.tile(labels[:, None], [1, k])
             # Average per-component NLL (App. D.4), not the mixture's: each member must fit on its own.
-            nll = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tiled, logits=logits))
-            kl = losses.kl_divergence(model)
-            weight = losses.kl_weight(step, kl_scale=tc.kl_scale, annealing_steps=plan.kl_annealing_steps,
-                                      num_train_examples=n_train)
-            l2 = losses.l2_penalty(model)
-            loss = nll + weight * kl + l2
+            member = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tiled, logits=logits), 0)
+            nll = tf.reduce_mean(member)
+            if particles is None:
+                kl = losses.kl_divergence(model)
+                weight = losses.kl_weight(step, kl_scale=tc.kl_scale, annealing_steps=plan.kl_annealing_steps,
+                                          num_train_examples=n_train)
+                l2 = losses.l2_penalty(model)
+                loss = nll + weight * kl + l2
+            else:  # Bella: the sum of the particles' losses; "kl" reports their -log prior
+                kl, weight, l2 = tf.reduce_sum(particles.neg_log_prior()), tf.constant(1.0 / n_train), 0.0
+                loss = tf.reduce_sum(particles.particle_losses(member))
         grads = tape.gradient(loss, variables)
+        if particles is not None:
+            grads = particles.gradients(grads, variables)
         norm = apply_gradients(grads, variables, fast_mask, slow_opt, fast_opt, tc.clip_norm)
         accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1), tf.cast(tiled, tf.int64)), tf.float32))
         step.assign_add(1)
@@ -235,6 +250,19 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
         report = evaluation.evaluate_model(model, config, data, corrupted=corrupted, progress=progress)
         evaluation.write_report(out / EVAL_DIR, report)
     return TrainResult(out, final, history, validation, report, time.time() - started)
+
+
+def _adapt_base(model, base_dir, data: ImageData, out: pathlib.Path, update: str, n_train: int
+                ) -> bella.ParticleUpdate:
+    """Loads the base run's weights into a Bella model, freezes them and records the base's checksum."""
+    base_config, base_model, _, base_step = load_run(base_dir, data=data)
+    if base_config.model.posterior.method != "deterministic" or base_config.model.mc_dropout_rate > 0:
+        raise ValueError(f"{base_dir}: a Bella base must be a deterministic run, not {base_config.model.method_name!r}")
+    prefix = tf.train.latest_checkpoint(str(pathlib.Path(base_dir) / CHECKPOINT_DIR))
+    bella.record_base(out, bella.base_record(base_dir, prefix, base_step))
+    bella.copy_base_weights(base_model, model)
+    bella.freeze_base(model)
+    return bella.ParticleUpdate(model, update, n_train)
 
 
 def read_run_config(out_dir: str | os.PathLike[str]) -> ImageExperimentConfig:
