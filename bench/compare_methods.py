@@ -46,6 +46,15 @@ log = logging.getLogger("bench.compare_methods")
 METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1_normal",
            "rank1_cauchy", "ktied_normal")  # ktied_normal: paper 003, fully_bayesian with stddevs of rank 2
 DEFAULT_METHODS = ("deterministic", "batchensemble", "rank1_normal")
+# --- Bella (configs/ehr_bella_<update>.yaml): adapts the deterministic run of the same seed, which
+# run_grid trains first whenever "deterministic" is among --methods.
+BELLA_METHODS = ("bella_ensemble", "bella_svgd")
+
+
+def bella_base_dir(work: pathlib.Path, method: str, seed: int) -> pathlib.Path | None:
+    """The run folder a Bella method adapts (the deterministic run of `seed`); None for other methods."""
+    return work / "runs" / f"deterministic_s{seed}" if method in BELLA_METHODS else None
+# --- end Bella
 DEEP_ENSEMBLE = "deep_ensemble"
 ENSEMBLE_SIZE = 4  # members of a deep ensemble: the rank-1 models' K
 BASELINES = ("logistic", "gbm")
@@ -84,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny: ~1k admissions, minutes; medium: ~8.3k admissions per site (the issue's size); "
                         "paper: the configs as written (a GPU)")
     p.add_argument("--work", default="out/compare_methods", help="folder for releases, data, runs, predictions")
-    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS,
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS + BELLA_METHODS,
                    help="methods to train (a deep ensemble of deterministic runs is always added)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per method (>= 3 for a SEM)")
     p.add_argument("--samples", type=int, default=25, help="S evaluation samples per member (1 for deterministic)")
@@ -175,7 +184,7 @@ def _config(method: str, seed: int, args: argparse.Namespace):
     train = {**scale["train"], "seed": seed}
     if steps:
         train["max_steps"] = steps
-    samples = 1 if config.model.method in ("deterministic", "batchensemble") else args.samples
+    samples = 1 if config.model.method in ("deterministic", "batchensemble", "bella") else args.samples
     return config.with_overrides(model=dict(scale["model"]), train=train,
                                  eval={"num_samples": samples, "seed": seed, "n_bootstrap": 200,
                                        "referral_measure": "mutual_information"})
@@ -191,7 +200,8 @@ def _train(method: str, seed: int, args, data: pathlib.Path, truth: pathlib.Path
     if not (export_dir / "manifest.json").exists():
         started = time.time()
         log.info("training %s seed %d -> %s", method, seed, run_dir)
-        train(_config(method, seed, args), data, run_dir, progress=False, truth_path=truth)
+        train(_config(method, seed, args), data, run_dir, progress=False, truth_path=truth,
+              base_dir=bella_base_dir(work, method, seed))
         timing.write_text(json.dumps({"seconds": time.time() - started}))
     card = json.loads((export_dir / "model_card.json").read_text())
     seconds = json.loads(timing.read_text())["seconds"] if timing.exists() else float("nan")
@@ -242,7 +252,7 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
             continue
         for seed in range(args.seeds):
             export_dir, params, seconds = _train(method, seed, args, data_a, truth_a, work)
-            samples = 1 if method == "batchensemble" else args.samples
+            samples = 1 if method in ("batchensemble", *BELLA_METHODS) else args.samples
             save_predictions(method, [export_dir], samples, seed, params, seconds)
     for kind in () if args.no_baselines else BASELINES:
         # The logistic fit (lbfgs, C chosen on validation) has no randomness: one fit is every seed's.
@@ -290,7 +300,7 @@ def load_predictions(preds: pathlib.Path) -> tuple[dict[str, list[dict]], dict[s
     for path in sorted(preds.glob("*_s*.npz")):
         name = path.stem.rsplit("_s", 1)[0]
         runs.setdefault(name, []).append(dict(np.load(path)))
-    order = [m for m in (*METHODS, DEEP_ENSEMBLE, *BASELINES, WELL_SPECIFIED) if m in runs]
+    order = [m for m in (*METHODS, *BELLA_METHODS, DEEP_ENSEMBLE, *BASELINES, WELL_SPECIFIED) if m in runs]
     return {m: runs[m] for m in order}, truth
 
 
