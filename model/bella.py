@@ -55,11 +55,10 @@ def particle_matmul(x: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
     return tf.reshape(tf.matmul(blocks, weights), [-1, weights.shape[-1]])
 
 
-class _Adapted(tf.keras.layers.Layer):
-    """Shared pieces: the config, the particle count, the adapted weights of one matrix."""
+class _Particles:
+    """Mixin of every Bella layer: particle count, rank, prior scale, its adapters."""
 
-    def __init__(self, config: PosteriorConfig, **kwargs):
-        super().__init__(**kwargs)
+    def _set_particles(self, config: PosteriorConfig) -> None:
         self.particles = config.ensemble_size
         self.rank = config.adapter_rank
         self.prior_stddev = config.prior_stddev
@@ -70,8 +69,16 @@ class _Adapted(tf.keras.layers.Layer):
         return self.particles
 
     def adapter_variables(self) -> list[tf.Variable]:
-        """The trainable adapters of this layer, each with the particle axis first."""
+        """The trainable adapters of this layer (its only trainable weights), particle axis first."""
         return list(self.trainable_weights)
+
+
+class _Adapted(_Particles, tf.keras.layers.Layer):
+    """A Bella layer with one adapted matrix."""
+
+    def __init__(self, config: PosteriorConfig, **kwargs):
+        super().__init__(**kwargs)
+        self._set_particles(config)
 
 
 class BellaDense(_Adapted):
@@ -142,7 +149,7 @@ class BellaConv2D(_Adapted):
         return self.activation(y) if self.activation is not None else y
 
 
-class BellaLSTMCell(tf.keras.layers.LSTMCell):
+class BellaLSTMCell(_Particles, tf.keras.layers.LSTMCell):
     """An LSTM cell with frozen kernel / recurrent kernel / bias and an adapter on each matrix.
 
     ``model.rank1_lstm.Rank1LSTM`` reads ``particle_kernels()`` and applies them block-wise;
@@ -151,14 +158,7 @@ class BellaLSTMCell(tf.keras.layers.LSTMCell):
 
     def __init__(self, units: int, config: PosteriorConfig, **kwargs):
         super().__init__(units, **kwargs)
-        self.particles = config.ensemble_size
-        self.rank = config.adapter_rank
-        self.prior_stddev = config.prior_stddev
-
-    @property
-    def ensemble_size(self) -> int:
-        """K = P."""
-        return self.particles
+        self._set_particles(config)
 
     def build(self, input_shape):
         d, u = int(input_shape[-1]), self.units
@@ -172,10 +172,6 @@ class BellaLSTMCell(tf.keras.layers.LSTMCell):
         self.recurrent_adapter_a, self.recurrent_adapter_b = _adapter_weights(
             self, "recurrent_", self.particles, u, 4 * u, self.rank)
         self.built = True
-
-    def adapter_variables(self) -> list[tf.Variable]:
-        """The four trainable adapters, particle axis first."""
-        return list(self.trainable_weights)
 
     def particle_kernels(self) -> tuple[tf.Tensor, tf.Tensor]:
         """(W + A_p B_p [P, d, 4u], U + A'_p B'_p [P, u, 4u])."""
@@ -216,7 +212,7 @@ def lstm_cell(units, config, *, name):
 
 def adapted_layers(model: tf.Module) -> list[Any]:
     """Every Bella layer under `model`, in a stable order."""
-    return [m for m in model.submodules if isinstance(m, (_Adapted, BellaLSTMCell))]
+    return [m for m in model.submodules if isinstance(m, _Particles)]
 
 
 def adapter_variables(model: tf.Module) -> list[tf.Variable]:
@@ -231,7 +227,7 @@ def freeze_base(model: tf.keras.Model) -> None:
     base's normalisation stays the base's.
     """
     for module in model.submodules:
-        if not isinstance(module, tf.keras.layers.Layer) or isinstance(module, (_Adapted, BellaLSTMCell)):
+        if not isinstance(module, tf.keras.layers.Layer) or isinstance(module, _Particles):
             continue
         own = [m for m in module.submodules if isinstance(m, tf.keras.layers.Layer)]
         if not own:  # a leaf layer: its variables are all base weights
