@@ -1,4 +1,4 @@
-"""Bella (ensemble and SVGD particles on a frozen base) vs its base, a deep ensemble, BatchEnsemble and rank-1 on digits.
+"""Bella (ensemble / SVGD particles on a frozen base) vs its base, a deep ensemble, BatchEnsemble, rank-1 on digits.
 
   python bench/bella_digits.py --seeds 3            # ~35 min on 2 CPU cores
 
