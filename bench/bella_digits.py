@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bella-epochs", type=float, default=None, help="override the Bella configs' train.epochs")
     p.add_argument("--work", default="out/bella_digits", help="folder for the run folders (replaced per run)")
     p.add_argument("--output", default="docs/results.md", help="results file (its bella_digits section is rewritten)")
+    p.add_argument("--reuse", action="store_true",
+                   help=f"keep runs in --work that finished earlier ({TIME_FILE} written) instead of retraining")
     p.add_argument("--no-write", action="store_true", help="print the table only")
     return p
 
@@ -63,14 +65,21 @@ class _DeepEnsemble:
         return tf.concat([m.predict_logits(images, num_samples) for m in self.members], axis=1)
 
 
-def _train(config, out: pathlib.Path, data, base: pathlib.Path | None = None) -> float:
-    """Trains one fresh run without evaluation; returns its wall time (s)."""
+TIME_FILE = "train_seconds.json"
+
+
+def _train(config, out: pathlib.Path, data, base: pathlib.Path | None = None, reuse: bool = False) -> float:
+    """Trains one fresh run without evaluation (or, with reuse, keeps a finished one); returns its train time (s)."""
     from model.image.train import train
 
+    if reuse and (out / TIME_FILE).exists():
+        return float(json.loads((out / TIME_FILE).read_text())["train_s"])
     shutil.rmtree(out, ignore_errors=True)  # a fresh run, not a resume of an older one
     started = time.time()
     train(config, out, data=data, progress=False, evaluate=False, base_dir=base)
-    return time.time() - started
+    seconds = time.time() - started
+    (out / TIME_FILE).write_text(json.dumps({"train_s": seconds}))
+    return seconds
 
 
 def _evaluate(run: pathlib.Path, data) -> tuple[dict, object]:
@@ -98,7 +107,8 @@ def run_all(args: argparse.Namespace) -> dict[str, list[dict]]:
     rows: dict[str, list[dict]] = {}
     det_time: dict[int, float] = {}
     for seed in range(n * DEEP_ENSEMBLE_SIZE):
-        det_time[seed] = _train(det_config.with_overrides(train={"seed": seed}), work / f"det_s{seed}", data)
+        det_time[seed] = _train(det_config.with_overrides(train={"seed": seed}), work / f"det_s{seed}", data,
+                                reuse=args.reuse)
         log.info("deterministic seed %d: %.0f s", seed, det_time[seed])
     for seed in range(n):
         report, model = _evaluate(work / f"det_s{seed}", data)
@@ -114,7 +124,7 @@ def run_all(args: argparse.Namespace) -> dict[str, list[dict]]:
             config = load_config(ROOT / "configs" / f"image_digits_{method}.yaml")
             train_over = {"seed": seed} if args.bella_epochs is None else {"seed": seed, "epochs": args.bella_epochs}
             config = config.with_overrides(train=train_over)
-            own = _train(config, work / f"{method}_s{seed}", data, base=work / f"det_s{seed}")
+            own = _train(config, work / f"{method}_s{seed}", data, base=work / f"det_s{seed}", reuse=args.reuse)
             report, model = _evaluate(work / f"{method}_s{seed}", data)
             rows.setdefault(method, []).append({"report": report, "params": bella.count_trainable(model),
                                                 "train_s": own, "with_base_s": own + det_time[seed]})
@@ -122,7 +132,7 @@ def run_all(args: argparse.Namespace) -> dict[str, list[dict]]:
                      report["test"]["nll"], report["mean_corrupted"]["accuracy"])
         for method in args.others:
             config = load_config(ROOT / "configs" / f"image_digits_{method}.yaml").with_overrides(train={"seed": seed})
-            own = _train(config, work / f"{method}_s{seed}", data)
+            own = _train(config, work / f"{method}_s{seed}", data, reuse=args.reuse)
             report, model = _evaluate(work / f"{method}_s{seed}", data)
             rows.setdefault(method, []).append({"report": report, "params": count_parameters(model), "train_s": own})
         tf.keras.backend.clear_session()
