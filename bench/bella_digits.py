@@ -151,7 +151,8 @@ def markdown(rows: dict[str, list[dict]], command: str, wall_s: float, bella_epo
     first = next(iter(rows.values()))[0]["report"]
     n_seeds = len(next(iter(rows.values())))
     lines = [
-        "## Bella on digits: low-rank particles on a frozen base vs deep ensemble, BatchEnsemble, rank-1",
+        "## Bella on digits: low-rank particles on a frozen base vs " + ", ".join(
+            m for m in rows if not m.startswith("bella")),
         "",
         f"Command (repo root): `{command}`",
         "",
