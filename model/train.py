@@ -252,8 +252,7 @@ def _adapt_base(model, base_dir, data_dir, out: pathlib.Path, update: str, n_tra
     base_config, base_model, _, base_step = load_run(base_dir, data_dir)
     if base_config.model.method != "deterministic":
         raise ValueError(f"{base_dir}: a Bella base must be a deterministic run, not {base_config.model.method!r}")
-    prefix = tf.train.latest_checkpoint(str(pathlib.Path(base_dir) / CHECKPOINT_DIR))
-    bella.record_base(out, bella.base_record(base_dir, prefix, base_step))
+    bella.record_base(out, bella.base_record(base_dir, model_checkpoint(base_dir), base_step))
     bella.copy_base_weights(base_model, model)
     bella.freeze_base(model)
     return bella.ParticleUpdate(model, update, n_train)
@@ -369,6 +368,12 @@ def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, stra
     return TrainResult(out, final_step, history, validation, best.to_dict(), export_dir, test_report)
 
 
+def model_checkpoint(out_dir: str | os.PathLike[str]) -> str | None:
+    """Prefix of a run's model checkpoint: the best validated one (what the export holds), else the newest."""
+    out = pathlib.Path(out_dir)
+    return tf.train.latest_checkpoint(str(out / BEST_DIR)) or tf.train.latest_checkpoint(str(out / CHECKPOINT_DIR))
+
+
 def load_run(out_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str]
              ) -> tuple[ExperimentConfig, tf.keras.Model, inputs.Featurizer, int]:
     """(config, model restored from the best validated (else newest) checkpoint, featurizer, step) of a run."""
@@ -378,8 +383,7 @@ def load_run(out_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str]
     featurizer = inputs.Featurizer.from_data_files(files)
     model = build_model(config.model, featurizer.vocab_size)
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-    # The best validated checkpoint is the run's model (what the export holds); else the newest.
-    latest = tf.train.latest_checkpoint(str(out / BEST_DIR)) or tf.train.latest_checkpoint(str(out / CHECKPOINT_DIR))
+    latest = model_checkpoint(out)
     if latest is None:
         raise FileNotFoundError(f"{out}: no checkpoint in {CHECKPOINT_DIR}/")
     # expect_partial: the optimizers' slots are in the checkpoint but not needed here.
