@@ -318,6 +318,11 @@ class ParticleUpdate:
         """loss_p = mean minibatch NLL_p - log prior_p / N_train, [P]: -log posterior_p / N_train."""
         return tf.cast(nll_per_particle, tf.float32) + self.neg_log_prior() / float(self.num_train)
 
+    def objective(self, nll_per_particle: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """(sum_p loss_p, the summed -log prior, its weight 1/N_train): a trainer's loss, "kl" and "kl_weight"."""
+        loss = tf.reduce_sum(self.particle_losses(nll_per_particle))
+        return loss, tf.reduce_sum(self.neg_log_prior()), tf.constant(1.0 / self.num_train)
+
     def gradients(self, grads: Sequence[tf.Tensor], variables: Sequence[tf.Variable]) -> list[tf.Tensor]:
         """Gradients of sum_p loss_p w.r.t. the adapters `variables` -> what the optimizer should descend.
 

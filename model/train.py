@@ -280,18 +280,14 @@ def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, stra
     def replica_step(features, labels):
         with tf.GradientTape() as tape:
             logits = model(features, num_samples=1, training=True)  # [B, K]
-            if particles is None:
-                nll = losses.nll_loss(logits, labels, tc.loss)
-                kl = losses.kl_divergence(model)
-                weight = losses.kl_weight(step, kl_scale=tc.kl_scale, annealing_steps=tc.kl_annealing_steps,
-                                          num_train_examples=n_train)
-                l2 = losses.l2_penalty(model)
-                loss = nll + weight * kl + l2
-            else:  # Bella: the sum of the particles' losses; "kl" reports their -log prior
-                member = losses.member_nll(logits, labels)
-                nll, kl = tf.reduce_mean(member), tf.reduce_sum(particles.neg_log_prior())
-                weight, l2 = tf.constant(1.0 / n_train), tf.constant(0.0)
-                loss = tf.reduce_sum(particles.particle_losses(member))
+            nll = losses.nll_loss(logits, labels, tc.loss)
+            kl = losses.kl_divergence(model)
+            weight = losses.kl_weight(step, kl_scale=tc.kl_scale, annealing_steps=tc.kl_annealing_steps,
+                                      num_train_examples=n_train)
+            l2 = losses.l2_penalty(model)
+            loss = nll + weight * kl + l2
+            if particles is not None:  # Bella: the sum of the particles' losses; "kl" reports their -log prior
+                (loss, kl, weight), l2 = particles.objective(losses.member_nll(logits, labels)), tf.constant(0.0)
             per_replica = loss / replicas  # inside the tape: ops outside it have no gradient
         grads = tape.gradient(per_replica, variables)
         pairs = [(g, v, fast) for g, v, fast in zip(grads, variables, fast_mask) if g is not None]

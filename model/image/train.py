@@ -192,15 +192,13 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
             # Average per-component NLL (App. D.4), not the mixture's: each member must fit on its own.
             member = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tiled, logits=logits), 0)
             nll = tf.reduce_mean(member)
-            if particles is None:
-                kl = losses.kl_divergence(model)
-                weight = losses.kl_weight(step, kl_scale=tc.kl_scale, annealing_steps=plan.kl_annealing_steps,
-                                          num_train_examples=n_train)
-                l2 = losses.l2_penalty(model)
-                loss = nll + weight * kl + l2
-            else:  # Bella: the sum of the particles' losses; "kl" reports their -log prior
-                kl, weight, l2 = tf.reduce_sum(particles.neg_log_prior()), tf.constant(1.0 / n_train), 0.0
-                loss = tf.reduce_sum(particles.particle_losses(member))
+            kl = losses.kl_divergence(model)
+            weight = losses.kl_weight(step, kl_scale=tc.kl_scale, annealing_steps=plan.kl_annealing_steps,
+                                      num_train_examples=n_train)
+            l2 = losses.l2_penalty(model)
+            loss = nll + weight * kl + l2
+            if particles is not None:  # Bella: the sum of the particles' losses; "kl" reports their -log prior
+                (loss, kl, weight), l2 = particles.objective(member), tf.constant(0.0)
         grads = tape.gradient(loss, variables)
         if particles is not None:
             grads = particles.gradients(grads, variables)
