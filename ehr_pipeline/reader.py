@@ -114,15 +114,14 @@ def locate_table(mimic_dir: str | pathlib.Path, table: str) -> pathlib.Path | No
     for p in directory.iterdir():
         if p.is_file():
             files_by_name[p.name.lower()].append(p)
-    for name in schema.file_names:
-        found = sorted(files_by_name.get(name.lower(), []))
-        if len(found) > 1:
-            raise ReaderError(
-                f"{directory}: several files match {name} case-insensitively: "
-                f"{', '.join(p.name for p in found)}; keep one"
-            )
-        if found:
-            return found[0]
+    found = [p for name in schema.file_names for p in sorted(files_by_name.get(name.lower(), []))]
+    if len(found) > 1:
+        # TABLE.csv beside TABLE.csv.gz is as ambiguous as two spellings of one name: which
+        # one is the release? Reading either would silently ignore the other.
+        raise ReaderError(f"{directory}: several files hold table {schema.name}: "
+                          f"{', '.join(p.name for p in found)}; keep one")
+    if found:
+        return found[0]
     expected = " or ".join(schema.file_names)
     if schema.required:
         raise MissingTableError(f"required MIMIC-III table {schema.name} not found in {directory}: expected {expected}")
@@ -147,6 +146,13 @@ def locate_table_files(mimic_dir: str | pathlib.Path, table: str) -> list[pathli
         if p.is_file() and p.name.lower().startswith(prefix)
         and (p.name.lower().endswith(".csv") or p.name.lower().endswith(".csv.gz"))
     )
+    stems: dict[str, list[str]] = collections.defaultdict(list)
+    for p in parts:
+        stems[p.name.lower().removesuffix(".gz")].append(p.name)
+    doubled = [names for names in stems.values() if len(names) > 1]
+    if doubled:
+        raise ReaderError(f"{directory}: several files hold one part of {schema.name}: "
+                          f"{', '.join(doubled[0])}; keep one")
     if not parts:
         whole = locate_table(directory, table)
         return [] if whole is None else [whole]
@@ -156,6 +162,13 @@ def locate_table_files(mimic_dir: str | pathlib.Path, table: str) -> list[pathli
             f"{directory}: {schema.name} is given both whole ({whole[0]}) and in {len(parts)} part(s) "
             f"({parts[0].name}, ...); keep one or the other")
     return parts
+
+
+def check_header(path: str | pathlib.Path, table: str | schemas.TableSchema) -> None:
+    """Reads only the header of a table file; raises the ReaderError a full read would raise first."""
+    path = pathlib.Path(path)
+    with _RawWindow.open(path) as window:
+        _match_header(_read_header(window, path), _as_schema(table), path)
 
 
 class TableReader:
