@@ -929,6 +929,11 @@ class _Pass:
                 letters.append(DeadLetter(self.file, line, raw_text, BLANK_LINE, "blank line"))
                 dead[i] = True
                 continue
+            if span > 1 and raw_text.count('"') % 2:  # Arrow closed it at the end of the file
+                letters.append(DeadLetter(self.file, line, raw_text, BAD_QUOTING,
+                                          "a quote opened in this record never closes before the end of the file"))
+                dead[i] = True
+                continue
             letter = self._letter(problems, i, line, raw_text)
             if letter is not None:  # None: a line of empty fields whose requested columns are all nullable
                 letters.append(letter)

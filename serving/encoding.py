@@ -20,6 +20,7 @@ from serving.schemas import PredictRequest
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 ONE_SECOND = dt.timedelta(seconds=1)
 MAX_SECONDS = (dt.datetime.max.replace(tzinfo=dt.timezone.utc) - EPOCH) // ONE_SECOND  # end of year 9999
+MIN_SECONDS = (dt.datetime.min.replace(tzinfo=dt.timezone.utc) - EPOCH) // ONE_SECOND  # start of year 1
 MAX_OOV_LISTED = 50  # the response lists this many unknown codes at most (the count is exact)
 # Context ids the service cannot know; LABEL_UNKNOWN marks a live prediction in the proto.
 _SERVING_ID = 0
@@ -71,6 +72,8 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
                              f"model's trigger offset of {pipeline.trigger_offset_seconds} s")
     else:
         trigger = to_seconds(request.prediction_time)
+        if not MIN_SECONDS <= trigger <= MAX_SECONDS:  # its UTC offset moved it out of years 1-9999
+            raise InputError(loc + ("prediction_time",), "prediction_time is outside years 1-9999 in UTC")
         if trigger < admit:
             raise InputError(loc + ("prediction_time",), "prediction_time must not precede admission.admit_time")
 

@@ -475,11 +475,12 @@ def test_jsonl_dead_letter_writer_round_trips(tmp_path):
     assert (tmp_path / "empty.jsonl").read_text() == ""  # exists: "no dead letters", not "no sink"
 
 
-def test_locate_table_matches_case_insensitively_and_prefers_gzip(tmp_path):
+def test_locate_table_matches_case_insensitively_and_refuses_plain_beside_gzip(tmp_path):
     (tmp_path / "admissions.csv").write_text("x")
     assert locate_table(tmp_path, "ADMISSIONS") == tmp_path / "admissions.csv"
     (tmp_path / "Admissions.CSV.GZ").write_bytes(b"x")
-    assert locate_table(tmp_path, "admissions") == tmp_path / "Admissions.CSV.GZ"
+    with pytest.raises(ReaderError, match=r"Admissions\.CSV\.GZ, admissions\.csv; keep one"):
+        locate_table(tmp_path, "admissions")
 
 
 def test_locate_table_missing_required_names_directory_and_files(tmp_path):

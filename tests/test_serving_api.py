@@ -219,6 +219,11 @@ def test_model_info(client):
     (lambda b: b.update(prediction_time=iso(ADMIT - dt.timedelta(seconds=1))), ["body", "prediction_time"]),
     (lambda b: b["patient"].update(date_of_birth="2151-01-01"), ["body", "patient", "date_of_birth"]),
     (lambda b: b["admission"].update(admit_time="9999-12-31T12:00:00"), ["body", "admission", "admit_time"]),
+    # An offset that moves the time past year 9999 in UTC, and control characters in a code.
+    (lambda b: b.update(prediction_time="9999-12-31T23:00:00-05:00"), ["body", "prediction_time"]),
+    (lambda b: b["events"][1].update(code="\u0000"), ["body", "events", 1, "code"]),
+    (lambda b: b["events"][1].update(code="50912\u0000"), ["body", "events", 1, "code"]),
+    (lambda b: b["events"][1].update(code="509\t12"), ["body", "events", 1, "code"]),
 ])
 def test_invalid_requests_are_422_naming_the_field(client, mutate, loc):
     b = copy.deepcopy(body())
