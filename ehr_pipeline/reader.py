@@ -275,7 +275,6 @@ class _RawWindow:
         self._held: list[pa.Buffer] = []
         self._eof = False
         self.error: BaseException | None = None
-        self.closed = False
         # Arrow's read-ahead thread may still be reading for a reader we closed: each reader
         # gets a feed of one generation, and a rewind retires the older feeds.
         self._io = threading.RLock()
@@ -294,7 +293,7 @@ class _RawWindow:
             return cls(path, _GunzipStream(open(path, "rb")))
         return cls(path, pa.input_stream(str(path)))
 
-    # -- file protocol used by Arrow
+    # -- what Arrow reads, through a _Feed
     def read(self, nbytes: int = -1) -> pa.Buffer:
         buf = self._next(nbytes)
         # Arrow drops the first "\n" of a buffer that follows one ending in "\r", even inside
@@ -319,21 +318,11 @@ class _RawWindow:
             return buf
         return self._read_new(nbytes)
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.closed = True
-
     def __enter__(self) -> "_RawWindow":
         return self
 
     def __exit__(self, *exc) -> None:
         self._stream.close()
-        self.closed = True
 
     # -- helpers for the reader
     def _read_new(self, nbytes: int) -> pa.Buffer:

@@ -92,7 +92,7 @@ def locs(response: httpx.Response) -> list[list]:
 def scrape(client: httpx.Client) -> dict[str, float]:
     """/metrics as {'name{labels}': value}."""
     out = {}
-    for line in client.get("/metrics").text.splitlines():
+    for line in client.get("/metrics", headers=HEADERS).text.splitlines():
         if line and not line.startswith("#"):
             key, value = line.rsplit(" ", 1)
             out[key] = float(value)
@@ -289,7 +289,7 @@ def test_auth(client):
     assert client.post("/v1/predict", json=body(), headers={"X-API-Key": OTHER_KEY}).status_code == 200
     assert client.post("/v1/predict", json=body(), headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
     # Health and metrics stay open for probes and scrapers; they hold no patient data.
-    assert client.get("/healthz").status_code == 200 and client.get("/metrics").status_code == 200
+    assert client.get("/healthz").status_code == 200 and client.get("/metrics", headers=HEADERS).status_code == 200
 
 
 def test_no_auth_server_on_loopback_needs_no_key(export_dir, predictor):
@@ -388,7 +388,7 @@ def test_concurrent_requests_are_merged_into_shared_forward_passes(client, serve
 def test_metrics_endpoint_is_prometheus_text(client):
     client.post("/v1/predict", json=body(), headers=HEADERS)
     client.post("/v1/predict", json=body())  # 401
-    r = client.get("/metrics")
+    r = client.get("/metrics", headers=HEADERS)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     text = r.text
     for name, kind in [("ehr_http_requests_total", "counter"), ("ehr_http_request_duration_seconds", "histogram"),
