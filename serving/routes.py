@@ -171,6 +171,8 @@ async def predict_admissions(
             if n:
                 metrics.events_ignored.inc(n, reason=reason)
         metrics.oov_codes.inc(enc.oov_count)
+        for kind in enc.warning_kinds:
+            metrics.input_warnings.inc(kind=kind)
     metrics.predictions.inc(len(out))
     metrics.referrals.inc(sum(p.refer for p in out))
     return out

@@ -65,6 +65,13 @@ class _Request(BaseModel):
 class Patient(_Request):
     """Who the patient is; give exactly one of date_of_birth and age_years."""
 
+    # The schema states the rule the validator below enforces, so clients (and schema-driven
+    # fuzzers) see it: one of the two keys, never both, never neither.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+        {"required": ["date_of_birth"], "not": {"required": ["age_years"]}},
+        {"required": ["age_years"], "not": {"required": ["date_of_birth"]}},
+    ]})
+
     gender: Gender = Field(description="'M', 'F' or 'U' (unknown), as in the training data.", examples=["F"])
     date_of_birth: IsoDate | None = Field(
         None, description="Date of birth (YYYY-MM-DD); the age at admission is computed on the calendar "

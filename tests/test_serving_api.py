@@ -382,6 +382,18 @@ def test_concurrent_requests_are_merged_into_shared_forward_passes(client, serve
     assert after['ehr_model_batch_size_bucket{le="1"}'] - before.get('ehr_model_batch_size_bucket{le="1"}', 0) < n
 
 
+def test_values_far_outside_the_training_range_are_answered_with_a_counted_warning(client):
+    before = scrape(client).get('ehr_input_warnings_total{kind="value_out_of_range"}', 0)
+    for value, far in [(1.4, False), (1e308, True), (-1e300, True), (1.1 + 0.6 * 10.5, True)]:
+        events = [{"time": iso(ADMIT + dt.timedelta(hours=1)), "source": "lab", "code": "50912", "value": value}]
+        r = client.post("/v1/predict", json=body(events=events), headers=HEADERS)
+        assert r.status_code == 200, r.text
+        warned = [w for w in r.json()["warnings"] if "training standard deviations" in w]
+        assert bool(warned) is far, (value, r.json()["warnings"])
+    # lab:50912 was trained on mean 1.1, std 0.6 and clip_z 10 (the tiny export's numeric_stats.json).
+    assert scrape(client)['ehr_input_warnings_total{kind="value_out_of_range"}'] - before == 3
+
+
 # ------------------------------------------------------------------------------- metrics
 
 
