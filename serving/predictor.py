@@ -23,8 +23,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_pipeline import config as pipeline_config
-from ehr_pipeline import spec
-from ehr_pipeline import outputs
+from ehr_pipeline import outputs, spec
 from ehr_pipeline.outputs import sha256_of
 from model import metrics as model_metrics
 
