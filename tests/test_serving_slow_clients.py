@@ -68,6 +68,7 @@ def _metrics(base_url: str) -> str:
     return httpx.get(f"{base_url}/metrics", headers={"X-API-Key": KEY}, timeout=30).text
 
 
+@pytest.mark.slow  # a server process: TensorFlow's import dominates, minutes on a busy machine
 def test_held_slow_bodies_neither_block_requests_nor_stay(export_dir, tmp_path):
     with _server(export_dir, tmp_path) as server:
         started = time.monotonic()
@@ -90,6 +91,7 @@ def test_held_slow_bodies_neither_block_requests_nor_stay(export_dir, tmp_path):
     assert not [line for line in server.log().splitlines() if "Too many open files" in line]
 
 
+@pytest.mark.slow
 def test_sigterm_exits_within_the_shutdown_timeout_despite_a_trickling_client(export_dir, tmp_path):
     server = _server(export_dir, tmp_path).start()
     try:
