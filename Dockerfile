@@ -13,16 +13,19 @@
 # pinned stack was resolved and tested on.
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
-# ---------------------------------------------------------------- build: a venv with the whole pinned stack (training)
-FROM ${PYTHON_IMAGE} AS build
-# Empty for CPU; "and-cuda" installs tensorflow[and-cuda] (CUDA/cuDNN as pip wheels) for training on GPUs.
-ARG TF_EXTRAS=""
+# ---------------------------------------------------------------- venv: an empty venv to install into
+FROM ${PYTHON_IMAGE} AS venv
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
+
+# ---------------------------------------------------------------- build: the whole pinned stack (training)
+FROM venv AS build
+# Empty for CPU; "and-cuda" installs tensorflow[and-cuda] (CUDA/cuDNN as pip wheels) for training on GPUs.
+ARG TF_EXTRAS=""
 # Dependencies first, in their own layer: code edits do not re-download TensorFlow.
 COPY requirements.txt constraints.txt ./
 RUN pip install -r requirements.txt -c constraints.txt \
@@ -38,14 +41,8 @@ COPY serving ./serving
 # the console scripts (ehr-serve, ehr-train, ...).
 RUN pip install --no-deps .
 
-# ---------------------------------------------------------------- build-serve: a venv with the serve set only
-FROM ${PYTHON_IMAGE} AS build-serve
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONDONTWRITEBYTECODE=1
-RUN python -m venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH
-WORKDIR /src
+# ---------------------------------------------------------------- build-serve: the serve set only
+FROM venv AS build-serve
 COPY constraints.txt pyproject.toml README.md ./
 # pyproject.toml's `serve` group names the packages; constraints.txt pins their versions.
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['serve']))" > serve.txt \

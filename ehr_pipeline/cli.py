@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mimic-dir", required=True, help="folder with TABLE.csv.gz or TABLE.csv files")
     p.add_argument("--dead-letter-dir", default=None,
-                   help="write bad rows of every table to DIR/dead_letters.jsonl, one JSON object per line "
-                        "(default: count them only)")
+                   help="write bad rows of every table to DIR/dead_letters.jsonl, one JSON object per line; "
+                        "without it they are only counted")
 
     from ehr_pipeline.synth import cli as synth_cli
 
