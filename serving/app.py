@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving import __version__
@@ -132,11 +133,12 @@ class BodyLimitMiddleware:
     anyway to parse the JSON.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float, settings: Settings):
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float, settings: Settings, routes: list):
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.settings = settings
+        self.routes = routes  # the app's routes: a refusal is counted under its route template
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -166,6 +168,7 @@ class BodyLimitMiddleware:
                 return
             if message["type"] != "http.request":  # client went away: nothing to answer
                 scope.setdefault("state", {})[CLIENT_GONE] = True
+                self._name_route(scope)
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
@@ -186,8 +189,15 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    @staticmethod
-    async def _refuse(scope: Scope, send: Send, status: int, message: str, headers=None) -> None:
+    def _name_route(self, scope: Scope) -> None:
+        """Sets scope["route"] as routing would have, for the access log and the metrics."""
+        for route in self.routes:
+            if route.matches(scope)[0] == Match.FULL:
+                scope["route"] = route
+                return
+
+    async def _refuse(self, scope: Scope, send: Send, status: int, message: str, headers=None) -> None:
+        self._name_route(scope)
         request_id = scope.get("state", {}).get("request_id")
         response = JSONResponse(status_code=status, content={"detail": message, "request_id": request_id},
                                 headers={**(headers or {}), "Connection": "close"})  # the body stays unread
@@ -315,7 +325,7 @@ def create_app(settings: Settings, predictor: Predictor | None = None) -> FastAP
     app.state.ready = False
     # Last added runs first: the request id, log line and metrics cover 413s too.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s,
-                       settings=settings)
+                       settings=settings, routes=app.router.routes)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     _install_error_handlers(app)
     app.include_router(health_router)
