@@ -191,7 +191,7 @@ class BodyLimitMiddleware:
 
     def _name_route(self, scope: Scope) -> None:
         """Sets scope["route"] as routing would have, for the access log and the metrics."""
-        for route in self.routes:
+        for route in _leaf_routes(self.routes):
             if route.matches(scope)[0] == Match.FULL:
                 scope["route"] = route
                 return
@@ -202,6 +202,18 @@ class BodyLimitMiddleware:
         response = JSONResponse(status_code=status, content={"detail": message, "request_id": request_id},
                                 headers={**(headers or {}), "Connection": "close"})  # the body stays unread
         await response(scope, None, send)  # type: ignore[arg-type]  # a JSONResponse never receives
+
+
+def _leaf_routes(routes) -> list:
+    """The endpoint routes under routes, through included routers and mounts."""
+    out = []
+    for route in routes:
+        inner = getattr(route, "routes", None) or getattr(getattr(route, "original_router", None), "routes", None)
+        if inner is not None:
+            out += _leaf_routes(inner)
+        elif getattr(route, "path", None) is not None:
+            out.append(route)
+    return out
 
 
 def _key_from_headers(headers: dict[bytes, bytes]) -> str | None:
