@@ -126,7 +126,7 @@ class RequestContextMiddleware:
 class BodyLimitMiddleware:
     """Pure ASGI middleware: the request body, read before any route sees it, within limits.
 
-    Unauthenticated /v1 requests are refused (401) before a byte of body is read, a declared
+    Unauthenticated requests with a body are refused (401) before a byte of it is read, a declared
     Content-Length over max_bytes without reading it (413), and a body whose next piece takes
     longer than timeout_s is cut off (408): a slow or anonymous client cannot hold a
     connection for long. The body is then replayed to the app, which would buffer it whole
@@ -145,7 +145,9 @@ class BodyLimitMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", []))
-        if scope["path"].startswith("/v1/") and not self.settings.no_auth:
+        # Every route that takes a body needs a key (/v1, FHIR, CDS Hooks): check it before
+        # reading a byte, so an anonymous client cannot hold a connection with a slow body.
+        if scope.get("method") in ("POST", "PUT", "PATCH") and not self.settings.no_auth:
             try:
                 check_key(self.settings, _key_from_headers(headers))
             except StarletteHTTPException as exc:
