@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# The prediction service (ehr-serve) in a slim, non-root image with the pinned stack.
+# The prediction service (ehr-serve) in a slim, non-root image with only what serving needs
+# (the `serve` optional dependencies of pyproject.toml, pinned by constraints.txt).
 #
 #   docker build -t ehr-serve .
 #   docker run --rm -p 8000:8000 -v "$PWD/runs/demo/export:/model:ro" \
@@ -8,18 +9,23 @@
 # GPU training image (same pinned stack + CUDA wheels; needs the NVIDIA container toolkit):
 #   docker build --build-arg TF_EXTRAS=and-cuda --target train -t ehr-train-gpu .
 
-ARG PYTHON_IMAGE=python:3.11-slim
+# An exact tag: a floating one (3.11-slim) changes under a rebuild. 3.11.7 is the Python the
+# pinned stack was resolved and tested on.
+ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
-# ---------------------------------------------------------------- build: a venv with the pinned stack
-FROM ${PYTHON_IMAGE} AS build
-# Empty for CPU; "and-cuda" installs tensorflow[and-cuda] (CUDA/cuDNN as pip wheels) for training on GPUs.
-ARG TF_EXTRAS=""
+# ---------------------------------------------------------------- venv: an empty venv to install into
+FROM ${PYTHON_IMAGE} AS venv
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
+
+# ---------------------------------------------------------------- build: the whole pinned stack (training)
+FROM venv AS build
+# Empty for CPU; "and-cuda" installs tensorflow[and-cuda] (CUDA/cuDNN as pip wheels) for training on GPUs.
+ARG TF_EXTRAS=""
 # Dependencies first, in their own layer: code edits do not re-download TensorFlow.
 COPY requirements.txt constraints.txt ./
 RUN pip install -r requirements.txt -c constraints.txt \
@@ -35,7 +41,18 @@ COPY serving ./serving
 # the console scripts (ehr-serve, ehr-train, ...).
 RUN pip install --no-deps .
 
-# ---------------------------------------------------------------- runtime: venv + non-root user
+# ---------------------------------------------------------------- build-serve: the serve set only
+FROM venv AS build-serve
+COPY constraints.txt pyproject.toml README.md ./
+# pyproject.toml's `serve` group names the packages; constraints.txt pins their versions.
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['serve']))" > serve.txt \
+ && pip install -r serve.txt -c constraints.txt
+COPY ehr_pipeline ./ehr_pipeline
+COPY model ./model
+COPY serving ./serving
+RUN pip install --no-deps .
+
+# ---------------------------------------------------------------- runtime: non-root user, no venv yet
 FROM ${PYTHON_IMAGE} AS runtime
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -43,19 +60,20 @@ ENV PATH=/opt/venv/bin:$PATH \
     TF_CPP_MIN_LOG_LEVEL=2
 RUN groupadd --system --gid 10001 ehr \
  && useradd --system --uid 10001 --gid ehr --home-dir /home/ehr --create-home --shell /usr/sbin/nologin ehr
-COPY --from=build /opt/venv /opt/venv
 USER ehr
 WORKDIR /home/ehr
 
-# ---------------------------------------------------------------- train: ehr-train on the same stack
+# ---------------------------------------------------------------- train: ehr-train on the whole stack
 FROM runtime AS train
+COPY --from=build /opt/venv /opt/venv
 # The experiment configs, e.g. ehr-train --config /opt/ehr/configs/ehr_rank1_normal.yaml ...
 COPY --chown=ehr:ehr configs /opt/ehr/configs
 ENTRYPOINT ["ehr-train"]
 CMD ["--help"]
 
-# ---------------------------------------------------------------- serve (default target)
+# ---------------------------------------------------------------- serve (default target): the serve set only
 FROM runtime AS serve
+COPY --from=build-serve /opt/venv /opt/venv
 # The export directory (model.export) is mounted here, read-only.
 VOLUME ["/model"]
 EXPOSE 8000

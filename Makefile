@@ -7,7 +7,7 @@ MIMIC_DIR ?= ../shared/mimic-iii-demo
 DEMO_OUT  ?= out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench fuzz clean
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,10 @@ demo: install
 test: install
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; exit $$rc
+
+# schemathesis with all checks against a real ehr-serve (a fixture export) on 127.0.0.1.
+fuzz: install
+	PYTHONPATH=. $(BIN)/python tests/fuzz_api.py
 
 # Each script prints a table and rewrites its own section of docs/benchmarks.md.
 bench: install

@@ -15,6 +15,7 @@ import logging
 import sys
 
 log = logging.getLogger("ehr_pipeline")
+EXIT_INPUT_ERROR = 2
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -42,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mimic-dir", required=True, help="folder with TABLE.csv.gz or TABLE.csv files")
     p.add_argument("--dead-letter-dir", default=None,
-                   help="write bad rows here as TABLE.jsonl (default: count them only)")
+                   help="write bad rows of every table to DIR/dead_letters.jsonl, one JSON object per line; "
+                        "without it they are only counted")
 
     from ehr_pipeline.synth import cli as synth_cli
 
@@ -98,13 +100,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs `ehr-pipeline`; returns the process exit code."""
+    """Runs `ehr-pipeline`; returns the process exit code (2 for input that cannot be read)."""
     parser = build_parser()
     # Beam options (--runner=..., --direct_num_workers=...) pass through `run` untouched.
     args, extra = parser.parse_known_args(argv)
     _setup_logging(args.verbose)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from ehr_pipeline.reader import ReaderError
+
+    try:
+        return _dispatch(parser, args, extra)
+    except (ReaderError, OSError) as e:
+        # Bad input is the user's to fix: one line naming the file (and line), no traceback.
+        # MissingTableError is a FileNotFoundError, an OSError.
+        print(f"ehr-pipeline: error: {e}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
     if args.command == "summarize":
         from ehr_pipeline.summary import summarize_command
 

@@ -17,13 +17,17 @@ logger = logging.getLogger(__name__)
 # Why a row was dead-lettered. A row with several problems gets the first one found
 # (field count first, then columns in schema order); ``detail`` lists all of them.
 FIELD_COUNT = "field_count"  # more or fewer fields than the header
-BAD_NUMBER = "bad_number"  # INT or FLOAT column that does not parse (e.g. "1.2.3", "12a")
+BAD_NUMBER = "bad_number"  # INT or FLOAT column that does not parse ("1.2.3", "12a") or is not finite ("inf")
 BAD_TIMESTAMP = "bad_timestamp"  # TIMESTAMP column that is not an ISO date / date-time
 MISSING_REQUIRED = "missing_required"  # empty field in a NOT NULL column
 BAD_ENCODING = "bad_encoding"  # string column that is not valid UTF-8
 BLANK_LINE = "blank_line"  # an empty line between rows: not data, but never dropped unseen
+NUL_CHARACTER = "nul_character"  # string column holding a NUL (U+0000)
+BAD_QUOTING = "bad_quoting"  # a line whose quote never closes (it would swallow the lines after it)
+LINE_TOO_LONG = "line_too_long"  # one record longer than the reader's block size
 
-REASONS = (FIELD_COUNT, BAD_NUMBER, BAD_TIMESTAMP, MISSING_REQUIRED, BAD_ENCODING, BLANK_LINE)
+REASONS = (FIELD_COUNT, BAD_NUMBER, BAD_TIMESTAMP, MISSING_REQUIRED, BAD_ENCODING, BLANK_LINE, NUL_CHARACTER,
+           BAD_QUOTING, LINE_TOO_LONG)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +42,7 @@ class DeadLetter:
 
     def to_json(self) -> str:
         """The dead letter as one line of JSON (no trailing newline)."""
-        return json.dumps(dataclasses.asdict(self), ensure_ascii=False)
+        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str) -> "DeadLetter":

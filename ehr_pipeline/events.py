@@ -34,6 +34,7 @@ SECONDS_PER_DAY = 86400
 KEPT = "kept"
 MISSING_TIME = "missing_time"
 MISSING_CODE = "missing_code"
+BAD_CODE = "bad_code"  # a code holding a control character (spec.CODE_CONTROL_CHARACTERS)
 CHART_ERROR = "chart_error"  # CHARTEVENTS.ERROR = 1
 OUTPUT_ERROR = "output_error"  # OUTPUTEVENTS.ISERROR = 1
 INPUT_REWRITTEN = "input_rewritten"  # INPUTEVENTS_MV.STATUSDESCRIPTION = 'Rewritten'
@@ -111,6 +112,8 @@ def _emit(
         raise ValueError(f"{subject.null_count} rows with null SUBJECT_ID: expected dead-lettered by the reader")
     reasons = list(drops) + [
         (MISSING_CODE, np.asarray(pc.is_null(code).to_numpy(zero_copy_only=False), dtype=bool)),
+        (BAD_CODE, np.asarray(pc.fill_null(pc.match_substring_regex(code, spec.CODE_CONTROL_CHARACTERS), False)
+                              .to_numpy(zero_copy_only=False), dtype=bool)),
         (MISSING_TIME, np.asarray(pc.is_null(time).to_numpy(zero_copy_only=False), dtype=bool)),
     ]
     dropped = np.zeros(n, dtype=bool)

@@ -34,6 +34,7 @@ COUNTS = "counts"
 DEAD = "dead"
 STATS = "stats"
 UNITS = "units"
+FATAL = "fatal"  # a file that cannot be read: its one-line error, raised by the driver after the run
 
 
 def select(kind: str):
@@ -129,7 +130,7 @@ def _make_dofns():
     """The job's DoFns, defined inside a function so importing this module needs no Beam."""
     import apache_beam as beam
     from ehr_pipeline import events as ev
-    from ehr_pipeline.reader import TableReader
+    from ehr_pipeline.reader import ReaderError, TableReader
 
     class _ReadAndExtract(beam.DoFn):
         def __init__(self, cohort_table, discharges, block_size_bytes: int):
@@ -139,6 +140,14 @@ def _make_dofns():
 
         def process(self, element):
             table, path = element
+            try:
+                yield from self._read(table, path)
+            except ReaderError as e:
+                # Raised here it would reach the driver as a runner-specific traceback (or
+                # not at all); as an output it becomes the driver's one-line error.
+                yield FATAL, str(e)
+
+        def _read(self, table, path):
             dead: list = []
             _, columns = ev.EXTRACTORS[table]
             unit_column = ev.UNIT_COLUMNS[table][1:] if table in ev.UNIT_COLUMNS else ()
@@ -158,6 +167,9 @@ def _make_dofns():
                 for letter in dead:
                     yield (DEAD, (table, letter))
                 dead.clear()
+            # Rows rejected after the last block (the file's last lines) come after the loop.
+            for letter in dead:
+                yield (DEAD, (table, letter))
             stats = reader.stats
             yield (COUNTS, _count(f"rows/{table}/read", stats.rows_read))
             yield (COUNTS, _count(f"rows/{table}/parsed", stats.rows_parsed))
@@ -295,7 +307,7 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     from ehr_pipeline import events as ev
     from ehr_pipeline import outputs, spec, vocab
     from ehr_pipeline.config import SPLIT_NAMES
-    from ehr_pipeline.reader import locate_table_files
+    from ehr_pipeline.reader import ReaderError, check_header, locate_table_files
 
     started = time.time()
     mimic_dir, out_dir = str(mimic_dir), str(out_dir)
@@ -307,6 +319,8 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     for table, source in ev.TABLE_SOURCE.items():
         if source in enabled:
             event_inputs.extend((table, str(path)) for path in locate_table_files(mimic_dir, table))
+    for table, path in event_inputs:  # empty files and missing columns fail before any work
+        check_header(path, table)
 
     dead_driver: list = []
     cohort_tables, cohort_stats = _read_cohort_tables(mimic_dir, dead_driver)
@@ -381,9 +395,15 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
 
     stats_done = combined_to_tmp(bagged, "Stats", STATS, _combine_stats, "code_stats.json")
     units_done = combined_to_tmp(extracted, "Units", UNITS, sum, "units.json")
+    errors_done = (
+        extracted
+        | "Fatal" >> beam.FlatMap(select(FATAL))
+        | "ErrorsList" >> beam.combiners.ToList()
+        | "WriteErrors" >> beam.Map(write_json_list, "errors.json")
+    )
     # One final sink that depends on every branch: the Dask runner computes only the
     # last transform's graph, so a branch left dangling would silently never run.
-    _ = (counts_done, stats_done, units_done) | "Finish" >> beam.Flatten()
+    _ = (counts_done, stats_done, units_done, errors_done) | "Finish" >> beam.Flatten()
     result = p.run()
     result.wait_until_finish()
     # The Dask runner opens its own client and never closes it; left open, it keeps trying
@@ -392,6 +412,9 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     if client is not None:
         client.close()
 
+    errors = outputs.read_json(outputs.join(tmp_dir, "errors.json"))
+    if errors:
+        raise ReaderError(errors[0] if len(errors) == 1 else f"{errors[0]} (and {len(errors) - 1} more file(s))")
     counts = dict(outputs.read_json(outputs.join(tmp_dir, "counts.json")))
     stats = {code: tuple(st) for code, st in outputs.read_json(outputs.join(tmp_dir, "code_stats.json"))}
     vocabulary = vocab.build_vocabulary(stats, config.vocab.min_count, config.vocab.max_size_per_source)

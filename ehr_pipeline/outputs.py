@@ -41,8 +41,8 @@ def write_bytes(path: str, data: bytes) -> None:
 
 
 def write_json(path: str, obj: Any) -> None:
-    """Writes pretty, key-sorted JSON (stable bytes for stable content)."""
-    write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+    """Writes pretty, key-sorted, strict JSON (stable bytes for stable content; NaN or Infinity raise)."""
+    write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
 
 
 def _open_read(path: str):

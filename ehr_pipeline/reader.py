@@ -19,6 +19,7 @@ import io
 import logging
 import pathlib
 import threading
+import zlib
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -31,9 +32,12 @@ from ehr_pipeline.deadletter import (
     BAD_ENCODING,
     BAD_NUMBER,
     BAD_TIMESTAMP,
+    BAD_QUOTING,
     BLANK_LINE,
     FIELD_COUNT,
+    LINE_TOO_LONG,
     MISSING_REQUIRED,
+    NUL_CHARACTER,
     DeadLetter,
     DeadLetterSink,
 )
@@ -110,15 +114,14 @@ def locate_table(mimic_dir: str | pathlib.Path, table: str) -> pathlib.Path | No
     for p in directory.iterdir():
         if p.is_file():
             files_by_name[p.name.lower()].append(p)
-    for name in schema.file_names:
-        found = sorted(files_by_name.get(name.lower(), []))
-        if len(found) > 1:
-            raise ReaderError(
-                f"{directory}: several files match {name} case-insensitively: "
-                f"{', '.join(p.name for p in found)}; keep one"
-            )
-        if found:
-            return found[0]
+    found = [p for name in schema.file_names for p in sorted(files_by_name.get(name.lower(), []))]
+    if len(found) > 1:
+        # TABLE.csv beside TABLE.csv.gz is as ambiguous as two spellings of one name: which
+        # one is the release? Reading either would silently ignore the other.
+        raise ReaderError(f"{directory}: several files hold table {schema.name}: "
+                          f"{', '.join(p.name for p in found)}; keep one")
+    if found:
+        return found[0]
     expected = " or ".join(schema.file_names)
     if schema.required:
         raise MissingTableError(f"required MIMIC-III table {schema.name} not found in {directory}: expected {expected}")
@@ -143,6 +146,13 @@ def locate_table_files(mimic_dir: str | pathlib.Path, table: str) -> list[pathli
         if p.is_file() and p.name.lower().startswith(prefix)
         and (p.name.lower().endswith(".csv") or p.name.lower().endswith(".csv.gz"))
     )
+    stems: dict[str, list[str]] = collections.defaultdict(list)
+    for p in parts:
+        stems[p.name.lower().removesuffix(".gz")].append(p.name)
+    doubled = [names for names in stems.values() if len(names) > 1]
+    if doubled:
+        raise ReaderError(f"{directory}: several files hold one part of {schema.name}: "
+                          f"{', '.join(doubled[0])}; keep one")
     if not parts:
         whole = locate_table(directory, table)
         return [] if whole is None else [whole]
@@ -152,6 +162,13 @@ def locate_table_files(mimic_dir: str | pathlib.Path, table: str) -> list[pathli
             f"{directory}: {schema.name} is given both whole ({whole[0]}) and in {len(parts)} part(s) "
             f"({parts[0].name}, ...); keep one or the other")
     return parts
+
+
+def check_header(path: str | pathlib.Path, table: str | schemas.TableSchema) -> None:
+    """Reads only the header of a table file; raises the ReaderError a full read would raise first."""
+    path = pathlib.Path(path)
+    with _RawWindow.open(path) as window:
+        _match_header(_read_header(window, path), _as_schema(table), path)
 
 
 class TableReader:
@@ -184,9 +201,13 @@ class TableReader:
         with _RawWindow.open(self.path) as window:
             header_names = _read_header(window, self.path)
             positions = _match_header(header_names, self.schema, self.path)
-            if window.only_header_left():
-                return
-            yield from _Pass(self, window, header_names, positions).run()
+            if not window.only_header_left():
+                yield from _Pass(self, window, header_names, positions).run()
+            if window.error is not None:
+                raise CorruptFileError(
+                    f"{self.path}: compressed data is truncated or corrupt after line {window.complete_lines:,}, "
+                    f"the last complete line (the {self.stats.rows_read:,} rows up to it were read and counted; "
+                    f"the rest of the file is lost): {window.error}")
         if self.stats.rows_dead and self.on_dead_letter is None:
             logger.warning(
                 "%s: %d row(s) dead-lettered %s with no sink to keep them; pass on_dead_letter",
@@ -248,19 +269,31 @@ class _RawWindow:
         self._chunks: collections.deque[list] = collections.deque()
         self._newlines_seen = 0
         self._replay: collections.deque[pa.Buffer] = collections.deque()
+        # Decompressed bytes not handed out yet: whole lines ready to go, and the unfinished
+        # line after the last newline, held back until the stream shows it is complete.
+        self._ready: collections.deque[pa.Buffer] = collections.deque()
+        self._held: list[pa.Buffer] = []
         self._eof = False
         self.error: BaseException | None = None
-        self.closed = False
+        # Arrow's read-ahead thread may still be reading for a reader we closed: each reader
+        # gets a feed of one generation, and a rewind retires the older feeds.
+        self._io = threading.RLock()
+        self._generation = 0
+
+    def feed(self) -> "_Feed":
+        """A file-like object for one Arrow reader; it reads nothing once the window is rewound."""
+        return _Feed(self, self._generation)
 
     @classmethod
     def open(cls, path: pathlib.Path) -> "_RawWindow":
         with open(path, "rb") as fh:  # a missing file is a plain FileNotFoundError naming it
             magic = fh.read(2)
         # The content decides, not the name: a mislabelled .csv.gz must not be read as text.
-        compression = "gzip" if magic == _GZIP_MAGIC else None
-        return cls(path, pa.input_stream(str(path), compression=compression))
+        if magic == _GZIP_MAGIC:
+            return cls(path, _GunzipStream(open(path, "rb")))
+        return cls(path, pa.input_stream(str(path)))
 
-    # -- file protocol used by Arrow
+    # -- what Arrow reads, through a _Feed
     def read(self, nbytes: int = -1) -> pa.Buffer:
         buf = self._next(nbytes)
         # Arrow drops the first "\n" of a buffer that follows one ending in "\r", even inside
@@ -285,49 +318,80 @@ class _RawWindow:
             return buf
         return self._read_new(nbytes)
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        self.closed = True
-
     def __enter__(self) -> "_RawWindow":
         return self
 
     def __exit__(self, *exc) -> None:
         self._stream.close()
-        self.closed = True
 
     # -- helpers for the reader
     def _read_new(self, nbytes: int) -> pa.Buffer:
-        if self._eof:
-            return pa.py_buffer(b"")
-        try:
-            buf = self._stream.read_buffer(nbytes if nbytes > 0 else None)
-        except Exception as e:  # zlib and I/O errors: keep them so the reader can name the cause
-            self.error = e
-            raise
-        if len(buf) == 0:
-            self._eof = True
-            return buf
+        while not self._ready:
+            if self._eof:
+                return pa.py_buffer(b"")
+            self._fill(nbytes)
+        buf = self._ready.popleft()
         count = int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8) == _NEWLINE))
         with self._lock:
             self._chunks.append([self._newlines_seen + 1, buf, count, None])
             self._newlines_seen += count
         return buf
 
+    def _fill(self, nbytes: int) -> None:
+        """Moves the next stretch of whole lines from the stream to ``_ready``."""
+        try:
+            buf = self._stream.read_buffer(nbytes if nbytes > 0 else None)
+        except Exception as e:  # zlib and I/O errors: end the data at the last complete line
+            # A cut line would otherwise reach Arrow as a short row, or worse as a valid one
+            # ("12.5" cut to "12."); the reader raises after the complete lines are read.
+            self.error = e
+            self._eof = True
+            self._held.clear()
+            return
+        if len(buf) == 0:
+            self._eof = True
+            self._ready.extend(self._held)  # the file's last line, without a line end
+            self._held.clear()
+            return
+        newlines = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == _NEWLINE)
+        if not len(newlines):
+            self._held.append(buf)
+            return
+        end = int(newlines[-1]) + 1
+        self._ready.extend(self._held)
+        self._held.clear()
+        self._ready.append(buf.slice(0, end))
+        if end < len(buf):
+            self._held.append(buf.slice(end))
+
+    @property
+    def complete_lines(self) -> int:
+        """Physical lines handed out so far that end with a line terminator."""
+        return self._newlines_seen
+
     def probe(self, nbytes: int) -> bytes:
         """Reads ahead of Arrow; what is read here is replayed to Arrow later."""
-        try:
-            buf = self._read_new(nbytes)
-        except (OSError, pa.ArrowException) as e:
-            raise CorruptFileError(f"{self.path}: compressed data is truncated or corrupt at its start: {e}") from e
+        buf = self._read_new(nbytes)
         if len(buf):
             self._replay.append(buf)
         return buf.to_pybytes()
+
+    def rewind_to(self, line: int) -> None:
+        """Makes the next reads start at physical ``line`` (for a fresh Arrow reader after a bad line)."""
+        with self._io:
+            self._generation += 1
+            self.read_through(line - 1)
+            with self._lock:
+                index, offset = self._line_start(line)
+                pieces = [self._chunks[index][1].slice(offset)] + [c[1] for c in list(self._chunks)[index + 1:]]
+            self._replay = collections.deque(p for p in pieces if len(p))
+
+    def read_through(self, line: int) -> None:
+        """Reads ahead (into the window) until ``line`` has ended or the data has."""
+        while self._newlines_seen < line and not self._eof:
+            buf = self._read_new(_HEADER_PROBE_BYTES)
+            if len(buf):
+                self._replay.append(buf)
 
     def only_header_left(self) -> bool:
         """True when nothing but the header line (and at most its terminator) is in the file."""
@@ -382,6 +446,60 @@ class _RawWindow:
         return len(chunks) - 1, len(chunks[-1][1])
 
 
+class _GunzipStream:
+    """Decompresses a gzip file (all members) and, unlike Arrow's stream, hands out every byte
+    before a truncation or corruption: the reader can then name the last complete line."""
+
+    _CHUNK = 1 << 16
+
+    def __init__(self, fh):
+        self._fh = fh
+        self._z = zlib.decompressobj(wbits=31)
+
+    def read_buffer(self, nbytes: int | None = None) -> pa.Buffer:
+        want = nbytes or (1 << 20)
+        while True:
+            if self._z.eof:  # end of one member: another may follow (concatenated gzip)
+                pending = self._z.unused_data or self._fh.read(self._CHUNK)
+                if not pending:
+                    return pa.py_buffer(b"")
+                self._z = zlib.decompressobj(wbits=31)
+            else:
+                pending = self._z.unconsumed_tail or self._fh.read(self._CHUNK)
+                if not pending:
+                    raise EOFError("the compressed stream ends before its end marker (truncated file)")
+            out = self._z.decompress(pending, want)  # zlib.error on corrupt data
+            if out:
+                return pa.py_buffer(out)
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class _Feed:
+    """What one Arrow reader reads: the window, until a rewind hands the data to a new reader."""
+
+    def __init__(self, window: _RawWindow, generation: int):
+        self._window = window
+        self._generation = generation
+        self.closed = False
+
+    def read(self, nbytes: int = -1) -> pa.Buffer:
+        with self._window._io:
+            if self._generation != self._window._generation:
+                return pa.py_buffer(b"")
+            return self._window.read(nbytes)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
 def _read_header(window: _RawWindow, path: pathlib.Path) -> list[str]:
     """Parses the first physical line as CSV column names."""
     data = b""
@@ -392,6 +510,9 @@ def _read_header(window: _RawWindow, path: pathlib.Path) -> list[str]:
         data += more
         if len(data) > _MAX_HEADER_BYTES and b"\n" not in data:
             raise ReaderError(f"{path}: no line break in the first {_MAX_HEADER_BYTES} bytes; not a CSV table")
+    if window.error is not None and b"\n" not in data:
+        raise CorruptFileError(f"{path}: compressed data is truncated or corrupt before the end of line 1 "
+                               f"(the header): {window.error}")
     line = data.split(b"\n", 1)[0].rstrip(b"\r")
     if not line.strip():
         if not data.strip():
@@ -480,7 +601,12 @@ def _to_int(raw: pa.Array) -> pa.Array:
 
 
 def _to_float(raw: pa.Array) -> pa.Array:
-    return pc.cast(raw, pa.float64())
+    value = pc.cast(raw, pa.float64())
+    # "inf", "nan" and "1e400" cast fine but are no measurement: they would poison every
+    # mean and z-score built from the column.
+    if value.null_count < len(value) and not pc.all(pc.is_finite(value)).as_py():
+        raise pa.ArrowInvalid("non-finite number")
+    return value
 
 
 def _to_seconds(raw: pa.Array) -> pa.Array:
@@ -495,7 +621,7 @@ def _checked_utf8(raw: pa.Array) -> pa.Array:
 
 _CONVERTERS = {
     schemas.ColType.INT: (_to_int, BAD_NUMBER, "is not an integer"),
-    schemas.ColType.FLOAT: (_to_float, BAD_NUMBER, "is not a number"),
+    schemas.ColType.FLOAT: (_to_float, BAD_NUMBER, "is not a finite number"),
     schemas.ColType.TIMESTAMP: (_to_seconds, BAD_TIMESTAMP, "is not a YYYY-MM-DD[ HH:MM:SS] timestamp"),
     schemas.ColType.STR: (_checked_utf8, BAD_ENCODING, "is not valid UTF-8"),
 }
@@ -508,6 +634,40 @@ class _Problem:
     mask: np.ndarray
     message: str
     raw: pa.Array | None  # to quote the offending value in the detail
+
+
+class _Straddled(Exception):
+    """Arrow found no record end within a block: an unclosed quote or a line longer than a block."""
+
+
+_MAX_RAW = 1 << 16  # characters of a dead letter's raw text kept for a huge line
+
+
+def _clip(raw: str) -> str:
+    return raw if len(raw) <= _MAX_RAW else raw[:_MAX_RAW] + f"... [{len(raw) - _MAX_RAW} more characters]"
+
+
+def _split_line(line: str) -> list[str] | None:
+    """One physical line parsed alone as a CSV record; None when its quotes do not balance."""
+    try:
+        rows = list(csv.reader([line], strict=True))
+    except csv.Error:
+        return None
+    return rows[0] if rows else []
+
+
+def _splice(batch: pa.RecordBatch, keep: np.ndarray, pieces: list[tuple[int, pa.RecordBatch]]) -> pa.RecordBatch:
+    """The kept rows of ``batch`` with each piece inserted before row ``pos`` (file order)."""
+    if not pieces:
+        return batch if keep.all() else batch.filter(pa.array(keep))
+    parts, prev = [], 0
+    for pos, piece in sorted(pieces, key=lambda pp: pp[0]):
+        parts.append(batch.slice(prev, pos - prev).filter(pa.array(keep[prev:pos])))
+        parts.append(piece)
+        prev = pos
+    parts.append(batch.slice(prev).filter(pa.array(keep[prev:])))
+    table = pa.Table.from_batches(parts, schema=batch.schema).combine_chunks()
+    return table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=batch.schema)
 
 
 def _short(value: object) -> str:
@@ -537,29 +697,52 @@ class _Pass:
         return "skip"
 
     def run(self) -> Iterator[pa.RecordBatch]:
-        reader = self._open()
-        try:
-            while True:
-                try:
-                    batch = reader.read_next_batch()
-                except StopIteration:
-                    break
-                except (pa.ArrowException, OSError) as e:
-                    raise self._failure(e) from e
-                out = self._process(batch)
-                self.window.release_before(self.next_line)
-                if out.num_rows:
-                    yield out
-        finally:
-            # Stop Arrow's read-ahead before the caller's `with` closes the stream under it
-            # (a consumer may stop early).
-            reader.close()
-        self._flush_invalid(len(self.invalid))
+        fresh = True
+        while True:
+            try:
+                reader = self._open(header_in_data=fresh)
+            except _Straddled:
+                yield from self._skip_line()
+                fresh = False
+                continue
+            restart = False
+            try:
+                while True:
+                    try:
+                        batch = reader.read_next_batch()
+                    except StopIteration:
+                        break
+                    except (pa.ArrowException, OSError) as e:
+                        if not self._straddled(e):
+                            raise self._failure(e) from e
+                        restart = True
+                        break
+                    out = self._process(batch)
+                    self.window.release_before(self.next_line)
+                    if out.num_rows:
+                        yield out
+            finally:
+                # Stop Arrow's read-ahead before the caller's `with` closes the stream under it
+                # (a consumer may stop early).
+                reader.close()
+            if not restart:
+                break
+            # A quote that never closes within a block (or one enormous line): the record at
+            # the cursor goes, and a fresh reader resumes on the line after it.
+            yield from self._skip_line()
+            fresh = False
+        tail = self._flush_invalid(len(self.invalid))
+        if tail is not None:
+            yield tail
         if self.invalid:
             raise RuntimeError(f"{self.file}: rejected rows out of order (reader bug)")
 
-    def _open(self) -> pacsv.CSVStreamingReader:
-        read = pacsv.ReadOptions(use_threads=False, block_size=self.reader.block_size_bytes)
+    def _straddled(self, e: BaseException) -> bool:
+        return "straddl" in str(e) and self.window.error is None
+
+    def _open(self, header_in_data: bool) -> pacsv.CSVStreamingReader:
+        read = pacsv.ReadOptions(use_threads=False, block_size=self.reader.block_size_bytes,
+                                 column_names=None if header_in_data else self.header)
         parse = pacsv.ParseOptions(
             newlines_in_values=True,  # D_ITEMS labels, NOTEEVENTS text
             ignore_empty_lines=False,  # a skipped blank line would shift every later line number
@@ -573,27 +756,45 @@ class _Pass:
             quoted_strings_can_be_null=True,
         )
         try:
-            reader = pacsv.open_csv(self.window, read_options=read, parse_options=parse, convert_options=convert)
+            reader = pacsv.open_csv(self.window.feed(), read_options=read, parse_options=parse, convert_options=convert)
         except (pa.ArrowException, OSError) as e:
+            if self._straddled(e):
+                raise _Straddled() from e
             raise self._failure(e) from e
         if reader.schema.names != self.header:
             raise ReaderError(f"{self.file}: Arrow parsed the header as {reader.schema.names}, expected {self.header}")
         return reader
 
+    def _skip_line(self) -> Iterator[pa.RecordBatch]:
+        """Dead-letters the physical line at the cursor and points the window just after it."""
+        tail = self._flush_invalid(len(self.invalid), partial=True)
+        if tail is not None:
+            yield tail
+        self.invalid.clear()  # the next reader reports the rest again, numbered afresh
+        line = self.next_line
+        self.window.read_through(line)
+        raw = self.window.text(line, 1)
+        if raw.count('"') % 2:
+            reason, detail = BAD_QUOTING, "a quote opened on this line never closes"
+        else:
+            reason, detail = LINE_TOO_LONG, f"record longer than block_size_bytes={self.reader.block_size_bytes}"
+        self._emit(DeadLetter(self.file, line, _clip(raw), reason, detail))
+        self.stats.rows_read += 1
+        self.next_line = line + 1
+        self.next_number = 1  # a reader given the column names numbers the first data row 1
+        self.window.rewind_to(self.next_line)
+
     def _failure(self, e: BaseException) -> ReaderError:
         self._flush_invalid(len(self.invalid), partial=True)
-        where = f"after {self.stats.rows_read} data rows (last complete row ends on line {self.next_line - 1})"
+        where = f"after line {self.next_line - 1:,} ({self.stats.rows_read:,} rows read)"
         if self.window.error is not None:
-            return CorruptFileError(
-                f"{self.file}: compressed data is truncated or corrupt {where}: {self.window.error}")
-        hint = ""
-        if "straddl" in str(e):
-            hint = (f" (a quoted field opened at or after line {self.next_line} never closes, or one row is"
-                    f" longer than block_size_bytes={self.reader.block_size_bytes})")
-        return CorruptFileError(f"{self.file}: CSV cannot be parsed {where}{hint}: {e}")
+            return CorruptFileError(f"{self.file}: compressed data is truncated or corrupt; the CSV ends inside a "
+                                    f"record {where}: {self.window.error}")
+        return CorruptFileError(f"{self.file}: CSV cannot be parsed {where}: {e}")
 
     # -- per block
-    def _process(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def _type(self, batch: pa.RecordBatch) -> tuple[list[pa.Array], list[_Problem], list[pa.Array]]:
+        """Typed requested columns, their problems, and the string columns that may hold newlines."""
         n = batch.num_rows
         typed: list[pa.Array] = []
         problems: list[_Problem] = []
@@ -614,22 +815,33 @@ class _Pass:
             else:
                 if col.type is schemas.ColType.STR:
                     nl_columns.append(raw)
+                    if value.null_count < n and pc.any(pc.match_substring(value, "\0")).as_py():
+                        # NUL ends C strings: a code "50912\0x" would become "50912" downstream.
+                        mask = pc.fill_null(pc.match_substring(value, "\0"), False).to_numpy(zero_copy_only=False)
+                        problems.append(_Problem(col.name, NUL_CHARACTER, mask, "holds a NUL character", None))
+                        value = pc.if_else(pa.array(mask), pa.nulls(n, value.type), value)
             if not col.nullable and raw.null_count:
                 problems.append(_Problem(col.name, MISSING_REQUIRED, raw.is_null().to_numpy(zero_copy_only=False),
                                          "is empty but NOT NULL", None))
             typed.append(value)
         nl_columns.extend(batch.column(i) for i in self.untyped)
+        return typed, problems, nl_columns
+
+    def _process(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        n = batch.num_rows
+        typed, problems, nl_columns = self._type(batch)
         counts = [_string_newlines(a) for a in nl_columns]
         newlines = sum(counts)
         nl_columns = [a for a, c in zip(nl_columns, counts) if c]
 
         blank = self._blank_candidates(batch)
         n_invalid = self._invalid_in_range(n)
-        if not problems and blank is None and not n_invalid:
+        # A record over several lines may be rows merged by a stray quote: the slow path checks.
+        if not problems and blank is None and not n_invalid and not newlines:
             self.stats.rows_read += n
             self.stats.rows_parsed += n
             self.next_number += n
-            self.next_line += n + newlines
+            self.next_line += n
             return pa.RecordBatch.from_arrays(typed, schema=self.reader.arrow_schema)
         return self._process_slow(batch, typed, problems, nl_columns, blank, n_invalid)
 
@@ -648,9 +860,7 @@ class _Pass:
         end = self.next_number + n
         count = 0
         for row in self.invalid:
-            if row.number is None:
-                raise RuntimeError(f"{self.file}: Arrow gave a rejected row no number (reader bug)")
-            if row.number >= end:
+            if row.number is None or row.number >= end:  # None: Arrow's last record of the file
                 break
             count += 1
             end += 1
@@ -673,59 +883,160 @@ class _Pass:
             spans[p] = 1 + r.text.count("\n")
         starts = self.next_line + np.concatenate(([0], np.cumsum(spans)[:-1]))
         row_starts, row_spans = starts[is_valid], spans[is_valid]
+        valid_before = np.cumsum(is_valid) - is_valid
 
-        letters: list[DeadLetter] = [
-            DeadLetter(self.file, int(starts[p]), r.text, FIELD_COUNT,
-                       f"expected {r.expected_columns} fields, found {r.actual_columns}")
-            for p, r in zip(inv_pos, invalid)
-        ]
-        candidates = np.zeros(n, dtype=bool)
+        letters: list[DeadLetter] = []
+        recovered: list[tuple[int, list[tuple[int, list[str]]]]] = []  # (insert before row, [(line, fields)])
+        extra = 0  # physical records beyond Arrow's count, from re-read records
+        for p, r in zip(inv_pos, invalid):
+            line = int(starts[p])
+            split = self._resync(r.text, line)
+            if split is None:
+                letters.append(self._field_count(line, r))
+                continue
+            letters += split[0]
+            recovered.append((int(valid_before[p]), split[1]))
+            extra += int(spans[p]) - 1
+        candidates = row_spans > 1
         for prob in problems:
             candidates |= prob.mask
         if blank is not None:
             candidates |= blank
         dead = np.zeros(n, dtype=bool)
+        replaced = np.zeros(n, dtype=bool)
         for i in np.flatnonzero(candidates):
             line, span = int(row_starts[i]), int(row_spans[i])
             raw_text = self.window.text(line, span)
+            split = self._resync(raw_text, line) if span > 1 else None
+            if split is not None:
+                letters += split[0]
+                recovered.append((int(i), split[1]))
+                replaced[i] = True
+                extra += span - 1
+                continue
             if blank is not None and blank[i] and raw_text.strip() == "":
                 letters.append(DeadLetter(self.file, line, raw_text, BLANK_LINE, "blank line"))
                 dead[i] = True
                 continue
-            found = [p for p in problems if p.mask[i]]
-            if not found:  # a line of empty fields whose requested columns are all nullable: data
+            if span > 1 and raw_text.count('"') % 2:  # Arrow closed it at the end of the file
+                letters.append(DeadLetter(self.file, line, raw_text, BAD_QUOTING,
+                                          "a quote opened in this record never closes before the end of the file"))
+                dead[i] = True
                 continue
-            detail = "; ".join(
-                f"{p.column} {_short(p.raw[i].as_py()) + ' ' if p.raw is not None else ''}{p.message}"
-                for p in found
-            )
-            letters.append(DeadLetter(self.file, line, raw_text, found[0].reason, detail))
-            dead[i] = True
+            letter = self._letter(problems, i, line, raw_text)
+            if letter is not None:  # None: a line of empty fields whose requested columns are all nullable
+                letters.append(letter)
+                dead[i] = True
 
+        pieces: list[tuple[int, pa.RecordBatch]] = []
+        n_recovered = 0
+        for pos, rows in recovered:
+            part, part_letters = self._type_lines(rows)
+            letters += part_letters
+            n_recovered += part.num_rows
+            pieces.append((pos, part))
         letters.sort(key=lambda l: l.line)
         for letter in letters:
             self._emit(letter)
-        self.stats.rows_read += total
-        self.stats.rows_parsed += n - int(dead.sum())
+        self.stats.rows_read += total + extra
+        self.stats.rows_parsed += n - int(dead.sum()) - int(replaced.sum()) + n_recovered
         self.next_number += total
         self.next_line = int(starts[-1] + spans[-1]) if total else self.next_line
         out = pa.RecordBatch.from_arrays(typed, schema=self.reader.arrow_schema)
-        return out.filter(pa.array(~dead)) if dead.any() else out
+        return _splice(out, ~(dead | replaced), pieces)
 
-    def _flush_invalid(self, count: int, partial: bool = False) -> None:
+    def _field_count(self, line: int, row: pacsv.InvalidRow) -> DeadLetter:
+        """The dead letter of a record Arrow rejected for its number of fields."""
+        if row.text.count('"') % 2:  # e.g. the file's last record, its quote still open at the end
+            return DeadLetter(self.file, line, row.text, BAD_QUOTING, "a quote opened in this record never closes")
+        return DeadLetter(self.file, line, row.text, FIELD_COUNT,
+                          f"expected {row.expected_columns} fields, found {row.actual_columns}")
+
+    def _letter(self, problems: list[_Problem], i: int, line: int, raw_text: str) -> DeadLetter | None:
+        """The dead letter of row i of a block, or None when it has no problem."""
+        found = [p for p in problems if p.mask[i]]
+        if not found:
+            return None
+        detail = "; ".join(
+            f"{p.column} {_short(p.raw[i].as_py()) + ' ' if p.raw is not None else ''}{p.message}"
+            for p in found
+        )
+        return DeadLetter(self.file, line, raw_text, found[0].reason, detail)
+
+    def _resync(self, text: str, first_line: int):
+        """Re-reads a record of several lines line by line, if it is rows merged by a stray quote.
+
+        Returns None when no line holds a whole record on its own (a genuine multi-line value,
+        such as a note's text); else (dead letters of the lines that are no record, [(line,
+        fields)] of those that are).
+        """
+        if "\n" not in text:
+            return None
+        lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+        width = len(self.header)
+        fields = [_split_line(line) if line.count(",") >= width - 1 else None for line in lines]
+        if not any(f is not None and len(f) == width for f in fields):
+            return None
+        letters, rows = [], []
+        for k, (line, f) in enumerate(zip(lines, fields)):
+            number = first_line + k
+            if f is not None and len(f) == width:
+                rows.append((number, f))
+            elif not line.strip():
+                letters.append(DeadLetter(self.file, number, line, BLANK_LINE, "blank line"))
+            elif line.count('"') % 2:
+                letters.append(DeadLetter(self.file, number, line, BAD_QUOTING,
+                                          "a quote opened on this line never closes on it; it had joined "
+                                          "the lines after it into one record"))
+            else:
+                found = _split_line(line)
+                letters.append(DeadLetter(self.file, number, line, FIELD_COUNT,
+                                          f"expected {width} fields, found "
+                                          f"{len(found) if found is not None else 'unparseable quoting'}"))
+        return letters, rows
+
+    def _type_lines(self, rows: list[tuple[int, list[str]]]) -> tuple[pa.RecordBatch, list[DeadLetter]]:
+        """Types re-read lines as the block path does; (kept rows, dead letters of the others)."""
+        if not rows:
+            return pa.RecordBatch.from_pylist([], schema=self.reader.arrow_schema), []
+        columns = [pa.array([f[j] if f[j] != "" else None for _, f in rows], pa.string())
+                   for j in range(len(self.header))]
+        typed, problems, _ = self._type(pa.RecordBatch.from_arrays(columns, names=self.header))
+        letters, dead = [], np.zeros(len(rows), dtype=bool)
+        for i, (line, _) in enumerate(rows):
+            letter = self._letter(problems, i, line, self.window.text(line, 1))
+            if letter is not None:
+                letters.append(letter)
+                dead[i] = True
+        out = pa.RecordBatch.from_arrays(typed, schema=self.reader.arrow_schema)
+        return (out.filter(pa.array(~dead)) if dead.any() else out), letters
+
+    def _flush_invalid(self, count: int, partial: bool = False) -> pa.RecordBatch | None:
         """Emits rejected rows that follow the last block (end of file, or before a failure)."""
+        pieces: list[tuple[int, pa.RecordBatch]] = []
         for _ in range(count):
             row = self.invalid[0]
-            if row.number != self.next_number:
+            if row.number is not None and row.number != self.next_number:
                 if partial:
-                    return
+                    break
                 raise RuntimeError(f"{self.file}: rejected row {row.number} out of order (reader bug)")
             self.invalid.popleft()
-            self._emit(DeadLetter(self.file, self.next_line, row.text, FIELD_COUNT,
-                                  f"expected {row.expected_columns} fields, found {row.actual_columns}"))
-            self.stats.rows_read += 1
+            line, span = self.next_line, 1 + row.text.count("\n")
+            split = self._resync(row.text, line)
+            if split is not None:
+                part, letters = self._type_lines(split[1])
+                for letter in sorted(split[0] + letters, key=lambda l: l.line):
+                    self._emit(letter)
+                pieces.append((0, part))
+                self.stats.rows_parsed += part.num_rows
+            else:
+                self._emit(self._field_count(line, row))
+            self.stats.rows_read += span if split is not None else 1
             self.next_number += 1
-            self.next_line += 1 + row.text.count("\n")
+            self.next_line += span
+        if not pieces:
+            return None
+        return _splice(pa.RecordBatch.from_pylist([], schema=self.reader.arrow_schema), np.zeros(0, bool), pieces)
 
     def _emit(self, letter: DeadLetter) -> None:
         self.stats.dead_lettered[letter.reason] = self.stats.dead_lettered.get(letter.reason, 0) + 1

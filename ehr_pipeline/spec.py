@@ -57,6 +57,10 @@ SEQUENCE_BYTES = (BAG_CODES,)
 # Event sources, used as code namespaces ("lab:50912") and in the service's request schema.
 SOURCES = ("lab", "chart", "input", "output", "prescription", "diagnosis", "procedure")
 CODE_SEPARATOR = ":"  # codes read "source:code"; the source is everything before the first ":"
+# No code may hold a control character (C0, DEL): NUL ends C strings ("50912\0" would be read
+# as "50912"), and tabs or newlines make codes that print alike but differ. The job drops
+# such events (events.BAD_CODE), the service refuses them (422).
+CODE_CONTROL_CHARACTERS = "[\x00-\x1f\x7f]"
 
 # Allowed context values. The service fills LABEL with LABEL_UNKNOWN: the outcome is not known yet.
 LABEL_UNKNOWN = -1

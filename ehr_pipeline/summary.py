@@ -18,6 +18,7 @@ from ehr_pipeline.reader import MissingTableError, ReaderError, TableReader, loc
 logger = logging.getLogger(__name__)
 
 DEAD_LETTER_FILE = "dead_letters.jsonl"
+EXIT_INPUT_ERROR = 2  # every command: input that cannot be read is exit code 2 and one line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +91,7 @@ def format_summary(summary: ReleaseSummary) -> str:
 
 
 def summarize_command(mimic_dir: str | pathlib.Path, dead_letter_dir: str | pathlib.Path | None = None) -> int:
-    """`ehr-pipeline summarize`: prints the summary; exit code 0, or 1 when the release cannot be read.
+    """`ehr-pipeline summarize`: prints the summary; exit code 0, or 2 when the release cannot be read.
 
     Dead letters do not fail the command (they are counted in the table); with
     ``dead_letter_dir`` they are written to DIR/dead_letters.jsonl.
@@ -103,8 +104,8 @@ def summarize_command(mimic_dir: str | pathlib.Path, dead_letter_dir: str | path
             with JsonlDeadLetterWriter(path) as sink:
                 summary = summarize_release(mimic_dir, on_dead_letter=sink)
     except (MissingTableError, ReaderError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        print(f"ehr-pipeline: error: {e}", file=sys.stderr)
+        return EXIT_INPUT_ERROR
     print(format_summary(summary))
     if dead_letter_dir is not None:
         print(f"dead letters: {summary.rows_dead:,} written to {pathlib.Path(dead_letter_dir) / DEAD_LETTER_FILE}")

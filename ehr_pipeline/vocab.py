@@ -5,10 +5,13 @@ Statistics are kept as additive tuples so Beam can combine them per code across 
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 # (n_examples, n_events, n_values, value_sum, value_sumsq)
 CodeStats = tuple[int, int, int, float, float]
@@ -69,6 +72,11 @@ def normalisation_stats(stats: Mapping[str, CodeStats], min_values: int = 2) -> 
             continue
         mean = s / n
         var = max(ss / n - mean * mean, 0.0)
+        if not (math.isfinite(mean) and math.isfinite(var)):
+            # Finite values beyond ~1e154 overflow the sum of squares: no z-score could use them.
+            logger.warning("%s: values too large for float64 statistics (sum %r, sum of squares %r); "
+                           "left out of numeric_stats.json", code, s, ss)
+            continue
         # A constant-valued code would divide by zero when z-scored; 1.0 keeps it a no-op scale.
         std = math.sqrt(var) if var > 1e-12 else 1.0
         out[code] = {"mean": mean, "std": std, "n": int(n)}

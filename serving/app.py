@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-import re
+import hashlib
 import time
 import traceback
 import uuid
@@ -20,9 +20,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving import __version__
+from serving.auth import API_KEY_HEADER, check_key
 from serving.batching import BatcherStoppedError, MicroBatcher, QueueFullError
 from serving.encoding import InputError, encode
 from serving.metrics import ServiceMetrics
@@ -36,8 +38,17 @@ from serving.settings import Settings
 logger = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "X-Request-ID"
-# A client's request id is echoed only if it is short and plain: it goes into logs and headers.
-_CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+CLIENT_GONE = "client_gone"  # scope state flag: the client left before its body was read
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for it; logged and counted, never sent
+
+
+def error_kind(route: str, status: int) -> str:
+    """The ehr_http_errors_total kind of a failed request: what it is, not only its status class."""
+    if status == CLIENT_CLOSED_REQUEST:
+        return "client_disconnect"
+    if route == "/readyz" and status == 503:
+        return "not_ready"  # warm-up or shutdown: the probe is doing its job
+    return "server" if status >= 500 else "client"
 
 DESCRIPTION = """\
 In-hospital mortality predictions from a rank-1 Bayesian LSTM, with their uncertainty:
@@ -64,9 +75,11 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = next((v.decode("latin-1") for k, v in scope.get("headers", [])
-                      if k == REQUEST_ID_HEADER.lower().encode()), "")
-        request_id = given if _CLIENT_REQUEST_ID.match(given) else uuid.uuid4().hex
+        given = next((v for k, v in scope.get("headers", []) if k == REQUEST_ID_HEADER.lower().encode()), None)
+        # Always our own id: a client's id may carry a record number, so the log keeps only a
+        # hash of it (enough to match the client's records, not to read them).
+        request_id = uuid.uuid4().hex
+        client_ref = f" client_request_id_sha256={hashlib.sha256(given).hexdigest()[:16]}" if given else ""
         scope.setdefault("state", {})["request_id"] = request_id
         status = 500  # if the app dies before answering, that is what the client gets
         status_sent: int | None = None
@@ -100,31 +113,47 @@ class RequestContextMiddleware:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             method = scope.get("method", "")
+            if status_sent is None and scope.get("state", {}).get(CLIENT_GONE):
+                status = CLIENT_CLOSED_REQUEST  # nobody was answered: not a server error
             self.metrics.requests.inc(route=template, method=method, status=str(status))
             self.metrics.latency.observe(elapsed, route=template)
             if status >= 400:
-                self.metrics.errors.inc(route=template, kind="server" if status >= 500 else "client")
-            logger.info("request_id=%s %s %s status=%d latency_ms=%.1f", request_id, method, template, status,
-                        elapsed * 1000.0)
+                self.metrics.errors.inc(route=template, kind=error_kind(template, status))
+            logger.info("request_id=%s%s %s %s status=%d latency_ms=%.1f", request_id, client_ref, method, template,
+                        status, elapsed * 1000.0)
 
 
 class BodyLimitMiddleware:
-    """Pure ASGI middleware: 413 for a request body over max_bytes, before any route sees it.
+    """Pure ASGI middleware: the request body, read before any route sees it, within limits.
 
-    A declared Content-Length over the limit is refused without reading a byte; otherwise
-    the body is read (up to the limit, chunked uploads included) and replayed to the app,
-    which would buffer it whole anyway to parse the JSON.
+    Unauthenticated requests with a body are refused (401) before a byte of it is read, a declared
+    Content-Length over max_bytes without reading it (413), and a body whose next piece takes
+    longer than timeout_s is cut off (408): a slow or anonymous client cannot hold a
+    connection for long. The body is then replayed to the app, which would buffer it whole
+    anyway to parse the JSON.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float, settings: Settings, routes: list):
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.settings = settings
+        self.routes = routes  # the app's routes: a refusal is counted under its route template
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = next((v for k, v in scope.get("headers", []) if k == b"content-length"), None)
+        headers = dict(scope.get("headers", []))
+        # Every route that takes a body needs a key (/v1, FHIR, CDS Hooks): check it before
+        # reading a byte, so an anonymous client cannot hold a connection with a slow body.
+        if scope.get("method") in ("POST", "PUT", "PATCH") and not self.settings.no_auth:
+            try:
+                check_key(self.settings, _key_from_headers(headers))
+            except StarletteHTTPException as exc:
+                await self._refuse(scope, send, exc.status_code, str(exc.detail), exc.headers)
+                return
+        declared = headers.get(b"content-length")
         if declared is not None:
             if not declared.strip().isdigit():
                 await self._refuse(scope, send, 400, "invalid Content-Length header")
@@ -134,8 +163,14 @@ class BodyLimitMiddleware:
                 return
         chunks, size = [], 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout_s)
+            except asyncio.TimeoutError:
+                await self._refuse(scope, send, 408, f"request body not received within {self.timeout_s:g} s")
+                return
             if message["type"] != "http.request":  # client went away: nothing to answer
+                scope.setdefault("state", {})[CLIENT_GONE] = True
+                self._name_route(scope)
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
@@ -156,12 +191,40 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    @staticmethod
-    async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
+    def _name_route(self, scope: Scope) -> None:
+        """Sets scope["route"] as routing would have, for the access log and the metrics."""
+        for route in _leaf_routes(self.routes):
+            if route.matches(scope)[0] == Match.FULL:
+                scope["route"] = route
+                return
+
+    async def _refuse(self, scope: Scope, send: Send, status: int, message: str, headers=None) -> None:
+        self._name_route(scope)
         request_id = scope.get("state", {}).get("request_id")
         response = JSONResponse(status_code=status, content={"detail": message, "request_id": request_id},
-                                headers={"Connection": "close"})  # the rest of the body stays unread
+                                headers={**(headers or {}), "Connection": "close"})  # the body stays unread
         await response(scope, None, send)  # type: ignore[arg-type]  # a JSONResponse never receives
+
+
+def _leaf_routes(routes) -> list:
+    """The endpoint routes under routes, through included routers and mounts."""
+    out = []
+    for route in routes:
+        inner = getattr(route, "routes", None) or getattr(getattr(route, "original_router", None), "routes", None)
+        if inner is not None:
+            out += _leaf_routes(inner)
+        elif getattr(route, "path", None) is not None:
+            out.append(route)
+    return out
+
+
+def _key_from_headers(headers: dict[bytes, bytes]) -> str | None:
+    """The API key of a request, as the auth dependency reads it (X-API-Key, else a bearer token)."""
+    key = headers.get(API_KEY_HEADER.lower().encode())
+    if key is not None:
+        return key.decode("latin-1")
+    scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
 def _request_id(request: Request) -> str | None:
@@ -275,7 +338,8 @@ def create_app(settings: Settings, predictor: Predictor | None = None) -> FastAP
     app.state.predictor = None
     app.state.ready = False
     # Last added runs first: the request id, log line and metrics cover 413s too.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s,
+                       settings=settings, routes=app.router.routes)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     _install_error_handlers(app)
     app.include_router(health_router)

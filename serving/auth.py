@@ -46,7 +46,21 @@ async def require_api_key(
     """Passes when auth is off (--no-auth) or the request carries a configured key; else 401."""
     if settings.no_auth:
         return
-    candidate = header_key if header_key is not None else (bearer.credentials if bearer is not None else None)
+    check_key(settings, header_key if header_key is not None else (bearer.credentials if bearer is not None else None))
+
+
+async def require_metrics_key(
+    settings: Annotated[Settings, Depends(get_settings)],
+    header_key: Annotated[str | None, Depends(_api_key_header)],
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """Like require_api_key, unless --open-metrics: at low traffic the counters show one request's outcome."""
+    if not settings.open_metrics:
+        await require_api_key(settings, header_key, bearer)
+
+
+def check_key(settings: Settings, candidate: str | None) -> None:
+    """Raises 401 unless candidate is one of the configured keys (auth on)."""
     if not candidate:
         raise _unauthorized(f"missing API key: send it in the {API_KEY_HEADER} header or as "
                             f"'Authorization: Bearer <key>'")

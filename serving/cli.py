@@ -62,6 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "the tolerance in docs/serving.md")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the start-up forward pass (/readyz is 'ok' at once)")
+    p.add_argument("--open-metrics", action="store_true",
+                   help="serve /metrics without an API key (default: the key is required there too)")
+    p.add_argument("--body-timeout-s", type=float, default=d["body_timeout_s"],
+                   help="longest wait for the next piece of a request body, seconds (slower: 408)")
+    p.add_argument("--max-connections", type=int, default=d["max_connections"],
+                   help="most connections and requests at once (more: 503 at once)")
+    p.add_argument("--shutdown-timeout-s", type=float, default=d["shutdown_timeout_s"],
+                   help="after SIGTERM, longest wait for open requests before closing them, seconds")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="log level of the service and uvicorn")
     return p
@@ -86,7 +94,19 @@ def settings_from_args(args: argparse.Namespace, env=None) -> Settings:
         max_num_samples=args.max_num_samples,
         warmup=not args.no_warmup,
         precision=args.precision,
+        open_metrics=args.open_metrics,
+        body_timeout_s=args.body_timeout_s,
+        max_connections=args.max_connections,
+        shutdown_timeout_s=args.shutdown_timeout_s,
     )
+
+
+def server_limits(settings: Settings) -> dict:
+    """uvicorn.Config arguments that keep slow or many clients from holding the server."""
+    # limit_concurrency answers 503 beyond it instead of accepting sockets until file
+    # descriptors run out; the shutdown timeout bounds how long one slow client delays SIGTERM.
+    return {"limit_concurrency": settings.max_connections,
+            "timeout_graceful_shutdown": settings.shutdown_timeout_s}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -116,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = create_app(settings, predictor)
     # access_log=False: our middleware logs each request without its path or query.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level,
-                            access_log=False, server_header=False, lifespan="on")
+                            access_log=False, server_header=False, lifespan="on", **server_limits(settings))
     server = uvicorn.Server(config)
     server.run()
     return 0 if server.started else 1

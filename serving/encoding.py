@@ -20,6 +20,7 @@ from serving.schemas import PredictRequest
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 ONE_SECOND = dt.timedelta(seconds=1)
 MAX_SECONDS = (dt.datetime.max.replace(tzinfo=dt.timezone.utc) - EPOCH) // ONE_SECOND  # end of year 9999
+MIN_SECONDS = (dt.datetime.min.replace(tzinfo=dt.timezone.utc) - EPOCH) // ONE_SECOND  # start of year 1
 MAX_OOV_LISTED = 50  # the response lists this many unknown codes at most (the count is exact)
 # Context ids the service cannot know; LABEL_UNKNOWN marks a live prediction in the proto.
 _SERVING_ID = 0
@@ -48,6 +49,7 @@ class Encoded:
     oov_codes: list[str]  # sorted, at most MAX_OOV_LISTED
     oov_count: int
     warnings: list[str]
+    warning_kinds: list[str]  # one per warning, the label of ehr_input_warnings_total
 
 
 def to_seconds(value: dt.datetime | dt.date) -> int:
@@ -71,6 +73,8 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
                              f"model's trigger offset of {pipeline.trigger_offset_seconds} s")
     else:
         trigger = to_seconds(request.prediction_time)
+        if not MIN_SECONDS <= trigger <= MAX_SECONDS:  # its UTC offset moved it out of years 1-9999
+            raise InputError(loc + ("prediction_time",), "prediction_time is outside years 1-9999 in UTC")
         if trigger < admit:
             raise InputError(loc + ("prediction_time",), "prediction_time must not precede admission.admit_time")
 
@@ -104,16 +108,25 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
 
     # Only codes the model actually sees (kept bags) can be out of its vocabulary.
     unknown = sorted(set(bags.codes.tolist()) - export.vocabulary)
-    warnings = []
+    warnings, kinds = [], []
     if raw_age < pipeline.min_age_years:
+        kinds.append("age_below_cohort")
         warnings.append(f"age {raw_age:.1f} years is below the training cohort's minimum of "
                         f"{pipeline.min_age_years:g} years")
     if trigger != admit + pipeline.trigger_offset_seconds:
+        kinds.append("prediction_time_not_trained")
         warnings.append(f"prediction_time is not admit_time + {pipeline.trigger_offset_seconds} s, "
                         f"the time point the model was trained for")
     if bags.num_bags == 0:
+        kinds.append("no_events")
         warnings.append("no events before the prediction time: the model sees only age, gender and "
                         "admission type")
+    far = _far_values(codes, values, export)
+    if far:
+        code, value = far[0]
+        kinds.append("value_out_of_range")
+        warnings.append(f"{len(far)} value(s) lie more than {export.clip_z:g} training standard deviations from "
+                        f"their code's training mean (first: {code} = {value:g}); the model caps them there")
     return Encoded(
         example=example,
         prediction_time=EPOCH + dt.timedelta(seconds=trigger),
@@ -124,4 +137,18 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
         oov_codes=unknown[:MAX_OOV_LISTED],
         oov_count=len(unknown),
         warnings=warnings,
+        warning_kinds=kinds,
     )
+
+
+def _far_values(codes: np.ndarray, values: np.ndarray, export: Export) -> list[tuple[str, float]]:
+    """(code, value) of the events whose value is beyond the export's clip_z of its training distribution."""
+    if export.clip_z is None:
+        return []
+    far = []
+    for code, value in zip(codes, values):
+        stats = export.value_stats.get(code)
+        # Both sides divided by std: (value - mean) itself overflows for values near 1e308.
+        if stats is not None and abs(value / stats[1] - stats[0] / stats[1]) > export.clip_z:
+            far.append((str(code), float(value)))
+    return far

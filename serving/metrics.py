@@ -190,6 +190,8 @@ class ServiceMetrics:
         self.events_ignored = Counter(f"{ns}_events_ignored_total", "Request events not used, by reason.",
                                       ("reason",))
         self.oov_codes = Counter(f"{ns}_oov_codes_total", "Distinct out-of-vocabulary codes seen per patient, summed.")
+        self.input_warnings = Counter(f"{ns}_input_warnings_total",
+                                      "Predictions answered with a warning about their input, by kind.", ("kind",))
         self.queue_depth = Gauge(f"{ns}_batch_queue_depth", "Requests waiting for the model.")
         self.ready = Gauge(f"{ns}_ready", "1 when the model is loaded and warmed up.")
         self.model_info = Gauge(f"{ns}_model_info", "The loaded model (value always 1).",
@@ -198,6 +200,7 @@ class ServiceMetrics:
         self._all: list[_Metric] = [
             self.requests, self.latency, self.errors, self.batch_size, self.forward_latency,
             self.model_errors, self.predictions, self.referrals, self.events_ignored, self.oov_codes,
+            self.input_warnings,
             self.queue_depth, self.ready, self.model_info,
         ]
 

@@ -23,7 +23,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_pipeline import config as pipeline_config
-from ehr_pipeline import spec
+from ehr_pipeline import outputs, spec
 from ehr_pipeline.outputs import sha256_of
 from model import metrics as model_metrics
 
@@ -115,6 +115,10 @@ class Export:
     vocabulary_rank: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # 'source:code' -> the UCUM units its training values came in (MIMIC's spellings translated).
     units: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+    # Training mean and standard deviation per numeric code, and the |z| where the model caps
+    # values: a request value beyond it is answered with a warning.
+    value_stats: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    clip_z: float | None = None
 
     @property
     def ensemble_size(self) -> int:
@@ -201,9 +205,23 @@ def read_export(model_dir: str | pathlib.Path) -> Export:
     vocabulary = frozenset(ranks)
     metrics_raw = _read_json(directory, METRICS)
     metrics = _validate(ExportMetrics, metrics_raw, directory / METRICS)
+    value_stats, clip_z = _value_stats(_read_json(directory, outputs.NUMERIC_STATS), directory / outputs.NUMERIC_STATS)
     return Export(directory=directory, checksum=checksum, card=card, card_raw=card_raw, pipeline=pipeline,
                   pipeline_raw=pipeline_raw, vocabulary=vocabulary, metrics=metrics, metrics_raw=metrics_raw,
-                  lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=_units(directory))
+                  lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=_units(directory),
+                  value_stats=value_stats, clip_z=clip_z)
+
+
+def _value_stats(data: Any, where: pathlib.Path) -> tuple[dict[str, tuple[float, float]], float | None]:
+    """{code: (mean, std)} and clip_z from numeric_stats.json ({} and None when it has none)."""
+    if not isinstance(data, dict) or not data.get("codes") or data.get("clip_z") is None:
+        return {}, None  # nothing to compare with: no range warnings
+    try:
+        stats = {str(c): (float(v["mean"]), float(v["std"])) for c, v in data["codes"].items()}
+        clip_z = float(data["clip_z"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ModelDirError(f"{where}: expected clip_z and codes {{code: {{mean, std}}}}: {err}") from None
+    return stats, clip_z
 
 
 # ------------------------------------------------------------------------ the model

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from serving import metrics as metrics_module
-from serving.auth import require_api_key
+from serving.auth import require_api_key, require_metrics_key
 from serving.batching import Arrival, MicroBatcher
 from serving.dependencies import get_arrival, get_batcher, get_metrics, get_predictor, get_settings
 from serving.encoding import Encoded, InputError, encode
@@ -38,14 +38,17 @@ logger = logging.getLogger(__name__)
 INLINE_ENCODE_EVENTS = 2000
 
 _ERRORS = {
+    400: {"model": ErrorResponse, "description": "Body is not JSON: invalid UTF-8, malformed or nested too deep."},
     401: {"model": ErrorResponse, "description": "Missing or invalid API key."},
+    408: {"model": ErrorResponse, "description": "The request body did not arrive in time."},
     413: {"model": ErrorResponse, "description": "Request body larger than the server's limit."},
     422: {"model": ErrorResponse, "description": "Invalid request; `loc` names the field."},
     503: {"model": ErrorResponse, "description": "Model not loaded yet, or too many requests waiting."},
 }
 
 health_router = APIRouter(tags=["health"])
-metrics_router = APIRouter(tags=["metrics"])
+metrics_router = APIRouter(tags=["metrics"], dependencies=[Depends(require_metrics_key)],
+                           responses={401: _ERRORS[401]})
 v1_router = APIRouter(prefix="/v1", tags=["prediction"], dependencies=[Depends(require_api_key)],
                       responses=_ERRORS)
 
@@ -168,6 +171,8 @@ async def predict_admissions(
             if n:
                 metrics.events_ignored.inc(n, reason=reason)
         metrics.oov_codes.inc(enc.oov_count)
+        for kind in enc.warning_kinds:
+            metrics.input_warnings.inc(kind=kind)
     metrics.predictions.inc(len(out))
     metrics.referrals.inc(sum(p.refer for p in out))
     return out

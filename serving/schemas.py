@@ -9,6 +9,7 @@ stored by the pipeline.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -34,6 +35,13 @@ def _utf8_text(value: str) -> str:
     return value
 
 
+def _no_control_characters(value: str) -> str:
+    """The job drops codes with control characters (events.BAD_CODE); the service refuses them."""
+    if re.search(spec.CODE_CONTROL_CHARACTERS, value):
+        raise ValueError("must not hold control characters (U+0000-U+001F, U+007F)")
+    return value
+
+
 def _no_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be blank")
@@ -42,7 +50,8 @@ def _no_blank(value: str) -> str:
 
 IsoDateTime = Annotated[dt.datetime, BeforeValidator(_require_iso_text)]
 IsoDate = Annotated[dt.date, BeforeValidator(_require_iso_text)]
-Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_utf8_text), AfterValidator(_no_blank)]
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_utf8_text), AfterValidator(_no_blank),
+                AfterValidator(_no_control_characters)]
 Source = Literal[spec.SOURCES]  # type: ignore[valid-type]  # the spec's sources, one list for all
 Gender = Literal[spec.GENDERS]  # type: ignore[valid-type]
 
@@ -55,6 +64,13 @@ class _Request(BaseModel):
 
 class Patient(_Request):
     """Who the patient is; give exactly one of date_of_birth and age_years."""
+
+    # The schema states the rule the validator below enforces, so clients (and schema-driven
+    # fuzzers) see it: one of the two keys, never both, never neither.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+        {"required": ["date_of_birth"], "not": {"required": ["age_years"]}},
+        {"required": ["age_years"], "not": {"required": ["date_of_birth"]}},
+    ]})
 
     gender: Gender = Field(description="'M', 'F' or 'U' (unknown), as in the training data.", examples=["F"])
     date_of_birth: IsoDate | None = Field(

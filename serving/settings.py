@@ -64,6 +64,16 @@ class Settings(BaseModel):
     max_num_samples: int = Field(
         100, ge=1, le=100, description="Largest num_samples a request may ask for.")
     warmup: bool = Field(True, description="Run one forward pass at start-up before /readyz says ready.")
+    open_metrics: bool = Field(
+        False, description="Serve /metrics without an API key (it shows request outcomes, so it needs one "
+                            "by default).")
+    body_timeout_s: float = Field(
+        10.0, gt=0.0, le=600.0, description="Longest wait for the next piece of a request body, seconds (else 408).")
+    max_connections: int = Field(
+        512, ge=1, description="Most connections and requests at once; more are answered 503 at once.")
+    shutdown_timeout_s: float = Field(
+        15.0, gt=0.0, le=600.0, description="After SIGTERM, longest wait for open requests, seconds; then "
+                                            "the server closes them and exits.")
     precision: Literal["float32", "bfloat16"] = Field(
         "float32", description="LSTM matmul operands: float32 (exact, equals ehr-eval) or bfloat16 (faster on "
                                "CPUs with bfloat16 units; probabilities within the documented tolerance).")

@@ -163,7 +163,7 @@ def write_tiny_model_export(
         (data_dir / "vocabulary.json").write_text(json.dumps(
             {"sources": {s: [spec.format_code(s, c) for c in codes] for s, codes in vocab.items()}}))
         (data_dir / "numeric_stats.json").write_text(json.dumps(
-            {"codes": {"lab:50912": {"mean": 1.1, "std": 0.6, "n": 1000},
+            {"clip_z": 10.0, "codes": {"lab:50912": {"mean": 1.1, "std": 0.6, "n": 1000},
                        "chart:220045": {"mean": 88.0, "std": 17.0, "n": 1000}}}))
         (data_dir / "manifest.json").write_text(json.dumps({"config": pipeline.to_dict()}))
         if lab_loinc is not None:

@@ -44,7 +44,7 @@ def test_lab_keeps_outpatient_rows_and_counts_missing_time():
         dict(SUBJECT_ID=1, HADM_ID=10, ITEMID=51000, CHARTTIME=None, VALUENUM=3.0),
     ])
     ev, counts = check_counts(b, events.lab_events(b))
-    assert counts == {"kept": 3, "missing_code": 0, "missing_time": 1}
+    assert counts == {"kept": 3, "missing_code": 0, "bad_code": 0, "missing_time": 1}
     assert rows_of(ev) == [(1, 10, T0, "lab:50912", 1.2), (1, None, T0 - 30 * DAY, "lab:50912", 0.9),
                            (1, 10, T0 + 5, "lab:51000", None)]
 
@@ -58,7 +58,7 @@ def test_chart_error_rows_are_skipped_and_counted_first():
         dict(SUBJECT_ID=1, HADM_ID=10, ITEMID=None, CHARTTIME=T0, VALUENUM=1.0, ERROR=0),
     ])
     ev, counts = check_counts(b, events.chart_events(b))
-    assert counts == {"kept": 2, "chart_error": 2, "missing_code": 1, "missing_time": 0}
+    assert counts == {"kept": 2, "chart_error": 2, "missing_code": 1, "bad_code": 0, "missing_time": 0}
     assert ev["value"].to_pylist() == [80.0, 81.0] and set(ev["code"].to_pylist()) == {"chart:220045"}
 
 
@@ -69,14 +69,14 @@ def test_output_and_inputevents_cv():
         dict(SUBJECT_ID=2, HADM_ID=20, ITEMID=40055, CHARTTIME=T0, VALUE=None, ISERROR=0),
     ])
     ev, counts = check_counts(o, events.output_events(o))
-    assert counts == {"kept": 2, "output_error": 1, "missing_code": 0, "missing_time": 0}
+    assert counts == {"kept": 2, "output_error": 1, "missing_code": 0, "bad_code": 0, "missing_time": 0}
     assert rows_of(ev) == [(2, 20, T0, "output:40055", 150.0), (2, 20, T0, "output:40055", None)]
     cv = batch("INPUTEVENTS_CV", [
         dict(SUBJECT_ID=2, HADM_ID=20, ITEMID=30013, CHARTTIME=T0, AMOUNT=250.0),
         dict(SUBJECT_ID=2, HADM_ID=None, ITEMID=30013, CHARTTIME=None, AMOUNT=1.0),
     ])
     ev, counts = check_counts(cv, events.input_cv_events(cv))
-    assert counts == {"kept": 1, "missing_code": 0, "missing_time": 1}
+    assert counts == {"kept": 1, "missing_code": 0, "bad_code": 0, "missing_time": 1}
     assert rows_of(ev) == [(2, 20, T0, "input:30013", 250.0)]
 
 
@@ -92,7 +92,7 @@ def test_inputevents_mv_known_at_end_and_rewritten_skipped():
              STATUSDESCRIPTION=None),
     ])
     ev, counts = check_counts(b, events.input_mv_events(b))
-    assert counts == {"kept": 2, "input_rewritten": 1, "missing_code": 0, "missing_time": 1}
+    assert counts == {"kept": 2, "input_rewritten": 1, "missing_code": 0, "bad_code": 0, "missing_time": 1}
     assert rows_of(ev) == [(3, 30, T0 + 7200, "input:225158", 500.0), (3, 30, T0 + 60, "input:221906", 1.5)]
 
 
@@ -112,7 +112,7 @@ def test_prescriptions_codes_and_end_of_day_against_triggers():
         dict(SUBJECT_ID=4, HADM_ID=40, STARTDATE=None, FORMULARY_DRUG_CD="ASA81", DRUG="Aspirin"),
     ])
     ev, counts = check_counts(b, events.prescription_events(b))
-    assert counts == {"kept": 3, "missing_code": 1, "missing_time": 1}
+    assert counts == {"kept": 3, "missing_code": 1, "bad_code": 0, "missing_time": 1}
     assert ev["code"].to_pylist() == ["prescription:ASA81", "prescription:Heparin", "prescription:NS"]
     assert set(ev["time"].to_pylist()) == {MIDNIGHT + DAY - 1}
     assert all(math.isnan(v) for v in ev["value"].to_pylist())
@@ -132,7 +132,7 @@ def test_diagnoses_and_procedures_known_at_discharge():
         dict(SUBJECT_ID=5, HADM_ID=50, ICD9_CODE=None),
     ])
     ev, counts = check_counts(d, events.diagnosis_events(d, disch))
-    assert counts == {"kept": 2, "unknown_admission": 1, "missing_code": 1, "missing_time": 0}
+    assert counts == {"kept": 2, "unknown_admission": 1, "missing_code": 1, "bad_code": 0, "missing_time": 0}
     assert rows_of(ev) == [(5, 50, T0, "diagnosis:4280", None), (5, 51, T0 + 99 * DAY, "diagnosis:V4581", None)]
     # A plain mapping works the same (e.g. a Beam AsDict side input).
     ev2, _ = events.diagnosis_events(d, {50: T0, 51: T0 + 99 * DAY})
@@ -344,3 +344,14 @@ def test_demo_diagnoses_only_from_earlier_discharged_admissions(demo):
             assert src != h
             end = max(filter(None, [when(raw_adm[src]["DISCHTIME"]), when(raw_adm[src]["DEATHTIME"])]))
             assert end < when(raw_adm[h]["ADMITTIME"]) + dt.timedelta(days=1)
+
+
+def test_codes_with_control_characters_are_dropped_and_counted():
+    b = batch("DIAGNOSES_ICD", [
+        dict(SUBJECT_ID=1, HADM_ID=10, SEQ_NUM=1, ICD9_CODE="4019"),
+        dict(SUBJECT_ID=1, HADM_ID=10, SEQ_NUM=2, ICD9_CODE="40\x0119"),
+        dict(SUBJECT_ID=1, HADM_ID=10, SEQ_NUM=3, ICD9_CODE="4\t019"),
+    ])
+    ev, counts = check_counts(b, events.diagnosis_events(b, {10: T0}))
+    assert counts["bad_code"] == 2 and counts["kept"] == 1
+    assert [r[3] for r in rows_of(ev)] == ["diagnosis:4019"]

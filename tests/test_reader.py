@@ -379,15 +379,17 @@ def test_corrupt_gzip_raises_naming_the_file(demo_dir, tmp_path):
         list(TableReader(path, "ADMISSIONS"))
 
 
-def test_unclosed_quote_is_a_dead_row_or_a_clear_error(tmp_path):
+@pytest.mark.parametrize("block", [4096, 1 << 20])
+def test_unclosed_quote_costs_only_its_own_line(tmp_path, block):
+    # Whether the quote outruns a block (the reader restarts after the line) or closes far
+    # later (the merged record is re-read line by line), only the bad line is lost.
     lines = ['1,10006,,50912,,"never closed,1,mg,', *(f"{i},10006,,50912,,v,1,mg," for i in range(2, 3000))]
     path = _lab_file(tmp_path, lines)
-    with pytest.raises(CorruptFileError, match="never closes"):
-        list(TableReader(path, "LABEVENTS", block_size_bytes=4096))
-    # With room for it, the quote swallows the rest of the file into one rejected row.
-    _, stats, letters = _read(path, block_size_bytes=1 << 20)
-    assert [(d.line, d.reason) for d in letters] == [(2, "field_count")]
-    assert letters[0].raw.count("\n") == len(lines) - 1
+    result, stats, letters = _read(path, block_size_bytes=block)
+    assert [(d.line, d.reason) for d in letters] == [(2, "bad_quoting")]
+    assert result.column("ROW_ID").to_pylist() == list(range(2, 3000))
+    assert stats.rows_read == len(lines)
+    _check_invariant(stats)
 
 
 def test_gzip_is_detected_by_content_not_name(tmp_path):
@@ -473,11 +475,12 @@ def test_jsonl_dead_letter_writer_round_trips(tmp_path):
     assert (tmp_path / "empty.jsonl").read_text() == ""  # exists: "no dead letters", not "no sink"
 
 
-def test_locate_table_matches_case_insensitively_and_prefers_gzip(tmp_path):
+def test_locate_table_matches_case_insensitively_and_refuses_plain_beside_gzip(tmp_path):
     (tmp_path / "admissions.csv").write_text("x")
     assert locate_table(tmp_path, "ADMISSIONS") == tmp_path / "admissions.csv"
     (tmp_path / "Admissions.CSV.GZ").write_bytes(b"x")
-    assert locate_table(tmp_path, "admissions") == tmp_path / "Admissions.CSV.GZ"
+    with pytest.raises(ReaderError, match=r"Admissions\.CSV\.GZ, admissions\.csv; keep one"):
+        locate_table(tmp_path, "admissions")
 
 
 def test_locate_table_missing_required_names_directory_and_files(tmp_path):

@@ -92,7 +92,7 @@ def locs(response: httpx.Response) -> list[list]:
 def scrape(client: httpx.Client) -> dict[str, float]:
     """/metrics as {'name{labels}': value}."""
     out = {}
-    for line in client.get("/metrics").text.splitlines():
+    for line in client.get("/metrics", headers=HEADERS).text.splitlines():
         if line and not line.startswith("#"):
             key, value = line.rsplit(" ", 1)
             out[key] = float(value)
@@ -219,6 +219,11 @@ def test_model_info(client):
     (lambda b: b.update(prediction_time=iso(ADMIT - dt.timedelta(seconds=1))), ["body", "prediction_time"]),
     (lambda b: b["patient"].update(date_of_birth="2151-01-01"), ["body", "patient", "date_of_birth"]),
     (lambda b: b["admission"].update(admit_time="9999-12-31T12:00:00"), ["body", "admission", "admit_time"]),
+    # An offset that moves the time past year 9999 in UTC, and control characters in a code.
+    (lambda b: b.update(prediction_time="9999-12-31T23:00:00-05:00"), ["body", "prediction_time"]),
+    (lambda b: b["events"][1].update(code="\u0000"), ["body", "events", 1, "code"]),
+    (lambda b: b["events"][1].update(code="50912\u0000"), ["body", "events", 1, "code"]),
+    (lambda b: b["events"][1].update(code="509\t12"), ["body", "events", 1, "code"]),
 ])
 def test_invalid_requests_are_422_naming_the_field(client, mutate, loc):
     b = copy.deepcopy(body())
@@ -284,7 +289,7 @@ def test_auth(client):
     assert client.post("/v1/predict", json=body(), headers={"X-API-Key": OTHER_KEY}).status_code == 200
     assert client.post("/v1/predict", json=body(), headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
     # Health and metrics stay open for probes and scrapers; they hold no patient data.
-    assert client.get("/healthz").status_code == 200 and client.get("/metrics").status_code == 200
+    assert client.get("/healthz").status_code == 200 and client.get("/metrics", headers=HEADERS).status_code == 200
 
 
 def test_no_auth_server_on_loopback_needs_no_key(export_dir, predictor):
@@ -377,13 +382,25 @@ def test_concurrent_requests_are_merged_into_shared_forward_passes(client, serve
     assert after['ehr_model_batch_size_bucket{le="1"}'] - before.get('ehr_model_batch_size_bucket{le="1"}', 0) < n
 
 
+def test_values_far_outside_the_training_range_are_answered_with_a_counted_warning(client):
+    before = scrape(client).get('ehr_input_warnings_total{kind="value_out_of_range"}', 0)
+    for value, far in [(1.4, False), (1e308, True), (-1e300, True), (1.1 + 0.6 * 10.5, True)]:
+        events = [{"time": iso(ADMIT + dt.timedelta(hours=1)), "source": "lab", "code": "50912", "value": value}]
+        r = client.post("/v1/predict", json=body(events=events), headers=HEADERS)
+        assert r.status_code == 200, r.text
+        warned = [w for w in r.json()["warnings"] if "training standard deviations" in w]
+        assert bool(warned) is far, (value, r.json()["warnings"])
+    # lab:50912 was trained on mean 1.1, std 0.6 and clip_z 10 (the tiny export's numeric_stats.json).
+    assert scrape(client)['ehr_input_warnings_total{kind="value_out_of_range"}'] - before == 3
+
+
 # ------------------------------------------------------------------------------- metrics
 
 
 def test_metrics_endpoint_is_prometheus_text(client):
     client.post("/v1/predict", json=body(), headers=HEADERS)
     client.post("/v1/predict", json=body())  # 401
-    r = client.get("/metrics")
+    r = client.get("/metrics", headers=HEADERS)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     text = r.text
     for name, kind in [("ehr_http_requests_total", "counter"), ("ehr_http_request_duration_seconds", "histogram"),

@@ -1,6 +1,7 @@
 """Start-up of the service: settings and auth rules, bad model directories, and the ehr-serve CLI as a process."""
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import pathlib
@@ -160,14 +161,18 @@ def test_cli_serves_with_keys_and_logs_no_patient_data(export_dir, tmp_path):
             assert c.post("/v1/predict", json=request).status_code == 401
             bad = {**request, "prediction_time": "2150-01-01T00:00:00"}
             assert c.post("/v1/predict", json=bad, headers={"X-API-Key": KEY}).status_code == 422
-            rid = c.get("/healthz", headers={"X-Request-ID": "probe-1"}).headers["x-request-id"]
-            assert rid == "probe-1"
-            assert 'ehr_model_info{name="TEST-FIXTURE-not-a-clinical-model"' in c.get("/metrics").text
+            rid = c.get("/healthz", headers={"X-Request-ID": "record-4711"}).headers["x-request-id"]
+            assert len(rid) == 32 and rid != "record-4711"  # the server's own id, never the client's
+            assert c.get("/metrics").status_code == 401  # it shows request outcomes: key required
+            metrics = c.get("/metrics", headers={"X-API-Key": KEY}).text
+            assert 'ehr_model_info{name="TEST-FIXTURE-not-a-clinical-model"' in metrics
     log = server.log()
     # SIGTERM: uvicorn drains, runs the lifespan shutdown, then re-raises the signal (exit -15).
     assert server.proc.returncode in (0, -15) and "Application shutdown complete" in log
-    assert "POST /v1/predict status=200" in log and "request_id=probe-1" in log
-    for leaked in [*secrets.values(), "2150-06-07", "2071-02-03", "98.7", KEY, "file-key-0123456789abcdef"]:
+    client_hash = hashlib.sha256(b"record-4711").hexdigest()[:16]
+    assert "POST /v1/predict status=200" in log and f"request_id={rid} client_request_id_sha256={client_hash}" in log
+    for leaked in [*secrets.values(), "2150-06-07", "2071-02-03", "98.7", KEY, "file-key-0123456789abcdef",
+                   "record-4711"]:
         assert leaked not in log, f"{leaked!r} reached the log"
 
 

@@ -66,7 +66,7 @@ def test_summarize_command_reports_and_writes_dead_letters(demo_dir, tmp_path, c
 
 def test_summarize_command_fails_clearly_on_missing_required_table(demo_dir, tmp_path, capsys):
     release = _release_copy(demo_dir, tmp_path / "release", drop={"PATIENTS"})
-    assert summarize_command(release) == 1
+    assert summarize_command(release) == 2
     err = capsys.readouterr().err
     assert "PATIENTS" in err and str(release) in err
 
@@ -74,5 +74,5 @@ def test_summarize_command_fails_clearly_on_missing_required_table(demo_dir, tmp
 def test_summarize_command_fails_clearly_on_truncated_gzip(demo_dir, tmp_path, capsys):
     data = (demo_dir / "ICUSTAYS.csv.gz").read_bytes()
     release = _release_copy(demo_dir, tmp_path / "release", {"ICUSTAYS": data[: len(data) // 2]})
-    assert summarize_command(release) == 1
+    assert summarize_command(release) == 2
     assert "ICUSTAYS.csv.gz" in capsys.readouterr().err

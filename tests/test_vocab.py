@@ -37,3 +37,9 @@ def test_normalisation_matches_numpy_and_handles_constant_codes():
     assert merged["lab:v"][0] == 7
     const = vocab.normalisation_stats({"lab:k": (1, 3, 3, 6.0, 12.0)})
     assert const["lab:k"] == {"mean": 2.0, "std": 1.0, "n": 3}
+
+
+def test_statistics_that_overflow_are_left_out_not_written_as_infinity(caplog):
+    stats = {"lab:huge": (1, 2, 2, 2e200, 2e400), "lab:fine": (1, 2, 2, 3.0, 5.0)}
+    norm = vocab.normalisation_stats(stats)
+    assert list(norm) == ["lab:fine"] and "lab:huge" in caplog.text

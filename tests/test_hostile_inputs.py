@@ -1,0 +1,102 @@
+"""Hostile inputs: faulted copies of the demo through `ehr-pipeline summarize` and `run`.
+
+Every fault is either one line naming the file (and line) with exit code 2, or dead letters
+at the lines the generator faulted, with every physical record of the table accounted for.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ehr_pipeline import cli
+from ehr_pipeline.deadletter import read_dead_letters
+from tests.conftest import REPO_ROOT
+from tests.hostile_data import FAULTS, faulted_copy
+
+# Two sources keep each job run short; LABEVENTS and DIAGNOSES_ICD carry the faults.
+JOB_CONFIG = """\
+sources: [lab, diagnosis]
+num_shards: {train: 1, validation: 1, test: 1}
+"""
+JOB_FAULTS = ["truncated_gzip", "missing_column", "empty_file", "plain_beside_gzip", "dead_letters_at_end",
+              "non_finite_numbers", "stray_quote_physionet", "stray_quote_quoted", "nul_in_code"]
+
+
+def _strict_json(text: str):
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def _check_fatal(expect, rc: int, err: str) -> None:
+    lines = err.strip().splitlines()
+    assert rc == 2, err
+    assert len(lines) == 1 and lines[0].startswith("ehr-pipeline: error: "), err
+    assert expect.file in lines[0] and expect.message in lines[0], lines[0]
+    if expect.line is not None:
+        assert f"line {expect.line:,}" in lines[0], lines[0]
+
+
+def _summary_row(out: str, table: str) -> tuple[int, int, int]:
+    """(rows read, parsed, dead) of a table from the summary's text table."""
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == [table])
+    return tuple(int(v.replace(",", "")) for v in row[2:5])
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_summarize_accounts_for_every_record_or_fails_in_one_line(fault, demo_dir, tmp_path, capsys):
+    expect = faulted_copy(demo_dir, tmp_path / "release", fault)
+    rc = cli.main(["summarize", "--mimic-dir", str(tmp_path / "release"), "--dead-letter-dir", str(tmp_path / "dl")])
+    out, err = capsys.readouterr()
+    if expect.exit_code:
+        _check_fatal(expect, rc, err)
+        return
+    assert rc == 0, err
+    read, parsed, dead = _summary_row(out, expect.table)
+    assert read == expect.records and read == parsed + dead
+    letters = [d for d in read_dead_letters(tmp_path / "dl" / "dead_letters.jsonl") if d.file.endswith(expect.file)]
+    assert sorted((d.line, d.reason) for d in letters) == list(expect.dead)
+    assert dead == len(letters)
+
+
+@pytest.mark.parametrize("fault", JOB_FAULTS)
+def test_job_accounts_for_every_record_or_fails_in_one_line(fault, demo_dir, tmp_path, capsys):
+    expect = faulted_copy(demo_dir, tmp_path / "release", fault)
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(JOB_CONFIG)
+    out_dir = tmp_path / "out"
+    rc = cli.main(["run", "--mimic-dir", str(tmp_path / "release"), "--out", str(out_dir), "--config", str(config)])
+    _, err = capsys.readouterr()
+    if expect.exit_code:
+        _check_fatal(expect, rc, err)
+        assert not (out_dir / "manifest.json").exists()
+        return
+    assert rc == 0, err
+    manifest = _strict_json((out_dir / "manifest.json").read_text())
+    table = manifest["tables"][expect.table]
+    assert table["rows_read"] == expect.records and table["balanced"]
+    for name, count in manifest["dead_letters"].items():  # what is counted is what is written
+        path = out_dir / "dead_letter" / f"{name}.jsonl"
+        assert (len(read_dead_letters(path)) if path.exists() else 0) == count, name
+    letters = read_dead_letters(out_dir / "dead_letter" / f"{expect.table}.jsonl")
+    assert sorted((d.line, d.reason) for d in letters) == list(expect.dead)
+    for name in ("numeric_stats.json", "vocabulary.json"):
+        _strict_json((out_dir / name).read_text())
+
+
+def test_error_inside_a_beam_worker_is_one_line_from_the_real_process(demo_dir, tmp_path):
+    expect = faulted_copy(demo_dir, tmp_path / "release", "truncated_gzip")
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(JOB_CONFIG)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ehr_pipeline.cli", "run", "--mimic-dir", str(tmp_path / "release"),
+         "--out", str(tmp_path / "out"), "--config", str(config)],
+        capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300)
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("ehr-pipeline: error")]
+    assert "Traceback" not in proc.stderr and ours == proc.stderr.strip().splitlines()[-1:], proc.stderr[-2000:]
+    _check_fatal(expect, proc.returncode, ours[0])
