@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# The demo's default input: the real MIMIC-III demo beside this checkout.
+# The demo's default input: the real MIMIC-III demo beside this checkout (synthetic data without it).
 MIMIC_DIR ?= ../shared/mimic-iii-demo
 DEMO_OUT  ?= out/demo
 PYTEST_ARGS ?=
@@ -18,16 +18,11 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
-# The whole path on the demo: bag -> train -> evaluate -> serve one patient.
-# Re-running resumes training from its last checkpoint.
+# The whole path: bag -> train -> evaluate -> serve one patient, on the MIMIC-III release in
+# MIMIC_DIR, or on a small synthetic release when there is none (it says so). Each step prints
+# the command that does it by hand. Re-running resumes training from its last checkpoint.
 demo: install
-	$(BIN)/ehr-pipeline demo --mimic-dir $(MIMIC_DIR) --out $(DEMO_OUT)
-	@echo "== 2. Train configs/ehr_demo.yaml (rank-1 Gaussian LSTM, K=4) on the demo's training split"
-	$(BIN)/ehr-train --config configs/ehr_demo.yaml --data $(DEMO_OUT)/data --out $(DEMO_OUT)/run --no-progress
-	@echo "== 3. Evaluate on the test split with 25 samples x 4 members"
-	$(BIN)/ehr-eval --model $(DEMO_OUT)/run/export --data $(DEMO_OUT)/data --split test --samples 25 --out $(DEMO_OUT)/eval --no-progress
-	@echo "== 4. Serve the model and score one test admission from the raw tables"
-	$(BIN)/python -m serving.demo --model $(DEMO_OUT)/run/export --data $(DEMO_OUT)/data --mimic-dir $(MIMIC_DIR)
+	$(BIN)/python scripts/demo.py --mimic-dir $(MIMIC_DIR) --out $(DEMO_OUT)
 
 # pytest exits 5 when it collects nothing; that must fail CI, so say it plainly.
 test: install
