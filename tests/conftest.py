@@ -14,8 +14,8 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEMO_DIR = pathlib.Path(os.environ.get("MIMIC_DEMO_DIR") or REPO_ROOT.parent / "shared" / "mimic-iii-demo").resolve()
 DEMO_MISSING = (
     f"needs the real MIMIC-III Clinical Database Demo v1.4 (open access, ODbL) at {DEMO_DIR}: download it "
-    "from PhysioNet (physionet.org/content/mimiciii-demo/1.4/) and unpack its *.csv.gz files there, or set "
-    "MIMIC_DEMO_DIR (see README 'Data')")
+    "from PhysioNet (physionet.org/content/mimiciii-demo/1.4/) and put its tables there as TABLE.csv.gz, or "
+    "set MIMIC_DEMO_DIR (README 'Data')")
 
 
 def demo_available() -> bool:
