@@ -11,4 +11,5 @@ _os.environ["TF_USE_LEGACY_KERAS"] = "1"
 # TensorFlow's C++ start-up chatter hides our own logs; users can still raise it.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# The package's one version: pyproject.toml reads it from here, and CHANGELOG.md has a section for it.
 __version__ = "0.1.0"

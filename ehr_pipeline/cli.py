@@ -14,6 +14,8 @@ import argparse
 import logging
 import sys
 
+from ehr_pipeline.cli_args import OneLineParser, existing_dir, output_dir, positive_int, usage_error
+
 log = logging.getLogger("ehr_pipeline")
 EXIT_INPUT_ERROR = 2
 
@@ -28,7 +30,7 @@ def _setup_logging(verbose: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-pipeline` with every sub-command."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="ehr-pipeline",
         description="MIMIC-III v1.4 CSV tables -> bagged tf.train.SequenceExample TFRecords.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -41,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="read every table of a release; count rows parsed and dead-lettered",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--mimic-dir", required=True, help="folder with TABLE.csv.gz or TABLE.csv files")
-    p.add_argument("--dead-letter-dir", default=None,
+    p.add_argument("--mimic-dir", required=True, type=existing_dir, help="folder with TABLE.csv.gz or TABLE.csv files")
+    p.add_argument("--dead-letter-dir", default=None, type=output_dir,
                    help="write bad rows of every table to DIR/dead_letters.jsonl, one JSON object per line; "
                         "without it they are only counted")
 
@@ -69,10 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="split one big table (e.g. CHARTEVENTS) into parts workers read in parallel",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--mimic-dir", required=True, help="release folder holding the table")
-    p.add_argument("--table", default="CHARTEVENTS", help="table to split")
-    p.add_argument("--parts", type=int, default=16, help="number of parts (about one per worker)")
-    p.add_argument("--out", default=None,
+    from ehr_pipeline import schemas
+
+    p.add_argument("--mimic-dir", required=True, type=existing_dir, help="release folder holding the table")
+    p.add_argument("--table", default="CHARTEVENTS", type=str.upper, choices=sorted(schemas.TABLES), metavar="TABLE",
+                   help="table to split")
+    p.add_argument("--parts", type=positive_int, default=16, help="number of parts (about one per worker)")
+    p.add_argument("--out", default=None, type=output_dir,
                    help="folder for the parts (default: the release folder; then move the whole "
                         "file away, since whole and parts together are refused)")
 
@@ -94,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the job end to end on the MIMIC-III demo and print the manifest summary",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--mimic-dir", default="../shared/mimic-iii-demo", help="the demo release")
-    p.add_argument("--out", default="out/demo", help="output folder")
+    p.add_argument("--mimic-dir", default="../shared/mimic-iii-demo", type=existing_dir, help="the demo release")
+    p.add_argument("--out", default="out/demo", type=output_dir, help="output folder")
     return parser
 
 
@@ -107,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.verbose)
     if extra and args.command != "run":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    problem = _misuse(args, extra)
+    if problem:
+        return usage_error(f"{parser.prog} {args.command}", problem)
+
     from ehr_pipeline.reader import ReaderError
 
     try:
@@ -152,6 +161,50 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: 
         return demo.run(args.mimic_dir, args.out)
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+def _misuse(args: argparse.Namespace, beam_args: list[str]) -> str | None:
+    """What is wrong with the command line beyond single flags (a folder that is no release, a bad
+    pipeline config, an unknown Beam runner), or None; checked before any work starts."""
+    from ehr_pipeline.config import ConfigError, load_pipeline_config
+    from ehr_pipeline.reader import MissingTableError, ReaderError, locate_table
+
+    if args.command in ("summarize", "run", "demo"):
+        from ehr_pipeline import schemas
+
+        try:
+            for table in schemas.TABLES:
+                if schemas.get(table).required:
+                    locate_table(args.mimic_dir, table)
+        except (MissingTableError, ReaderError) as err:
+            return f"--mimic-dir: {err}"
+    if args.command == "run":
+        try:
+            load_pipeline_config(args.config)
+        except ConfigError as err:
+            return f"--config: {err}"
+        return _unknown_runner(beam_args)
+    return None
+
+
+def _unknown_runner(beam_args: list[str]) -> str | None:
+    """Why Beam would refuse the --runner among beam_args, or None."""
+    # Beam logs optional-dependency chatter while it imports; the answer to a misuse is one line.
+    logging.disable(logging.WARNING)
+    try:
+        from apache_beam.options.pipeline_options import StandardOptions
+        from apache_beam.runners.runner import create_runner
+
+        from ehr_pipeline.job import pipeline_options
+
+        runner = pipeline_options(beam_args).view_as(StandardOptions).runner
+        try:
+            create_runner(runner)
+        except (ValueError, ImportError) as err:
+            return f"--runner={runner}: {err}"
+    finally:
+        logging.disable(logging.NOTSET)
+    return None
 
 
 if __name__ == "__main__":

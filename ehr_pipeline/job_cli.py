@@ -11,10 +11,13 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the job's flags to `parser`."""
-    parser.add_argument("--mimic-dir", required=True,
+    from ehr_pipeline.cli_args import existing_dir, existing_file, output_dir
+
+    parser.add_argument("--mimic-dir", required=True, type=existing_dir,
                         help="folder with the MIMIC-III v1.4 tables (TABLE.csv.gz or TABLE.csv)")
-    parser.add_argument("--out", required=True, help="output folder (local path or a Beam filesystem URL)")
-    parser.add_argument("--config", default=None,
+    parser.add_argument("--out", required=True, type=output_dir,
+                        help="output folder (local path or a Beam filesystem URL)")
+    parser.add_argument("--config", default=None, type=existing_file,
                         help="pipeline YAML (see configs/pipeline.yaml); default: built-in defaults")
     parser.epilog = (
         "Any other flag is passed to Beam, e.g. --runner=FlinkRunner --flink_master=HOST:8081, "

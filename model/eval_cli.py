@@ -15,6 +15,8 @@ import logging
 import pathlib
 import sys
 
+from ehr_pipeline.cli_args import OneLineParser, existing_dir, existing_file, output_dir, usage_error
+
 log = logging.getLogger("model.eval")
 
 
@@ -25,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     from model.metrics import UNCERTAINTY_MEASURES
 
     d = EvalConfig()
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="ehr-eval",
         description="Evaluate exported EHR models on one split: NLL, AUC-PR, AUC-ROC, ECE, Brier with bootstrap "
                     "confidence intervals, uncertainty, selective prediction and referral at the threshold chosen "
@@ -38,18 +40,19 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--baseline", choices=KINDS, default=None,
                       help="fit a scikit-learn baseline on --data's train split (settings chosen on validation) "
                            "and evaluate it like a model")
-    what.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None,
+    what.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None, type=existing_file,
                       help="two predictions.csv files of earlier evaluations on the same cases: paired bootstrap "
                            "differences B - A of NLL, AUC-PR, AUC-ROC, ECE, Brier (and |p - P_DEATH| with --truth "
                            "or a P_TRUTH column); writes comparison.json to --out")
-    parser.add_argument("--data", default=None, help="output folder of the Beam job (needed with --model/--baseline)")
+    parser.add_argument("--data", default=None, type=existing_dir,
+                        help="output folder of the Beam job (needed with --model/--baseline)")
     parser.add_argument("--split", default="test", help="split to evaluate (train, validation, test)")
     parser.add_argument("--samples", type=int, default=d.num_samples, help="S samples per member (1-100)")
     parser.add_argument("--seed", type=int, default=d.seed, help="sampling seed")
-    parser.add_argument("--out", default=None,
+    parser.add_argument("--out", default=None, type=output_dir,
                         help="write metrics.json, PNG plots and predictions.csv here; without it the report "
                              "is only printed")
-    parser.add_argument("--truth", default=None,
+    parser.add_argument("--truth", default=None, type=existing_file,
                         help="known-truth CSV (HADM_ID,P_DEATH,...) of a synthetic release: adds error vs truth, "
                              "coverage of P_DEATH by the 50/80/95%% sample intervals, Spearman correlations of "
                              "each uncertainty with |p - P_DEATH| and referral against the truth")
@@ -63,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "predictive_entropy for a baseline, whose mutual information is 0)")
     parser.add_argument("--bootstrap", type=int, default=d.n_bootstrap, help="bootstrap resamples for the CIs")
     parser.add_argument("--num-bins", type=int, default=d.num_bins, help="ECE bins")
-    parser.add_argument("--export-ensemble", default=None, metavar="DIR",
+    parser.add_argument("--export-ensemble", default=None, metavar="DIR", type=output_dir,
                         help="also write the --model exports as one ensemble export (MODEL_DIR) here")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -83,6 +86,27 @@ def resolve_model_dir(path: str) -> pathlib.Path:
     raise FileNotFoundError(f"{p}: neither an export directory nor a run folder with {EXPORT_DIR}/")
 
 
+# The flags that are EvalConfig fields, so the config's bounds are the flags' bounds.
+_EVAL_FLAGS = {"num_samples": "--samples", "batch_size": "--batch-size", "n_bootstrap": "--bootstrap",
+               "num_bins": "--num-bins", "seed": "--seed", "referral_rate": "--referral-rate"}
+
+
+def flag_problem(args: argparse.Namespace) -> str | None:
+    """The first flag value EvalConfig refuses, as 'FLAG: why', or None (checked before any prediction)."""
+    import pydantic
+
+    from model.config import EvalConfig
+
+    values = {"num_samples": args.samples, "batch_size": args.batch_size, "n_bootstrap": args.bootstrap,
+              "num_bins": args.num_bins, "seed": args.seed, "referral_rate": args.referral_rate}
+    try:
+        EvalConfig(**{k: v for k, v in values.items() if v is not None})
+    except pydantic.ValidationError as err:
+        first = err.errors()[0]
+        return f"{_EVAL_FLAGS[first['loc'][0]]}: {first['msg']}, got {first['input']!r}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `ehr-eval`; returns the exit code."""
     from model.image import cli as image_cli
@@ -95,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("absl", "tensorflow"):  # their INFO chatter hides ours
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if not 1 <= args.samples <= 100:
-        print("ehr-eval: --samples must be in [1, 100]", file=sys.stderr)
-        return 2
+    problem = flag_problem(args)
+    if problem:
+        return usage_error("ehr-eval", problem)
     import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
     from model import evaluate as evaluation
     from model import metrics
@@ -106,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         return _compare(args)
     if args.data is None:
-        print("ehr-eval: --data is required with --model or --baseline", file=sys.stderr)
-        return 2
+        return usage_error("ehr-eval", "--data is required with --model or --baseline")
     if args.baseline:
         return _baseline(args)
     try:
@@ -118,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             n_bootstrap=args.bootstrap, num_bins=args.num_bins, out_dir=args.out,
             export_ensemble=args.export_ensemble, progress=not args.no_progress)
     except (ExportError, FileNotFoundError, ValueError) as err:
-        print(f"ehr-eval: {err}", file=sys.stderr)
-        return 2
+        return usage_error("ehr-eval", err)
     print(metrics.format_table(report))
     r = report["referral"]
     print(f"referral ({r['measure']} > {r['threshold']}, chosen on validation for rate {r['rate']}): "
@@ -142,8 +164,7 @@ def _compare(args: argparse.Namespace) -> int:
         comparison = evaluation.compare_predictions(*args.compare, truth_path=args.truth, n_bootstrap=args.bootstrap,
                                                     seed=args.seed, num_bins=args.num_bins)
     except (FileNotFoundError, ValueError) as err:
-        print(f"ehr-eval: {err}", file=sys.stderr)
-        return 2
+        return usage_error("ehr-eval", err)
     print(metrics.format_comparison(comparison))
     if args.out:
         out = pathlib.Path(args.out)
@@ -164,8 +185,7 @@ def _baseline(args: argparse.Namespace) -> int:
             referral_rate=args.referral_rate, referral_measure=args.referral_measure, n_bootstrap=args.bootstrap,
             num_bins=args.num_bins, out_dir=args.out)
     except (FileNotFoundError, ValueError) as err:
-        print(f"ehr-eval: {err}", file=sys.stderr)
-        return 2
+        return usage_error("ehr-eval", err)
     print(f"{args.baseline} baseline, chosen on validation: {report['baseline']['params']}")
     print(metrics.format_table(report))
     if args.out:

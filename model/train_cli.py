@@ -12,22 +12,26 @@ import argparse
 import logging
 import sys
 
+from ehr_pipeline.cli_args import OneLineParser, existing_dir, existing_file, output_dir, positive_int, usage_error
+
 log = logging.getLogger("model.train")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-train`."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="ehr-train",
         description="Train a rank-1 Bayesian (or baseline) LSTM on bagged MIMIC-III SequenceExamples, evaluate it "
                     "on the validation and test splits, and write the export the prediction service loads "
                     "(OUT/export). Re-running the same command resumes from the newest checkpoint.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--config", required=True, help="experiment YAML (configs/ehr_*.yaml)")
-    parser.add_argument("--data", required=True, help="output folder of the Beam job (ehr-pipeline run/demo)")
-    parser.add_argument("--out", required=True, help="run folder: checkpoints, tensorboard, eval reports, export")
-    parser.add_argument("--steps", type=int, default=None,
+    parser.add_argument("--config", required=True, type=existing_file, help="experiment YAML (configs/ehr_*.yaml)")
+    parser.add_argument("--data", required=True, type=existing_dir,
+                        help="output folder of the Beam job (ehr-pipeline run/demo)")
+    parser.add_argument("--out", required=True, type=output_dir,
+                        help="run folder: checkpoints, tensorboard, eval reports, export")
+    parser.add_argument("--steps", type=positive_int, default=None,
                         help="override train.max_steps of the config (None: keep the config's)")
     parser.add_argument("--seed", type=int, default=None,
                         help="override train.seed of the config (None: keep the config's)")
@@ -37,10 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override any config value, e.g. --set model.rnn_dim=64 --set eval.num_samples=10 "
                              "(VALUE is read as YAML; repeatable; validated like the file)")
-    parser.add_argument("--truth", default=None,
+    parser.add_argument("--truth", default=None, type=existing_file,
                         help="known-truth CSV (HADM_ID,P_DEATH,...) of a synthetic release: adds error vs truth "
                              "to the final reports")
-    parser.add_argument("--base", default=None,
+    parser.add_argument("--base", default=None, type=existing_dir,
                         help="trained deterministic run folder that a 'bella' config adapts (frozen; required for "
                              "bella, refused otherwise)")
     parser.add_argument("--no-export", action="store_true", help="stop after training (no evaluation, no export)")
@@ -97,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         config = config.with_train_overrides(max_steps=args.steps, seed=args.seed,
                                              early_stopping_patience=args.patience)
     except ConfigError as err:
-        print(f"ehr-train: {err}", file=sys.stderr)
-        return 2
+        return usage_error("ehr-train", err)
 
     from model import metrics
     from model.train import ConfigMismatchError, train
@@ -107,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         result = train(config, args.data, args.out, progress=not args.no_progress,
                        export_model=not args.no_export, truth_path=args.truth, base_dir=args.base)
     except (ConfigMismatchError, FileNotFoundError, ValueError) as err:
-        print(f"ehr-train: {err}", file=sys.stderr)
-        return 2
+        return usage_error("ehr-train", err)
     log.info("finished at step %d in %s", result.step, result.out_dir)
     if result.test_report is not None:
         print(metrics.format_table(result.test_report))

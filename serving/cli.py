@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from ehr_pipeline.cli_args import OneLineParser
 from serving.settings import API_KEYS_ENV, Settings, SettingsError, load_api_keys, make_settings
 
 logger = logging.getLogger("serving")
@@ -27,7 +28,7 @@ def _defaults() -> dict:
 def build_parser() -> argparse.ArgumentParser:
     """The ehr-serve argument parser; every flag's help shows its default."""
     d = _defaults()
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="ehr-serve",
         description="Serve an exported rank-1 Bayesian LSTM over HTTP (FastAPI + uvicorn). "
                     f"API keys: ${API_KEYS_ENV} (comma-separated) and/or --api-keys-file.",

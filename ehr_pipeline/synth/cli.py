@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 
+from ehr_pipeline.cli_args import output_dir, usage_error
 from ehr_pipeline.synth.config import DIALECTS, SynthConfig
 from ehr_pipeline.synth.release import write_release
 from ehr_pipeline.synth.site import SITES
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="number of patients to generate (required; ~1.4 admissions each)")
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed; equal seeds and settings give byte-identical files (default: %(default)s)")
-    parser.add_argument("--out", type=pathlib.Path, required=True,
+    parser.add_argument("--out", type=output_dir, required=True,
                         help="output directory, created if missing; existing tables are replaced (required)")
     parser.add_argument("--dialect", choices=DIALECTS, default="demo",
                         help="CSV dialect: 'demo' = quoted UPPERCASE header and quoted strings as in the "
@@ -55,11 +55,9 @@ def run(args: argparse.Namespace) -> int:
                           gzip=args.gzip, events_scale=args.events_scale, compresslevel=args.compresslevel,
                           dictionary_dir=args.dictionary_dir, site=args.site)
     except ValueError as e:
-        print(f"ehr-pipeline synth: {e}", file=sys.stderr)
-        return 2
+        return usage_error("ehr-pipeline synth", e)
     if cfg.dictionary_dir is not None and not cfg.dictionary_dir.is_dir():
-        print(f"ehr-pipeline synth: --dictionary-dir {cfg.dictionary_dir} is not a directory", file=sys.stderr)
-        return 2
-    summary = write_release(cfg, args.out, show_progress=args.progress)
+        return usage_error("ehr-pipeline synth", f"--dictionary-dir {cfg.dictionary_dir} is not a directory")
+    summary = write_release(cfg, pathlib.Path(args.out), show_progress=args.progress)
     print(summary.format())
     return 0

@@ -16,6 +16,8 @@ import logging
 import pathlib
 import sys
 
+from ehr_pipeline.cli_args import OneLineParser, usage_error
+
 log = logging.getLogger("model.image")
 
 
@@ -32,17 +34,17 @@ def _option_values(argv: list[str], names: tuple[str, ...]) -> list[str]:
 
 def wants_image(argv: list[str] | None = None) -> bool:
     """Whether an ehr-train / ehr-eval command line is about an image model (cheap: reads YAML/JSON only)."""
+    import yaml
+
     from model.image.config import is_image_config
 
     argv = sys.argv[1:] if argv is None else list(argv)
     for value in _option_values(argv, ("--config",)):
         try:
-            import yaml
-
             with open(value, encoding="utf-8") as f:
                 if is_image_config(yaml.safe_load(f)):
                     return True
-        except (OSError, ValueError):  # unreadable / malformed: let the EHR parser report it
+        except (OSError, ValueError, yaml.YAMLError):  # unreadable / malformed: let the EHR parser report it
             continue
     for value in _option_values(argv, ("--run", "--model")):
         path = pathlib.Path(value) / "config.json"
@@ -63,7 +65,7 @@ def _logging(verbose: bool) -> None:
 
 def build_train_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-train` for image configs."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="ehr-train",
         description="Train a rank-1 Bayesian (or baseline) image classifier (task: image configs), then evaluate it "
                     "on the clean and corrupted test sets. Re-running the same command resumes from the newest "
@@ -95,8 +97,7 @@ def train_main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config).with_train_overrides(max_steps=args.steps, seed=args.seed)
     except ConfigError as err:
-        print(f"ehr-train: {err}", file=sys.stderr)
-        return 2
+        return usage_error("ehr-train", err)
 
     from model.image.evaluate import format_report
     from model.image.train import ConfigMismatchError, train
@@ -105,8 +106,7 @@ def train_main(argv: list[str] | None = None) -> int:
         result = train(config, args.out, data_dir=args.data, progress=not args.no_progress,
                        evaluate=not args.no_eval, corrupted=not args.no_corruptions, base_dir=args.base)
     except (ConfigMismatchError, FileNotFoundError, ValueError) as err:
-        print(f"ehr-train: {err}", file=sys.stderr)
-        return 2
+        return usage_error("ehr-train", err)
     log.info("finished at step %d in %s (%.0f s)", result.step, result.out_dir, result.wall_s)
     if result.report is not None:
         print(format_report(result.report))
@@ -115,7 +115,7 @@ def train_main(argv: list[str] | None = None) -> int:
 
 def build_eval_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-eval` for image runs."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="ehr-eval",
         description="Evaluate a trained image model (a run folder of ehr-train with a task: image config): NLL, "
                     "accuracy and ECE on the clean test set and on every corruption and intensity, with their "
@@ -154,8 +154,7 @@ def eval_main(argv: list[str] | None = None) -> int:
                                            batch_size=args.batch_size, corrupted=not args.no_corruptions,
                                            corrupted_dir=args.corrupted_dir, progress=not args.no_progress)
     except (ConfigError, FileNotFoundError, ValueError) as err:
-        print(f"ehr-eval: {err}", file=sys.stderr)
-        return 2
+        return usage_error("ehr-eval", err)
     report["step"] = step
     print(evaluation.format_report(report))
     if args.out:
