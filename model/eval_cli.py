@@ -97,8 +97,7 @@ def flag_problem(args: argparse.Namespace) -> str | None:
 
     from model.config import EvalConfig
 
-    values = {"num_samples": args.samples, "batch_size": args.batch_size, "n_bootstrap": args.bootstrap,
-              "num_bins": args.num_bins, "seed": args.seed, "referral_rate": args.referral_rate}
+    values = {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in _EVAL_FLAGS.items()}
     try:
         EvalConfig(**{k: v for k, v in values.items() if v is not None})
     except pydantic.ValidationError as err:
