@@ -32,7 +32,7 @@ def test_quickstart_runs_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
     monkeypatch.delenv("EHR_API_KEYS", raising=False)
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
 
     assert not _outputs(nb, "error")
     text = "".join(o.get("text", "") for o in _outputs(nb, "stream") if o.get("name") == "stdout")
