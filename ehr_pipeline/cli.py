@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="write one admission (and the patient's history up to its discharge) as a FHIR R4 Bundle",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--mimic-dir", required=True, help="release folder (ADMISSIONS, PATIENTS, event tables, "
+    p.add_argument("--mimic-dir", required=True, type=existing_dir,
+                   help="release folder (ADMISSIONS, PATIENTS, event tables, "
                                                       "D_LABITEMS for LOINC codings)")
     p.add_argument("--hadm-id", required=True, type=int, help="the admission's HADM_ID")
     p.add_argument("--out", required=True, help="output JSON file ('-' for stdout)")

@@ -19,6 +19,8 @@ import pathlib
 import sys
 from typing import Any, Callable
 
+from ehr_pipeline.cli_args import OneLineParser, existing_dir, output_dir, positive_int, usage_error
+
 log = logging.getLogger("ehr-analyze")
 
 FULL = "full"  # row name of the unmodified posterior
@@ -26,20 +28,20 @@ FULL = "full"  # row name of the unmodified posterior
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ehr-analyze."""
-    parser = argparse.ArgumentParser(prog="ehr-analyze", description=__doc__.split("\n\n")[0],
+    parser = OneLineParser(prog="ehr-analyze", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("posterior-rank", help="singular values of posterior stddevs; rank-k replacement re-evaluated",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", required=True, metavar="RUN_DIR", help="run folder of ehr-train (EHR or image)")
-    p.add_argument("--data", default=None,
+    p.add_argument("--model", required=True, metavar="RUN_DIR", type=existing_dir, help="run folder of ehr-train (EHR or image)")
+    p.add_argument("--data", default=None, type=existing_dir,
                    help="EHR: output folder of the Beam job (required); image: CIFAR folder, None = the run's")
     p.add_argument("--split", default="validation", choices=("train", "validation", "test"), help="split to evaluate")
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 3], help="ranks of the post-hoc replacements")
-    p.add_argument("--samples", type=int, default=None,
+    p.add_argument("--ranks", type=positive_int, nargs="+", default=[1, 2, 3], help="ranks of the post-hoc replacements")
+    p.add_argument("--samples", type=positive_int, default=None,
                    help="S posterior samples per example; None = the run's eval.num_samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (the same for every rank)")
-    p.add_argument("--out", default=None, help="output folder; None = RUN_DIR/posterior_rank")
+    p.add_argument("--out", default=None, type=output_dir, help="output folder; None = RUN_DIR/posterior_rank")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
@@ -144,16 +146,12 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("absl", "tensorflow"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if any(k < 1 for k in args.ranks):
-        print("ehr-analyze: --ranks must be >= 1", file=sys.stderr)
-        return 2
     import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
 
     try:
         report = posterior_rank(args)
     except (FileNotFoundError, ValueError) as err:
-        print(f"ehr-analyze: {err}", file=sys.stderr)
-        return 2
+        return usage_error("ehr-analyze", err)
     print(format_report(report))
     return 0
 

@@ -12,11 +12,11 @@ from conftest import REPO_ROOT
 from ehr_pipeline import cli as pipeline_cli
 from ehr_pipeline.cli_args import one_line
 from ehr_testdata import write_data_dir
-from model import eval_cli, train_cli
+from model import analyze_cli, eval_cli, train_cli
 from serving import cli as serve_cli
 
 MAINS = {"ehr-pipeline": pipeline_cli.main, "ehr-train": train_cli.main, "ehr-eval": eval_cli.main,
-         "ehr-serve": serve_cli.main}
+         "ehr-serve": serve_cli.main, "ehr-analyze": analyze_cli.main}
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +76,13 @@ CASES = [
     ("ehr-eval", "--model {b}/empty --data {b}/data --referral-measure variance", ["--referral-measure"]),
     ("ehr-eval", "--model {b}/empty --data {b}/data --out {b}/a-file", ["--out", "is a file"]),
     ("ehr-eval", "--model {b}/empty --data {b}/data --truth {b}/no.csv", ["--truth", "does not exist"]),
+    ("ehr-pipeline", "to-fhir --mimic-dir {b}/missing --hadm-id 1 --out -", ["--mimic-dir", "does not exist"]),
+    ("ehr-pipeline", "to-fhir --mimic-dir {b}/empty --hadm-id first --out -", ["--hadm-id", "'first'"]),
+    ("ehr-analyze", "posterior-rank --model {b}/missing --data {b}/data", ["--model", "does not exist"]),
+    ("ehr-analyze", "posterior-rank --model {b}/empty --data {b}/data --ranks 1 0", ["--ranks", ">= 1"]),
+    ("ehr-analyze", "posterior-rank --model {b}/empty --data {b}/data --out {b}/a-file", ["--out", "is a file"]),
+    ("ehr-analyze", "posterior-rank --model {b}/empty --data {b}/data", ["empty"]),
+    ("ehr-analyze", "rank --model {b}/empty", ["invalid choice"]),
     ("ehr-serve", "--model {b}/missing --no-auth", ["bad model directory"]),
     ("ehr-serve", "--model {b}/empty --no-auth --port -1", ["port"]),
     ("ehr-serve", "--model {b}/empty --no-auth --port eighty", ["--port", "'eighty'"]),
