@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from test_image_train import TINY
 
 from model import devices
@@ -44,9 +45,10 @@ def test_device_specs_parse_and_reject_garbage():
     for bad in ("cpu:0", "tpu:2", "auto:2", "cpu:x", "2"):
         with pytest.raises(ValueError, match="--devices"):
             devices.parse(bad)
-    # This process initialised TensorFlow with one CPU device: a split now is refused, not ignored.
+    # Once TensorFlow has initialised its devices, a split is refused, not silently ignored.
+    assert len(tf.config.list_logical_devices("CPU")) < 5  # (listing initialises them)
     with pytest.raises(RuntimeError, match="before any TensorFlow work"):
-        devices.configure("cpu:2")
+        devices.configure("cpu:5")
     assert devices.device_names("cpu") == ["/device:CPU:0"]
 
 
@@ -89,3 +91,19 @@ def test_each_replica_draws_its_own_posterior_sample(tmp_path):
     assert first.shape == second.shape and np.max(np.abs(first - second)) > 1e-3
     again = np.asarray(result["logits_again"][0])
     assert np.max(np.abs(again - first)) > 1e-3  # and a new call draws anew
+
+
+@pytest.mark.slow
+def test_gpu_train_script_runs_on_cpu_devices_at_tiny_size(tmp_path):
+    """bench/gpu_train.py end to end (synthetic release, Beam job, training, report) on 2 logical CPUs."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    tiny = ["model.rnn_dim=16", "model.hidden_layer_dim=16", "eval.num_samples=2", "eval.n_bootstrap=20",
+            "train.batch_size=8", "train.eval_every_steps=0", "train.log_every_steps=1"]
+    cmd = [sys.executable, str(REPO_ROOT / "bench" / "gpu_train.py"), "--out", str(tmp_path), "--patients", "40",
+           "--steps", "4", "--devices", "cpu:2", *[x for item in tiny for x in ("--set", item)]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "gpu_train.json").read_text())
+    assert summary["steps"] == 4 and summary["steps_per_second"] > 0
+    assert summary["devices"] == ["/device:CPU:0", "/device:CPU:1"]
+    assert (tmp_path / "run" / "export").is_dir() and "nll" in proc.stdout
