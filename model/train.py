@@ -265,7 +265,8 @@ def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, stra
     start = int(step.numpy())
 
     train_ds = inputs.dataset(files, featurizer, "train", tc.batch_size, training=True,
-                              seed=tc.seed * 1_000_003 + start, shuffle_buffer=tc.shuffle_buffer)
+                              seed=tc.seed * 1_000_003 + start, shuffle_buffer=tc.shuffle_buffer,
+                              cache=tc.cache_featurized)
     dist_ds = strategy.experimental_distribute_dataset(train_ds)
     val_ds = inputs.dataset(files, featurizer, "validation", ec.batch_size)
     run_validation = make_validator(model, val_ds, tc.eval_samples, ec.num_bins)
