@@ -55,7 +55,8 @@ def test_bfloat16_training_ends_near_float32(data, tmp_path):
         result = train(config, data, tmp_path / policy, progress=False, export_model=False)
         ends[policy] = result.validation[-1]["mixture_nll"], result.history[-1]["kl"]
     # Same seed and batches; only the layers' arithmetic differs: validation NLL within 0.05 nats
-    # (it is ~0.66 here; a smaller learning rate keeps the short trajectories from parting), the KL (of float32 variables) within 1%.
+    # (it is ~0.66 here; a smaller learning rate keeps the short trajectories from parting),
+    # the KL (of float32 variables) within 1%.
     assert ends["mixed_bfloat16"][0] == pytest.approx(ends["float32"][0], abs=0.05)
     assert ends["mixed_bfloat16"][1] == pytest.approx(ends["float32"][1], rel=0.01)
 
