@@ -7,7 +7,7 @@ MIMIC_DIR ?= ../shared/mimic-iii-demo
 DEMO_OUT  ?= out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench fuzz clean
+.PHONY: install demo test bench fuzz clean gpu-install gpu-train
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,14 @@ test: install
 # schemathesis with all checks against a real ehr-serve (a fixture export) on 127.0.0.1.
 fuzz: install
 	PYTHONPATH=. $(BIN)/python tests/fuzz_api.py
+
+# A GPU machine: the CUDA build of the same TensorFlow version (pyproject extra `gpu`), then the
+# Table-7 rank-1 run on the medium synthetic release, reporting steps/s and the test metrics.
+gpu-install: install
+	$(BIN)/python -m pip install -q -c constraints.txt "tensorflow[and-cuda]==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("tensorflow"))')"
+
+gpu-train: gpu-install
+	$(BIN)/python bench/gpu_train.py --out runs/gpu_table7
 
 # Each script prints a table and rewrites its own section of docs/benchmarks.md.
 bench: install

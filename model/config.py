@@ -121,7 +121,14 @@ class TrainConfig(_Model):
     keep_checkpoints: _PosInt = 3
     log_every_steps: _PosInt = 50
     shuffle_buffer: _PosInt = 4096
-    mixed_precision: bool = Field(False, description="float16 compute on GPUs (float32 variables).")
+    cache_featurized: bool = Field(
+        False, description="Keep the first epoch's featurized batches in memory and replay them reshuffled (batch "
+                           "members stay together): no parsing after epoch 1, what a fast GPU needs "
+                           "(docs/benchmarks.md, input pipeline).")
+    mixed_precision: bool | Literal["float32", "mixed_bfloat16", "mixed_float16"] = Field(
+        False, description="16-bit layer compute (variables, loss, NLL and KL stay float32): true = bfloat16 where "
+                           "the hardware has it (CPUs, GPUs >= compute capability 8.0), else float16 with loss "
+                           "scaling; or a Keras policy name (model.precision).")
     seed: _Int = 0
 
 

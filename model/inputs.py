@@ -212,15 +212,26 @@ def _table(keys: list[str], values, dtype) -> tf.lookup.StaticHashTable:
 
 
 def dataset(files: DataFiles, featurizer: Featurizer, split: str, batch_size: int, *, training: bool = False,
-            seed: int | None = None, shuffle_buffer: int = 4096) -> tf.data.Dataset:
-    """Batches of (features, labels float32 [B]) for one split; training: shuffled, repeated, full batches."""
-    ds = spec.make_dataset(files.split_pattern(split), batch_size, shuffle=training, seed=seed,
-                           shuffle_buffer=shuffle_buffer, repeat=training, drop_remainder=training)
+            seed: int | None = None, shuffle_buffer: int = 4096, cache: bool = False) -> tf.data.Dataset:
+    """Batches of (features, labels float32 [B]) for one split; training: shuffled, repeated, full batches.
 
+    cache (training): the first epoch's featurized batches are kept in memory and replayed in a
+    fresh order every epoch; a batch's members stay together (they are not reshuffled across
+    batches). It removes reading, parsing and featurizing from every later step.
+    """
     def to_model(parsed):
         feats = featurizer(parsed)
         return feats, tf.cast(feats["label"], tf.float32)
 
+    if training and cache:
+        ds = spec.make_dataset(files.split_pattern(split), batch_size, shuffle=True, seed=seed,
+                               shuffle_buffer=shuffle_buffer, drop_remainder=True)
+        ds = ds.map(to_model, num_parallel_calls=tf.data.AUTOTUNE).cache()
+        batches = max(1, int(files.num_examples(split) or 0) // batch_size)
+        ds = ds.shuffle(batches, seed=seed, reshuffle_each_iteration=True).repeat()
+        return ds.prefetch(tf.data.AUTOTUNE)
+    ds = spec.make_dataset(files.split_pattern(split), batch_size, shuffle=training, seed=seed,
+                           shuffle_buffer=shuffle_buffer, repeat=training, drop_remainder=training)
     return ds.map(to_model, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 

@@ -12,7 +12,9 @@ from model.weight_posteriors import is_weight_posterior_layer
 
 def nll_loss(logits: tf.Tensor, labels: tf.Tensor, kind: str = "average") -> tf.Tensor:
     """Bernoulli NLL (nats per example) of logits [B, M] for labels [B]: "average" or "mixture" over M."""
-    logits = tf.convert_to_tensor(logits, tf.float32)
+    # A cast, not a conversion: logits of a mixed-precision model may arrive in bfloat16/float16,
+    # and the likelihood of small probabilities must be computed in float32.
+    logits = tf.cast(logits, tf.float32)
     y = tf.broadcast_to(tf.cast(labels, tf.float32)[:, None], tf.shape(logits))
     per_member = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)  # -log p(y | member)
     if kind == "average":  # App. D.4: mean per-component NLL (what the paper trains with)

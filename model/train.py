@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 
 from model import bella
 from model import evaluate as evaluation
-from model import export, inputs, losses, metrics
+from model import devices as device_layout
+from model import export, inputs, losses, metrics, precision
 from model.config import ExperimentBase, ExperimentConfig, parse_config
 from model.ehr_model import build_model, count_parameters
 from model.predict import Predictor, predict_probs
@@ -70,13 +71,6 @@ class TrainResult:
 def is_fast_weight(variable: tf.Variable) -> bool:
     """Whether a variable is a rank-1 factor (alpha/gamma) or one of its posterior parameters."""
     return bool(_FAST_WEIGHT.search(variable.name))
-
-
-def choose_strategy() -> tf.distribute.Strategy:
-    """MirroredStrategy over several GPUs; otherwise the default strategy (one GPU, or the CPU)."""
-    if len(tf.config.list_logical_devices("GPU")) > 1:
-        return tf.distribute.MirroredStrategy()
-    return tf.distribute.get_strategy()
 
 
 def check_run_folder(out: pathlib.Path, config: ExperimentBase) -> None:
@@ -207,8 +201,8 @@ def validate(probs_fn, dataset: tf.data.Dataset, num_bins: int) -> dict[str, flo
 def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
           progress: bool = True, export_model: bool = True,
           truth_path: str | os.PathLike[str] | None = None,
-          base_dir: str | os.PathLike[str] | None = None) -> TrainResult:
-    """Trains (or resumes) a run; then evaluates on validation/test and writes the export.
+          base_dir: str | os.PathLike[str] | None = None, devices: str | None = None) -> TrainResult:
+    """Trains (or resumes) a run on `devices` (model.devices: auto, cpu:N, gpu:N); evaluates; exports.
 
     base_dir: the trained deterministic run a "bella" run adapts (required for it, refused otherwise).
     """
@@ -223,26 +217,24 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
     featurizer = inputs.Featurizer.from_data_files(files)
     n_train = _num_train_examples(files)
 
-    strategy = choose_strategy()
-    previous_policy = tf.keras.mixed_precision.global_policy()
-    if tc.mixed_precision:
-        if not tf.config.list_logical_devices("GPU"):
-            log.warning("mixed_precision requested without a GPU: training in float32")
-        else:
-            # bfloat16 keeps float32's exponent range, so no loss scaling is needed (which
-            # would not combine with the two optimizers of the fast-weight multiplier).
-            tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    try:
-        with strategy.scope():
-            model = build_model(mc, featurizer.vocab_size)
-    finally:
-        # The policy only matters while layers are created; do not leak it to later code.
-        tf.keras.mixed_precision.set_global_policy(previous_policy)
+    strategy = device_layout.strategy(devices)
+    policy = precision.resolve(tc.mixed_precision)
+    precision.check(policy, tc.fast_weight_lr_multiplier)
+    # The policy only matters while layers are created; it is not leaked to later code.
+    with precision.policy_scope(policy), strategy.scope():
+        model = build_model(mc, featurizer.vocab_size)
     with strategy.scope():
         slow_opt = tf.keras.optimizers.Adam(learning_rate(tc, tc.learning_rate))
         fast_opt = tf.keras.optimizers.Adam(learning_rate(tc, tc.learning_rate * tc.fast_weight_lr_multiplier))
+        if policy == precision.FLOAT16:  # one optimizer for every weight: one loss scale (model.precision)
+            slow_opt = tf.keras.mixed_precision.LossScaleOptimizer(slow_opt)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     particles = _adapt_base(model, base_dir, data_dir, out, mc.particle_update, n_train) if base_dir else None
+    if particles is not None and strategy.num_replicas_in_sync > 1:
+        # The particle update (kernel over particles) is computed per replica: not validated across devices.
+        raise ValueError("method 'bella' trains on one device: use --devices auto, cpu or gpu:1")
+    log.info("training on %d replica(s) (%s), policy %s", strategy.num_replicas_in_sync,
+             ", ".join(device_layout.device_names(devices)), policy)
     return _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, strategy, n_train, out,
                        progress=progress, export_model=export_model, truth_path=truth_path, particles=particles)
 
@@ -262,7 +254,9 @@ def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, stra
                 progress, export_model, truth_path, particles=None) -> TrainResult:
     tc, ec = config.train, config.eval
     variables = model.trainable_variables
-    fast_mask = [is_fast_weight(v) for v in variables]
+    loss_scaled = isinstance(slow_opt, tf.keras.mixed_precision.LossScaleOptimizer)
+    # Under loss scaling every weight goes to the one (scaled) optimizer: multiplier 1 (model.precision).
+    fast_mask = [is_fast_weight(v) and not loss_scaled for v in variables]
     checkpoint = tf.train.Checkpoint(model=model, slow_optimizer=slow_opt, fast_optimizer=fast_opt, step=step)
     manager = tf.train.CheckpointManager(checkpoint, str(out / CHECKPOINT_DIR), max_to_keep=tc.keep_checkpoints)
     if manager.latest_checkpoint:
@@ -271,13 +265,21 @@ def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, stra
     start = int(step.numpy())
 
     train_ds = inputs.dataset(files, featurizer, "train", tc.batch_size, training=True,
-                              seed=tc.seed * 1_000_003 + start, shuffle_buffer=tc.shuffle_buffer)
+                              seed=tc.seed * 1_000_003 + start, shuffle_buffer=tc.shuffle_buffer,
+                              cache=tc.cache_featurized)
     dist_ds = strategy.experimental_distribute_dataset(train_ds)
     val_ds = inputs.dataset(files, featurizer, "validation", ec.batch_size)
     run_validation = make_validator(model, val_ds, tc.eval_samples, ec.num_bins)
     replicas = strategy.num_replicas_in_sync
+    if tc.batch_size % replicas:
+        # Uneven per-replica batches would weight the replicas' mean NLLs wrongly (each counts 1 / replicas).
+        raise ValueError(f"train.batch_size {tc.batch_size} is not divisible by the {replicas} devices")
 
     def replica_step(features, labels):
+        # Each replica sees B / replicas examples. Its NLL is a mean over those, so the global
+        # mean is the replicas' sum of nll / replicas. The KL and L2 terms belong to the whole
+        # batch once: each replica carries 1 / replicas of them, and the SUM all-reduce below
+        # adds them back to one full copy (not one per replica).
         with tf.GradientTape() as tape:
             logits = model(features, num_samples=1, training=True)  # [B, K]
             nll = losses.nll_loss(logits, labels, tc.loss)
@@ -289,9 +291,13 @@ def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, stra
             if particles is not None:  # Bella: the sum of the particles' losses; "kl" reports their -log prior
                 (loss, kl, weight), l2 = particles.objective(losses.member_nll(logits, labels)), tf.constant(0.0)
             per_replica = loss / replicas  # inside the tape: ops outside it have no gradient
+            if loss_scaled:
+                per_replica = slow_opt.get_scaled_loss(per_replica)
         grads = tape.gradient(per_replica, variables)
         pairs = [(g, v, fast) for g, v, fast in zip(grads, variables, fast_mask) if g is not None]
         grads = [tf.convert_to_tensor(g) for g, _, _ in pairs]
+        if loss_scaled:
+            grads = slow_opt.get_unscaled_gradients(grads)
         if replicas > 1:
             # Sum across replicas BEFORE clipping: the clip is on the global gradient norm.
             grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
@@ -303,6 +309,8 @@ def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, stra
         slow_opt.apply_gradients(slow, skip_gradients_aggregation=True)
         if fast_pairs:
             fast_opt.apply_gradients(fast_pairs, skip_gradients_aggregation=True)
+        # Reported per replica so that the SUM in train_step gives: the global batch's mean NLL, one
+        # KL / weight / L2 (equal on every replica), and the norm of the summed gradient (all-reduced).
         return {"loss": loss / replicas, "nll": nll / replicas, "kl": kl / replicas, "kl_weight": weight / replicas,
                 "l2": l2 / replicas, "grad_norm": norm / replicas}
 
@@ -332,9 +340,9 @@ def _train_loop(config, files, featurizer, model, slow_opt, fast_opt, step, stra
         if not np.isfinite(stats["loss"]):
             raise FloatingPointError(f"loss is {stats['loss']} at step {current}: lower the learning rate or clip_norm")
         if current % tc.log_every_steps == 0 or current == tc.max_steps:
-            history.append({"step": current, **stats})
+            rate = (current - start) / max(time.time() - started, 1e-9)  # includes the first trace
+            history.append({"step": current, **stats, "steps_per_second": rate})
             bar.set_postfix(loss=f"{stats['loss']:.4f}", nll=f"{stats['nll']:.4f}")
-            rate = (current - start) / max(time.time() - started, 1e-9)
             write_scalars(writer, "train", {**stats, "steps_per_second": rate}, current)
         stop = False
         if tc.eval_every_steps and (current % tc.eval_every_steps == 0 or current == tc.max_steps):

@@ -1,7 +1,7 @@
 """`ehr-train`: train (or resume) one EHR model run, then evaluate it and write its export.
 
   ehr-train --config configs/ehr_rank1_normal.yaml --data out/demo/data --out runs/rank1 [--steps N] [--seed S] \
-            [--patience P] [--set model.rnn_dim=64 --set train.learning_rate=1e-3 ...]
+            [--patience P] [--devices cpu:2] [--set model.rnn_dim=64 --set train.learning_rate=1e-3 ...]
   ehr-train --config configs/ehr_bella_svgd.yaml --data out/demo/data --out runs/bella --base runs/deterministic
 
 Killed and restarted with the same command, a run resumes from its newest checkpoint.
@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--base", default=None, type=existing_dir,
                         help="trained deterministic run folder that a 'bella' config adapts (frozen; required for "
                              "bella, refused otherwise)")
+    parser.add_argument("--devices", default="auto",
+                        help="where to train: auto (every GPU, mirrored when several; else the CPU), cpu, cpu:N "
+                             "(the CPU split into N logical devices, mirrored: the multi-device path without a "
+                             "GPU), gpu or gpu:N; not part of the run's config, so a run resumes on any count")
     parser.add_argument("--no-export", action="store_true", help="stop after training (no evaluation, no export)")
     parser.add_argument("--no-progress", action="store_true", help="hide the tqdm progress bars")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -103,12 +107,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return usage_error("ehr-train", err)
 
-    from model import metrics
+    from model import devices, metrics
+
+    try:
+        # Before any TensorFlow work: logical devices cannot be changed once TensorFlow has set up its own.
+        devices.configure(args.devices)
+    except (ValueError, RuntimeError) as err:
+        print(f"ehr-train: {err}", file=sys.stderr)
+        return 2
     from model.train import ConfigMismatchError, train
 
     try:
         result = train(config, args.data, args.out, progress=not args.no_progress,
-                       export_model=not args.no_export, truth_path=args.truth, base_dir=args.base)
+                       export_model=not args.no_export, truth_path=args.truth, base_dir=args.base,
+                       devices=args.devices)
     except (ConfigMismatchError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-train", err)
     log.info("finished at step %d in %s", result.step, result.out_dir)

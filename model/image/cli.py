@@ -79,6 +79,9 @@ def build_train_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", default=None,
                    help="trained deterministic run folder that a posterior.method 'bella' config adapts (frozen; "
                         "required for bella, refused otherwise)")
+    p.add_argument("--devices", default="auto",
+                   help="where to train: auto, cpu, cpu:N (the CPU split into N logical devices, mirrored), gpu, "
+                        "gpu:N (model.devices)")
     p.add_argument("--no-eval", action="store_true", help="stop after training")
     p.add_argument("--no-corruptions", action="store_true", help="evaluate the clean test set only")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
@@ -99,12 +102,20 @@ def train_main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return usage_error("ehr-train", err)
 
+    from model import devices
     from model.image.evaluate import format_report
+
+    try:
+        devices.configure(args.devices)  # before any TensorFlow work (model.devices)
+    except (ValueError, RuntimeError) as err:
+        print(f"ehr-train: {err}", file=sys.stderr)
+        return 2
     from model.image.train import ConfigMismatchError, train
 
     try:
         result = train(config, args.out, data_dir=args.data, progress=not args.no_progress,
-                       evaluate=not args.no_eval, corrupted=not args.no_corruptions, base_dir=args.base)
+                       evaluate=not args.no_eval, corrupted=not args.no_corruptions, base_dir=args.base,
+                       devices=args.devices)
     except (ConfigMismatchError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-train", err)
     log.info("finished at step %d in %s (%.0f s)", result.step, result.out_dir, result.wall_s)

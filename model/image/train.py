@@ -28,6 +28,7 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from model import bella, losses
+from model import devices as device_layout
 from model.image import evaluate as evaluation
 from model.image.config import ImageExperimentConfig, TrainConfig, parse_config
 from model.image.data import ImageData, load_data, train_dataset
@@ -75,18 +76,25 @@ def fast_weight_refs(model: tf.Module) -> set:
 
 
 def apply_gradients(grads, variables, fast_mask, slow_opt, fast_opt, clip_norm: float | None) -> tf.Tensor:
-    """Clips by global norm (if set), then updates slow and fast weights with their optimizers; returns the norm."""
+    """Sums over replicas, clips by global norm (if set), updates slow and fast weights; returns the norm.
+
+    Called in a replica context; with one replica the sum is the identity.
+    """
     pairs = [(g, v, fast) for g, v, fast in zip(grads, variables, fast_mask) if g is not None]
     grads = [tf.convert_to_tensor(g) for g, _, _ in pairs]
+    context = tf.distribute.get_replica_context()
+    if context.num_replicas_in_sync > 1:
+        # The clip is on the norm of the summed (global-batch) gradient, not on each replica's part.
+        grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
     if clip_norm is not None:
         grads, norm = tf.clip_by_global_norm(grads, clip_norm)
     else:
         norm = tf.linalg.global_norm(grads)
     slow = [(g, v) for g, (_, v, fast) in zip(grads, pairs) if not fast]
     fast = [(g, v) for g, (_, v, fast) in zip(grads, pairs) if fast]
-    slow_opt.apply_gradients(slow)
+    slow_opt.apply_gradients(slow, skip_gradients_aggregation=True)
     if fast:
-        fast_opt.apply_gradients(fast)
+        fast_opt.apply_gradients(fast, skip_gradients_aggregation=True)
     return norm
 
 
@@ -142,8 +150,9 @@ def plan_steps(tc: TrainConfig, num_train: int) -> StepPlan:
 
 def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, data: ImageData | None = None,
           data_dir: str | os.PathLike[str] | None = None, progress: bool = True, evaluate: bool = True,
-          corrupted: bool = True, base_dir: str | os.PathLike[str] | None = None) -> TrainResult:
-    """Trains (or resumes) a run, then evaluates it on the clean and corrupted test sets.
+          corrupted: bool = True, base_dir: str | os.PathLike[str] | None = None,
+          devices: str | None = None) -> TrainResult:
+    """Trains (or resumes) a run on `devices` (model.devices), then evaluates it on clean and corrupted test sets.
 
     base_dir: the trained deterministic run a "bella" run adapts (required for it, refused otherwise).
     """
@@ -160,21 +169,30 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
         data = load_data(config.data, data_dir)
     n_train = int(data.y_train.shape[0])
     plan = plan_steps(tc, n_train)
-    model = build_model(config.model, data.image_shape, data.num_classes)
-    particles = _adapt_base(model, base_dir, data, out, config.model.posterior.particle_update, n_train) \
-        if base_dir is not None else None
-    schedule = WarmupPiecewiseConstant(tc.learning_rate, plan.warmup_steps, plan.decay_steps, tc.lr_decay_ratio)
-    fast_schedule = WarmupPiecewiseConstant(tc.learning_rate * tc.fast_weight_lr_multiplier, plan.warmup_steps,
-                                            plan.decay_steps, tc.lr_decay_ratio)
-    slow_opt, fast_opt = _optimizer(tc, schedule), _optimizer(tc, fast_schedule)
-    variables = model.trainable_variables
-    fast = fast_weight_refs(model)
-    fast_mask = [v.ref() in fast for v in variables]
-    # Slots created now, not inside the first traced step: a tf.function that creates
-    # variables is traced twice, and a trace of a rank-1 network costs seconds.
-    slow_opt.build([v for v, is_fast in zip(variables, fast_mask) if not is_fast])
-    fast_opt.build([v for v, is_fast in zip(variables, fast_mask) if is_fast])
-    step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    strategy = device_layout.strategy(devices)
+    replicas = strategy.num_replicas_in_sync
+    if tc.batch_size % replicas:
+        raise ValueError(f"train.batch_size {tc.batch_size} is not divisible by the {replicas} devices")
+    if base_dir is not None and replicas > 1:
+        # The particle update (kernel over particles) is computed per replica: not validated across devices.
+        raise ValueError("posterior.method 'bella' trains on one device: use --devices auto, cpu or gpu:1")
+    # Model, optimizers and step are mirrored variables when there are several devices.
+    with strategy.scope():
+        model = build_model(config.model, data.image_shape, data.num_classes)
+        particles = _adapt_base(model, base_dir, data, out, config.model.posterior.particle_update, n_train) \
+            if base_dir is not None else None
+        schedule = WarmupPiecewiseConstant(tc.learning_rate, plan.warmup_steps, plan.decay_steps, tc.lr_decay_ratio)
+        fast_schedule = WarmupPiecewiseConstant(tc.learning_rate * tc.fast_weight_lr_multiplier, plan.warmup_steps,
+                                                plan.decay_steps, tc.lr_decay_ratio)
+        slow_opt, fast_opt = _optimizer(tc, schedule), _optimizer(tc, fast_schedule)
+        variables = model.trainable_variables
+        fast = fast_weight_refs(model)
+        fast_mask = [v.ref() in fast for v in variables]
+        # Slots created now, not inside the first traced step: a tf.function that creates
+        # variables is traced twice, and a trace of a rank-1 network costs seconds.
+        slow_opt.build([v for v, is_fast in zip(variables, fast_mask) if not is_fast])
+        fast_opt.build([v for v, is_fast in zip(variables, fast_mask) if is_fast])
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     checkpoint = tf.train.Checkpoint(model=model, slow_optimizer=slow_opt, fast_optimizer=fast_opt, step=step)
     manager = tf.train.CheckpointManager(checkpoint, str(out / CHECKPOINT_DIR), max_to_keep=tc.keep_checkpoints)
     if manager.latest_checkpoint:
@@ -184,8 +202,9 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
 
     k = model.ensemble_size
 
-    @tf.function(autograph=False)
-    def train_step(images, labels):
+    def replica_step(images, labels):
+        # Per replica: B / replicas images. The NLL mean and the whole-batch terms (KL, L2) are each
+        # divided by replicas, so the SUM over replicas is one global-batch loss (see model.train).
         with tf.GradientTape() as tape:
             logits = model(images, num_samples=1, training=True)  # [B, K, C]: every member sees the batch
             tiled = tf.tile(labels[:, None], [1, k])
@@ -199,14 +218,21 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
             loss = nll + weight * kl + l2
             if particles is not None:  # Bella: the sum of the particles' losses; "kl" reports their -log prior
                 (loss, kl, weight), l2 = particles.objective(member), tf.constant(0.0)
-        grads = tape.gradient(loss, variables)
+            per_replica = loss / replicas  # inside the tape: ops outside it have no gradient
+        grads = tape.gradient(per_replica, variables)
         if particles is not None:
             grads = particles.gradients(grads, variables)
         norm = apply_gradients(grads, variables, fast_mask, slow_opt, fast_opt, tc.clip_norm)
         accuracy = tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, -1), tf.cast(tiled, tf.int64)), tf.float32))
+        stats = {"loss": loss, "nll": nll, "kl": kl, "kl_weight": weight, "l2": l2, "grad_norm": norm,
+                 "train_accuracy": accuracy, "learning_rate": schedule(step)}
+        return {key: value / replicas for key, value in stats.items()}  # summed over replicas below
+
+    @tf.function(autograph=False)
+    def train_step(images, labels):
+        stats = strategy.run(replica_step, args=(images, labels))
         step.assign_add(1)
-        return {"loss": loss, "nll": nll, "kl": kl, "kl_weight": weight, "l2": l2, "grad_norm": norm,
-                "train_accuracy": accuracy, "learning_rate": schedule(step - 1)}
+        return {key: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None) for key, value in stats.items()}
 
     dc = config.data
     # A restart reshuffles from (seed, resume step); replaying the exact order is not needed.
@@ -218,9 +244,9 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
     validation: list[dict[str, float]] = []
     bar = tqdm(total=plan.max_steps, initial=start, desc=f"train {config.name}", unit="step", disable=not progress,
                dynamic_ncols=True)
-    iterator = iter(stream)
+    iterator = iter(strategy.experimental_distribute_dataset(stream))
     while int(step.numpy()) < plan.max_steps:
-        images, labels = next(iterator)
+        images, labels = next(iterator)  # in Python: a finite stream ends with StopIteration
         stats = {key: float(v) for key, v in train_step(images, labels).items()}
         current = int(step.numpy())
         bar.update(1)

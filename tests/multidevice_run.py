@@ -1,0 +1,151 @@
+"""Runs in its own process (tests/test_devices.py): the CPU split into 2 logical devices.
+
+Logical devices must exist before TensorFlow sets up its devices, which the pytest process
+has long done; so the comparisons run here and are written as JSON for the test to check.
+
+  python tests/multidevice_run.py ehr|image|draws OUT_DIR
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+import sys
+
+import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
+from model import devices
+
+devices.configure("cpu:2")  # first: before any TensorFlow work
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from ehr_testdata import tiny_config_dict, write_data_dir  # noqa: E402
+
+# Posterior stddevs of ~1e-6 (rank-1 factors) and 1e-9 (embeddings): every draw is its mean
+# to ~1e-6, so runs that draw different noise on 1 and 2 devices take the same steps. The KL
+# still has its full value and gradient (it is large at such small stddevs).
+NEAR_DETERMINISTIC = {"dropout_rate": 1e-12, "embedding_init_stddev": 1e-9}
+
+
+def model_variables(run: pathlib.Path) -> dict[str, np.ndarray]:
+    """The model's variables in the newest checkpoint of a run folder (name -> value)."""
+    reader = tf.train.load_checkpoint(str(run / "checkpoints"))
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+            if k.startswith("model/") and "OPTIMIZER_SLOT" not in k}
+
+
+def resume_copy(run: pathlib.Path, step: int, dest: pathlib.Path) -> pathlib.Path:
+    """A copy of a run folder whose newest checkpoint is the one of `step` (as if killed after it)."""
+    shutil.copytree(run, dest)
+    ckpts = dest / "checkpoints"
+    (ckpts / "checkpoint").write_text(f'model_checkpoint_path: "ckpt-{step}"\n')
+    for path in ckpts.glob("ckpt-*"):
+        if not path.name.startswith(f"ckpt-{step}."):
+            path.unlink()
+    return dest
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    """Largest |a - b| over equal-named arrays (a and b must have the same names)."""
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+def compare(out: pathlib.Path, run) -> dict:
+    """1 vs 2 devices from one checkpoint, and a 2-device checkpoint resumed on 1 device.
+
+    run(folder, devices) trains a run folder to step 6 (checkpoints at 2, 4, 6) and returns
+    {"history", "variables"}. The runs start from one checkpoint because initialisation
+    differs by strategy (variables are created in another order, so with other op seeds).
+    """
+    base = run(out / "base", "cpu:1")
+    from2 = {name: run(resume_copy(out / "base", 2, out / f"{name}_from2"), spec)
+             for name, spec in (("one", "cpu:1"), ("two", "cpu:2"))}
+    # The checkpoint of step 4 written on 2 devices and the one written on 1, both resumed on 1 device.
+    from4 = {name: run(resume_copy(out / f"{name}_from2", 4, out / f"{name}_from4"), "cpu:1")
+             for name in ("one", "two")}
+    initial = model_variables(resume_copy(out / "base", 2, out / "at2"))
+    return {
+        "base_steps": [row["step"] for row in base["history"]],
+        "from2": {name: r["history"] for name, r in from2.items()},
+        "from4": {name: r["history"] for name, r in from4.items()},
+        # How far 4 steps move the weights, against how far the 1- and 2-device runs end apart.
+        "moved": max_abs_diff(from2["one"]["variables"], initial),
+        "from2_param_diff": max_abs_diff(from2["two"]["variables"], from2["one"]["variables"]),
+        "from4_param_diff": max_abs_diff(from4["two"]["variables"], from4["one"]["variables"]),
+    }
+
+
+KEEP = ("step", "loss", "nll", "kl", "kl_weight", "l2", "grad_norm")
+
+
+def ehr(out: pathlib.Path) -> dict:
+    from model.config import parse_config
+    from model.train import train
+
+    data = write_data_dir(out / "data")
+    doc = tiny_config_dict("rank1", steps=6, log_every_steps=1, checkpoint_every_steps=2)
+    doc["model"].update(NEAR_DETERMINISTIC)
+    config = parse_config(doc)
+
+    def run(folder, spec):
+        result = train(config, data, folder, progress=False, export_model=False, devices=spec)
+        return {"history": [{k: row[k] for k in KEEP} for row in result.history], "variables": model_variables(folder)}
+
+    return compare(out, run)
+
+
+def image(out: pathlib.Path) -> dict:
+    from model.image.config import parse_config
+    from model.image.data import load_data
+    from model.image.train import train
+
+    doc = json.loads(sys.argv[3])  # the test's tiny image config
+    doc["model"]["posterior"]["dropout_rate"] = NEAR_DETERMINISTIC["dropout_rate"]
+    doc["train"].update(max_steps=6, log_every_steps=1, checkpoint_every_steps=2)
+    config = parse_config(doc)
+    data = load_data(config.data, None)
+
+    def run(folder, spec):
+        result = train(config, folder, data=data, progress=False, evaluate=False, devices=spec)
+        return {"history": [{k: row[k] for k in KEEP} for row in result.history], "variables": model_variables(folder)}
+
+    return compare(out, run)
+
+
+def draws(out: pathlib.Path) -> dict:
+    """Logits of the SAME examples on both replicas: equal only if the replicas share their noise."""
+    from model import inputs
+    from model.config import parse_config
+    from model.ehr_model import build_model
+
+    data = write_data_dir(out / "data", sizes=(("train", 16), ("validation", 4), ("test", 4)))
+    doc = tiny_config_dict("rank1")
+    doc["model"]["dropout_rate"] = 0.1  # posterior stddev 0.33: draws differ visibly
+    config = parse_config(doc)
+    files = inputs.load_data_files(data)
+    featurizer = inputs.Featurizer.from_data_files(files)
+    features, _ = next(iter(inputs.dataset(files, featurizer, "train", 8)))
+    strategy = devices.strategy("cpu:2")
+    tf.random.set_seed(0)
+    with strategy.scope():
+        model = build_model(config.model, featurizer.vocab_size)
+    model(features, num_samples=1, training=True)  # build outside the replicas
+
+    @tf.function(autograph=False)
+    def both():
+        return strategy.run(lambda: model(features, num_samples=1, training=True))
+
+    per_replica = strategy.experimental_local_results(both())
+    again = strategy.experimental_local_results(both())
+    return {"replicas": len(per_replica), "logits": [r.numpy().tolist() for r in per_replica],
+            "logits_again": [r.numpy().tolist() for r in again]}
+
+
+if __name__ == "__main__":
+    mode, out_dir = sys.argv[1], pathlib.Path(sys.argv[2])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"ehr": ehr, "draws": draws, "image": image}[mode](out_dir)
+    (out_dir / "result.json").write_text(json.dumps(result))

@@ -1,0 +1,109 @@
+"""Training on 2 logical CPU devices (MirroredStrategy) against 1: same losses, gradient norms and
+weights from one checkpoint; different posterior draws per replica; a 2-device checkpoint
+resumes on 1 device. The 2-device work runs in a child process (tests/multidevice_run.py):
+logical devices must be set before TensorFlow initialises, which this process has done."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_image_train import TINY
+
+from model import devices
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Relative tolerance on logged scalars (loss, NLL, KL, gradient norm): float32 sums in another
+# order across replicas, plus posterior noise of stddev ~1e-6 (tests/multidevice_run.py).
+RTOL = 1e-4
+
+
+def _child(mode: str, out: pathlib.Path, *extra: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "multidevice_run.py"), mode, str(out), *extra],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "result.json").read_text())
+
+
+def _same_rows(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None:
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        for key in keys:
+            assert ra[key] == pytest.approx(rb[key], rel=RTOL), (ra["step"], key)
+
+
+def test_device_specs_parse_and_reject_garbage():
+    assert devices.parse("cpu:2") == devices.DeviceSpec("cpu", 2)
+    assert devices.parse(None) == devices.DeviceSpec("auto") == devices.parse("AUTO")
+    assert str(devices.parse("gpu")) == "gpu"
+    for bad in ("cpu:0", "tpu:2", "auto:2", "cpu:x", "2"):
+        with pytest.raises(ValueError, match="--devices"):
+            devices.parse(bad)
+    # Once TensorFlow has initialised its devices, a split is refused, not silently ignored.
+    assert len(tf.config.list_logical_devices("CPU")) < 5  # (listing initialises them)
+    with pytest.raises(RuntimeError, match="before any TensorFlow work"):
+        devices.configure("cpu:5")
+    assert devices.device_names("cpu") == ["/device:CPU:0"]
+
+
+def _check_comparison(result: dict, keys: tuple[str, ...]) -> None:
+    assert result["base_steps"] == [1, 2, 3, 4, 5, 6]
+    one, two = result["from2"]["one"], result["from2"]["two"]
+    assert [r["step"] for r in two] == [3, 4, 5, 6]
+    _same_rows(two, one, keys)
+    # 4 steps move the weights by ~1e-2; the 1- and 2-device runs end within 1e-5 of each other.
+    assert result["moved"] > 1e-3 and result["from2_param_diff"] < 1e-3 * result["moved"]
+    # A checkpoint written on 2 devices resumes on 1 exactly like the one written on 1.
+    _same_rows(result["from4"]["two"], result["from4"]["one"], keys)
+    assert [r["step"] for r in result["from4"]["two"]] == [5, 6]
+    assert result["from4_param_diff"] < 1e-3 * result["moved"]
+
+
+@pytest.mark.slow
+def test_ehr_trainer_on_two_devices_equals_one(tmp_path):
+    result = _child("ehr", tmp_path)
+    _check_comparison(result, ("loss", "nll", "kl", "kl_weight", "l2", "grad_norm"))
+
+
+@pytest.mark.slow
+def test_image_trainer_on_two_devices(tmp_path):
+    result = _child("image", tmp_path, json.dumps(TINY))
+    # Batch norm normalises with each replica's own batch statistics (no cross-replica sync), so
+    # the NLL and the gradient are not the single-device ones; the whole-batch terms are.
+    one, two = result["from2"]["one"], result["from2"]["two"]
+    assert [r["step"] for r in two] == [3, 4, 5, 6]
+    _same_rows(two[:1], one[:1], ("kl", "kl_weight", "l2"))
+    assert all(np.isfinite(r["loss"]) and r["nll"] == pytest.approx(o["nll"], rel=0.2) for r, o in zip(two, one))
+    assert [r["step"] for r in result["from4"]["two"]] == [5, 6]
+
+
+def test_each_replica_draws_its_own_posterior_sample(tmp_path):
+    result = _child("draws", tmp_path)
+    assert result["replicas"] == 2
+    first, second = (np.asarray(x) for x in result["logits"])
+    # The same examples, weights and members on both replicas: only the draws can differ.
+    assert first.shape == second.shape and np.max(np.abs(first - second)) > 1e-3
+    again = np.asarray(result["logits_again"][0])
+    assert np.max(np.abs(again - first)) > 1e-3  # and a new call draws anew
+
+
+@pytest.mark.slow
+def test_gpu_train_script_runs_on_cpu_devices_at_tiny_size(tmp_path):
+    """bench/gpu_train.py end to end (synthetic release, Beam job, training, report) on 2 logical CPUs."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    tiny = ["model.rnn_dim=16", "model.hidden_layer_dim=16", "eval.num_samples=2", "eval.n_bootstrap=20",
+            "train.batch_size=8", "train.eval_every_steps=0", "train.log_every_steps=1"]
+    cmd = [sys.executable, str(REPO_ROOT / "bench" / "gpu_train.py"), "--out", str(tmp_path), "--patients", "40",
+           "--steps", "4", "--devices", "cpu:2", *[x for item in tiny for x in ("--set", item)]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "gpu_train.json").read_text())
+    assert summary["steps"] == 4 and summary["steps_per_second"] > 0
+    assert summary["devices"] == ["/device:CPU:0", "/device:CPU:1"]
+    assert (tmp_path / "run" / "export").is_dir() and "nll" in proc.stdout
