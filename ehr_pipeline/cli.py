@@ -14,18 +14,14 @@ import argparse
 import logging
 import sys
 
-from ehr_pipeline.cli_args import OneLineParser, existing_dir, output_dir, positive_int, usage_error
+from ehr_pipeline.cli_args import OneLineParser, existing_dir, output_dir, positive_int, setup_logging, usage_error
 
 log = logging.getLogger("ehr_pipeline")
 EXIT_INPUT_ERROR = 2
 
 
 def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    setup_logging(verbose)
 
 
 def build_parser() -> argparse.ArgumentParser:

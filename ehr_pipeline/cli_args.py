@@ -8,6 +8,7 @@ typo costs no training time. Errors in the data itself are the readers' to repor
 from __future__ import annotations
 
 import argparse
+import logging
 import pathlib
 import sys
 
@@ -73,3 +74,12 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
     return number
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Timestamped logs at INFO (DEBUG when verbose) for every command line tool, with absl/TensorFlow at WARNING."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    # absl/TensorFlow log every tf.data shard and SavedModel input rename at INFO: keep ours readable.
+    for noisy in ("absl", "tensorflow"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

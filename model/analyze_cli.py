@@ -19,7 +19,7 @@ import pathlib
 import sys
 from typing import Any, Callable
 
-from ehr_pipeline.cli_args import OneLineParser, existing_dir, output_dir, positive_int, usage_error
+from ehr_pipeline.cli_args import OneLineParser, existing_dir, output_dir, positive_int, setup_logging, usage_error
 
 log = logging.getLogger("ehr-analyze")
 
@@ -142,10 +142,7 @@ def format_report(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `ehr-analyze`; returns the exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("absl", "tensorflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging(args.verbose)
     import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
 
     try:

@@ -15,7 +15,7 @@ import logging
 import pathlib
 import sys
 
-from ehr_pipeline.cli_args import OneLineParser, existing_dir, existing_file, output_dir, usage_error
+from ehr_pipeline.cli_args import OneLineParser, existing_dir, existing_file, output_dir, setup_logging, usage_error
 
 log = logging.getLogger("model.eval")
 
@@ -114,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if image_cli.wants_image(argv):
         return image_cli.eval_main(argv)
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("absl", "tensorflow"):  # their INFO chatter hides ours
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging(args.verbose)
     problem = flag_problem(args)
     if problem:
         return usage_error("ehr-eval", problem)

@@ -12,7 +12,8 @@ import argparse
 import logging
 import sys
 
-from ehr_pipeline.cli_args import OneLineParser, existing_dir, existing_file, output_dir, positive_int, usage_error
+from ehr_pipeline.cli_args import (OneLineParser, existing_dir, existing_file, output_dir, positive_int,
+                                      setup_logging, usage_error)
 
 log = logging.getLogger("model.train")
 
@@ -91,11 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if image_cli.wants_image(argv):
         return image_cli.train_main(argv)
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    # absl/TensorFlow log every tf.data shard and SavedModel input rename at INFO: keep ours readable.
-    for noisy in ("absl", "tensorflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging(args.verbose)
     import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
     from ehr_pipeline.config import ConfigError
     from model.config import load_config

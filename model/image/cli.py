@@ -16,7 +16,7 @@ import logging
 import pathlib
 import sys
 
-from ehr_pipeline.cli_args import OneLineParser, usage_error
+from ehr_pipeline.cli_args import OneLineParser, setup_logging, usage_error
 
 log = logging.getLogger("model.image")
 
@@ -57,10 +57,7 @@ def wants_image(argv: list[str] | None = None) -> bool:
 
 
 def _logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("absl", "tensorflow"):  # their INFO chatter hides ours
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging(verbose)
 
 
 def build_train_parser() -> argparse.ArgumentParser:
