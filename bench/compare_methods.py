@@ -43,8 +43,12 @@ import ehr_pipeline  # noqa: E402,F401  (pins the Keras flavour before TensorFlo
 log = logging.getLogger("bench.compare_methods")
 
 # Table 4's rows in its order (configs/ehr_<name>.yaml), then the methods of the other papers.
+# ktied_normal: paper 003, fully_bayesian with stddevs of rank 2 (k1 / k3: ranks 1 and 3).
 METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1_normal",
-           "rank1_cauchy", "ktied_normal")  # ktied_normal: paper 003, fully_bayesian with stddevs of rank 2
+           "rank1_cauchy", "ktied_normal", "ktied_normal_k1", "ktied_normal_k3")
+# Rows that are another row's config with a model setting changed: {row: (config name, model overrides)}.
+VARIANTS = {"ktied_normal_k1": ("ktied_normal", {"ktied_rank": 1}),
+            "ktied_normal_k3": ("ktied_normal", {"ktied_rank": 3})}
 DEFAULT_METHODS = ("deterministic", "batchensemble", "rank1_normal")
 # --- Bella (configs/ehr_bella_<update>.yaml): adapts the deterministic run of the same seed, which
 # run_grid trains first whenever "deterministic" is among --methods.
@@ -178,14 +182,15 @@ def _well_specified(work: pathlib.Path, sites) -> dict[str, np.ndarray]:
 def _config(method: str, seed: int, args: argparse.Namespace):
     from model.config import load_config
 
-    config = load_config(ROOT / "configs" / f"ehr_{method}.yaml")
+    name, model_overrides = VARIANTS.get(method, (method, {}))
+    config = load_config(ROOT / "configs" / f"ehr_{name}.yaml")
     scale = SCALES[args.scale]
     steps = args.steps or scale["steps"]
     train = {**scale["train"], "seed": seed}
     if steps:
         train["max_steps"] = steps
     samples = 1 if config.model.method in ("deterministic", "batchensemble", "bella") else args.samples
-    return config.with_overrides(model=dict(scale["model"]), train=train,
+    return config.with_overrides(model={**scale["model"], **model_overrides}, train=train,
                                  eval={"num_samples": samples, "seed": seed, "n_bootstrap": 200,
                                        "referral_measure": "mutual_information"})
 
