@@ -188,10 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from model.metrics import json_ready
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    for noisy in ("absl", "tensorflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from ehr_pipeline.cli_args import setup_logging
+
+    setup_logging()
     if args.seeds < 1:
         print("bella_digits: --seeds must be >= 1", file=sys.stderr)
         return 2

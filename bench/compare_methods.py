@@ -470,9 +470,9 @@ def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: 
 def main(argv: list[str] | None = None) -> int:
     """Trains the grid (unless --report-only) and writes the tables; returns the exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("absl", "tensorflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from ehr_pipeline.cli_args import setup_logging
+
+    setup_logging()
     work = pathlib.Path(args.work)
     started = time.time()
     timing = work / "grid_seconds.json"

@@ -171,10 +171,9 @@ def markdown(reports: dict[str, list[dict]], params: dict[str, int], wrn: dict[s
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    for noisy in ("absl", "tensorflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    from ehr_pipeline.cli_args import setup_logging
+
+    setup_logging()
     if args.seeds < 1:
         print("image_results: --seeds must be >= 1", file=sys.stderr)
         return 2
