@@ -47,18 +47,47 @@ def test_bfloat16_layers_but_float32_likelihood_and_kl(data):
     assert float(losses.nll_loss(tiny_p, tf.constant([1.0]))) == pytest.approx(-np.log(1e-4), rel=1e-2)
 
 
-def test_bfloat16_training_ends_near_float32(data, tmp_path):
-    ends = {}
+def test_bfloat16_gradient_matches_float32_at_the_same_weights_and_noise(data):
+    # Comparing whole training runs is chaotic: 60 steps on 160 admissions part by ~0.08 nats of
+    # validation NLL on another CPU's kernels. One step from identical weights and identical noise
+    # isolates what bfloat16 changes: the layers' arithmetic.
+    config = parse_config(tiny_config_dict())
+    files = inputs.load_data_files(data)
+    featurizer = inputs.Featurizer.from_data_files(files)
+    features, labels = next(iter(inputs.dataset(files, featurizer, "train", 64)))
+    losses_, grads, weights = {}, {}, None
     for policy in ("float32", "mixed_bfloat16"):
-        config = parse_config(tiny_config_dict(steps=60, mixed_precision=policy if policy != "float32" else False,
-                                               kl_scale=0.05, eval_every_steps=60, learning_rate=0.003))
-        result = train(config, data, tmp_path / policy, progress=False, export_model=False)
-        ends[policy] = result.validation[-1]["mixture_nll"], result.history[-1]["kl"]
-    # Same seed and batches; only the layers' arithmetic differs: validation NLL within 0.05 nats
-    # (it is ~0.66 here; a smaller learning rate keeps the short trajectories from parting),
-    # the KL (of float32 variables) within 1%.
-    assert ends["mixed_bfloat16"][0] == pytest.approx(ends["float32"][0], abs=0.05)
-    assert ends["mixed_bfloat16"][1] == pytest.approx(ends["float32"][1], rel=0.01)
+        tf.keras.utils.set_random_seed(0)
+        with precision.policy_scope(policy):
+            model = build_model(config.model, featurizer.vocab_size)
+        model(features, num_samples=1, training=True)
+        if weights is None:
+            weights = model.get_weights()
+        else:
+            model.set_weights(weights)
+        tf.random.set_seed(1)  # the same noise stream (drawn in float32, then cast)
+        with tf.GradientTape() as tape:
+            loss = losses.nll_loss(model(features, num_samples=4, training=True), labels)
+        gradient = tape.gradient(loss, model.trainable_variables)
+        assert all(g is not None for g in gradient)
+        losses_[policy] = float(loss)
+        grads[policy] = np.concatenate([tf.reshape(tf.cast(g, tf.float32), [-1]).numpy() for g in gradient])
+    a, b = grads["float32"], grads["mixed_bfloat16"]
+    # Measured: loss 0.6807 vs 0.6808, cosine 0.9997, relative difference 2.6% (8 mantissa bits).
+    assert losses_["mixed_bfloat16"] == pytest.approx(losses_["float32"], abs=0.01)
+    assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.99
+    assert np.linalg.norm(a - b) / np.linalg.norm(a) < 0.1
+
+
+def test_bfloat16_training_runs_and_keeps_float32_variables(data, tmp_path):
+    config = parse_config(tiny_config_dict(steps=30, mixed_precision="mixed_bfloat16", kl_scale=0.05,
+                                           eval_every_steps=30, log_every_steps=10))
+    result = train(config, data, tmp_path / "bf16", progress=False, export_model=False)
+    assert result.step == 30 and all(np.isfinite(row["loss"]) and np.isfinite(row["kl"]) for row in result.history)
+    assert np.isfinite(result.validation[-1]["mixture_nll"])
+    dtypes = tf.train.load_checkpoint(str(tmp_path / "bf16" / "checkpoints")).get_variable_to_dtype_map()
+    model_dtypes = [dtype for name, dtype in dtypes.items() if name.startswith("model/")]
+    assert model_dtypes and set(model_dtypes) == {tf.float32}  # the layers compute in bfloat16 only
 
 
 def test_float16_runs_through_one_loss_scaled_optimizer(data, tmp_path):
