@@ -1,4 +1,4 @@
-"""Mixed precision on the CPU: bfloat16 layers train to within a tolerance of float32, while the
+"""Mixed precision on the CPU: a bfloat16 gradient step stays within a tolerance of float32's, while the
 loss terms stay float32; float16 goes through a loss-scale optimizer (model.precision)."""
 from __future__ import annotations
 
