@@ -260,7 +260,8 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
             samples = 1 if method in ("batchensemble", *BELLA_METHODS) else args.samples
             save_predictions(method, [export_dir], samples, seed, params, seconds)
     for kind in () if args.no_baselines else BASELINES:
-        # Both fits are deterministic (lbfgs; histogram boosting without subsampling): one fit is every seed's.
+        # Both fits are deterministic (lbfgs or liblinear with a fixed random_state; histogram boosting
+        # without subsampling): one fit is every seed's.
         for seed in range(1):
             target = preds / f"{kind}_s{seed}.npz"
             if target.exists():

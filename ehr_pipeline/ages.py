@@ -83,9 +83,3 @@ def cap_age(ages: np.ndarray, cap_years: float = AGE_CAP_YEARS) -> np.ndarray:
     """Ages in years with everything above `cap_years` (default 90) set to `cap_years`; NaN stays NaN."""
     return np.minimum(np.asarray(ages, dtype=np.float64), cap_years)
 
-
-def capped_age_years(
-    dob_seconds: np.ndarray, at_seconds: np.ndarray, cap_years: float = AGE_CAP_YEARS
-) -> np.ndarray:
-    """Calendar age in years at `at_seconds` (int64 s), capped at `cap_years` (MIMIC's ~300-year-old shifted DOBs become 90)."""
-    return cap_age(age_years(dob_seconds, at_seconds), cap_years)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -82,10 +82,3 @@ def normalisation_stats(stats: Mapping[str, CodeStats], min_values: int = 2) -> 
         out[code] = {"mean": mean, "std": std, "n": int(n)}
     return out
 
-
-def merge_all(items: Iterable[tuple[str, CodeStats]]) -> dict[str, CodeStats]:
-    """Combines (code, stats) pairs into one dict."""
-    out: dict[str, CodeStats] = {}
-    for code, st in items:
-        out[code] = add_stats(out.get(code, ZERO), st)
-    return out

@@ -71,14 +71,19 @@ def test_logistic_baseline_is_scikit_learns_fit_at_the_validation_choice(data):
     result = baselines.fit_baseline(data, "logistic", seed=0)
     files = inputs.load_data_files(data)
     train, val, test = (baselines.read_features(files, s) for s in ("train", "validation", "test"))
-    scores = {}
-    for c in baselines.LOGISTIC_C:
-        model = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=5000)).fit(train.x, train.labels)
-        scores[c] = log_loss(val.labels, model.predict_proba(val.x)[:, 1], labels=[0, 1])
+    def fit(penalty, c):
+        solver = "liblinear" if penalty == "l1" else "lbfgs"
+        l1_ratio = {"l1": 1.0, "l2": 0.0}[penalty]
+        return make_pipeline(StandardScaler(), LogisticRegression(C=c, l1_ratio=l1_ratio, solver=solver, max_iter=5000,
+                                                                  random_state=0)).fit(train.x, train.labels)
+
+    scores = {setting: log_loss(val.labels, fit(*setting).predict_proba(val.x)[:, 1], labels=[0, 1])
+              for setting in baselines.LOGISTIC_SETTINGS}
+    assert {penalty for penalty, _ in scores} == {"l1", "l2"}
     best = min(scores, key=scores.get)
-    assert result.params == {"C": best}
-    assert result.validation_nll[f"C={best:g}"] == pytest.approx(scores[best], rel=1e-6)
-    model = make_pipeline(StandardScaler(), LogisticRegression(C=best, max_iter=5000)).fit(train.x, train.labels)
+    assert result.params == {"penalty": best[0], "C": best[1]}
+    assert result.validation_nll[f"penalty={best[0]},C={best[1]:g}"] == pytest.approx(scores[best], rel=1e-6)
+    model = fit(*best)
     pred = result.predictions["test"]
     np.testing.assert_array_equal(pred.hadm_ids, test.hadm_ids)
     np.testing.assert_allclose(pred.p, model.predict_proba(test.x)[:, 1], rtol=1e-6)

@@ -155,7 +155,7 @@ def test_service_feeds_the_model_exactly_what_the_pipeline_would(client, predict
     bags = bagging.bag_events(times, codes, values, trigger, cfg.bagging)
     dob = int(dt.datetime(2080, 5, 17, tzinfo=dt.timezone.utc).timestamp())
     context = {spec.SUBJECT_ID: 0, spec.HADM_ID: 0, spec.LABEL: spec.LABEL_UNKNOWN, spec.TRIGGER_TIME: trigger,
-               spec.ADMIT_OFFSET: trigger - admit, spec.AGE_YEARS: float(ages.capped_age_years(dob, admit)), spec.GENDER: "F",
+               spec.ADMIT_OFFSET: trigger - admit, spec.AGE_YEARS: float(ages.cap_age(ages.age_years(dob, admit))), spec.GENDER: "F",
                spec.ADMISSION_TYPE: "EMERGENCY"}
     example = spec.make_sequence_example(context, bags).SerializeToString()
     expected = predictor.forward([example], 4, 11)[0]

@@ -1,4 +1,6 @@
 """Vocabulary and normalisation statistics against direct computations."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -30,7 +32,7 @@ def test_normalisation_matches_numpy_and_handles_constant_codes():
     x = rng.normal(3.0, 2.0, size=500)
     parts = [vocab.example_code_stats(np.array(["lab:v"] * len(c), dtype=object), c)
              for c in np.array_split(x, 7)]
-    merged = vocab.merge_all(kv for p in parts for kv in p.items())
+    merged = {"lab:v": functools.reduce(vocab.add_stats, (p["lab:v"] for p in parts), vocab.ZERO)}
     norm = vocab.normalisation_stats(merged)
     assert norm["lab:v"]["mean"] == pytest.approx(x.mean())
     assert norm["lab:v"]["std"] == pytest.approx(x.std())
