@@ -1,6 +1,7 @@
 """Shared fixtures. Importing ehr_pipeline first pins TF_USE_LEGACY_KERAS for every test."""
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 
@@ -36,3 +37,38 @@ def demo_dir() -> pathlib.Path:
     if not demo_available():
         pytest.skip(DEMO_MISSING)
     return DEMO_DIR
+
+
+@pytest.fixture(scope="session")
+def synthetic_data(tmp_path_factory) -> pathlib.Path:
+    """A small pipeline output folder (160 / 48 / 48 admissions, seed 0) shared read-only by the session."""
+    from ehr_testdata import write_data_dir
+
+    return write_data_dir(tmp_path_factory.mktemp("synthetic_data"))
+
+
+@pytest.fixture(scope="session")
+def trained_rank1(tmp_path_factory) -> dict:
+    """A tiny rank-1 run trained once per session: data, run folder, export, loss history, config."""
+    from ehr_testdata import tiny_config_dict, write_data_dir
+
+    from model.config import parse_config
+    from model.train import train
+
+    base = tmp_path_factory.mktemp("trained_rank1")
+    data, run = write_data_dir(base / "data"), base / "run"
+    # kl_scale < 1: with 160 training admissions the full KL / N_train would swamp the likelihood.
+    config = parse_config(tiny_config_dict("rank1", steps=100, kl_scale=0.05, eval_every_steps=25))
+    result = train(config, data, run, progress=False, truth_path=data / "SYNTH_TRUTH.csv")
+    # Through JSON, as a test reading the run's files would see the values.
+    summary = json.loads(json.dumps({"history": result.history, "step": result.step, "validation": result.validation,
+                                     "best": result.best, "n_train": 160, "config": config.to_dict()}))
+    return {"data": data, "run": run, "export": run / "export", **summary}
+
+
+@pytest.fixture(scope="session")
+def fixture_export(tmp_path_factory) -> pathlib.Path:
+    """A seeded-noise test export (K = 2, no trained model) for tests of the service itself; read-only."""
+    from serving.testing import write_fixture_export
+
+    return write_fixture_export(tmp_path_factory.mktemp("fixture_export"), ensemble_size=2)

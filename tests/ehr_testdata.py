@@ -111,24 +111,3 @@ def read_json(path) -> dict:
     with open(path) as f:
         return json.load(f)
 
-
-def trained_rank1_run(base: pathlib.Path) -> dict:
-    """A tiny rank-1 run (data, run folder, export, loss history), trained once per test session.
-
-    Several test modules need a trained export; each calls this with the session's base temp
-    folder, and only the first call trains (later calls find the finished export on disk).
-    """
-    data, run = base / "data", base / "run"
-    history_path = base / "history.json"
-    if not history_path.exists():
-        from model.config import parse_config
-        from model.train import train
-
-        write_data_dir(data)
-        # kl_scale < 1: with 160 training admissions the full KL / N_train would swamp the likelihood.
-        config = parse_config(tiny_config_dict("rank1", steps=100, kl_scale=0.05, eval_every_steps=25))
-        result = train(config, data, run, progress=False, truth_path=data / "SYNTH_TRUTH.csv")
-        history_path.write_text(json.dumps({"history": result.history, "step": result.step,
-                                            "validation": result.validation, "best": result.best,
-                                            "n_train": 160, "config": config.to_dict()}))
-    return {"data": data, "run": run, "export": run / "export", **read_json(history_path)}

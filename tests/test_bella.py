@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 import tensorflow as tf
-from ehr_testdata import read_json, tiny_config_dict, write_data_dir
+from ehr_testdata import read_json, tiny_config_dict
 
 from model import bella, inputs, svgd
 from model.posterior import PosteriorConfig
@@ -187,12 +187,12 @@ def test_bella_needs_a_zero_prior_mean_and_a_shared_batch_norm():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, synthetic_data):
     from model.config import parse_config
     from model.train import train
 
     base = tmp_path_factory.mktemp("bella")
-    data = write_data_dir(base / "data")
+    data = synthetic_data
     det = train(parse_config(tiny_config_dict("deterministic", steps=30)), data, base / "det", export_model=False)
     config = tiny_config_dict("deterministic", steps=20)
     config["name"] = "tiny_bella"

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from ehr_pipeline import cohort, schemas
+from ehr_pipeline import cohort
 from ehr_pipeline.reader import TableReader, locate_table
 from tests.arrow_rows import batch
 

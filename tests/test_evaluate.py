@@ -6,7 +6,7 @@ import csv
 
 import numpy as np
 import pytest
-from ehr_testdata import read_json, trained_rank1_run
+from ehr_testdata import read_json
 
 from model import baselines, eval_cli, evaluate, inputs, metrics
 from model.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
@@ -16,8 +16,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return trained_rank1_run(tmp_path_factory.getbasetemp() / "trained_rank1")
+def trained(trained_rank1):
+    return trained_rank1
 
 
 def test_eval_writes_report_plots_and_error_vs_truth(trained, tmp_path, capsys):

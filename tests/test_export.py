@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from ehr_testdata import read_json, trained_rank1_run
+from ehr_testdata import read_json
 
 from model import inputs
 from model.export import ExportError, load_export
@@ -19,8 +19,8 @@ REQUIRED = {"saved_model/saved_model.pb", "model_card.json", "pipeline_config.js
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return trained_rank1_run(tmp_path_factory.getbasetemp() / "trained_rank1")
+def trained(trained_rank1):
+    return trained_rank1
 
 
 def test_export_holds_the_contract_files(trained):

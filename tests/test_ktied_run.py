@@ -7,18 +7,18 @@ import json
 
 import numpy as np
 import pytest
-from ehr_testdata import read_json, tiny_config_dict, write_data_dir
+from ehr_testdata import read_json, tiny_config_dict
 
 from model import analyze_cli, eval_cli, inputs
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, synthetic_data):
     from model.config import parse_config
     from model.train import train
 
     base = tmp_path_factory.mktemp("ktied_run")
-    data, run = write_data_dir(base / "data"), base / "run"
+    data, run = synthetic_data, base / "run"
     raw = tiny_config_dict("ktied_normal", steps=40, kl_scale=0.05)
     raw["model"].update(prior_stddev=1.0, ktied_rank=2)
     train(parse_config(raw), data, run, progress=False, truth_path=data / "SYNTH_TRUTH.csv")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from ehr_testdata import tiny_config_dict, write_data_dir
+from ehr_testdata import tiny_config_dict
 
 from model import inputs, losses, precision
 from model.config import parse_config
@@ -14,8 +14,8 @@ from model.train import train
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return write_data_dir(tmp_path_factory.mktemp("precision") / "data")
+def data(synthetic_data):
+    return synthetic_data
 
 
 def test_policy_names_and_the_float16_restriction():

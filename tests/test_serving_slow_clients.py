@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from serving.testing import ServerProcess, write_fixture_export
+from serving.testing import ServerProcess
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 KEY = "slow-clients-key-0123456789abcdef"
@@ -30,8 +30,8 @@ REQUEST = {"patient": {"gender": "F", "age_years": 70.0},
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    return write_fixture_export(tmp_path_factory.mktemp("export"), ensemble_size=2)
+def export_dir(fixture_export):
+    return fixture_export
 
 
 def _server(export_dir, tmp_path) -> ServerProcess:

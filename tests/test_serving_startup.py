@@ -26,8 +26,8 @@ KEY = "startup-key-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    return write_fixture_export(tmp_path_factory.mktemp("export"), ensemble_size=2)
+def export_dir(fixture_export):
+    return fixture_export
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
-from ehr_testdata import read_json, tiny_config_dict, trained_rank1_run, write_data_dir
+from ehr_testdata import read_json, tiny_config_dict, write_data_dir
 
 from ehr_pipeline.config import ConfigError
 from model.config import parse_config
@@ -25,8 +25,8 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return trained_rank1_run(tmp_path_factory.getbasetemp() / "trained_rank1")
+def trained(trained_rank1):
+    return trained_rank1
 
 
 def test_training_lowers_the_loss_and_beats_chance(trained):
