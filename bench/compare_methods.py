@@ -151,27 +151,28 @@ def _split(data: pathlib.Path, release: pathlib.Path, name: str) -> Split:
     return Split(records, np.asarray(labels), np.asarray(hadm_ids), load_truth(release / "SYNTH_TRUTH.csv", hadm_ids))
 
 
+def truth_design(release: pathlib.Path) -> dict[int, np.ndarray]:
+    """hadm_id -> the truth's nine logit terms (MortalityModel.design) recomputed from a release's tables."""
+    from ehr_pipeline.synth.recompute import pre_trigger_features, read_tables
+    from ehr_pipeline.synth.truth import MortalityModel
+
+    manifest = json.loads((release / "SYNTH_MANIFEST.json").read_text())
+    settings = manifest.get("settings", manifest)
+    ids, feats = pre_trigger_features(read_tables(release), int(settings.get("trigger_offset_seconds", 86400)))
+    model = MortalityModel(lab_volume_scale=float(settings.get("events_scale", 1.0)))
+    return dict(zip(ids.tolist(), model.design(feats)))
+
+
 def _well_specified(work: pathlib.Path, sites) -> dict[str, np.ndarray]:
     """Test-split probabilities [N, 1] per site of the truth's design fitted on site A's training split."""
     from sklearn.linear_model import LogisticRegression
 
-    from ehr_pipeline.synth.recompute import pre_trigger_features, read_tables
-    from ehr_pipeline.synth.truth import MortalityModel
-
-    def design(site: str):
-        release = work / f"release_{site}"
-        manifest = json.loads((release / "SYNTH_MANIFEST.json").read_text())
-        settings = manifest.get("settings", manifest)
-        ids, feats = pre_trigger_features(read_tables(release), int(settings.get("trigger_offset_seconds", 86400)))
-        model = MortalityModel(lab_volume_scale=float(settings.get("events_scale", 1.0)))
-        return dict(zip(ids.tolist(), model.design(feats)))
-
-    rows_a = design("A")
+    rows_a = truth_design(work / "release_A")
     train = _split(work / "data_A", work / "release_A", "train")
     fit = LogisticRegression(C=1e6, max_iter=5000).fit(np.stack([rows_a[h] for h in train.hadm_ids]), train.labels)
     out = {"params": np.array(fit.coef_.size + 1)}
     for site, split in sites.items():
-        rows = rows_a if site == "A" else design(site)
+        rows = rows_a if site == "A" else truth_design(work / f"release_{site}")
         out[f"probs_{site}"] = fit.predict_proba(np.stack([rows[h] for h in split.hadm_ids]))[:, 1:]
     return out
 

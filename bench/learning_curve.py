@@ -1,0 +1,202 @@
+"""How close to the known truth a learner gets as the training split grows: docs/results.md's learning curve.
+
+  python bench/learning_curve.py                       # one large release (~25k admissions), sizes 1.6k-all
+  python bench/learning_curve.py --patients 7000 --seed 11 --work out/compare_methods --release-name A
+
+The medium-scale targets (mean abs(p - P_DEATH) <= 0.025, NLL within 0.005 nats of the truth's)
+were set for ~6,600 training admissions. This script asks whether a general-purpose learner can
+meet them at that size at all, and how many admissions it would need. It writes one large
+release with the project's generator, runs the Beam job on it, and fits, on random subsets of
+its training split (REPEATS draws per size), two models chosen and read exactly as in
+bench/compare_methods.py:
+
+* ``logistic``: model.baselines' logistic regression on the 632 bag aggregates (L1 or L2 and C
+  chosen by NLL on the full validation split), the strongest general-purpose learner of the
+  medium comparison;
+* ``well_specified_logistic``: the truth's own nine terms recomputed from the tables, with
+  fitted coefficients: what a model that knew the formula pays for estimating it.
+
+Every fit is scored on the same full test split against P_DEATH. A power law
+``abs(p - P) = a * n^b`` fitted to the logistic points (log-log least squares over sizes)
+estimates the training size at which the general-purpose learner would reach the target.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import pathlib
+import shlex
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import ehr_pipeline  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
+
+log = logging.getLogger("bench.learning_curve")
+
+DEFAULT_SIZES = (1650, 3300, 6600, 13000)
+TARGET_ABS_ERROR = 0.025  # the issue's target for mean abs(p - P_DEATH) at medium scale
+TARGET_EXCESS_NLL = 0.005  # nats above the truth's NLL
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the benchmark."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--patients", type=int, default=21000, help="patients of the release (~1.2 admissions each)")
+    p.add_argument("--seed", type=int, default=13, help="generator seed of the release")
+    p.add_argument("--work", default="out/learning_curve", help="folder for the release and the Beam job's output")
+    p.add_argument("--release-name", default="L",
+                   help="WORK/release_NAME and WORK/data_NAME (an existing pair, e.g. compare_methods' A, is reused)")
+    p.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES),
+                   help="training-split sizes (admissions) to subsample; the whole split is always added")
+    p.add_argument("--repeats", type=int, default=3, help="random subsets per size (the whole split: one)")
+    p.add_argument("--out", default="docs/results.md", help="markdown file that receives the table")
+    return p
+
+
+def _nll(p: np.ndarray, y: np.ndarray) -> float:
+    p = np.clip(p, 1e-7, 1 - 1e-7)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
+
+
+def _fit_logistic(x: np.ndarray, y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray):
+    """The baseline's grid, chosen by validation NLL: (fitted pipeline, 'penalty=..,C=..')."""
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from model.baselines import LOGISTIC_SETTINGS, logistic_regression
+
+    best = None
+    for penalty, c in LOGISTIC_SETTINGS:
+        model = make_pipeline(StandardScaler(), logistic_regression(penalty, c, 0)).fit(x, y)
+        score = _nll(model.predict_proba(val_x)[:, 1], val_y)
+        if best is None or score < best[0]:
+            best = (score, model, f"{penalty},C={c:g}")
+    return best[1], best[2]
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """Every (size, repeat) fit's test scores against P_DEATH."""
+    from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_limits
+    from tqdm.auto import tqdm
+
+    from bench.compare_methods import _make_data, _make_release, truth_design
+    from model import baselines
+    from model.evaluate import load_truth
+    from model.inputs import load_data_files
+
+    work = pathlib.Path(args.work)
+    release, data = work / f"release_{args.release_name}", work / f"data_{args.release_name}"
+    _make_release("A", args.patients, args.seed, release)
+    _make_data(release, data)
+    files = load_data_files(data)
+    layout = baselines.FeatureLayout.from_data_files(files)
+    feats = {s: baselines.read_features(files, s, layout) for s in ("train", "validation", "test")}
+    design = truth_design(release)
+    rows = {s: np.stack([design[h] for h in feats[s].hadm_ids.tolist()]) for s in feats}
+    truth = load_truth(release / "SYNTH_TRUTH.csv", feats["test"].hadm_ids)
+    y_test = feats["test"].labels
+    truth_nll = _nll(truth, y_test)
+    n_train = len(feats["train"].labels)
+    sizes = sorted({min(n, n_train) for n in args.sizes} | {n_train})
+    jobs = [(n, r) for n in sizes for r in range(1 if n == n_train else args.repeats)]
+    results = []
+    for n, repeat in tqdm(jobs, desc="fits", unit="fit"):
+        idx = np.sort(np.random.default_rng(repeat).choice(n_train, n, replace=False))
+        y = feats["train"].labels[idx]
+        with threadpool_limits(limits=1):
+            model, chosen = _fit_logistic(feats["train"].x[idx], y, feats["validation"].x, feats["validation"].labels)
+            p_logistic = model.predict_proba(feats["test"].x)[:, 1]
+            well = LogisticRegression(C=1e6, max_iter=5000).fit(rows["train"][idx], y)
+            p_well = well.predict_proba(rows["test"])[:, 1]
+        for name, p in (("logistic", p_logistic), ("well_specified_logistic", p_well)):
+            results.append({"model": name, "n": n, "repeat": repeat, "chosen": chosen if name == "logistic" else "",
+                            "abs_error": float(np.mean(np.abs(p - truth))),
+                            "excess_nll": _nll(p, y_test) - truth_nll})
+        log.info("n=%d repeat %d: logistic (%s) abs %.4f; well-specified abs %.4f", n, repeat, chosen,
+                 results[-2]["abs_error"], results[-1]["abs_error"])
+    return results, {"n_train": n_train, "n_validation": len(feats["validation"].labels), "n_test": len(y_test),
+                     "test_deaths": int(y_test.sum()), "truth_nll": truth_nll}
+
+
+def power_law(ns: np.ndarray, errors: np.ndarray) -> tuple[float, float]:
+    """(a, b) of errors = a * ns**b by least squares on logs."""
+    b, log_a = np.polyfit(np.log(ns), np.log(errors), 1)
+    return float(math.exp(log_a)), float(b)
+
+
+def report(results: list[dict], info: dict, command: str, seconds: float) -> str:
+    """Markdown: the curve per size, the fitted power law and the size it predicts for the target."""
+    lines = [
+        "## Learning curve against the known truth",
+        "",
+        f"Command (repo root): `{command}`",
+        "",
+        f"One release; subsets of its training split ({info['n_train']:,} admissions), choices on the full "
+        f"validation split (n = {info['n_validation']:,}), scores on the full test split (n = {info['n_test']:,}, "
+        f"{info['test_deaths']} deaths; the truth's own NLL {info['truth_nll']:.4f}). Mean +- SEM over the "
+        "random subsets of a size (one fit on the whole split). Took "
+        f"{seconds / 60:.1f} min.",
+        "",
+        "| training admissions | logistic abs(p - P) | logistic NLL - truth | logistic's choice | "
+        "well-specified abs(p - P) | well-specified NLL - truth |",
+        "|---|---|---|---|---|---|",
+    ]
+    sizes = sorted({r["n"] for r in results})
+    means = {}
+    for n in sizes:
+        cells = [f"{n:,}"]
+        for name in ("logistic", "well_specified_logistic"):
+            rows = [r for r in results if r["model"] == name and r["n"] == n]
+            for key in ("abs_error", "excess_nll"):
+                vals = np.array([r[key] for r in rows])
+                sem = vals.std(ddof=1) / math.sqrt(vals.size) if vals.size > 1 else float("nan")
+                cells.append(f"{vals.mean():.4f}" + (f" +- {sem:.4f}" if math.isfinite(sem) else ""))
+                means[name, key, n] = vals.mean()
+            if name == "logistic":
+                cells.append(", ".join(sorted({r["chosen"] for r in rows})))
+        lines.append("| " + " | ".join(cells) + " |")
+    ns = np.array(sizes, dtype=float)
+    a, b = power_law(ns, np.array([means["logistic", "abs_error", n] for n in sizes]))
+    needed = (TARGET_ABS_ERROR / a) ** (1 / b) if b < 0 else float("inf")
+    lines += [
+        "",
+        f"Power law fitted to the logistic regression's mean abs(p - P): {a:.3f} * n^{b:.3f}; it reaches the "
+        f"target {TARGET_ABS_ERROR} at about {needed:,.0f} training admissions"
+        + (" (an extrapolation beyond the sizes measured)." if needed > ns.max() else "."),
+        f"Excess-NLL target ({TARGET_EXCESS_NLL} nats): met by the logistic regression at "
+        + (", ".join(f"{n:,}" for n in sizes if means["logistic", "excess_nll", n] <= TARGET_EXCESS_NLL) or "no size")
+        + " measured; by the well-specified model at "
+        + (", ".join(f"{n:,}" for n in sizes if means["well_specified_logistic", "excess_nll", n] <= TARGET_EXCESS_NLL)
+           or "no size") + ".",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Fits the curve and writes its section of the results file; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    from ehr_pipeline.cli_args import setup_logging
+
+    setup_logging()
+    started = time.time()
+    results, info = run(args)
+    command = "python bench/learning_curve.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    markdown = report(results, info, command.strip(), time.time() - started)
+    from bench.report import write_section
+
+    path = write_section("learning_curve", markdown, args.out)
+    print(markdown)
+    print(f"\nwritten to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
