@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES),
                    help="training-split sizes (admissions) to subsample; the whole split is always added")
     p.add_argument("--repeats", type=int, default=3, help="random subsets per size (the whole split: one)")
+    p.add_argument("--lstm-seeds", type=int, default=3,
+                   help="rank-1 Normal LSTMs (compare_methods' medium config) trained on the whole training split, "
+                        "one per seed; 0 skips them")
+    p.add_argument("--samples", type=int, default=25, help="S evaluation samples per member of the LSTMs")
     p.add_argument("--out", default="docs/results.md", help="markdown file that receives the table")
     return p
 
@@ -116,6 +120,8 @@ def run(args: argparse.Namespace) -> list[dict]:
         with threadpool_limits(limits=1):
             model, chosen = _fit_logistic(feats["train"].x[idx], y, feats["validation"].x, feats["validation"].labels)
             p_logistic = model.predict_proba(feats["test"].x)[:, 1]
+            if n == n_train:
+                whole_split_logistic = p_logistic
             well = LogisticRegression(C=1e6, max_iter=5000).fit(rows["train"][idx], y)
             p_well = well.predict_proba(rows["test"])[:, 1]
             low, high = laplace_interval(well, rows["train"][idx], rows["test"], 0.95, seed=repeat)
@@ -127,8 +133,40 @@ def run(args: argparse.Namespace) -> list[dict]:
                             if name == "well_specified_logistic" else float("nan")})
         log.info("n=%d repeat %d: logistic (%s) abs %.4f; well-specified abs %.4f", n, repeat, chosen,
                  results[-2]["abs_error"], results[-1]["abs_error"])
-    return results, {"n_train": n_train, "n_validation": len(feats["validation"].labels), "n_test": len(y_test),
+    lstm = _lstm_runs(args, work, data, release, feats["test"].hadm_ids, truth, y_test, truth_nll, whole_split_logistic,
+                      n_train)
+    return results + lstm, {"n_train": n_train, "n_validation": len(feats["validation"].labels), "n_test": len(y_test),
                      "test_deaths": int(y_test.sum()), "truth_nll": truth_nll}
+
+
+def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Path, hadm_ids: np.ndarray,
+               truth: np.ndarray, y_test: np.ndarray, truth_nll: float, p_logistic: np.ndarray,
+               n_train: int) -> list[dict]:
+    """Rank-1 Normal LSTMs on the whole training split: test scores per seed, paired with the logistic fit."""
+    from bench.compare_methods import _predict, _split, _train
+    from model import metrics
+
+    if args.lstm_seeds <= 0:
+        return []
+    grid_args = argparse.Namespace(scale="medium", steps=None, samples=args.samples)
+    split = _split(data, release, "test")
+    if not np.array_equal(split.hadm_ids, hadm_ids):
+        raise RuntimeError("the test split's order differs between the baseline features and the LSTM reader")
+    out = []
+    for seed in range(args.lstm_seeds):
+        export, _, seconds = _train("rank1_normal", seed, grid_args, data, release / "SYNTH_TRUTH.csv", work)
+        probs = _predict([export], split, args.samples, seed)  # [N, S * K]
+        p = probs.mean(axis=1)
+        coverage = metrics.interval_coverage(probs, truth, levels=(0.95,))["0.95"]
+        out.append({"model": "rank1_normal", "n": n_train, "repeat": seed, "chosen": "", "p": p, "samples": args.samples,
+                    "abs_error": float(np.mean(np.abs(p - truth))), "excess_nll": _nll(p, y_test) - truth_nll,
+                    "coverage_95": coverage, "train_seconds": seconds})
+    # Paired on the same cases: the seed-averaged LSTM against the logistic fit on the same split.
+    mean_p = np.mean([r["p"] for r in out], axis=0)
+    paired = metrics.paired_bootstrap(p_logistic, mean_p, y_test, truth, n=2000)
+    for r in out:
+        r["paired_vs_logistic"] = paired
+    return out
 
 
 def laplace_interval(model, x_train: np.ndarray, x: np.ndarray, level: float, seed: int,
@@ -174,7 +212,7 @@ def report(results: list[dict], info: dict, command: str, seconds: float) -> str
         "well-specified abs(p - P) | well-specified NLL - truth | well-specified cov 95% |",
         "|---|---|---|---|---|---|---|",
     ]
-    sizes = sorted({r["n"] for r in results})
+    sizes = sorted({r["n"] for r in results if r["model"] == "logistic"})
     means = {}
     for n in sizes:
         cells = [f"{n:,}"]
@@ -188,6 +226,30 @@ def report(results: list[dict], info: dict, command: str, seconds: float) -> str
             if name == "logistic":
                 cells.append(", ".join(sorted({r["chosen"] for r in rows})))
         lines.append("| " + " | ".join(cells) + " |")
+    lstm = [r for r in results if r["model"] == "rank1_normal"]
+    if lstm:
+        def cell(key: str) -> str:
+            vals = np.array([r[key] for r in lstm])
+            sem = vals.std(ddof=1) / math.sqrt(vals.size) if vals.size > 1 else float("nan")
+            return f"{vals.mean():.4f}" + (f" +- {sem:.4f}" if math.isfinite(sem) else "")
+
+        paired = lstm[0]["paired_vs_logistic"]
+        diff = {k: f"{paired[k]['difference']:+.4f} [{paired[k]['lower']:+.4f}, {paired[k]['upper']:+.4f}]"
+                for k in ("truth_mae", "nll")}
+        lines += [
+            "",
+            f"Rank-1 Normal LSTM on the whole training split ({lstm[0]['n']:,} admissions; compare_methods' medium "
+            f"config, best checkpoint by validation NLL, S = {lstm[0].get('samples', 25)} per member; "
+            f"{len(lstm)} seeds, mean +- SEM; "
+            f"{np.mean([r['train_seconds'] for r in lstm]):.0f} s of training per seed):",
+            "",
+            "| model | abs(p - P) | NLL - truth | cov 95% |",
+            "|---|---|---|---|",
+            f"| rank1_normal | {cell('abs_error')} | {cell('excess_nll')} | {cell('coverage_95')} |",
+            "",
+            "Paired on the same test cases, the seed-averaged rank-1 LSTM minus the logistic regression fitted "
+            f"on the same split (bootstrap 95% interval): abs(p - P) {diff['truth_mae']}, NLL {diff['nll']}.",
+        ]
     ns = np.array(sizes, dtype=float)
     a, b = power_law(ns, np.array([means["logistic", "abs_error", n] for n in sizes]))
     needed = (TARGET_ABS_ERROR / a) ** (1 / b) if b < 0 else float("inf")
