@@ -25,6 +25,7 @@ estimates the training size at which the general-purpose learner would reach the
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import pathlib
@@ -44,6 +45,9 @@ log = logging.getLogger("bench.learning_curve")
 DEFAULT_SIZES = (1650, 3300, 6600, 13000)
 TARGET_ABS_ERROR = 0.025  # the issue's target for mean abs(p - P_DEATH) at medium scale
 TARGET_EXCESS_NLL = 0.005  # nats above the truth's NLL
+# The medium comparison's training split; its step budget is scaled by the split size so that
+# an LSTM on a larger split sees as many epochs (a fixed step count would starve it).
+MEDIUM_TRAIN_ADMISSIONS = 6577
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lstm-seeds", type=int, default=3,
                    help="rank-1 Normal LSTMs (compare_methods' medium config) trained on the whole training split, "
                         "one per seed; 0 skips them")
+    p.add_argument("--lstm-steps", type=int, default=None,
+                   help="max_steps of each LSTM (default: the medium comparison's epochs on this split's size)")
     p.add_argument("--samples", type=int, default=25, help="S evaluation samples per member of the LSTMs")
     p.add_argument("--out", default="docs/results.md", help="markdown file that receives the table")
     return p
@@ -148,7 +154,10 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
 
     if args.lstm_seeds <= 0:
         return []
-    grid_args = argparse.Namespace(scale="medium", steps=None, samples=args.samples)
+    from bench.compare_methods import SCALES
+
+    steps = args.lstm_steps or math.ceil(SCALES["medium"]["steps"] * n_train / MEDIUM_TRAIN_ADMISSIONS)
+    grid_args = argparse.Namespace(scale="medium", steps=steps, samples=args.samples)
     split = _split(data, release, "test")
     if not np.array_equal(split.hadm_ids, hadm_ids):
         raise RuntimeError("the test split's order differs between the baseline features and the LSTM reader")
@@ -158,7 +167,9 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
         probs = _predict([export], split, args.samples, seed)  # [N, S * K]
         p = probs.mean(axis=1)
         coverage = metrics.interval_coverage(probs, truth, levels=(0.95,))["0.95"]
+        best_step = json.loads((export.parent / "best.json").read_text())["step"]
         out.append({"model": "rank1_normal", "n": n_train, "repeat": seed, "chosen": "", "p": p, "samples": args.samples,
+                    "max_steps": steps, "best_step": best_step,
                     "abs_error": float(np.mean(np.abs(p - truth))), "excess_nll": _nll(p, y_test) - truth_nll,
                     "coverage_95": coverage, "train_seconds": seconds})
     # Paired on the same cases: the seed-averaged LSTM against the logistic fit on the same split.
@@ -239,7 +250,8 @@ def report(results: list[dict], info: dict, command: str, seconds: float) -> str
         lines += [
             "",
             f"Rank-1 Normal LSTM on the whole training split ({lstm[0]['n']:,} admissions; compare_methods' medium "
-            f"config, best checkpoint by validation NLL, S = {lstm[0].get('samples', 25)} per member; "
+            f"config, up to {lstm[0]['max_steps']:,} steps (the comparison's epochs), best checkpoint by validation "
+            f"NLL (steps {', '.join(str(r['best_step']) for r in lstm)}), S = {lstm[0]['samples']} per member; "
             f"{len(lstm)} seeds, mean +- SEM; "
             f"{np.mean([r['train_seconds'] for r in lstm]):.0f} s of training per seed):",
             "",
