@@ -163,7 +163,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: 
 def _misuse(args: argparse.Namespace, beam_args: list[str]) -> str | None:
     """What is wrong with the command line beyond single flags (a folder that is no release, a bad
     pipeline config, an unknown Beam runner), or None; checked before any work starts."""
-    from ehr_pipeline.config import ConfigError, load_pipeline_config
+    from ehr_pipeline.config import load_pipeline_config
+    from ehr_pipeline.yaml_config import ConfigError
     from ehr_pipeline.reader import MissingTableError, ReaderError, locate_table
 
     if args.command in ("summarize", "run", "demo"):

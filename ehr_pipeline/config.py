@@ -14,20 +14,16 @@ import os
 from typing import Annotated, Any, Literal
 
 import pydantic
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from ehr_pipeline import spec
+from ehr_pipeline import spec, yaml_config
+from ehr_pipeline.yaml_config import ConfigError  # noqa: F401  (re-exported: callers that hold this module catch it)
 
 # Strict: YAML `1.5` must not quietly become the integer 1, nor `true` the integer 1.
 _StrictInt = Annotated[int, Field(strict=True)]
 _Fraction = Annotated[float, Field(strict=True, ge=0.0, le=1.0)]
 _Source = Literal[spec.SOURCES]  # type: ignore[valid-type]  # Literal over the spec's tuple
 _SPLIT_SUM_TOLERANCE = 1e-9  # 0.8 + 0.1 + 0.1 is not exactly 1.0 in binary floating point
-
-
-class ConfigError(ValueError):
-    """A configuration file that cannot be read or does not validate."""
 
 
 class _Model(BaseModel):
@@ -123,39 +119,13 @@ class PipelineConfig(_Model):
         return self.model_dump(mode="json")
 
 
-def format_validation_errors(err: pydantic.ValidationError) -> str:
-    """One line per problem, led by the dotted field path, e.g. 'bagging.max_bags: ...'.
-
-    Shared by every YAML config of the project (pipeline, model, image) so errors read alike.
-    """
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "<top level>"
-        lines.append(f"  {where}: {e['msg']}")
-    return "\n".join(lines)
-
-
 def parse_pipeline_config(data: Any, source: str = "<dict>") -> PipelineConfig:
     """Validates already-parsed YAML/JSON data; raises ConfigError naming each bad field."""
-    if data is None:  # an empty file means "all defaults"
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: a pipeline config must be a mapping, got {type(data).__name__}")
-    try:
-        return PipelineConfig.model_validate(data)
-    except pydantic.ValidationError as err:
-        raise ConfigError(f"{source}: invalid pipeline config:\n{format_validation_errors(err)}") from None
+    return yaml_config.validate(PipelineConfig, data, source, "pipeline config")
 
 
 def load_pipeline_config(path: str | os.PathLike[str] | None = None) -> PipelineConfig:
     """Reads a YAML pipeline config; None gives the defaults."""
     if path is None:
         return PipelineConfig()
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read pipeline config: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    return parse_pipeline_config(data, source=os.fspath(path))
+    return yaml_config.load(PipelineConfig, path, "pipeline config")

@@ -13,10 +13,10 @@ import os
 from typing import Annotated, Any, Literal
 
 import pydantic
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from ehr_pipeline.config import ConfigError, format_validation_errors
+from ehr_pipeline import yaml_config
+from ehr_pipeline.yaml_config import ConfigError
 
 # Strict ints: YAML `1.5` must not quietly become 1, nor `true` the integer 1.
 _Int = Annotated[int, Field(strict=True)]
@@ -191,23 +191,9 @@ class ExperimentConfig(ExperimentBase):
 
 def parse_config(data: Any, source: str = "<dict>") -> ExperimentConfig:
     """Validates already-parsed YAML/JSON data; raises ConfigError naming each bad key."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: an experiment config must be a mapping, got {type(data).__name__}")
-    try:
-        return ExperimentConfig.model_validate(data)
-    except pydantic.ValidationError as err:
-        raise ConfigError(f"{source}: invalid experiment config:\n{format_validation_errors(err)}") from None
+    return yaml_config.validate(ExperimentConfig, data, source, "experiment config")
 
 
 def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
     """Reads and validates a YAML experiment config."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read experiment config: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    return parse_config(data, source=os.fspath(path))
+    return yaml_config.load(ExperimentConfig, path, "experiment config")

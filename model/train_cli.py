@@ -62,7 +62,7 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, object]]:
     """['model.rnn_dim=64', ...] -> {'model': {'rnn_dim': 64}}; values read as YAML scalars."""
     import yaml
 
-    from ehr_pipeline.config import ConfigError
+    from ehr_pipeline.yaml_config import ConfigError
 
     sections: dict[str, dict[str, object]] = {}
     for item in items:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
-    from ehr_pipeline.config import ConfigError
+    from ehr_pipeline.yaml_config import ConfigError
     from model.config import load_config
 
     try:

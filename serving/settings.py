@@ -126,12 +126,9 @@ def make_settings(api_keys: Iterable[str] = (), **kwargs) -> Settings:
     """Settings from plain values; raises SettingsError with one readable line per problem."""
     import pydantic
 
+    from ehr_pipeline.yaml_config import describe_errors
+
     try:
         return Settings(api_keys=tuple(SecretStr(k) for k in api_keys), **kwargs)
     except pydantic.ValidationError as err:
-        lines = []
-        for e in err.errors():
-            where = ".".join(str(p) for p in e["loc"])
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{where}: {msg}" if where else msg)
-        raise SettingsError("; ".join(lines)) from None
+        raise SettingsError(describe_errors(err)) from None

@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from ehr_pipeline import spec
-from ehr_pipeline.config import (SPLIT_NAMES, BaggingConfig, ConfigError, PipelineConfig,
-                                 load_pipeline_config, parse_pipeline_config)
+from ehr_pipeline.config import (SPLIT_NAMES, BaggingConfig, PipelineConfig, load_pipeline_config,
+                                 parse_pipeline_config)
+from ehr_pipeline.yaml_config import ConfigError
 
 SHIPPED = pathlib.Path(__file__).resolve().parents[1] / "configs" / "pipeline.yaml"
 
@@ -84,7 +85,7 @@ def test_split_fractions_must_sum_to_one(tmp_path):
     ({"split_salt": ""}, "split_salt"),
 ])
 def test_invalid_values_are_errors_naming_the_field(data, field):
-    with pytest.raises(ConfigError, match=rf"\n  {re.escape(field)}: "):
+    with pytest.raises(ConfigError, match=rf"^<dict>: invalid pipeline config: (.*; )?{re.escape(field)}: "):
         parse_pipeline_config(data)
 
 
@@ -114,3 +115,27 @@ def test_configs_are_frozen():
     cfg = PipelineConfig()
     with pytest.raises(pydantic.ValidationError):
         cfg.min_age_years = 3.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("loader, text, want", [
+    ("pipeline", "bagging:\n  max_bag: 3\nsplits: {test: 1.5}\n",
+     "invalid pipeline config: bagging.max_bag: Extra inputs are not permitted; splits.test: Input should be less "
+     "than or equal to 1"),
+    ("experiment", "model:\n  rnn_dim: 0\n", "invalid experiment config: model.rnn_dim: Input should be greater "
+                                               "than 0"),
+    ("image", "task: image\nmodel:\n  posterior: {ensemble_size: 2.0}\n",
+     "invalid image config: model.posterior.ensemble_size: Input should be a valid integer"),
+    ("image", "task: image\nmodel:\n  posterior: {method: mean_field}\n",
+     "invalid image config: model.posterior: ensemble_size must be 1 for method 'mean_field'"),
+])
+def test_every_yaml_config_reports_the_file_and_fields_on_one_line(tmp_path, loader, text, want):
+    from model import config as experiment
+    from model.image import config as image
+
+    load = {"pipeline": load_pipeline_config, "experiment": experiment.load_config, "image": image.load_config}
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load[loader](path)
+    assert str(err.value).startswith(f"{path}: {want}") and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"^\S+: not valid YAML: [^\n]+$"):
+        load[loader](write(tmp_path, "model: {rnn_dim: [\n"))

@@ -15,7 +15,7 @@ import tensorflow as tf
 import yaml
 from ehr_testdata import read_json, tiny_config_dict, write_data_dir
 
-from ehr_pipeline.config import ConfigError
+from ehr_pipeline.yaml_config import ConfigError
 from model.config import parse_config
 from model.train import (BEST_FILE, CHECKPOINT_DIR, EXPORT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError,
                          load_run, train)

@@ -34,17 +34,15 @@ def _option_values(argv: list[str], names: tuple[str, ...]) -> list[str]:
 
 def wants_image(argv: list[str] | None = None) -> bool:
     """Whether an ehr-train / ehr-eval command line is about an image model (cheap: reads YAML/JSON only)."""
-    import yaml
-
+    from ehr_pipeline.yaml_config import ConfigError, read_yaml
     from model.image.config import is_image_config
 
     argv = sys.argv[1:] if argv is None else list(argv)
     for value in _option_values(argv, ("--config",)):
         try:
-            with open(value, encoding="utf-8") as f:
-                if is_image_config(yaml.safe_load(f)):
-                    return True
-        except (OSError, ValueError, yaml.YAMLError):  # unreadable / malformed: let the EHR parser report it
+            if is_image_config(read_yaml(value)):
+                return True
+        except ConfigError:  # unreadable / malformed: let the EHR parser report it
             continue
     for value in _option_values(argv, ("--run", "--model")):
         path = pathlib.Path(value) / "config.json"
@@ -91,7 +89,7 @@ def train_main(argv: list[str] | None = None) -> int:
     args = build_train_parser().parse_args(argv)
     _logging(args.verbose)
     import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
-    from ehr_pipeline.config import ConfigError
+    from ehr_pipeline.yaml_config import ConfigError
     from model.image.config import load_config
 
     try:
@@ -152,7 +150,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         print("ehr-eval: --samples must be in [1, 100]", file=sys.stderr)
         return 2
     import ehr_pipeline  # noqa: F401
-    from ehr_pipeline.config import ConfigError
+    from ehr_pipeline.yaml_config import ConfigError
     from model.image import evaluate as evaluation
     from model.image.train import load_run
 
