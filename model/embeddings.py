@@ -17,14 +17,16 @@ on the tiled batch to give each member its own sample; both are unbiased ELBO es
 """
 from __future__ import annotations
 
-import dataclasses
 import math
+from typing import Annotated
 
 import tensorflow as tf
+from pydantic import BaseModel, ConfigDict, Field
+
+_PosFinite = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 
 
-@dataclasses.dataclass(frozen=True)
-class EmbeddingConfig:
+class EmbeddingConfig(BaseModel):
     """Embedding posterior: stochastic (mean-field Gaussian) or a deterministic table.
 
     prior_stddev: stddev of the N(0, prior_stddev^2) prior on every table entry.
@@ -33,25 +35,13 @@ class EmbeddingConfig:
     pad_id: id whose embedding is exactly zero (no noise, no gradient); None: no padding id.
     """
 
-    stochastic: bool = True
-    prior_stddev: float = 1.0
-    init_stddev: float = 1e-3
-    mean_init_scale: float = 0.05
-    pad_id: int | None = None
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.stochastic, bool):
-            raise TypeError("EmbeddingConfig.stochastic must be a bool")
-        for name in ("prior_stddev", "init_stddev"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"EmbeddingConfig.{name} must be a finite number > 0, got {value!r}")
-        if not isinstance(self.mean_init_scale, (int, float)) or not (
-            math.isfinite(self.mean_init_scale) and self.mean_init_scale >= 0
-        ):
-            raise ValueError(f"EmbeddingConfig.mean_init_scale must be finite and >= 0, got {self.mean_init_scale!r}")
-        if self.pad_id is not None and (isinstance(self.pad_id, bool) or not isinstance(self.pad_id, int)):
-            raise TypeError(f"EmbeddingConfig.pad_id must be an int or None, got {self.pad_id!r}")
+    stochastic: Annotated[bool, Field(strict=True)] = True
+    prior_stddev: _PosFinite = 1.0
+    init_stddev: _PosFinite = 1e-3
+    mean_init_scale: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.05
+    pad_id: Annotated[int, Field(strict=True)] | None = None
 
 
 class StochasticEmbedding(tf.keras.layers.Layer):

@@ -7,25 +7,40 @@ uncertainty-baselines so published settings can be copied verbatim.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
+from typing import Annotated, Literal, get_args
 
-DISTRIBUTIONS = ("normal", "cauchy")
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+# Every posterior the layer factory builds (model.rank1.BUILDERS has one entry per name):
+#   deterministic, rank1, batchensemble (point-mass rank-1 factors), bella (particle adapters),
+#   mean_field and ktied_normal (posteriors over whole weight matrices, model.weight_posteriors).
+Method = Literal["deterministic", "rank1", "batchensemble", "bella", "mean_field", "ktied_normal"]
+METHODS: tuple[str, ...] = get_args(Method)
+Distribution = Literal["normal", "cauchy"]
+DISTRIBUTIONS: tuple[str, ...] = get_args(Distribution)
 # Per-factor posterior families; "trainable_deterministic" is a point mass (no KL),
 # i.e. a BatchEnsemble factor. Names match edward2 / Table 7.
-FACTOR_INITIALIZERS = ("trainable_normal", "trainable_cauchy", "trainable_deterministic")
+FactorInitializer = Literal["trainable_normal", "trainable_cauchy", "trainable_deterministic"]
+FACTOR_INITIALIZERS: tuple[str, ...] = get_args(FactorInitializer)
 # Posteriors over whole weight matrices (model.weight_posteriors), not over rank-1 factors.
 WEIGHT_POSTERIOR_METHODS = ("mean_field", "ktied_normal")
 # How Bella particles are trained (model.bella.ParticleUpdate).
-PARTICLE_UPDATES = ("ensemble", "svgd")
+ParticleUpdate = Literal["ensemble", "svgd"]
+PARTICLE_UPDATES: tuple[str, ...] = get_args(ParticleUpdate)
+
+# Strict ints and bools: YAML `2.0` or `true` must not quietly become an ensemble size.
+_PosInt = Annotated[int, Field(strict=True, ge=1)]
+_Bool = Annotated[bool, Field(strict=True)]
+_Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
-@dataclasses.dataclass(frozen=True)
-class PosteriorConfig:
+class PosteriorConfig(BaseModel):
     """Posterior over the rank-1 factors r (alpha, on inputs) and s (gamma, on outputs).
 
-    method: a name registered in ``model.rank1`` ("deterministic", "batchensemble",
-      "rank1", the whole-matrix posteriors "mean_field" and "ktied_normal", ...).
+    method: one of METHODS ("deterministic", "batchensemble", "rank1", "bella", the
+      whole-matrix posteriors "mean_field" and "ktied_normal").
     distribution: family of the rank-1 posterior and of its mixture prior.
     ensemble_size: K mixture components; the minibatch is tiled K times.
     prior_mean, prior_stddev: location/scale of the prior on every factor element
@@ -49,85 +64,49 @@ class PosteriorConfig:
     The whole-matrix posteriors ("mean_field", "ktied_normal") use prior_stddev as the
     stddev of their zero-mean Normal weight prior and init_stddev as the starting stddev
     of every weight.
+
+    A pydantic model: unknown keys are refused, so it is also the ``posterior`` section of
+    the image configs. Importing it loads no TensorFlow.
     """
 
-    method: str = "rank1"
-    distribution: str = "normal"
-    ensemble_size: int = 4
-    prior_mean: float = 1.0
-    prior_stddev: float = 0.1
-    random_sign_init: float = 0.5
-    dropout_rate: float = 1e-3
-    use_additive_perturbation: bool = False
-    l2: float = 1e-4
-    alpha_initializer: str | None = None
-    gamma_initializer: str | None = None
-    ktied_rank: int = 2
-    adapter_rank: int = 4
-    particle_update: str = "ensemble"
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def __post_init__(self) -> None:
-        # Imported here, not at module top: the registry lives with the layer factory
-        # (which imports this module), so new posteriors register in one place only.
-        from model.rank1 import registered_methods
+    method: Method = "rank1"
+    distribution: Distribution = "normal"
+    ensemble_size: _PosInt = 4
+    prior_mean: _Finite = 1.0
+    prior_stddev: Annotated[_Finite, Field(gt=0.0)] = 0.1
+    random_sign_init: Annotated[_Finite, Field(
+        le=1.0, description="> 0 is the probability of +1 (use a negative value for N(1, |v|) means)")] = 0.5
+    # p = 0 would need softplus^-1(0) = -inf for the raw stddev.
+    dropout_rate: Annotated[_Finite, Field(gt=0.0, lt=1.0)] = 1e-3
+    use_additive_perturbation: _Bool = False
+    l2: Annotated[_Finite, Field(ge=0.0)] = 1e-4
+    alpha_initializer: FactorInitializer | None = None
+    gamma_initializer: FactorInitializer | None = None
+    ktied_rank: _PosInt = 2
+    adapter_rank: _PosInt = 4
+    particle_update: ParticleUpdate = "ensemble"
 
-        methods = registered_methods()
-        if self.method not in methods:
-            raise ValueError(f"PosteriorConfig.method={self.method!r}: expected one of {sorted(methods)}")
-        if self.distribution not in DISTRIBUTIONS:
-            raise ValueError(
-                f"PosteriorConfig.distribution={self.distribution!r}: expected one of {DISTRIBUTIONS}"
-            )
-        if isinstance(self.ensemble_size, bool) or not isinstance(self.ensemble_size, int):
-            raise TypeError(f"PosteriorConfig.ensemble_size must be an int, got {self.ensemble_size!r}")
-        if self.ensemble_size < 1:
-            raise ValueError(f"PosteriorConfig.ensemble_size must be >= 1, got {self.ensemble_size}")
-        if isinstance(self.ktied_rank, bool) or not isinstance(self.ktied_rank, int) or self.ktied_rank < 1:
-            raise ValueError(f"PosteriorConfig.ktied_rank must be an int >= 1, got {self.ktied_rank!r}")
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> PosteriorConfig:
         if self.method in WEIGHT_POSTERIOR_METHODS and self.ensemble_size != 1:
             # One posterior over the weights: K rows of the tiled batch would just be more samples.
-            raise ValueError(f"PosteriorConfig.ensemble_size must be 1 for method {self.method!r}, "
+            raise ValueError(f"ensemble_size must be 1 for method {self.method!r}, "
                              f"got {self.ensemble_size} (draw more samples instead)")
-        _require_finite("prior_mean", self.prior_mean)
-        _require_finite("prior_stddev", self.prior_stddev)
-        if self.prior_stddev <= 0:
-            raise ValueError(f"PosteriorConfig.prior_stddev must be > 0, got {self.prior_stddev}")
-        _require_finite("random_sign_init", self.random_sign_init)
-        if self.random_sign_init > 1:
-            raise ValueError(
-                "PosteriorConfig.random_sign_init > 0 is the probability of +1 and must be <= 1, "
-                f"got {self.random_sign_init} (use a negative value for N(1, |v|) means)"
-            )
-        _require_finite("dropout_rate", self.dropout_rate)
-        if not 0.0 < self.dropout_rate < 1.0:
-            # p = 0 would need softplus^-1(0) = -inf for the raw stddev.
-            raise ValueError(f"PosteriorConfig.dropout_rate must be in (0, 1), got {self.dropout_rate}")
-        _require_finite("l2", self.l2)
-        if self.l2 < 0:
-            raise ValueError(f"PosteriorConfig.l2 must be >= 0, got {self.l2}")
-        if not isinstance(self.use_additive_perturbation, bool):
-            raise TypeError("PosteriorConfig.use_additive_perturbation must be a bool")
-        if isinstance(self.adapter_rank, bool) or not isinstance(self.adapter_rank, int) or self.adapter_rank < 1:
-            raise ValueError(f"PosteriorConfig.adapter_rank must be an int >= 1, got {self.adapter_rank!r}")
-        if self.particle_update not in PARTICLE_UPDATES:
-            raise ValueError(
-                f"PosteriorConfig.particle_update={self.particle_update!r}: expected one of {PARTICLE_UPDATES}")
         if self.method == "bella" and self.prior_mean != 0:
             # The adapters' prior is centred on the base network (A B = 0), whatever the rank-1 default.
-            raise ValueError(f"PosteriorConfig.prior_mean must be 0 for method 'bella', got {self.prior_mean}")
+            raise ValueError(f"prior_mean must be 0 for method 'bella', got {self.prior_mean}")
         for name in ("alpha_initializer", "gamma_initializer"):
             value = getattr(self, name)
             if value is None:
                 continue
-            if value not in FACTOR_INITIALIZERS:
-                raise ValueError(f"PosteriorConfig.{name}={value!r}: expected one of {FACTOR_INITIALIZERS}")
             if self.method in ("deterministic", "bella", *WEIGHT_POSTERIOR_METHODS):
-                raise ValueError(f"PosteriorConfig.{name} has no effect with method={self.method!r}")
+                raise ValueError(f"{name} has no effect with method={self.method!r}")
             if self.method == "batchensemble" and value != "trainable_deterministic":
-                raise ValueError(
-                    f"PosteriorConfig.{name}={value!r}: batchensemble factors are point masses; "
-                    "use method='rank1' for stochastic factors"
-                )
+                raise ValueError(f"{name}={value!r}: batchensemble factors are point masses; "
+                                 "use method='rank1' for stochastic factors")
+        return self
 
     @classmethod
     def mimic_normal(cls, **overrides) -> "PosteriorConfig":
@@ -164,7 +143,3 @@ def softplus_inverse(x: float) -> float:
     """Raw parameter whose softplus is x (stable for small and large x)."""
     return x + math.log(-math.expm1(-x))
 
-
-def _require_finite(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"PosteriorConfig.{name} must be a finite number, got {value!r}")

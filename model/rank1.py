@@ -2,11 +2,11 @@
 
 Model code (the EHR LSTM, the image models) only calls ``dense``, ``conv2d``,
 ``lstm_cell`` / ``lstm`` and ``kl_loss``; which posterior those layers carry is data
-(``config.method``). Each method is an entry in a registry, so a new low-rank posterior
-(k-tied Normal, particle adapters, ...) is added with ``register(name, builder)``
-without touching model code.
+(``config.method``). ``BUILDERS`` maps every name of ``posterior.METHODS`` to how that
+posterior builds each layer kind, so a new low-rank posterior is one name there and one
+entry here, without touching model code.
 
-Built-in entries:
+Entries:
   deterministic  plain Keras layers (the tiled batch just repeats the same network).
   rank1          edward2 rank-1 layers; factors with trainable Normal/Cauchy posteriors
                  and a KL to the (mixture) prior in ``layer.losses``.
@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Callable, Iterable
 
 import tensorflow as tf
@@ -42,32 +44,17 @@ Layer = tf.keras.layers.Layer
 
 @dataclasses.dataclass(frozen=True)
 class LayerBuilder:
-    """A registry entry: how one posterior method builds each layer kind."""
+    """How one posterior method builds each layer kind."""
 
     dense: Callable[..., Layer]  # (units, config, *, activation, use_bias, name) -> Layer
     conv2d: Callable[..., Layer]  # (filters, kernel_size, config, *, strides, padding, activation, use_bias, name)
     lstm_cell: Callable[..., Layer]  # (units, config, *, name) -> a tf.keras.layers.LSTMCell
 
 
-_REGISTRY: dict[str, LayerBuilder] = {}
-
-
-def register(method: str, builder: LayerBuilder) -> None:
-    """Adds a posterior method to the factory; PosteriorConfig then accepts its name."""
-    if method in _REGISTRY:
-        raise ValueError(f"posterior method {method!r} is already registered")
-    _REGISTRY[method] = builder
-
-
-def registered_methods() -> frozenset[str]:
-    """Names accepted as PosteriorConfig.method."""
-    return frozenset(_REGISTRY)
-
-
 def _builder(config: PosteriorConfig) -> LayerBuilder:
     if not isinstance(config, PosteriorConfig):
         raise TypeError(f"expected a PosteriorConfig, got {type(config).__name__}")
-    return _REGISTRY[config.method]
+    return BUILDERS[config.method]
 
 
 # --- public factory -------------------------------------------------------------------
@@ -187,7 +174,7 @@ def _l2(config: PosteriorConfig):
     return tf.keras.regularizers.l2(config.l2) if config.l2 > 0 else None
 
 
-# --- built-in registry entries ---------------------------------------------------------
+# --- the builders of each method ---------------------------------------------------------
 
 def _det_dense(units, config, *, activation, use_bias, name):
     return tf.keras.layers.Dense(units, activation=activation, use_bias=use_bias,
@@ -231,17 +218,25 @@ def _r1_lstm_cell(units, config, *, name):
                                    **_factor_kwargs(config), **_factor_kwargs(config, prefix="recurrent_"))
 
 
-register("deterministic", LayerBuilder(dense=_det_dense, conv2d=_det_conv2d, lstm_cell=_det_lstm_cell))
 _RANK1_BUILDER = LayerBuilder(dense=_r1_dense, conv2d=_r1_conv2d, lstm_cell=_r1_lstm_cell)
-register("rank1", _RANK1_BUILDER)
-# Same layers; PosteriorConfig.factor_initializer resolves to point masses for this method.
-register("batchensemble", _RANK1_BUILDER)
-register("bella", LayerBuilder(dense=bella.dense, conv2d=bella.conv2d, lstm_cell=bella.lstm_cell))
-for _name, _posterior in (("mean_field", weight_posteriors.mean_field),
-                          ("ktied_normal", weight_posteriors.ktied_normal)):
-    register(_name, LayerBuilder(dense=functools.partial(weight_posteriors.dense, _posterior),
-                                 conv2d=functools.partial(weight_posteriors.conv2d, _posterior),
-                                 lstm_cell=functools.partial(weight_posteriors.lstm_cell, _posterior)))
+
+
+def _weight_posterior_builder(posterior: Callable[..., Any]) -> LayerBuilder:
+    return LayerBuilder(dense=functools.partial(weight_posteriors.dense, posterior),
+                        conv2d=functools.partial(weight_posteriors.conv2d, posterior),
+                        lstm_cell=functools.partial(weight_posteriors.lstm_cell, posterior))
+
+
+# One entry per posterior.METHODS name (a test checks the two agree).
+BUILDERS: Mapping[str, LayerBuilder] = MappingProxyType({
+    "deterministic": LayerBuilder(dense=_det_dense, conv2d=_det_conv2d, lstm_cell=_det_lstm_cell),
+    "rank1": _RANK1_BUILDER,
+    # Same layers; PosteriorConfig.factor_initializer resolves to point masses for this method.
+    "batchensemble": _RANK1_BUILDER,
+    "bella": LayerBuilder(dense=bella.dense, conv2d=bella.conv2d, lstm_cell=bella.lstm_cell),
+    "mean_field": _weight_posterior_builder(weight_posteriors.mean_field),
+    "ktied_normal": _weight_posterior_builder(weight_posteriors.ktied_normal),
+})
 
 
 def samples_weights(config: PosteriorConfig) -> bool:

@@ -34,8 +34,8 @@ def _built(shape, k=2, **kwargs) -> wp.TrainableKTiedNormal:
     return init
 
 
-def test_registered_in_the_factory_and_validated():
-    assert {"mean_field", "ktied_normal"} <= rank1.registered_methods()
+def test_built_by_the_factory_and_validated():
+    assert {"mean_field", "ktied_normal"} <= set(rank1.BUILDERS)
     assert rank1.samples_weights(_config()) and not rank1.samples_weights(PosteriorConfig())
     with pytest.raises(ValueError, match="ktied_rank"):
         _config(k=0)

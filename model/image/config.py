@@ -3,22 +3,20 @@
 A file starts with ``task: image`` (that is how ``ehr-train`` / ``ehr-eval`` tell it from an
 EHR config). Every section rejects unknown keys, so a typo fails loudly, naming the key.
 
-The posterior is not re-declared here: ``model.posterior`` takes ``PosteriorConfig``'s own
-fields verbatim (validated by PosteriorConfig itself), so the image and EHR models share one
-definition of every rank-1 hyperparameter. Importing this module does not load TensorFlow
-(validating a posterior does: PosteriorConfig checks its method against the layer registry).
+The posterior is not re-declared here: the ``model.posterior`` section is a
+``PosteriorConfig`` (a pydantic model itself), so the image models and the layer factory
+share one definition of every rank-1 hyperparameter. Importing this module does not load
+TensorFlow.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Annotated, Any, Literal
 
 import pydantic
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from ehr_pipeline.config import ConfigError, format_validation_errors
+from ehr_pipeline import yaml_config
 from model.image.corruptions import CIFAR_C_CORRUPTIONS, CORRUPTIONS, SEVERITIES
 from model.config import ExperimentBase
 from model.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig
@@ -31,14 +29,6 @@ _NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 _Fraction = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
 
 DATASETS = {"digits": 10, "cifar10": 10, "cifar100": 100}  # name -> number of classes
-
-
-@dataclasses.dataclass(frozen=True)
-class PosteriorSection(PosteriorConfig):
-    """PosteriorConfig as a config section: same fields and checks, unknown keys rejected."""
-
-    # Read by pydantic when it validates this dataclass inside a model; not a dataclass field.
-    __pydantic_config__ = ConfigDict(extra="forbid")
 
 
 class _Model(BaseModel):
@@ -114,7 +104,7 @@ class ModelConfig(_Model):
                                            "mlp: number of hidden dense layers.")
     width: _PosInt = Field(10, description="Channel multiplier: the first stage has 16 * width filters; "
                                            "mlp: units of every hidden layer.")
-    posterior: PosteriorSection = PosteriorSection()
+    posterior: PosteriorConfig = PosteriorConfig()
     batch_norm: Literal["shared", "per_member"] = Field(
         "shared", description="shared: one batch norm over the tiled batch; per_member: one per ensemble member.")
     batch_norm_momentum: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.9
@@ -222,30 +212,12 @@ class ImageExperimentConfig(ExperimentBase):
 
 def parse_config(data: Any, source: str = "<dict>") -> ImageExperimentConfig:
     """Validates already-parsed YAML/JSON data; raises ConfigError naming each bad key."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: an image config must be a mapping, got {type(data).__name__}")
-    try:
-        return ImageExperimentConfig.model_validate(data)
-    except pydantic.ValidationError as err:
-        raise ConfigError(f"{source}: invalid image config:\n{format_validation_errors(err)}") from None
-    except (TypeError, ValueError) as err:  # PosteriorConfig's own type checks raise TypeError
-        raise ConfigError(f"{source}: invalid image config: {err}") from None
-
-
-def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """Parsed YAML of a config file, with ConfigError for unreadable or malformed files."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f)
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read config: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    return yaml_config.validate(ImageExperimentConfig, data, source, "image config")
 
 
 def load_config(path: str | os.PathLike[str]) -> ImageExperimentConfig:
     """Reads and validates a YAML image config."""
-    return parse_config(read_yaml(path), source=os.fspath(path))
+    return yaml_config.load(ImageExperimentConfig, path, "image config")
 
 
 def is_image_config(data: Any) -> bool:
