@@ -115,10 +115,10 @@ class RequestContextMiddleware:
             method = scope.get("method", "")
             if status_sent is None and scope.get("state", {}).get(CLIENT_GONE):
                 status = CLIENT_CLOSED_REQUEST  # nobody was answered: not a server error
-            self.metrics.requests.inc(route=template, method=method, status=str(status))
-            self.metrics.latency.observe(elapsed, route=template)
+            self.metrics.requests.labels(route=template, method=method, status=str(status)).inc()
+            self.metrics.latency.labels(route=template).observe(elapsed)
             if status >= 400:
-                self.metrics.errors.inc(route=template, kind=error_kind(template, status))
+                self.metrics.errors.labels(route=template, kind=error_kind(template, status)).inc()
             logger.info("request_id=%s%s %s %s status=%d latency_ms=%.1f", request_id, client_ref, method, template,
                         status, elapsed * 1000.0)
 
@@ -304,7 +304,7 @@ def create_app(settings: Settings, predictor: Predictor | None = None) -> FastAP
         model = (predictor if predictor is not None
                  else await run_in_threadpool(Predictor.load, settings.model_dir, settings.precision))
         export = model.export
-        metrics.model_info.set(1, name=export.card.name, version=export.card.version, checksum=export.checksum)
+        metrics.model_info.info({"name": export.card.name, "version": export.card.version, "checksum": export.checksum})
         batcher = MicroBatcher(model.forward, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000.0,
                                max_queue=settings.max_queue, metrics=metrics)
         await batcher.start()

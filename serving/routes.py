@@ -7,7 +7,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from serving import metrics as metrics_module
 from serving.auth import require_api_key, require_metrics_key
 from serving.batching import Arrival, MicroBatcher
 from serving.dependencies import get_arrival, get_batcher, get_metrics, get_predictor, get_settings
@@ -86,10 +85,13 @@ async def readyz(request: Request, response: Response) -> Health:
 
 
 @metrics_router.get("/metrics", summary="Prometheus metrics", response_class=Response,
-                    responses={200: {"content": {"text/plain": {}}, "description": "Text format 0.0.4."}})
-async def prometheus(metrics: MetricsDep) -> Response:
+                    responses={200: {"content": {"text/plain": {}, "application/openmetrics-text": {}},
+                                     "description": "Prometheus text format; OpenMetrics when the Accept header "
+                                                    "asks for it."}})
+async def prometheus(request: Request, metrics: MetricsDep) -> Response:
     """Request counts by route and status, latencies, errors, batch sizes (no patient data)."""
-    return Response(metrics.render(), media_type=metrics_module.CONTENT_TYPE)
+    body, content_type = metrics.render(request.headers.get("accept"))
+    return Response(body, media_type=content_type)
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -169,10 +171,10 @@ async def predict_admissions(
         ))
         for reason, n in enc.ignored.items():
             if n:
-                metrics.events_ignored.inc(n, reason=reason)
+                metrics.events_ignored.labels(reason=reason).inc(n)
         metrics.oov_codes.inc(enc.oov_count)
         for kind in enc.warning_kinds:
-            metrics.input_warnings.inc(kind=kind)
+            metrics.input_warnings.labels(kind=kind).inc()
     metrics.predictions.inc(len(out))
     metrics.referrals.inc(sum(p.refer for p in out))
     return out

@@ -379,7 +379,7 @@ def test_concurrent_requests_are_merged_into_shared_forward_passes(client, serve
     examples = after["ehr_model_batch_size_sum"] - before.get("ehr_model_batch_size_sum", 0)
     assert examples == n
     assert passes < n, f"{n} concurrent requests took {passes} forward passes: nothing was merged"
-    assert after['ehr_model_batch_size_bucket{le="1"}'] - before.get('ehr_model_batch_size_bucket{le="1"}', 0) < n
+    assert after['ehr_model_batch_size_bucket{le="1.0"}'] - before.get('ehr_model_batch_size_bucket{le="1.0"}', 0) < n
 
 
 def test_values_far_outside_the_training_range_are_answered_with_a_counted_warning(client):

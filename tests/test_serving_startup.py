@@ -165,7 +165,8 @@ def test_cli_serves_with_keys_and_logs_no_patient_data(export_dir, tmp_path):
             assert len(rid) == 32 and rid != "record-4711"  # the server's own id, never the client's
             assert c.get("/metrics").status_code == 401  # it shows request outcomes: key required
             metrics = c.get("/metrics", headers={"X-API-Key": KEY}).text
-            assert 'ehr_model_info{name="TEST-FIXTURE-not-a-clinical-model"' in metrics
+            info = [line for line in metrics.splitlines() if line.startswith("ehr_model_info{")]
+            assert len(info) == 1 and 'name="TEST-FIXTURE-not-a-clinical-model"' in info[0], info
     log = server.log()
     # SIGTERM: uvicorn drains, runs the lifespan shutdown, then re-raises the signal (exit -15).
     assert server.proc.returncode in (0, -15) and "Application shutdown complete" in log
@@ -188,8 +189,8 @@ def test_a_failing_model_is_a_500_with_request_id_and_a_log_line_without_data(tm
         assert "SECRET" not in r.text
         assert httpx.get(f"{srv.base_url}/healthz", timeout=30).status_code == 200  # still serving
         metrics = httpx.get(f"{srv.base_url}/metrics", timeout=30).text
-    assert "ehr_model_errors_total 1" in metrics
-    assert 'ehr_http_errors_total{route="/v1/predict",kind="server"} 1' in metrics
+    assert "ehr_model_errors_total 1.0\n" in metrics
+    assert 'ehr_http_errors_total{route="/v1/predict",kind="server"} 1.0\n' in metrics
     logged = caplog.text
     assert f"request_id={r.json()['request_id']} unhandled RuntimeError" in logged
     assert "SECRET" not in logged and "outside [0, 1]" not in logged
@@ -200,14 +201,31 @@ def test_a_failing_model_is_a_500_with_request_id_and_a_log_line_without_data(tm
 
 def test_prometheus_rendering_escapes_and_accumulates():
     m = metrics_module.ServiceMetrics(namespace="t")
-    m.requests.inc(route='/a"b\\c\nd', method="GET", status="200")
-    m.batch_size.observe(3)
-    m.batch_size.observe(1)
-    m.batch_size.observe(5000)
-    text = m.render()
-    assert 't_http_requests_total{route="/a\\"b\\\\c\\nd",method="GET",status="200"} 1' in text
-    assert 't_model_batch_size_bucket{le="1"} 1' in text and 't_model_batch_size_bucket{le="4"} 2' in text
-    assert 't_model_batch_size_bucket{le="+Inf"} 3' in text and "t_model_batch_size_sum 5004" in text
-    assert m.batch_size.snapshot()["count"] == 3 and text.endswith("\n")
+    m.requests.labels(route='/a"b\\c\nd', method="GET", status="200").inc()
+    observed = [3, 1, 5000, 4, 0.5]
+    for value in observed:
+        m.batch_size.observe(value)
+    body, content_type = m.render()
+    text = body.decode()
+    assert content_type.startswith("text/plain") and text.endswith("\n")
+    assert 't_http_requests_total{route="/a\\"b\\\\c\\nd",method="GET",status="200"} 1.0' in text
+    for bound in metrics_module.BATCH_SIZE_BUCKETS:  # cumulative: le is inclusive
+        want = sum(v <= bound for v in observed)
+        assert f't_model_batch_size_bucket{{le="{float(bound)}"}} {float(want)}\n' in text
+    assert f't_model_batch_size_bucket{{le="+Inf"}} {float(len(observed))}' in text
+    assert f"t_model_batch_size_sum {float(sum(observed))}" in text
     with pytest.raises(ValueError):
-        m.requests.inc(route="x")
+        m.requests.labels(route="x")  # every label is required
+
+
+def test_every_app_counts_in_its_own_registry():
+    # Same metric names twice in one process: a shared (global) registry would refuse the second.
+    first, second = metrics_module.ServiceMetrics(), metrics_module.ServiceMetrics()
+    first.predictions.inc(3)
+    first.model_info.info({"name": "a", "version": "1", "checksum": "c"})
+    a, b = first.render()[0].decode(), second.render()[0].decode()
+    assert "ehr_predictions_total 3.0\n" in a and "ehr_predictions_total 0.0\n" in b
+    assert 'ehr_model_info{checksum="c",name="a",version="1"} 1.0' in a
+    assert "ehr_model_info{" not in b
+    body, content_type = first.render("application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text") and body.decode().endswith("# EOF\n")
