@@ -206,9 +206,8 @@ def edward2_cell_pass(units: int, input_dim: int, k: int, rows: int, steps: int,
 
     from model import rank1
     from model.config import load_config
-    from model.ehr_model import posterior_config
 
-    cell = rank1.lstm_cell(units, posterior_config(load_config(TABLE7_CONFIG).model))
+    cell = rank1.lstm_cell(units, load_config(TABLE7_CONFIG).model.posterior)
     x = tf.random.normal([steps, rows, input_dim])
     cell.build(tf.TensorShape([rows, input_dim]))
 
@@ -229,9 +228,8 @@ def lstm_layer_pass(units: int, input_dim: int, k: int, rows: int, steps: int, r
 
     from model import rank1
     from model.config import load_config
-    from model.ehr_model import posterior_config
 
-    layer = rank1.lstm(units, posterior_config(load_config(TABLE7_CONFIG).model))
+    layer = rank1.lstm(units, load_config(TABLE7_CONFIG).model.posterior)
     x = tf.random.normal([rows, steps, input_dim])
     layer.build(x.shape)
     out = {}

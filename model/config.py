@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_pipeline import yaml_config
 from ehr_pipeline.yaml_config import ConfigError
+from model.posterior import PosteriorConfig
 
 # Strict ints: YAML `1.5` must not quietly become 1, nor `true` the integer 1.
 _Int = Annotated[int, Field(strict=True)]
@@ -38,6 +39,11 @@ Method = Literal["deterministic", "batchensemble", "bayesian_embeddings", "fully
 ENSEMBLE_METHODS = ("batchensemble", "rank1", "bella")
 # Methods with a stochastic (variational) embedding table, shared by the K members.
 STOCHASTIC_EMBEDDING_METHODS = ("bayesian_embeddings", "fully_bayesian", "rank1", "ktied_normal")
+# The layer factory's posterior (model.posterior.METHODS) behind each method: bayesian_embeddings
+# differs from deterministic in its embeddings only, fully_bayesian is a mean field over the weights.
+FACTORY_METHODS = {"deterministic": "deterministic", "bayesian_embeddings": "deterministic",
+                   "batchensemble": "batchensemble", "rank1": "rank1", "fully_bayesian": "mean_field",
+                   "ktied_normal": "ktied_normal", "bella": "bella"}
 
 
 class _Model(BaseModel):
@@ -86,7 +92,20 @@ class ModelConfig(_Model):
                              "a deep ensemble combines separate deterministic runs at evaluation time")
         if self.method != "rank1" and self.distribution != "normal":
             raise ValueError(f"distribution={self.distribution!r} only applies to method 'rank1'")
+        try:  # the posterior's own rules (e.g. bella's zero prior mean), reported when the file loads
+            self.posterior
+        except pydantic.ValidationError as err:
+            raise ValueError(yaml_config.describe_errors(err)) from None
         return self
+
+    @property
+    def posterior(self) -> PosteriorConfig:
+        """The layer factory's PosteriorConfig for this method."""
+        return PosteriorConfig(
+            method=FACTORY_METHODS[self.method], distribution=self.distribution, ensemble_size=self.ensemble_size,
+            prior_mean=self.prior_mean, prior_stddev=self.prior_stddev, random_sign_init=self.random_sign_init,
+            dropout_rate=self.dropout_rate, use_additive_perturbation=self.use_additive_perturbation, l2=self.l2,
+            ktied_rank=self.ktied_rank, adapter_rank=self.adapter_rank, particle_update=self.particle_update)
 
     @property
     def stochastic_embeddings(self) -> bool:

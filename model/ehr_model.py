@@ -30,19 +30,6 @@ from model import rank1
 from model.config import ModelConfig
 from model.embeddings import EmbeddingConfig, StochasticEmbedding
 from model.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
-from model.posterior import PosteriorConfig
-
-def posterior_config(config: ModelConfig) -> PosteriorConfig:
-    """The factory's PosteriorConfig for a ModelConfig's method."""
-    method = {"deterministic": "deterministic", "bayesian_embeddings": "deterministic",
-              "batchensemble": "batchensemble", "rank1": "rank1", "fully_bayesian": "mean_field",
-              "ktied_normal": "ktied_normal", "bella": "bella"}[config.method]
-    return PosteriorConfig(
-        method=method, distribution=config.distribution, ensemble_size=config.ensemble_size,
-        prior_mean=config.prior_mean, prior_stddev=config.prior_stddev,
-        random_sign_init=config.random_sign_init, dropout_rate=config.dropout_rate,
-        use_additive_perturbation=config.use_additive_perturbation, l2=config.l2, ktied_rank=config.ktied_rank,
-        adapter_rank=config.adapter_rank, particle_update=config.particle_update)
 
 
 class EHRModel(tf.keras.Model):
@@ -52,7 +39,7 @@ class EHRModel(tf.keras.Model):
         super().__init__(**kwargs)
         self.config = config
         self.ensemble_size = config.ensemble_size
-        posterior = posterior_config(config)
+        posterior = config.posterior
         reg = tf.keras.regularizers.l2(config.l2) if config.l2 > 0 else None
         self.embedding = StochasticEmbedding(
             vocab_size, config.embedding_dim,
