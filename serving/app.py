@@ -304,7 +304,8 @@ def create_app(settings: Settings, predictor: Predictor | None = None) -> FastAP
         model = (predictor if predictor is not None
                  else await run_in_threadpool(Predictor.load, settings.model_dir, settings.precision))
         export = model.export
-        metrics.model_info.info({"name": export.card.name, "version": export.card.version, "checksum": export.checksum})
+        card = export.card
+        metrics.model_info.labels(name=card.name, version=card.version, checksum=export.checksum).set(1)
         batcher = MicroBatcher(model.forward, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000.0,
                                max_queue=settings.max_queue, metrics=metrics)
         await batcher.start()

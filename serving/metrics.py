@@ -3,11 +3,12 @@
 Each app owns one :class:`ServiceMetrics` and its own ``CollectorRegistry`` (never the
 process-global default registry), so apps in one process, e.g. in tests, never see each
 other's numbers. Labels carry route templates, status codes and reasons only: never
-anything from a request body.
+anything from a request body. The exposition writes labels in name order
+(``{method=...,route=...,status=...}``), whatever order they are declared in.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
 # Seconds: a cached forward pass is ~ms on a CPU, a cold 100-sample batch can take seconds.
@@ -45,8 +46,9 @@ class ServiceMetrics:
                                       registry=reg)
         self.queue_depth = Gauge(f"{ns}_batch_queue_depth", "Requests waiting for the model.", registry=reg)
         self.ready = Gauge(f"{ns}_ready", "1 when the model is loaded and warmed up.", registry=reg)
-        # Exposed as <ns>_model_info{name=...,version=...,checksum=...} 1.
-        self.model_info = Info(f"{ns}_model", "The loaded model.", registry=reg)
+        # A labelled gauge, not prometheus_client's Info, which shows an unlabelled series before a model loads.
+        self.model_info = Gauge(f"{ns}_model_info", "The loaded model (value always 1).",
+                                ("name", "version", "checksum"), registry=reg)
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """(body, content type) of every metric, in the format the Accept header asks for.

@@ -407,12 +407,14 @@ def test_metrics_endpoint_is_prometheus_text(client):
                        ("ehr_http_errors_total", "counter"), ("ehr_model_batch_size", "histogram")]:
         assert f"# TYPE {name} {kind}" in text
     m = scrape(client)
-    assert m['ehr_http_requests_total{route="/v1/predict",method="POST",status="200"}'] >= 1
-    assert m['ehr_http_requests_total{route="/v1/predict",method="POST",status="401"}'] >= 1
-    assert m['ehr_http_errors_total{route="/v1/predict",kind="client"}'] >= 1
+    assert m['ehr_http_requests_total{method="POST",route="/v1/predict",status="200"}'] >= 1
+    assert m['ehr_http_requests_total{method="POST",route="/v1/predict",status="401"}'] >= 1
+    assert m['ehr_http_errors_total{kind="client",route="/v1/predict"}'] >= 1
     assert m["ehr_ready"] == 1 and m["ehr_predictions_total"] >= 1
     assert m['ehr_events_ignored_total{reason="at_or_after_trigger"}'] >= 1
-    buckets = [v for k, v in m.items() if k.startswith('ehr_http_request_duration_seconds_bucket{route="/v1/predict"')]
+    buckets = [v for k, v in m.items()
+               if k.startswith("ehr_http_request_duration_seconds_bucket{") and 'route="/v1/predict"' in k]
+    assert len(buckets) == 14  # 13 bounds and +Inf
     assert buckets == sorted(buckets) and buckets[-1] == m['ehr_http_request_duration_seconds_count{route="/v1/predict"}']
     # Every sample line is "name{labels} value": the format Prometheus parses.
     sample = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? \S+$')

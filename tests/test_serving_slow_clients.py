@@ -86,7 +86,7 @@ def test_held_slow_bodies_neither_block_requests_nor_stay(export_dir, tmp_path):
             sock.close()
         time.sleep(1.0)
         text = _metrics(server.base_url)
-    assert 'ehr_http_errors_total{route="/v1/predict",kind="client_disconnect"} 20.0' in text, text
+    assert 'ehr_http_errors_total{kind="client_disconnect",route="/v1/predict"} 20.0' in text, text
     assert 'kind="server"' not in text
     assert not [line for line in server.log().splitlines() if "Too many open files" in line]
 

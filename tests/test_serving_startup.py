@@ -190,7 +190,7 @@ def test_a_failing_model_is_a_500_with_request_id_and_a_log_line_without_data(tm
         assert httpx.get(f"{srv.base_url}/healthz", timeout=30).status_code == 200  # still serving
         metrics = httpx.get(f"{srv.base_url}/metrics", timeout=30).text
     assert "ehr_model_errors_total 1.0\n" in metrics
-    assert 'ehr_http_errors_total{route="/v1/predict",kind="server"} 1.0\n' in metrics
+    assert 'ehr_http_errors_total{kind="server",route="/v1/predict"} 1.0\n' in metrics
     logged = caplog.text
     assert f"request_id={r.json()['request_id']} unhandled RuntimeError" in logged
     assert "SECRET" not in logged and "outside [0, 1]" not in logged
@@ -208,7 +208,7 @@ def test_prometheus_rendering_escapes_and_accumulates():
     body, content_type = m.render()
     text = body.decode()
     assert content_type.startswith("text/plain") and text.endswith("\n")
-    assert 't_http_requests_total{route="/a\\"b\\\\c\\nd",method="GET",status="200"} 1.0' in text
+    assert 't_http_requests_total{method="GET",route="/a\\"b\\\\c\\nd",status="200"} 1.0' in text
     for bound in metrics_module.BATCH_SIZE_BUCKETS:  # cumulative: le is inclusive
         want = sum(v <= bound for v in observed)
         assert f't_model_batch_size_bucket{{le="{float(bound)}"}} {float(want)}\n' in text
@@ -222,7 +222,7 @@ def test_every_app_counts_in_its_own_registry():
     # Same metric names twice in one process: a shared (global) registry would refuse the second.
     first, second = metrics_module.ServiceMetrics(), metrics_module.ServiceMetrics()
     first.predictions.inc(3)
-    first.model_info.info({"name": "a", "version": "1", "checksum": "c"})
+    first.model_info.labels(name="a", version="1", checksum="c").set(1)
     a, b = first.render()[0].decode(), second.render()[0].decode()
     assert "ehr_predictions_total 3.0\n" in a and "ehr_predictions_total 0.0\n" in b
     assert 'ehr_model_info{checksum="c",name="a",version="1"} 1.0' in a
