@@ -90,7 +90,8 @@ async def readyz(request: Request, response: Response) -> Health:
                                                     "asks for it."}})
 async def prometheus(request: Request, metrics: MetricsDep) -> Response:
     """Request counts by route and status, latencies, errors, batch sizes (no patient data)."""
-    body, content_type = metrics.render(request.headers.get("accept"))
+    # Off the event loop: a scrape takes milliseconds to render, and requests on the loop would wait.
+    body, content_type = await run_in_threadpool(metrics.render, request.headers.get("accept"))
     return Response(body, media_type=content_type)
 
 
