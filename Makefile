@@ -7,7 +7,7 @@ MIMIC_DIR ?= ../shared/mimic-iii-demo
 DEMO_OUT  ?= out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench fuzz clean gpu-install gpu-train
+.PHONY: install demo test test-quick bench fuzz clean gpu-install gpu-train
 
 install: $(VENV)/.installed
 
@@ -27,6 +27,12 @@ demo: install
 # pytest exits 5 when it collects nothing; that must fail CI, so say it plainly.
 test: install
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; exit $$rc
+
+# The edit-test loop: everything but the tests marked slow (server processes, full training runs,
+# the notebook); `make test` and CI run them all.
+test-quick: install
+	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; exit $$rc
 
 # schemathesis with all checks against a real ehr-serve (a fixture export) on 127.0.0.1.
