@@ -949,11 +949,6 @@ class _Pass:
                 letters.append(DeadLetter(self.file, line, raw_text, BLANK_LINE, "blank line"))
                 dead[i] = True
                 continue
-            if span > 1 and raw_text.count('"') % 2:  # Arrow closed it at the end of the file
-                letters.append(DeadLetter(self.file, line, raw_text, BAD_QUOTING,
-                                          "a quote opened in this record never closes before the end of the file"))
-                dead[i] = True
-                continue
             letter = self._letter(problems, i, line, raw_text)
             if letter is not None:  # None: a line of empty fields whose requested columns are all nullable
                 letters.append(letter)
@@ -997,16 +992,17 @@ class _Pass:
     def _resync(self, text: str, first_line: int):
         """Re-reads a record of several lines line by line, if it is rows merged by a stray quote.
 
-        Returns None when no line holds a whole record on its own (a genuine multi-line value,
-        such as a note's text); else (dead letters of the lines that are no record, [(line,
-        fields)] of those that are).
+        Returns None when the quotes close and no line holds a whole record on its own (a
+        genuine multi-line value, such as a note's text); else (dead letters of the lines that
+        are no record, [(line, fields)] of those that are). A quote still open at the end of
+        the file opened no value: each line is then a physical record of its own.
         """
         if "\n" not in text:
             return None
         lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
         width = len(self.header)
         fields = [_split_line(line) if line.count(",") >= width - 1 else None for line in lines]
-        if not any(f is not None and len(f) == width for f in fields):
+        if not text.count('"') % 2 and not any(f is not None and len(f) == width for f in fields):
             return None
         letters, rows = [], []
         for k, (line, f) in enumerate(zip(lines, fields)):

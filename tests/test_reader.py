@@ -454,6 +454,23 @@ def test_records_after_blank_lines_read_the_same_wherever_a_block_edge_falls(tmp
         assert stats.rows_read == len(filler) + len(tail)
 
 
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+@pytest.mark.parametrize("after", [["", "3,10006,,50912"], ["", "3,10006,,50912", "4,10006,,50912,,v,.5,mg,", ""]])
+def test_a_quote_open_at_the_end_of_the_file_costs_only_its_own_line(tmp_path, after, newline):
+    # Found by a longer property run: a stray quote near the end took the lines after it (a
+    # blank line, a short row) into one dead record when none of them was a whole record.
+    lines = [GOOD.format(id=1), _STRAY.format(id=2), *after]
+    _, stats, letters = _read(_lab_file(tmp_path, lines, newline=newline))
+    expected = [(3, "bad_quoting", lines[1])]
+    for k, text in enumerate(after):
+        if text == "":
+            expected.append((4 + k, "blank_line", ""))
+        elif text.count(",") < 8:
+            expected.append((4 + k, "field_count", text))
+    assert [(d.line, d.reason, d.raw) for d in letters] == expected
+    assert stats.rows_read == len(lines) and stats.rows_parsed == len(lines) - len(expected)
+
+
 @pytest.mark.parametrize("gz", [False, True])
 @pytest.mark.parametrize("before", [0, 7])
 def test_a_line_is_too_long_from_twice_the_block_size_on(tmp_path, before, gz):
