@@ -943,10 +943,15 @@ class _Pass:
                 letters += split[0]
                 recovered.append((int(i), split[1]))
                 replaced[i] = True
-                extra += span - 1
+                extra += raw_text.count("\n")  # not span - 1: a quote open at the end takes the last newline
                 continue
             if blank is not None and blank[i] and raw_text.strip() == "":
                 letters.append(DeadLetter(self.file, line, raw_text, BLANK_LINE, "blank line"))
+                dead[i] = True
+                continue
+            if span > 1 and raw_text.count('"') % 2:  # Arrow closed it at the end of the file
+                letters.append(DeadLetter(self.file, line, raw_text, BAD_QUOTING,
+                                          "a quote opened in this record never closes before the end of the file"))
                 dead[i] = True
                 continue
             letter = self._letter(problems, i, line, raw_text)
