@@ -808,7 +808,7 @@ class _Pass:
         if raw.count('"') % 2:
             reason, detail = BAD_QUOTING, "a quote opened on this line never closes"
         else:
-            reason, detail = LINE_TOO_LONG, f"record longer than block_size_bytes={self.reader.block_size_bytes}"
+            reason, detail = LINE_TOO_LONG, f"record too long for block_size_bytes={self.reader.block_size_bytes}"
         self._emit(DeadLetter(self.file, line, _clip(raw), reason, detail))
         self.stats.rows_read += 1
         self.next_line = line + 1
