@@ -24,7 +24,7 @@ BAD_ENCODING = "bad_encoding"  # string column that is not valid UTF-8
 BLANK_LINE = "blank_line"  # an empty line between rows: not data, but never dropped unseen
 NUL_CHARACTER = "nul_character"  # string column holding a NUL (U+0000)
 BAD_QUOTING = "bad_quoting"  # a line whose quote never closes (it would swallow the lines after it)
-LINE_TOO_LONG = "line_too_long"  # one record longer than the reader's block size
+LINE_TOO_LONG = "line_too_long"  # a record too long for the reader's blocks (docs/reader.md)
 
 REASONS = (FIELD_COUNT, BAD_NUMBER, BAD_TIMESTAMP, MISSING_REQUIRED, BAD_ENCODING, BLANK_LINE, NUL_CHARACTER,
            BAD_QUOTING, LINE_TOO_LONG)

@@ -167,7 +167,7 @@ def locate_table_files(mimic_dir: str | pathlib.Path, table: str) -> list[pathli
 def check_header(path: str | pathlib.Path, table: str | schemas.TableSchema) -> None:
     """Reads only the header of a table file; raises the ReaderError a full read would raise first."""
     path = pathlib.Path(path)
-    with _RawWindow.open(path) as window:
+    with _RawWindow.open(path, _HEADER_PROBE_BYTES) as window:  # no Arrow reader: any size will do
         _match_header(_read_header(window, path), _as_schema(table), path)
 
 
@@ -198,7 +198,7 @@ class TableReader:
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         self.stats = ReadStats()
-        with _RawWindow.open(self.path) as window:
+        with _RawWindow.open(self.path, self.block_size_bytes) as window:
             header_names = _read_header(window, self.path)
             positions = _match_header(header_names, self.schema, self.path)
             if not window.only_header_left():
@@ -259,64 +259,60 @@ class _RawWindow:
 
     Arrow reads it from its I/O thread; the reader asks it for the text of dead rows by line
     number and tells it which lines it will never ask for again, which bounds its memory.
+
+    The buffers it hands out depend on the file and ``size`` alone, never on who asks or how
+    far Arrow's read-ahead got (see ``_cut``): the dead letters of a file are the same on a
+    busy machine as on an idle one.
     """
 
-    def __init__(self, path: pathlib.Path, stream: pa.NativeFile):
+    def __init__(self, path: pathlib.Path, stream: pa.NativeFile, size: int):
         self.path = path
         self._stream = stream
+        self._size = size
         self._lock = threading.Lock()
         # (line number at the chunk's first byte, bytes, newlines in it, newline offsets or None)
         self._chunks: collections.deque[list] = collections.deque()
         self._newlines_seen = 0
         self._replay: collections.deque[pa.Buffer] = collections.deque()
-        # Decompressed bytes not handed out yet: whole lines ready to go, and the unfinished
-        # line after the last newline, held back until the stream shows it is complete.
-        self._ready: collections.deque[pa.Buffer] = collections.deque()
-        self._held: list[pa.Buffer] = []
+        # Decompressed bytes read from the stream and not cut into a buffer yet.
+        self._pending: list[pa.Buffer] = []
+        self._pending_bytes = 0
         self._eof = False
         self.error: BaseException | None = None
-        # Arrow's read-ahead thread may still be reading for a reader we closed: each reader
-        # gets a feed of one generation, and a rewind retires the older feeds.
+        # Arrow's read-ahead thread goes on reading for a reader that failed or was closed,
+        # while this thread reads too: every read holds _io, and retired feeds read nothing.
         self._io = threading.RLock()
         self._generation = 0
 
     def feed(self) -> "_Feed":
-        """A file-like object for one Arrow reader; it reads nothing once the window is rewound."""
+        """A file-like object for one Arrow reader; it reads nothing once feeds are retired."""
         return _Feed(self, self._generation)
 
+    def retire_feeds(self) -> None:
+        """Makes every feed handed out so far read nothing more (the end of its reader)."""
+        with self._io:
+            self._generation += 1
+
     @classmethod
-    def open(cls, path: pathlib.Path) -> "_RawWindow":
+    def open(cls, path: pathlib.Path, size: int = DEFAULT_BLOCK_SIZE) -> "_RawWindow":
+        """A window on ``path`` handing out buffers of at most ``size`` bytes (Arrow's block size)."""
         with open(path, "rb") as fh:  # a missing file is a plain FileNotFoundError naming it
             magic = fh.read(2)
         # The content decides, not the name: a mislabelled .csv.gz must not be read as text.
         if magic == _GZIP_MAGIC:
-            return cls(path, _GunzipStream(open(path, "rb")))
-        return cls(path, pa.input_stream(str(path)))
+            return cls(path, _GunzipStream(open(path, "rb")), size)
+        return cls(path, pa.input_stream(str(path)), size)
 
     # -- what Arrow reads, through a _Feed
     def read(self, nbytes: int = -1) -> pa.Buffer:
-        buf = self._next(nbytes)
-        # Arrow drops the first "\n" of a buffer that follows one ending in "\r", even inside
-        # a quoted value (apache/arrow#51368): a quoted CRLF split there loses a byte and
-        # every later line number shifts. So no buffer but the last may end in "\r".
-        while len(buf) and buf[len(buf) - 1] == _CR:
-            if len(buf) > 1:
-                self._replay.appendleft(buf.slice(len(buf) - 1))
-                return buf.slice(0, len(buf) - 1)
-            more = self._next(max(nbytes - 1, 1))
-            if not len(more):
-                return buf
-            buf = pa.py_buffer(b"\r" + more.to_pybytes())
-        return buf
-
-    def _next(self, nbytes: int) -> pa.Buffer:
-        if self._replay:
+        with self._io:
+            if not self._replay:
+                return self._read_new()
             buf = self._replay.popleft()
-            if 0 < nbytes < len(buf):
+            if 0 < nbytes < len(buf):  # Arrow asks for its block size, which no buffer exceeds
                 self._replay.appendleft(buf.slice(nbytes))
                 buf = buf.slice(0, nbytes)
             return buf
-        return self._read_new(nbytes)
 
     def __enter__(self) -> "_RawWindow":
         return self
@@ -325,61 +321,84 @@ class _RawWindow:
         self._stream.close()
 
     # -- helpers for the reader
-    def _read_new(self, nbytes: int) -> pa.Buffer:
-        while not self._ready:
-            if self._eof:
-                return pa.py_buffer(b"")
-            self._fill(nbytes)
-        buf = self._ready.popleft()
-        count = int(np.count_nonzero(np.frombuffer(buf, dtype=np.uint8) == _NEWLINE))
-        with self._lock:
-            self._chunks.append([self._newlines_seen + 1, buf, count, None])
-            self._newlines_seen += count
-        return buf
+    def _read_new(self) -> pa.Buffer:
+        with self._io:  # the cut and its record in the window, as one step in file order
+            buf, newlines = self._cut()
+            if len(buf):
+                with self._lock:
+                    self._chunks.append([self._newlines_seen + 1, buf, newlines, None])
+                    self._newlines_seen += newlines
+            return buf
 
-    def _fill(self, nbytes: int) -> None:
-        """Moves the next stretch of whole lines from the stream to ``_ready``."""
+    def _cut(self) -> tuple[pa.Buffer, int]:
+        """The next buffer for Arrow (empty at the end) and the newlines in it.
+
+        Arrow needs every record to end within the buffer after the one it starts in, else it
+        reports a "straddling" record. Each buffer ends after the last newline within ``size``
+        bytes of its start, so a record shorter than ``size`` bytes (a single line shorter
+        than twice that) always fits, whatever sizes the stream returned. A line with no
+        newline within ``size`` bytes goes out in pieces of ``size`` bytes.
+        """
+        while self._pending_bytes < self._size and not self._eof:
+            self._pull(self._size - self._pending_bytes)
+        if not self._pending:
+            return pa.py_buffer(b""), 0
+        data = self._pending[0] if len(self._pending) == 1 else _concat(self._pending)
+        head = np.frombuffer(data, dtype=np.uint8, count=min(len(data), self._size))
+        newlines = np.flatnonzero(head == _NEWLINE)
+        if len(newlines):
+            cut = int(newlines[-1]) + 1
+        elif self._eof and len(data) <= self._size:
+            cut = len(data)  # the file's last line, without a line end
+        else:
+            cut = len(head)
+            # Arrow drops the first "\n" of a buffer that follows one ending in "\r", even
+            # inside a quoted value (apache/arrow#51368): no buffer but the last ends in "\r".
+            while cut > 1 and head[cut - 1] == _CR:
+                cut -= 1
+        self._pending = [data.slice(cut)] if cut < len(data) else []
+        self._pending_bytes = len(data) - cut
+        return data.slice(0, cut), len(newlines)
+
+    def _pull(self, nbytes: int) -> None:
+        """Appends the stream's next bytes (up to ``nbytes``) to the pending ones."""
         try:
-            buf = self._stream.read_buffer(nbytes if nbytes > 0 else None)
+            buf = self._stream.read_buffer(nbytes)
         except Exception as e:  # zlib and I/O errors: end the data at the last complete line
             # A cut line would otherwise reach Arrow as a short row, or worse as a valid one
             # ("12.5" cut to "12."); the reader raises after the complete lines are read.
             self.error = e
             self._eof = True
-            self._held.clear()
+            if self._pending:
+                data = _concat(self._pending)
+                newlines = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == _NEWLINE)
+                keep = int(newlines[-1]) + 1 if len(newlines) else 0
+                self._pending = [data.slice(0, keep)] if keep else []
+                self._pending_bytes = keep
             return
         if len(buf) == 0:
             self._eof = True
-            self._ready.extend(self._held)  # the file's last line, without a line end
-            self._held.clear()
             return
-        newlines = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == _NEWLINE)
-        if not len(newlines):
-            self._held.append(buf)
-            return
-        end = int(newlines[-1]) + 1
-        self._ready.extend(self._held)
-        self._held.clear()
-        self._ready.append(buf.slice(0, end))
-        if end < len(buf):
-            self._held.append(buf.slice(end))
+        self._pending.append(buf)
+        self._pending_bytes += len(buf)
 
     @property
     def complete_lines(self) -> int:
         """Physical lines handed out so far that end with a line terminator."""
         return self._newlines_seen
 
-    def probe(self, nbytes: int) -> bytes:
-        """Reads ahead of Arrow; what is read here is replayed to Arrow later."""
-        buf = self._read_new(nbytes)
-        if len(buf):
-            self._replay.append(buf)
+    def probe(self) -> bytes:
+        """Reads the next buffer ahead of Arrow; Arrow gets it later from the replay."""
+        with self._io:
+            buf = self._read_new()
+            if len(buf):
+                self._replay.append(buf)
         return buf.to_pybytes()
 
     def rewind_to(self, line: int) -> None:
         """Makes the next reads start at physical ``line`` (for a fresh Arrow reader after a bad line)."""
         with self._io:
-            self._generation += 1
+            self.retire_feeds()
             self.read_through(line - 1)
             with self._lock:
                 index, offset = self._line_start(line)
@@ -388,17 +407,21 @@ class _RawWindow:
 
     def read_through(self, line: int) -> None:
         """Reads ahead (into the window) until ``line`` has ended or the data has."""
-        while self._newlines_seen < line and not self._eof:
-            buf = self._read_new(_HEADER_PROBE_BYTES)
-            if len(buf):
+        with self._io:
+            while self._newlines_seen < line:
+                buf = self._read_new()
+                if not len(buf):
+                    break
                 self._replay.append(buf)
 
     def only_header_left(self) -> bool:
         """True when nothing but the header line (and at most its terminator) is in the file."""
         data = b"".join(b.to_pybytes() for b in self._replay)
         rest = data[data.find(b"\n") + 1:] if b"\n" in data else b""
-        while not rest and not self._eof:
-            more = self.probe(_HEADER_PROBE_BYTES)
+        while not rest:
+            more = self.probe()
+            if not more:
+                break
             data += more
             rest = data[data.find(b"\n") + 1:] if b"\n" in data else b""
         return not rest
@@ -500,11 +523,16 @@ class _Feed:
         self.closed = True
 
 
+def _concat(buffers: list[pa.Buffer]) -> pa.Buffer:
+    """One buffer holding the bytes of ``buffers`` in order."""
+    return pa.py_buffer(np.concatenate([np.frombuffer(b, dtype=np.uint8) for b in buffers]))
+
+
 def _read_header(window: _RawWindow, path: pathlib.Path) -> list[str]:
     """Parses the first physical line as CSV column names."""
     data = b""
     while b"\n" not in data:
-        more = window.probe(_HEADER_PROBE_BYTES)
+        more = window.probe()
         if not more:
             break
         data += more
@@ -767,6 +795,9 @@ class _Pass:
 
     def _skip_line(self) -> Iterator[pa.RecordBatch]:
         """Dead-letters the physical line at the cursor and points the window just after it."""
+        # Arrow's read-ahead for the reader that gave up may still be running: stop it before
+        # this thread reads, so the window's record of the file stays in file order.
+        self.window.retire_feeds()
         tail = self._flush_invalid(len(self.invalid), partial=True)
         if tail is not None:
             yield tail
@@ -777,7 +808,7 @@ class _Pass:
         if raw.count('"') % 2:
             reason, detail = BAD_QUOTING, "a quote opened on this line never closes"
         else:
-            reason, detail = LINE_TOO_LONG, f"record longer than block_size_bytes={self.reader.block_size_bytes}"
+            reason, detail = LINE_TOO_LONG, f"record too long for block_size_bytes={self.reader.block_size_bytes}"
         self._emit(DeadLetter(self.file, line, _clip(raw), reason, detail))
         self.stats.rows_read += 1
         self.next_line = line + 1
@@ -859,7 +890,7 @@ class _Pass:
         """How many rejected rows Arrow reported inside this block's range of records."""
         end = self.next_number + n
         count = 0
-        for row in self.invalid:
+        for row in list(self.invalid):  # a copy: Arrow may report rows of the next block meanwhile
             if row.number is None or row.number >= end:  # None: Arrow's last record of the file
                 break
             count += 1
@@ -912,7 +943,7 @@ class _Pass:
                 letters += split[0]
                 recovered.append((int(i), split[1]))
                 replaced[i] = True
-                extra += span - 1
+                extra += raw_text.count("\n")  # not span - 1: a quote open at the end takes the last newline
                 continue
             if blank is not None and blank[i] and raw_text.strip() == "":
                 letters.append(DeadLetter(self.file, line, raw_text, BLANK_LINE, "blank line"))
@@ -966,16 +997,17 @@ class _Pass:
     def _resync(self, text: str, first_line: int):
         """Re-reads a record of several lines line by line, if it is rows merged by a stray quote.
 
-        Returns None when no line holds a whole record on its own (a genuine multi-line value,
-        such as a note's text); else (dead letters of the lines that are no record, [(line,
-        fields)] of those that are).
+        Returns None when the quotes close and no line holds a whole record on its own (a
+        genuine multi-line value, such as a note's text); else (dead letters of the lines that
+        are no record, [(line, fields)] of those that are). A quote still open at the end of
+        the file opened no value: each line is then a physical record of its own.
         """
         if "\n" not in text:
             return None
         lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
         width = len(self.header)
         fields = [_split_line(line) if line.count(",") >= width - 1 else None for line in lines]
-        if not any(f is not None and len(f) == width for f in fields):
+        if not text.count('"') % 2 and not any(f is not None and len(f) == width for f in fields):
             return None
         letters, rows = [], []
         for k, (line, f) in enumerate(zip(lines, fields)):

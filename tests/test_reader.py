@@ -11,6 +11,8 @@ import datetime as dt
 import gzip
 import io
 import logging
+import sys
+import threading
 
 import pyarrow as pa
 import pytest
@@ -26,6 +28,7 @@ from ehr_pipeline.reader import (
     ReaderError,
     SchemaMismatchError,
     TableReader,
+    _RawWindow,
     arrow_schema,
     locate_table,
     read_table,
@@ -396,6 +399,151 @@ def test_gzip_is_detected_by_content_not_name(tmp_path):
     path = _lab_file(tmp_path, [GOOD.format(id=7)], name="LABEVENTS.csv", gz=True)
     result, _, _ = _read(path)
     assert result.column("ROW_ID").to_pylist() == [7]
+
+
+# ------------------------------------------------------------------ block edges and Arrow's read-ahead
+
+_ROW = "{id},10006,,50912,2164-10-23 21:09:00,{value},.5,\"mg\","
+_STRAY = "{id},10006,,50912,2164-10-23 21:09:00,\"never closed,.5,mg,"
+_EDGE_CASES = {
+    # (lines after the filler rows: ("row", id, value) | ("blank",) | ("stray", id); final newline)
+    "blank_then_multiline_last": ([("blank",), ("row", 100, "two\nlines")], False),
+    "blank_then_multiline": ([("blank",), ("row", 100, "two\nlines"), ("row", 101, "after")], True),
+    "blanks_then_multiline": ([("blank",), ("blank",), ("blank",), ("row", 100, "a\n\nb"), ("row", 101, "x")], True),
+    "blank_then_stray_quote": ([("blank",), ("stray", 100), ("row", 101, "after"), ("row", 102, "two\nlines")], True),
+}
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+@pytest.mark.parametrize("case", sorted(_EDGE_CASES))
+def test_records_after_blank_lines_read_the_same_wherever_a_block_edge_falls(tmp_path, case, newline):
+    # Found by the property test below: a blank line, then a valid record whose quoted value
+    # spans two lines, was dead-lettered as bad_quoting when the record crossed the first block
+    # edge (Arrow got it in three pieces). Slide the records across that edge byte by byte.
+    tail, final_newline = _EDGE_CASES[case]
+    block = 1024
+    filler = [_ROW.format(id=i, value=_quote("v")) for i in range(1, 15)]
+    texts, expected, kept = [], [], []
+    line = 2 + len(filler)
+    for item in tail:
+        if item[0] == "blank":
+            text = ""
+            expected.append((line, "blank_line", text))
+        elif item[0] == "stray":
+            text = _STRAY.format(id=item[1])
+            expected.append((line, "bad_quoting", text))
+        else:
+            value = item[2].replace("\n", newline)
+            text = _ROW.format(id=item[1], value=_quote(value))
+            kept.append((item[1], value))
+        texts.append(text)
+        line += 1 + text.count("\n")
+    header = ",".join(_quote(h) for h in LAB_HEADER)
+    start = len(newline.join([header, *filler, ""]).encode())  # where the tail begins, unpadded
+    tail_bytes = len(newline.join(texts).encode())
+    assert start < block
+    for pad in range(max(0, block - start - tail_bytes), block - start + 2):
+        first = _ROW.format(id=1, value=_quote("p" * pad))
+        data = newline.join([header, first, *filler[1:], *texts]) + (newline if final_newline else "")
+        path = tmp_path / f"edge{pad}.csv"
+        path.write_bytes(data.encode())
+        result, stats, letters = _read(path, block_size_bytes=block)
+        assert [(d.line, d.reason, d.raw) for d in letters] == expected, pad
+        rows = list(zip(result.column("ROW_ID").to_pylist(), result.column("VALUE").to_pylist()))
+        assert rows == [(1, "p" * pad), *((i, "v") for i in range(2, 15)), *kept], pad
+        assert stats.rows_read == len(filler) + len(tail)
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+@pytest.mark.parametrize("after", [["", "3,10006,,50912"], ["", "3,10006,,50912", "4,10006,,50912,,v,.5,mg,", ""]])
+def test_a_quote_open_at_the_end_of_the_file_costs_only_its_own_line(tmp_path, after, newline):
+    # Found by a longer property run: a stray quote near the end took the lines after it (a
+    # blank line, a short row) into one dead record when none of them was a whole record.
+    lines = [GOOD.format(id=1), _STRAY.format(id=2), *after]
+    _, stats, letters = _read(_lab_file(tmp_path, lines, newline=newline))
+    expected = [(3, "bad_quoting", lines[1])]
+    for k, text in enumerate(after):
+        if text == "":
+            expected.append((4 + k, "blank_line", ""))
+        elif text.count(",") < 8:
+            expected.append((4 + k, "field_count", text))
+    assert [(d.line, d.reason, d.raw) for d in letters] == expected
+    assert stats.rows_read == len(lines) and stats.rows_parsed == len(lines) - len(expected)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("before", [0, 7])
+def test_a_line_is_too_long_from_twice_the_block_size_on(tmp_path, before, gz):
+    block = 4096
+    for length, too_long in ((block - 1, False), (block + 1, False), (2 * block - 1, False), (2 * block, True)):
+        rows = [_ROW.format(id=i, value=_quote("v" * i)) for i in range(1, before + 1)]
+        head = "999,10006,,50912,2164-10-23 21:09:00,"
+        long_line = head + "x" * (length - len(head) - len(",.5,mg,")) + ",.5,mg,"
+        assert len(long_line) == length
+        path = _lab_file(tmp_path, [*rows, long_line, "1000,10006,,50912,,v,.5,mg,"], name=f"long{length}.csv", gz=gz)
+        result, stats, letters = _read(path, block_size_bytes=block)
+        assert [(d.line, d.reason) for d in letters] == ([(before + 2, "line_too_long")] if too_long else []), length
+        assert result.column("ROW_ID").to_pylist()[before:] == ([1000] if too_long else [999, 1000])
+        assert stats.rows_read == before + 2
+
+
+def _window_lines(n_before: int, long_line: int, n_after: int) -> list[bytes]:
+    rows = [f"{i},10006,,50912,2164-10-23 21:09:00,\"{i % 97}\",.5,\"mg\",\n".encode() for i in range(n_before + n_after)]
+    return [b"ROW_ID,SUBJECT_ID,HADM_ID,ITEMID,CHARTTIME,VALUE,VALUENUM,VALUEUOM,FLAG\n", *rows[:n_before],
+            b"0,10006,,50912,," + b"x" * long_line + b",.5,mg,\n", *rows[n_before:]]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_what_a_fresh_reader_gets_does_not_depend_on_the_old_readers_read_ahead(tmp_path, gz):
+    # After a line too long for a block, Arrow's read-ahead thread for the reader that gave up
+    # keeps reading for a while; how far it got depends on thread timing. The buffers the next
+    # reader gets must not: they decide which records straddle a block edge.
+    lines = _window_lines(n_before=40, long_line=5000, n_after=400)
+    data = b"".join(lines)
+    path = tmp_path / "w.csv"
+    path.write_bytes(gzip.compress(data) if gz else data)
+    long_line = 42  # physical line number: header, 40 rows, then the long line
+    size = 1024
+    seen = set()
+    for ahead in (0, 1, 2, 3, 5, 8, 13, 21, 34):
+        with _RawWindow.open(path, size) as window:
+            window.probe()  # the header, as the reader reads it first
+            old = window.feed()
+            for _ in range(ahead):
+                old.read(size)
+            window.retire_feeds()
+            assert len(old.read(size)) == 0
+            window.read_through(long_line)
+            window.rewind_to(long_line + 1)
+            new = window.feed()
+            buffers = list(iter(lambda: new.read(size).to_pybytes(), b""))
+        assert b"".join(buffers) == b"".join(lines[long_line:])
+        assert all(len(b) <= size and b.endswith(b"\n") for b in buffers)
+        seen.add(tuple(len(b) for b in buffers))
+    assert len(seen) == 1
+
+
+def test_read_ahead_racing_the_reader_keeps_the_window_in_file_order(tmp_path):
+    # Arrow's I/O thread reading through one feed while the reader reads ahead itself (as it
+    # does to quote a skipped line) once recorded blocks out of order: the next reader then
+    # saw a line spliced from two places and dead-lettered a valid row as line_too_long.
+    lines = _window_lines(n_before=300, long_line=20000, n_after=30000)
+    path = tmp_path / "race.csv.gz"
+    path.write_bytes(gzip.compress(b"".join(lines)))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race shows every run
+    try:
+        for _ in range(5):
+            with _RawWindow.open(path, 4096) as window:
+                feed = window.feed()
+                drain = threading.Thread(target=lambda: list(iter(lambda: len(feed.read(4096)), 0)))
+                drain.start()
+                window.read_through(len(lines))
+                drain.join()
+                text = window.text(2, len(lines) - 1)  # every line after the header
+            assert text.encode() == b"".join(lines[1:])[:-1]
+    finally:
+        sys.setswitchinterval(interval)
 
 
 # ------------------------------------------------------------------ line numbers, property-based
