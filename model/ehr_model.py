@@ -30,6 +30,7 @@ from model import rank1
 from model.config import ModelConfig
 from model.embeddings import EmbeddingConfig, StochasticEmbedding
 from model.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
+from model.noise import Noise, call_sampling
 
 
 class EHRModel(tf.keras.Model):
@@ -69,11 +70,13 @@ class EHRModel(tf.keras.Model):
               "context": tf.zeros([1, CONTEXT_DIM])}, num_samples=1, training=False)
 
     def call(self, features: Mapping[str, Any], num_samples: int | tf.Tensor = 1, training=None,
-             matmul_dtype: str | None = None) -> tf.Tensor:
+             matmul_dtype: str | None = None, noise: Noise | None = None) -> tf.Tensor:
         """Logits [N, S*K] (float32), column s*K + k = sample s of member k.
 
         matmul_dtype "bfloat16": the LSTM's matmuls in bfloat16 (inference only, see
         model.rank1_lstm); None / "float32": exact. The Keras-RNN (fully Bayesian) LSTM ignores it.
+        noise: every layer draws from this explicit source (model.noise, one key per admission)
+        instead of TensorFlow's stateful random ops; None: stateful draws (training).
         """
         del training  # every method samples its posterior in training and evaluation alike
         ids = features["code_ids"]  # ragged [N, (T), (C)]
@@ -85,7 +88,9 @@ class EHRModel(tf.keras.Model):
         # 1-2. tokens, S times (one embedding sample per token per sample).
         tok_ids = ids.flat_values
         n_tok = tf.shape(tok_ids)[0]
-        emb = self.embedding(tf.tile(tok_ids, [s]))
+        # Each admission's tokens are contiguous in every one of the S copies.
+        tokens_noise = None if noise is None else noise.grouped(tf.reduce_sum(ids.row_lengths(axis=2), axis=1))
+        emb = self.embedding(tf.tile(tok_ids, [s]), noise=tokens_noise)
         values = tf.tile(tf.cast(features["code_values"].flat_values, emb.dtype), [s, 1])
         tokens = self.token(tf.concat([emb, values], axis=-1))  # [S*n_tok, D]
 
@@ -107,15 +112,26 @@ class EHRModel(tf.keras.Model):
         # 4. member tiling: rows k*(S*N) + j*N + i = member k, sample j, admission i.
         x = tf.tile(seq, [k, 1, 1])
         lengths = tf.tile(num_bags, [s * k])
+        # Rows from here on: K*S blocks of the N admissions, one row each (the noise's default layout).
         if isinstance(self.lstm, tf.keras.layers.RNN):
-            h = self.lstm(x, mask=tf.sequence_mask(lengths, tf.shape(x)[1]))
+            mask = tf.sequence_mask(lengths, tf.shape(x)[1])
+            if noise is None:
+                h = self.lstm(x, mask=mask)
+            else:
+                # Explicit weights and signs enter as RNN constants; an explicit initial state keeps
+                # Keras from calling the cell's (stateful) get_initial_state.
+                rows, units = tf.shape(x)[0], self.lstm.cell.units
+                zeros = tf.zeros([rows, units], x.dtype)
+                h = self.lstm(x, mask=mask, initial_state=[zeros, zeros],
+                              constants=self.lstm.cell.explicit_draws(noise, rows, x.dtype))
         else:
-            h = self.lstm(x, lengths=lengths, matmul_dtype=matmul_dtype)
+            h = self.lstm(x, lengths=lengths, matmul_dtype=matmul_dtype, noise=noise)
         context = tf.tile(tf.cast(features["context"], h.dtype), [s * k, 1])
 
         # 5. head.
-        z = self.hidden(tf.concat([h, context], axis=-1))
-        logits = tf.cast(self.output_layer(z)[:, 0], tf.float32)  # float32 even under mixed precision
+        z = call_sampling(self.hidden, tf.concat([h, context], axis=-1), noise=noise)
+        # float32 even under mixed precision.
+        logits = tf.cast(call_sampling(self.output_layer, z, noise=noise)[:, 0], tf.float32)
         return tf.reshape(tf.transpose(tf.reshape(logits, [k, s, n]), [2, 1, 0]), [n, s * k])
 
 

@@ -25,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 _PosFinite = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 
+from model.noise import Noise
+
 
 class EmbeddingConfig(BaseModel):
     """Embedding posterior: stochastic (mean-field Gaussian) or a deterministic table.
@@ -84,18 +86,25 @@ class StochasticEmbedding(tf.keras.layers.Layer):
         return tf.reduce_sum(
             tf.math.log(prior) - tf.math.log(sigma) + (tf.square(sigma) + tf.square(self.mean)) / (2 * prior**2) - 0.5)
 
-    def _lookup(self, ids: tf.Tensor) -> tf.Tensor:
+    def _lookup(self, ids: tf.Tensor, noise: Noise | None) -> tf.Tensor:
         rows = tf.gather(self.mean, ids)
         if self.config.stochastic:
             # Noise only for the gathered rows: one independent draw per token occurrence.
             scale = tf.nn.softplus(tf.gather(self.raw_stddev, ids))
-            rows = rows + scale * tf.random.normal(tf.shape(rows), dtype=rows.dtype)
+            if noise is None:
+                eps = tf.random.normal(tf.shape(rows), dtype=rows.dtype)
+            else:
+                eps = tf.reshape(noise.normal(tf.size(ids), [self.output_dim], rows.dtype), tf.shape(rows))
+            rows = rows + scale * eps
         if self.config.pad_id is not None:
             keep = tf.cast(tf.not_equal(ids, self.config.pad_id), rows.dtype)[..., None]
             rows = rows * keep
         return rows
 
-    def call(self, ids):
+    def call(self, ids, noise: Noise | None = None):
+        """Embedding samples of `ids`; noise: explicit draws (model.noise), one row per id in flat order."""
+        if noise is not None:
+            noise = noise.fold_in(self.name)
         if isinstance(ids, tf.RaggedTensor):
-            return tf.ragged.map_flat_values(self._lookup, ids)
-        return self._lookup(tf.convert_to_tensor(ids))
+            return tf.ragged.map_flat_values(self._lookup, ids, noise)
+        return self._lookup(tf.convert_to_tensor(ids), noise)

@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from model import bella, weight_posteriors
 from model._edward2 import ed
+from model.noise import Noise, posterior_loc_scale, standard_draw
 from model.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig, softplus_inverse
 from model.rank1_lstm import Rank1LSTM
 
@@ -198,8 +199,50 @@ def _factor_kwargs(config: PosteriorConfig, prefix: str = "") -> dict[str, Any]:
             f"{prefix}gamma_initializer": gamma_init, f"{prefix}gamma_regularizer": gamma_reg}
 
 
+class DenseRank1(ed.layers.DenseRank1):
+    """edward2's DenseRank1; ``call(x, noise=...)`` draws the factors from explicit noise (model.noise).
+
+    edward2 samples inside ``call`` with stateful ops; with noise the same factors come from the
+    layer's own posterior variables and the explicit source, then the same computation follows
+    (clipped perturbations, per-member bias). Rows of x are member-major blocks of the examples.
+    """
+
+    def call(self, inputs, noise: Noise | None = None):
+        if noise is None:
+            return super().call(inputs)
+        noise = noise.fold_in(self.name)
+        k = self.ensemble_size
+        batch = tf.shape(inputs)[0]
+        per_member = batch // k
+        x = tf.reshape(inputs, [k, per_member, self.alpha_shape[-1]])
+        clip = (self.min_perturbation_value, self.max_perturbation_value)
+        alpha = self._member_rows("alpha", noise, per_member, clip)
+        gamma = self._member_rows("gamma", noise, per_member, clip)
+        if self.use_additive_perturbation:
+            outputs = tf.matmul(x + alpha, self.kernel) + gamma
+        else:
+            outputs = tf.matmul(x * alpha, self.kernel) * gamma
+        if self.use_ensemble_bias:
+            outputs += self._member_rows("ensemble_bias", noise, per_member, None)
+        if self.ensemble_activation is not None:
+            outputs = self.ensemble_activation(outputs)
+        return tf.reshape(outputs, [batch, self.units])
+
+    def _member_rows(self, site: str, noise: Noise, per_member, clip) -> tf.Tensor:
+        """[K, per_member or 1, dim]: a site's sample per row (stochastic) or its point value."""
+        init = getattr(self, f"{site}_initializer")
+        if not isinstance(init, Layer):
+            return getattr(self, site)[:, None, :]
+        family, loc, scale = posterior_loc_scale(init)
+        k, dim = loc.shape
+        eps = tf.reshape(standard_draw(family, noise.fold_in(site), k * per_member, dim, loc.dtype),
+                         [k, per_member, dim])
+        draw = loc[:, None, :] + scale[:, None, :] * eps
+        return draw if clip is None else tf.clip_by_value(draw, *clip)
+
+
 def _r1_dense(units, config, *, activation, use_bias, name):
-    return ed.layers.DenseRank1(units, activation=activation, use_bias=use_bias, kernel_regularizer=_l2(config),
+    return DenseRank1(units, activation=activation, use_bias=use_bias, kernel_regularizer=_l2(config),
                                 use_additive_perturbation=config.use_additive_perturbation,
                                 ensemble_size=config.ensemble_size, name=name, **_factor_kwargs(config))
 

@@ -30,11 +30,10 @@ What it adds over ``RNN(LSTMCellRank1)``:
 """
 from __future__ import annotations
 
-import math
-
 import tensorflow as tf
 
 from model._edward2 import ed
+from model.noise import Noise, posterior_loc_scale, standard_draw
 
 # The cell's rank-1 factors, in the order they are concatenated for batched sampling.
 SITES = ("alpha", "gamma", "recurrent_alpha", "recurrent_gamma")
@@ -53,18 +52,6 @@ def _site_family(cell: tf.keras.layers.Layer, site: str) -> str:
     if isinstance(init, tf.keras.layers.Layer):
         return "generic"  # any other edward2 trainable distribution: sampled via edward2
     return "point"  # a plain variable: BatchEnsemble factor
-
-
-def _loc_scale(cell: tf.keras.layers.Layer, site: str) -> tuple[tf.Tensor, tf.Tensor]:
-    """Constrained (loc, scale) of a Normal/Cauchy factor, exactly as edward2 builds them."""
-    init = getattr(cell, f"{site}_initializer")
-    if isinstance(init, ed.initializers.TrainableNormal):
-        loc, loc_c, scale, scale_c = init.mean, init.mean_constraint, init.stddev, init.stddev_constraint
-    else:
-        loc, loc_c, scale, scale_c = init.loc, init.loc_constraint, init.scale, init.scale_constraint
-    loc = loc_c(loc) if loc_c else tf.convert_to_tensor(loc)
-    scale = scale_c(scale) if scale_c else tf.convert_to_tensor(scale)
-    return loc, scale
 
 
 def _matmul(x: tf.Tensor, weights: tf.Tensor) -> tf.Tensor:
@@ -129,8 +116,12 @@ class Rank1LSTM(tf.keras.layers.Layer):
                 self.cell.built = True
         super().build(input_shape)
 
-    def sample_perturbations(self, batch_size) -> dict[str, tf.Tensor]:
-        """One sample of every rank-1 factor per row of the tiled batch: site -> [batch, dim]."""
+    def sample_perturbations(self, batch_size, noise: Noise | None = None) -> dict[str, tf.Tensor]:
+        """One sample of every rank-1 factor per row of the tiled batch: site -> [batch, dim].
+
+        noise: draw from this explicit source (model.noise; seeded prediction) instead of
+        TensorFlow's stateful random ops.
+        """
         if not self.is_rank1:
             return {}
         cell, k = self.cell, self.ensemble_size
@@ -146,6 +137,8 @@ class Rank1LSTM(tf.keras.layers.Layer):
                 out[site] = tf.reshape(
                     tf.broadcast_to(value[:, None, :], [k, per_member, value.shape[-1]]), [batch_size, -1])
             else:
+                if noise is not None:
+                    raise ValueError(f"{self.name}: factor {site!r} has a posterior that explicit noise cannot draw")
                 init = getattr(cell, f"{site}_initializer")
                 shape = getattr(cell, f"{site}_shape")
                 draw = init(shape, self.dtype).distribution.sample(per_member)  # [E, K, dim]
@@ -153,23 +146,23 @@ class Rank1LSTM(tf.keras.layers.Layer):
         for family, sites in groups.items():
             if not sites:
                 continue
-            params = [_loc_scale(cell, s) for s in sites]
+            params = [posterior_loc_scale(getattr(cell, f"{s}_initializer"))[1:] for s in sites]
             loc = tf.concat([p[0] for p in params], axis=-1)  # [K, D]
             scale = tf.concat([p[1] for p in params], axis=-1)
-            shape = [k, per_member, loc.shape[-1]]
-            if family == "normal":
-                noise = tf.random.normal(shape, dtype=loc.dtype)
-            else:
-                # Inverse-CDF Cauchy; keep u away from 0 so tan stays finite.
-                u = tf.random.uniform(shape, minval=1e-7, maxval=1.0, dtype=loc.dtype)
-                noise = tf.tan(math.pi * (u - 0.5))
-            draw = tf.reshape(loc[:, None, :] + scale[:, None, :] * noise, [batch_size, -1])
+            # Rows are member-major (row block k = member k), as the draw's [K, E, D] reshape needs.
+            eps = standard_draw(family, None if noise is None else noise.fold_in(f"{self.name}/{family}"), batch_size,
+                                loc.shape[-1], loc.dtype)
+            eps = tf.reshape(eps, [k, per_member, loc.shape[-1]])
+            draw = tf.reshape(loc[:, None, :] + scale[:, None, :] * eps, [batch_size, -1])
             sizes = [p[0].shape[-1] for p in params]
             out.update(zip(sites, tf.split(draw, sizes, axis=-1)))
         return out
 
-    def call(self, inputs, mask=None, lengths=None, perturbations=None, matmul_dtype=None):
+    def call(self, inputs, mask=None, lengths=None, perturbations=None, matmul_dtype=None, noise=None):
         """inputs [B, T, d]; mask [B, T] or lengths [B]; perturbations from sample_perturbations.
+
+        noise: an explicit noise source (model.noise) for the factor draws; rows of the batch are
+        member-major blocks of the examples.
 
         matmul_dtype: None or "float32" (exact), or "bfloat16" for the inference-only fast path.
         """
@@ -193,7 +186,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
         in_scale = rec_in = rec_out = None  # per-sequence factors around the two matmuls
 
         if self.is_rank1:
-            p = perturbations if perturbations is not None else self.sample_perturbations(batch)
+            p = perturbations if perturbations is not None else self.sample_perturbations(batch, noise)
             if const is not None:
                 # Per-member bias [K, 4u] -> one row per sequence of the tiled batch.
                 const = tf.reshape(tf.repeat(const[:, None, :], batch // self.ensemble_size, axis=1),

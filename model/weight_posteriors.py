@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from model._edward2 import ed
+from model.noise import Noise
 from model.posterior import PosteriorConfig, softplus_inverse
 
 # Noise on the initial log factors breaks the symmetry between the k columns (App. D.4).
@@ -130,19 +131,36 @@ def _random_signs(shape, dtype) -> tf.Tensor:
     return tf.cast(2 * tf.random.uniform(shape, 0, 2, dtype=tf.int32) - 1, dtype)
 
 
-class DenseFlipout(ed.layers.DenseFlipout):
-    """edward2 0.0.2's DenseFlipout with +-1 sign vectors (upstream's have mean 1, biasing the estimator)."""
+def _kernel_draw(initializer, noise: Noise, dtype) -> tuple[tf.Tensor, tf.Tensor]:
+    """(posterior mean, one explicit sample) of a Gaussian weight matrix; one draw for the whole pass."""
+    loc = tf.convert_to_tensor(initializer.mean)
+    scale = tf.reshape(stddev_matrix(initializer), tf.shape(loc))
+    return loc, loc + scale * noise.static_normal(loc.shape, loc.dtype)
 
-    def call(self, inputs):
+
+class DenseFlipout(ed.layers.DenseFlipout):
+    """edward2 0.0.2's DenseFlipout with +-1 sign vectors (upstream's have mean 1, biasing the estimator).
+
+    ``call(x, noise=...)`` draws the kernel and the sign vectors from explicit noise (model.noise;
+    x [rows, d], rows laid out as that module describes).
+    """
+
+    def call(self, inputs, noise: Noise | None = None):
         if not isinstance(self.kernel, ed.RandomVariable):
             return super().call(inputs)
-        self.call_weights()
-        shape = tf.shape(inputs)
-        out_shape = tf.concat([shape[:-1], [self.units]], 0)
-        mean = self.kernel.distribution.mean()
-        outputs = (tf.matmul(inputs, mean)
-                   + tf.matmul(inputs * _random_signs(shape, inputs.dtype), self.kernel - mean)
-                   * _random_signs(out_shape, inputs.dtype))
+        if noise is None:
+            self.call_weights()
+            shape = tf.shape(inputs)
+            out_shape = tf.concat([shape[:-1], [self.units]], 0)
+            mean, kernel = self.kernel.distribution.mean(), self.kernel
+            sign_in, sign_out = _random_signs(shape, inputs.dtype), _random_signs(out_shape, inputs.dtype)
+        else:
+            noise = noise.fold_in(self.name)
+            mean, kernel = _kernel_draw(self.kernel_initializer, noise.fold_in("kernel"), inputs.dtype)
+            rows = tf.shape(inputs)[0]
+            sign_in = noise.fold_in("sign_in").signs(rows, inputs.shape[1:], inputs.dtype)
+            sign_out = noise.fold_in("sign_out").signs(rows, [self.units], inputs.dtype)
+        outputs = tf.matmul(inputs, mean) + tf.matmul(inputs * sign_in, kernel - mean) * sign_out
         if self.use_bias:
             outputs = tf.nn.bias_add(outputs, self.bias)
         return self.activation(outputs) if self.activation is not None else outputs
@@ -167,6 +185,39 @@ class Conv2DFlipout(ed.layers.Conv2DReparameterization):
         return self.activation(outputs) if self.activation is not None else outputs
 
 
+class LSTMCellFlipout(ed.layers.LSTMCellFlipout):
+    """edward2's Flipout LSTM cell that can also take its weights and signs as RNN ``constants``.
+
+    edward2 draws them statefully in ``get_initial_state``; for an explicit draw call
+    ``RNN(cell)(x, initial_state=..., constants=cell.explicit_draws(noise, batch, dtype))``.
+    The step is edward2's (implementation 2): x K + ((x s_in) dK) s_out + h R + ((h r_in) dR) r_out + b.
+    """
+
+    def explicit_draws(self, noise: Noise, batch_size, dtype) -> list[tf.Tensor]:
+        """[kernel mean, kernel, recurrent mean, recurrent kernel, 4 sign matrices] drawn from `noise`."""
+        noise = noise.fold_in(self.name)
+        kernel_mean, kernel = _kernel_draw(self.kernel_initializer, noise.fold_in("kernel"), dtype)
+        rec_mean, rec = _kernel_draw(self.recurrent_initializer, noise.fold_in("recurrent_kernel"), dtype)
+        widths = {"sign_input": kernel.shape[0], "sign_output": 4 * self.units,
+                  "recurrent_sign_input": self.units, "recurrent_sign_output": 4 * self.units}
+        signs = [noise.fold_in(name).signs(batch_size, [width], dtype) for name, width in widths.items()]
+        return [kernel_mean, kernel, rec_mean, rec, *signs]
+
+    def call(self, inputs, states, training=None, constants=None):
+        if constants is None:
+            return super().call(inputs, states, training)
+        kernel_mean, kernel, rec_mean, rec, sign_in, sign_out, rec_sign_in, rec_sign_out = constants
+        h, c = states[0], states[1]
+        z = (tf.matmul(inputs, kernel_mean) + tf.matmul(inputs * sign_in, kernel - kernel_mean) * sign_out
+             + tf.matmul(h, rec_mean) + tf.matmul(h * rec_sign_in, rec - rec_mean) * rec_sign_out)
+        if self.use_bias:
+            z = tf.nn.bias_add(z, self.bias)
+        z_i, z_f, z_c, z_o = tf.split(z, 4, axis=1)
+        c = self.recurrent_activation(z_f) * c + self.recurrent_activation(z_i) * self.activation(z_c)
+        h = self.recurrent_activation(z_o) * self.activation(c)
+        return h, [h, c]
+
+
 def dense(posterior: Posterior, units, config, *, activation, use_bias, name):
     """A Flipout dense layer whose kernel carries `posterior`."""
     init, reg = posterior(config, tf.keras.initializers.GlorotUniform())
@@ -185,7 +236,7 @@ def lstm_cell(posterior: Posterior, units, config, *, name):
     """edward2's Flipout LSTM cell; kernel and recurrent kernel each carry `posterior`."""
     k_init, k_reg = posterior(config, tf.keras.initializers.GlorotUniform())
     r_init, r_reg = posterior(config, tf.keras.initializers.Orthogonal())
-    return ed.layers.LSTMCellFlipout(units, kernel_initializer=k_init, kernel_regularizer=k_reg,
+    return LSTMCellFlipout(units, kernel_initializer=k_init, kernel_regularizer=k_reg,
                                      recurrent_initializer=r_init, recurrent_regularizer=r_reg, name=name)
 
 
