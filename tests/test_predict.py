@@ -1,8 +1,11 @@
 """The seeded prediction function: one vectorised pass for the batch, per-example reproducibility."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
+import tensorflow as tf
 from ehr_testdata import write_data_dir
 
 from model import inputs
@@ -19,18 +22,18 @@ def setup(request, tmp_path_factory):
     featurizer = inputs.Featurizer.from_data_files(files)
     k = 2 if request.param == "rank1" else 1
     config = ModelConfig(method=request.param, ensemble_size=k, embedding_dim=8, rnn_dim=8, hidden_layer_dim=8)
-    predictor = Predictor(featurizer, build_model(config, featurizer.vocab_size))
+    model = build_model(config, featurizer.vocab_size)
     records, _, _ = inputs.read_split(files, "test")
-    return predictor, list(records)
+    return Predictor(featurizer, model), list(records), featurizer, model
 
 
 def test_graph_is_stateless(setup):
-    predictor, _ = setup
+    predictor, *_ = setup
     assert not stateful_random_ops(predictor.module.concrete().graph.as_graph_def())
 
 
 def test_an_example_scores_the_same_alone_and_in_any_batch(setup):
-    predictor, records = setup
+    predictor, records, *_ = setup
     # Eight different admissions (different numbers of bags and tokens), in two orders.
     batch = [r for r in records if r][:8]
     assert len(set(batch)) == 8
@@ -49,7 +52,85 @@ def test_an_example_scores_the_same_alone_and_in_any_batch(setup):
 
 
 def test_fewer_samples_are_not_a_prefix_requirement_but_shapes_hold(setup):
-    predictor, records = setup
+    predictor, records, *_ = setup
     out = predict_probs(predictor, records[:3], 1, seed=0)
     assert out.shape == (3, predictor.ensemble_size)
     assert np.all((out >= 0) & (out <= 1))
+
+
+def _in_threads(*calls):
+    """Runs the calls in threads released together; returns their results in order."""
+    start = threading.Barrier(len(calls))
+    results = [None] * len(calls)
+
+    def run(i, call):
+        start.wait()
+        results[i] = call()
+
+    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    return results
+
+
+def test_concurrent_threads_with_different_seeds_get_the_sequential_results(setup):
+    predictor, records, featurizer, model = setup
+    batch = records[:6]
+    sequential = [predict_probs(predictor, batch, 3, seed=s) for s in (1, 2)]
+    # A fresh predictor: both threads trace and then predict at the same time.
+    fresh = Predictor(featurizer, model)
+    concurrent = _in_threads(*[lambda s=s: [predict_probs(fresh, batch, 3, seed=s) for _ in range(3)] for s in (1, 2)])
+    for outs, expected in zip(concurrent, sequential):
+        for out in outs:
+            np.testing.assert_allclose(out, expected, rtol=0, atol=1e-6)
+
+
+class _PausedTrace(tf.keras.Model):
+    """The model, but its trace waits (up to 60 s) until `resume` is set."""
+
+    def __init__(self, model, resume: threading.Event):
+        super().__init__()
+        self.model, self.resume = model, resume
+        self.ensemble_size = model.ensemble_size
+
+    def call(self, features, num_samples=1, matmul_dtype=None, noise=None):
+        assert self.resume.wait(timeout=60), "another thread could not predict while this one was tracing"
+        return self.model(features, num_samples=num_samples, matmul_dtype=matmul_dtype, noise=noise)
+
+
+def test_a_thread_predicts_while_another_is_tracing(setup):
+    """Nothing process-wide is held while a prediction graph is traced (the old sampler's lock was)."""
+    predictor, records, featurizer, model = setup
+    batch = records[:4]
+    resume = threading.Event()
+
+    def other_thread():
+        out = predict_probs(Predictor(featurizer, model), batch, 2, seed=4)  # traces and runs meanwhile
+        resume.set()
+        return out
+
+    paused, other = _in_threads(lambda: predict_probs(Predictor(featurizer, _PausedTrace(model, resume)), batch, 2,
+                                                      seed=3), other_thread)
+    np.testing.assert_allclose(paused, predict_probs(predictor, batch, 2, seed=3), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(other, predict_probs(predictor, batch, 2, seed=4), rtol=0, atol=1e-6)
+
+
+class _StatefulLayer(tf.keras.Model):
+    """The model plus noise drawn with tf.random.normal, ignoring the explicit source."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.ensemble_size = model, model.ensemble_size
+
+    def call(self, features, num_samples=1, matmul_dtype=None, noise=None):
+        logits = self.model(features, num_samples=num_samples, matmul_dtype=matmul_dtype, noise=noise)
+        return logits + tf.random.normal(tf.shape(logits))
+
+
+def test_a_layer_drawing_statefully_fails_at_trace_time(setup):
+    _, records, featurizer, model = setup
+    with pytest.raises(RuntimeError, match="RandomStandardNormal"):
+        predict_probs(Predictor(featurizer, _StatefulLayer(model)), records[:2], 2, seed=0)
