@@ -16,7 +16,6 @@ by ``(seed, fingerprint of the example's model inputs)`` and indexed by its loca
 probabilities depend only on the example, S and the seed, never on which other examples share
 the request (up to float round-off of the batched matmuls, ~1e-7). Weight draws with no batch
 axis (mean-field kernels) are keyed by the seed alone, which is just as batch independent.
-A deep ensemble exported as one model gives member m the noise folded with m.
 """
 from __future__ import annotations
 
@@ -134,9 +133,10 @@ class ServingModule(tf.Module):
         """Probabilities [N, S*K] of serialized examples in one vectorised pass, every draw from `noise`."""
         feats = self.featurizer(spec.parse_sequence_examples(examples))
         per_member = []
-        for m, model in enumerate(self._hidden.models):
-            logits = model(feats, num_samples=num_samples, matmul_dtype=precision,
-                           noise=noise.fold_in(f"member{m}"))  # [N, S*K_m]
+        for model in self._hidden.models:
+            # Each member draws as it would alone: an in-memory ensemble predicts what its
+            # members' exports, evaluated side by side, predict.
+            logits = model(feats, num_samples=num_samples, matmul_dtype=precision, noise=noise)  # [N, S*K_m]
             per_member.append(tf.reshape(tf.sigmoid(logits), [-1, num_samples, model.ensemble_size]))
         # Members side by side, still sample-major: column s*K + k.
         return tf.reshape(tf.concat(per_member, axis=2), [tf.shape(examples)[0], -1])
