@@ -83,8 +83,24 @@ class Noise:
         rows = tf.cast(rows, tf.int32)
         event_shape = [int(d) for d in event_shape]
         width = math.prod(event_shape)
+        out_shape = tf.concat([[rows], event_shape], 0)
         n = tf.shape(self.example_keys)[0]
-        sizes = tf.ones([n], tf.int32) if self.rows_per_example is None else self.rows_per_example
+        site = _site_id(self.site)
+
+        def streams(lengths, signature):
+            # Stateless ops take one key per call (no batched-key kernel): one draw per example;
+            # the network itself still runs once on the whole batch.
+            return tf.map_fn(
+                lambda args: tf.reshape(draw_flat(args[1] * width, tf.random.experimental.stateless_fold_in(
+                    args[0], site)), [-1, width]),
+                (self.example_keys, lengths), fn_output_signature=signature, parallel_iterations=16)
+
+        if self.rows_per_example is None:
+            # One row per example per block: example i's stream is its rows b = 0, 1, ... in order.
+            blocks = rows // tf.maximum(n, 1)
+            own = streams(tf.fill([n], blocks), tf.TensorSpec([None, width], dtype))  # [N, blocks, width]
+            return tf.reshape(tf.transpose(own, [1, 0, 2]), out_shape)
+        sizes = self.rows_per_example
         per_block = tf.maximum(tf.reduce_sum(sizes), 1)
         blocks = rows // per_block
         # Row r of the batch axis -> (example, local row): block b = r // C, offset o = r % C.
@@ -93,16 +109,9 @@ class Noise:
         ends = tf.cumsum(sizes)
         owner = tf.searchsorted(ends, o, side="right", out_type=tf.int32)
         local = b * tf.gather(sizes, owner) + o - tf.gather(ends - sizes, owner)
-        site = _site_id(self.site)
-        # Stateless ops take one key per call (no batched-key kernel): one exact-length draw per
-        # example; the network itself still runs once on the whole batch.
-        streams = tf.map_fn(
-            lambda args: draw_flat(args[1], tf.random.experimental.stateless_fold_in(args[0], site)),
-            (self.example_keys, blocks * sizes * width),
-            fn_output_signature=tf.RaggedTensorSpec([None], dtype, ragged_rank=0), parallel_iterations=16)
-        start = tf.gather(tf.cast(streams.row_starts(), tf.int32), owner) + local * width  # [rows]
-        index = start[:, None] + tf.range(width)[None, :]
-        return tf.reshape(tf.gather(streams.flat_values, index), tf.concat([[rows], event_shape], 0))
+        own = streams(blocks * sizes, tf.RaggedTensorSpec([None, width], dtype, ragged_rank=0))  # [N, (rows_i), width]
+        first = tf.gather(tf.cast(own.row_starts(), tf.int32), owner)
+        return tf.reshape(tf.gather(own.flat_values, first + local), out_shape)
 
     # --- draws without a batch axis (one for the whole pass) ---------------------------------
 
