@@ -243,8 +243,8 @@ class DenseRank1(ed.layers.DenseRank1):
 
 def _r1_dense(units, config, *, activation, use_bias, name):
     return DenseRank1(units, activation=activation, use_bias=use_bias, kernel_regularizer=_l2(config),
-                                use_additive_perturbation=config.use_additive_perturbation,
-                                ensemble_size=config.ensemble_size, name=name, **_factor_kwargs(config))
+                      use_additive_perturbation=config.use_additive_perturbation,
+                      ensemble_size=config.ensemble_size, name=name, **_factor_kwargs(config))
 
 
 def _r1_conv2d(filters, kernel_size, config, *, strides, padding, activation, use_bias, name):

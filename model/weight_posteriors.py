@@ -131,7 +131,7 @@ def _random_signs(shape, dtype) -> tf.Tensor:
     return tf.cast(2 * tf.random.uniform(shape, 0, 2, dtype=tf.int32) - 1, dtype)
 
 
-def _kernel_draw(initializer, noise: Noise, dtype) -> tuple[tf.Tensor, tf.Tensor]:
+def _kernel_draw(initializer, noise: Noise) -> tuple[tf.Tensor, tf.Tensor]:
     """(posterior mean, one explicit sample) of a Gaussian weight matrix; one draw for the whole pass."""
     loc = tf.convert_to_tensor(initializer.mean)
     scale = tf.reshape(stddev_matrix(initializer), tf.shape(loc))
@@ -156,7 +156,7 @@ class DenseFlipout(ed.layers.DenseFlipout):
             sign_in, sign_out = _random_signs(shape, inputs.dtype), _random_signs(out_shape, inputs.dtype)
         else:
             noise = noise.fold_in(self.name)
-            mean, kernel = _kernel_draw(self.kernel_initializer, noise.fold_in("kernel"), inputs.dtype)
+            mean, kernel = _kernel_draw(self.kernel_initializer, noise.fold_in("kernel"))
             rows = tf.shape(inputs)[0]
             sign_in = noise.fold_in("sign_in").signs(rows, inputs.shape[1:], inputs.dtype)
             sign_out = noise.fold_in("sign_out").signs(rows, [self.units], inputs.dtype)
@@ -196,8 +196,8 @@ class LSTMCellFlipout(ed.layers.LSTMCellFlipout):
     def explicit_draws(self, noise: Noise, batch_size, dtype) -> list[tf.Tensor]:
         """[kernel mean, kernel, recurrent mean, recurrent kernel, 4 sign matrices] drawn from `noise`."""
         noise = noise.fold_in(self.name)
-        kernel_mean, kernel = _kernel_draw(self.kernel_initializer, noise.fold_in("kernel"), dtype)
-        rec_mean, rec = _kernel_draw(self.recurrent_initializer, noise.fold_in("recurrent_kernel"), dtype)
+        kernel_mean, kernel = _kernel_draw(self.kernel_initializer, noise.fold_in("kernel"))
+        rec_mean, rec = _kernel_draw(self.recurrent_initializer, noise.fold_in("recurrent_kernel"))
         widths = {"sign_input": kernel.shape[0], "sign_output": 4 * self.units,
                   "recurrent_sign_input": self.units, "recurrent_sign_output": 4 * self.units}
         signs = [noise.fold_in(name).signs(batch_size, [width], dtype) for name, width in widths.items()]
