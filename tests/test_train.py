@@ -17,8 +17,8 @@ from ehr_testdata import read_json, tiny_config_dict, write_data_dir
 
 from ehr_pipeline.yaml_config import ConfigError
 from model.config import parse_config
-from model.train import (BEST_FILE, CHECKPOINT_DIR, EXPORT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError,
-                         load_run, train)
+from model.train import EXPORT_DIR, load_run, train
+from model.training_loop import BEST_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError
 from model.train_cli import parse_overrides
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -105,7 +105,8 @@ def train_main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as err:
         print(f"ehr-train: {err}", file=sys.stderr)
         return 2
-    from model.image.train import ConfigMismatchError, train
+    from model.image.train import train
+    from model.training_loop import ConfigMismatchError
 
     try:
         result = train(config, args.out, data_dir=args.data, progress=not args.no_progress,
