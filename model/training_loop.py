@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import pathlib
+import random
 import time
 from typing import Any, Callable, Protocol
 
@@ -69,7 +70,10 @@ def start_run(out_dir: str | os.PathLike[str], config: ExperimentBase, seed: int
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     check_run_folder(out, config)
-    tf.random.set_seed(seed)  # entry point of a run: makes initialisation reproducible
+    # Entry point of a run: initialisation is reproducible. Python's generator too: tf-keras
+    # initialisers without a seed draw theirs from it, not from TensorFlow's global seed.
+    random.seed(seed)
+    tf.random.set_seed(seed)
     return out
 
 
