@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import pathlib
-import re
 from typing import Any
 
 import numpy as np
@@ -34,9 +33,6 @@ log = logging.getLogger(__name__)
 
 EVAL_DIR = "eval"
 EXPORT_DIR = "export"
-# Rank-1 factors and their posterior parameters ("fast weights"), e.g. "hidden/alpha/mean:0",
-# "lstm/lstm_cell/recurrent_gamma:0"; they get fast_weight_lr_multiplier x the learning rate.
-_FAST_WEIGHT = re.compile(r"(^|/)(recurrent_)?(alpha|gamma)(/|:)")
 
 
 @dataclasses.dataclass
@@ -50,11 +46,6 @@ class TrainResult:
     best: dict[str, Any]  # BEST_FILE: step and validation NLL of the exported checkpoint, early stop
     export_dir: pathlib.Path | None
     test_report: dict[str, Any] | None
-
-
-def is_fast_weight(variable: tf.Variable) -> bool:
-    """Whether a variable is a rank-1 factor (alpha/gamma) or one of its posterior parameters."""
-    return bool(_FAST_WEIGHT.search(variable.name))
 
 
 def learning_rate(tc, peak: float):
@@ -129,10 +120,6 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
     particles = _adapt_base(model, base_dir, data_dir, out, mc.particle_update, n_train) if base_dir else None
     log.info("training on %d replica(s) (%s), policy %s", strategy.num_replicas_in_sync,
              ", ".join(device_layout.device_names(devices)), policy)
-
-    loss_scaled = policy == precision.FLOAT16
-    # Under loss scaling every weight goes to the one (scaled) optimizer: multiplier 1 (model.precision).
-    fast_mask = [is_fast_weight(v) and not loss_scaled for v in model.trainable_variables]
     settings = training_loop.LoopSettings(
         name=config.name, max_steps=tc.max_steps, num_train_examples=n_train, kl_scale=tc.kl_scale,
         kl_annealing_steps=tc.kl_annealing_steps, clip_norm=tc.clip_norm, log_every_steps=tc.log_every_steps,
@@ -147,8 +134,8 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
 
     validator = make_validator(model, inputs.dataset(files, featurizer, "validation", ec.batch_size),
                                tc.eval_samples, ec.num_bins)
-    loop = training_loop.run(model, slow_opt=slow_opt, fast_opt=fast_opt, fast_mask=fast_mask,
-                             learning_rate=slow_rate, step=step, strategy=strategy, train_data=train_data,
+    loop = training_loop.run(model, slow_opt=slow_opt, fast_opt=fast_opt, learning_rate=slow_rate,
+                             step=step, strategy=strategy, train_data=train_data,
                              likelihood=BernoulliLikelihood(tc.loss), validate=validator, settings=settings,
                              out=out, particles=particles, progress=progress)
 

@@ -227,22 +227,23 @@ class LoopResult:
     best: BestTracker
 
 
-def run(model: tf.keras.Model, *, slow_opt, fast_opt, fast_mask: list[bool], learning_rate, step: tf.Variable,
+def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Variable,
         strategy: tf.distribute.Strategy, train_data: Callable[[int], tf.data.Dataset], likelihood: Likelihood,
         validate: Callable[[], dict[str, float]] | None, settings: LoopSettings, out: pathlib.Path,
         particles=None, progress: bool = True) -> LoopResult:
     """Trains (or resumes) `model` to settings.max_steps; returns the logs and the best-checkpoint tracker.
 
-    slow_opt carries every weight whose fast_mask entry is False, fast_opt the rest; a
-    LossScaleOptimizer as slow_opt (float16) must carry every weight (model.precision).
+    fast_opt carries the rank-1 factors and their posteriors (``fast_weight_refs``), slow_opt
+    the rest; a LossScaleOptimizer as slow_opt (float16) carries every weight (model.precision).
     learning_rate: slow_opt's rate or schedule, logged. train_data(resume_step): an endless
     dataset of (inputs, labels) batches. particles: Bella's bella.ParticleUpdate, or None.
     """
     s = settings
     variables = model.trainable_variables
     loss_scaled = isinstance(slow_opt, tf.keras.mixed_precision.LossScaleOptimizer)
-    if loss_scaled and any(fast_mask):
-        raise ValueError("a loss-scaled optimizer carries every weight: fast_mask must be all False")
+    # Under loss scaling every weight goes to the one (scaled) optimizer: multiplier 1 (model.precision).
+    fast = set() if loss_scaled else fast_weight_refs(model)
+    fast_mask = [v.ref() in fast for v in variables]
     with strategy.scope():
         # Slots created now, not inside the first traced step: a tf.function that creates
         # variables is traced twice, and a trace of a rank-1 network costs seconds.

@@ -128,7 +128,6 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
         fast_schedule = WarmupPiecewiseConstant(tc.learning_rate * tc.fast_weight_lr_multiplier, plan.warmup_steps,
                                                 plan.decay_steps, tc.lr_decay_ratio)
         slow_opt, fast_opt = _optimizer(tc, schedule), _optimizer(tc, fast_schedule)
-        fast = training_loop.fast_weight_refs(model)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     settings = training_loop.LoopSettings(
         name=config.name, max_steps=plan.max_steps, num_train_examples=n_train, kl_scale=tc.kl_scale,
@@ -148,9 +147,8 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
         logits = evaluation.predict_logits(model, data.x_val, batch_size=config.eval.batch_size)
         return evaluation.classification_metrics(logits, data.y_val, config.eval.num_bins)
 
-    loop = training_loop.run(model, slow_opt=slow_opt, fast_opt=fast_opt,
-                             fast_mask=[v.ref() in fast for v in model.trainable_variables], learning_rate=schedule,
-                             step=step, strategy=strategy, train_data=train_data,
+    loop = training_loop.run(model, slow_opt=slow_opt, fast_opt=fast_opt, learning_rate=schedule, step=step,
+                             strategy=strategy, train_data=train_data,
                              likelihood=CategoricalLikelihood(model.ensemble_size),
                              validate=validate if data.y_val.size else None, settings=settings, out=out,
                              particles=particles, progress=progress)
