@@ -209,3 +209,22 @@ def test_cifar_c_only_corruptions_need_the_files():
         parse_config(data)
     data["data"]["corrupted_dir"] = "somewhere"
     assert parse_config(data).data.corruptions == ("fog", "contrast")
+
+
+def test_image_runs_keep_the_best_validated_checkpoint_and_stop_early(tmp_path):
+    # A small MLP at a high learning rate: the validation NLL turns up within a few validations.
+    doc = json.loads(json.dumps(TINY))
+    doc["model"] = {"architecture": "mlp", "depth": 1, "width": 32,
+                    "posterior": {"method": "deterministic", "ensemble_size": 1}}
+    doc["train"].update(max_steps=200, learning_rate=0.05, eval_every_steps=10, early_stopping_patience=2)
+    result = image_train.train(parse_config(doc), tmp_path / "run", progress=False, evaluate=False)
+    rows = result.validation
+    best = min(rows, key=lambda r: r["nll"])
+    assert result.best["stopped_early"] and result.step < 200 and result.step == rows[-1]["step"]
+    # Stopped after two validations in a row without a better NLL than the best one.
+    assert [r["step"] for r in rows][-3:] == [best["step"], best["step"] + 10, best["step"] + 20]
+    assert result.best["step"] == best["step"] and result.best["validation_nll"] == pytest.approx(best["nll"])
+    _, model, data, step = image_train.load_run(tmp_path / "run")
+    assert step == best["step"]  # the run's model is the best checkpoint, not the newest
+    logits = evaluation.predict_logits(model, data.x_val, batch_size=500)
+    assert evaluation.classification_metrics(logits, data.y_val)["nll"] == pytest.approx(best["nll"], rel=1e-5)
