@@ -120,12 +120,8 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
     particles = _adapt_base(model, base_dir, data_dir, out, mc.particle_update, n_train) if base_dir else None
     log.info("training on %d replica(s) (%s), policy %s", strategy.num_replicas_in_sync,
              ", ".join(device_layout.device_names(devices)), policy)
-    settings = training_loop.LoopSettings(
-        name=config.name, max_steps=tc.max_steps, num_train_examples=n_train, kl_scale=tc.kl_scale,
-        kl_annealing_steps=tc.kl_annealing_steps, clip_norm=tc.clip_norm, log_every_steps=tc.log_every_steps,
-        eval_every_steps=tc.eval_every_steps, checkpoint_every_steps=tc.checkpoint_every_steps,
-        keep_checkpoints=tc.keep_checkpoints, early_stopping_patience=tc.early_stopping_patience,
-        best_metric="mixture_nll")
+    settings = training_loop.LoopSettings.of(tc, name=config.name, max_steps=tc.max_steps, num_train_examples=n_train,
+                                             kl_annealing_steps=tc.kl_annealing_steps, best_metric="mixture_nll")
 
     def train_data(start: int) -> tf.data.Dataset:
         return inputs.dataset(files, featurizer, "train", tc.batch_size, training=True,

@@ -216,6 +216,15 @@ class LoopSettings:
     early_stopping_patience: int  # 0 = never stop early
     best_metric: str  # the validation key whose minimum is the best checkpoint (an NLL)
 
+    @classmethod
+    def of(cls, train_config, *, name: str, max_steps: int, num_train_examples: int, kl_annealing_steps: int,
+           best_metric: str) -> LoopSettings:
+        """The settings of a trainer's train config (EHR or image: the fields share their names)."""
+        tc = train_config
+        return cls(name, max_steps, num_train_examples, tc.kl_scale, kl_annealing_steps, tc.clip_norm,
+                   tc.log_every_steps, tc.eval_every_steps, tc.checkpoint_every_steps, tc.keep_checkpoints,
+                   tc.early_stopping_patience, best_metric)
+
 
 @dataclasses.dataclass
 class LoopResult:

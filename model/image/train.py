@@ -129,12 +129,8 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
                                                 plan.decay_steps, tc.lr_decay_ratio)
         slow_opt, fast_opt = _optimizer(tc, schedule), _optimizer(tc, fast_schedule)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-    settings = training_loop.LoopSettings(
-        name=config.name, max_steps=plan.max_steps, num_train_examples=n_train, kl_scale=tc.kl_scale,
-        kl_annealing_steps=plan.kl_annealing_steps, clip_norm=tc.clip_norm, log_every_steps=tc.log_every_steps,
-        eval_every_steps=tc.eval_every_steps, checkpoint_every_steps=tc.checkpoint_every_steps,
-        keep_checkpoints=tc.keep_checkpoints, early_stopping_patience=tc.early_stopping_patience,
-        best_metric="nll")
+    settings = training_loop.LoopSettings.of(tc, name=config.name, max_steps=plan.max_steps, num_train_examples=n_train,
+                                             kl_annealing_steps=plan.kl_annealing_steps, best_metric="nll")
     dc = config.data
 
     def train_data(start: int) -> tf.data.Dataset:
