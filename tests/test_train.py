@@ -89,13 +89,12 @@ def test_patience_zero_never_stops(tmp_path):
     assert not any(tracker.update(step, 1.0 + step, checkpoint) for step in range(1, 20))
 
 
-def test_the_seed_fixes_the_run_whatever_ran_before(tmp_path):
-    data = write_data_dir(tmp_path / "data", sizes=(("train", 32), ("validation", 8), ("test", 8)), train_shards=1)
+def test_the_seed_fixes_the_run_whatever_ran_before(tmp_path, synthetic_data):
     config = parse_config(tiny_config_dict("deterministic", steps=3, log_every_steps=1))
     runs = []
     for name in ("a", "b"):
         random.random()  # tf-keras draws unseeded initialiser seeds from Python's generator
-        runs.append(train(config, data, tmp_path / name, progress=False, export_model=False).history)
+        runs.append(train(config, synthetic_data, tmp_path / name, progress=False, export_model=False).history)
     same = [{k: v for k, v in row.items() if k != "steps_per_second"} for row in runs[0]]
     assert same == [{k: v for k, v in row.items() if k != "steps_per_second"} for row in runs[1]]  # bit for bit
 
