@@ -344,7 +344,7 @@ def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Va
         if current % s.log_every_steps == 0 or current == s.max_steps:
             rate = (current - start) / max(time.time() - started, 1e-9)  # includes the first trace
             history.append({"step": current, **stats, "steps_per_second": rate})
-            bar.set_postfix({key: f"{stats[key]:.4f}" for key in ("loss", "nll", *likelihood_keys(stats))})
+            bar.set_postfix({key: f"{stats[key]:.4f}" for key in ("loss", "nll", *_likelihood_keys(stats))})
             write_scalars(writer, "train", {**stats, "steps_per_second": rate}, current)
         stop = False
         if validate is not None and s.eval_every_steps and (current % s.eval_every_steps == 0
@@ -371,6 +371,6 @@ def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Va
 _LOSS_KEYS = ("loss", "nll", "kl", "kl_weight", "l2", "grad_norm", "learning_rate")
 
 
-def likelihood_keys(stats: dict[str, float]) -> list[str]:
+def _likelihood_keys(stats: dict[str, float]) -> list[str]:
     """The keys of a step's stats that the likelihood added (shown in the progress bar)."""
     return [key for key in stats if key not in _LOSS_KEYS]

@@ -47,7 +47,7 @@ class TrainResult:
     best: dict[str, Any]  # BEST_FILE: step and validation NLL of the evaluated checkpoint, early stop
 
 
-# --------------------------------------------------------------------------- generic pieces
+# --------------------------------------------------------------------------- schedule and step plan
 
 
 class WarmupPiecewiseConstant(tf.keras.optimizers.schedules.LearningRateSchedule):
