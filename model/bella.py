@@ -292,6 +292,15 @@ def read_base_record(out: str | os.PathLike[str]) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def adapt_base(model: tf.keras.Model, base_model: tf.keras.Model, record: dict[str, Any], out: pathlib.Path,
+               update: str, num_train_examples: int) -> ParticleUpdate:
+    """Records the base in `out` (BASE_FILE), copies its weights into the Bella model and freezes them."""
+    record_base(out, record)
+    copy_base_weights(base_model, model)
+    freeze_base(model)
+    return ParticleUpdate(model, update, num_train_examples)
+
+
 class ParticleUpdate:
     """Per-particle losses -> the gradients an optimizer applies to the adapters (ensemble or SVGD)."""
 

@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as err:
         print(f"ehr-train: {err}", file=sys.stderr)
         return 2
-    from model.train import ConfigMismatchError, train
+    from model.train import train
+    from model.training_loop import ConfigMismatchError
 
     try:
         result = train(config, args.data, args.out, progress=not args.no_progress,

@@ -205,7 +205,8 @@ def runs(tmp_path_factory, synthetic_data):
 
 @pytest.mark.slow
 def test_training_moves_only_the_adapters_and_records_the_base(runs):
-    from model.train import load_run, model_checkpoint
+    from model.train import load_run
+    from model.training_loop import model_checkpoint
 
     _, det_model, _, _ = load_run(runs["det"], runs["data"])
     _, model, _, step = load_run(runs["bella"], runs["data"])

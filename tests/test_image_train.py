@@ -10,7 +10,7 @@ import tensorflow as tf
 import yaml
 
 from ehr_pipeline.yaml_config import ConfigError
-from model import metrics
+from model import metrics, training_loop
 from model.image import cli
 from model.image import evaluate as evaluation
 from model.image import train as image_train
@@ -92,7 +92,7 @@ def test_config_roundtrip_and_method_names():
 def test_fast_weights_are_found_structurally_not_by_name():
     config = parse_config(TINY)
     model = build_model(config.model, (8, 8, 1), 10)
-    fast = image_train.fast_weight_refs(model)
+    fast = training_loop.fast_weight_refs(model)
     names = sorted(v.name for v in model.trainable_variables if v.ref() in fast)
     assert names and all(("/alpha/" in n or "/gamma/" in n) for n in names)
     assert any(n.endswith("stddev:0") for n in names)
@@ -101,7 +101,7 @@ def test_fast_weights_are_found_structurally_not_by_name():
     assert bn_gammas and not any(v.ref() in fast for v in bn_gammas)
     be = build_model(config.model.model_copy(update={"posterior": config.model.posterior.__class__(
         method="batchensemble", ensemble_size=2)}), (8, 8, 1), 10)
-    assert len(image_train.fast_weight_refs(be)) == 2 * 10  # alpha and gamma of 9 convs and the head
+    assert len(training_loop.fast_weight_refs(be)) == 2 * 10  # alpha and gamma of 9 convs and the head
 
 
 def test_step_plan_and_schedule():
@@ -188,7 +188,7 @@ def test_resume_continued_from_the_newest_checkpoint(run):
     result = image_train.train(config, out, progress=False, evaluate=False)
     assert result.step == 200 and result.history == []
     # A different config in the same folder is refused.
-    with pytest.raises(image_train.ConfigMismatchError):
+    with pytest.raises(training_loop.ConfigMismatchError):
         image_train.train(config.with_overrides(train={"seed": 1}), out, progress=False, evaluate=False)
     assert cli.train_main(["--config", str(config_path), "--out", str(out), "--seed", "1"]) == 2
 
@@ -209,3 +209,22 @@ def test_cifar_c_only_corruptions_need_the_files():
         parse_config(data)
     data["data"]["corrupted_dir"] = "somewhere"
     assert parse_config(data).data.corruptions == ("fog", "contrast")
+
+
+def test_image_runs_keep_the_best_validated_checkpoint_and_stop_early(tmp_path):
+    # A small MLP at a high learning rate: the validation NLL turns up within a few validations.
+    doc = json.loads(json.dumps(TINY))
+    doc["model"] = {"architecture": "mlp", "depth": 1, "width": 32,
+                    "posterior": {"method": "deterministic", "ensemble_size": 1}}
+    doc["train"].update(max_steps=200, learning_rate=0.05, eval_every_steps=10, early_stopping_patience=2)
+    result = image_train.train(parse_config(doc), tmp_path / "run", progress=False, evaluate=False)
+    rows = result.validation
+    best = min(rows, key=lambda r: r["nll"])
+    assert result.best["stopped_early"] and result.step < 200 and result.step == rows[-1]["step"]
+    # Stopped after two validations in a row without a better NLL than the best one.
+    assert [r["step"] for r in rows][-3:] == [best["step"], best["step"] + 10, best["step"] + 20]
+    assert result.best["step"] == best["step"] and result.best["validation_nll"] == pytest.approx(best["nll"])
+    _, model, data, step = image_train.load_run(tmp_path / "run")
+    assert step == best["step"]  # the run's model is the best checkpoint, not the newest
+    logits = evaluation.predict_logits(model, data.x_val, batch_size=500)
+    assert evaluation.classification_metrics(logits, data.y_val)["nll"] == pytest.approx(best["nll"], rel=1e-5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import random
 import signal
 import subprocess
 import sys
@@ -17,8 +18,8 @@ from ehr_testdata import read_json, tiny_config_dict, write_data_dir
 
 from ehr_pipeline.yaml_config import ConfigError
 from model.config import parse_config
-from model.train import (BEST_FILE, CHECKPOINT_DIR, EXPORT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError,
-                         load_run, train)
+from model.train import EXPORT_DIR, load_run, train
+from model.training_loop import BEST_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError
 from model.train_cli import parse_overrides
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -86,6 +87,16 @@ def test_patience_zero_never_stops(tmp_path):
     tracker = BestTracker(tmp_path, patience=0)
     checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
     assert not any(tracker.update(step, 1.0 + step, checkpoint) for step in range(1, 20))
+
+
+def test_the_seed_fixes_the_run_whatever_ran_before(tmp_path, synthetic_data):
+    config = parse_config(tiny_config_dict("deterministic", steps=3, log_every_steps=1))
+    runs = []
+    for name in ("a", "b"):
+        random.random()  # tf-keras draws unseeded initialiser seeds from Python's generator
+        runs.append(train(config, synthetic_data, tmp_path / name, progress=False, export_model=False).history)
+    same = [{k: v for k, v in row.items() if k != "steps_per_second"} for row in runs[0]]
+    assert same == [{k: v for k, v in row.items() if k != "steps_per_second"} for row in runs[1]]  # bit for bit
 
 
 def test_cli_overrides_reach_every_section():

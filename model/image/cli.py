@@ -71,6 +71,9 @@ def build_train_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="CIFAR python-pickle folder (overrides data.data_dir; digits: unused)")
     p.add_argument("--steps", type=int, default=None, help="override train.max_steps")
     p.add_argument("--seed", type=int, default=None, help="override train.seed")
+    p.add_argument("--patience", type=int, default=None,
+                   help="override train.early_stopping_patience: stop after this many validations without a better "
+                        "validation NLL (needs train.eval_every_steps > 0; 0 = never)")
     p.add_argument("--base", default=None,
                    help="trained deterministic run folder that a posterior.method 'bella' config adapts (frozen; "
                         "required for bella, refused otherwise)")
@@ -93,7 +96,8 @@ def train_main(argv: list[str] | None = None) -> int:
     from model.image.config import load_config
 
     try:
-        config = load_config(args.config).with_train_overrides(max_steps=args.steps, seed=args.seed)
+        config = load_config(args.config).with_train_overrides(
+            max_steps=args.steps, seed=args.seed, early_stopping_patience=args.patience)
     except ConfigError as err:
         return usage_error("ehr-train", err)
 
@@ -105,7 +109,8 @@ def train_main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as err:
         print(f"ehr-train: {err}", file=sys.stderr)
         return 2
-    from model.image.train import ConfigMismatchError, train
+    from model.image.train import train
+    from model.training_loop import ConfigMismatchError
 
     try:
         result = train(config, args.out, data_dir=args.data, progress=not args.no_progress,

@@ -169,7 +169,11 @@ class TrainConfig(_Model):
     kl_scale: _NonNegFloat = Field(1.0, description="Weight of KL / N_train in the loss (1 = the ELBO).")
     kl_annealing_epochs: _NonNegFloat = Field(
         200.0, description="KL weight rises linearly from 0 to kl_scale over these epochs (0 = off).")
-    eval_every_steps: _NonNegInt = Field(0, description="Validation every N steps (0 = only at the end).")
+    eval_every_steps: _NonNegInt = Field(
+        0, description="Validation every N steps and at the last step (0 = none: the last step is evaluated). "
+                       "The checkpoint with the best validation NLL is the one evaluated.")
+    early_stopping_patience: _NonNegInt = Field(
+        0, description="Stop after this many validations in a row without a better validation NLL (0 = never).")
     checkpoint_every_steps: _PosInt = 1000
     keep_checkpoints: _PosInt = 3
     log_every_steps: _PosInt = 50
