@@ -18,6 +18,12 @@ Semantics (docs/spec.md has a worked example):
   history bag counts as a bag, and being the oldest it is the first dropped); events of the
   dropped bags are counted under ``older_than_max_bags``.
 * Within a bag, codes are distinct and sorted by code point order.
+
+Event normalisation lives here and in ``spec`` too, so the job and the service cannot skew:
+each event is moved to when its source makes it known (``known_time``; a no-op for events
+already stamped so), codes must be normalised (``spec.format_code``), and the result does not
+depend on the order of the input events (``value_last`` breaks ties in time by value, as the
+job's ``canonical_order`` would, and a zero's sign is dropped).
 """
 from __future__ import annotations
 
@@ -103,17 +109,25 @@ def bag_events(
     trigger_time: int,
     config: BaggingConfig,
 ) -> Bags:
-    """Bags the events before trigger_time; times and trigger_time in seconds since 1970, NaN value = none."""
+    """Bags the events known before trigger_time; times and trigger_time in seconds since 1970, NaN value = none."""
     times, codes, values = _check_events(times, codes, values)
     trigger = _check_seconds(trigger_time)
     precision = config.bagging_time_precision
     older_than = config.bagging_aggregate_older_than
+    if times.size == 0:
+        return _empty_bags({DROP_AT_OR_AFTER_TRIGGER: 0, DROP_OLDER_THAN_MAX_BAGS: 0})
+
+    vocab, code_id = np.unique(codes, return_inverse=True)
+    vocab_source = _check_codes(vocab)
+    times = _known_times(times, vocab_source, code_id)
+    # -0.0 == 0.0 sorts as a tie, so which one reached value_min / value_last would depend on
+    # the input order; the sign of a zero measurement carries no information.
+    values = values + 0.0
 
     age = trigger - times  # seconds before the trigger
     past = age > 0
     n_future = int(age.size - np.count_nonzero(past))
-    event_index = np.flatnonzero(past)  # input position: breaks 'last' ties on equal times
-    age, codes, values = age[past], codes[past], values[past]
+    age, code_id, values = age[past], code_id[past], values[past]
 
     slot = age // precision
     history_slot = older_than // precision + 1  # one past the oldest regular bag
@@ -126,15 +140,12 @@ def bag_events(
     kept = newest_first < n_bags
     n_too_old = int(kept.size - np.count_nonzero(kept))
     if n_too_old:
-        age, codes, values = age[kept], codes[kept], values[kept]
-        event_index, newest_first = event_index[kept], newest_first[kept]
+        age, code_id, values, newest_first = age[kept], code_id[kept], values[kept], newest_first[kept]
     dropped = {DROP_AT_OR_AFTER_TRIGGER: n_future, DROP_OLDER_THAN_MAX_BAGS: n_too_old}
     if age.size == 0:
         return _empty_bags(dropped)
     bag = (n_bags - 1) - newest_first  # oldest first
 
-    vocab, code_id = np.unique(codes, return_inverse=True)
-    _check_codes(vocab)
     vocab = vocab.astype(object)  # Python str out, like the caller's codes
     # One entry per (bag, code); unique() sorts keys by bag, then by code.
     keys, entry, counts = np.unique(bag * len(vocab) + code_id, return_inverse=True,
@@ -143,7 +154,7 @@ def bag_events(
     row_splits = np.concatenate(([0], np.cumsum(np.bincount(entry_bag, minlength=n_bags))))
     offsets = np.full(n_bags, np.iinfo(np.int64).max, dtype=np.int64)
     np.minimum.at(offsets, bag, age)  # newest event of each bag
-    numeric = _numeric_aggregates(entry, len(keys), age, values, event_index)
+    numeric = _numeric_aggregates(entry, len(keys), age, values)
     return Bags(
         offset_seconds=offsets,
         row_splits=row_splits,
@@ -156,12 +167,11 @@ def bag_events(
     )
 
 
-def _numeric_aggregates(
-    entry: np.ndarray, n_entries: int, age: np.ndarray, values: np.ndarray, event_index: np.ndarray
-) -> dict[str, np.ndarray]:
+def _numeric_aggregates(entry: np.ndarray, n_entries: int, age: np.ndarray, values: np.ndarray
+                        ) -> dict[str, np.ndarray]:
     """Per-entry value_count, value_mean, value_last, value_min, value_max of the finite values (0 if none)."""
     numeric = np.isfinite(values)  # NaN means "no value"; +-inf would poison the mean
-    entry, values, age, event_index = entry[numeric], values[numeric], age[numeric], event_index[numeric]
+    entry, values, age = entry[numeric], values[numeric], age[numeric]
     value_count = np.bincount(entry, minlength=n_entries).astype(np.int64)
     mean, last, low, high = (np.zeros(n_entries) for _ in range(4))
     out = {"value_count": value_count, "value_mean": mean, "value_last": last, "value_min": low,
@@ -178,8 +188,9 @@ def _numeric_aggregates(
     low[present] = values[by_value][starts]  # segments are in ascending value order
     high[present] = values[by_value][ends]
     # Same segments (both orders sort by entry first); within one, oldest first and, on
-    # equal times, input order, so each segment's last element is the newest value.
-    by_time = np.lexsort((event_index, -age, entry))
+    # equal times, smallest value first (canonical_order's order, whatever the input order),
+    # so each segment's last element is the newest value.
+    by_time = np.lexsort((values, -age, entry))
     last[present] = values[by_time][ends]
     return out
 
@@ -220,10 +231,101 @@ def _check_events(times, codes, values) -> tuple[np.ndarray, np.ndarray, np.ndar
     return times.astype(np.int64, copy=False), codes.astype(np.str_, copy=False), values
 
 
-def _check_codes(vocab: np.ndarray) -> None:
-    """Checks that the distinct codes (not every event: cheap) read 'source:code' with a known source."""
+def _check_codes(vocab: np.ndarray) -> np.ndarray:
+    """The source of each distinct code (cheap: not every event); refuses codes that are not
+    'source:code' with a known source and a code text that spec.format_code left as it is."""
     source, sep, rest = np.strings.partition(vocab, spec.CODE_SEPARATOR)
     bad = ~(np.isin(source, spec.SOURCES) & (sep == spec.CODE_SEPARATOR) & (np.strings.str_len(rest) > 0))
     if np.any(bad):
         raise ValueError(f"code {str(vocab[bad][0])!r} is not 'source{spec.CODE_SEPARATOR}code' "
                          f"with a source in {spec.SOURCES}")
+    padded = np.strings.strip(rest, spec.CODE_WHITESPACE) != rest
+    if np.any(padded):
+        raise ValueError(f"code {str(vocab[padded][0])!r} has surrounding whitespace: build codes with "
+                         f"spec.format_code, as the job and the service do")
+    return source
+
+
+def _known_times(times: np.ndarray, vocab_source: np.ndarray, code_id: np.ndarray) -> np.ndarray:
+    """Each event's time moved by its source's known_time rule (one call per source present)."""
+    names, source_of_code = np.unique(vocab_source, return_inverse=True)
+    event_source = source_of_code[code_id]
+    out = np.empty_like(times)
+    for i, source in enumerate(names.tolist()):
+        at = event_source == i
+        out[at] = known_time(source, times[at])
+    return out
+
+
+# ----------------------------------------------------------------------------- known time
+# When the information of each source becomes known (docs/task.md). The caller picks the time
+# its record states (CHARTTIME, ENDTIME, STARTDATE, the admission's effective discharge; for
+# FHIR: effective[x], authoredOn, the encounter's period.end); the rule does the rest. The job
+# stamps events with it when it extracts them, and bag_events applies it again (each rule
+# leaves a known time as it is), so a service client that sends a prescription's start time
+# gets it bagged where the job bagged it.
+AS_RECORDED = "as_recorded"  # charted, resulted, or (inputs) the end of what was given
+END_OF_DAY = "end_of_day"  # a dated order: the last second of its day
+AT_DISCHARGE = "at_discharge"  # billing codes: the (effective) discharge of their admission
+KNOWN_TIME_RULES: dict[str, str] = {
+    "lab": AS_RECORDED,
+    "chart": AS_RECORDED,
+    "output": AS_RECORDED,
+    "input": AS_RECORDED,
+    "prescription": END_OF_DAY,
+    "diagnosis": AT_DISCHARGE,
+    "procedure": AT_DISCHARGE,
+}
+SECONDS_PER_DAY = 86400
+
+
+def end_of_day(seconds: np.ndarray) -> np.ndarray:
+    """The last second (23:59:59) of the day containing each time, int64 seconds since 1970.
+
+    A date-only value (MIMIC writes it as midnight) may describe anything during that
+    day, so it is only certainly known once the day is over. Whole-second timestamps
+    end at 23:59:59, which also keeps the event on its own calendar day.
+    """
+    seconds = np.asarray(seconds, dtype=np.int64)
+    # floor_divide rounds towards minus infinity, so pre-1970 days work too.
+    return np.floor_divide(seconds, SECONDS_PER_DAY) * SECONDS_PER_DAY + (SECONDS_PER_DAY - 1)
+
+
+def known_time(source: str, recorded: np.ndarray, date_only: bool | np.ndarray = False) -> np.ndarray:
+    """int64 s when events of `source` became known, from the time their record states (int64 s).
+
+    Prescriptions are dated, so they are known at the end of their day; every other source is
+    known at the time given (for diagnoses and procedures that time must be their admission's
+    discharge, for MetaVision inputs the infusion's ENDTIME). A time that is only a date
+    (`date_only`, per element or for all) may describe any moment of that day, so it too is
+    known only at the day's end. Applying it to a known time changes nothing.
+    """
+    if source not in KNOWN_TIME_RULES:
+        raise ValueError(f"unknown source {source!r}; known: {tuple(KNOWN_TIME_RULES)}")
+    recorded = np.asarray(recorded, dtype=np.int64)
+    if KNOWN_TIME_RULES[source] == END_OF_DAY:
+        return end_of_day(recorded)
+    dated = np.broadcast_to(np.asarray(date_only, dtype=bool), recorded.shape)
+    return np.where(dated, end_of_day(recorded), recorded) if dated.any() else recorded
+
+
+# ----------------------------------------------------------------------------- event order
+
+
+def canonical_permutation(times: np.ndarray, codes: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Indices that sort events by (time s, code, value; no value first).
+
+    Bags do not depend on the input order; this order makes everything else that sums
+    floats over events (the job's code statistics) and lists them (the FHIR mapping's
+    event list) independent of it too.
+    """
+    codes_s = np.asarray(codes, dtype=object).astype(str)
+    return np.lexsort((np.nan_to_num(values, nan=-np.inf), codes_s, times))
+
+
+def canonical_order(times: np.ndarray, codes: np.ndarray, values: np.ndarray):
+    """(times, codes, values) sorted by canonical_permutation; the job's shuffle order then cannot change its output."""
+    if times.size == 0:
+        return times, codes, values
+    order = canonical_permutation(times, codes, values)
+    return times[order], codes[order], values[order]

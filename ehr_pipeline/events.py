@@ -12,9 +12,9 @@ Every extractor takes one typed block (pyarrow RecordBatch or Table, as
   ``missing_code``, then ``missing_time``.
 
 ``filter_to_cohort`` then keeps, per cohort admission, the same patient's events strictly
-before its trigger time. See docs/task.md for the rules and why. ``known_time`` is the one
-place the known-time rule of each source lives; the FHIR mapping (``ehr_pipeline.fhir``)
-stamps its events with it too.
+before its trigger time. See docs/task.md for the rules and why. The known-time rule of each
+source lives in ``bagging.known_time`` (shared with the service and the FHIR mapping); each
+extractor picks the time its table records and stamps its events with that rule.
 """
 from __future__ import annotations
 
@@ -25,11 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ehr_pipeline import spec
+from ehr_pipeline import bagging, spec
 
 logger = logging.getLogger(__name__)
-
-SECONDS_PER_DAY = 86400
 
 KEPT = "kept"
 MISSING_TIME = "missing_time"
@@ -78,7 +76,7 @@ def _flag_set(block: Block, name: str, flag: int = 1) -> np.ndarray:
 
 def _namespaced(source: str, raw: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """'source:code' strings (spec.format_code, vectorised); null where the code is null or blank."""
-    text = pc.utf8_trim_whitespace(pc.cast(raw, pa.string()))
+    text = pc.utf8_trim(pc.cast(raw, pa.string()), characters=spec.CODE_WHITESPACE)
     # A blank code would make a distinct, meaningless vocabulary entry: count it as missing.
     text = pc.if_else(pc.equal(text, ""), pa.scalar(None, pa.string()), text)
     return pc.binary_join_element_wise(source, text, spec.CODE_SEPARATOR)
@@ -138,14 +136,14 @@ def _emit(
 
 def lab_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """LABEVENTS -> 'lab:ITEMID' at CHARTTIME (s), value VALUENUM; outpatient rows (null HADM_ID) are kept as history."""
-    return _emit(block, known_time("lab", _col(block, "CHARTTIME")), _item_code(block, "lab"),
+    return _emit(block, _known_at("lab", _col(block, "CHARTTIME")), _item_code(block, "lab"),
                  _values(block, "VALUENUM"), [])
 
 
 def chart_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """CHARTEVENTS -> 'chart:ITEMID' at CHARTTIME (s), value VALUENUM; ERROR = 1 rows dropped as chart_error."""
     return _emit(
-        block, known_time("chart", _col(block, "CHARTTIME")), _item_code(block, "chart"), _values(block, "VALUENUM"),
+        block, _known_at("chart", _col(block, "CHARTTIME")), _item_code(block, "chart"), _values(block, "VALUENUM"),
         [(CHART_ERROR, _flag_set(block, "ERROR"))],
     )
 
@@ -153,14 +151,14 @@ def chart_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
 def output_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """OUTPUTEVENTS -> 'output:ITEMID' at CHARTTIME (s), value VALUE; ISERROR = 1 rows dropped as output_error."""
     return _emit(
-        block, known_time("output", _col(block, "CHARTTIME")), _item_code(block, "output"), _values(block, "VALUE"),
+        block, _known_at("output", _col(block, "CHARTTIME")), _item_code(block, "output"), _values(block, "VALUE"),
         [(OUTPUT_ERROR, _flag_set(block, "ISERROR"))],
     )
 
 
 def input_cv_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """INPUTEVENTS_CV -> 'input:ITEMID' at CHARTTIME (s), value AMOUNT (CareVue charts an amount when it is recorded)."""
-    return _emit(block, known_time("input", _col(block, "CHARTTIME")), _item_code(block, "input"),
+    return _emit(block, _known_at("input", _col(block, "CHARTTIME")), _item_code(block, "input"),
                  _values(block, "AMOUNT"), [])
 
 
@@ -175,79 +173,32 @@ def input_mv_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
         pc.equal(pc.cast(_col(block, "STATUSDESCRIPTION"), pa.string()), "Rewritten"), False
     )
     return _emit(
-        block, known_time("input", _col(block, "ENDTIME")), _item_code(block, "input"), _values(block, "AMOUNT"),
+        block, _known_at("input", _col(block, "ENDTIME")), _item_code(block, "input"), _values(block, "AMOUNT"),
         [(INPUT_REWRITTEN, np.asarray(rewritten.to_numpy(zero_copy_only=False), dtype=bool))],
     )
 
 
-def end_of_day(seconds: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """The last second (23:59:59) of the day containing each time, int64 seconds; nulls stay null.
-
-    A date-only value (MIMIC writes it as midnight) may describe anything during that
-    day, so it is only certainly known once the day is over. Whole-second timestamps
-    end at 23:59:59, which also keeps the event on its own calendar day.
-    """
-    arr = pc.cast(seconds, pa.int64())
+def _known_at(source: str, recorded: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """bagging.known_time over an Arrow column of int64 s whose nulls (missing times) stay null."""
+    arr = pc.cast(recorded, pa.int64())
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    valid = pc.is_valid(arr).to_numpy(zero_copy_only=False)
-    raw = pc.fill_null(arr, 0).to_numpy(zero_copy_only=False).astype(np.int64)
-    # floor_divide rounds towards minus infinity, so pre-1970 days work too.
-    out = np.floor_divide(raw, SECONDS_PER_DAY) * SECONDS_PER_DAY + (SECONDS_PER_DAY - 1)
-    return pa.array(out, pa.int64(), mask=~np.asarray(valid, dtype=bool))
-
-
-# When the information of each source becomes known (docs/task.md). The caller picks the
-# time its record states (CHARTTIME, ENDTIME, STARTDATE, the admission's effective discharge;
-# for FHIR: effective[x], authoredOn, the encounter's period.end); the rule does the rest.
-AS_RECORDED = "as_recorded"  # charted, resulted, or (inputs) the end of what was given
-END_OF_DAY = "end_of_day"  # a dated order: the last second of its day
-AT_DISCHARGE = "at_discharge"  # billing codes: the (effective) discharge of their admission
-KNOWN_TIME_RULES: dict[str, str] = {
-    "lab": AS_RECORDED,
-    "chart": AS_RECORDED,
-    "output": AS_RECORDED,
-    "input": AS_RECORDED,
-    "prescription": END_OF_DAY,
-    "diagnosis": AT_DISCHARGE,
-    "procedure": AT_DISCHARGE,
-}
-
-
-def known_time(source: str, recorded: pa.Array | pa.ChunkedArray | np.ndarray,
-               date_only: bool | np.ndarray = False) -> pa.Array:
-    """int64 s when events of `source` became known, from the time their record states (int64 s, nulls kept).
-
-    Prescriptions are dated, so they are known at the end of their day; every other source is
-    known at the time given (for diagnoses and procedures that time must be their admission's
-    discharge). A time that is only a date (`date_only`, per element or for all) may describe
-    any moment of that day, so it too is known only at the day's end.
-    """
-    if source not in KNOWN_TIME_RULES:
-        raise ValueError(f"unknown source {source!r}; known: {tuple(KNOWN_TIME_RULES)}")
-    arr = recorded if isinstance(recorded, (pa.Array, pa.ChunkedArray)) else pa.array(recorded, pa.int64())
-    arr = pc.cast(arr, pa.int64())
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    if KNOWN_TIME_RULES[source] == END_OF_DAY:
-        return end_of_day(arr)
-    dated = np.broadcast_to(np.asarray(date_only, dtype=bool), (len(arr),))
-    if not dated.any():
-        return arr
-    return pc.if_else(pa.array(dated), end_of_day(arr), arr)
+    valid = np.asarray(pc.is_valid(arr).to_numpy(zero_copy_only=False), dtype=bool)
+    raw = pc.fill_null(arr, 0).to_numpy(zero_copy_only=False)
+    return pa.array(bagging.known_time(source, raw), pa.int64(), mask=~valid)
 
 
 def prescription_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """PRESCRIPTIONS -> 'prescription:<FORMULARY_DRUG_CD, else DRUG>' known at the end (23:59:59) of STARTDATE's day, no value."""
     # FORMULARY_DRUG_CD is the hospital's stable drug code; DRUG (free text) fills gaps.
     blank_to_null = lambda a: pc.if_else(  # noqa: E731
-        pc.equal(pc.utf8_trim_whitespace(a), ""), pa.scalar(None, pa.string()), a)
+        pc.equal(pc.utf8_trim(a, characters=spec.CODE_WHITESPACE), ""), pa.scalar(None, pa.string()), a)
     name = pc.coalesce(
         blank_to_null(pc.cast(_col(block, "FORMULARY_DRUG_CD"), pa.string())),
         pc.cast(_col(block, "DRUG"), pa.string()),
     )
     code = _namespaced("prescription", name)
-    return _emit(block, known_time("prescription", _col(block, "STARTDATE")), code, _values(block, None), [])
+    return _emit(block, _known_at("prescription", _col(block, "STARTDATE")), code, _values(block, None), [])
 
 
 def _discharge_arrays(discharges: Discharges) -> tuple[np.ndarray, np.ndarray]:
@@ -277,7 +228,7 @@ def _icd_events(block: Block, source: str, discharges: Discharges) -> tuple[pa.T
     # An unknown HADM_ID leaves the time unknown; counted apart from a null time because
     # it points at a broken or duplicated ADMISSIONS row, not at this table.
     return _emit(
-        block, known_time(source, pa.array(when, pa.int64(), mask=~found)), code, _values(block, None),
+        block, _known_at(source, pa.array(when, pa.int64(), mask=~found)), code, _values(block, None),
         [(UNKNOWN_ADMISSION, ~found & ~np.asarray(pc.is_null(code).to_numpy(zero_copy_only=False), dtype=bool))],
     )
 

@@ -96,20 +96,6 @@ def concat_chunks(chunks: list[EventChunk]) -> tuple[np.ndarray, np.ndarray, np.
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
 
 
-def canonical_permutation(times: np.ndarray, codes: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Indices that sort events by (time, code, value; no value first): the order every example is bagged in."""
-    codes_s = np.asarray(codes, dtype=object).astype(str)
-    return np.lexsort((np.nan_to_num(values, nan=-np.inf), codes_s, times))
-
-
-def canonical_order(times: np.ndarray, codes: np.ndarray, values: np.ndarray):
-    """Sorts events by (time, code, value) so the shuffle's arbitrary chunk order cannot change output."""
-    if times.size == 0:
-        return times, codes, values
-    order = canonical_permutation(times, codes, values)
-    return times[order], codes[order], values[order]
-
-
 def _counter(name: str):
     from apache_beam.metrics import Metrics
 
@@ -199,7 +185,9 @@ def _make_dofns():
                 yield (COUNTS, _count("examples/orphan_events", len(chunks)))
                 return
             cfg = self._config
-            times, codes, values = canonical_order(*concat_chunks(chunks))
+            # Bags do not depend on the event order, but the code statistics sum floats over
+            # events: the canonical order keeps them independent of the shuffle's chunk order.
+            times, codes, values = bagging.canonical_order(*concat_chunks(chunks))
             bags = bagging.bag_events(times, codes, values, meta["trigger_time"], cfg.bagging)
             context = {
                 spec.SUBJECT_ID: meta["SUBJECT_ID"], spec.HADM_ID: hadm, spec.LABEL: meta["label"],

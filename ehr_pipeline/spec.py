@@ -10,6 +10,7 @@ only by the functions that build or parse protos.
 from __future__ import annotations
 
 import numbers
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,12 @@ CODE_SEPARATOR = ":"  # codes read "source:code"; the source is everything befor
 # as "50912"), and tabs or newlines make codes that print alike but differ. The job drops
 # such events (events.BAD_CODE), the service refuses them (422).
 CODE_CONTROL_CHARACTERS = "[\x00-\x1f\x7f]"
+# Whitespace trimmed from both ends of a code's text, by the job and the service alike, so
+# " 50912" and "50912" are one code. Spelled out (Python's str.isspace characters, which are
+# also what pyarrow's utf8_trim_whitespace trims) so the job's vectorised trim and
+# code_text read one list.
+CODE_WHITESPACE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
+                   "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 
 # Allowed context values. The service fills LABEL with LABEL_UNKNOWN: the outcome is not known yet.
 LABEL_UNKNOWN = -1
@@ -83,13 +90,24 @@ SEQUENCE_KEYS = SEQUENCE_FLOAT + SEQUENCE_INT + SEQUENCE_BYTES
 _ONE_PER_BAG = (BAG_OFFSET,)
 
 
+def code_text(code: object) -> str:
+    """A code's text as bags hold it: CODE_WHITESPACE trimmed; blank or control characters refused (ValueError)."""
+    text = str(code).strip(CODE_WHITESPACE)
+    if not text:
+        raise ValueError("empty or blank code")
+    if re.search(CODE_CONTROL_CHARACTERS, text):
+        raise ValueError("code must not hold control characters (U+0000-U+001F, U+007F)")
+    return text
+
+
 def format_code(source: str, code: object) -> str:
-    """The event code 'source:code' (e.g. 'lab:50912') that bags and vocabularies use."""
+    """The event code 'source:code' (e.g. 'lab:50912') that bags and vocabularies use; code_text normalises the code."""
     if source not in SOURCES:
         raise ValueError(f"unknown source {source!r}; known: {SOURCES}")
-    text = str(code)
-    if not text:
-        raise ValueError(f"empty code for source {source!r}")
+    try:
+        text = code_text(code)
+    except ValueError as err:
+        raise ValueError(f"{err} for source {source!r}: {str(code)!r}") from None
     return f"{source}{CODE_SEPARATOR}{text}"
 
 

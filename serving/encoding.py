@@ -1,7 +1,9 @@
 """Request -> serialized SequenceExample, through the very functions that built the training data.
 
-Training/serving skew is the bug this module exists to prevent: events are bagged by
-``ehr_pipeline.bagging.bag_events`` with the export's own bagging config, the age is
+Training/serving skew is the bug this module exists to prevent: codes are normalised by
+``ehr_pipeline.spec.format_code``, events are bagged by ``ehr_pipeline.bagging.bag_events``
+(which applies each source's known-time rule and does not depend on the event order) with the
+export's own bagging config, the age is
 computed by ``ehr_pipeline.ages`` at the admission time (as the cohort builder does), and the
 proto is built by ``ehr_pipeline.spec.make_sequence_example``. Nothing here re-implements
 any of them.
@@ -104,7 +106,8 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
         spec.GENDER: patient.gender,
         spec.ADMISSION_TYPE: request.admission.admission_type,
     }
-    example = spec.make_sequence_example(context, bags).SerializeToString()
+    # deterministic=True, as the job writes it: the same admission gives the same bytes.
+    example = spec.make_sequence_example(context, bags).SerializeToString(deterministic=True)
 
     # Only codes the model actually sees (kept bags) can be out of its vocabulary.
     unknown = sorted(set(bags.codes.tolist()) - export.vocabulary)

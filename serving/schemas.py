@@ -52,6 +52,10 @@ IsoDateTime = Annotated[dt.datetime, BeforeValidator(_require_iso_text)]
 IsoDate = Annotated[dt.date, BeforeValidator(_require_iso_text)]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_utf8_text), AfterValidator(_no_blank),
                 AfterValidator(_no_control_characters)]
+# An event code: trimmed of surrounding whitespace and checked by the spec's own function, the
+# one the job's codes went through, so " 50912" is the model's "lab:50912".
+Code = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_utf8_text),
+                 AfterValidator(spec.code_text)]
 Source = Literal[spec.SOURCES]  # type: ignore[valid-type]  # the spec's sources, one list for all
 Gender = Literal[spec.GENDERS]  # type: ignore[valid-type]
 
@@ -100,12 +104,16 @@ class Admission(_Request):
 class Event(_Request):
     """One timestamped observation: a lab result, chart entry, drug, diagnosis, ..."""
 
-    time: IsoDateTime = Field(description="When the event became known, ISO 8601; no offset means UTC. "
-                                          "Events at or after the prediction time are ignored and counted.",
-                              examples=["2150-03-01T10:00:00"])
+    time: IsoDateTime = Field(description=(
+        "When the event became known, ISO 8601; no offset means UTC. As in training: lab, chart, output "
+        "at the time charted or resulted; input at the end of what was given (MetaVision ENDTIME); "
+        "prescription at its start date (the service moves it to 23:59:59 of that day); diagnosis and "
+        "procedure at the discharge of the admission they were coded for. Events at or after the "
+        "prediction time are ignored and counted."), examples=["2150-03-01T10:00:00"])
     source: Source = Field(description=f"Event table, one of {', '.join(spec.SOURCES)}.", examples=["lab"])
-    code: Text = Field(description="The code within its source (MIMIC ITEMID, ICD-9 code, drug name, ...); "
-                                   "the model sees 'source:code'.", examples=["50912"])
+    code: Code = Field(description="The code within its source (MIMIC ITEMID, ICD-9 code, drug name, ...); "
+                                   "surrounding whitespace is trimmed and the model sees 'source:code'.",
+                       examples=["50912"])
     value: float | None = Field(None, description="Numeric value, if any (text results: leave it out).",
                                 examples=[1.4], **_STRICT_FLOAT)
     unit: Text | None = Field(None, description="Unit as recorded; informational only: values must be in the "
@@ -122,7 +130,8 @@ class PredictRequest(_Request):
     prediction_time: IsoDateTime | None = Field(
         None, description="Predict as of this time; default: admit_time + the model's trigger offset "
                           "(the time point it was trained for). Must not precede admit_time.")
-    events: list[Event] = Field(default_factory=list, description="The admission's events, any order.")
+    events: list[Event] = Field(default_factory=list, description="The admission's events, in any order: "
+                                                                   "the answer does not depend on it.")
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{
         "id": "bed-12",

@@ -5,6 +5,7 @@ the documented semantics (docs/spec.md), not from the vectorised implementation.
 """
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import math
 
@@ -17,8 +18,9 @@ from ehr_pipeline import bagging
 from ehr_pipeline.bagging import DROP_AT_OR_AFTER_TRIGGER, DROP_OLDER_THAN_MAX_BAGS, bag_events
 from ehr_pipeline.config import BaggingConfig
 
-T = 1_600_000_000  # a trigger time, seconds since 1970
+T = 1_600_000_000  # a trigger time, seconds since 1970 (12:26:40 UTC)
 HOUR = 3600
+DAY = 86400
 
 
 def cfg(precision: int = HOUR, older_than: int = -1, max_bags: int = 100) -> BaggingConfig:
@@ -128,10 +130,65 @@ def test_none_values_mean_no_value():
     assert b.value_count.tolist() == [1] and b.value_last.tolist() == [4.0]
 
 
-def test_last_value_tie_on_time_goes_to_the_later_input_row():
-    rows = [(10, "lab:1", 1.0), (10, "lab:1", 2.0)]
-    assert bag_events(*events(*rows), T, cfg()).value_last.tolist() == [2.0]
-    assert bag_events(*events(*rows[::-1]), T, cfg()).value_last.tolist() == [1.0]
+def test_last_value_tie_on_time_goes_to_the_larger_value_in_any_input_order():
+    # The job's canonical order (time, code, value) puts the larger value last; the service
+    # sees request order. Both must bag 2.0.
+    rows = [(10, "lab:1", 1.0), (10, "lab:1", 2.0), (10, "lab:1", np.nan)]
+    for perm in itertools.permutations(rows):
+        assert bag_events(*events(*perm), T, cfg()).value_last.tolist() == [2.0]
+
+
+def test_the_sign_of_a_zero_does_not_depend_on_input_order():
+    rows = [(10, "lab:1", -0.0), (10, "lab:1", 0.0)]
+    for perm in (rows, rows[::-1]):
+        b = bag_events(*events(*perm), T, cfg())
+        for field in ("value_mean", "value_last", "value_min", "value_max"):
+            assert np.signbit(getattr(b, field)).tolist() == [False], field
+
+
+def test_prescriptions_are_bagged_at_the_end_of_their_day():
+    """bag_events applies known_time: a prescription sent at its start time counts from 23:59:59 of that day."""
+    midnight = T - T % DAY
+    times = np.array([midnight + 9 * HOUR, midnight - DAY + 9 * HOUR, midnight + 9 * HOUR])
+    codes = np.array(["prescription:Heparin", "prescription:Heparin", "lab:1"])
+    b = bag_events(times, codes, np.array([np.nan, np.nan, 1.0]), T, cfg(precision=DAY))
+    assert b.n_dropped_by_reason[DROP_AT_OR_AFTER_TRIGGER] == 1  # today's: known only tonight
+    assert per_bag(b, "codes") == [["lab:1", "prescription:Heparin"]]
+    assert b.offset_seconds.tolist() == [T - midnight - 9 * HOUR]  # the lab's age, the newer of the two
+    stamped = bag_events(bagging.known_time("prescription", times[:2]), codes[:2], [np.nan] * 2, T, cfg())
+    assert stamped.offset_seconds.tolist() == [T - (midnight - 1)]  # already known: moved no further
+
+
+def test_known_time_keeps_each_rule_and_changes_no_known_time():
+    times = np.array([0, 1, DAY - 1, DAY, -1, 1_600_000_000])
+    for source in bagging.KNOWN_TIME_RULES:
+        once = bagging.known_time(source, times)
+        np.testing.assert_array_equal(bagging.known_time(source, once), once)  # idempotent
+    assert bagging.known_time("prescription", times).tolist() == [DAY - 1, DAY - 1, DAY - 1, 2 * DAY - 1, -1,
+                                                                  1_600_041_599]
+    assert bagging.known_time("lab", times).tolist() == times.tolist()
+    with pytest.raises(ValueError, match="radiology"):
+        bagging.known_time("radiology", times)
+
+
+@given(st.lists(st.integers(-10**11, 10**11), max_size=30), st.data())
+@settings(max_examples=60, deadline=None)
+def test_known_time_against_a_naive_reference(times, data):
+    """Per source: as recorded, or the day's last second for prescriptions and for date-only times."""
+    dated = data.draw(st.lists(st.booleans(), min_size=len(times), max_size=len(times)))
+    for source in bagging.KNOWN_TIME_RULES:
+        got = bagging.known_time(source, np.array(times, np.int64), np.array(dated, bool)).tolist()
+        for t, d, g in zip(times, dated, got):
+            day_end = (t // DAY) * DAY + DAY - 1  # Python's // floors, as the rule must before 1970
+            expected = day_end if (source == "prescription" or d) else t
+            assert g == expected, (source, t, d)
+
+
+def test_end_of_day_is_the_last_second_of_that_day():
+    midnight = T - T % DAY
+    got = bagging.end_of_day(np.array([midnight, midnight + 13 * HOUR, midnight + DAY - 1, midnight + DAY, -1]))
+    assert got.tolist() == [midnight + DAY - 1] * 3 + [midnight + 2 * DAY - 1, -1]
+    assert dt.datetime.fromtimestamp(int(got[0]), dt.timezone.utc).time() == dt.time(23, 59, 59)
 
 
 def test_mean_is_bit_identical_under_any_input_order():
@@ -167,6 +224,8 @@ def test_bags_are_read_only():
     ([1], ["lab1"], [1.0], T, ValueError, "lab1"),
     ([1], ["blood:1"], [1.0], T, ValueError, "blood:1"),
     ([1], ["lab:"], [1.0], T, ValueError, "lab:"),
+    ([1], ["lab: 50912"], [1.0], T, ValueError, "whitespace"),
+    ([1], ["lab:50912\u00a0"], [1.0], T, ValueError, "whitespace"),
     ([1], np.array([None], dtype=object), [1.0], T, ValueError, "None"),
     ([1], [7], [1.0], T, TypeError, "codes"),
     ([1], ["lab:1"], [1.0], float(T), TypeError, "trigger_time"),
@@ -183,7 +242,7 @@ CODES = ("lab:1", "lab:2", "chart:a", "diagnosis:4019", "prescription:Heparin So
 event_rows = st.lists(st.tuples(
     st.integers(-5, 60),  # age in seconds; <= 0 is at/after the trigger
     st.sampled_from(CODES),
-    st.one_of(st.just(math.nan), st.sampled_from([0.0, 1.0, -2.5]),
+    st.one_of(st.just(math.nan), st.sampled_from([0.0, -0.0, 1.0, -2.5]),
               st.floats(-1e6, 1e6, allow_nan=False)),
 ), max_size=40)
 configs = st.builds(cfg, precision=st.sampled_from([1, 3, 7, 10, 100]),
@@ -196,6 +255,10 @@ def reference_bags(rows, config: BaggingConfig) -> dict:
     slots: dict[float, dict[str, list[tuple[int, int, float]]]] = {}
     future = 0
     for i, (age, code, value) in enumerate(rows):
+        if code.startswith("prescription:"):  # known at the end of its day (23:59:59)
+            recorded = T - age
+            age = T - (recorded // DAY * DAY + DAY - 1)
+        value = value + 0.0  # a zero's sign is dropped
         if age <= 0:
             future += 1
             continue
@@ -218,7 +281,8 @@ def reference_bags(rows, config: BaggingConfig) -> dict:
         out["counts"].append([len(bag[c]) for c in codes])
         out["value_count"].append([len(n) for n in nums])
         out["value_mean"].append([math.fsum(v for _, _, v in n) / len(n) if n else 0.0 for n in nums])
-        out["value_last"].append([max(n, key=lambda e: (-e[0], e[1]))[2] if n else 0.0 for n in nums])
+        # The newest; among equally new values, the largest.
+        out["value_last"].append([max(n, key=lambda e: (-e[0], e[2]))[2] if n else 0.0 for n in nums])
         out["value_min"].append([min(v for _, _, v in n) if n else 0.0 for n in nums])
         out["value_max"].append([max(v for _, _, v in n) if n else 0.0 for n in nums])
     return out
@@ -246,15 +310,10 @@ def test_output_does_not_depend_on_input_order(rows, config, data):
     perm = data.draw(st.permutations(range(len(rows))))
     a = bag_events(*events(*rows), T, config)
     b = bag_events(*events(*[rows[i] for i in perm]), T, config)
-    for field in ("offset_seconds", "row_splits", "codes", "counts", "value_count", "value_mean", "value_min",
+    assert a.codes.tolist() == b.codes.tolist()
+    for field in ("offset_seconds", "row_splits", "counts", "value_count", "value_mean", "value_last", "value_min",
                   "value_max"):
-        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)  # bit-identical
+        # Bit-identical, the sign of zeros included (assert_array_equal has -0.0 == 0.0).
+        assert getattr(a, field).tobytes() == getattr(b, field).tobytes(), field
     assert (a.has_history_bag, a.n_events_used, a.n_dropped_by_reason) == \
            (b.has_history_bag, b.n_events_used, b.n_dropped_by_reason)
-    # 'last' may only differ where one code has different values at the same time.
-    seen: dict[tuple[int, str], set[float]] = {}
-    for age, code, value in rows:
-        if math.isfinite(value):
-            seen.setdefault((age, code), set()).add(value)
-    if all(len(v) == 1 for v in seen.values()):
-        np.testing.assert_array_equal(a.value_last, b.value_last)

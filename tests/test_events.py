@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ehr_pipeline import cohort, events, schemas
+from ehr_pipeline import bagging, cohort, events, schemas
 from ehr_pipeline.reader import TableReader, locate_table
 from tests.arrow_rows import batch
 
@@ -96,11 +96,13 @@ def test_inputevents_mv_known_at_end_and_rewritten_skipped():
     assert rows_of(ev) == [(3, 30, T0 + 7200, "input:225158", 500.0), (3, 30, T0 + 60, "input:221906", 1.5)]
 
 
-def test_end_of_day_is_the_last_second_of_that_day():
-    got = events.end_of_day(pa.array([MIDNIGHT, MIDNIGHT + 13 * 3600, MIDNIGHT + DAY - 1, MIDNIGHT + DAY,
-                                      -1, None], pa.int64()))
-    assert got.to_pylist() == [MIDNIGHT + DAY - 1] * 3 + [MIDNIGHT + 2 * DAY - 1, -1, None]
-    assert dt.datetime.fromtimestamp(got[0].as_py(), dt.timezone.utc).time() == dt.time(23, 59, 59)
+def test_every_job_source_has_a_rule_and_the_job_uses_it():
+    """Each event table's extractor stamps times through bagging.known_time: prescriptions end on their day."""
+    assert set(bagging.KNOWN_TIME_RULES) == set(events.TABLE_SOURCE.values())
+    block = pa.table({"SUBJECT_ID": [1], "HADM_ID": [2], "STARTDATE": [3 * DAY], "FORMULARY_DRUG_CD": ["X"],
+                      "DRUG": ["x"]})
+    out, _ = events.extract("PRESCRIPTIONS", block)
+    assert out.column("time").to_pylist() == bagging.known_time("prescription", [3 * DAY]).tolist()
 
 
 def test_prescriptions_codes_and_end_of_day_against_triggers():

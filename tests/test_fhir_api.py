@@ -24,7 +24,7 @@ from ehr_pipeline import events as ev
 from ehr_pipeline import splits
 from ehr_pipeline.config import PipelineConfig
 from ehr_pipeline.fhir import codes, convert
-from ehr_pipeline.job import canonical_order, canonical_permutation
+from ehr_pipeline.bagging import canonical_order, canonical_permutation
 from ehr_pipeline.reader import locate_table, read_table
 from serving.app import create_app
 from serving.fhir_answers import EXTENSION

@@ -1,52 +1,14 @@
-"""The FHIR mapping without a server: known-time rules, code tables, validation errors, resource rules."""
+"""The FHIR mapping without a server: code tables, validation errors, resource rules."""
 from __future__ import annotations
 
 import csv
 import datetime as dt
 import gzip
 
-import numpy as np
-import pyarrow as pa
 import pytest
-from hypothesis import given, settings, strategies as st
 
-from ehr_pipeline import events as ev
 from ehr_pipeline.fhir import codes
 from ehr_pipeline.fhir.mapping import FhirInputError, ModelCodes, map_bundle, read_bundle
-
-DAY = 86400
-
-
-# ------------------------------------------------------------------------------- the shared known-time rule
-
-
-@given(st.lists(st.integers(-10**11, 10**11), max_size=30), st.data())
-@settings(max_examples=60, deadline=None)
-def test_known_time_against_a_naive_reference(times, data):
-    """Per source: as recorded, or the day's last second for prescriptions and for date-only times."""
-    dated = data.draw(st.lists(st.booleans(), min_size=len(times), max_size=len(times)))
-    for source in ev.KNOWN_TIME_RULES:
-        got = ev.known_time(source, np.array(times, np.int64), np.array(dated, bool)).to_pylist()
-        for t, d, g in zip(times, dated, got):
-            day_end = (t // DAY) * DAY + DAY - 1  # Python's // floors, as the rule must before 1970
-            expected = day_end if (source == "prescription" or d) else t
-            assert g == expected, (source, t, d)
-
-
-def test_known_time_keeps_nulls_and_refuses_unknown_sources():
-    assert ev.known_time("lab", pa.array([5, None], pa.int64())).to_pylist() == [5, None]
-    assert ev.known_time("prescription", pa.array([None, 0], pa.int64())).to_pylist() == [None, DAY - 1]
-    with pytest.raises(ValueError, match="radiology"):
-        ev.known_time("radiology", np.array([1]))
-
-
-def test_every_job_source_has_a_rule_and_the_job_uses_it():
-    """Each event table's extractor stamps times through known_time: prescriptions end on their day."""
-    assert set(ev.KNOWN_TIME_RULES) == set(ev.TABLE_SOURCE.values())
-    block = pa.table({"SUBJECT_ID": [1], "HADM_ID": [2], "STARTDATE": [3 * DAY], "FORMULARY_DRUG_CD": ["X"],
-                      "DRUG": ["x"]})
-    events, _ = ev.extract("PRESCRIPTIONS", block)
-    assert events.column("time").to_pylist() == ev.known_time("prescription", pa.array([3 * DAY])).to_pylist()
 
 
 # ------------------------------------------------------------------------------- code tables

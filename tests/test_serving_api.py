@@ -163,6 +163,16 @@ def test_service_feeds_the_model_exactly_what_the_pipeline_would(client, predict
     assert out["age_years"] == pytest.approx(context[spec.AGE_YEARS])
 
 
+def test_padded_codes_and_event_order_change_nothing(client):
+    """Codes are trimmed as the job trims them, and the answer does not depend on the event order."""
+    params = {"include_samples": "true", "seed": 5, "num_samples": 3}
+    plain = client.post("/v1/predict", json=body(), headers=HEADERS, params=params).json()
+    events = [{**e, "code": f" {e['code']}\u00a0\t"} for e in body()["events"]][::-1]
+    padded = client.post("/v1/predict", json=body(events=events), headers=HEADERS, params=params).json()
+    assert padded["samples"] == plain["samples"]
+    assert padded["out_of_vocabulary"] == plain["out_of_vocabulary"] == {"count": 1, "codes": ["lab:NOT-IN-VOCAB"]}
+
+
 def test_seed_reproduces_and_no_seed_draws_fresh_samples(client):
     params = {"include_samples": "true", "num_samples": 5}
     a = client.post("/v1/predict", json=body(), headers=HEADERS, params={**params, "seed": 3}).json()

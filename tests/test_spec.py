@@ -199,6 +199,23 @@ def test_format_code():
         spec.format_code("blood", 1)
     with pytest.raises(ValueError, match="empty"):
         spec.format_code("lab", "")
+    assert spec.format_code("lab", " 50912\u00a0") == "lab:50912"  # as the job trims ITEMID text
+    assert spec.format_code("prescription", "Heparin  Sodium ") == "prescription:Heparin  Sodium"
+    with pytest.raises(ValueError, match="blank"):
+        spec.format_code("lab", " \u3000")
+    with pytest.raises(ValueError, match="control"):
+        spec.format_code("lab", "509\x0012")
+
+
+def test_code_whitespace_is_what_str_strip_and_the_jobs_arrow_trim_take():
+    """spec.CODE_WHITESPACE is every character Python and Arrow call whitespace, and nothing else."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    chars = [chr(i) for i in range(0x110000) if not 0xD800 <= i < 0xE000]  # surrogates are not text
+    assert set(spec.CODE_WHITESPACE) == {c for c in chars if c.isspace()}
+    padded = pa.array(["a" + c for c in chars])
+    assert pc.utf8_trim_whitespace(padded).equals(pc.utf8_trim(padded, characters=spec.CODE_WHITESPACE))
 
 
 def test_feature_spec_covers_every_declared_feature():

@@ -5,7 +5,7 @@ and raises ``FhirInputError`` naming the element (a FHIRPath expression) when it
 FHIR. ``map_bundle`` then turns the resources into the service's request shape: patient
 (gender, birthDate), admission (the encounter's period.start and admission type) and events
 ``{"time", "source", "code", "value", "unit"}`` whose ``time`` is when the information became
-known, by the Beam job's own rule (``events.known_time``). Codes that cannot be mapped are
+known, by the Beam job's own rule (``bagging.known_time``). Codes that cannot be mapped are
 listed, resources that cannot be used are counted by reason, and nothing is dropped silently.
 Pure: no I/O, no service code.
 """
@@ -20,9 +20,8 @@ from typing import Any
 import numpy as np
 import pydantic
 
-from ehr_pipeline import events as ev
+from ehr_pipeline import bagging
 from ehr_pipeline.fhir import codes
-from ehr_pipeline.job import canonical_permutation
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -429,10 +428,10 @@ class _Mapper:
             skipped=dict(sorted(self.skipped.items())), warnings=self.warnings)
 
     def stamp(self) -> tuple[list[dict[str, Any]], list[str]]:
-        """Applies each source's known-time rule (events.known_time) and the job's event order (canonical_order).
+        """Applies each source's known-time rule (bagging.known_time) and lists the events in canonical order.
 
-        Bagging keeps the newest value of a code per bag and breaks ties in time by input
-        order, so the events go out in the order the Beam job bags them: (time, code, value).
+        Bagging does not depend on the order; the canonical one (time, code, value) makes the
+        event list and its references the same however the Bundle ordered its entries.
         """
         known = np.zeros(len(self.rows), dtype=np.int64)
         sources = np.array([r[0] for r in self.rows], dtype=object)
@@ -440,10 +439,10 @@ class _Mapper:
             at = np.flatnonzero(sources == source)
             recorded = np.array([self.rows[j][1] for j in at], dtype=np.int64)
             dated = np.array([self.rows[j][2] for j in at], dtype=bool)
-            known[at] = ev.known_time(source, recorded, dated).to_numpy(zero_copy_only=False)
+            known[at] = bagging.known_time(source, recorded, dated)
         full_codes = np.array([f"{r[0]}:{r[3]}" for r in self.rows], dtype=object)
         values = np.array([np.nan if r[4] is None else r[4] for r in self.rows], dtype=np.float64)
-        order = canonical_permutation(known, full_codes, values)
+        order = bagging.canonical_permutation(known, full_codes, values)
         out, refs = [], []
         for j in order:
             source, _, _, code, value, unit, ref = self.rows[j]
