@@ -33,13 +33,8 @@ from tensorflow.python.framework import tensor_util
 from tqdm.auto import tqdm
 
 from ehr_pipeline import spec
+from model.export import MAX_SAMPLES, PRECISIONS, SIGNATURES, load_export
 
-MAX_SAMPLES = 100
-SIGNATURE = "serving_default"
-# Inference precision -> exported signature. "bfloat16" runs the LSTM's matmuls with bfloat16
-# operands (model.rank1_lstm); tests bound how far that moves the probabilities.
-SIGNATURES = {"float32": SIGNATURE, "bfloat16": "serving_bfloat16"}
-PRECISIONS = tuple(SIGNATURES)
 INPUT_SIGNATURE = (
     tf.TensorSpec([None], tf.string, name="examples"),
     tf.TensorSpec([], tf.int32, name="num_samples"),
@@ -376,8 +371,6 @@ class Predictor:
 def _as_callables(export_or_model: Any) -> list:
     """Predictor / loaded export / export path, or a list of them (a deep ensemble) -> callables."""
     if isinstance(export_or_model, (str, os.PathLike)):
-        from model.export import load_export
-
         return [load_export(export_or_model)]
     if isinstance(export_or_model, (list, tuple)):
         return [c for item in export_or_model for c in _as_callables(item)]
