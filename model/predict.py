@@ -217,9 +217,8 @@ _KEY_FEATURES = (spec.AGE_YEARS, spec.GENDER, spec.ADMISSION_TYPE, spec.ADMIT_OF
                  spec.BAG_VALUE_MIN, spec.BAG_VALUE_MAX)
 
 
-def _content_strings(examples: tf.Tensor) -> tf.Tensor:
-    """[N] strings that spell out each example's model inputs (and nothing else)."""
-    parsed = spec.parse_sequence_examples(examples)
+def _content_strings(parsed: dict[str, tf.Tensor | tf.RaggedTensor]) -> tf.Tensor:
+    """[N] strings that spell out each example's model inputs (and nothing else), from the parsed batch."""
     columns = []
     for name in _KEY_FEATURES:
         value = parsed[name]
@@ -236,9 +235,9 @@ def _content_strings(examples: tf.Tensor) -> tf.Tensor:
     return tf.strings.join(columns, separator="|")
 
 
-def _example_keys(examples: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    """[N, 2] int64 stateless keys (seed, fingerprint of the example's model inputs)."""
-    fp = tf.bitcast(tf.fingerprint(_content_strings(examples)), tf.int64)  # [N, 8] uint8 -> [N] int64
+def _example_keys(parsed: dict[str, tf.Tensor | tf.RaggedTensor], seed: tf.Tensor) -> tf.Tensor:
+    """[N, 2] int64 stateless keys (seed, fingerprint of the example's model inputs) of a parsed batch."""
+    fp = tf.bitcast(tf.fingerprint(_content_strings(parsed)), tf.int64)  # [N, 8] uint8 -> [N] int64
     return tf.stack([tf.fill(tf.shape(fp), seed), fp], axis=1)
 
 
@@ -297,12 +296,12 @@ class ServingModule(tf.Module):
         self.model_variables = [v for m in self._hidden.models for v in m.variables]
         self.ensemble_size = int(sum(m.ensemble_size for m in self._hidden.models))
 
-    def probs_batch(self, examples: tf.Tensor, keys: tf.Tensor, seed: tf.Tensor,
+    def probs_batch(self, parsed: dict[str, tf.Tensor | tf.RaggedTensor], keys: tf.Tensor, seed: tf.Tensor,
                     num_samples: tf.Tensor, precision: str = "float32") -> tf.Tensor:
-        """Probabilities [N, S*K] of serialized examples in one vectorised pass (traced statelessly)."""
+        """Probabilities [N, S*K] of a parsed batch in one vectorised pass (traced statelessly)."""
         seed_key = tf.stack([seed, tf.constant(0, tf.int64)])
         with _StatelessSampling(keys, seed_key) as sampling:
-            feats = self.featurizer(spec.parse_sequence_examples(examples))
+            feats = self.featurizer(parsed)
             # The embedding draws one row per token occurrence on the S-tiled tokens, each
             # example's tokens contiguous: tell the sampler how many rows each example owns.
             tokens = feats["code_ids"].merge_dims(1, 2).row_lengths()
@@ -312,12 +311,13 @@ class ServingModule(tf.Module):
                     logits = model(feats, num_samples=num_samples, matmul_dtype=precision)  # [N, S*K_m]
                     per_member.append(tf.reshape(tf.sigmoid(logits), [-1, num_samples, model.ensemble_size]))
             # Members side by side, still sample-major: column s*K + k.
-            return tf.reshape(tf.concat(per_member, axis=2), [tf.shape(examples)[0], -1])
+            return tf.reshape(tf.concat(per_member, axis=2), [tf.shape(keys)[0], -1])
 
     def _serve(self, examples, num_samples, seed, precision: str):
         num_samples = _check_samples(num_samples)
-        keys = _example_keys(examples, seed)
-        probs = self.probs_batch(examples, keys, seed, num_samples, precision)
+        parsed = spec.parse_sequence_examples(examples)  # once: the noise keys and the featurizer share it
+        keys = _example_keys(parsed, seed)
+        probs = self.probs_batch(parsed, keys, seed, num_samples, precision)
         width = num_samples * self.ensemble_size
         return {"probs": tf.reshape(probs, [tf.shape(examples)[0], width])}
 
