@@ -1,6 +1,6 @@
 """The prediction service over real HTTP: a real uvicorn server on 127.0.0.1, no mocks.
 
-The model is a real export written by model.export around a tiny UNTRAINED rank-1 model
+The model is a real export written by model.export_writer around a tiny UNTRAINED rank-1 model
 (serving.testing.write_tiny_model_export): the real featurizer, architecture, seeded
 stateless sampling and SavedModel, with meaningless random weights.
 """
