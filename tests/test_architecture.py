@@ -13,17 +13,8 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYERS = ("ehr_pipeline", "model", "serving")  # each may import only the ones before it
-# Circles another change is removing; each entry goes when that change lands (the strict
-# xfail below then fails, as a reminder).
-KNOWN_CYCLES = {
-    # model.posterior checks PosteriorConfig.method against model.rank1's registry, which is
-    # filled as an import side effect: goes with the plain method mapping of issue 12.
-    frozenset({"model.bella", "model.posterior", "model.rank1", "model.weight_posteriors"}),
-}
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -137,15 +128,8 @@ def test_import_graph_reads_lazy_imports_and_skips_type_checking_ones():
 
 
 def test_no_import_cycles_between_project_modules():
-    cycles = set(strongly_connected(import_graph()))
-    new = [sorted(c) for c in cycles - KNOWN_CYCLES]
-    assert not new, f"import circles between project modules: {new}"
-
-
-@pytest.mark.xfail(strict=True, reason="circle model/{posterior, rank1} (with bella, weight_posteriors): "
-                                       "PosteriorConfig validates against rank1's import-side-effect registry")
-def test_known_cycles_are_gone():
-    assert not set(strongly_connected(import_graph())) & KNOWN_CYCLES
+    cycles = [sorted(c) for c in strongly_connected(import_graph())]
+    assert not cycles, f"import circles between project modules: {cycles}"
 
 
 def test_nothing_imports_upward():
