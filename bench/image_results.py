@@ -74,14 +74,14 @@ def wrn_parameter_counts() -> dict[str, int]:
     """Trainable parameters of WRN-28-10 for CIFAR-10 (32x32x3, 10 classes) per method."""
     import tensorflow as tf
 
-    from model.image.config import ModelConfig
+    from model.image.config import ImageModelConfig
     from model.posterior import PosteriorConfig
     from model.image.models import build_model, count_parameters
 
     counts = {}
     for label, method, distribution, k, bn, dropout in WRN_VARIANTS:
-        config = ModelConfig(depth=28, width=10, batch_norm=bn, mc_dropout_rate=dropout,
-                             posterior=PosteriorConfig(method=method, distribution=distribution, ensemble_size=k))
+        config = ImageModelConfig(depth=28, width=10, batch_norm=bn, mc_dropout_rate=dropout,
+                                  posterior=PosteriorConfig(method=method, distribution=distribution, ensemble_size=k))
         counts[label] = count_parameters(build_model(config, (32, 32, 3), 10))
         tf.keras.backend.clear_session()
     return counts

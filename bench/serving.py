@@ -136,10 +136,10 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
 
     from ehr_pipeline import spec
     from ehr_pipeline.config import PipelineConfig
-    from model import export, inputs
+    from model import export_writer, inputs
     from model.config import load_config
     from model.ehr_model import build_model
-    from model.predict import Predictor as ModelPredictor
+    from model.predict import Predictor
     from serving.testing import DEFAULT_VOCABULARY
 
     config = load_config(TABLE7_CONFIG).model
@@ -158,22 +158,23 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
         metrics_doc = {"test": {"ece": None, "nll": None, "auc_pr": None, "auc_roc": None},
                        "referral": {"measure": "predictive_entropy", "rate": 0.1, "threshold": 0.5},
                        "decision_threshold": 0.5}
-        card = export.model_card(name="BENCH-untrained-table7-rank1", method="rank1_normal (untrained, timing only)",
-                                 ensemble_size=config.ensemble_size, data_sha256=export.data_manifest_sha256(data_dir),
-                                 metrics_doc=metrics_doc, config={"model": config.model_dump(mode="json")})
-        return export.write_export(directory, ModelPredictor(featurizer, model), data_dir=str(data_dir),
-                                   pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc)
+        card = export_writer.model_card(
+            name="BENCH-untrained-table7-rank1", method="rank1_normal (untrained, timing only)",
+            ensemble_size=config.ensemble_size, data_sha256=export_writer.data_manifest_sha256(data_dir),
+            metrics_doc=metrics_doc, config={"model": config.model_dump(mode="json")})
+        return export_writer.write_export(directory, Predictor(featurizer, model), data_dir=str(data_dir),
+                                          pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc)
 
 
 def model_timings(model_dir: pathlib.Path, bodies: list[dict], num_samples: int, repeats: int,
                   precision: str) -> dict:
     """In-process, after the server has stopped: the model pass (1 and 8 patients), 25 vs 25x1."""
     from serving.encoding import encode
-    from serving.predictor import Predictor
+    from serving.predictor import ServedModel
     from serving.schemas import PredictRequest
 
-    predictor = Predictor.load(model_dir, precision)
-    exact = predictor if precision == "float32" else Predictor.load(model_dir, "float32")
+    predictor = ServedModel.load(model_dir, precision)
+    exact = predictor if precision == "float32" else ServedModel.load(model_dir, "float32")
     examples = [encode(PredictRequest.model_validate(b), predictor.export).example for b in bodies[:8]]
     one = examples[0]
     out = {
@@ -379,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.load_at_start = os.getloadavg()[0]
     args.cmdline = "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv) if a != "--no-write")
-    from serving.predictor import read_export
+    from model.export import read_export
     from serving.testing import ServerProcess, write_tiny_model_export
 
     with tempfile.TemporaryDirectory(prefix="ehr-bench-serving-") as tmp:

@@ -319,8 +319,8 @@ def canonical_permutation(times: np.ndarray, codes: np.ndarray, values: np.ndarr
     floats over events (the job's code statistics) and lists them (the FHIR mapping's
     event list) independent of it too.
     """
-    codes_s = np.asarray(codes, dtype=object).astype(str)
-    return np.lexsort((np.nan_to_num(values, nan=-np.inf), codes_s, times))
+    # A no-op for the job's fixed-width str arrays; object arrays (the FHIR mapping) are cast once.
+    return np.lexsort((np.nan_to_num(values, nan=-np.inf), np.asarray(codes, dtype=np.str_), times))
 
 
 def canonical_order(times: np.ndarray, codes: np.ndarray, values: np.ndarray):

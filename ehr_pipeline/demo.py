@@ -21,6 +21,6 @@ def run(mimic_dir: str, out_dir: str) -> int:
     config = PipelineConfig.model_validate(
         {"num_shards": {"train": 1, "validation": 1, "test": 1}, "vocab": {"min_count": 2}})
     manifest = run_job(mimic_dir, str(data_dir), config)
-    print(manifest_mod.format_summary(manifest))
+    print(manifest_mod.format_manifest_summary(manifest))
     print(f"   ({time.time() - started:.1f} s)")
     return 0 if manifest["balanced"] else 1

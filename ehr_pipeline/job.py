@@ -59,7 +59,7 @@ _I_DTYPES = {2: "<u2", 4: "<i4"}
 
 def pack_chunk(times: np.ndarray, codes: np.ndarray, values: np.ndarray) -> EventChunk:
     """Packs (times s, codes, values) compactly: time deltas and small code indices, exact values."""
-    uniq, inv = np.unique(np.asarray(codes, dtype=object).astype(str), return_inverse=True)
+    uniq, inv = np.unique(np.asarray(codes, dtype=np.str_), return_inverse=True)
     times = np.asarray(times, dtype=np.int64)
     t0 = int(times.min()) if times.size else 0
     delta = times - t0
@@ -75,10 +75,11 @@ def pack_chunk(times: np.ndarray, codes: np.ndarray, values: np.ndarray) -> Even
 
 
 def unpack_chunk(chunk: EventChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Inverse of pack_chunk: (times int64 s, codes object array, values float64)."""
+    """Inverse of pack_chunk: (times int64 s, codes fixed-width str array, values float64)."""
     t0, t_width, i_width, n, n_codes, blob_len = _HEADER.unpack_from(chunk)
     pos = _HEADER.size
-    codes = np.asarray(chunk[pos:pos + blob_len].decode("utf-8").split("\0") if n_codes else [], dtype=object)
+    # Fixed-width str from here on: ordering, bagging and statistics then use it without a copy.
+    codes = np.asarray(chunk[pos:pos + blob_len].decode("utf-8").split("\0") if n_codes else [], dtype=np.str_)
     pos += blob_len
     times = np.frombuffer(chunk, _T_DTYPES[t_width], n, pos).astype(np.int64) + t0
     pos += n * t_width
@@ -91,7 +92,7 @@ def unpack_chunk(chunk: EventChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]
 def concat_chunks(chunks: list[EventChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Unpacks and concatenates chunks into (times, codes, values) arrays."""
     if not chunks:
-        return np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, np.float64)
+        return np.zeros(0, np.int64), np.zeros(0, np.str_), np.zeros(0, np.float64)
     parts = [unpack_chunk(c) for c in chunks]
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
 

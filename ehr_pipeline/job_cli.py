@@ -39,7 +39,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     seconds = time.time() - started
     outputs.write_json(outputs.join(args.out, "run_info.json"),
                        {"seconds": round(seconds, 3), "beam_args": beam_args})
-    print(manifest_mod.format_summary(manifest))
+    print(manifest_mod.format_manifest_summary(manifest))
     print(f"\nwrote {args.out} in {seconds:.1f} s")
     if not manifest["balanced"]:
         for table, t in manifest["tables"].items():

@@ -93,7 +93,7 @@ def build_manifest(*, out_dir, mimic_dir, config, counts, cohort, cohort_stats, 
     }
 
 
-def format_summary(manifest: Mapping[str, Any]) -> str:
+def format_manifest_summary(manifest: Mapping[str, Any]) -> str:
     """A human-readable summary of a manifest, for the CLI and the demo."""
     lines = []
     coh = manifest["cohort"]

@@ -66,7 +66,7 @@ def summarize_release(mimic_dir: str | pathlib.Path, on_dead_letter: DeadLetterS
     return ReleaseSummary(str(mimic_dir), tuple(tables), tuple(absent))
 
 
-def format_summary(summary: ReleaseSummary) -> str:
+def format_release_summary(summary: ReleaseSummary) -> str:
     """The summary as a fixed-width text table, one row per table plus a total."""
     header = ("table", "file", "rows read", "parsed", "dead", "dead by reason")
     rows = [
@@ -106,7 +106,7 @@ def summarize_command(mimic_dir: str | pathlib.Path, dead_letter_dir: str | path
     except (MissingTableError, ReaderError) as e:
         print(f"ehr-pipeline: error: {e}", file=sys.stderr)
         return EXIT_INPUT_ERROR
-    print(format_summary(summary))
+    print(format_release_summary(summary))
     if dead_letter_dir is not None:
         print(f"dead letters: {summary.rows_dead:,} written to {pathlib.Path(dead_letter_dir) / DEAD_LETTER_FILE}")
     return 0

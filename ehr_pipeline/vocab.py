@@ -27,7 +27,7 @@ def example_code_stats(codes: np.ndarray, values: np.ndarray) -> dict[str, CodeS
     """Per-code statistics of one example's events (each code counts as one example)."""
     if len(codes) == 0:
         return {}
-    uniq, inverse = np.unique(np.asarray(codes, dtype=object).astype(str), return_inverse=True)
+    uniq, inverse = np.unique(np.asarray(codes, dtype=np.str_), return_inverse=True)  # no copy of str arrays
     values = np.asarray(values, dtype=np.float64)
     has = ~np.isnan(values)
     v = np.where(has, values, 0.0)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_pipeline import yaml_config
 from ehr_pipeline.yaml_config import ConfigError
+from model.export import MAX_SAMPLES
 from model.posterior import PosteriorConfig
 
 # Strict ints: YAML `1.5` must not quietly become 1, nor `true` the integer 1.
@@ -154,7 +155,7 @@ class TrainConfig(_Model):
 class EvalConfig(_Model):
     """Evaluation and export settings."""
 
-    num_samples: Annotated[int, Field(strict=True, ge=1, le=100)] = Field(
+    num_samples: Annotated[int, Field(strict=True, ge=1, le=MAX_SAMPLES)] = Field(
         25, description="S samples of every member (the paper evaluates with 25).")
     batch_size: _PosInt = Field(64, description="Examples per prediction call.")
     referral_rate: Annotated[float, Field(ge=0.0, le=1.0)] = Field(

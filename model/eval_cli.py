@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-eval`."""
     from model.baselines import KINDS
     from model.config import EvalConfig
+    from model.export import MAX_SAMPLES
     from model.metrics import UNCERTAINTY_MEASURES
 
     d = EvalConfig()
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", default=None, type=existing_dir,
                         help="output folder of the Beam job (needed with --model/--baseline)")
     parser.add_argument("--split", default="test", help="split to evaluate (train, validation, test)")
-    parser.add_argument("--samples", type=int, default=d.num_samples, help="S samples per member (1-100)")
+    parser.add_argument("--samples", type=int, default=d.num_samples, help=f"S samples per member (1-{MAX_SAMPLES})")
     parser.add_argument("--seed", type=int, default=d.seed, help="sampling seed")
     parser.add_argument("--out", default=None, type=output_dir,
                         help="write metrics.json, PNG plots and predictions.csv here; without it the report "

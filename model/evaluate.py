@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from model import metrics, plots
+from model.export import DECISION_THRESHOLD
 from model.metrics import json_ready
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,12 @@ def summary(report: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def metrics_document(test_report: Mapping[str, Any], *, measure: str, rate: float, threshold: float) -> dict:
+    """An export's metrics.json: the test summary, the referral rule chosen on validation, the decision threshold."""
+    return {"test": summary(test_report), "referral": {"measure": measure, "rate": rate, "threshold": threshold},
+            "decision_threshold": DECISION_THRESHOLD}
+
+
 def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str | os.PathLike[str], split: str, *,
                    num_samples: int, seed: int = 0, batch_size: int = 64,
                    truth_path: str | os.PathLike[str] | None = None, referral_rate: float | None = None,
@@ -210,13 +217,14 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
                    out_dir: str | os.PathLike[str] | None = None, export_ensemble: str | os.PathLike[str] | None = None,
                    progress: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Evaluates exports (several = a deep ensemble) on a split; returns (report, {"export_dir": ...})."""
-    from model import export as export_mod
+    from model import export_writer
+    from model.export import load_export
     from model.inputs import load_data_files, read_split
     from model.predict import predict_probs
 
-    exports = [export_mod.load_export(d) for d in model_dirs]
+    exports = [load_export(d) for d in model_dirs]
     files = load_data_files(data_dir)
-    data_sha = export_mod.data_manifest_sha256(files.data_dir)
+    data_sha = export_writer.data_manifest_sha256(files.data_dir)
     for e in exports:
         if e.model_card.get("data_manifest_sha256") != data_sha:
             log.warning("%s was trained on other data (data manifest checksum differs): evaluating anyway", e.path)
@@ -255,14 +263,14 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
                             "data_manifest_sha256": data_sha}, truth=truth)
     if export_ensemble is not None:
         test_report = report if split == "test" else report_for("test")[0]
-        metrics_doc = export_mod.metrics_document(test_report, measure=measure, rate=rate, threshold=threshold)
+        metrics_doc = metrics_document(test_report, measure=measure, rate=rate, threshold=threshold)
         methods = sorted({e.model_card.get("method", "?") for e in exports})
-        card = export_mod.model_card(
+        card = export_writer.model_card(
             name=f"deep_ensemble_{len(exports)}", method="deep_ensemble", ensemble_size=k,
             data_sha256=exports[0].model_card.get("data_manifest_sha256", data_sha), metrics_doc=metrics_doc,
             members=[f"{e.model_card.get('name')} ({', '.join(methods)}) {e.path}" for e in exports])
-        extra["export_dir"] = export_mod.write_ensemble_export(export_ensemble, [e.path for e in exports],
-                                                               card=card, metrics_doc=metrics_doc)
+        extra["export_dir"] = export_writer.write_ensemble_export(export_ensemble, [e.path for e in exports],
+                                                                  card=card, metrics_doc=metrics_doc)
     return report, extra
 
 

@@ -1,9 +1,9 @@
-"""The export directory MODEL_DIR/ that the prediction service loads (format_version 1).
+"""The export directory MODEL_DIR/ that the prediction service loads (format_version 1), and its one reader.
 
 Layout (the contract with serving/):
   saved_model/          tf.saved_model, signature "serving_default":
                           examples   tf.string [N]  serialized SequenceExamples as the Beam job writes them
-                          num_samples tf.int32 scalar S in [1, 100]
+                          num_samples tf.int32 scalar S in [1, MAX_SAMPLES]
                           seed       tf.int64 scalar
                         -> {"probs": float32 [N, S*K]}, sample-major (column s*K + k).
                         Parsing, vocabulary lookup and z-scoring run inside; sampling is stateless,
@@ -21,25 +21,30 @@ Layout (the contract with serving/):
   metrics.json          {"test": {...}, "referral": {measure, rate, threshold}, "decision_threshold": 0.5}
   manifest.json         {"files": {relative_path: sha256}, "format_version": 1}
 
-``load_export`` verifies every checksum before anything is used.
+``load_export`` verifies every checksum, validates the JSON side files (``read_export``) and
+loads the SavedModel; ehr-eval and the service both read exports through it. Writing lives
+in ``model.export_writer``. This module imports no TensorFlow until a SavedModel is loaded, so
+the service and the command lines can import the contract's constants at start-up.
 """
 from __future__ import annotations
 
-import datetime
+import dataclasses
 import json
+import logging
 import os
 import pathlib
-import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
 
-import ehr_pipeline
-from ehr_pipeline import outputs
-from model.metrics import json_ready
-from model.predict import INPUT_SIGNATURE, PRECISIONS, SIGNATURE, SIGNATURES, Predictor, assert_stateless
+from ehr_pipeline import config as pipeline_config
+from ehr_pipeline import outputs, spec
+from model import metrics as model_metrics
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 SAVED_MODEL_DIR = "saved_model"
@@ -48,190 +53,206 @@ PIPELINE_CONFIG = "pipeline_config.json"
 METRICS = "metrics.json"
 MANIFEST = "manifest.json"
 DECISION_THRESHOLD = 0.5
-INTENDED_USE = (
-    "Research on predictive uncertainty: in-hospital mortality risk of adult ICU admissions from the "
-    "first 24 hours of MIMIC-III-style records, with per-case uncertainty to refer uncertain cases to a "
-    "clinician. Not a medical device; not for clinical decisions.")
-LIMITATIONS = (
-    "Trained on one hospital's retrospective data (or a synthetic release): expect calibration and "
-    "discrimination to degrade on other populations, coding practices or time periods. Codes unseen in "
-    "training share per-source out-of-vocabulary vectors. Uncertainty estimates are approximate "
-    "(variational posterior, S Monte-Carlo samples); referral thresholds were chosen on the validation split.")
+# Largest S (samples per member) a signature accepts; every evaluation and request limit uses it.
+MAX_SAMPLES = 100
+SIGNATURE = "serving_default"
+# Inference precision -> exported signature. "bfloat16" runs the LSTM's matmuls with bfloat16
+# operands (model.rank1_lstm); tests bound how far that moves the probabilities.
+SIGNATURES = {"float32": SIGNATURE, "bfloat16": "serving_bfloat16"}
+PRECISIONS = tuple(SIGNATURES)
+SIGNATURE_INPUTS = ("examples", "num_samples", "seed")
+OUTPUT = "probs"
 
 
 class ExportError(RuntimeError):
-    """An export directory that is incomplete, altered or of an unknown format."""
+    """An export directory that is incomplete, altered or of an unknown format; the message names the file."""
 
 
-def _write_json(path: pathlib.Path, obj: Any) -> None:
-    path.write_text(json.dumps(json_ready(obj), indent=2, sort_keys=True, allow_nan=False) + "\n", encoding="utf-8")
+# ------------------------------------------------------------------------ JSON side files
 
 
-def _sha256(path: pathlib.Path) -> str:
-    return outputs.sha256_of(str(path))
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")  # exporters may add fields; we read what we need
+
+
+class ModelCard(_Loose):
+    """The fields of model_card.json that readers rely on."""
+
+    name: str = Field(min_length=1)
+    version: str = Field(min_length=1)
+    method: str = Field(min_length=1)
+    ensemble_size: int = Field(ge=1)
+    created: str | None = None
+
+
+class HeldOutMetrics(_Loose):
+    """metrics.json 'test': held-out calibration (other metrics pass through to readers)."""
+
+    ece: float | None = None
+    nll: float | None = None
+
+
+class ReferralPolicy(_Loose):
+    """metrics.json 'referral': refer when `measure` > `threshold` (None: -inf, refer every case)."""
+
+    measure: str
+    rate: float = Field(ge=0.0, le=1.0)
+    threshold: float | None
+
+    @pydantic.field_validator("measure")
+    @classmethod
+    def _known_measure(cls, value: str) -> str:
+        if value not in model_metrics.UNCERTAINTY_MEASURES:
+            raise ValueError(f"must be one of {model_metrics.UNCERTAINTY_MEASURES}")
+        return value
+
+
+class ExportMetrics(_Loose):
+    """metrics.json as readers need it."""
+
+    test: HeldOutMetrics
+    referral: ReferralPolicy
+    decision_threshold: float = Field(DECISION_THRESHOLD, gt=0.0, lt=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Export:
+    """Everything read from an export directory except the SavedModel itself."""
+
+    directory: pathlib.Path
+    checksum: str  # SHA-256 of manifest.json: identifies every file of the export at once
+    card: ModelCard
+    card_raw: Mapping[str, Any]
+    pipeline: pipeline_config.PipelineConfig
+    pipeline_raw: Mapping[str, Any]
+    vocabulary: frozenset[str]  # "source:code"
+    metrics: ExportMetrics
+    metrics_raw: Mapping[str, Any]
+    lab_loinc: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # LOINC -> ITEMIDs
+    # 'source:code' -> its position in vocabulary.json's list (most frequent in training first).
+    vocabulary_rank: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # 'source:code' -> the UCUM units its training values came in (MIMIC's spellings translated).
+    units: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+    # Training mean and standard deviation per numeric code, and the |z| where the model caps
+    # values: a request value beyond it is answered with a warning.
+    value_stats: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    clip_z: float | None = None
+
+    @property
+    def ensemble_size(self) -> int:
+        """K, the number of ensemble members."""
+        return self.card.ensemble_size
+
+
+def _read_json(directory: pathlib.Path, name: str) -> Any:
+    try:
+        return json.loads((directory / name).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise ExportError(f"{directory / name}: cannot read: {err}") from None
+    except json.JSONDecodeError as err:
+        raise ExportError(f"{directory / name}: not valid JSON: {err}") from None
+
+
+def _validate(model: type[BaseModel], data: Any, where: pathlib.Path) -> Any:
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as err:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<top>'}: {e['msg']}" for e in err.errors())
+        raise ExportError(f"{where}: {problems}") from None
+
+
+def _vocabulary(data: Any, where: pathlib.Path) -> dict[str, int]:
+    """'source:code' -> rank in its source's list, from {"sources": {source: [codes]}} or {source: [codes]}."""
+    by_source = data.get("sources", data) if isinstance(data, dict) else None
+    if not isinstance(by_source, dict):
+        raise ExportError(f"{where}: expected {{source: [codes]}} (optionally under 'sources')")
+    codes: dict[str, int] = {}
+    for source, items in by_source.items():
+        if source not in spec.SOURCES:
+            continue  # other keys (sizes, special tokens) are the exporter's business
+        if not isinstance(items, list) or not all(isinstance(c, str) for c in items):
+            raise ExportError(f"{where}: sources.{source} must be a list of code strings")
+        prefix = f"{source}{spec.CODE_SEPARATOR}"
+        # The pipeline stores full 'source:code' strings; accept bare codes too.
+        for rank, c in enumerate(items):
+            codes.setdefault(c if c.startswith(prefix) else prefix + c, rank)
+    return codes
+
+
+def _lab_loinc(directory: pathlib.Path) -> dict[str, tuple[str, ...]]:
+    """LOINC -> lab ITEMIDs from lab_loinc.json ({"codes": {loinc: [itemids]}}); {} when the export has none."""
+    if not (directory / outputs.LAB_LOINC).exists():
+        logger.info("%s has no %s: FHIR lab Observations need local MIMIC codes", directory, outputs.LAB_LOINC)
+        return {}
+    data = _read_json(directory, outputs.LAB_LOINC)
+    bridge = data.get("codes") if isinstance(data, dict) else None
+    if not isinstance(bridge, dict) or not all(
+            isinstance(v, list) and all(isinstance(c, str) for c in v) for v in bridge.values()):
+        raise ExportError(f"{directory / outputs.LAB_LOINC}: expected {{\"codes\": {{loinc: [itemid strings]}}}}")
+    return {str(k): tuple(v) for k, v in bridge.items()}
+
+
+def _units(directory: pathlib.Path) -> dict[str, frozenset[str]]:
+    """'source:code' -> UCUM units from units.json ({"codes": {code: {unit: rows}}}); {} when the export has none."""
+    from ehr_pipeline.fhir.codes import ucum
+
+    if not (directory / outputs.UNITS).exists():
+        return {}
+    data = _read_json(directory, outputs.UNITS)
+    by_code = data.get("codes") if isinstance(data, dict) else None
+    if not isinstance(by_code, dict) or not all(isinstance(v, dict) for v in by_code.values()):
+        raise ExportError(f"{directory / outputs.UNITS}: expected {{\"codes\": {{code: {{unit: rows}}}}}}")
+    # A unit without a UCUM code stays as written: a FHIR value can still match it as text.
+    return {code: frozenset(ucum(u) or u for u in units) for code, units in by_code.items()}
+
+
+def _value_stats(data: Any, where: pathlib.Path) -> tuple[dict[str, tuple[float, float]], float | None]:
+    """{code: (mean, std)} and clip_z from numeric_stats.json ({} and None when it has none)."""
+    if not isinstance(data, dict) or not data.get("codes") or data.get("clip_z") is None:
+        return {}, None  # nothing to compare with: no range warnings
+    try:
+        stats = {str(c): (float(v["mean"]), float(v["std"])) for c, v in data["codes"].items()}
+        clip_z = float(data["clip_z"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ExportError(f"{where}: expected clip_z and codes {{code: {{mean, std}}}}: {err}") from None
+    return stats, clip_z
+
+
+def read_export(export_dir: str | os.PathLike[str]) -> Export:
+    """Reads and validates the JSON side files of an export (checksums: verify_export; the model: load_export)."""
+    directory = pathlib.Path(export_dir)
+    if not directory.is_dir():
+        raise ExportError(f"{directory}: model directory does not exist or is not a directory")
+    checksum = outputs.sha256_of(str(directory / MANIFEST))
+    card_raw = _read_json(directory, MODEL_CARD)
+    card = _validate(ModelCard, card_raw, directory / MODEL_CARD)
+    pipeline_raw = _read_json(directory, PIPELINE_CONFIG)
+    try:
+        pipeline = pipeline_config.parse_pipeline_config(pipeline_raw, str(directory / PIPELINE_CONFIG))
+    except pipeline_config.ConfigError as err:
+        raise ExportError(str(err)) from None
+    ranks = _vocabulary(_read_json(directory, outputs.VOCABULARY), directory / outputs.VOCABULARY)
+    metrics_raw = _read_json(directory, METRICS)
+    metrics = _validate(ExportMetrics, metrics_raw, directory / METRICS)
+    value_stats, clip_z = _value_stats(_read_json(directory, outputs.NUMERIC_STATS),
+                                       directory / outputs.NUMERIC_STATS)
+    return Export(directory=directory, checksum=checksum, card=card, card_raw=card_raw, pipeline=pipeline,
+                  pipeline_raw=pipeline_raw, vocabulary=frozenset(ranks), metrics=metrics, metrics_raw=metrics_raw,
+                  lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=_units(directory),
+                  value_stats=value_stats, clip_z=clip_z)
+
+
+# ------------------------------------------------------------------------ checksums
 
 
 def write_manifest(root: str | os.PathLike[str]) -> dict[str, str]:
     """Writes manifest.json with the SHA-256 of every other file under root; returns that map."""
     root = pathlib.Path(root)
-    files = {p.relative_to(root).as_posix(): _sha256(p)
+    files = {p.relative_to(root).as_posix(): outputs.sha256_of(str(p))
              for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
-    _write_json(root / MANIFEST, {"files": files, "format_version": FORMAT_VERSION})
+    document = {"files": files, "format_version": FORMAT_VERSION}
+    (root / MANIFEST).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return files
-
-
-def metrics_document(test_report: Mapping[str, Any], *, measure: str, rate: float, threshold: float) -> dict:
-    """metrics.json: the test summary, the referral rule chosen on validation and the decision threshold."""
-    from model.evaluate import summary
-
-    return {"test": summary(test_report), "referral": {"measure": measure, "rate": rate, "threshold": threshold},
-            "decision_threshold": DECISION_THRESHOLD}
-
-
-def _finish(tmp: pathlib.Path, export_dir: pathlib.Path, source_dir: str | os.PathLike[str], card: dict,
-            metrics_doc: dict, pipeline_config: Mapping[str, Any]) -> pathlib.Path:
-    """Writes the side files (vocabulary/statistics copied from source_dir) and the manifest, then moves tmp."""
-    for name in (outputs.VOCABULARY, outputs.NUMERIC_STATS):
-        shutil.copyfile(os.path.join(source_dir, name), tmp / name)
-    # The LOINC lab bridge and the training units travel with the model (data folders made
-    # before they existed have none: FHIR labs then need local codes, and units go unchecked).
-    for name in (outputs.LAB_LOINC, outputs.UNITS):
-        if os.path.exists(os.path.join(source_dir, name)):
-            shutil.copyfile(os.path.join(source_dir, name), tmp / name)
-    _write_json(tmp / PIPELINE_CONFIG, dict(pipeline_config))
-    _write_json(tmp / METRICS, metrics_doc)
-    _write_json(tmp / MODEL_CARD, card)
-    write_manifest(tmp)
-    # Replace a previous export only once the new one is complete.
-    if export_dir.exists():
-        shutil.rmtree(export_dir)
-    tmp.rename(export_dir)
-    return export_dir
-
-
-def _new_tmp(export_dir: pathlib.Path) -> pathlib.Path:
-    tmp = export_dir.with_name(export_dir.name + ".inprogress")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-def data_manifest_sha256(data_dir: str | os.PathLike[str]) -> str:
-    """SHA-256 of a data folder's manifest.json: identifies the data a model was trained on."""
-    return outputs.sha256_of(os.path.join(os.fspath(data_dir), outputs.MANIFEST))
-
-
-def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, metrics_doc: Mapping[str, Any],
-               config: Mapping[str, Any] | None = None, num_parameters: int | None = None,
-               members: Sequence[str] | None = None, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The model card dict (see the module docstring); base: the adapted run of a Bella model (its checksum)."""
-    card = {
-        "name": name,
-        "version": ehr_pipeline.__version__,
-        "format_version": FORMAT_VERSION,
-        "method": method,
-        "ensemble_size": int(ensemble_size),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "data_manifest_sha256": data_sha256,
-        "intended_use": INTENDED_USE,
-        "limitations": LIMITATIONS,
-        "metrics_summary": metrics_doc.get("test", {}),
-        "signature": {"name": SIGNATURE, "precisions": dict(SIGNATURES),
-                      "inputs": {"examples": "string [N]", "num_samples": "int32 []", "seed": "int64 []"},
-                      "outputs": {"probs": "float32 [N, num_samples * ensemble_size], column s*K + k"}},
-    }
-    if config is not None:
-        card["config"] = dict(config)
-    if num_parameters is not None:
-        card["num_parameters"] = int(num_parameters)
-    if members is not None:
-        card["members"] = list(members)
-    if base is not None:
-        card["base"] = dict(base)
-    return card
-
-
-def write_export(export_dir: str | os.PathLike[str], predictor: Predictor, *, data_dir: str,
-                 pipeline_config: Mapping[str, Any], card: dict, metrics_doc: dict) -> pathlib.Path:
-    """Writes MODEL_DIR/ for an in-memory predictor (a trained model with its featurizer)."""
-    export_dir = pathlib.Path(export_dir)
-    tmp = _new_tmp(export_dir)
-    module = predictor.module
-    tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=module.signatures())
-    return _finish(tmp, export_dir, data_dir, card, metrics_doc, pipeline_config)
-
-
-class _EnsembleModule(tf.Module):
-    """Several exported models behind one signature: members side by side along K."""
-
-    def __init__(self, members: Sequence[Any], sizes: Sequence[int]):
-        super().__init__(name="ehr_ensemble")
-        self.members = list(members)  # loaded SavedModels: tracked, so their variables are re-saved
-        self.sizes = [int(k) for k in sizes]
-        self.ensemble_size = int(sum(self.sizes))
-
-    def _serve(self, examples, num_samples, seed, signature: str):
-        n = tf.shape(examples)[0]
-        parts = []
-        for member, k in zip(self.members, self.sizes):
-            probs = member.signatures[signature](examples=examples, num_samples=num_samples, seed=seed)["probs"]
-            parts.append(tf.reshape(probs, [n, num_samples, k]))
-        return {"probs": tf.reshape(tf.concat(parts, axis=2), [n, num_samples * self.ensemble_size])}
-
-    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
-    def serve(self, examples, num_samples, seed):
-        """{"probs": [N, S*K_total]}: each member's [N, S, K_m] joined along K."""
-        return self._serve(examples, num_samples, seed, SIGNATURES["float32"])
-
-    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
-    def serve_bfloat16(self, examples, num_samples, seed):
-        """As serve, through each member's bfloat16 signature."""
-        return self._serve(examples, num_samples, seed, SIGNATURES["bfloat16"])
-
-
-def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Sequence[str | os.PathLike[str]], *,
-                          card: dict, metrics_doc: dict) -> pathlib.Path:
-    """Writes MODEL_DIR/ for a deep ensemble of exports made on the same data (same vocabulary/statistics)."""
-    loaded = [load_export(d) for d in member_dirs]
-    digests = {(e.manifest["files"][outputs.VOCABULARY], e.manifest["files"][outputs.NUMERIC_STATS]) for e in loaded}
-    if len(digests) != 1:
-        raise ExportError("ensemble members were trained on different vocabularies/statistics")
-    export_dir = pathlib.Path(export_dir)
-    tmp = _new_tmp(export_dir)
-    missing = sorted({str(e.path) for e in loaded for name in SIGNATURES.values()
-                      if name not in e.saved_model.signatures})
-    if missing:
-        raise ExportError(f"ensemble members {missing} lack a signature of {sorted(SIGNATURES.values())}: "
-                          "re-export them with this version")
-    module = _EnsembleModule([e.saved_model for e in loaded], [e.ensemble_size for e in loaded])
-    signatures = {}
-    for fn, name in ((module.serve, SIGNATURES["float32"]), (module.serve_bfloat16, SIGNATURES["bfloat16"])):
-        signatures[name] = fn.get_concrete_function()
-        assert_stateless(signatures[name])
-    tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=signatures)
-    pipeline_config = json.loads((loaded[0].path / PIPELINE_CONFIG).read_text(encoding="utf-8"))
-    return _finish(tmp, export_dir, loaded[0].path, card, metrics_doc, pipeline_config)
-
-
-class LoadedExport:
-    """A verified export: callable like a Predictor, (examples, S, seed) -> probs [N, S*K]."""
-
-    def __init__(self, path: pathlib.Path, manifest: dict, model_card: dict, metrics: dict, saved_model: Any,
-                 precision: str = "float32"):
-        self.path = path
-        self.manifest = manifest
-        self.model_card = model_card
-        self.metrics = metrics
-        self.saved_model = saved_model
-        self.precision = precision
-        self.signature = saved_model.signatures[SIGNATURES[precision]]
-        self.ensemble_size = int(model_card["ensemble_size"])
-
-    def __call__(self, examples, num_samples: int, seed: int) -> np.ndarray:
-        out = self.signature(examples=tf.convert_to_tensor(examples, tf.string),
-                             num_samples=tf.constant(num_samples, tf.int32), seed=tf.constant(seed, tf.int64))
-        return out["probs"].numpy()
 
 
 def verify_export(export_dir: str | os.PathLike[str]) -> dict:
@@ -256,7 +277,7 @@ def verify_export(export_dir: str | os.PathLike[str]) -> dict:
         path = root / rel
         if not path.is_file():
             raise ExportError(f"{root}: {rel} is missing")
-        if _sha256(path) != digest:
+        if outputs.sha256_of(str(path)) != digest:
             raise ExportError(f"{root}: {rel} does not match its checksum in {MANIFEST} (altered or corrupt)")
     extra = [p.relative_to(root).as_posix() for p in root.rglob("*")
              if p.is_file() and p.name != MANIFEST and p.relative_to(root).as_posix() not in files]
@@ -265,20 +286,81 @@ def verify_export(export_dir: str | os.PathLike[str]) -> dict:
     return manifest
 
 
+# ------------------------------------------------------------------------ the model
+
+
+class LoadedExport:
+    """A verified export: its side files (``files``) and SavedModel; (examples, S, seed) -> probs [N, S*K]."""
+
+    def __init__(self, files: Export, manifest: dict, saved_model: Any, precision: str = "float32"):
+        self.files = files
+        self.manifest = manifest
+        self.saved_model = saved_model
+        self.precision = precision
+        self.signature = saved_model.signatures[SIGNATURES[precision]]
+
+    @property
+    def path(self) -> pathlib.Path:
+        """The export directory."""
+        return self.files.directory
+
+    @property
+    def model_card(self) -> Mapping[str, Any]:
+        """model_card.json as written (every field, not only the validated ones)."""
+        return self.files.card_raw
+
+    @property
+    def metrics(self) -> Mapping[str, Any]:
+        """metrics.json as written."""
+        return self.files.metrics_raw
+
+    @property
+    def ensemble_size(self) -> int:
+        """K, the number of ensemble members."""
+        return self.files.ensemble_size
+
+    def __call__(self, examples, num_samples: int, seed: int) -> np.ndarray:
+        import tensorflow as tf
+
+        out = self.signature(examples=tf.convert_to_tensor(examples, tf.string),
+                             num_samples=tf.constant(num_samples, tf.int32), seed=tf.constant(seed, tf.int64))
+        return out[OUTPUT].numpy()
+
+
+def _check_signature(signature: Any, where: pathlib.Path, name: str) -> None:
+    """Raises ExportError unless the signature takes SIGNATURE_INPUTS and returns OUTPUT."""
+    inputs = set(signature.structured_input_signature[1])
+    if inputs != set(SIGNATURE_INPUTS):
+        raise ExportError(f"{where}: signature '{name}' takes {sorted(inputs)}, expected {sorted(SIGNATURE_INPUTS)}")
+    if OUTPUT not in signature.structured_outputs:
+        raise ExportError(f"{where}: signature '{name}' returns {sorted(signature.structured_outputs)}, "
+                          f"expected '{OUTPUT}'")
+
+
 def load_export(export_dir: str | os.PathLike[str], precision: str = "float32") -> LoadedExport:
-    """Verifies every checksum, then loads the SavedModel and the JSON side files.
+    """Verifies every checksum, validates the JSON side files, then loads the SavedModel (imports TensorFlow).
 
     precision picks the signature: "float32" (exact) or "bfloat16" (faster LSTM matmuls).
     """
     if precision not in SIGNATURES:
         raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
     root = pathlib.Path(export_dir)
+    if not root.is_dir():  # before importing TensorFlow: the commonest mistake fails at once
+        raise ExportError(f"{root}: model directory does not exist or is not a directory")
     manifest = verify_export(root)
-    card = json.loads((root / MODEL_CARD).read_text(encoding="utf-8"))
-    metrics_doc = json.loads((root / METRICS).read_text(encoding="utf-8"))
-    saved = tf.saved_model.load(str(root / SAVED_MODEL_DIR))
+    files = read_export(root)
+    import tensorflow as tf
+
+    where = root / SAVED_MODEL_DIR
+    try:
+        saved = tf.saved_model.load(str(where))
+    except Exception as err:  # TF raises many types for a bad SavedModel; all mean the same here
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ExportError(f"{root}: cannot load the export: {type(err).__name__}: {first_line}") from None
     name = SIGNATURES[precision]
     if name not in saved.signatures:
         raise ExportError(f"{root}: {SAVED_MODEL_DIR} has no {name!r} signature (precision {precision}); "
                           "exports older than the bfloat16 signature serve float32 only")
-    return LoadedExport(root, manifest, card, metrics_doc, saved, precision)
+    loaded = LoadedExport(files, manifest, saved, precision)
+    _check_signature(loaded.signature, where, name)
+    return loaded

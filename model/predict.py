@@ -28,14 +28,9 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from ehr_pipeline import spec
+from model.export import MAX_SAMPLES, PRECISIONS, SIGNATURES, load_export
 from model.noise import Noise
 
-MAX_SAMPLES = 100
-SIGNATURE = "serving_default"
-# Inference precision -> exported signature. "bfloat16" runs the LSTM's matmuls with bfloat16
-# operands (model.rank1_lstm); tests bound how far that moves the probabilities.
-SIGNATURES = {"float32": SIGNATURE, "bfloat16": "serving_bfloat16"}
-PRECISIONS = tuple(SIGNATURES)
 INPUT_SIGNATURE = (
     tf.TensorSpec([None], tf.string, name="examples"),
     tf.TensorSpec([], tf.int32, name="num_samples"),
@@ -75,9 +70,8 @@ _KEY_FEATURES = (spec.AGE_YEARS, spec.GENDER, spec.ADMISSION_TYPE, spec.ADMIT_OF
                  spec.BAG_VALUE_MIN, spec.BAG_VALUE_MAX)
 
 
-def _content_strings(examples: tf.Tensor) -> tf.Tensor:
-    """[N] strings that spell out each example's model inputs (and nothing else)."""
-    parsed = spec.parse_sequence_examples(examples)
+def _content_strings(parsed: dict[str, tf.Tensor | tf.RaggedTensor]) -> tf.Tensor:
+    """[N] strings that spell out each example's model inputs (and nothing else), from the parsed batch."""
     columns = []
     for name in _KEY_FEATURES:
         value = parsed[name]
@@ -94,9 +88,9 @@ def _content_strings(examples: tf.Tensor) -> tf.Tensor:
     return tf.strings.join(columns, separator="|")
 
 
-def _example_noise(examples: tf.Tensor, seed: tf.Tensor) -> Noise:
-    """Noise keyed by (seed, fingerprint of the example's model inputs) per example."""
-    fp = tf.bitcast(tf.fingerprint(_content_strings(examples)), tf.int64)  # [N, 8] uint8 -> [N] int64
+def _example_noise(parsed: dict[str, tf.Tensor | tf.RaggedTensor], seed: tf.Tensor) -> Noise:
+    """Noise keyed by (seed, fingerprint of the example's model inputs) per example of a parsed batch."""
+    fp = tf.bitcast(tf.fingerprint(_content_strings(parsed)), tf.int64)  # [N, 8] uint8 -> [N] int64
     return Noise.from_fingerprints(fp, seed)
 
 
@@ -128,10 +122,10 @@ class ServingModule(tf.Module):
         self.model_variables = [v for m in self._hidden.models for v in m.variables]
         self.ensemble_size = int(sum(m.ensemble_size for m in self._hidden.models))
 
-    def probs_batch(self, examples: tf.Tensor, noise: Noise, num_samples: tf.Tensor,
+    def probs_batch(self, parsed: dict[str, tf.Tensor | tf.RaggedTensor], noise: Noise, num_samples: tf.Tensor,
                     precision: str = "float32") -> tf.Tensor:
-        """Probabilities [N, S*K] of serialized examples in one vectorised pass, every draw from `noise`."""
-        feats = self.featurizer(spec.parse_sequence_examples(examples))
+        """Probabilities [N, S*K] of a parsed batch in one vectorised pass, every draw from `noise`."""
+        feats = self.featurizer(parsed)
         per_member = []
         for model in self._hidden.models:
             # Each member draws as it would alone: an in-memory ensemble predicts what its
@@ -139,11 +133,12 @@ class ServingModule(tf.Module):
             logits = model(feats, num_samples=num_samples, matmul_dtype=precision, noise=noise)  # [N, S*K_m]
             per_member.append(tf.reshape(tf.sigmoid(logits), [-1, num_samples, model.ensemble_size]))
         # Members side by side, still sample-major: column s*K + k.
-        return tf.reshape(tf.concat(per_member, axis=2), [tf.shape(examples)[0], -1])
+        return tf.reshape(tf.concat(per_member, axis=2), [tf.shape(parsed[spec.NUM_BAGS])[0], -1])
 
     def _serve(self, examples, num_samples, seed, precision: str):
         num_samples = _check_samples(num_samples)
-        probs = self.probs_batch(examples, _example_noise(examples, seed), num_samples, precision)
+        parsed = spec.parse_sequence_examples(examples)  # once: the noise keys and the featurizer share it
+        probs = self.probs_batch(parsed, _example_noise(parsed, seed), num_samples, precision)
         width = num_samples * self.ensemble_size
         return {"probs": tf.reshape(probs, [tf.shape(examples)[0], width])}
 
@@ -197,8 +192,6 @@ class Predictor:
 def _as_callables(export_or_model: Any) -> list:
     """Predictor / loaded export / export path, or a list of them (a deep ensemble) -> callables."""
     if isinstance(export_or_model, (str, os.PathLike)):
-        from model.export import load_export
-
         return [load_export(export_or_model)]
     if isinstance(export_or_model, (list, tuple)):
         return [c for item in export_or_model for c in _as_callables(item)]

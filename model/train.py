@@ -23,7 +23,7 @@ import tensorflow as tf
 from model import bella
 from model import devices as device_layout
 from model import evaluate as evaluation
-from model import export, inputs, losses, metrics, precision, training_loop
+from model import export_writer, inputs, losses, metrics, precision, training_loop
 from model.config import ExperimentConfig, parse_config
 from model.ehr_model import build_model, count_parameters
 from model.predict import Predictor, predict_probs
@@ -210,14 +210,14 @@ def finalize(config: ExperimentConfig, model: tf.keras.Model, featurizer: inputs
         evaluation.write_report(out / EVAL_DIR / split, report, probs, labels, hadm_ids, ec.referral_measure,
                                 ec.num_bins)
         reports[split] = report
-    metrics_doc = export.metrics_document(reports["test"], measure=ec.referral_measure, rate=ec.referral_rate,
-                                          threshold=threshold)
-    card = export.model_card(name=config.name, method=_method_name(config), ensemble_size=model.ensemble_size,
-                             data_sha256=export.data_manifest_sha256(files.data_dir), metrics_doc=metrics_doc,
-                             config=config.to_dict(),
-                             num_parameters=count_parameters(model), base=bella.read_base_record(out))
-    export_dir = export.write_export(out / EXPORT_DIR, predictor, data_dir=files.data_dir,
-                                     pipeline_config=files.pipeline_config, card=card, metrics_doc=metrics_doc)
+    metrics_doc = evaluation.metrics_document(reports["test"], measure=ec.referral_measure, rate=ec.referral_rate,
+                                              threshold=threshold)
+    card = export_writer.model_card(
+        name=config.name, method=_method_name(config), ensemble_size=model.ensemble_size,
+        data_sha256=export_writer.data_manifest_sha256(files.data_dir), metrics_doc=metrics_doc,
+        config=config.to_dict(), num_parameters=count_parameters(model), base=bella.read_base_record(out))
+    export_dir = export_writer.write_export(out / EXPORT_DIR, predictor, data_dir=files.data_dir,
+                                            pipeline_config=files.pipeline_config, card=card, metrics_doc=metrics_doc)
     return export_dir, reports["test"]
 
 

@@ -28,7 +28,7 @@ from serving.auth import API_KEY_HEADER, check_key
 from serving.batching import BatcherStoppedError, MicroBatcher, QueueFullError
 from serving.encoding import InputError, encode
 from serving.metrics import ServiceMetrics
-from serving.predictor import Predictor
+from serving.predictor import ServedModel
 from serving.fhir_answers import FHIR_JSON, operation_outcome
 from serving.fhir_routes import cds_router, fhir_router
 from serving.routes import health_router, metrics_router, v1_router
@@ -280,7 +280,7 @@ def _warmup_request() -> PredictRequest:
     )
 
 
-async def _warm_up(app: FastAPI, predictor: Predictor, batcher: MicroBatcher, settings: Settings) -> None:
+async def _warm_up(app: FastAPI, predictor: ServedModel, batcher: MicroBatcher, settings: Settings) -> None:
     """One forward pass on the model thread, then /readyz turns 'ok'; a failure keeps it 503."""
     try:
         encoded = await run_in_threadpool(encode, _warmup_request(), predictor.export)
@@ -295,14 +295,14 @@ async def _warm_up(app: FastAPI, predictor: Predictor, batcher: MicroBatcher, se
     logger.info("model warmed up; ready")
 
 
-def create_app(settings: Settings, predictor: Predictor | None = None) -> FastAPI:
+def create_app(settings: Settings, predictor: ServedModel | None = None) -> FastAPI:
     """The service app; loads settings.model_dir at start-up unless a loaded `predictor` is given."""
     metrics = ServiceMetrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         model = (predictor if predictor is not None
-                 else await run_in_threadpool(Predictor.load, settings.model_dir, settings.precision))
+                 else await run_in_threadpool(ServedModel.load, settings.model_dir, settings.precision))
         export = model.export
         card = export.card
         metrics.model_info.labels(name=card.name, version=card.version, checksum=export.checksum).set(1)

@@ -122,10 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.no_auth:
         logger.warning("serving WITHOUT authentication on %s (loopback only)", settings.host)
 
-    from serving.predictor import ModelDirError, Predictor  # after the cheap checks: it imports TensorFlow
+    from serving.predictor import ModelDirError, ServedModel  # after the cheap checks: loading imports TensorFlow
 
     try:
-        predictor = Predictor.load(settings.model_dir, settings.precision)
+        predictor = ServedModel.load(settings.model_dir, settings.precision)
     except ModelDirError as err:
         print(f"ehr-serve: error: bad model directory: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -12,7 +12,7 @@ from fastapi import HTTPException, Request, status
 
 from serving.batching import Arrival, MicroBatcher
 from serving.metrics import ServiceMetrics
-from serving.predictor import Predictor
+from serving.predictor import ServedModel
 from serving.settings import Settings
 
 
@@ -26,7 +26,7 @@ def get_metrics(request: Request) -> ServiceMetrics:
     return request.app.state.metrics
 
 
-def get_predictor(request: Request) -> Predictor:
+def get_predictor(request: Request) -> ServedModel:
     """The loaded model; 503 while start-up has not loaded it yet."""
     predictor = getattr(request.app.state, "predictor", None)
     if predictor is None:

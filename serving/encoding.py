@@ -16,7 +16,7 @@ import datetime as dt
 import numpy as np
 
 from ehr_pipeline import ages, bagging, spec
-from serving.predictor import Export
+from model.export import Export
 from serving.schemas import PredictRequest
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

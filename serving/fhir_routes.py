@@ -29,13 +29,13 @@ from serving.auth import require_api_key
 from serving.encoding import InputError
 from serving.batching import Arrival, MicroBatcher
 from serving.metrics import ServiceMetrics
-from serving.predictor import Predictor
+from serving.predictor import ServedModel
 from serving.routes import (
     ArrivalDep,
     BatcherDep,
     MetricsDep,
     NumSamplesQuery,
-    PredictorDep,
+    ServedModelDep,
     SeedQuery,
     SettingsDep,
     check_event_limit,
@@ -73,13 +73,13 @@ class Serving:
     """What a prediction route needs from the app: the /v1 routes' dependencies in one."""
 
     settings: Settings
-    predictor: Predictor
+    predictor: ServedModel
     batcher: MicroBatcher
     arrival: Arrival
     metrics: ServiceMetrics
 
 
-def _serving(settings: SettingsDep, predictor: PredictorDep, batcher: BatcherDep, arrival: ArrivalDep,
+def _serving(settings: SettingsDep, predictor: ServedModelDep, batcher: BatcherDep, arrival: ArrivalDep,
              metrics: MetricsDep) -> Serving:
     return Serving(settings, predictor, batcher, arrival, metrics)
 

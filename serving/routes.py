@@ -12,7 +12,8 @@ from serving.batching import Arrival, MicroBatcher
 from serving.dependencies import get_arrival, get_batcher, get_metrics, get_predictor, get_settings
 from serving.encoding import Encoded, InputError, encode
 from serving.metrics import ServiceMetrics
-from serving.predictor import Export, Predictor, summarise
+from model.export import Export
+from serving.predictor import ServedModel, summarise
 from serving.schemas import (
     BatchRequest,
     BatchResponse,
@@ -52,7 +53,7 @@ v1_router = APIRouter(prefix="/v1", tags=["prediction"], dependencies=[Depends(r
                       responses=_ERRORS)
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-PredictorDep = Annotated[Predictor, Depends(get_predictor)]
+ServedModelDep = Annotated[ServedModel, Depends(get_predictor)]
 BatcherDep = Annotated[MicroBatcher, Depends(get_batcher)]
 ArrivalDep = Annotated[Arrival, Depends(get_arrival)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
@@ -98,7 +99,7 @@ async def prometheus(request: Request, metrics: MetricsDep) -> Response:
 # ------------------------------------------------------------------------------- helpers
 
 
-def model_identity(predictor: Predictor) -> ModelIdentity:
+def model_identity(predictor: ServedModel) -> ModelIdentity:
     export = predictor.export
     return ModelIdentity(name=export.card.name, version=export.card.version, checksum=export.checksum,
                          precision=predictor.precision)
@@ -130,7 +131,7 @@ async def predict_admissions(
     num_samples: int,
     seed: int | None,
     include_samples: bool,
-    predictor: Predictor,
+    predictor: ServedModel,
     batcher: MicroBatcher,
     arrival: Arrival,
     metrics: ServiceMetrics,
@@ -199,7 +200,7 @@ async def predict(
     body: PredictRequest,
     request: Request,
     settings: SettingsDep,
-    predictor: PredictorDep,
+    predictor: ServedModelDep,
     batcher: BatcherDep,
     arrival: ArrivalDep,
     metrics: MetricsDep,
@@ -228,7 +229,7 @@ async def predict_batch(
     body: BatchRequest,
     request: Request,
     settings: SettingsDep,
-    predictor: PredictorDep,
+    predictor: ServedModelDep,
     batcher: BatcherDep,
     arrival: ArrivalDep,
     metrics: MetricsDep,
@@ -255,7 +256,7 @@ async def predict_batch(
 
 
 @v1_router.get("/model", response_model=ModelInfo, summary="The served model: card, metrics, config")
-async def model_info(settings: SettingsDep, predictor: PredictorDep) -> ModelInfo:
+async def model_info(settings: SettingsDep, predictor: ServedModelDep) -> ModelInfo:
     """The model card, held-out metrics and bagging config of the loaded export, and this server's limits."""
     export = predictor.export
     return ModelInfo(

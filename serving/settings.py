@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from model.export import MAX_SAMPLES
+
 API_KEYS_ENV = "EHR_API_KEYS"  # comma-separated keys; merged with --api-keys-file
 MIN_API_KEY_LENGTH = 16  # shorter keys are guessable by brute force over the network
 LOOPBACK_NAMES = ("localhost",)
@@ -60,9 +62,9 @@ class Settings(BaseModel):
         64, ge=1, description="Most patients per batch request (else 422 naming 'patients').")
     default_num_samples: int = Field(
         25, ge=1, description="Monte-Carlo samples per ensemble member when the query omits it.")
-    # The export contract's signature accepts S in [1, 100] (model.predict.MAX_SAMPLES).
     max_num_samples: int = Field(
-        100, ge=1, le=100, description="Largest num_samples a request may ask for.")
+        MAX_SAMPLES, ge=1, le=MAX_SAMPLES, description="Largest num_samples a request may ask for (the export "
+        "signature's limit).")
     warmup: bool = Field(True, description="Run one forward pass at start-up before /readyz says ready.")
     open_metrics: bool = Field(
         False, description="Serve /metrics without an API key (it shows request outcomes, so it needs one "

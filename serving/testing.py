@@ -8,7 +8,7 @@ SavedModel call, uncertainty summaries, checksums) without training anything. It
 card says so in its name and method.
 
 ``write_tiny_model_export`` writes the same kind of directory through the real exporter
-(``model.export.write_export``) around a tiny UNTRAINED rank-1 model: the real featurizer,
+(``model.export_writer.write_export``) around a tiny UNTRAINED rank-1 model: the real featurizer,
 architecture and seeded sampling, meaningless weights.
 
 ``ServerProcess`` runs ``python -m serving`` (the ehr-serve CLI) on 127.0.0.1 with a free
@@ -150,10 +150,10 @@ def write_tiny_model_export(
     """
     import tempfile
 
-    from model import export, inputs
+    from model import export_writer, inputs
     from model.config import ModelConfig
     from model.ehr_model import build_model
-    from model.predict import Predictor as ModelPredictor
+    from model.predict import Predictor
 
     pipeline = pipeline or PipelineConfig()
     vocab = DEFAULT_VOCABULARY if vocabulary is None else vocabulary
@@ -178,12 +178,12 @@ def write_tiny_model_export(
             "referral": dict(referral or {"measure": "mutual_information", "rate": 0.2, "threshold": 0.001}),
             "decision_threshold": 0.5,
         }
-        card = export.model_card(name=TINY_MODEL_NAME, method="rank1_normal (untrained test fixture)",
-                                 ensemble_size=ensemble_size, data_sha256=export.data_manifest_sha256(data_dir),
-                                 metrics_doc=metrics_doc,
-                                 config={"model": config.model_dump(mode="json")})
-        return export.write_export(directory, ModelPredictor(featurizer, model), data_dir=str(data_dir),
-                                   pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc)
+        card = export_writer.model_card(
+            name=TINY_MODEL_NAME, method="rank1_normal (untrained test fixture)", ensemble_size=ensemble_size,
+            data_sha256=export_writer.data_manifest_sha256(data_dir), metrics_doc=metrics_doc,
+            config={"model": config.model_dump(mode="json")})
+        return export_writer.write_export(directory, Predictor(featurizer, model), data_dir=str(data_dir),
+                                          pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc)
 
 
 # ----------------------------------------------------------------------------- server process

@@ -15,7 +15,7 @@ import tempfile
 
 import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from serving.app import create_app
-from serving.predictor import Predictor
+from serving.predictor import ServedModel
 from serving.settings import make_settings
 from serving.testing import ThreadedServer, write_fixture_export
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ehr-fuzz-") as tmp:
         export = write_fixture_export(tmp, ensemble_size=2)
         settings = make_settings(api_keys=[KEY], model_dir=export, warmup=False)
-        with ThreadedServer(create_app(settings, Predictor.load(export))) as server:
+        with ThreadedServer(create_app(settings, ServedModel.load(export))) as server:
             return subprocess.run([
                 sys.executable, "-m", "schemathesis.cli", "--config-file", str(CONFIG), "run",
                 f"{server.base_url}/openapi.json", "--checks", "all", "--header", f"X-API-Key: {KEY}",

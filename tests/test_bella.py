@@ -150,12 +150,12 @@ def test_lstm_adapters_equal_a_keras_lstm_per_particle(projection):
 
 
 def test_zero_b_leaves_the_base_image_model_unchanged():
-    from model.image.config import ModelConfig
+    from model.image.config import ImageModelConfig
     from model.image.models import build_model
 
-    base = build_model(ModelConfig(depth=10, width=1, posterior=PosteriorConfig(method="deterministic",
-                                                                                 ensemble_size=1)), (8, 8, 1), 10)
-    model = build_model(ModelConfig(depth=10, width=1, posterior=PosteriorConfig(
+    base = build_model(ImageModelConfig(depth=10, width=1, posterior=PosteriorConfig(method="deterministic",
+                                                                                      ensemble_size=1)), (8, 8, 1), 10)
+    model = build_model(ImageModelConfig(depth=10, width=1, posterior=PosteriorConfig(
         method="bella", ensemble_size=P, prior_mean=0.0, adapter_rank=R)), (8, 8, 1), 10)
     # Train-mode batch norm statistics once, so the moving statistics are not the identity.
     base(tf.random.uniform([16, 8, 8, 1]), training=True)

@@ -28,7 +28,7 @@ from ehr_pipeline.bagging import canonical_order, canonical_permutation
 from ehr_pipeline.reader import locate_table, read_table
 from serving.app import create_app
 from serving.fhir_answers import EXTENSION
-from serving.predictor import Predictor
+from serving.predictor import ServedModel
 from serving.settings import make_settings
 from serving.testing import ThreadedServer, write_tiny_model_export
 from tests.test_serving_api import _mutate  # the /v1 fuzz's mutation: replace, delete or add one node
@@ -106,7 +106,7 @@ def export_dir(tmp_path_factory, reference, demo_release):
 def server(export_dir):
     settings = make_settings(api_keys=[KEY], model_dir=export_dir, max_wait_ms=1.0, max_events=5000)
     # A generous start-up limit: the warm-up pass is slow on a loaded 2-core machine.
-    with ThreadedServer(create_app(settings, Predictor.load(export_dir)), startup_timeout_s=300.0) as srv:
+    with ThreadedServer(create_app(settings, ServedModel.load(export_dir)), startup_timeout_s=300.0) as srv:
         yield srv
 
 

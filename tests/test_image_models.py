@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from model import rank1
 from model._edward2 import ed
-from model.image.config import ModelConfig
+from model.image.config import ImageModelConfig
 from model.image.models import EnsembleBatchNorm, ImageModel, build_model, count_parameters
 from model.posterior import PosteriorConfig
 
@@ -66,9 +66,9 @@ def test_rank1_conv_tiled_forward_equals_per_member_convolution(use_bias, stride
             np.testing.assert_allclose(y[k * E + e], expected, rtol=1e-4, atol=1e-5)
 
 
-def _tiny(method="rank1", k=K, **kwargs) -> ModelConfig:
+def _tiny(method="rank1", k=K, **kwargs) -> ImageModelConfig:
     posterior = PosteriorConfig(method=method, ensemble_size=k, random_sign_init=-0.5, dropout_rate=0.01)
-    return ModelConfig(depth=10, width=1, posterior=posterior, **kwargs)
+    return ImageModelConfig(depth=10, width=1, posterior=posterior, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -145,15 +145,15 @@ def test_wrn28_10_parameters_and_rank1_overhead_under_one_percent():
     counts = {}
     for method in ("deterministic", "rank1"):
         posterior = PosteriorConfig(method=method, ensemble_size=1 if method == "deterministic" else 4)
-        counts[method] = count_parameters(build_model(ModelConfig(posterior=posterior), (32, 32, 3), 10))
+        counts[method] = count_parameters(build_model(ImageModelConfig(posterior=posterior), (32, 32, 3), 10))
     assert 36.4e6 < counts["deterministic"] < 36.55e6
     assert 36.55e6 < counts["rank1"] < 36.7e6
     assert (counts["rank1"] - counts["deterministic"]) / counts["deterministic"] < 0.01
 
 
 def test_resnet18_is_the_standard_cifar_resnet18():
-    config = ModelConfig(architecture="resnet", depth=18, width=4,
-                         posterior=PosteriorConfig(method="deterministic", ensemble_size=1))
+    config = ImageModelConfig(architecture="resnet", depth=18, width=4,
+                              posterior=PosteriorConfig(method="deterministic", ensemble_size=1))
     model = build_model(config, (32, 32, 3), 10)
     assert count_parameters(model) == 11_173_962  # the usual CIFAR ResNet-18 (64-128-256-512, 10 classes)
     assert model(tf.zeros((2, 32, 32, 3))).shape == (2, 1, 10)
@@ -168,4 +168,4 @@ def test_resnet18_is_the_standard_cifar_resnet18():
 ])
 def test_model_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        ModelConfig(**kwargs)
+        ImageModelConfig(**kwargs)

@@ -30,14 +30,14 @@ def trained(tmp_path_factory, synthetic_data):
 
 @pytest.mark.slow  # ~1-2 min on 2 busy cores: the Keras-RNN Flipout LSTM traces slowly
 def test_service_gives_ehr_eval_numbers(trained):
-    from serving.predictor import Predictor as ServingPredictor
+    from serving.predictor import ServedModel
 
     card = read_json(trained["export"] / "model_card.json")
     assert (card["method"], card["ensemble_size"]) == ("ktied_normal", 1)
     with open(trained["eval"] / "predictions.csv") as f:
         p_eval = np.array([float(r["P_MEAN"]) for r in csv.DictReader(f)])
     records, _, _ = inputs.read_split(inputs.load_data_files(trained["data"]), "test")
-    served = ServingPredictor.load(trained["export"]).forward(records, 4, 3)
+    served = ServedModel.load(trained["export"]).forward(records, 4, 3)
     np.testing.assert_allclose(served.mean(axis=1), p_eval, atol=2e-6)
     # The weights are sampled: the S draws of one admission differ.
     assert np.ptp(served, axis=1).max() > 1e-6

@@ -32,6 +32,14 @@ def test_graph_is_stateless(setup):
     assert not stateful_random_ops(predictor.module.concrete().graph.as_graph_def())
 
 
+def test_the_graph_parses_each_example_once(setup):
+    # The noise keys and the featurizer read the same parsed batch: one parse op per request.
+    predictor, _ = setup
+    graph = predictor.module.concrete().graph.as_graph_def()
+    nodes = list(graph.node) + [n for fn in graph.library.function for n in fn.node_def]
+    assert sum(n.op.startswith("ParseSequenceExample") for n in nodes) == 1
+
+
 def test_an_example_scores_the_same_alone_and_in_any_batch(setup):
     predictor, records, *_ = setup
     # Eight different admissions (different numbers of bags and tokens), in two orders.

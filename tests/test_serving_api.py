@@ -1,6 +1,6 @@
 """The prediction service over real HTTP: a real uvicorn server on 127.0.0.1, no mocks.
 
-The model is a real export written by model.export around a tiny UNTRAINED rank-1 model
+The model is a real export written by model.export_writer around a tiny UNTRAINED rank-1 model
 (serving.testing.write_tiny_model_export): the real featurizer, architecture, seeded
 stateless sampling and SavedModel, with meaningless random weights.
 """
@@ -24,7 +24,7 @@ from ehr_pipeline import ages, bagging, spec
 from ehr_pipeline.config import PipelineConfig
 from model import metrics as model_metrics
 from serving.app import create_app
-from serving.predictor import Predictor
+from serving.predictor import ServedModel
 from serving.settings import make_settings
 from serving.testing import TINY_MODEL_NAME, ThreadedServer, write_tiny_model_export
 
@@ -45,7 +45,7 @@ def export_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def predictor(export_dir):
-    return Predictor.load(export_dir)
+    return ServedModel.load(export_dir)
 
 
 @pytest.fixture(scope="module")
@@ -310,11 +310,7 @@ def test_no_auth_server_on_loopback_needs_no_key(export_dir, predictor):
 
 
 def test_bfloat16_precision_is_served_and_named_in_every_answer(export_dir, client):
-    from serving.predictor import SIGNATURES
-    from model.predict import SIGNATURES as MODEL_SIGNATURES
-
-    assert SIGNATURES == MODEL_SIGNATURES  # the service's copy of the name table (no TF at import)
-    low = Predictor.load(export_dir, "bfloat16")
+    low = ServedModel.load(export_dir, "bfloat16")
     settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", warmup=False,
                              precision="bfloat16")
     with ThreadedServer(create_app(settings, low)) as srv:

@@ -17,7 +17,7 @@ from serving import cli
 from serving import metrics as metrics_module
 from serving.auth import key_matches
 from serving.app import create_app
-from serving.predictor import ModelDirError, Predictor
+from serving.predictor import ModelDirError, ServedModel
 from serving.settings import SettingsError, is_loopback, load_api_keys, make_settings
 from serving.testing import ServerProcess, ThreadedServer, write_fixture_export, write_manifest
 
@@ -125,7 +125,7 @@ def _rewrite(path: pathlib.Path, text: str) -> None:
 def test_bad_model_dir_fails_at_load_with_a_message_naming_the_file(broken, breakage, message):
     breakage(broken)
     with pytest.raises(ModelDirError, match=message.replace(".", r"\.")):
-        Predictor.load(broken)
+        ServedModel.load(broken)
 
 
 def test_cli_exits_2_on_checksum_mismatch_before_serving(broken, capsys, monkeypatch):
@@ -183,7 +183,7 @@ def test_a_failing_model_is_a_500_with_request_id_and_a_log_line_without_data(tm
     request = {"patient": {"gender": "F", "age_years": 70.0},
                "admission": {"admit_time": "2150-01-01T00:00:00", "admission_type": "SECRET-TYPE-99"},
                "events": [{"time": "2150-01-01T01:00:00", "source": "lab", "code": "SECRET-CODE-77", "value": 5}]}
-    with caplog.at_level(logging.INFO), ThreadedServer(create_app(settings, Predictor.load(broken))) as srv:
+    with caplog.at_level(logging.INFO), ThreadedServer(create_app(settings, ServedModel.load(broken))) as srv:
         r = httpx.post(f"{srv.base_url}/v1/predict", json=request, timeout=30)
         assert r.status_code == 500 and r.json()["request_id"] == r.headers["x-request-id"]
         assert "SECRET" not in r.text

@@ -7,7 +7,7 @@ import pytest
 
 from ehr_pipeline import schemas
 from ehr_pipeline.deadletter import read_dead_letters
-from ehr_pipeline.summary import DEAD_LETTER_FILE, format_summary, summarize_command, summarize_release
+from ehr_pipeline.summary import DEAD_LETTER_FILE, format_release_summary, summarize_command, summarize_release
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +42,8 @@ def test_demo_summary_counts_every_table(demo_summary, demo_dir):
     assert demo_summary.rows_dead == 0
 
 
-def test_format_summary_shows_tables_total_and_absent(demo_summary):
-    text = format_summary(demo_summary)
+def test_format_release_summary_shows_tables_total_and_absent(demo_summary):
+    text = format_release_summary(demo_summary)
     lines = text.splitlines()
     assert any(line.startswith("LABEVENTS") and "76,074" in line for line in lines)
     total = sum(t.rows_read for t in demo_summary.tables)

@@ -17,6 +17,7 @@ import pathlib
 import sys
 
 from ehr_pipeline.cli_args import OneLineParser, setup_logging, usage_error
+from model.export import MAX_SAMPLES
 
 log = logging.getLogger("model.image")
 
@@ -151,8 +152,8 @@ def eval_main(argv: list[str] | None = None) -> int:
     """`ehr-eval` for image runs; returns the exit code."""
     args = build_eval_parser().parse_args(argv)
     _logging(args.verbose)
-    if args.samples is not None and not 1 <= args.samples <= 100:
-        print("ehr-eval: --samples must be in [1, 100]", file=sys.stderr)
+    if args.samples is not None and not 1 <= args.samples <= MAX_SAMPLES:
+        print(f"ehr-eval: --samples must be in [1, {MAX_SAMPLES}]", file=sys.stderr)
         return 2
     import ehr_pipeline  # noqa: F401
     from ehr_pipeline.yaml_config import ConfigError

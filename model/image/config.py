@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ehr_pipeline import yaml_config
 from model.image.corruptions import CIFAR_C_CORRUPTIONS, CORRUPTIONS, SEVERITIES
 from model.config import ExperimentBase
+from model.export import MAX_SAMPLES
 from model.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig
 
 _Int = Annotated[int, Field(strict=True)]
@@ -96,7 +97,7 @@ class DataConfig(_Model):
 RESNET_BLOCKS = {10: (1, 1, 1, 1), 18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 
 
-class ModelConfig(_Model):
+class ImageModelConfig(_Model):
     """Architecture and posterior of an image model (see docs/image_models.md)."""
 
     architecture: Literal["wide_resnet", "resnet", "mlp"] = "wide_resnet"
@@ -113,7 +114,7 @@ class ModelConfig(_Model):
                          "layer but the first, also at prediction time.")
 
     @pydantic.model_validator(mode="after")
-    def _consistent(self) -> ModelConfig:
+    def _consistent(self) -> ImageModelConfig:
         if self.architecture == "wide_resnet" and (self.depth < 10 or (self.depth - 4) % 6):
             raise ValueError(f"wide_resnet depth must be 6n + 4 with n >= 1 (10, 16, 22, 28, ...), got {self.depth}")
         if self.architecture == "resnet" and self.depth not in RESNET_BLOCKS:
@@ -190,7 +191,7 @@ class TrainConfig(_Model):
 class EvalConfig(_Model):
     """Final evaluation settings."""
 
-    num_samples: Annotated[int, Field(strict=True, ge=1, le=100)] = Field(
+    num_samples: Annotated[int, Field(strict=True, ge=1, le=MAX_SAMPLES)] = Field(
         1, description="S samples of every member (the paper's image tables use 1; Table 8 also 4 and 25). "
                        "Forced to 1 for methods without sampling.")
     batch_size: _PosInt = Field(256, description="Examples per prediction call (the model sees S*K times more rows).")
@@ -204,7 +205,7 @@ class ImageExperimentConfig(ExperimentBase):
     task: Literal["image"]
     name: str = Field("image", min_length=1)
     data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
+    model: ImageModelConfig = ImageModelConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
 

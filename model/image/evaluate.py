@@ -19,6 +19,7 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from model import metrics
+from model.export import MAX_SAMPLES
 from model.image import corruptions
 from model.image.config import ImageExperimentConfig
 from model.image.data import ImageData
@@ -61,8 +62,8 @@ def classification_metrics(logits: np.ndarray, labels: np.ndarray, num_bins: int
 def effective_samples(config: ImageExperimentConfig, num_samples: int | None = None) -> int:
     """S to draw: the requested (or configured) count, 1 for a method whose passes never differ."""
     s = config.eval.num_samples if num_samples is None else int(num_samples)
-    if not 1 <= s <= 100:
-        raise ValueError(f"num_samples must be in [1, 100], got {s}")
+    if not 1 <= s <= MAX_SAMPLES:
+        raise ValueError(f"num_samples must be in [1, {MAX_SAMPLES}], got {s}")
     return s if config.model.stochastic else 1
 
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from model import rank1
 from model.ehr_model import count_parameters
-from model.image.config import RESNET_BLOCKS, ModelConfig
+from model.image.config import RESNET_BLOCKS, ImageModelConfig
 
 __all__ = ["EnsembleBatchNorm", "ImageModel", "build_model", "count_parameters"]
 
@@ -41,13 +41,13 @@ class EnsembleBatchNorm(tf.keras.layers.Layer):
         return tf.concat([norm(part, training=training) for norm, part in zip(self.norms, parts)], axis=0)
 
 
-def _batch_norm(config: ModelConfig, name: str) -> tf.keras.layers.Layer:
+def _batch_norm(config: ImageModelConfig, name: str) -> tf.keras.layers.Layer:
     if config.batch_norm == "per_member" and config.posterior.ensemble_size > 1:
         return EnsembleBatchNorm(config.posterior.ensemble_size, config.batch_norm_momentum, name=name)
     return tf.keras.layers.BatchNormalization(momentum=config.batch_norm_momentum, epsilon=_BN_EPSILON, name=name)
 
 
-def _conv(filters: int, kernel: int, config: ModelConfig, stride: int, name: str) -> tf.keras.layers.Layer:
+def _conv(filters: int, kernel: int, config: ImageModelConfig, stride: int, name: str) -> tf.keras.layers.Layer:
     # No bias: a batch norm follows every convolution and would cancel it.
     return rank1.conv2d(filters, kernel, config.posterior, strides=stride, padding="same", use_bias=False, name=name)
 
@@ -55,7 +55,7 @@ def _conv(filters: int, kernel: int, config: ModelConfig, stride: int, name: str
 class _Block(tf.keras.layers.Layer):
     """A residual basic block: two 3x3 convolutions, a 1x1 projection where the shape changes."""
 
-    def __init__(self, config: ModelConfig, in_filters: int, filters: int, stride: int, preactivation: bool,
+    def __init__(self, config: ImageModelConfig, in_filters: int, filters: int, stride: int, preactivation: bool,
                  **kwargs):
         super().__init__(**kwargs)
         self.preactivation = preactivation
@@ -90,7 +90,7 @@ class _Block(tf.keras.layers.Layer):
 class ImageModel(tf.keras.Model):
     """images [B, H, W, C] in [0, 1] -> logits [B, S*K, num_classes], sample-major."""
 
-    def __init__(self, config: ModelConfig, num_classes: int, **kwargs):
+    def __init__(self, config: ImageModelConfig, num_classes: int, **kwargs):
         super().__init__(name=kwargs.pop("name", f"{config.architecture}_{config.depth}_{config.width}"), **kwargs)
         self.config = config
         self.num_classes = num_classes
@@ -165,7 +165,7 @@ class ImageModel(tf.keras.Model):
         return self(images, num_samples=num_samples, training=False)
 
 
-def build_model(config: ModelConfig, image_shape: tuple[int, int, int], num_classes: int) -> ImageModel:
+def build_model(config: ImageModelConfig, image_shape: tuple[int, int, int], num_classes: int) -> ImageModel:
     """An ImageModel with its variables created (one forward pass on zeros of `image_shape`)."""
     model = ImageModel(config, num_classes)
     model(tf.zeros((1, *image_shape), tf.float32), num_samples=1, training=False)

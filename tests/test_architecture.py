@@ -1,0 +1,149 @@
+"""The layering the house rules promise, read from the source: ehr_pipeline <- model <- serving,
+no import circles between project modules, and a service that starts without TensorFlow.
+
+Imports are read with ``ast`` (not by importing), including imports inside functions: a lazy
+import still ties two modules together. Imports under ``if TYPE_CHECKING:`` are left out, as
+they never run.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+from collections.abc import Mapping
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LAYERS = ("ehr_pipeline", "model", "serving")  # each may import only the ones before it
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    """Dotted name -> file of every module of the project packages (a package is its __init__)."""
+    found = {}
+    for package in LAYERS:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imported_names(tree: ast.AST, module: str, is_package: bool, modules: Mapping[str, pathlib.Path]) -> set[str]:
+    """Dotted names an import statement in tree names (relative imports resolved)."""
+    names = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[:len(package) - node.level + 1]
+                base = ".".join(package + ([base] if base else []))
+            # `from pkg import sub` imports the submodule when there is one, else a name of pkg.
+            names.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+        stack.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Project module -> the project modules it imports."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for imported in _imported_names(tree, name, path.name == "__init__.py", modules):
+            while imported and imported not in modules:  # `import a.b.c` of a name inside a module
+                imported = imported.rpartition(".")[0]
+            if imported:
+                targets.add(imported)
+        targets.discard(name)
+        graph[name] = targets
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """Components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(frozenset(component))
+    return found
+
+
+def test_strongly_connected_finds_a_planted_circle_and_nothing_else():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}, "f": {"f"}}
+    assert strongly_connected(graph) == [frozenset({"a", "b", "c"})]
+
+
+def test_import_graph_reads_lazy_imports_and_skips_type_checking_ones():
+    graph = import_graph()
+    assert "model.export" in graph["model.predict"]  # module-level
+    assert "model.predict" in graph["serving.predictor"]  # inside ServedModel.forward
+    assert "ehr_pipeline.bagging" not in graph["ehr_pipeline.spec"]  # only under TYPE_CHECKING
+
+
+def test_no_import_cycles_between_project_modules():
+    cycles = [sorted(c) for c in strongly_connected(import_graph())]
+    assert not cycles, f"import circles between project modules: {cycles}"
+
+
+def test_nothing_imports_upward():
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    upward = sorted(f"{m} -> {t}" for m, targets in import_graph().items() for t in targets
+                    if rank[t.split(".")[0]] > rank[m.split(".")[0]])
+    assert not upward, f"imports against ehr_pipeline <- model <- serving: {upward}"
+
+
+def test_the_service_and_the_export_reader_start_without_tensorflow():
+    # The service loads TensorFlow only with the SavedModel; importing its modules (and the
+    # export contract they read) must stay cheap for --help and for the app factory.
+    code = ("import sys, serving.app, serving.cli, serving.settings, model.export, model.config; "
+            "print(sorted(m for m in ('tensorflow', 'tf_keras', 'edward2') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert out.stdout.strip() == "[]", out.stderr
