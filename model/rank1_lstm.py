@@ -5,6 +5,11 @@ The layer does not own parameters: it wraps a cell built by ``model.rank1.lstm_c
 ``tf.keras.layers.RNN(cell)`` computes. Sharing the cell means the trainable variables, the
 priors, the KL in ``losses`` and checkpoints are the reference's by construction.
 
+Where it is used (measured, docs/model_layers.md): the EHR model's inference (evaluation and
+serving, float32 and bfloat16), where it is faster than ``RNN(LSTMCellRank1)``, and Bella's
+training (its cell would rebuild the adapted kernels at every step of keras' RNN). Rank-1
+training runs keras' RNN over the same cell, which is no slower at the configured sizes.
+
 What it adds over ``RNN(LSTMCellRank1)``:
   * Masking by sequence ``lengths`` (or any Keras mask); padded steps keep the state.
   * All factor noise for the batch is one ``tf.random.normal`` (one uniform for Cauchy)
@@ -13,12 +18,6 @@ What it adds over ``RNN(LSTMCellRank1)``:
   * One sample per sequence, constant over time, so r is applied to the whole input
     sequence in one pass, and additive perturbations fold into a per-sequence constant:
     (h + r) U + s = h U + (r U + s), costing nothing inside the loop.
-  * ``input_projection="all_steps"`` computes ((x * r) W) * s + b for all T steps as one
-    matmul before the loop. On our 2-core CPU it is ~10-20% slower than the per-step
-    projection, for rank-1 and deterministic cells alike (the 4u-wide [T, B, 4u] tensor and
-    its gradient leave the cache and are copied through TensorArrays, which costs more than
-    the per-step factor multiplies it saves), so "per_step" is the default; "all_steps" is the usual choice on
-    accelerators, where many small matmuls are the bottleneck (not measured here).
   * A bare ``tf.while_loop`` over TensorArrays with a static trip count: XLA compiles it.
   * Inference in reduced precision (``call(..., matmul_dtype="bfloat16")``, used by the
     service's fast signature, never in training): both matmuls take bfloat16 operands
@@ -38,8 +37,6 @@ from model._edward2 import ed
 
 # The cell's rank-1 factors, in the order they are concatenated for batched sampling.
 SITES = ("alpha", "gamma", "recurrent_alpha", "recurrent_gamma")
-# "all_steps": one [T*B, d] x [d, 4u] matmul before the loop; "per_step": [B, d] x [d, 4u] inside it.
-INPUT_PROJECTIONS = ("per_step", "all_steps")
 # Operand dtypes of the reduced-precision inference path (float32 = the exact path).
 MATMUL_DTYPES = ("float32", "bfloat16")
 
@@ -90,10 +87,8 @@ class Rank1LSTM(tf.keras.layers.Layer):
     """Runs an LSTM cell over [batch*K, T, d] inputs; padded steps are skipped via a mask."""
 
     def __init__(self, cell: tf.keras.layers.LSTMCell, *, return_sequences: bool = False,
-                 return_state: bool = False, input_projection: str = "per_step", **kwargs):
+                 return_state: bool = False, **kwargs):
         super().__init__(**kwargs)
-        if input_projection not in INPUT_PROJECTIONS:
-            raise ValueError(f"input_projection={input_projection!r}: expected one of {INPUT_PROJECTIONS}")
         if not isinstance(cell, tf.keras.layers.LSTMCell):
             raise TypeError(f"Rank1LSTM needs a Keras LSTMCell or edward2 LSTMCellRank1, got {type(cell)}")
         if cell.dropout or cell.recurrent_dropout:
@@ -102,7 +97,6 @@ class Rank1LSTM(tf.keras.layers.Layer):
         self.cell = cell
         self.return_sequences = return_sequences
         self.return_state = return_state
-        self.input_projection = input_projection
         self.supports_masking = True
 
     @property
@@ -216,18 +210,10 @@ class Rank1LSTM(tf.keras.layers.Layer):
             if const is not None:
                 proj = proj + const
             return self._fused_recurrence(proj, mask, tf.cast(recurrent_kernel, low), rec_in, rec_out)
-        if self.input_projection == "all_steps":
-            # One [T*B, d] x [d, 4u] matmul for the whole sequence.
-            proj = _project_steps(x, kernel)
-            if in_scale is not None:
-                proj = proj * in_scale
-            if const is not None:
-                proj = proj + const
-            return self._recurrence(proj, None, None, None, mask, recurrent_kernel, rec_in, rec_out)
         return self._recurrence(x, kernel, in_scale, const, mask, recurrent_kernel, rec_in, rec_out)
 
     def _recurrence(self, seq, kernel, in_scale, const, mask, recurrent_kernel, rec_in, rec_out):
-        """The LSTM loop over time-major seq [T, B, .]: inputs (kernel given) or pre-activations."""
+        """The float32 LSTM loop over time-major inputs seq [T, B, d]."""
         cell = self.cell
         steps, batch = tf.shape(seq)[0], tf.shape(seq)[1]
         act, rec_act = cell.activation, cell.recurrent_activation
@@ -235,13 +221,11 @@ class Rank1LSTM(tf.keras.layers.Layer):
         keep_outputs = self.return_sequences
 
         def body(t, h, c, out_ta):
-            z = seq_ta.read(t)
-            if kernel is not None:  # per-step input projection
-                z = _matmul(z, kernel)
-                if in_scale is not None:
-                    z = z * in_scale
-                if const is not None:
-                    z = z + const
+            z = _matmul(seq_ta.read(t), kernel)
+            if in_scale is not None:
+                z = z * in_scale
+            if const is not None:
+                z = z + const
             rec = _matmul(h * rec_in if rec_in is not None else h, recurrent_kernel)
             if rec_out is not None:
                 rec = rec * rec_out
