@@ -202,14 +202,13 @@ class Rank1LSTM(tf.keras.layers.Layer):
                 in_scale, rec_in, rec_out = p["gamma"], p["recurrent_alpha"], p["recurrent_gamma"]
         if reduced:
             # Inference only: the input projection for all steps in one matmul (cheap in
-            # bfloat16), then the fused-step recurrence.
+            # bfloat16), then the fused-step recurrence. The projection stays bfloat16: its
+            # cast, factor and bias are applied inside each fused step, not as whole passes
+            # over the [T, B, 4u] tensor.
             low = tf.as_dtype(matmul_dtype)
-            proj = tf.cast(_project_steps(tf.cast(x, low), tf.cast(kernel, low)), x.dtype)
-            if in_scale is not None:
-                proj = proj * in_scale
-            if const is not None:
-                proj = proj + const
-            return self._fused_recurrence(proj, mask, tf.cast(recurrent_kernel, low), rec_in, rec_out)
+            proj = _project_steps(tf.cast(x, low), tf.cast(kernel, low))
+            return self._fused_recurrence(proj, mask, tf.cast(recurrent_kernel, low), in_scale, const, rec_in,
+                                          rec_out, x.dtype)
         return self._recurrence(x, kernel, in_scale, const, mask, recurrent_kernel, rec_in, rec_out)
 
     def _recurrence(self, seq, kernel, in_scale, const, mask, recurrent_kernel, rec_in, rec_out):
@@ -250,7 +249,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
             maximum_iterations=steps, parallel_iterations=32)
         return self._loop_result(out_ta, h, c)
 
-    def _loop_arrays(self, seq, mask):
+    def _loop_arrays(self, seq, mask, out_dtype=None):
         """TensorArrays the loops read (seq, mask) and write (outputs; a dummy scalar without them)."""
         steps = tf.shape(seq)[0]
         # TensorArrays rather than seq[t]: slicing a captured tensor inside a while loop
@@ -259,7 +258,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
         mask_ta = None
         if mask is not None:
             mask_ta = tf.TensorArray(tf.bool, size=steps).unstack(tf.transpose(tf.cast(mask, tf.bool))[:, :, None])
-        out_ta = tf.TensorArray(seq.dtype, size=steps) if self.return_sequences else tf.constant(0)
+        out_ta = tf.TensorArray(out_dtype or seq.dtype, size=steps) if self.return_sequences else tf.constant(0)
         return seq_ta, mask_ta, out_ta
 
     def _loop_result(self, out_ta, h, c):
@@ -277,8 +276,12 @@ class Rank1LSTM(tf.keras.layers.Layer):
         if fn is None:
             act, rec_act = self.cell.activation, self.cell.recurrent_activation
 
-            def step(rec, z_in, h, c, rec_in, rec_out, valid):
-                rec = tf.cast(rec, z_in.dtype)
+            def step(rec, z_in, h, c, in_scale, const, rec_in, rec_out, valid):
+                z_in, rec = tf.cast(z_in, h.dtype), tf.cast(rec, h.dtype)
+                if in_scale is not None:
+                    z_in = z_in * in_scale
+                if const is not None:
+                    z_in = z_in + const
                 z_i, z_f, z_c, z_o = tf.split(z_in + (rec * rec_out if rec_out is not None else rec), 4, axis=-1)
                 c_new = rec_act(z_f) * c + rec_act(z_i) * act(z_c)
                 h_new = rec_act(z_o) * act(c_new)
@@ -294,21 +297,22 @@ class Rank1LSTM(tf.keras.layers.Layer):
             fn = cache[low.name] = tf.function(step, jit_compile=True, autograph=False)
         return fn
 
-    def _fused_recurrence(self, proj, mask, recurrent_kernel, rec_in, rec_out):
-        """Inference recurrence over pre-activations proj [T, B, 4u] with low-precision matmuls."""
+    def _fused_recurrence(self, proj, mask, recurrent_kernel, in_scale, const, rec_in, rec_out, dtype):
+        """Inference recurrence over low-precision input projections proj [T, B, 4u]; state and outputs in dtype."""
         step_fn = self._fused_step_fn(recurrent_kernel.dtype)
         steps, batch = tf.shape(proj)[0], tf.shape(proj)[1]
-        proj_ta, mask_ta, out_ta = self._loop_arrays(proj, mask)
+        proj_ta, mask_ta, out_ta = self._loop_arrays(proj, mask, dtype)
         keep_outputs = self.return_sequences
 
         def body(t, h, c, nxt, out_ta):
             valid = mask_ta.read(t) if mask_ta is not None else None
-            h, c, out, nxt = step_fn(_matmul(nxt, recurrent_kernel), proj_ta.read(t), h, c, rec_in, rec_out, valid)
+            h, c, out, nxt = step_fn(_matmul(nxt, recurrent_kernel), proj_ta.read(t), h, c, in_scale, const, rec_in,
+                                     rec_out, valid)
             if keep_outputs:
                 out_ta = out_ta.write(t, out)
             return t + 1, h, c, nxt, out_ta
 
-        zeros = tf.zeros([batch, self.cell.units], proj.dtype)
+        zeros = tf.zeros([batch, self.cell.units], dtype)
         _, h, c, _, out_ta = tf.while_loop(
             lambda t, *_: t < steps, body,
             (tf.constant(0), zeros, zeros, tf.zeros([batch, self.cell.units], recurrent_kernel.dtype), out_ta),
