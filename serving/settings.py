@@ -77,6 +77,10 @@ class Settings(BaseModel):
     precision: Literal["float32", "bfloat16"] = Field(
         "float32", description="LSTM matmul operands: float32 (exact, equals ehr-eval) or bfloat16 (faster on "
                                "CPUs with bfloat16 units; probabilities within the documented tolerance).")
+    inter_op_threads: int = Field(
+        1, ge=0, description="TensorFlow inter-op threads (0: TensorFlow's default, one per core). The model runs "
+                             "one pass at a time, and its LSTM loop is a chain of small ops: one thread runs them "
+                             "without a thread hand-off per op (docs/benchmarks.md, serving).")
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
