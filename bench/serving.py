@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inter-op-threads", type=int, default=_serve_default("inter_op_threads"),
                    help="TensorFlow inter-op threads of the server and of the in-process timings (ehr-serve's "
                         "default; 0 = TensorFlow's)")
-    p.add_argument("--compare-inter-op-threads", type=int, nargs="*", default=[0],
+    p.add_argument("--compare-inter-op-threads", type=int, nargs="*", default=[1],
                    help="also time the model pass and the floor with these inter-op thread counts (each in a "
                         "fresh process)")
     p.add_argument("--pass-and-floor-json", default=None, help=argparse.SUPPRESS)  # the child of the comparison

@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the tolerance in docs/serving.md")
     p.add_argument("--inter-op-threads", type=int, default=d["inter_op_threads"],
                    help="TensorFlow inter-op threads (0: TensorFlow's default, one per core); matmuls still use "
-                        "every core (intra-op). One avoids a thread hand-off per op of the LSTM loop")
+                        "every core (intra-op). 1 avoids a thread hand-off per op of the LSTM loop (docs/serving.md)")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the start-up forward pass (/readyz is 'ok' at once)")
     p.add_argument("--open-metrics", action="store_true",
@@ -108,9 +108,10 @@ def settings_from_args(args: argparse.Namespace, env=None) -> Settings:
 
 def set_tf_threads(inter_op_threads: int) -> None:
     """Sets TensorFlow's inter-op thread count (0 keeps its default); call before any TensorFlow op runs."""
-    import tensorflow as tf
+    if inter_op_threads:  # TensorFlow refuses any change once its runtime has started, even to its default
+        import tensorflow as tf
 
-    tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
 
 
 def server_limits(settings: Settings) -> dict:
