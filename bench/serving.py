@@ -237,7 +237,15 @@ def lstm_layer_pass(units: int, input_dim: int, k: int, rows: int, steps: int, r
     for dtype in ("float32", "bfloat16"):
         fn = tf.function(lambda x, dtype=dtype: layer(x, matmul_dtype=dtype))
         out[f"lstm_{dtype}"] = _median_time(lambda: fn(x).numpy(), repeats)
-    kernel = tf.cast(layer.cell.recurrent_kernel, tf.bfloat16)
+    out["bf16_matmul_floor"] = matmul_floor(units, rows, steps, repeats)
+    return out
+
+
+def matmul_floor(units: int, rows: int, steps: int, repeats: int) -> float:
+    """ms of the LSTM's `steps` recurrent matmuls alone in bfloat16: [rows, units] x [units, 4 units] each."""
+    import tensorflow as tf
+
+    kernel = tf.cast(tf.random.normal([units, 4 * units]), tf.bfloat16)
 
     @tf.function
     def floor(h):
@@ -246,8 +254,7 @@ def lstm_layer_pass(units: int, input_dim: int, k: int, rows: int, steps: int, r
         return h
 
     h0 = tf.zeros([rows, units], tf.bfloat16)
-    out["bf16_matmul_floor"] = _median_time(lambda: floor(h0).numpy(), repeats)
-    return out
+    return _median_time(lambda: floor(h0).numpy(), repeats)
 
 
 def flops_and_peak(units: int, input_dim: int, hidden: int, context: int, rows: int, steps: int,
@@ -279,7 +286,9 @@ def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespa
     per_patient_8 = 8000.0 / t["pass_8"]  # patients/s of an 8-patient pass: the batched model's own limit
     by_c = {lv["concurrency"]: lv for lv in levels}
     checks = [(f"model pass ({args.precision}) >= 2.5x faster than edward2's LSTMCellRank1",
-               t["ed2_cell"] / t["pass_1"], 2.5, ">=")]
+               t["ed2_cell"] / t["pass_1"], 2.5, ">="),
+              (f"model pass ({args.precision}) <= 2x the recurrent-matmul floor", t["pass_1"] / t["bf16_matmul_floor"],
+               2.0, "<=")]
     if 1 in by_c:
         checks.append(("request p50 (concurrency 1) <= 1.3x the model pass", by_c[1]["p50"] / t["pass_1"], 1.3, "<="))
     if 32 in by_c:
@@ -302,6 +311,20 @@ def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespa
     for name, value, bound, op in checks:
         met = value >= bound if op == ">=" else value <= bound
         lines.append(f"| {name} | {value:.2f} | {'yes' if met else '**no**'} |")
+    lines += [
+        "",
+        f"TensorFlow inter-op threads, in process as in the server (`ehr-serve --inter-op-threads`): the model "
+        f"pass and the floor below, each setting in its own process on the same export "
+        f"({args.repeats} repeats, median):",
+        "",
+        "| inter-op threads | model pass (ms) | recurrent-matmul floor (ms) | pass / floor |",
+        "|---|---:|---:|---:|",
+    ]
+    for threads, row in sorted(t["by_threads"].items()):
+        label = f"{threads}" + (" (TensorFlow's default: one per core)" if threads == 0 else "")
+        label += " - this run" if threads == args.inter_op_threads else ""
+        lines.append(f"| {label} | {row['pass_1']:.1f} | {row['bf16_matmul_floor']:.1f} | "
+                     f"{row['pass_1'] / row['bf16_matmul_floor']:.2f} |")
     lines += [
         "",
         "| model work (in process, median ms) | ms | note |",
@@ -354,6 +377,53 @@ def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespa
     return "\n".join(lines)
 
 
+def _serve_default(name: str):
+    """A default of ehr-serve's Settings (one source of truth for the server's flags)."""
+    from serving.settings import Settings
+
+    return Settings.model_fields[name].default
+
+
+def pass_and_floor(model_dir: pathlib.Path, bodies: list[dict], args: argparse.Namespace) -> dict:
+    """In-process ms of the 1-patient model pass and the bfloat16 recurrent-matmul floor (same sizes)."""
+    from serving.encoding import encode
+    from serving.predictor import Predictor
+    from serving.schemas import PredictRequest
+
+    predictor = Predictor.load(model_dir, args.precision)
+    one = encode(PredictRequest.model_validate(bodies[0]), predictor.export).example
+    card_model = predictor.export.card_raw.get("config", {}).get("model", {})
+    units = int(card_model.get("rnn_dim", 8))
+    rows = args.num_samples * predictor.export.ensemble_size
+    out = {"pass_1": _median_time(lambda: predictor.forward([one], args.num_samples, 1), args.repeats)}
+    import tensorflow as tf
+
+    from ehr_pipeline import spec
+
+    steps = int(spec.parse_sequence_examples(tf.constant([one]))[spec.BAG_OFFSET].row_lengths()[0])
+    out["bf16_matmul_floor"] = matmul_floor(units, rows, steps, args.repeats)
+    return out
+
+
+def threads_comparison(model_dir: pathlib.Path, args: argparse.Namespace) -> dict[int, dict]:
+    """pass_and_floor per --compare-inter-op-threads value, each in a fresh process (the count is fixed at start)."""
+    import json
+    import subprocess
+
+    out = {}
+    for threads in args.compare_inter_op_threads:
+        if threads == args.inter_op_threads:
+            continue
+        with tempfile.TemporaryDirectory(prefix="ehr-bench-threads-") as tmp:
+            path = pathlib.Path(tmp) / "timings.json"
+            subprocess.run([sys.executable, __file__, "--model", str(model_dir), "--inter-op-threads", str(threads),
+                            "--num-samples", str(args.num_samples), "--events", str(args.events),
+                            "--precision", args.precision, "--repeats", str(args.repeats),
+                            "--pass-and-floor-json", str(path)], check=True, cwd=ROOT)
+            out[threads] = json.loads(path.read_text())
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Flags of the serving benchmark; every default is shown by --help."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -371,6 +441,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", default="bfloat16", choices=["float32", "bfloat16"],
                    help="server --precision (the float32 pass is timed beside it either way)")
     p.add_argument("--repeats", type=int, default=5, help="repetitions of each in-process timing")
+    p.add_argument("--inter-op-threads", type=int, default=_serve_default("inter_op_threads"),
+                   help="TensorFlow inter-op threads of the server and of the in-process timings (ehr-serve's "
+                        "default; 0 = TensorFlow's)")
+    p.add_argument("--compare-inter-op-threads", type=int, nargs="*", default=[1],
+                   help="also time the model pass and the floor with these inter-op thread counts (each in a "
+                        "fresh process)")
+    p.add_argument("--pass-and-floor-json", default=None, help=argparse.SUPPRESS)  # the child of the comparison
     p.add_argument("--no-write", action="store_true", help="print the markdown instead of writing docs/benchmarks.md")
     return p
 
@@ -380,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.load_at_start = os.getloadavg()[0]
     args.cmdline = "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv) if a != "--no-write")
+    from serving.cli import set_tf_threads
+
+    set_tf_threads(args.inter_op_threads)  # before any TensorFlow op, as ehr-serve does
     from model.export import read_export
     from serving.testing import ServerProcess, write_tiny_model_export
 
@@ -398,8 +478,14 @@ def main(argv: list[str] | None = None) -> int:
                  "checksum": export.checksum, "note": note}
         rng = np.random.default_rng(0)
         bodies = [make_request(rng, args.events, export.pipeline.trigger_offset_seconds) for _ in range(64)]
+        if args.pass_and_floor_json:
+            import json
+
+            pathlib.Path(args.pass_and_floor_json).write_text(json.dumps(pass_and_floor(model_dir, bodies, args)))
+            return 0
         server = ServerProcess(["--model", str(model_dir), "--max-batch", str(args.max_batch),
                                 "--max-wait-ms", str(args.max_wait_ms), "--precision", args.precision,
+                                "--inter-op-threads", str(args.inter_op_threads),
                                 "--log-level", "warning"],
                                env={"EHR_API_KEYS": API_KEY}, log_path=pathlib.Path(tmp) / "server.log", cwd=ROOT,
                                startup_timeout_s=300)
@@ -430,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         timings.update(lstm_layer_pass(units, input_dim, export.ensemble_size, rows, steps, args.repeats))
         timings.update(flops_and_peak(units, input_dim, int(card_model.get("hidden_layer_dim", 8)), CONTEXT_DIM,
                                       rows, steps, args.repeats))
+        timings["by_threads"] = {args.inter_op_threads: {k: timings[k] for k in ("pass_1", "bf16_matmul_floor")},
+                                 **threads_comparison(model_dir, args)}
         print(f"model pass {timings['pass_1']:.1f} ms, edward2 cell {timings['ed2_cell']:.1f} ms", flush=True)
     markdown = to_markdown(model, levels, timings, args)
     if args.no_write:

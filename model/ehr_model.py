@@ -31,6 +31,7 @@ from model.config import ModelConfig
 from model.embeddings import EmbeddingConfig, StochasticEmbedding
 from model.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
 from model.noise import Noise, call_sampling
+from model.rank1_lstm import Rank1LSTM
 
 
 class EHRModel(tf.keras.Model):
@@ -52,12 +53,17 @@ class EHRModel(tf.keras.Model):
         # A deterministic, shared scorer like the token projection: one learned query.
         self.attention = (tf.keras.layers.Dense(config.attention_heads, use_bias=False, name="attention_query")
                           if config.pooling == "attention" else None)
-        if rank1.samples_weights(posterior):
-            # The fast Rank1LSTM reads cell.kernel as a fixed matrix; Flipout cells resample
-            # their weights and signs in get_initial_state, which only keras' RNN calls.
-            self.lstm = tf.keras.layers.RNN(rank1.lstm_cell(config.rnn_dim, posterior, name="lstm_cell"), name="lstm")
-        else:
-            self.lstm = rank1.lstm(config.rnn_dim, posterior, name="lstm")
+        cell = rank1.lstm_cell(config.rnn_dim, posterior, name="lstm_cell")
+        # Two loops over one cell (same variables, priors and KL; checkpoints see "lstm/cell"):
+        # training runs keras' RNN, which at the configured sizes is no slower than our loop
+        # (docs/model_layers.md); inference runs Rank1LSTM, which is faster there and has the
+        # bfloat16 path. Flipout cells resample their weights in get_initial_state, which only
+        # keras' RNN calls, and Bella's cell would rebuild its adapted kernels every step in it.
+        self.lstm = tf.keras.layers.RNN(cell, name="lstm")
+        # Same layer name: whichever loop builds the cell first, its variables are "lstm/lstm_cell/..."
+        # (Bella maps a deterministic base's weights by name).
+        self.fast_lstm = None if rank1.samples_weights(posterior) else Rank1LSTM(cell, name="lstm")
+        self.train_with_fast_lstm = config.method == "bella"
         self.hidden = rank1.dense(config.hidden_layer_dim, posterior, activation="relu", name="hidden")
         self.output_layer = rank1.dense(1, posterior, name="logit")
 
@@ -66,8 +72,10 @@ class EHRModel(tf.keras.Model):
         ids = tf.RaggedTensor.from_nested_row_lengths(tf.zeros([1], tf.int64), [[1], [1]])
         vals = tf.RaggedTensor.from_nested_row_lengths(tf.zeros([1, NUM_VALUE_FEATURES]), [[1], [1]])
         bags = tf.RaggedTensor.from_row_lengths(tf.zeros([1, NUM_BAG_FEATURES]), [1])
-        self({"code_ids": ids, "code_values": vals, "bag_features": bags, "num_bags": tf.ones([1], tf.int32),
-              "context": tf.zeros([1, CONTEXT_DIM])}, num_samples=1, training=False)
+        features = {"code_ids": ids, "code_values": vals, "bag_features": bags, "num_bags": tf.ones([1], tf.int32),
+                    "context": tf.zeros([1, CONTEXT_DIM])}
+        self(features, num_samples=1, training=True)
+        self(features, num_samples=1, training=False)
 
     def call(self, features: Mapping[str, Any], num_samples: int | tf.Tensor = 1, training=None,
              matmul_dtype: str | None = None, noise: Noise | None = None) -> tf.Tensor:
@@ -78,7 +86,8 @@ class EHRModel(tf.keras.Model):
         noise: every layer draws from this explicit source (model.noise, one key per admission)
         instead of TensorFlow's stateful random ops; None: stateful draws (training).
         """
-        del training  # every method samples its posterior in training and evaluation alike
+        # Every method samples its posterior in training and evaluation alike; `training` only
+        # picks which of the two equivalent LSTM loops runs.
         ids = features["code_ids"]  # ragged [N, (T), (C)]
         num_bags = tf.cast(features["num_bags"], tf.int32)
         n = tf.shape(num_bags)[0]
@@ -113,7 +122,7 @@ class EHRModel(tf.keras.Model):
         x = tf.tile(seq, [k, 1, 1])
         lengths = tf.tile(num_bags, [s * k])
         # Rows from here on: K*S blocks of the N admissions, one row each (the noise's default layout).
-        if isinstance(self.lstm, tf.keras.layers.RNN):
+        if self.fast_lstm is None or (training and not self.train_with_fast_lstm):
             mask = tf.sequence_mask(lengths, tf.shape(x)[1])
             if noise is None:
                 h = self.lstm(x, mask=mask)
@@ -125,7 +134,7 @@ class EHRModel(tf.keras.Model):
                 h = self.lstm(x, mask=mask, initial_state=[zeros, zeros],
                               constants=self.lstm.cell.explicit_draws(noise, rows, x.dtype))
         else:
-            h = self.lstm(x, lengths=lengths, matmul_dtype=matmul_dtype, noise=noise)
+            h = self.fast_lstm(x, lengths=lengths, matmul_dtype=matmul_dtype, noise=noise)
         context = tf.tile(tf.cast(features["context"], h.dtype), [s * k, 1])
 
         # 5. head.

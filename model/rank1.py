@@ -79,11 +79,10 @@ def lstm_cell(units: int, config: PosteriorConfig, *, name: str | None = None) -
 
 
 def lstm(units: int, config: PosteriorConfig, *, return_sequences: bool = False,
-         return_state: bool = False, input_projection: str = "per_step", name: str | None = None) -> Rank1LSTM:
+         return_state: bool = False, name: str | None = None) -> Rank1LSTM:
     """The fast LSTM layer (model.rank1_lstm) around ``lstm_cell(units, config)``."""
     cell = lstm_cell(units, config, name=f"{name}_cell" if name else None)
-    return Rank1LSTM(cell, return_sequences=return_sequences, return_state=return_state,
-                     input_projection=input_projection, name=name)
+    return Rank1LSTM(cell, return_sequences=return_sequences, return_state=return_state, name=name)
 
 
 # --- losses ---------------------------------------------------------------------------

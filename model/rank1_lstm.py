@@ -5,6 +5,11 @@ The layer does not own parameters: it wraps a cell built by ``model.rank1.lstm_c
 ``tf.keras.layers.RNN(cell)`` computes. Sharing the cell means the trainable variables, the
 priors, the KL in ``losses`` and checkpoints are the reference's by construction.
 
+Where it is used (measured, docs/model_layers.md): the EHR model's inference (evaluation and
+serving, float32 and bfloat16), where it is faster than ``RNN(LSTMCellRank1)``, and Bella's
+training (its cell would rebuild the adapted kernels at every step of keras' RNN). Rank-1
+training runs keras' RNN over the same cell, which is no slower at the configured sizes.
+
 What it adds over ``RNN(LSTMCellRank1)``:
   * Masking by sequence ``lengths`` (or any Keras mask); padded steps keep the state.
   * All factor noise for the batch is one ``tf.random.normal`` (one uniform for Cauchy)
@@ -13,12 +18,6 @@ What it adds over ``RNN(LSTMCellRank1)``:
   * One sample per sequence, constant over time, so r is applied to the whole input
     sequence in one pass, and additive perturbations fold into a per-sequence constant:
     (h + r) U + s = h U + (r U + s), costing nothing inside the loop.
-  * ``input_projection="all_steps"`` computes ((x * r) W) * s + b for all T steps as one
-    matmul before the loop. On our 2-core CPU it is ~10-20% slower than the per-step
-    projection, for rank-1 and deterministic cells alike (the 4u-wide [T, B, 4u] tensor and
-    its gradient leave the cache and are copied through TensorArrays, which costs more than
-    the per-step factor multiplies it saves), so "per_step" is the default; "all_steps" is the usual choice on
-    accelerators, where many small matmuls are the bottleneck (not measured here).
   * A bare ``tf.while_loop`` over TensorArrays with a static trip count: XLA compiles it.
   * Inference in reduced precision (``call(..., matmul_dtype="bfloat16")``, used by the
     service's fast signature, never in training): both matmuls take bfloat16 operands
@@ -37,8 +36,6 @@ from model.noise import Noise, posterior_loc_scale, standard_draw
 
 # The cell's rank-1 factors, in the order they are concatenated for batched sampling.
 SITES = ("alpha", "gamma", "recurrent_alpha", "recurrent_gamma")
-# "all_steps": one [T*B, d] x [d, 4u] matmul before the loop; "per_step": [B, d] x [d, 4u] inside it.
-INPUT_PROJECTIONS = ("per_step", "all_steps")
 # Operand dtypes of the reduced-precision inference path (float32 = the exact path).
 MATMUL_DTYPES = ("float32", "bfloat16")
 
@@ -77,10 +74,8 @@ class Rank1LSTM(tf.keras.layers.Layer):
     """Runs an LSTM cell over [batch*K, T, d] inputs; padded steps are skipped via a mask."""
 
     def __init__(self, cell: tf.keras.layers.LSTMCell, *, return_sequences: bool = False,
-                 return_state: bool = False, input_projection: str = "per_step", **kwargs):
+                 return_state: bool = False, **kwargs):
         super().__init__(**kwargs)
-        if input_projection not in INPUT_PROJECTIONS:
-            raise ValueError(f"input_projection={input_projection!r}: expected one of {INPUT_PROJECTIONS}")
         if not isinstance(cell, tf.keras.layers.LSTMCell):
             raise TypeError(f"Rank1LSTM needs a Keras LSTMCell or edward2 LSTMCellRank1, got {type(cell)}")
         if cell.dropout or cell.recurrent_dropout:
@@ -89,7 +84,6 @@ class Rank1LSTM(tf.keras.layers.Layer):
         self.cell = cell
         self.return_sequences = return_sequences
         self.return_state = return_state
-        self.input_projection = input_projection
         self.supports_masking = True
 
     @property
@@ -201,26 +195,17 @@ class Rank1LSTM(tf.keras.layers.Layer):
                 in_scale, rec_in, rec_out = p["gamma"], p["recurrent_alpha"], p["recurrent_gamma"]
         if reduced:
             # Inference only: the input projection for all steps in one matmul (cheap in
-            # bfloat16), then the fused-step recurrence.
+            # bfloat16), then the fused-step recurrence. The projection stays bfloat16: its
+            # cast, factor and bias are applied inside each fused step, not as whole passes
+            # over the [T, B, 4u] tensor.
             low = tf.as_dtype(matmul_dtype)
-            proj = tf.cast(_project_steps(tf.cast(x, low), tf.cast(kernel, low)), x.dtype)
-            if in_scale is not None:
-                proj = proj * in_scale
-            if const is not None:
-                proj = proj + const
-            return self._fused_recurrence(proj, mask, tf.cast(recurrent_kernel, low), rec_in, rec_out)
-        if self.input_projection == "all_steps":
-            # One [T*B, d] x [d, 4u] matmul for the whole sequence.
-            proj = _project_steps(x, kernel)
-            if in_scale is not None:
-                proj = proj * in_scale
-            if const is not None:
-                proj = proj + const
-            return self._recurrence(proj, None, None, None, mask, recurrent_kernel, rec_in, rec_out)
+            proj = _project_steps(tf.cast(x, low), tf.cast(kernel, low))
+            return self._fused_recurrence(proj, mask, tf.cast(recurrent_kernel, low), in_scale, const, rec_in,
+                                          rec_out, x.dtype)
         return self._recurrence(x, kernel, in_scale, const, mask, recurrent_kernel, rec_in, rec_out)
 
     def _recurrence(self, seq, kernel, in_scale, const, mask, recurrent_kernel, rec_in, rec_out):
-        """The LSTM loop over time-major seq [T, B, .]: inputs (kernel given) or pre-activations."""
+        """The float32 LSTM loop over time-major inputs seq [T, B, d]."""
         cell = self.cell
         steps, batch = tf.shape(seq)[0], tf.shape(seq)[1]
         act, rec_act = cell.activation, cell.recurrent_activation
@@ -228,13 +213,11 @@ class Rank1LSTM(tf.keras.layers.Layer):
         keep_outputs = self.return_sequences
 
         def body(t, h, c, out_ta):
-            z = seq_ta.read(t)
-            if kernel is not None:  # per-step input projection
-                z = _matmul(z, kernel)
-                if in_scale is not None:
-                    z = z * in_scale
-                if const is not None:
-                    z = z + const
+            z = _matmul(seq_ta.read(t), kernel)
+            if in_scale is not None:
+                z = z * in_scale
+            if const is not None:
+                z = z + const
             rec = _matmul(h * rec_in if rec_in is not None else h, recurrent_kernel)
             if rec_out is not None:
                 rec = rec * rec_out
@@ -259,7 +242,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
             maximum_iterations=steps, parallel_iterations=32)
         return self._loop_result(out_ta, h, c)
 
-    def _loop_arrays(self, seq, mask):
+    def _loop_arrays(self, seq, mask, out_dtype=None):
         """TensorArrays the loops read (seq, mask) and write (outputs; a dummy scalar without them)."""
         steps = tf.shape(seq)[0]
         # TensorArrays rather than seq[t]: slicing a captured tensor inside a while loop
@@ -268,7 +251,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
         mask_ta = None
         if mask is not None:
             mask_ta = tf.TensorArray(tf.bool, size=steps).unstack(tf.transpose(tf.cast(mask, tf.bool))[:, :, None])
-        out_ta = tf.TensorArray(seq.dtype, size=steps) if self.return_sequences else tf.constant(0)
+        out_ta = tf.TensorArray(out_dtype or seq.dtype, size=steps) if self.return_sequences else tf.constant(0)
         return seq_ta, mask_ta, out_ta
 
     def _loop_result(self, out_ta, h, c):
@@ -286,8 +269,12 @@ class Rank1LSTM(tf.keras.layers.Layer):
         if fn is None:
             act, rec_act = self.cell.activation, self.cell.recurrent_activation
 
-            def step(rec, z_in, h, c, rec_in, rec_out, valid):
-                rec = tf.cast(rec, z_in.dtype)
+            def step(rec, z_in, h, c, in_scale, const, rec_in, rec_out, valid):
+                z_in, rec = tf.cast(z_in, h.dtype), tf.cast(rec, h.dtype)
+                if in_scale is not None:
+                    z_in = z_in * in_scale
+                if const is not None:
+                    z_in = z_in + const
                 z_i, z_f, z_c, z_o = tf.split(z_in + (rec * rec_out if rec_out is not None else rec), 4, axis=-1)
                 c_new = rec_act(z_f) * c + rec_act(z_i) * act(z_c)
                 h_new = rec_act(z_o) * act(c_new)
@@ -303,21 +290,22 @@ class Rank1LSTM(tf.keras.layers.Layer):
             fn = cache[low.name] = tf.function(step, jit_compile=True, autograph=False)
         return fn
 
-    def _fused_recurrence(self, proj, mask, recurrent_kernel, rec_in, rec_out):
-        """Inference recurrence over pre-activations proj [T, B, 4u] with low-precision matmuls."""
+    def _fused_recurrence(self, proj, mask, recurrent_kernel, in_scale, const, rec_in, rec_out, dtype):
+        """Inference recurrence over low-precision input projections proj [T, B, 4u]; state and outputs in dtype."""
         step_fn = self._fused_step_fn(recurrent_kernel.dtype)
         steps, batch = tf.shape(proj)[0], tf.shape(proj)[1]
-        proj_ta, mask_ta, out_ta = self._loop_arrays(proj, mask)
+        proj_ta, mask_ta, out_ta = self._loop_arrays(proj, mask, dtype)
         keep_outputs = self.return_sequences
 
         def body(t, h, c, nxt, out_ta):
             valid = mask_ta.read(t) if mask_ta is not None else None
-            h, c, out, nxt = step_fn(_matmul(nxt, recurrent_kernel), proj_ta.read(t), h, c, rec_in, rec_out, valid)
+            h, c, out, nxt = step_fn(_matmul(nxt, recurrent_kernel), proj_ta.read(t), h, c, in_scale, const, rec_in,
+                                     rec_out, valid)
             if keep_outputs:
                 out_ta = out_ta.write(t, out)
             return t + 1, h, c, nxt, out_ta
 
-        zeros = tf.zeros([batch, self.cell.units], proj.dtype)
+        zeros = tf.zeros([batch, self.cell.units], dtype)
         _, h, c, _, out_ta = tf.while_loop(
             lambda t, *_: t < steps, body,
             (tf.constant(0), zeros, zeros, tf.zeros([batch, self.cell.units], recurrent_kernel.dtype), out_ta),

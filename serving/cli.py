@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="operands of the LSTM's matmuls: float32 is exact (equals ehr-eval for a seed); "
                         "bfloat16 is faster on CPUs with bfloat16 units and moves probabilities by at most "
                         "the tolerance in docs/serving.md")
+    p.add_argument("--inter-op-threads", type=int, default=d["inter_op_threads"],
+                   help="TensorFlow inter-op threads (0: TensorFlow's default, one per core); matmuls still use "
+                        "every core (intra-op). 1 avoids a thread hand-off per op of the LSTM loop (docs/serving.md)")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the start-up forward pass (/readyz is 'ok' at once)")
     p.add_argument("--open-metrics", action="store_true",
@@ -99,7 +102,16 @@ def settings_from_args(args: argparse.Namespace, env=None) -> Settings:
         body_timeout_s=args.body_timeout_s,
         max_connections=args.max_connections,
         shutdown_timeout_s=args.shutdown_timeout_s,
+        inter_op_threads=args.inter_op_threads,
     )
+
+
+def set_tf_threads(inter_op_threads: int) -> None:
+    """Sets TensorFlow's inter-op thread count (0 keeps its default); call before any TensorFlow op runs."""
+    if inter_op_threads:  # TensorFlow refuses any change once its runtime has started, even to its default
+        import tensorflow as tf
+
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
 
 
 def server_limits(settings: Settings) -> dict:
@@ -124,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from serving.predictor import ModelDirError, ServedModel  # after the cheap checks: loading imports TensorFlow
 
+    set_tf_threads(settings.inter_op_threads)
     try:
         predictor = ServedModel.load(settings.model_dir, settings.precision)
     except ModelDirError as err:

@@ -79,6 +79,11 @@ class Settings(BaseModel):
     precision: Literal["float32", "bfloat16"] = Field(
         "float32", description="LSTM matmul operands: float32 (exact, equals ehr-eval) or bfloat16 (faster on "
                                "CPUs with bfloat16 units; probabilities within the documented tolerance).")
+    inter_op_threads: int = Field(
+        0, ge=0, description="TensorFlow inter-op threads (0: TensorFlow's default, one per core). The model runs "
+                             "one pass at a time and its LSTM loop is a chain of small ops; 1 runs them without a "
+                             "thread hand-off per op, which helped on a loaded machine and made no difference on a "
+                             "quiet one (docs/serving.md).")
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -109,6 +109,33 @@ def test_an_admission_does_not_see_its_batch_neighbours(data):
     np.testing.assert_allclose(alone, together[:4], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("method", ["deterministic", "batchensemble"])
+def test_training_and_inference_lstm_loops_compute_the_same_network(data, method):
+    # Training runs keras' RNN, inference Rank1LSTM, over one cell: without factor noise
+    # (plain and point-mass members) the two passes must agree exactly, padding included.
+    _, fz, records, _ = data
+    feats = _features(fz, records)
+    model = _model(fz, method)
+    assert model.fast_lstm.cell is model.lstm.cell
+    np.testing.assert_allclose(model(feats, num_samples=2, training=True).numpy(),
+                               model(feats, num_samples=2).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_training_and_inference_lstm_loops_sample_the_same_posterior(data):
+    # With rank-1 noise the two loops draw differently; per admission and member the S
+    # logits must still follow one distribution (means within 5 standard errors, equal spread).
+    _, fz, records, _ = data
+    feats = _features(fz, records)
+    model = _model(fz, "rank1", dropout_rate=0.05)
+    s, k = 400, model.ensemble_size
+    train = model(feats, num_samples=s, training=True).numpy().reshape(len(records), s, k)
+    infer = model(feats, num_samples=s).numpy().reshape(len(records), s, k)
+    error = np.sqrt((train.var(axis=1) + infer.var(axis=1)) / s)
+    assert np.all(np.abs(train.mean(axis=1) - infer.mean(axis=1)) <= 5 * error + 1e-6)
+    assert np.all(train.std(axis=1) > 1e-3)  # the factors really are sampled
+    np.testing.assert_allclose(infer.std(axis=1), train.std(axis=1), rtol=0.25)
+
+
 def test_zero_bag_admissions_are_predicted():
     fz = inputs.Featurizer({"lab": ["lab:1"]}, {})
     record = _example([], [])

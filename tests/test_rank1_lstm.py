@@ -23,10 +23,10 @@ def _reference_samples(cell):
     return {s: getattr(cell, f"{s}_sample") for s in ("alpha", "gamma", "recurrent_alpha", "recurrent_gamma")}
 
 
-def _run_both(config, lengths=None, input_projection="per_step"):
+def _run_both(config, lengths=None):
     cell = rank1.lstm_cell(U, config)
     reference = tf.keras.layers.RNN(cell, return_sequences=True, return_state=True)
-    fast = Rank1LSTM(cell, return_sequences=True, return_state=True, input_projection=input_projection)
+    fast = Rank1LSTM(cell, return_sequences=True, return_state=True)
     x = _inputs()
     mask = None if lengths is None else tf.sequence_mask(lengths, T)
     ref = reference(x, mask=mask)
@@ -35,7 +35,6 @@ def _run_both(config, lengths=None, input_projection="per_step"):
     return cell, reference, fast, ref, ours, noise, x
 
 
-@pytest.mark.parametrize("input_projection", ["per_step", "all_steps"])
 @pytest.mark.parametrize("kwargs", [
     dict(),
     dict(use_additive_perturbation=True),
@@ -43,10 +42,10 @@ def _run_both(config, lengths=None, input_projection="per_step"):
     dict(method="batchensemble"),
     dict(alpha_initializer="trainable_deterministic"),  # mixed point-mass / stochastic sites
 ])
-def test_fast_lstm_equals_edward2_reference_given_same_noise(kwargs, input_projection):
+def test_fast_lstm_equals_edward2_reference_given_same_noise(kwargs):
     kwargs = dict(kwargs)
     config = PosteriorConfig(ensemble_size=K, dropout_rate=kwargs.pop("dropout_rate", 0.05), **kwargs)
-    cell, reference, fast, ref, ours, _, _ = _run_both(config, input_projection=input_projection)
+    cell, reference, fast, ref, ours, _, _ = _run_both(config)
     for a, b in zip(ref, ours):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-5)
     # Shared cell: identical variables and identical KL.
@@ -55,11 +54,9 @@ def test_fast_lstm_equals_edward2_reference_given_same_noise(kwargs, input_proje
         assert float(rank1.kl_loss(fast)) == pytest.approx(float(rank1.kl_loss(reference)), rel=1e-6)
 
 
-@pytest.mark.parametrize("input_projection", ["per_step", "all_steps"])
-def test_fast_lstm_masking_by_sequence_length_matches_masked_reference(input_projection):
+def test_fast_lstm_masking_by_sequence_length_matches_masked_reference():
     lengths = tf.constant([5, 2, 1] * K)
-    _, _, _, ref, ours, _, _ = _run_both(PosteriorConfig(ensemble_size=K), lengths=lengths,
-                                         input_projection=input_projection)
+    _, _, _, ref, ours, _, _ = _run_both(PosteriorConfig(ensemble_size=K), lengths=lengths)
     mask = tf.sequence_mask(lengths, T).numpy()
     # Final states: the state after each sequence's last valid step.
     np.testing.assert_allclose(ours[1].numpy(), ref[1].numpy(), rtol=1e-5, atol=1e-5)
@@ -167,9 +164,8 @@ def test_each_sequence_draws_its_own_sample():
     assert not np.allclose(y[0], y[E])
 
 
-@pytest.mark.parametrize("input_projection", ["per_step", "all_steps"])
-def test_xla_compiled_forward_matches_eager(input_projection):
-    fast = rank1.lstm(U, PosteriorConfig(ensemble_size=K), return_sequences=True, input_projection=input_projection)
+def test_xla_compiled_forward_matches_eager():
+    fast = rank1.lstm(U, PosteriorConfig(ensemble_size=K), return_sequences=True)
     x = _inputs()
     fast.build(x.shape)
     noise = fast.sample_perturbations(K * E)
@@ -180,8 +176,6 @@ def test_xla_compiled_forward_matches_eager(input_projection):
 
 
 def test_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="input_projection"):
-        Rank1LSTM(tf.keras.layers.LSTMCell(4), input_projection="fused")
     with pytest.raises(ValueError, match="dropout"):
         Rank1LSTM(tf.keras.layers.LSTMCell(4, dropout=0.1))
     with pytest.raises(TypeError, match="LSTMCell"):

@@ -89,7 +89,8 @@ def test_cli_help_explains_every_flag_with_default():
     r = run_cli("--help")
     assert r.returncode == 0
     for flag in ("--model", "--host", "--port", "--api-keys-file", "--no-auth", "--max-batch", "--max-wait-ms",
-                 "--max-body-bytes", "--max-events", "--max-patients", "--num-samples", "--max-num-samples"):
+                 "--max-body-bytes", "--max-events", "--max-patients", "--num-samples", "--max-num-samples",
+                 "--inter-op-threads"):
         assert flag in r.stdout
     assert "(default: 127.0.0.1)" in r.stdout and "(default: 8000)" in r.stdout and "(default: 5.0)" in r.stdout
 
