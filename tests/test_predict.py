@@ -34,7 +34,7 @@ def test_graph_is_stateless(setup):
 
 def test_the_graph_parses_each_example_once(setup):
     # The noise keys and the featurizer read the same parsed batch: one parse op per request.
-    predictor, _ = setup
+    predictor = setup[0]
     graph = predictor.module.concrete().graph.as_graph_def()
     nodes = list(graph.node) + [n for fn in graph.library.function for n in fn.node_def]
     assert sum(n.op.startswith("ParseSequenceExample") for n in nodes) == 1
