@@ -387,10 +387,10 @@ def _serve_default(name: str):
 def pass_and_floor(model_dir: pathlib.Path, bodies: list[dict], args: argparse.Namespace) -> dict:
     """In-process ms of the 1-patient model pass and the bfloat16 recurrent-matmul floor (same sizes)."""
     from serving.encoding import encode
-    from serving.predictor import Predictor
+    from serving.predictor import ServedModel
     from serving.schemas import PredictRequest
 
-    predictor = Predictor.load(model_dir, args.precision)
+    predictor = ServedModel.load(model_dir, args.precision)
     one = encode(PredictRequest.model_validate(bodies[0]), predictor.export).example
     card_model = predictor.export.card_raw.get("config", {}).get("model", {})
     units = int(card_model.get("rnn_dim", 8))

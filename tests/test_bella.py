@@ -230,7 +230,7 @@ def test_training_moves_only_the_adapters_and_records_the_base(runs):
 @pytest.mark.slow
 def test_export_serves_what_ehr_eval_reports(runs, tmp_path):
     from model.eval_cli import main as eval_main
-    from serving.predictor import Predictor, summarise
+    from serving.predictor import ServedModel, summarise
 
     out = tmp_path / "eval"
     assert eval_main(["--model", str(runs["export"]), "--data", str(runs["data"]), "--samples", "1", "--seed", "7",
@@ -239,7 +239,7 @@ def test_export_serves_what_ehr_eval_reports(runs, tmp_path):
         rows = list(csv.DictReader(f))
     records, _, hadm_ids = inputs.read_split(inputs.load_data_files(runs["data"]), "test")
     assert [int(r["HADM_ID"]) for r in rows] == [int(h) for h in hadm_ids]
-    served = Predictor.load(runs["export"])
+    served = ServedModel.load(runs["export"])
     probs = served.forward(records, 1, 7)  # [N, K]: one sample per particle
     summary = summarise(probs, served.export, 1)
     np.testing.assert_allclose(summary.probability, [float(r["P_MEAN"]) for r in rows], atol=2e-6)

@@ -20,8 +20,8 @@ import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loa
 from ehr_pipeline import events as ev
 from ehr_pipeline import job, spec
 from ehr_pipeline.config import PipelineConfig
+from model.export import read_export
 from serving.encoding import encode
-from serving.predictor import read_export
 from serving.schemas import PredictRequest
 from serving.testing import write_fixture_export
 from tests.arrow_rows import batch
