@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import httpx
 
-    from serving.testing import ServerProcess
+    from serving.server_process import ServerProcess
 
     subject_id, hadm_id = first_test_admission(pathlib.Path(args.data))
     body = build_request(pathlib.Path(args.mimic_dir), subject_id, hadm_id)

@@ -69,6 +69,6 @@ def trained_rank1(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def fixture_export(tmp_path_factory) -> pathlib.Path:
     """A seeded-noise test export (K = 2, no trained model) for tests of the service itself; read-only."""
-    from serving.testing import write_fixture_export
+    from tests.serving_fixtures import write_fixture_export
 
     return write_fixture_export(tmp_path_factory.mktemp("fixture_export"), ensemble_size=2)

@@ -30,7 +30,7 @@ from serving.app import create_app
 from serving.fhir_answers import EXTENSION
 from serving.predictor import ServedModel
 from serving.settings import make_settings
-from serving.testing import ThreadedServer, write_tiny_model_export
+from tests.serving_fixtures import ThreadedServer, write_tiny_model_export
 from tests.test_serving_api import _mutate  # the /v1 fuzz's mutation: replace, delete or add one node
 
 KEY = "test-key-fhir-0123456789abcdef"

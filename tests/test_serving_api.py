@@ -1,7 +1,7 @@
 """The prediction service over real HTTP: a real uvicorn server on 127.0.0.1, no mocks.
 
 The model is a real export written by model.export_writer around a tiny UNTRAINED rank-1 model
-(serving.testing.write_tiny_model_export): the real featurizer, architecture, seeded
+(tests/serving_fixtures.write_tiny_model_export): the real featurizer, architecture, seeded
 stateless sampling and SavedModel, with meaningless random weights.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from model import metrics as model_metrics
 from serving.app import create_app
 from serving.predictor import ServedModel
 from serving.settings import make_settings
-from serving.testing import TINY_MODEL_NAME, ThreadedServer, write_tiny_model_export
+from tests.serving_fixtures import TINY_MODEL_NAME, ThreadedServer, write_tiny_model_export
 
 KEY = "test-key-serving-0123456789"
 OTHER_KEY = "second-key-serving-abcdefghij"

@@ -11,7 +11,8 @@ from ehr_pipeline import outputs, spec, tfrecord
 from ehr_pipeline.config import PipelineConfig
 from ehr_pipeline.job import run_job
 from serving.demo import build_request, first_test_admission
-from serving.testing import ServerProcess, write_tiny_model_export
+from serving.server_process import ServerProcess
+from tests.serving_fixtures import write_tiny_model_export
 
 
 @pytest.fixture(scope="module")

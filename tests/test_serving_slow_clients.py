@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from serving.testing import ServerProcess
+from serving.server_process import ServerProcess
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 KEY = "slow-clients-key-0123456789abcdef"

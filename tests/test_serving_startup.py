@@ -19,7 +19,8 @@ from serving.auth import key_matches
 from serving.app import create_app
 from serving.predictor import ModelDirError, ServedModel
 from serving.settings import SettingsError, is_loopback, load_api_keys, make_settings
-from serving.testing import ServerProcess, ThreadedServer, write_fixture_export, write_manifest
+from serving.server_process import ServerProcess
+from tests.serving_fixtures import ThreadedServer, write_fixture_export, write_manifest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 KEY = "startup-key-0123456789abcdef"

@@ -23,7 +23,7 @@ from ehr_pipeline.config import PipelineConfig
 from model.export import read_export
 from serving.encoding import encode
 from serving.schemas import PredictRequest
-from serving.testing import write_fixture_export
+from tests.serving_fixtures import write_fixture_export
 from tests.arrow_rows import batch
 
 DAY = 86400
