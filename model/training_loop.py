@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import pathlib
-import random
 import time
 from typing import Any, Callable, Protocol
 
@@ -70,10 +69,10 @@ def start_run(out_dir: str | os.PathLike[str], config: ExperimentBase, seed: int
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     check_run_folder(out, config)
-    # Entry point of a run: initialisation is reproducible. Python's generator too: tf-keras
-    # initialisers without a seed draw theirs from it, not from TensorFlow's global seed.
-    random.seed(seed)
-    tf.random.set_seed(seed)
+    # Entry point of a run: initialisation is reproducible. tf-keras initialisers without a seed
+    # draw theirs from Python's generator, or, once anything in the process has called
+    # set_random_seed, from tf-keras' own (thread-local) generator: this seeds both, numpy and TF.
+    tf.keras.utils.set_random_seed(seed)
     return out
 
 
