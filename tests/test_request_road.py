@@ -1,0 +1,80 @@
+"""The road one lab event takes from a REST request to its answer, read off a real request.
+
+Every project function that runs while the service answers one /v1/predict request (after a
+warm-up) is recorded with a profiler; the modules they live in are the road. The test pins
+which modules those are, so a new hop, or a second copy of a conversion, shows up here.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import pathlib
+import sys
+import threading
+
+import pytest
+
+from serving.app import create_app
+from serving.predictor import ServedModel
+from serving.settings import make_settings
+from tests.serving_fixtures import write_tiny_model_export
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The modules that convert the request's data, each once: JSON -> validated request (schemas) ->
+# events in seconds (encoding, ages) -> bags (bagging) -> SequenceExample (spec) -> SavedModel call
+# (predictor, predict, export) -> uncertainty summary (metrics) -> response (routes).
+DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/ages.py", "ehr_pipeline/bagging.py",
+                "ehr_pipeline/spec.py", "serving/predictor.py", "model/predict.py", "model/export.py",
+                "model/metrics.py", "serving/routes.py"}
+# Plumbing that never touches the data: middleware, API keys, dependency injection, micro-batching.
+PLUMBING = {"serving/app.py", "serving/auth.py", "serving/dependencies.py", "serving/batching.py"}
+
+
+@pytest.fixture(scope="module")
+def road(tmp_path_factory) -> dict[str, set[str]]:
+    from fastapi.testclient import TestClient
+
+    export = write_tiny_model_export(tmp_path_factory.mktemp("road") / "export")
+    app = create_app(make_settings(model_dir=export, no_auth=True, host="127.0.0.1", warmup=False),
+                     ServedModel.load(export))
+    admit = dt.datetime(2150, 1, 1)
+    request = {"patient": {"gender": "F", "date_of_birth": "2080-05-17"},
+               "admission": {"admit_time": admit.isoformat(), "admission_type": "EMERGENCY"},
+               "events": [{"time": (admit + dt.timedelta(hours=1)).isoformat(), "source": "lab", "code": "50912",
+                           "value": 1.4}]}
+    seen: dict[str, set[str]] = {}
+    recording = threading.Event()
+    project = tuple(str(ROOT / package) for package in ("ehr_pipeline", "model", "serving"))
+
+    def profile(frame, event, arg):
+        if event == "call" and recording.is_set() and frame.f_code.co_filename.startswith(project):
+            module = pathlib.Path(frame.f_code.co_filename).relative_to(ROOT).as_posix()
+            seen.setdefault(module, set()).add(frame.f_code.co_name)
+
+    # Threads too: the route runs in the event loop's thread, the model call in a worker.
+    sys.setprofile(profile)
+    threading.setprofile(profile)
+    try:
+        with TestClient(app) as client:
+            assert client.post("/v1/predict", json=request).status_code == 200  # warm-up
+            recording.set()
+            response = client.post("/v1/predict", json=request)
+            recording.clear()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    assert response.status_code == 200
+    return seen
+
+
+def test_a_lab_event_reaches_the_answer_through_the_modules_that_convert_it(road):
+    # Measured: 14 modules, 10 of them touching the data (the issue's target: <= 12 such modules).
+    assert set(road) <= DATA_MODULES | PLUMBING, sorted(set(road) - DATA_MODULES - PLUMBING)
+    assert DATA_MODULES <= set(road), sorted(DATA_MODULES - set(road))
+
+
+def test_the_service_bags_with_the_jobs_bagging_function_and_spec(road):
+    # One source of truth for training and serving: the request is bagged and serialized by the
+    # same functions the Beam job calls.
+    assert "bag_events" in road["ehr_pipeline/bagging.py"]
+    assert "make_sequence_example" in road["ehr_pipeline/spec.py"]
+    assert "predict_probs" in road["model/predict.py"]
