@@ -72,27 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _nll(p: np.ndarray, y: np.ndarray) -> float:
-    p = np.clip(p, 1e-7, 1 - 1e-7)
-    return float(-np.mean(y * np.log(p) + (1 - y) * np.log1p(-p)))
-
-
-def _fit_logistic(x: np.ndarray, y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray):
-    """The baseline's grid, chosen by validation NLL: (fitted pipeline, 'penalty=..,C=..')."""
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    from model.baselines import LOGISTIC_SETTINGS, logistic_regression
-
-    best = None
-    for penalty, c in LOGISTIC_SETTINGS:
-        model = make_pipeline(StandardScaler(), logistic_regression(penalty, c, 0)).fit(x, y)
-        score = _nll(model.predict_proba(val_x)[:, 1], val_y)
-        if best is None or score < best[0]:
-            best = (score, model, f"{penalty},C={c:g}")
-    return best[1], best[2]
-
-
 def run(args: argparse.Namespace) -> list[dict]:
     """Every (size, repeat) fit's test scores against P_DEATH."""
     from sklearn.linear_model import LogisticRegression
@@ -100,7 +79,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     from tqdm.auto import tqdm
 
     from bench.compare_methods import _make_data, _make_release, truth_design
-    from model import baselines
+    from model import baselines, metrics
     from model.evaluate import load_truth
     from model.inputs import load_data_files
 
@@ -115,7 +94,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     rows = {s: np.stack([design[h] for h in feats[s].hadm_ids.tolist()]) for s in feats}
     truth = load_truth(release / "SYNTH_TRUTH.csv", feats["test"].hadm_ids)
     y_test = feats["test"].labels
-    truth_nll = _nll(truth, y_test)
+    truth_nll = float(metrics.nll(truth, y_test))
     n_train = len(feats["train"].labels)
     sizes = sorted({min(n, n_train) for n in args.sizes} | {n_train})
     jobs = [(n, r) for n in sizes for r in range(1 if n == n_train else args.repeats)]
@@ -124,7 +103,9 @@ def run(args: argparse.Namespace) -> list[dict]:
         idx = np.sort(np.random.default_rng(repeat).choice(n_train, n, replace=False))
         y = feats["train"].labels[idx]
         with threadpool_limits(limits=1):
-            model, chosen = _fit_logistic(feats["train"].x[idx], y, feats["validation"].x, feats["validation"].labels)
+            subset = baselines.SplitFeatures(feats["train"].hadm_ids[idx], y, feats["train"].x[idx])
+            model, params, _ = baselines.fit_logistic(subset, feats["validation"], seed=0)
+            chosen = f"{params['penalty']},C={params['C']:g}"
             p_logistic = model.predict_proba(feats["test"].x)[:, 1]
             if n == n_train:
                 whole_split_logistic = p_logistic
@@ -134,7 +115,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         for name, p in (("logistic", p_logistic), ("well_specified_logistic", p_well)):
             results.append({"model": name, "n": n, "repeat": repeat, "chosen": chosen if name == "logistic" else "",
                             "abs_error": float(np.mean(np.abs(p - truth))),
-                            "excess_nll": _nll(p, y_test) - truth_nll,
+                            "excess_nll": float(metrics.nll(p, y_test)) - truth_nll,
                             "coverage_95": float(np.mean((low <= truth) & (truth <= high)))
                             if name == "well_specified_logistic" else float("nan")})
         log.info("n=%d repeat %d: logistic (%s) abs %.4f; well-specified abs %.4f", n, repeat, chosen,
@@ -170,7 +151,8 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
         best_step = json.loads((export.parent / "best.json").read_text())["step"]
         out.append({"model": "rank1_normal", "n": n_train, "repeat": seed, "chosen": "", "p": p, "samples": args.samples,
                     "max_steps": steps, "best_step": best_step,
-                    "abs_error": float(np.mean(np.abs(p - truth))), "excess_nll": _nll(p, y_test) - truth_nll,
+                    "abs_error": float(np.mean(np.abs(p - truth))),
+                    "excess_nll": float(metrics.nll(p, y_test)) - truth_nll,
                     "coverage_95": coverage, "train_seconds": seconds})
     # Paired on the same cases: the seed-averaged LSTM against the logistic fit on the same split.
     mean_p = np.mean([r["p"] for r in out], axis=0)
@@ -208,6 +190,8 @@ def power_law(ns: np.ndarray, errors: np.ndarray) -> tuple[float, float]:
 
 def report(results: list[dict], info: dict, command: str, seconds: float) -> str:
     """Markdown: the curve per size, the fitted power law and the size it predicts for the target."""
+    from bench.compare_methods import _fmt, _mean_sem
+
     lines = [
         "## Learning curve against the known truth",
         "",
@@ -230,19 +214,16 @@ def report(results: list[dict], info: dict, command: str, seconds: float) -> str
         for name in ("logistic", "well_specified_logistic"):
             rows = [r for r in results if r["model"] == name and r["n"] == n]
             for key in ("abs_error", "excess_nll") + (("coverage_95",) if name != "logistic" else ()):
-                vals = np.array([r[key] for r in rows])
-                sem = vals.std(ddof=1) / math.sqrt(vals.size) if vals.size > 1 else float("nan")
-                cells.append(f"{vals.mean():.4f}" + (f" +- {sem:.4f}" if math.isfinite(sem) else ""))
-                means[name, key, n] = vals.mean()
+                mean, sem = _mean_sem(r[key] for r in rows)
+                cells.append(_fmt(mean, sem))
+                means[name, key, n] = mean
             if name == "logistic":
                 cells.append(", ".join(sorted({r["chosen"] for r in rows})))
         lines.append("| " + " | ".join(cells) + " |")
     lstm = [r for r in results if r["model"] == "rank1_normal"]
     if lstm:
         def cell(key: str) -> str:
-            vals = np.array([r[key] for r in lstm])
-            sem = vals.std(ddof=1) / math.sqrt(vals.size) if vals.size > 1 else float("nan")
-            return f"{vals.mean():.4f}" + (f" +- {sem:.4f}" if math.isfinite(sem) else "")
+            return _fmt(*_mean_sem(r[key] for r in lstm))
 
         paired = lstm[0]["paired_vs_logistic"]
         diff = {k: f"{paired[k]['difference']:+.4f} [{paired[k]['lower']:+.4f}, {paired[k]['upper']:+.4f}]"

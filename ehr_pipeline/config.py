@@ -17,7 +17,6 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_pipeline import spec, yaml_config
-from ehr_pipeline.yaml_config import ConfigError  # noqa: F401  (re-exported: callers that hold this module catch it)
 
 # Strict: YAML `1.5` must not quietly become the integer 1, nor `true` the integer 1.
 _StrictInt = Annotated[int, Field(strict=True)]

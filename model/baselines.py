@@ -235,7 +235,7 @@ def read_features(files: DataFiles, split: str, layout: FeatureLayout | None = N
     return SplitFeatures(np.asarray(hadm_ids, np.int64), np.asarray(labels, np.int64), x)
 
 
-def _fit_logistic(train: SplitFeatures, val: SplitFeatures, seed: int):
+def fit_logistic(train: SplitFeatures, val: SplitFeatures, seed: int):
     """Standardised logistic regression; penalty and C by validation NLL. Returns (model, params, scores)."""
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -297,7 +297,7 @@ def fit_baseline(data_dir: str | os.PathLike[str], kind: str, seed: int = 0, *,
     train, val = features["train"], features["validation"]
     if np.unique(train.labels).size < 2:
         raise ValueError(f"{files.data_dir}: the train split has one class only; a baseline cannot be fitted")
-    fit = _fit_logistic if kind == "logistic" else _fit_gbm
+    fit = fit_logistic if kind == "logistic" else _fit_gbm
     # One native thread: on a shared, oversubscribed machine OpenMP's spinning workers turned a
     # 20-s gradient boosting fit into many minutes; these fits are small enough for one core.
     with threadpool_limits(limits=1):

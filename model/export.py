@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_pipeline import config as pipeline_config
 from ehr_pipeline import outputs, spec
+from ehr_pipeline.yaml_config import ConfigError
 from model import metrics as model_metrics
 
 logger = logging.getLogger(__name__)
@@ -229,7 +230,7 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
     pipeline_raw = _read_json(directory, PIPELINE_CONFIG)
     try:
         pipeline = pipeline_config.parse_pipeline_config(pipeline_raw, str(directory / PIPELINE_CONFIG))
-    except pipeline_config.ConfigError as err:
+    except ConfigError as err:
         raise ExportError(str(err)) from None
     ranks = _vocabulary(_read_json(directory, outputs.VOCABULARY), directory / outputs.VOCABULARY)
     metrics_raw = _read_json(directory, METRICS)
