@@ -14,7 +14,7 @@ from model import metrics, training_loop
 from model.image import cli
 from model.image import evaluate as evaluation
 from model.image import train as image_train
-from model.image.config import ImageExperimentConfig, TrainConfig, load_config, parse_config
+from model.image.config import ImageExperimentConfig, ImageTrainConfig, load_config, parse_config
 from model.image.data import load_digits_data
 from model.image.models import build_model
 
@@ -105,7 +105,7 @@ def test_fast_weights_are_found_structurally_not_by_name():
 
 
 def test_step_plan_and_schedule():
-    tc = TrainConfig(batch_size=10, epochs=3, learning_rate=0.4, lr_warmup_epochs=1, lr_decay_epochs=(2,),
+    tc = ImageTrainConfig(batch_size=10, epochs=3, learning_rate=0.4, lr_warmup_epochs=1, lr_decay_epochs=(2,),
                      lr_decay_ratio=0.2, kl_annealing_epochs=2)
     plan = image_train.plan_steps(tc, num_train=105)
     assert (plan.steps_per_epoch, plan.max_steps, plan.warmup_steps, plan.decay_steps,

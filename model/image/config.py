@@ -151,7 +151,7 @@ class ImageModelConfig(_Model):
         return self.posterior.method in ("rank1", *WEIGHT_POSTERIOR_METHODS) or self.mc_dropout_rate > 0
 
 
-class TrainConfig(_Model):
+class ImageTrainConfig(_Model):
     """Optimisation of one run (the CIFAR configs follow the paper's Table 5)."""
 
     batch_size: _PosInt = Field(64, description="B examples per step; the model sees B*K rows.")
@@ -188,7 +188,7 @@ class TrainConfig(_Model):
         return value
 
 
-class EvalConfig(_Model):
+class ImageEvalConfig(_Model):
     """Final evaluation settings."""
 
     num_samples: Annotated[int, Field(strict=True, ge=1, le=MAX_SAMPLES)] = Field(
@@ -206,8 +206,8 @@ class ImageExperimentConfig(ExperimentBase):
     name: str = Field("image", min_length=1)
     data: DataConfig = DataConfig()
     model: ImageModelConfig = ImageModelConfig()
-    train: TrainConfig = TrainConfig()
-    eval: EvalConfig = EvalConfig()
+    train: ImageTrainConfig = ImageTrainConfig()
+    eval: ImageEvalConfig = ImageEvalConfig()
 
     @classmethod
     def parse(cls, data: Any, source: str = "<dict>") -> ImageExperimentConfig:

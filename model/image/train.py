@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from model import bella, training_loop
 from model.image import evaluate as evaluation
-from model.image.config import ImageExperimentConfig, TrainConfig, parse_config
+from model.image.config import ImageExperimentConfig, ImageTrainConfig, parse_config
 from model.image.data import ImageData, load_data, train_dataset
 from model.image.models import ImageModel, build_model
 from model.training_loop import CHECKPOINT_DIR, CONFIG_FILE, model_checkpoint
@@ -35,7 +35,7 @@ EVAL_DIR = "eval"
 
 
 @dataclasses.dataclass
-class TrainResult:
+class ImageTrainResult:
     """What a finished run produced."""
 
     out_dir: pathlib.Path
@@ -69,7 +69,7 @@ class WarmupPiecewiseConstant(tf.keras.optimizers.schedules.LearningRateSchedule
                 "ratio": self.ratio}
 
 
-def _optimizer(tc: TrainConfig, schedule) -> tf.keras.optimizers.Optimizer:
+def _optimizer(tc: ImageTrainConfig, schedule) -> tf.keras.optimizers.Optimizer:
     if tc.optimizer == "sgd":
         return tf.keras.optimizers.SGD(schedule, momentum=tc.momentum, nesterov=tc.momentum > 0)
     return tf.keras.optimizers.Adam(schedule)
@@ -86,7 +86,7 @@ class StepPlan:
     decay_steps: list[int]
 
 
-def plan_steps(tc: TrainConfig, num_train: int) -> StepPlan:
+def plan_steps(tc: ImageTrainConfig, num_train: int) -> StepPlan:
     """Steps per epoch (full batches only) and every epoch setting of `tc` in steps."""
     per_epoch = num_train // tc.batch_size
     if per_epoch < 1:
@@ -103,7 +103,7 @@ def plan_steps(tc: TrainConfig, num_train: int) -> StepPlan:
 def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, data: ImageData | None = None,
           data_dir: str | os.PathLike[str] | None = None, progress: bool = True, evaluate: bool = True,
           corrupted: bool = True, base_dir: str | os.PathLike[str] | None = None,
-          devices: str | None = None) -> TrainResult:
+          devices: str | None = None) -> ImageTrainResult:
     """Trains (or resumes) a run on `devices` (model.devices), then evaluates it on clean and corrupted test sets.
 
     base_dir: the trained deterministic run a "bella" run adapts (required for it, refused otherwise).
@@ -153,7 +153,7 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
         loop.best.restore_into(model)  # the best validated weights, when there were validations
         report = evaluation.evaluate_model(model, config, data, corrupted=corrupted, progress=progress)
         evaluation.write_report(out / EVAL_DIR, report)
-    return TrainResult(out, loop.step, loop.history, loop.validation, report, time.time() - started,
+    return ImageTrainResult(out, loop.step, loop.history, loop.validation, report, time.time() - started,
                        loop.best.to_dict())
 
 
