@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ehr_pipeline import yaml_config
 from ehr_pipeline.yaml_config import ConfigError
 from model.export import MAX_SAMPLES
-from model.posterior import PosteriorConfig
+from model.posterior import KERNEL_PENALTY_METHODS, PosteriorConfig
 
 # Strict ints: YAML `1.5` must not quietly become 1, nor `true` the integer 1.
 _Int = Annotated[int, Field(strict=True)]
@@ -80,6 +80,15 @@ class ModelConfig(_Model):
     attention_heads: _PosInt = Field(
         4, description="Learned queries of pooling: attention; each attends to its own tokens (lactate, say) "
                        "and the bag vector is attention_heads x embedding_dim wide.")
+    wide: bool = Field(
+        False, description="Add a linear ('wide') part to the logit on the admission window's per-code aggregates "
+                           "(log counts, min / max / mean / last z-scores, context; model.inputs), under the "
+                           "method's posterior, trained jointly with the LSTM.")
+    wide_window_hours: _PosFloat = Field(48.0, description="wide: the window, hours before the prediction time.")
+    wide_l1: _NonNegFloat = Field(
+        0.0, description="wide: L1 penalty (per example) on the linear part's kernel in place of l2, which selects "
+                         "a few analytes among hundreds of columns; 0 keeps l2. deterministic / rank1 / "
+                         "batchensemble only.")
     ktied_rank: _PosInt = Field(2, description="ktied_normal: rank k of every weight matrix's stddevs U V^T.")
     adapter_rank: _PosInt = Field(4, description="bella: rank r of every adapter W + A_p B_p.")
     particle_update: Literal["ensemble", "svgd"] = Field(
@@ -91,6 +100,9 @@ class ModelConfig(_Model):
             # K copies of one network would just repeat the same prediction K times.
             raise ValueError(f"ensemble_size must be 1 for method {self.method!r} (got {self.ensemble_size}); "
                              "a deep ensemble combines separate deterministic runs at evaluation time")
+        if self.wide_l1 > 0 and FACTORY_METHODS[self.method] not in KERNEL_PENALTY_METHODS:
+            raise ValueError(f"wide_l1 applies to a point-estimated kernel; method {self.method!r} has none "
+                             "(its kernels carry the posterior's own prior)")
         if self.method != "rank1" and self.distribution != "normal":
             raise ValueError(f"distribution={self.distribution!r} only applies to method 'rank1'")
         try:  # the posterior's own rules (e.g. bella's zero prior mean), reported when the file loads

@@ -14,7 +14,10 @@ Forward pass for N admissions, S samples and K members (docs/model.md has the pi
   4. the [S*N, bags, d] sequence is tiled K times (row block k = member k, as every
      rank-1 layer expects) and run through the LSTM masked by num_bags;
   5. the final state, concatenated with the admission context, goes through a dense
-     hidden layer and a dense output layer (one logit per row).
+     hidden layer and a dense output layer (one logit per row);
+  6. with ``ModelConfig.wide``, a linear layer under the same posterior adds its logit from the
+     admission window's per-code aggregates (model.inputs "window_aggregates"): the extremes a
+     severity score sums, which the LSTM would otherwise have to carry across bags itself.
 
 The result is reshaped to [N, S*K], sample-major (column m = s*K + k), the layout of
 ``model.metrics``. Layers come from the factory ``model.rank1``; which posterior they carry
@@ -37,9 +40,12 @@ from model.rank1_lstm import Rank1LSTM
 class EHRModel(tf.keras.Model):
     """features (model.inputs.Featurizer output) -> logits [N, S*K], sample-major."""
 
-    def __init__(self, config: ModelConfig, vocab_size: int, **kwargs):
+    def __init__(self, config: ModelConfig, vocab_size: int, window_aggregate_dim: int | None = None, **kwargs):
         super().__init__(**kwargs)
+        if config.wide and not window_aggregate_dim:
+            raise ValueError("a wide model needs window_aggregate_dim (Featurizer.window_aggregate_dim)")
         self.config = config
+        self.window_aggregate_dim = window_aggregate_dim if config.wide else None
         self.ensemble_size = config.ensemble_size
         posterior = config.posterior
         reg = tf.keras.regularizers.l2(config.l2) if config.l2 > 0 else None
@@ -66,6 +72,10 @@ class EHRModel(tf.keras.Model):
         self.train_with_fast_lstm = config.method == "bella"
         self.hidden = rank1.dense(config.hidden_layer_dim, posterior, activation="relu", name="hidden")
         self.output_layer = rank1.dense(1, posterior, name="logit")
+        # No bias: the output layer has one.
+        self.wide = rank1.dense(1, posterior, use_bias=False, name="wide_logit",
+                                kernel_regularizer=tf.keras.regularizers.L1(config.wide_l1) if config.wide_l1 else None
+                                ) if config.wide else None
 
     def build_for_inputs(self) -> None:
         """Creates every variable with a one-admission dummy batch (needed before restoring checkpoints)."""
@@ -74,6 +84,8 @@ class EHRModel(tf.keras.Model):
         bags = tf.RaggedTensor.from_row_lengths(tf.zeros([1, NUM_BAG_FEATURES]), [1])
         features = {"code_ids": ids, "code_values": vals, "bag_features": bags, "num_bags": tf.ones([1], tf.int32),
                     "context": tf.zeros([1, CONTEXT_DIM])}
+        if self.wide is not None:
+            features["window_aggregates"] = tf.zeros([1, self.window_aggregate_dim])
         self(features, num_samples=1, training=True)
         self(features, num_samples=1, training=False)
 
@@ -139,8 +151,11 @@ class EHRModel(tf.keras.Model):
 
         # 5. head.
         z = call_sampling(self.hidden, tf.concat([h, context], axis=-1), noise=noise)
-        # float32 even under mixed precision.
-        logits = tf.cast(call_sampling(self.output_layer, z, noise=noise)[:, 0], tf.float32)
+        logits = call_sampling(self.output_layer, z, noise=noise)[:, 0]
+        if self.wide is not None:
+            wide_in = tf.tile(tf.cast(features["window_aggregates"], z.dtype), [s * k, 1])
+            logits += call_sampling(self.wide, wide_in, noise=noise)[:, 0]
+        logits = tf.cast(logits, tf.float32)  # float32 even under mixed precision
         return tf.reshape(tf.transpose(tf.reshape(logits, [k, s, n]), [2, 1, 0]), [n, s * k])
 
 
@@ -174,9 +189,9 @@ def bag_vector_dim(config: ModelConfig) -> int:
     return config.embedding_dim * width + NUM_BAG_FEATURES
 
 
-def build_model(config: ModelConfig, vocab_size: int) -> EHRModel:
-    """A built EHRModel (variables created) for a vocabulary of vocab_size ids."""
-    model = EHRModel(config, vocab_size, name="ehr_model")
+def build_model(config: ModelConfig, vocab_size: int, window_aggregate_dim: int | None = None) -> EHRModel:
+    """A built EHRModel (variables created) for a vocabulary of vocab_size ids (and a wide part's input width)."""
+    model = EHRModel(config, vocab_size, window_aggregate_dim, name="ehr_model")
     model.build_for_inputs()
     return model
 

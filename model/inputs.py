@@ -18,11 +18,23 @@ older history (earlier admissions' diagnoses, say), and log(1 + events) / 10 of 
 how often labs are drawn and vitals charted is itself a strong signal of acuity in ICU data,
 and a pooled token vector keeps it only diluted.
 Per admission: age / 90, one-hot gender, one-hot admission type.
+
+With ``window_hours`` set, the Featurizer also writes "window_aggregates", the input of the
+model's linear ("wide") part: per admission, one dense row of
+  * log(1 + events) of each code id in the window (bags whose newest event lies at most
+    window_hours before the trigger), then the same over older history (ids as above, so a
+    rare code counts in its source's OOV column);
+  * per code with training statistics (sorted): over the window's valued tokens, min z of the
+    bags' minima, max z of their maxima, the count-weighted mean z, the newest bag's last z,
+    and 1 when the window has no value (its z columns are then 0);
+  * the context above.
+A severity score is a sum of such per-analyte terms of the worst value in a window; a
+recurrent network has to learn to carry each running extreme across bags, a linear layer on
+these columns gets them for free. Columns: ``window_aggregate_names``.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +48,7 @@ from ehr_pipeline.config import parse_pipeline_config
 # TODO(spec owner): this list belongs in ehr_pipeline.spec next to GENDERS.
 ADMISSION_TYPES = ("ELECTIVE", "EMERGENCY", "NEWBORN", "URGENT")
 NUM_VALUE_FEATURES = 6  # z_mean, z_last, z_min, z_max, has_value, log1p(count)
+WINDOW_VALUE_STATS = ("z_min", "z_max", "z_mean", "z_last", "no_value")  # per value code, window_aggregates
 # log1p(hours before trigger) / 10, log1p(codes in bag) / 10, in current admission, log1p(events) / 10 per source
 NUM_BAG_FEATURES = 3 + len(spec.SOURCES)
 CONTEXT_DIM = 1 + len(spec.GENDERS) + len(ADMISSION_TYPES) + 1
@@ -94,10 +107,13 @@ class Featurizer(tf.Module):
     """Parsed SequenceExample batch (spec.parse_sequence_examples) -> model tensors."""
 
     def __init__(self, vocabulary: Mapping[str, list[str]], numeric_stats: Mapping[str, Mapping[str, float]],
-                 clip_z: float = DEFAULT_CLIP_Z, name: str | None = None):
+                 clip_z: float = DEFAULT_CLIP_Z, window_hours: float | None = None, name: str | None = None):
         super().__init__(name=name)
         if not clip_z > 0:
             raise ValueError(f"clip_z must be > 0, got {clip_z}")
+        if window_hours is not None and not window_hours > 0:
+            raise ValueError(f"window_hours must be > 0, got {window_hours}")
+        self.window_hours = None if window_hours is None else float(window_hours)
         unknown = sorted(set(vocabulary) - set(spec.SOURCES))
         if unknown:
             raise ValueError(f"vocabulary has unknown sources {unknown}; known: {spec.SOURCES}")
@@ -113,15 +129,32 @@ class Featurizer(tf.Module):
         stat_codes = sorted(numeric_stats)
         self._stat_table = _table(stat_codes, range(len(stat_codes)), tf.int64)
         # One extra row (mean 0, std 1) is the target of "no statistics": index -1 -> last row.
+        self.value_codes = tuple(stat_codes)
         self._mean = tf.constant([float(numeric_stats[c]["mean"]) for c in stat_codes] + [0.0], tf.float32)
         self._std = tf.constant([float(numeric_stats[c]["std"]) for c in stat_codes] + [1.0], tf.float32)
         self._genders = _table(list(spec.GENDERS), range(len(spec.GENDERS)), tf.int64)
         self._admission_types = _table(list(ADMISSION_TYPES), range(len(ADMISSION_TYPES)), tf.int64)
 
+        self._id_names = ([f"{source}{spec.CODE_SEPARATOR}<oov>" for source in spec.SOURCES] + ["<unknown source>"]
+                          + codes)
+
     @classmethod
-    def from_data_files(cls, files: DataFiles) -> Featurizer:
-        """The featurizer of a data folder (its vocabulary, statistics and clip_z)."""
-        return cls(files.vocabulary, files.numeric_stats, files.clip_z)
+    def from_data_files(cls, files: DataFiles, window_hours: float | None = None) -> Featurizer:
+        """The featurizer of a data folder (its vocabulary, statistics and clip_z); window_hours: see the module."""
+        return cls(files.vocabulary, files.numeric_stats, files.clip_z, window_hours)
+
+    @property
+    def window_aggregate_dim(self) -> int:
+        """Width of a "window_aggregates" row: 2 per code id, 5 per code with statistics, the context."""
+        return 2 * self.vocab_size + len(WINDOW_VALUE_STATS) * len(self.value_codes) + CONTEXT_DIM
+
+    def window_aggregate_names(self) -> list[str]:
+        """One name per "window_aggregates" column, in column order."""
+        names = [f"window_log_count[{c}]" for c in self._id_names]
+        names += [f"history_log_count[{c}]" for c in self._id_names]
+        names += [f"{stat}[{c}]" for stat in WINDOW_VALUE_STATS for c in self.value_codes]
+        names += ["age_years/90"] + [f"gender={g}" for g in spec.GENDERS]
+        return names + [f"admission_type={t}" for t in ADMISSION_TYPES] + ["admission_type=other"]
 
     def code_ids(self, codes: tf.Tensor) -> tf.Tensor:
         """int64 ids of 'source:code' strings (any shape); unknown codes get their source's OOV id."""
@@ -190,7 +223,7 @@ class Featurizer(tf.Module):
             tf.one_hot(gender, len(spec.GENDERS)),  # an unknown gender (-1) one-hots to zeros
             tf.one_hot(adm, len(ADMISSION_TYPES) + 1),
         ], axis=-1)
-        return {
+        features = {
             "code_ids": codes.with_flat_values(ids),
             "code_values": codes.with_flat_values(values),
             "bag_features": offsets.with_flat_values(bag),
@@ -199,6 +232,55 @@ class Featurizer(tf.Module):
             "label": parsed[spec.LABEL],
             "hadm_id": parsed[spec.HADM_ID],
         }
+        if self.window_hours is not None:
+            token_example = tf.gather(codes.value_rowids(), token_bag)
+            in_window = tf.gather(offsets.flat_values <= self.window_hours * 3600.0, token_bag)
+            features["window_aggregates"] = tf.concat([
+                self._window_counts(ids, counts, token_example, in_window, codes.nrows()),
+                self._window_values(parsed, z, stat, usable, token_example, in_window, codes.nrows()),
+                context], axis=-1)
+        return features
+
+    def _window_counts(self, ids, counts, token_example, in_window, batch) -> tf.Tensor:
+        """[B, 2 * vocab_size]: log(1 + events) of each id in the window, then in older history."""
+        pair = token_example * self.vocab_size + ids
+        n = batch * self.vocab_size
+
+        def per_id(weights):
+            return tf.math.log1p(tf.reshape(tf.math.unsorted_segment_sum(weights, pair, n), [-1, self.vocab_size]))
+
+        zeros = tf.zeros_like(counts)
+        return tf.concat([per_id(tf.where(in_window, counts, zeros)), per_id(tf.where(in_window, zeros, counts))],
+                         axis=-1)
+
+    def _window_values(self, parsed, z, stat, usable, token_example, in_window, batch) -> tf.Tensor:
+        """[B, 5 * value codes]: WINDOW_VALUE_STATS blocks over the window's valued tokens."""
+        n_codes = len(self.value_codes)
+        if not n_codes:
+            return tf.zeros([batch, 0])
+        use = tf.logical_and(usable, in_window)
+        # Tokens that do not count go to one extra segment, cut off below.
+        n = batch * n_codes
+        pair = tf.where(use, token_example * n_codes + stat, n)
+        weight = tf.where(use, tf.cast(parsed[spec.BAG_VALUE_COUNT].flat_values, tf.float32), 0.0)
+
+        def per_code(reduce, data):
+            return tf.reshape(reduce(data, pair, n + 1)[:n], [-1, n_codes])
+
+        seen = per_code(tf.math.unsorted_segment_sum, weight) > 0
+        zero = tf.zeros_like(seen, tf.float32)
+        z_min = tf.where(seen, per_code(tf.math.unsorted_segment_min, z(parsed[spec.BAG_VALUE_MIN].flat_values)), zero)
+        z_max = tf.where(seen, per_code(tf.math.unsorted_segment_max, z(parsed[spec.BAG_VALUE_MAX].flat_values)), zero)
+        total = per_code(tf.math.unsorted_segment_sum, weight)
+        z_mean = tf.math.divide_no_nan(
+            per_code(tf.math.unsorted_segment_sum, weight * z(parsed[spec.BAG_VALUE_MEAN].flat_values)), total)
+        # Bags run oldest first, so a code's newest value is its valued token of highest flat index.
+        position = tf.range(tf.shape(pair, out_type=tf.int64)[0])
+        newest = tf.math.unsorted_segment_max(tf.where(use, position, -1), pair, n + 1)[:n]
+        z_last = tf.where(newest >= 0, tf.gather(z(parsed[spec.BAG_VALUE_LAST].flat_values),
+                                                 tf.maximum(newest, 0)), 0.0)
+        z_last = tf.reshape(z_last, [-1, n_codes])
+        return tf.concat([z_min, z_max, z_mean, z_last, 1.0 - tf.cast(seen, tf.float32)], axis=-1)
 
 
 def _table(keys: list[str], values, dtype) -> tf.lookup.StaticHashTable:

@@ -26,6 +26,9 @@ FactorInitializer = Literal["trainable_normal", "trainable_cauchy", "trainable_d
 FACTOR_INITIALIZERS: tuple[str, ...] = get_args(FactorInitializer)
 # Posteriors over whole weight matrices (model.weight_posteriors), not over rank-1 factors.
 WEIGHT_POSTERIOR_METHODS = ("mean_field", "ktied_normal")
+# Methods whose dense kernel is a point estimate under an L2 penalty, which another penalty may
+# replace (the others: a distribution with its own prior, or Bella's frozen base weights).
+KERNEL_PENALTY_METHODS = ("deterministic", "rank1", "batchensemble")
 # How Bella particles are trained (model.bella.ParticleUpdate).
 ParticleUpdate = Literal["ensemble", "svgd"]
 PARTICLE_UPDATES: tuple[str, ...] = get_args(ParticleUpdate)

@@ -37,7 +37,7 @@ import tensorflow as tf
 from model import bella, weight_posteriors
 from model._edward2 import ed
 from model.noise import Noise, posterior_loc_scale, standard_draw
-from model.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig, softplus_inverse
+from model.posterior import KERNEL_PENALTY_METHODS, WEIGHT_POSTERIOR_METHODS, PosteriorConfig, softplus_inverse
 from model.rank1_lstm import Rank1LSTM
 
 Layer = tf.keras.layers.Layer
@@ -47,7 +47,9 @@ Layer = tf.keras.layers.Layer
 class LayerBuilder:
     """How one posterior method builds each layer kind."""
 
-    dense: Callable[..., Layer]  # (units, config, *, activation, use_bias, name) -> Layer
+    # (units, config, *, activation, use_bias, name[, kernel_regularizer]) -> Layer; the last only
+    # for KERNEL_PENALTY_METHODS
+    dense: Callable[..., Layer]
     conv2d: Callable[..., Layer]  # (filters, kernel_size, config, *, strides, padding, activation, use_bias, name)
     lstm_cell: Callable[..., Layer]  # (units, config, *, name) -> a tf.keras.layers.LSTMCell
 
@@ -61,9 +63,19 @@ def _builder(config: PosteriorConfig) -> LayerBuilder:
 # --- public factory -------------------------------------------------------------------
 
 def dense(units: int, config: PosteriorConfig, *, activation=None, use_bias: bool = True,
-          name: str | None = None) -> Layer:
-    """A dense layer under `config`'s posterior; input [K*batch, d] for ensemble methods."""
-    return _builder(config).dense(units, config, activation=activation, use_bias=use_bias, name=name)
+          kernel_regularizer=None, name: str | None = None) -> Layer:
+    """A dense layer under `config`'s posterior; input [K*batch, d] for ensemble methods.
+
+    kernel_regularizer: a Keras regularizer in place of config.l2's on the shared kernel (an L1
+    penalty, say); only for methods whose kernel is a point estimate (KERNEL_PENALTY_METHODS).
+    """
+    if kernel_regularizer is None:
+        return _builder(config).dense(units, config, activation=activation, use_bias=use_bias, name=name)
+    if config.method not in KERNEL_PENALTY_METHODS:
+        raise ValueError(f"method {config.method!r} has no point-estimated kernel to penalise "
+                         f"(methods with one: {KERNEL_PENALTY_METHODS})")
+    return _builder(config).dense(units, config, activation=activation, use_bias=use_bias, name=name,
+                                  kernel_regularizer=kernel_regularizer)
 
 
 def conv2d(filters: int, kernel_size, config: PosteriorConfig, *, strides=(1, 1), padding: str = "valid",
@@ -176,9 +188,9 @@ def _l2(config: PosteriorConfig):
 
 # --- the builders of each method ---------------------------------------------------------
 
-def _det_dense(units, config, *, activation, use_bias, name):
+def _det_dense(units, config, *, activation, use_bias, name, kernel_regularizer=None):
     return tf.keras.layers.Dense(units, activation=activation, use_bias=use_bias,
-                                 kernel_regularizer=_l2(config), name=name)
+                                 kernel_regularizer=kernel_regularizer or _l2(config), name=name)
 
 
 def _det_conv2d(filters, kernel_size, config, *, strides, padding, activation, use_bias, name):
@@ -240,8 +252,9 @@ class DenseRank1(ed.layers.DenseRank1):
         return draw if clip is None else tf.clip_by_value(draw, *clip)
 
 
-def _r1_dense(units, config, *, activation, use_bias, name):
-    return DenseRank1(units, activation=activation, use_bias=use_bias, kernel_regularizer=_l2(config),
+def _r1_dense(units, config, *, activation, use_bias, name, kernel_regularizer=None):
+    return DenseRank1(units, activation=activation, use_bias=use_bias,
+                      kernel_regularizer=kernel_regularizer or _l2(config),
                       use_additive_perturbation=config.use_additive_perturbation,
                       ensemble_size=config.ensemble_size, name=name, **_factor_kwargs(config))
 

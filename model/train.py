@@ -101,7 +101,7 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
     tc, ec, mc = config.train, config.eval, config.model
     out = training_loop.start_run(out_dir, config, tc.seed)
     files = inputs.load_data_files(data_dir)
-    featurizer = inputs.Featurizer.from_data_files(files)
+    featurizer = featurizer_for(files, mc)
     n_train = _num_train_examples(files)
 
     strategy = training_loop.training_strategy(devices, tc.batch_size, bella=base_dir is not None)
@@ -109,7 +109,7 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
     precision.check(policy, tc.fast_weight_lr_multiplier)
     # The policy only matters while layers are created; it is not leaked to later code.
     with precision.policy_scope(policy), strategy.scope():
-        model = build_model(mc, featurizer.vocab_size)
+        model = build_model(mc, featurizer.vocab_size, featurizer.window_aggregate_dim)
     with strategy.scope():
         slow_rate = learning_rate(tc, tc.learning_rate)
         slow_opt = tf.keras.optimizers.Adam(slow_rate)
@@ -142,6 +142,11 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
         export_dir, test_report = finalize(config, model, featurizer, files, out, progress=progress,
                                            truth_path=truth_path)
     return TrainResult(out, loop.step, loop.history, loop.validation, loop.best.to_dict(), export_dir, test_report)
+
+
+def featurizer_for(files: inputs.DataFiles, mc) -> inputs.Featurizer:
+    """The data folder's featurizer, writing the window aggregates when the model has a wide part."""
+    return inputs.Featurizer.from_data_files(files, window_hours=mc.wide_window_hours if mc.wide else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,8 +183,8 @@ def load_run(out_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str]
     out = pathlib.Path(out_dir)
     config = parse_config(json.loads((out / CONFIG_FILE).read_text()), source=str(out / CONFIG_FILE))
     files = inputs.load_data_files(data_dir)
-    featurizer = inputs.Featurizer.from_data_files(files)
-    model = build_model(config.model, featurizer.vocab_size)
+    featurizer = featurizer_for(files, config.model)
+    model = build_model(config.model, featurizer.vocab_size, featurizer.window_aggregate_dim)
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     latest = model_checkpoint(out)
     if latest is None:

@@ -10,7 +10,7 @@ from ehr_testdata import tiny_config_dict, write_data_dir
 
 from ehr_pipeline import bagging, spec
 from ehr_pipeline.config import PipelineConfig
-from model import inputs, losses, metrics, rank1
+from model import baselines, inputs, losses, metrics, rank1
 from model.config import parse_config
 from model.ehr_model import bag_vector_dim, build_model
 from model.predict import Predictor, predict_probs, stateful_random_ops
@@ -250,3 +250,58 @@ def test_featurizer_gives_extremes_and_the_admission_window(data):
     z_mean, z_last, z_min, z_max = newest[:4]
     assert z_min < z_mean < z_max and z_last == pytest.approx(z_min)  # 1.0 is the newest, 5.0 the largest
     assert feats["bag_features"].flat_values.numpy()[:, 2].tolist() == [0.0, 1.0]  # history, then admission
+
+
+@pytest.mark.parametrize("window_hours", [48.0, 12.0])
+def test_window_aggregates_match_the_baselines_numpy_features(data, window_hours):
+    files, plain, records, _ = data
+    featurizer = inputs.Featurizer.from_data_files(files, window_hours=window_hours)
+    parsed = spec.parse_sequence_examples(tf.constant(records))
+    got = featurizer(parsed)["window_aggregates"].numpy()
+    assert got.shape == (len(records), featurizer.window_aggregate_dim)
+    layout = baselines.FeatureLayout.from_data_files(files)
+    want = baselines.aggregate_features(parsed, layout, window_hours)
+    # The baselines call a source's out-of-vocabulary column "source:*", the featurizer "source:<oov>";
+    # the featurizer's extra columns are the unknown source's, which the job never writes.
+    column = {name: i for i, name in enumerate(featurizer.window_aggregate_names())}
+    columns = [column[name.replace(":*]", ":<oov>]")] for name in layout.names()]
+    np.testing.assert_allclose(got[:, columns], want, rtol=0, atol=1e-5)
+    assert not got[:, sorted(set(column.values()) - set(columns))].any()
+    assert "window_aggregates" not in plain(parsed)  # only a featurizer with a window writes them
+
+
+def _wide_model(featurizer, method, **model):
+    cfg = tiny_config_dict(method)
+    cfg["model"].update(wide=True, **model)
+    return build_model(parse_config(cfg).model, featurizer.vocab_size, featurizer.window_aggregate_dim)
+
+
+@pytest.mark.parametrize("method", ["deterministic", "batchensemble"])
+def test_the_wide_part_adds_each_members_linear_logit(data, method):
+    files, _, records, _ = data
+    featurizer = inputs.Featurizer.from_data_files(files, window_hours=48.0)
+    model = _wide_model(featurizer, method)
+    feats = _features(featurizer, records)
+    logits = model(feats, num_samples=1).numpy()  # [N, K]: no sampling in these methods
+    x, kernel = feats["window_aggregates"].numpy(), model.wide.kernel.numpy()
+    model.wide.kernel.assign(tf.zeros_like(model.wide.kernel))
+    without = model(feats, num_samples=1).numpy()
+    if method == "deterministic":
+        want = x @ kernel
+    else:  # member k: ((x * r_k) W) * s_k, computed one member at a time
+        alpha, gamma = model.wide.alpha.numpy(), model.wide.gamma.numpy()
+        want = np.stack([((x * alpha[k]) @ kernel)[:, 0] * gamma[k, 0] for k in range(model.ensemble_size)],
+                        axis=1)
+        assert np.abs(want[:, 0] - want[:, 1]).max() > 1e-4  # the members differ
+    np.testing.assert_allclose(logits - without, want.reshape(logits.shape), rtol=0, atol=1e-4)
+
+
+def test_wide_l1_replaces_l2_on_the_wide_kernel_only(data):
+    files, _, _, _ = data
+    featurizer = inputs.Featurizer.from_data_files(files, window_hours=48.0)
+    model = _wide_model(featurizer, "rank1", wide_l1=0.01, l2=1e-3)
+    others = [layer for layer in model.layers if layer is not model.wide]
+    kernel = model.wide.kernel.numpy()
+    want = float(rank1.l2_loss(others)) + 0.01 * np.abs(kernel).sum()
+    assert float(losses.l2_penalty(model)) == pytest.approx(want, rel=1e-5)
+    assert float(rank1.l2_loss(others)) > 0

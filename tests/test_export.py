@@ -7,12 +7,14 @@ import shutil
 
 import numpy as np
 import pytest
-from ehr_testdata import read_json
+import tensorflow as tf
+from ehr_testdata import read_json, tiny_config_dict
 
 from model import inputs
+from model.config import parse_config
 from model.export import ExportError, load_export
 from model.predict import Predictor, predict_probs
-from model.train import load_run
+from model.train import load_run, train
 
 REQUIRED = {"saved_model/saved_model.pb", "model_card.json", "pipeline_config.json", "vocabulary.json",
             "numeric_stats.json", "metrics.json"}
@@ -59,6 +61,20 @@ def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained):
     np.testing.assert_allclose(predict_probs(exported, records[3:4], 5, seed=123), from_export[3:4],
                                rtol=0, atol=1e-6)
     assert np.abs(predict_probs(exported, records, 5, seed=124) - from_export).max() > 1e-5
+
+
+def test_a_wide_run_exports_its_window_aggregates(tmp_path, synthetic_data):
+    config = parse_config(tiny_config_dict("rank1", steps=20, eval_every_steps=10))
+    config = config.with_overrides(model={"wide": True, "wide_window_hours": 24.0, "wide_l1": 1e-3})
+    result = train(config, synthetic_data, tmp_path / "run", progress=False)
+    _, model, featurizer, _ = load_run(tmp_path / "run", synthetic_data)
+    assert featurizer.window_hours == 24.0
+    records, _, _ = inputs.read_split(inputs.load_data_files(synthetic_data), "test")
+    in_memory = predict_probs(Predictor(featurizer, model), records, 3, seed=7)
+    np.testing.assert_allclose(predict_probs(load_export(result.export_dir), records, 3, seed=7), in_memory,
+                               rtol=0, atol=1e-6)
+    model.wide.kernel.assign(tf.zeros_like(model.wide.kernel))  # the export would predict otherwise without it
+    assert np.abs(predict_probs(Predictor(featurizer, model), records, 3, seed=7) - in_memory).max() > 1e-4
 
 
 # What bfloat16 matmul operands may move a single sampled probability and the predictive mean

@@ -67,6 +67,7 @@ def test_bad_keys_and_values_name_the_key(data, key):
     ({"method": "deterministic", "ensemble_size": 4}, "ensemble_size must be 1"),
     ({"method": "batchensemble", "distribution": "cauchy"}, "only applies to method 'rank1'"),
     ({"method": "bella", "ensemble_size": 4}, "model: prior_mean must be 0 for method 'bella', got 1.0"),
+    ({"method": "fully_bayesian", "ensemble_size": 1, "wide": True, "wide_l1": 0.01}, "has none"),
 ])
 def test_inconsistent_method_settings_are_refused(model, match):
     with pytest.raises(ConfigError, match=match):
