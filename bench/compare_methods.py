@@ -45,10 +45,12 @@ log = logging.getLogger("bench.compare_methods")
 # Table 4's rows in its order (configs/ehr_<name>.yaml), then the methods of the other papers.
 # ktied_normal: paper 003, fully_bayesian with stddevs of rank 2 (k1 / k3: ranks 1 and 3).
 METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1_normal",
-           "rank1_cauchy", "ktied_normal", "ktied_normal_k1", "ktied_normal_k3")
+           "rank1_cauchy", "ktied_normal", "ktied_normal_k1", "ktied_normal_k3", "rank1_normal_wide")
 # Rows that are another row's config with a model setting changed: {row: (config name, model overrides)}.
+# rank1_normal_wide: with the linear part on the admission window's aggregates (model.wide).
 VARIANTS = {"ktied_normal_k1": ("ktied_normal", {"ktied_rank": 1}),
-            "ktied_normal_k3": ("ktied_normal", {"ktied_rank": 3})}
+            "ktied_normal_k3": ("ktied_normal", {"ktied_rank": 3}),
+            "rank1_normal_wide": ("rank1_normal", {"wide": True})}
 DEFAULT_METHODS = ("deterministic", "batchensemble", "rank1_normal")
 # --- Bella (configs/ehr_bella_<update>.yaml): adapts the deterministic run of the same seed, which
 # run_grid trains first whenever "deterministic" is among --methods.
@@ -383,6 +385,8 @@ def _paired(runs, truth, site: str, a: str, b: str, n_boot: int) -> dict[str, tu
 def _paired_lines(runs, truth, site: str, n_boot: int) -> list[str]:
     pairs = [(TRUTH, m) for m in runs] + [(b, "rank1_normal") for b in (*BASELINES, DEEP_ENSEMBLE, "deterministic")
                                           if b in runs and "rank1_normal" in runs]
+    wide = "rank1_normal_wide"
+    pairs += [(b, wide) for b in ("rank1_normal", *BASELINES) if b in runs and wide in runs]
     keys = (("nll", "NLL"), ("truth_mae", "abs(p - P)"), ("kl_truth", "KL(P, p)"), ("brier", "Brier"))
     lines = ["| B - A (same cases) | " + " | ".join(n for _, n in keys) + " |", "|---|" + "---|" * len(keys)]
     for a, b in pairs:
