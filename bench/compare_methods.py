@@ -382,11 +382,14 @@ def _paired(runs, truth, site: str, a: str, b: str, n_boot: int) -> dict[str, tu
     return out
 
 
-def _paired_lines(runs, truth, site: str, n_boot: int) -> list[str]:
-    pairs = [(TRUTH, m) for m in runs] + [(b, "rank1_normal") for b in (*BASELINES, DEEP_ENSEMBLE, "deterministic")
-                                          if b in runs and "rank1_normal" in runs]
-    wide = "rank1_normal_wide"
-    pairs += [(b, wide) for b in ("rank1_normal", *BASELINES) if b in runs and wide in runs]
+def _paired_lines(runs, truth, site: str, n_boot: int, pairs: list[tuple[str, str]] | None = None) -> list[str]:
+    """Paired differences B - A (rows: every run against the truth, then `pairs`, default rank-1's)."""
+    if pairs is None:
+        wide = "rank1_normal_wide"
+        pairs = [(b, "rank1_normal") for b in (*BASELINES, DEEP_ENSEMBLE, "deterministic")
+                 if b in runs and "rank1_normal" in runs]
+        pairs += [(b, wide) for b in ("rank1_normal", *BASELINES) if b in runs and wide in runs]
+    pairs = [(TRUTH, m) for m in runs] + pairs
     keys = (("nll", "NLL"), ("truth_mae", "abs(p - P)"), ("kl_truth", "KL(P, p)"), ("brier", "Brier"))
     lines = ["| B - A (same cases) | " + " | ".join(n for _, n in keys) + " |", "|---|" + "---|" * len(keys)]
     for a, b in pairs:

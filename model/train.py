@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -91,10 +92,13 @@ def validate(probs_fn, dataset: tf.data.Dataset, num_bins: int) -> dict[str, flo
 def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
           progress: bool = True, export_model: bool = True,
           truth_path: str | os.PathLike[str] | None = None,
-          base_dir: str | os.PathLike[str] | None = None, devices: str | None = None) -> TrainResult:
+          base_dir: str | os.PathLike[str] | None = None, devices: str | None = None,
+          initialize: Callable[[tf.keras.Model], None] | None = None) -> TrainResult:
     """Trains (or resumes) a run on `devices` (model.devices: auto, cpu:N, gpu:N); evaluates; exports.
 
     base_dir: the trained deterministic run a "bella" run adapts (required for it, refused otherwise).
+    initialize: called on the built model before the first step (a resumed run's checkpoint
+    overrides what it set): a fixed starting point, e.g. bench/residual_lstm.py's fitted wide part.
     """
     if (config.model.method == "bella") != (base_dir is not None):
         raise ValueError("method 'bella' adapts a trained deterministic run: give it (and only it) --base RUN_DIR")
@@ -117,6 +121,8 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
         if policy == precision.FLOAT16:  # one optimizer for every weight: one loss scale (model.precision)
             slow_opt = tf.keras.mixed_precision.LossScaleOptimizer(slow_opt)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    if initialize is not None:
+        initialize(model)
     particles = _adapt_base(model, base_dir, data_dir, out, mc.particle_update, n_train) if base_dir else None
     log.info("training on %d replica(s) (%s), policy %s", strategy.num_replicas_in_sync,
              ", ".join(device_layout.device_names(devices)), policy)
