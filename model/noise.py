@@ -67,8 +67,7 @@ class Noise:
 
     def normal(self, rows, event_shape=(), dtype=tf.float32) -> tf.Tensor:
         """Standard normal [rows, *event_shape], one stream per example (see the module docstring)."""
-        return self._per_example(rows, event_shape, dtype,
-                                 lambda length, key: tf.random.stateless_normal([length], key, dtype=dtype))
+        return self._per_example(rows, event_shape, dtype, lambda length, key: stateless_standard_normal(length, key, dtype))
 
     def uniform(self, rows, event_shape=(), dtype=tf.float32, minval=0, maxval=None) -> tf.Tensor:
         """Uniform [minval, maxval) [rows, *event_shape] (integer dtypes need maxval), one stream per example."""
@@ -121,7 +120,27 @@ class Noise:
 
     def static_normal(self, shape, dtype=tf.float32) -> tf.Tensor:
         """Standard normal of a static shape, keyed by (seed, site) only (e.g. one weight-matrix draw)."""
-        return tf.random.stateless_normal(shape, self._static_key(), dtype=dtype)
+        return tf.reshape(stateless_standard_normal(math.prod(shape), self._static_key(), dtype), shape)
+
+
+# Box-Muller's first uniform stays in [BOX_MULLER_MIN_U, 1) so its log is finite (|z| <= 5.8).
+BOX_MULLER_MIN_U = 2.0**-24
+
+
+def stateless_standard_normal(n, key: tf.Tensor, dtype=tf.float32) -> tf.Tensor:
+    """n standard normal draws [n] from one stateless key: Box-Muller on stateless uniforms.
+
+    TensorFlow's own stateless normal kernel runs on one core: 5.8 ms for the 475k draws of a
+    Table-7 LSTM's factors (100 rows), a seventh of the whole bfloat16 pass. The same Box-Muller
+    transform as element-wise ops, which TensorFlow spreads over the cores, took 3.5 ms.
+    """
+    n = tf.cast(n, tf.int32)
+    compute = tf.float64 if dtype == tf.float64 else tf.float32
+    u = tf.random.stateless_uniform(tf.stack([2, (n + 1) // 2]), key, minval=BOX_MULLER_MIN_U, maxval=1.0,
+                                    dtype=compute)
+    radius = tf.sqrt(-2.0 * tf.math.log(u[0]))
+    angle = (2.0 * math.pi) * u[1]
+    return tf.cast(tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], axis=0)[:n], dtype)
 
 
 def standard_draw(family: str, noise: Noise | None, rows, width: int, dtype) -> tf.Tensor:

@@ -292,6 +292,17 @@ class Rank1LSTM(tf.keras.layers.Layer):
 
     def _fused_recurrence(self, proj, mask, recurrent_kernel, in_scale, const, rec_in, rec_out, dtype):
         """Inference recurrence over low-precision input projections proj [T, B, 4u]; state and outputs in dtype."""
+        if mask is None:
+            return self._fused_loop(proj, None, recurrent_kernel, in_scale, const, rec_in, rec_out, dtype)
+        # When every sequence fills the padded length (always so for one admission, whose S*K rows
+        # share its bag count) the mask selects nothing: the loop without it is exact and skips
+        # three selects and a mask read per step (~2-3 ms of a 100-row, 30-step, 512-unit pass).
+        return tf.cond(tf.reduce_all(tf.cast(mask, tf.bool)),
+                       lambda: self._fused_loop(proj, None, recurrent_kernel, in_scale, const, rec_in, rec_out, dtype),
+                       lambda: self._fused_loop(proj, mask, recurrent_kernel, in_scale, const, rec_in, rec_out, dtype))
+
+    def _fused_loop(self, proj, mask, recurrent_kernel, in_scale, const, rec_in, rec_out, dtype):
+        """The fused recurrence's while loop; mask None: every step of every sequence is valid."""
         step_fn = self._fused_step_fn(recurrent_kernel.dtype)
         steps, batch = tf.shape(proj)[0], tf.shape(proj)[1]
         proj_ta, mask_ta, out_ta = self._loop_arrays(proj, mask, dtype)

@@ -270,26 +270,48 @@ def _install_error_handlers(app: FastAPI) -> None:
                             content={"detail": str(exc), "request_id": _request_id(request)})
 
 
-def _warmup_request() -> PredictRequest:
-    """A minimal admission (one event) for the warm-up pass; its prediction is thrown away."""
+def _warmup_request(events: bool = True) -> PredictRequest:
+    """A minimal admission (one event, or none) for the warm-up passes; its prediction is thrown away."""
     admit = dt.datetime(2150, 1, 1, 8, 0)
     return PredictRequest(
         patient=Patient(gender="U", age_years=60.0),
         admission=Admission(admit_time=admit.isoformat(), admission_type="EMERGENCY"),
-        events=[{"time": (admit + dt.timedelta(hours=1)).isoformat(), "source": "lab", "code": "warmup"}],
+        events=[{"time": (admit + dt.timedelta(hours=1)).isoformat(), "source": "lab", "code": "warmup"}] if events
+        else [],
     )
 
 
 async def _warm_up(app: FastAPI, predictor: ServedModel, batcher: MicroBatcher, settings: Settings) -> None:
-    """One forward pass on the model thread, then /readyz turns 'ok'; a failure keeps it 503."""
+    """Forward passes on the model thread, then /readyz turns 'ok'; a failure of the first keeps it 503.
+
+    bfloat16 compiles its fused LSTM step (XLA) once per batch shape (0.1-0.2 s each at Table-7
+    size) and per loop (all sequences full, or some padded), so every batch the micro-batcher
+    can form at the default num_samples, 1 .. max_batch admissions of equal and of unequal bag
+    counts, runs once here instead of making the first patient in a batch of that shape wait.
+    Before /readyz turns ok: compiling alongside the first requests slowed them instead. The
+    warm-up admissions have at most one bag, so each pass costs little beyond its compilation.
+    """
     try:
-        encoded = await run_in_threadpool(encode, _warmup_request(), predictor.export)
-        await batcher.run_in_model_thread(predictor.forward, [encoded.example], settings.default_num_samples, 0)
+        one, empty = [(await run_in_threadpool(encode, _warmup_request(events), predictor.export)).example
+                      for events in (True, False)]
+        await batcher.run_in_model_thread(predictor.forward, [one], settings.default_num_samples, 0)
     except asyncio.CancelledError:
         raise
     except Exception as err:
         logger.error("warm-up forward pass failed (%s: %s); /readyz stays 503", type(err).__name__, err)
         return
+    if predictor.precision == "bfloat16":  # float32 compiles nothing per shape
+        try:
+            for n in range(1, settings.max_batch + 1):
+                for batch in ([one] * n, [one] * (n - 1) + [empty]):  # no bag padded, some padded
+                    await batcher.run_in_model_thread(predictor.forward, batch, settings.default_num_samples, 0)
+            logger.info("bfloat16 step compiled for batches of 1-%d admissions at num_samples=%d",
+                        settings.max_batch, settings.default_num_samples)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # the model did answer one pass: serve, and compile the rest on demand
+            logger.warning("bfloat16 warm-up stopped (%s); other batch shapes compile on first use",
+                           type(err).__name__)
     app.state.ready = True
     app.state.metrics.ready.set(1)
     logger.info("model warmed up; ready")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import stats
 import tensorflow as tf
 
 import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from model import rank1
 from model._edward2 import ed
 from model.embeddings import StochasticEmbedding
-from model.noise import Noise, standard_draw
+from model.noise import BOX_MULLER_MIN_U, Noise, standard_draw, stateless_standard_normal
 from model.posterior import PosteriorConfig
 from model.rank1_lstm import Rank1LSTM
 
@@ -67,6 +68,20 @@ def test_sites_and_seeds_select_independent_streams_and_a_site_repeats_itself():
     assert u.min() >= 2.0 and u.max() < 3.0
     z = noise.fold_in("moments").normal(3000, [10]).numpy()
     assert abs(z.mean()) < 0.03 and abs(z.std() - 1) < 0.03
+
+
+def test_stateless_standard_normal_is_box_muller_of_the_keys_uniforms_and_standard_normal():
+    key = tf.constant([3, 4], tf.int64)
+    z = stateless_standard_normal(7, key).numpy()
+    # By NumPy from the same key's uniforms: radius from the first row, angle from the second.
+    u = tf.random.stateless_uniform([2, 4], key, minval=BOX_MULLER_MIN_U, maxval=1.0).numpy().astype(np.float64)
+    radius, angle = np.sqrt(-2 * np.log(u[0])), 2 * np.pi * u[1]
+    np.testing.assert_allclose(z, np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:7],
+                               rtol=1e-5, atol=1e-6)
+    big = stateless_standard_normal(200_000, key).numpy()
+    assert stats.kstest(big, "norm").pvalue > 1e-3
+    assert np.isfinite(big).all() and np.abs(big).max() <= np.sqrt(-2 * np.log(BOX_MULLER_MIN_U)) + 1e-5
+    assert stateless_standard_normal(6, key, tf.float64).dtype == tf.float64
 
 
 K, E, D, U = 2, 3, 4, 5  # members, examples, input dim, units

@@ -102,6 +102,22 @@ def test_bfloat16_inference_path_stays_close_to_float32_and_keeps_masking(kwargs
         np.testing.assert_array_equal(low[1], low[0][np.arange(rows), lengths.numpy() - 1])
 
 
+
+@pytest.mark.parametrize("return_sequences", [False, True])
+def test_bfloat16_path_without_padding_skips_the_mask_and_equals_the_masked_loop(return_sequences):
+    # All sequences at full length: the layer runs its unmasked loop. Shortening one row sends the
+    # same batch through the masked loop; every other row must come out the same.
+    fast = rank1.lstm(U, PosteriorConfig(ensemble_size=K), return_sequences=return_sequences, return_state=True)
+    x = _inputs()
+    rows = int(x.shape[0])
+    fast.build(x.shape)
+    noise = fast.sample_perturbations(rows)
+    run = tf.function(lambda lengths: fast(x, lengths=lengths, perturbations=noise, matmul_dtype="bfloat16"))
+    full = [t.numpy() for t in run(tf.fill([rows], T))]
+    short = [t.numpy() for t in run(tf.constant([T - 2] + [T] * (rows - 1)))]
+    for a, b in zip(full, short):
+        np.testing.assert_allclose(b[1:], a[1:], rtol=0, atol=1e-6)
+    assert not np.allclose(short[-1][0], full[-1][0])  # the shortened row did stop early
 def test_unknown_matmul_dtype_is_refused():
     fast = rank1.lstm(U, PosteriorConfig(ensemble_size=K))
     with pytest.raises(ValueError, match="matmul_dtype"):

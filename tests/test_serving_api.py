@@ -11,8 +11,10 @@ import copy
 import datetime as dt
 import hashlib
 import json
+import logging
 import math
 import re
+import time
 
 import httpx
 import numpy as np
@@ -320,6 +322,21 @@ def test_bfloat16_precision_is_served_and_named_in_every_answer(export_dir, clie
     assert fast["model"]["precision"] == info["model"]["precision"] == "bfloat16"
     assert exact["model"]["precision"] == "float32"
     assert abs(fast["probability"] - exact["probability"]) <= 1e-3  # docs/serving.md: predictive mean
+
+
+def test_bfloat16_warm_up_compiles_every_batch_size_before_turning_ready(export_dir, caplog):
+    # bfloat16's fused step compiles per batch shape: the warm-up runs 1 .. max_batch admissions.
+    settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", max_batch=3,
+                             precision="bfloat16")
+    with caplog.at_level(logging.INFO, logger="serving.app"), \
+            ThreadedServer(create_app(settings, ServedModel.load(export_dir, "bfloat16"))) as srv:
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{srv.base_url}/readyz", timeout=30).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpx.post(f"{srv.base_url}/v1/predict", json=body(), timeout=30).status_code == 200
+    compiled = caplog.text.index(
+        f"bfloat16 step compiled for batches of 1-3 admissions at num_samples={settings.default_num_samples}")
+    assert compiled < caplog.text.index("model warmed up; ready")
 
 
 # ------------------------------------------------------------------------------- limits
