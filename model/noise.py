@@ -67,7 +67,8 @@ class Noise:
 
     def normal(self, rows, event_shape=(), dtype=tf.float32) -> tf.Tensor:
         """Standard normal [rows, *event_shape], one stream per example (see the module docstring)."""
-        return self._per_example(rows, event_shape, dtype, lambda length, key: stateless_standard_normal(length, key, dtype))
+        return self._per_example(rows, event_shape, dtype,
+                                 lambda length, key: stateless_standard_normal(length, key, dtype))
 
     def uniform(self, rows, event_shape=(), dtype=tf.float32, minval=0, maxval=None) -> tf.Tensor:
         """Uniform [minval, maxval) [rows, *event_shape] (integer dtypes need maxval), one stream per example."""
