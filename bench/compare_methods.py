@@ -45,12 +45,16 @@ log = logging.getLogger("bench.compare_methods")
 # Table 4's rows in its order (configs/ehr_<name>.yaml), then the methods of the other papers.
 # ktied_normal: paper 003, fully_bayesian with stddevs of rank 2 (k1 / k3: ranks 1 and 3).
 METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayesian", "rank1_normal",
-           "rank1_cauchy", "ktied_normal", "ktied_normal_k1", "ktied_normal_k3", "rank1_normal_wide")
+           "rank1_cauchy", "ktied_normal", "ktied_normal_k1", "ktied_normal_k3", "rank1_normal_wide",
+           "rank1_normal_laplace")
 # Rows that are another row's config with a model setting changed: {row: (config name, model overrides)}.
-# rank1_normal_wide: with the linear part on the admission window's aggregates (model.wide).
+# rank1_normal_wide: with a linear part on the admission window's aggregates (ModelConfig.wide),
+# trained with the LSTM; rank1_normal_laplace: that part fitted first as the logistic regression
+# with its Laplace posterior (model.wide), the LSTM learning the residual.
 VARIANTS = {"ktied_normal_k1": ("ktied_normal", {"ktied_rank": 1}),
             "ktied_normal_k3": ("ktied_normal", {"ktied_rank": 3}),
-            "rank1_normal_wide": ("rank1_normal", {"wide": True})}
+            "rank1_normal_wide": ("rank1_normal", {"wide": True}),
+            "rank1_normal_laplace": ("rank1_normal", {"wide": True, "wide_posterior": "laplace"})}
 DEFAULT_METHODS = ("deterministic", "batchensemble", "rank1_normal")
 # --- Bella (configs/ehr_bella_<update>.yaml): adapts the deterministic run of the same seed, which
 # run_grid trains first whenever "deterministic" is among --methods.
@@ -382,14 +386,12 @@ def _paired(runs, truth, site: str, a: str, b: str, n_boot: int) -> dict[str, tu
     return out
 
 
-def _paired_lines(runs, truth, site: str, n_boot: int, pairs: list[tuple[str, str]] | None = None) -> list[str]:
-    """Paired differences B - A (rows: every run against the truth, then `pairs`, default rank-1's)."""
-    if pairs is None:
-        wide = "rank1_normal_wide"
-        pairs = [(b, "rank1_normal") for b in (*BASELINES, DEEP_ENSEMBLE, "deterministic")
-                 if b in runs and "rank1_normal" in runs]
-        pairs += [(b, wide) for b in ("rank1_normal", *BASELINES) if b in runs and wide in runs]
-    pairs = [(TRUTH, m) for m in runs] + pairs
+def _paired_lines(runs, truth, site: str, n_boot: int) -> list[str]:
+    """Paired differences B - A: every run against the truth, then rank-1 and its wide variants against the rest."""
+    pairs = [(TRUTH, m) for m in runs] + [(b, "rank1_normal") for b in (*BASELINES, DEEP_ENSEMBLE, "deterministic")
+                                          if b in runs and "rank1_normal" in runs]
+    pairs += [(b, wide) for wide in ("rank1_normal_wide", "rank1_normal_laplace")
+              for b in ("rank1_normal", *BASELINES) if b in runs and wide in runs]
     keys = (("nll", "NLL"), ("truth_mae", "abs(p - P)"), ("kl_truth", "KL(P, p)"), ("brier", "Brier"))
     lines = ["| B - A (same cases) | " + " | ".join(n for _, n in keys) + " |", "|---|" + "---|" * len(keys)]
     for a, b in pairs:

@@ -85,6 +85,11 @@ class ModelConfig(_Model):
                            "(log counts, min / max / mean / last z-scores, context; model.inputs), under the "
                            "method's posterior, trained jointly with the LSTM.")
     wide_window_hours: _PosFloat = Field(48.0, description="wide: the window, hours before the prediction time.")
+    wide_posterior: Literal["factory", "laplace"] = Field(
+        "factory", description="wide: 'factory' trains the linear part with the LSTM under the method's posterior; "
+                               "'laplace' fits model.baselines' logistic regression on the training split before the "
+                               "first step (penalty and C by validation NLL), fixes it with its Laplace posterior "
+                               "(model.wide) and lets the LSTM learn the residual from 0.")
     wide_l1: _NonNegFloat = Field(
         0.0, description="wide: L1 penalty (per example) on the linear part's kernel in place of l2, which selects "
                          "a few analytes among hundreds of columns; 0 keeps l2. deterministic / rank1 / "
@@ -100,6 +105,8 @@ class ModelConfig(_Model):
             # K copies of one network would just repeat the same prediction K times.
             raise ValueError(f"ensemble_size must be 1 for method {self.method!r} (got {self.ensemble_size}); "
                              "a deep ensemble combines separate deterministic runs at evaluation time")
+        if self.wide_posterior == "laplace" and (not self.wide or self.wide_l1 > 0):
+            raise ValueError("wide_posterior 'laplace' needs wide: true and no wide_l1 (the fit chooses its penalty)")
         if self.wide_l1 > 0 and FACTORY_METHODS[self.method] not in KERNEL_PENALTY_METHODS:
             raise ValueError(f"wide_l1 applies to a point-estimated kernel; method {self.method!r} has none "
                              "(its kernels carry the posterior's own prior)")

@@ -15,9 +15,11 @@ Forward pass for N admissions, S samples and K members (docs/model.md has the pi
      rank-1 layer expects) and run through the LSTM masked by num_bags;
   5. the final state, concatenated with the admission context, goes through a dense
      hidden layer and a dense output layer (one logit per row);
-  6. with ``ModelConfig.wide``, a linear layer under the same posterior adds its logit from the
-     admission window's per-code aggregates (model.inputs "window_aggregates"): the extremes a
-     severity score sums, which the LSTM would otherwise have to carry across bags itself.
+  6. with ``ModelConfig.wide``, a linear layer adds its logit from the admission window's
+     per-code aggregates (model.inputs "window_aggregates"): the extremes a severity score sums,
+     which the LSTM would otherwise have to carry across bags itself. It is a factory layer under
+     the method's posterior, or (``wide_posterior: laplace``) a fitted logistic regression with
+     its Laplace posterior (model.wide).
 
 The result is reshaped to [N, S*K], sample-major (column m = s*K + k), the layout of
 ``model.metrics``. Layers come from the factory ``model.rank1``; which posterior they carry
@@ -35,6 +37,7 @@ from model.embeddings import EmbeddingConfig, StochasticEmbedding
 from model.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
 from model.noise import Noise, call_sampling
 from model.rank1_lstm import Rank1LSTM
+from model.wide import GaussianLinear
 
 
 class EHRModel(tf.keras.Model):
@@ -72,10 +75,13 @@ class EHRModel(tf.keras.Model):
         self.train_with_fast_lstm = config.method == "bella"
         self.hidden = rank1.dense(config.hidden_layer_dim, posterior, activation="relu", name="hidden")
         self.output_layer = rank1.dense(1, posterior, name="logit")
-        # No bias: the output layer has one.
-        self.wide = rank1.dense(1, posterior, use_bias=False, name="wide_logit",
-                                kernel_regularizer=tf.keras.regularizers.L1(config.wide_l1) if config.wide_l1 else None
-                                ) if config.wide else None
+        self.wide = None
+        if config.wide and config.wide_posterior == "laplace":
+            self.wide = GaussianLinear(window_aggregate_dim, name="wide_logit")
+        elif config.wide:  # no bias: the output layer has one
+            self.wide = rank1.dense(1, posterior, use_bias=False, name="wide_logit",
+                                    kernel_regularizer=tf.keras.regularizers.L1(config.wide_l1) if config.wide_l1
+                                    else None)
 
     def build_for_inputs(self) -> None:
         """Creates every variable with a one-admission dummy batch (needed before restoring checkpoints)."""

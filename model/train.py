@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import pathlib
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -92,13 +91,10 @@ def validate(probs_fn, dataset: tf.data.Dataset, num_bins: int) -> dict[str, flo
 def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
           progress: bool = True, export_model: bool = True,
           truth_path: str | os.PathLike[str] | None = None,
-          base_dir: str | os.PathLike[str] | None = None, devices: str | None = None,
-          initialize: Callable[[tf.keras.Model], None] | None = None) -> TrainResult:
+          base_dir: str | os.PathLike[str] | None = None, devices: str | None = None) -> TrainResult:
     """Trains (or resumes) a run on `devices` (model.devices: auto, cpu:N, gpu:N); evaluates; exports.
 
     base_dir: the trained deterministic run a "bella" run adapts (required for it, refused otherwise).
-    initialize: called on the built model before the first step (a resumed run's checkpoint
-    overrides what it set): a fixed starting point, e.g. bench/residual_lstm.py's fitted wide part.
     """
     if (config.model.method == "bella") != (base_dir is not None):
         raise ValueError("method 'bella' adapts a trained deterministic run: give it (and only it) --base RUN_DIR")
@@ -121,8 +117,8 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
         if policy == precision.FLOAT16:  # one optimizer for every weight: one loss scale (model.precision)
             slow_opt = tf.keras.mixed_precision.LossScaleOptimizer(slow_opt)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-    if initialize is not None:
-        initialize(model)
+    if mc.wide and mc.wide_posterior == "laplace" and model_checkpoint(out) is None:
+        start_from_laplace_fit(model, files, featurizer, tc.seed)
     particles = _adapt_base(model, base_dir, data_dir, out, mc.particle_update, n_train) if base_dir else None
     log.info("training on %d replica(s) (%s), policy %s", strategy.num_replicas_in_sync,
              ", ".join(device_layout.device_names(devices)), policy)
@@ -148,6 +144,25 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
         export_dir, test_report = finalize(config, model, featurizer, files, out, progress=progress,
                                            truth_path=truth_path)
     return TrainResult(out, loop.step, loop.history, loop.validation, loop.best.to_dict(), export_dir, test_report)
+
+
+def start_from_laplace_fit(model: tf.keras.Model, files: inputs.DataFiles, featurizer: inputs.Featurizer,
+                           seed: int) -> None:
+    """Fits the wide part's logistic regression and Laplace posterior (model.wide); the LSTM's output starts at 0."""
+    from model.wide import fit_laplace
+
+    def split(name: str) -> tuple[np.ndarray, np.ndarray]:
+        rows = [(f["window_aggregates"].numpy(), y.numpy()) for f, y in inputs.dataset(files, featurizer, name, 512)]
+        return np.concatenate([r[0] for r in rows]), np.concatenate([r[1] for r in rows])
+
+    fit = fit_laplace(*split("train"), *split("validation"), seed=seed)
+    log.info("wide part: logistic regression %s, validation NLL %.4f, Laplace posterior over %d columns",
+             fit.params, fit.validation_nll, int(np.count_nonzero(np.abs(fit.scale).sum(axis=0))))
+    model.wide.set_fit(fit)
+    # The model starts as the fitted regression: the LSTM head's output and bias add nothing yet.
+    for variable in model.output_layer.variables:
+        if variable.name.endswith("/kernel:0") or "bias" in variable.name:
+            variable.assign(tf.zeros_like(variable))
 
 
 def featurizer_for(files: inputs.DataFiles, mc) -> inputs.Featurizer:

@@ -11,6 +11,8 @@ from ehr_testdata import tiny_config_dict, write_data_dir
 from ehr_pipeline import bagging, spec
 from ehr_pipeline.config import PipelineConfig
 from model import baselines, inputs, losses, metrics, rank1
+from model import train as train_module
+from model.noise import Noise
 from model.config import parse_config
 from model.ehr_model import bag_vector_dim, build_model
 from model.predict import Predictor, predict_probs, stateful_random_ops
@@ -305,3 +307,22 @@ def test_wide_l1_replaces_l2_on_the_wide_kernel_only(data):
     want = float(rank1.l2_loss(others)) + 0.01 * np.abs(kernel).sum()
     assert float(losses.l2_penalty(model)) == pytest.approx(want, rel=1e-5)
     assert float(rank1.l2_loss(others)) > 0
+
+
+def test_a_laplace_wide_part_starts_the_model_as_the_fitted_regression(data):
+    files, _, records, _ = data
+    featurizer = inputs.Featurizer.from_data_files(files, window_hours=48.0)
+    model = _wide_model(featurizer, "rank1", wide_posterior="laplace")
+    train_module.start_from_laplace_fit(model, files, featurizer, seed=0)
+    assert not model.wide.trainable_weights
+    feats = _features(featurizer, records)
+    n, s, k = len(records), 3, model.ensemble_size
+    noise = Noise.from_fingerprints(tf.range(n, dtype=tf.int64), tf.constant(5, tf.int64))
+    logits = model(feats, num_samples=s, noise=noise).numpy()  # [N, S*K]
+    # At the start the LSTM head adds exactly 0: every row is [1, x] . (mean + A eps), its own eps.
+    x = np.c_[np.ones(n), feats["window_aggregates"].numpy()]
+    eps = noise.fold_in("wide_logit").normal(k * s * n, [x.shape[1]]).numpy()  # rows: (k, s, i)
+    rows = np.sum(np.tile(x, (k * s, 1)) * (model.wide.mean.numpy() + eps @ model.wide.scale.numpy().T), axis=1)
+    want = rows.reshape(k, s, n).transpose(2, 1, 0).reshape(n, s * k)
+    np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-4)
+    assert logits.std(axis=1).min() > 0  # the posterior spreads every case's samples

@@ -63,9 +63,10 @@ def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained):
     assert np.abs(predict_probs(exported, records, 5, seed=124) - from_export).max() > 1e-5
 
 
-def test_a_wide_run_exports_its_window_aggregates(tmp_path, synthetic_data):
+@pytest.mark.parametrize("wide", [{"wide_l1": 1e-3}, {"wide_posterior": "laplace"}])
+def test_a_wide_run_exports_its_window_aggregates(tmp_path, synthetic_data, wide):
     config = parse_config(tiny_config_dict("rank1", steps=20, eval_every_steps=10))
-    config = config.with_overrides(model={"wide": True, "wide_window_hours": 24.0, "wide_l1": 1e-3})
+    config = config.with_overrides(model={"wide": True, "wide_window_hours": 24.0, **wide})
     result = train(config, synthetic_data, tmp_path / "run", progress=False)
     _, model, featurizer, _ = load_run(tmp_path / "run", synthetic_data)
     assert featurizer.window_hours == 24.0
@@ -73,7 +74,8 @@ def test_a_wide_run_exports_its_window_aggregates(tmp_path, synthetic_data):
     in_memory = predict_probs(Predictor(featurizer, model), records, 3, seed=7)
     np.testing.assert_allclose(predict_probs(load_export(result.export_dir), records, 3, seed=7), in_memory,
                                rtol=0, atol=1e-6)
-    model.wide.kernel.assign(tf.zeros_like(model.wide.kernel))  # the export would predict otherwise without it
+    for weight in model.wide.weights:  # the export would predict otherwise without the wide part
+        weight.assign(tf.zeros_like(weight))
     assert np.abs(predict_probs(Predictor(featurizer, model), records, 3, seed=7) - in_memory).max() > 1e-4
 
 

@@ -68,6 +68,7 @@ def test_bad_keys_and_values_name_the_key(data, key):
     ({"method": "batchensemble", "distribution": "cauchy"}, "only applies to method 'rank1'"),
     ({"method": "bella", "ensemble_size": 4}, "model: prior_mean must be 0 for method 'bella', got 1.0"),
     ({"method": "fully_bayesian", "ensemble_size": 1, "wide": True, "wide_l1": 0.01}, "has none"),
+    ({"wide_posterior": "laplace"}, "needs wide: true"),
 ])
 def test_inconsistent_method_settings_are_refused(model, match):
     with pytest.raises(ConfigError, match=match):

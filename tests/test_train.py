@@ -102,19 +102,6 @@ def test_the_seed_fixes_the_run_whatever_ran_before(tmp_path, synthetic_data):
     assert same == [{k: v for k, v in row.items() if k != "steps_per_second"} for row in runs[1]]  # bit for bit
 
 
-def test_initialize_sets_the_starting_point_and_frozen_layers_stay_put(tmp_path, synthetic_data):
-    config = parse_config(tiny_config_dict("deterministic", steps=5, log_every_steps=1))
-
-    def initialize(model):
-        model.output_layer.kernel.assign(tf.fill(model.output_layer.kernel.shape, 0.25))
-        model.output_layer.trainable = False
-
-    train(config, synthetic_data, tmp_path / "run", progress=False, export_model=False, initialize=initialize)
-    _, model, _, step = load_run(tmp_path / "run", synthetic_data)
-    assert step == 5
-    np.testing.assert_array_equal(model.output_layer.kernel.numpy(), 0.25)  # trained 5 steps, still as set
-
-
 def test_cli_overrides_reach_every_section():
     assert parse_overrides(["model.rnn_dim=64", "train.learning_rate=1e-3", "model.pooling=max"]) == {
         "model": {"rnn_dim": 64, "pooling": "max"}, "train": {"learning_rate": 1e-3}}

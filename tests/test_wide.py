@@ -1,0 +1,68 @@
+"""model.wide: the fitted logistic regression's Laplace posterior on raw columns, and the layer that samples it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from model import baselines
+from model.noise import Noise
+from model.wide import PRIOR_PRECISION, GaussianLinear, fit_laplace
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1200, 6)) * np.array([1.0, 3.0, 0.5, 2.0, 1.0, 1.0]) + np.array([0, 5, 0, -1, 0, 0])
+    logit = -1.0 + 0.8 * x[:, 0] - 0.3 * (x[:, 1] - 5) + 1.5 * x[:, 2]  # columns 3-5 carry nothing
+    y = (rng.random(1200) < 1 / (1 + np.exp(-logit))).astype(np.int64)
+    return x[:800], y[:800], x[800:], y[800:], fit_laplace(x[:800], y[:800], x[800:], y[800:])
+
+
+def test_the_mean_predicts_what_the_chosen_scikit_learn_fit_predicts(fitted):
+    x, y, xv, yv, fit = fitted
+    train = baselines.SplitFeatures(np.zeros(len(y), np.int64), y, x)
+    val = baselines.SplitFeatures(np.zeros(len(yv), np.int64), yv, xv)
+    pipeline, params, _ = baselines.fit_logistic(train, val, 0)
+    assert params == fit.params
+    p_mean = 1 / (1 + np.exp(-(fit.mean[0] + xv @ fit.mean[1:])))
+    np.testing.assert_allclose(p_mean, pipeline.predict_proba(xv)[:, 1], rtol=0, atol=1e-9)
+
+
+def test_the_covariance_is_the_inverse_hessian_mapped_to_raw_columns(fitted):
+    x, y, _, _, fit = fitted
+    kept = np.flatnonzero(np.abs(fit.mean[1:]) > 0)
+    # An independent computation: the Hessian in raw columns is T^-T H_std T^-1, so the raw
+    # covariance's inverse over the kept columns is the raw design's Hessian plus the prior
+    # precision mapped back: sum p(1 - p) x x^T + PRIOR_PRECISION * D^2 (D = diag of the scales).
+    mean, std = x.mean(axis=0), x.std(axis=0)
+    design = np.c_[np.ones(len(x)), x[:, kept]]
+    p = 1 / (1 + np.exp(-(design @ fit.mean[np.r_[0, kept + 1]])))
+    to_std = np.eye(1 + kept.size)  # raw (b, w) -> standardised (b + w.m, w * s)
+    to_std[0, 1:] = mean[kept]
+    to_std[1:, 1:] = np.diag(std[kept])
+    precision = design.T @ (design * (p * (1 - p))[:, None]) + PRIOR_PRECISION * to_std.T @ to_std
+    covariance = fit.scale @ fit.scale.T
+    idx = np.r_[0, kept + 1]
+    np.testing.assert_allclose(covariance[np.ix_(idx, idx)], np.linalg.inv(precision), rtol=1e-6, atol=1e-9)
+    dropped = np.setdiff1d(np.arange(1, x.shape[1] + 1), kept + 1)
+    assert not covariance[dropped].any()  # a dropped column has no weight and no variance
+
+
+def test_each_row_draws_its_own_weights_from_the_explicit_noise(fitted):
+    *_, fit = fitted
+    layer = GaussianLinear(6, name="wide_logit")
+    layer.set_fit(fit)
+    x = tf.constant(np.random.default_rng(1).normal(size=(5, 6)), tf.float32)
+    noise = Noise.from_fingerprints(tf.range(5, dtype=tf.int64), tf.constant(3, tf.int64))
+    out = layer(x, noise=noise).numpy()[:, 0]
+    eps = noise.fold_in("wide_logit").normal(5, [7]).numpy()
+    weights = fit.mean[None, :] + eps @ fit.scale.T  # one weight vector per row
+    want = np.sum(np.c_[np.ones(5), x.numpy()] * weights, axis=1)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(layer(x, noise=noise).numpy()[:, 0], out)  # same noise, same draw
+    draws = np.stack([layer(x).numpy()[:, 0] for _ in range(400)])  # stateful: the posterior's spread
+    sd = np.sqrt(np.einsum("ij,jk,ik->i", np.c_[np.ones(5), x.numpy()], fit.scale @ fit.scale.T,
+                           np.c_[np.ones(5), x.numpy()]))
+    np.testing.assert_allclose(draws.std(axis=0), sd, rtol=0.15)
+    assert not layer.trainable_weights
