@@ -462,7 +462,10 @@ def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: 
              "true P_DEATH, KL(P, p) the mean KL divergence from the true Bernoulli (the expected excess NLL); "
              "cov X% is the fraction of cases whose P_DEATH lies in the central X% interval of the S x K sampled "
              f"probabilities (n/a for one sample). A deep ensemble combines {ENSEMBLE_SIZE} deterministic runs of "
-             "disjoint seeds; the scikit-learn fits are deterministic, so they are fitted once. Training and "
+             "disjoint seeds; the scikit-learn fits are deterministic, so they are fitted once. rank1_normal_wide "
+             "adds a linear part on the admission window's aggregates trained with the LSTM, rank1_normal_laplace "
+             "that part fitted first as the logistic regression with its Laplace posterior (docs/model.md). "
+             "Training and "
              f"fitting took {total_seconds(runs) / 60:.0f} CPU-shared minutes summed over runs (train s per run in "
              f"the tables; the grid's last invocation ran {seconds / 60:.1f} min).", "",
              "### Site A (in distribution)", "", *_table(runs, truth, "A"), "",
