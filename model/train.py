@@ -24,7 +24,7 @@ from model import bella
 from model import devices as device_layout
 from model import evaluate as evaluation
 from model import export_writer, inputs, losses, metrics, precision, training_loop
-from model.config import ExperimentConfig, parse_config
+from model.config import ExperimentConfig, ModelConfig, parse_config
 from model.ehr_model import build_model, count_parameters
 from model.predict import Predictor, predict_probs
 from model.training_loop import CHECKPOINT_DIR, CONFIG_FILE, model_checkpoint
@@ -165,7 +165,7 @@ def start_from_laplace_fit(model: tf.keras.Model, files: inputs.DataFiles, featu
             variable.assign(tf.zeros_like(variable))
 
 
-def featurizer_for(files: inputs.DataFiles, mc) -> inputs.Featurizer:
+def featurizer_for(files: inputs.DataFiles, mc: ModelConfig) -> inputs.Featurizer:
     """The data folder's featurizer, writing the window aggregates when the model has a wide part."""
     return inputs.Featurizer.from_data_files(files, window_hours=mc.wide_window_hours if mc.wide else None)
 
