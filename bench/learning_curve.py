@@ -10,7 +10,7 @@ release with the project's generator, runs the Beam job on it, and fits, on rand
 its training split (REPEATS draws per size), two models chosen and read exactly as in
 bench/compare_methods.py:
 
-* ``logistic``: model.baselines' logistic regression on the 632 bag aggregates (L1 or L2 and C
+* ``logistic``: model.baselines' logistic regression on the 634 window aggregates (L1 or L2 and C
   chosen by NLL on the full validation split), the strongest general-purpose learner of the
   medium comparison;
 * ``well_specified_logistic``: the truth's own nine terms recomputed from the tables, with
@@ -81,15 +81,15 @@ def run(args: argparse.Namespace) -> list[dict]:
     from bench.compare_methods import _make_data, _make_release, truth_design
     from model import baselines, metrics
     from model.evaluate import load_truth
-    from model.inputs import load_data_files
+    from model.inputs import Featurizer, load_data_files
 
     work = pathlib.Path(args.work)
     release, data = work / f"release_{args.release_name}", work / f"data_{args.release_name}"
     _make_release("A", args.patients, args.seed, release)
     _make_data(release, data)
     files = load_data_files(data)
-    layout = baselines.FeatureLayout.from_data_files(files)
-    feats = {s: baselines.read_features(files, s, layout) for s in ("train", "validation", "test")}
+    featurizer = Featurizer.from_data_files(files, baselines.DEFAULT_WINDOW_HOURS)
+    feats = {s: baselines.read_features(files, s, featurizer) for s in ("train", "validation", "test")}
     design = truth_design(release)
     rows = {s: np.stack([design[h] for h in feats[s].hadm_ids.tolist()]) for s in feats}
     truth = load_truth(release / "SYNTH_TRUTH.csv", feats["test"].hadm_ids)

@@ -4,15 +4,12 @@ The examples come from the pipeline's TFRecords through ``ehr_pipeline.spec``'s 
 parser the trainer and the service use), and the predictions go through ``model.metrics``
 and the same report files as the LSTMs, so a baseline sits in the same tables.
 
-Features per admission, one column block per vocabulary code (``vocabulary.json``) and one
-"other" column per source for codes outside it:
-  * log(1 + events) of the code in the admission window (bags whose newest event lies at most
-    ``window_hours`` before the trigger) and log(1 + events) in older history;
-  * per code with training statistics (``numeric_stats.json``), over the window's values:
-    min, max (of the bags' spec.BAG_VALUE_MIN / MAX), count-weighted mean and last z-score
-    (clipped to the data's clip_z, as the Featurizer does) and a "no value in the window"
-    indicator (the z-scores are then 0): severity scores keep the worst value per window;
-  * age / 90, one-hot gender, one-hot admission type (as the Featurizer encodes them).
+The features are the Featurizer's "window_aggregates" (``model.inputs``), the columns the EHR
+model's linear part reads: per code id (vocabulary codes and one out-of-vocabulary column per
+source) log(1 + events) inside the admission window (bags whose newest event lies at most
+``window_hours`` before the trigger) and in older history; per code with training statistics
+the window's min / max / count-weighted mean / newest z-score and a "no value in the window"
+indicator (severity scores keep the worst value per window); age, gender, admission type.
 Hyperparameters are chosen by validation NLL; the test split is only predicted.
 """
 from __future__ import annotations
@@ -20,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +25,7 @@ from threadpoolctl import threadpool_limits
 
 from ehr_pipeline import spec
 from model import metrics
-from model.inputs import ADMISSION_TYPES, DataFiles, load_data_files, read_split
+from model.inputs import DataFiles, Featurizer, load_data_files, read_split
 
 log = logging.getLogger(__name__)
 
@@ -44,39 +41,7 @@ LOGISTIC_SETTINGS = (*(("l2", c) for c in (0.001, 0.003, 0.01, 0.03, 0.1, 0.3)),
 # on validation too, up to GBM_MAX_ITER.
 GBM_SETTINGS = ((0.05, 15), (0.1, 31))
 GBM_MAX_ITER = 300
-VALUE_STATS = ("z_min", "z_max", "z_mean", "z_last", "no_value")
 _PARSE_BATCH = 512
-
-
-@dataclasses.dataclass(frozen=True)
-class FeatureLayout:
-    """Column layout of the aggregate features of one data folder."""
-
-    count_codes: tuple[str, ...]  # vocabulary codes, then one "source:*" bucket per source
-    value_codes: tuple[str, ...]  # codes with training statistics
-    mean: np.ndarray  # [len(value_codes)] training mean of each value code
-    std: np.ndarray  # [len(value_codes)]
-    clip_z: float
-
-    @classmethod
-    def from_data_files(cls, files: DataFiles) -> FeatureLayout:
-        """The layout of a data folder's vocabulary and numeric statistics."""
-        codes = [c for source in sorted(files.vocabulary) for c in files.vocabulary[source]]
-        buckets = [f"{source}{spec.CODE_SEPARATOR}*" for source in spec.SOURCES]
-        value_codes = sorted(files.numeric_stats)
-        stats = files.numeric_stats
-        return cls(tuple(codes + buckets), tuple(value_codes),
-                   np.array([float(stats[c]["mean"]) for c in value_codes]),
-                   np.array([float(stats[c]["std"]) for c in value_codes]), files.clip_z)
-
-    def names(self) -> list[str]:
-        """One name per feature column, in column order."""
-        names = [f"window_log_count[{c}]" for c in self.count_codes]
-        names += [f"history_log_count[{c}]" for c in self.count_codes]
-        names += [f"{stat}[{c}]" for stat in VALUE_STATS for c in self.value_codes]
-        names += ["age_years/90"] + [f"gender={g}" for g in spec.GENDERS]
-        names += [f"admission_type={t}" for t in ADMISSION_TYPES] + ["admission_type=other"]
-        return names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,16 +78,15 @@ class BaselineResult:
     feature_names: list[str]
     predictions: dict[str, SplitPredictions]  # split -> its predictions
     model: Any  # the fitted scikit-learn estimator
-    layout: FeatureLayout  # the training data's vocabulary and statistics
-    window_hours: float
+    featurizer: Featurizer  # the training data's vocabulary, statistics and window
 
     def predict_data(self, data_dir: str | os.PathLike[str], split: str) -> np.ndarray:
-        """Probabilities [N] (file order) for a split of another data folder, featurized with the training layout.
+        """Probabilities [N] (file order) for a split of another data folder, featurized as at training.
 
         A model trained at one site keeps its own vocabulary and z-score statistics, as an
         export does; the other folder's side files are not used.
         """
-        features = read_features(load_data_files(data_dir), split, self.layout, self.window_hours)
+        features = read_features(load_data_files(data_dir), split, self.featurizer)
         with threadpool_limits(limits=1):
             return self.model.predict_proba(features.x)[:, 1].astype(np.float64)
 
@@ -136,102 +100,20 @@ class BaselineResult:
         return int(sum(2 * tree.get_n_leaf_nodes() - 1 for trees in self.model._predictors for tree in trees))
 
 
-def aggregate_features(parsed: Mapping[str, Any], layout: FeatureLayout,
-                       window_hours: float = DEFAULT_WINDOW_HOURS) -> np.ndarray:
-    """float32 [B, F] features (columns: layout.names()) of a parse_sequence_examples batch."""
-    codes = parsed[spec.BAG_CODES]
-    bag_splits, code_splits = (s.numpy() for s in codes.nested_row_splits)
-    flat_codes = codes.flat_values.numpy()
-    batch = bag_splits.size - 1
-    # Each token's example and bag: bags are ragged rows of examples, tokens of bags.
-    bag_example = np.repeat(np.arange(batch), np.diff(bag_splits))
-    token_bag = np.repeat(np.arange(code_splits.size - 1), np.diff(code_splits))
-    token_example = bag_example[token_bag]
-    offsets = parsed[spec.BAG_OFFSET].flat_values.numpy().astype(np.float64)
-    in_window = offsets[token_bag] <= window_hours * 3600.0
-
-    n_count = len(layout.count_codes)
-    column = {c.encode("utf-8"): i for i, c in enumerate(layout.count_codes)}
-    source_column = {s.encode("utf-8"): column[f"{s}{spec.CODE_SEPARATOR}*".encode()] for s in spec.SOURCES}
-    unique, inverse = np.unique(flat_codes, return_inverse=True)
-    # A code outside the vocabulary counts in its source's bucket; one of an unknown source is dropped.
-    unique_col = np.array([column.get(c, source_column.get(c.split(spec.CODE_SEPARATOR.encode())[0], -1))
-                           for c in unique.tolist()], dtype=np.int64)
-    token_col = unique_col[inverse] if unique.size else np.zeros(0, np.int64)
-    counts = parsed[spec.BAG_COUNTS].flat_values.numpy().astype(np.float64)
-    known = token_col >= 0
-    window_counts = np.zeros((batch, n_count))
-    history_counts = np.zeros((batch, n_count))
-    np.add.at(window_counts, (token_example[known & in_window], token_col[known & in_window]),
-              counts[known & in_window])
-    np.add.at(history_counts, (token_example[known & ~in_window], token_col[known & ~in_window]),
-              counts[known & ~in_window])
-
-    values = _window_values(parsed, layout, unique, inverse, token_example, in_window, batch)
-    context = _context(parsed)
-    return np.concatenate([np.log1p(window_counts), np.log1p(history_counts), values, context],
-                          axis=1).astype(np.float32)
-
-
-def _window_values(parsed: Mapping[str, Any], layout: FeatureLayout, unique: np.ndarray, inverse: np.ndarray,
-                   token_example: np.ndarray, in_window: np.ndarray, batch: int) -> np.ndarray:
-    """[B, 5 * V] blocks z_min, z_max, z_mean, z_last, no_value over the window's valued tokens."""
-    n_value = len(layout.value_codes)
-    value_index = {c.encode("utf-8"): i for i, c in enumerate(layout.value_codes)}
-    unique_vi = np.array([value_index.get(c, -1) for c in unique.tolist()], dtype=np.int64)
-    token_vi = unique_vi[inverse] if unique.size else np.zeros(0, np.int64)
-    value_count = parsed[spec.BAG_VALUE_COUNT].flat_values.numpy().astype(np.float64)
-    use = (token_vi >= 0) & (value_count > 0) & in_window
-    ex, vi, weight = token_example[use], token_vi[use], value_count[use]
-
-    def z(key: str) -> np.ndarray:
-        raw = parsed[key].flat_values.numpy().astype(np.float64)[use]
-        return np.clip((raw - layout.mean[vi]) / layout.std[vi], -layout.clip_z, layout.clip_z)
-
-    z_min = np.full((batch, n_value), np.inf)
-    z_max = np.full((batch, n_value), -np.inf)
-    np.minimum.at(z_min, (ex, vi), z(spec.BAG_VALUE_MIN))
-    np.maximum.at(z_max, (ex, vi), z(spec.BAG_VALUE_MAX))
-    weighted = np.zeros((batch, n_value))
-    total = np.zeros((batch, n_value))
-    np.add.at(weighted, (ex, vi), weight * z(spec.BAG_VALUE_MEAN))
-    np.add.at(total, (ex, vi), weight)
-    # Bags run oldest first, so a code's last valued token in flat order is its newest value.
-    z_last = np.zeros((batch, n_value))
-    key = ex * max(n_value, 1) + vi
-    _, first_from_end = np.unique(key[::-1], return_index=True)
-    newest = key.size - 1 - first_from_end
-    z_last[ex[newest], vi[newest]] = z(spec.BAG_VALUE_LAST)[newest]
-    seen = total > 0
-    z_min[~seen] = 0.0
-    z_max[~seen] = 0.0
-    z_mean = np.divide(weighted, total, out=np.zeros_like(weighted), where=seen)
-    return np.concatenate([z_min, z_max, z_mean, z_last, (~seen).astype(np.float64)], axis=1)
-
-
-def _context(parsed: Mapping[str, Any]) -> np.ndarray:
-    """[B, 1 + genders + admission types + 1]: age / 90 and one-hots, as model.inputs.Featurizer encodes them."""
-    age = parsed[spec.AGE_YEARS].numpy().astype(np.float64)[:, None] / spec.AGE_CAP_YEARS
-    gender = [g.decode("utf-8") for g in parsed[spec.GENDER].numpy().tolist()]
-    adm = [a.decode("utf-8") for a in parsed[spec.ADMISSION_TYPE].numpy().tolist()]
-    gender_hot = np.array([[g == known for known in spec.GENDERS] for g in gender], dtype=np.float64)
-    adm_hot = np.array([[a == known for known in ADMISSION_TYPES] + [a not in ADMISSION_TYPES] for a in adm],
-                       dtype=np.float64)
-    return np.concatenate([age, gender_hot.reshape(len(gender), -1), adm_hot.reshape(len(adm), -1)], axis=1)
-
-
-def read_features(files: DataFiles, split: str, layout: FeatureLayout | None = None,
+def read_features(files: DataFiles, split: str, featurizer: Featurizer | None = None,
                   window_hours: float = DEFAULT_WINDOW_HOURS) -> SplitFeatures:
-    """The aggregate features of every example of a split (file order, as model.inputs.read_split)."""
+    """The window aggregates of every example of a split (file order, as model.inputs.read_split).
+
+    featurizer: one with a window (another folder's, to featurize with its vocabulary and
+    statistics); None: this folder's, with a window of window_hours.
+    """
     import tensorflow as tf
 
-    layout = layout or FeatureLayout.from_data_files(files)
+    featurizer = featurizer or Featurizer.from_data_files(files, window_hours)
     records, labels, hadm_ids = read_split(files, split)
-    blocks = []
-    for start in range(0, len(records), _PARSE_BATCH):
-        parsed = spec.parse_sequence_examples(tf.constant(records[start:start + _PARSE_BATCH]))
-        blocks.append(aggregate_features(parsed, layout, window_hours))
-    x = np.concatenate(blocks) if blocks else np.zeros((0, len(layout.names())), np.float32)
+    blocks = [featurizer(spec.parse_sequence_examples(tf.constant(records[start:start + _PARSE_BATCH])))
+              ["window_aggregates"].numpy() for start in range(0, len(records), _PARSE_BATCH)]
+    x = np.concatenate(blocks) if blocks else np.zeros((0, featurizer.window_aggregate_dim), np.float32)
     return SplitFeatures(np.asarray(hadm_ids, np.int64), np.asarray(labels, np.int64), x)
 
 
@@ -292,8 +174,8 @@ def fit_baseline(data_dir: str | os.PathLike[str], kind: str, seed: int = 0, *,
     if kind not in KINDS:
         raise ValueError(f"baseline kind must be one of {KINDS}, got {kind!r}")
     files = load_data_files(data_dir)
-    layout = FeatureLayout.from_data_files(files)
-    features = {s: read_features(files, s, layout, window_hours) for s in dict.fromkeys(("train", "validation", *splits))}
+    featurizer = Featurizer.from_data_files(files, window_hours)
+    features = {s: read_features(files, s, featurizer) for s in dict.fromkeys(("train", "validation", *splits))}
     train, val = features["train"], features["validation"]
     if np.unique(train.labels).size < 2:
         raise ValueError(f"{files.data_dir}: the train split has one class only; a baseline cannot be fitted")
@@ -307,5 +189,6 @@ def fit_baseline(data_dir: str | os.PathLike[str], kind: str, seed: int = 0, *,
         predictions = {s: SplitPredictions(features[s].hadm_ids, features[s].labels,
                                            model.predict_proba(features[s].x)[:, 1].astype(np.float64))
                        for s in splits}
-    return BaselineResult(kind=kind, seed=seed, params=params, validation_nll=scores, feature_names=layout.names(),
-                          predictions=predictions, model=model, layout=layout, window_hours=window_hours)
+    return BaselineResult(kind=kind, seed=seed, params=params, validation_nll=scores,
+                          feature_names=featurizer.window_aggregate_names(), predictions=predictions, model=model,
+                          featurizer=featurizer)

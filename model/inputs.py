@@ -235,9 +235,10 @@ class Featurizer(tf.Module):
         if self.window_hours is not None:
             token_example = tf.gather(codes.value_rowids(), token_bag)
             in_window = tf.gather(offsets.flat_values <= self.window_hours * 3600.0, token_bag)
+            weight = tf.cast(parsed[spec.BAG_VALUE_COUNT].flat_values, tf.float32)
             features["window_aggregates"] = tf.concat([
                 self._window_counts(ids, counts, token_example, in_window, codes.nrows()),
-                self._window_values(parsed, z, stat, usable, token_example, in_window, codes.nrows()),
+                self._window_values(values, weight, stat, usable, token_example, in_window, codes.nrows()),
                 context], axis=-1)
         return features
 
@@ -253,8 +254,11 @@ class Featurizer(tf.Module):
         return tf.concat([per_id(tf.where(in_window, counts, zeros)), per_id(tf.where(in_window, zeros, counts))],
                          axis=-1)
 
-    def _window_values(self, parsed, z, stat, usable, token_example, in_window, batch) -> tf.Tensor:
-        """[B, 5 * value codes]: WINDOW_VALUE_STATS blocks over the window's valued tokens."""
+    def _window_values(self, values, weight, stat, usable, token_example, in_window, batch) -> tf.Tensor:
+        """[B, 5 * value codes]: WINDOW_VALUE_STATS blocks over the window's valued tokens.
+
+        values: the tokens' value features (z_mean, z_last, z_min, z_max first); weight: their value counts.
+        """
         n_codes = len(self.value_codes)
         if not n_codes:
             return tf.zeros([batch, 0])
@@ -262,25 +266,23 @@ class Featurizer(tf.Module):
         # Tokens that do not count go to one extra segment, cut off below.
         n = batch * n_codes
         pair = tf.where(use, token_example * n_codes + stat, n)
-        weight = tf.where(use, tf.cast(parsed[spec.BAG_VALUE_COUNT].flat_values, tf.float32), 0.0)
+        weight = tf.where(use, weight, 0.0)
+        z_mean, z_last, z_min, z_max = tf.unstack(values[:, :4], axis=-1)
 
         def per_code(reduce, data):
             return tf.reshape(reduce(data, pair, n + 1)[:n], [-1, n_codes])
 
-        seen = per_code(tf.math.unsorted_segment_sum, weight) > 0
-        zero = tf.zeros_like(seen, tf.float32)
-        z_min = tf.where(seen, per_code(tf.math.unsorted_segment_min, z(parsed[spec.BAG_VALUE_MIN].flat_values)), zero)
-        z_max = tf.where(seen, per_code(tf.math.unsorted_segment_max, z(parsed[spec.BAG_VALUE_MAX].flat_values)), zero)
         total = per_code(tf.math.unsorted_segment_sum, weight)
-        z_mean = tf.math.divide_no_nan(
-            per_code(tf.math.unsorted_segment_sum, weight * z(parsed[spec.BAG_VALUE_MEAN].flat_values)), total)
+        seen = total > 0
+        zero = tf.zeros_like(total)
+        window_min = tf.where(seen, per_code(tf.math.unsorted_segment_min, z_min), zero)
+        window_max = tf.where(seen, per_code(tf.math.unsorted_segment_max, z_max), zero)
+        window_mean = tf.math.divide_no_nan(per_code(tf.math.unsorted_segment_sum, weight * z_mean), total)
         # Bags run oldest first, so a code's newest value is its valued token of highest flat index.
         position = tf.range(tf.shape(pair, out_type=tf.int64)[0])
         newest = tf.math.unsorted_segment_max(tf.where(use, position, -1), pair, n + 1)[:n]
-        z_last = tf.where(newest >= 0, tf.gather(z(parsed[spec.BAG_VALUE_LAST].flat_values),
-                                                 tf.maximum(newest, 0)), 0.0)
-        z_last = tf.reshape(z_last, [-1, n_codes])
-        return tf.concat([z_min, z_max, z_mean, z_last, 1.0 - tf.cast(seen, tf.float32)], axis=-1)
+        window_last = tf.reshape(tf.where(newest >= 0, tf.gather(z_last, tf.maximum(newest, 0)), 0.0), [-1, n_codes])
+        return tf.concat([window_min, window_max, window_mean, window_last, 1.0 - tf.cast(seen, tf.float32)], axis=-1)
 
 
 def _table(keys: list[str], values, dtype) -> tf.lookup.StaticHashTable:

@@ -149,13 +149,10 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
 def start_from_laplace_fit(model: tf.keras.Model, files: inputs.DataFiles, featurizer: inputs.Featurizer,
                            seed: int) -> None:
     """Fits the wide part's logistic regression and Laplace posterior (model.wide); the LSTM's output starts at 0."""
+    from model.baselines import read_features
     from model.wide import fit_laplace
 
-    def split(name: str) -> tuple[np.ndarray, np.ndarray]:
-        rows = [(f["window_aggregates"].numpy(), y.numpy()) for f, y in inputs.dataset(files, featurizer, name, 512)]
-        return np.concatenate([r[0] for r in rows]), np.concatenate([r[1] for r in rows])
-
-    fit = fit_laplace(*split("train"), *split("validation"), seed=seed)
+    fit = fit_laplace(*(read_features(files, split, featurizer) for split in ("train", "validation")), seed=seed)
     log.info("wide part: logistic regression %s, validation NLL %.4f, Laplace posterior over %d columns",
              fit.params, fit.validation_nll, int(np.count_nonzero(np.abs(fit.scale).sum(axis=0))))
     model.wide.set_fit(fit)

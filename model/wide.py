@@ -20,6 +20,8 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from model import baselines
+from model.baselines import SplitFeatures
 from model.noise import Noise
 
 PRIOR_PRECISION = 1.0  # of the standardised weights: keeps H invertible where columns are collinear
@@ -35,34 +37,23 @@ class LaplaceFit:
     validation_nll: float
 
 
-def fit_laplace(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
-                seed: int = 0) -> LaplaceFit:
+def fit_laplace(train: SplitFeatures, val: SplitFeatures, seed: int = 0) -> LaplaceFit:
     """Fits model.baselines' logistic regression (chosen on validation) and its Laplace posterior, on raw columns."""
     from threadpoolctl import threadpool_limits
 
-    from model import baselines
-
-    train = baselines.SplitFeatures(np.zeros(len(y_train), np.int64), np.asarray(y_train, np.int64), x_train)
-    val = baselines.SplitFeatures(np.zeros(len(y_val), np.int64), np.asarray(y_val, np.int64), x_val)
     with threadpool_limits(limits=1):
         pipeline, params, scores = baselines.fit_logistic(train, val, seed)
     scaler, logistic = pipeline[0], pipeline[-1]
-    n_features = x_train.shape[1]
     coef = np.r_[logistic.intercept_, logistic.coef_[0]]  # on standardised columns
     kept = np.r_[True, logistic.coef_[0] != 0]
-    z = np.c_[np.ones(len(x_train)), scaler.transform(x_train)][:, kept]
+    z = np.c_[np.ones(len(train.x)), scaler.transform(train.x)][:, kept]
     p = 1.0 / (1.0 + np.exp(-z @ coef[kept]))
     hessian = (z * (p * (1.0 - p))[:, None]).T @ z + PRIOR_PRECISION * np.eye(z.shape[1])
     # Raw columns: logit = b + sum_j (c_j / s_j) (x_j - m_j), a linear map T of (b, c).
-    to_raw = np.zeros((1 + n_features, kept.sum()))
-    kept_index = np.flatnonzero(kept)
-    for col, j in enumerate(kept_index):
-        if j == 0:
-            to_raw[0, col] = 1.0
-        else:
-            to_raw[j, col] = 1.0 / scaler.scale_[j - 1]
-            to_raw[0, col] = -scaler.mean_[j - 1] / scaler.scale_[j - 1]
-    scale = np.zeros((1 + n_features, 1 + n_features))
+    to_raw = np.diag(np.r_[1.0, 1.0 / scaler.scale_])
+    to_raw[0, 1:] = -scaler.mean_ / scaler.scale_
+    to_raw = to_raw[:, kept]
+    scale = np.zeros((coef.size, coef.size))
     # T L with L L^T = H^-1 is a factor of the raw covariance T H^-1 T^T; dropped columns stay 0.
     scale[:, :kept.sum()] = to_raw @ np.linalg.cholesky(np.linalg.inv(hessian))
     return LaplaceFit(to_raw @ coef[kept], scale, params, float(min(scores.values())))

