@@ -82,8 +82,8 @@ class ModelConfig(_Model):
                        "and the bag vector is attention_heads x embedding_dim wide.")
     wide: bool = Field(
         False, description="Add a linear ('wide') part to the logit on the admission window's per-code aggregates "
-                           "(log counts, min / max / mean / last z-scores, context; model.inputs), under the "
-                           "method's posterior, trained jointly with the LSTM.")
+                           "(log counts, min / max / mean / last z-scores, context; model.inputs); wide_posterior "
+                           "says how it is trained.")
     wide_window_hours: _PosFloat = Field(48.0, description="wide: the window, hours before the prediction time.")
     wide_posterior: Literal["factory", "laplace"] = Field(
         "factory", description="wide: 'factory' trains the linear part with the LSTM under the method's posterior; "
