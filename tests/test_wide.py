@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from model import baselines
 from model.noise import Noise
-from model.wide import PRIOR_PRECISION, GaussianLinear, fit_laplace
+from model.wide import PRIOR_PRECISION, GaussianLinear, fit_laplace, laplace_posterior
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +49,54 @@ def test_the_covariance_is_the_inverse_hessian_mapped_to_raw_columns(fitted):
     np.testing.assert_allclose(covariance[np.ix_(idx, idx)], np.linalg.inv(precision), rtol=1e-6, atol=1e-9)
     dropped = np.setdiff1d(np.arange(1, x.shape[1] + 1), kept + 1)
     assert not covariance[dropped].any()  # a dropped column has no weight and no variance
+
+
+def _standardised_pipeline(fitted):
+    x, y, xv, yv, _ = fitted
+    train = baselines.SplitFeatures(np.zeros(len(y), np.int64), y, x)
+    val = baselines.SplitFeatures(np.zeros(len(yv), np.int64), yv, xv)
+    return baselines.fit_logistic(train, val, 0)[0]
+
+
+def _raw_to_standardised(x):
+    """The map M with (b_std, c_std) = M (b_raw, w_raw), i.e. b + w.m and w * s."""
+    m = np.eye(1 + x.shape[1])
+    m[0, 1:] = x.mean(axis=0)
+    m[1:, 1:] = np.diag(x.std(axis=0))
+    return m
+
+
+def test_the_sandwich_covariance_is_p_inverse_j_p_inverse_in_standardised_columns(fitted):
+    x, y, *_ = fitted
+    pipeline = _standardised_pipeline(fitted)
+    mean, scale = laplace_posterior(pipeline, x, sandwich_labels=y)
+    _, laplace_scale = laplace_posterior(pipeline, x)
+    kept = np.flatnonzero(np.r_[True, pipeline[-1].coef_[0] != 0])
+    z = np.c_[np.ones(len(x)), (x - x.mean(axis=0)) / x.std(axis=0)][:, kept]
+    to_std = _raw_to_standardised(x)[np.ix_(kept, kept)]
+    coef_std = to_std @ mean[kept]
+    p = 1 / (1 + np.exp(-z @ coef_std))
+    precision_inv = np.linalg.inv(z.T @ (z * (p * (1 - p))[:, None]) + PRIOR_PRECISION * np.eye(kept.size))
+    g = z * (y - p)[:, None]
+    want = precision_inv @ g.T @ g @ precision_inv
+    got = (scale @ scale.T)[np.ix_(kept, kept)]
+    np.testing.assert_allclose(to_std @ got @ to_std.T, want, rtol=1e-6, atol=1e-10)
+    assert not np.allclose(scale @ scale.T, laplace_scale @ laplace_scale.T)  # a different covariance
+
+
+def test_a_dropped_column_prior_gives_every_column_variance_from_the_full_precision(fitted):
+    x, *_ = fitted
+    pipeline = _standardised_pipeline(fitted)
+    pipeline[-1].coef_[0, 4] = 0.0  # as if the L1 fit had dropped column 4
+    mean, scale = laplace_posterior(pipeline, x, prior_precision=2.0, dropped_precision=50.0)
+    z = np.c_[np.ones(len(x)), (x - x.mean(axis=0)) / x.std(axis=0)]
+    to_std = _raw_to_standardised(x)
+    p = 1 / (1 + np.exp(-z @ (to_std @ mean)))
+    prior = np.r_[2.0, 2.0, 2.0, 2.0, 2.0, 50.0, 2.0]
+    prior[1:][pipeline[-1].coef_[0] == 0] = 50.0
+    want = np.linalg.inv(z.T @ (z * (p * (1 - p))[:, None]) + np.diag(prior))
+    np.testing.assert_allclose(to_std @ (scale @ scale.T) @ to_std.T, want, rtol=1e-6, atol=1e-10)
+    assert mean[5] == 0.0 and (scale @ scale.T)[5, 5] > 0  # dropped, yet uncertain
 
 
 def test_each_row_draws_its_own_weights_from_the_explicit_noise(fitted):
