@@ -17,7 +17,6 @@ import argparse
 import json
 import logging
 import pathlib
-import shlex
 import shutil
 import sys
 import time
@@ -186,6 +185,8 @@ def markdown(rows: dict[str, list[dict]], command: str, wall_s: float, bella_epo
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
+    from bench.report import command_line, write_section
+
     from model.metrics import json_ready
 
     from ehr_pipeline.cli_args import setup_logging
@@ -198,13 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_all(args)
     # Kept beside the runs: the table can be re-made from it without retraining.
     (pathlib.Path(args.work) / "rows.json").write_text(json.dumps(json_ready(rows), indent=1))
-    command = "python bench/bella_digits.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
-                                                                                 else sys.argv[1:]))
-    md = markdown(rows, command.strip(), time.time() - started, args.bella_epochs)
+    md = markdown(rows, command_line(__file__, argv), time.time() - started, args.bella_epochs)
     print(md)
     if not args.no_write:
-        from bench.report import write_section
-
         print(f"\nwrote {write_section('bella_digits', md, args.output)}")
     return 0
 

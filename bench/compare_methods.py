@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import pathlib
-import shlex
 import subprocess
 import sys
 import time
@@ -484,6 +483,7 @@ def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: 
 def main(argv: list[str] | None = None) -> int:
     """Trains the grid (unless --report-only) and writes the tables; returns the exit code."""
     args = build_parser().parse_args(argv)
+    from bench.report import command_line, write_section
     from ehr_pipeline.cli_args import setup_logging
 
     setup_logging()
@@ -494,11 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         run_grid(args, work)
         timing.write_text(json.dumps({"seconds": time.time() - started}))
     seconds = json.loads(timing.read_text())["seconds"] if timing.exists() else time.time() - started
-    command = "python bench/compare_methods.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])
-                                                             if a != "--report-only")
+    command = command_line(__file__, argv, drop=("--report-only",))
     markdown = report(args, work, command, seconds)
-    from bench.report import write_section
-
     path = write_section("compare_methods", markdown, args.out)
     print(markdown)
     print(f"\nwritten to {path}")

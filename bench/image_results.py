@@ -15,7 +15,6 @@ import argparse
 import logging
 import math
 import pathlib
-import shlex
 import shutil
 import sys
 import time
@@ -172,6 +171,8 @@ def markdown(reports: dict[str, list[dict]], params: dict[str, int], wrn: dict[s
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
+    from bench.report import command_line, write_section
+
     from ehr_pipeline.cli_args import setup_logging
 
     setup_logging()
@@ -181,13 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     reports, params, configs = run_all(args)
     wrn = wrn_parameter_counts()
-    command = "python bench/image_results.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
-                                                                                  else sys.argv[1:]))
-    md = markdown(reports, params, wrn, configs, command.strip(), time.time() - started)
+    md = markdown(reports, params, wrn, configs, command_line(__file__, argv), time.time() - started)
     print(md)
     if not args.no_write:
-        from bench.report import write_section
-
         print(f"\nwrote {write_section('image', md, args.output)}")
     return 0
 

@@ -23,7 +23,6 @@ import collections
 import logging
 import math
 import pathlib
-import shlex
 import shutil
 import sys
 import time
@@ -301,15 +300,14 @@ def snr_markdown(results: dict[str, list[list[dict]]], command: str, figure: str
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
+    from bench.report import command_line, write_section
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
-    command = ("python bench/ktied_results.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
-                                                                                   else sys.argv[1:]))).strip()
+    command = command_line(__file__, argv)
     def publish(name: str, md: str) -> None:  # as soon as a part is done: a later failure keeps it
         print(md)
         if not args.no_write:
-            from bench.report import write_section
-
             print(f"\nwrote {write_section(name, md, args.output)}")
 
     if args.part in ("all", "snr"):

@@ -29,7 +29,6 @@ import json
 import logging
 import math
 import pathlib
-import shlex
 import sys
 import time
 
@@ -263,18 +262,15 @@ def report(results: list[dict], info: dict, command: str, seconds: float) -> str
 def main(argv: list[str] | None = None) -> int:
     """Fits the curve and writes its section of the results file; returns the exit code."""
     args = build_parser().parse_args(argv)
+    from bench.report import command_line, write_section
     from ehr_pipeline.cli_args import setup_logging
 
     setup_logging()
     started = time.time()
     results, info = run(args)
-    command = "python bench/learning_curve.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    markdown = report(results, info, command.strip(), time.time() - started)
-    from bench.report import write_section
-
-    path = write_section("learning_curve", markdown, args.out)
+    markdown = report(results, info, command_line(__file__, argv), time.time() - started)
     print(markdown)
-    print(f"\nwritten to {path}")
+    print(f"\nwrote {write_section('learning_curve', markdown, args.out)}")
     return 0
 
 

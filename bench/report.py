@@ -12,6 +12,7 @@ import os
 import pathlib
 import platform
 import resource
+import shlex
 import subprocess
 import sys
 import threading
@@ -43,6 +44,12 @@ def write_section(name: str, markdown: str, path: str | os.PathLike = DEFAULT_PA
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8")
     return target
+
+
+def command_line(script: str, argv: list[str] | None, drop: tuple[str, ...] = ()) -> str:
+    """How to re-run a bench script from the repo root: ``python bench/NAME.py ARGS``; argv None: this process's."""
+    args = [a for a in (sys.argv[1:] if argv is None else argv) if a not in drop]
+    return " ".join(["python", f"bench/{pathlib.Path(script).name}", *(shlex.quote(a) for a in args)])
 
 
 def _cpu_model() -> str:
