@@ -104,15 +104,11 @@ def bootstrap_draws(pipeline, x: np.ndarray, y: np.ndarray, refits: int, seed: i
     """Raw-column weights [refits, 1 + F] of the pipeline refitted on bootstrap resamples of (x, y)."""
     from sklearn.base import clone
 
+    from model.wide import raw_coefficients
+
     rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(refits):
-        idx = rng.integers(0, len(y), len(y))
-        fitted = clone(pipeline).fit(x[idx], y[idx])
-        scaler, logistic = fitted[0], fitted[-1]
-        weights = logistic.coef_[0] / scaler.scale_
-        out.append(np.r_[logistic.intercept_[0] - weights @ scaler.mean_, weights])
-    return np.array(out)
+    resamples = (rng.integers(0, len(y), len(y)) for _ in range(refits))
+    return np.array([raw_coefficients(clone(pipeline).fit(x[idx], y[idx])) for idx in resamples])
 
 
 def sampled_probs(draws: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -129,7 +125,7 @@ def scores(probs: np.ndarray, labels: np.ndarray, truth: np.ndarray | None) -> d
     if truth is not None:
         out["abs_error"] = float(np.mean(np.abs(p - truth)))
         out["coverage"] = metrics.interval_coverage(probs, truth, levels=LEVELS)
-        low, high = np.quantile(probs, [0.025, 0.975], axis=1)
+        low, high = metrics.sample_interval(probs, 0.95)
         out["width_95"] = float(np.mean(high - low))
     return out
 

@@ -65,7 +65,7 @@ def laplace_posterior(pipeline, x: np.ndarray, *, prior_precision: float = PRIOR
     free = kept if dropped_precision is None else np.ones_like(kept)
     z = np.c_[np.ones(len(x)), scaler.transform(x)][:, free]
     p = 1.0 / (1.0 + np.exp(-z @ coef[free]))
-    prior = np.where(kept[free], prior_precision, dropped_precision if dropped_precision is not None else 0.0)
+    prior = np.where(kept[free], prior_precision, dropped_precision or 0.0)  # kept[free] is all True if None
     precision_inv = np.linalg.inv((z * (p * (1.0 - p))[:, None]).T @ z + np.diag(prior))
     if sandwich_labels is None:
         factor = np.linalg.cholesky(precision_inv)
@@ -74,13 +74,24 @@ def laplace_posterior(pipeline, x: np.ndarray, *, prior_precision: float = PRIOR
         # even where J is singular (a kept column that is constant on these rows).
         gradients = z * (np.asarray(sandwich_labels) - p)[:, None]
         factor = precision_inv @ np.linalg.qr(gradients, mode="r").T
-    # Raw columns: logit = b + sum_j (c_j / s_j) (x_j - m_j), a linear map T of (b, c).
-    to_raw = np.diag(np.r_[1.0, 1.0 / scaler.scale_])
-    to_raw[0, 1:] = -scaler.mean_ / scaler.scale_
+    to_raw = _to_raw(scaler)
     scale = np.zeros((coef.size, coef.size))
     # T L with L L^T the covariance is a factor of the raw covariance T C T^T; columns not free stay 0.
     scale[:, :free.sum()] = to_raw[:, free] @ factor
     return to_raw @ coef, scale
+
+
+def raw_coefficients(pipeline) -> np.ndarray:
+    """[1 + F] intercept and weights on raw columns of a fitted standardised logistic pipeline."""
+    scaler, logistic = pipeline[0], pipeline[-1]
+    return _to_raw(scaler) @ np.r_[logistic.intercept_, logistic.coef_[0]]
+
+
+def _to_raw(scaler) -> np.ndarray:
+    """T with (b, w) on raw columns = T (b, c) on standardised ones: b + sum_j (c_j / s_j) (x_j - m_j)."""
+    to_raw = np.diag(np.r_[1.0, 1.0 / scaler.scale_])
+    to_raw[0, 1:] = -scaler.mean_ / scaler.scale_
+    return to_raw
 
 
 class GaussianLinear(tf.keras.layers.Layer):
