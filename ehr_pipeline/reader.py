@@ -19,6 +19,7 @@ import io
 import logging
 import pathlib
 import threading
+import weakref
 import zlib
 from typing import Callable, Iterator, Sequence
 
@@ -50,6 +51,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_BLOCK_SIZE = 256 << 10
 _HEADER_PROBE_BYTES = 1 << 16
 _MAX_HEADER_BYTES = 1 << 20
+# Longest wait (seconds) for Arrow's I/O thread to let go of a closed reader: one block read.
+_READ_AHEAD_RELEASE_S = 30.0
 _GZIP_MAGIC = b"\x1f\x8b"
 _NEWLINE = 10
 _CR = 13
@@ -728,7 +731,7 @@ class _Pass:
         fresh = True
         while True:
             try:
-                reader = self._open(header_in_data=fresh)
+                reader, released = self._open(header_in_data=fresh)
             except _Straddled:
                 yield from self._skip_line()
                 fresh = False
@@ -753,6 +756,12 @@ class _Pass:
                 # Stop Arrow's read-ahead before the caller's `with` closes the stream under it
                 # (a consumer may stop early).
                 reader.close()
+                del reader
+                # A read-ahead still in flight keeps Arrow's reader, and through it the feed,
+                # alive on Arrow's I/O thread. Released there while the interpreter exits, the
+                # feed's destructor wants the GIL that is being torn down, and the process aborts
+                # ("terminate called without an active exception") after all its work is done.
+                released.wait(_READ_AHEAD_RELEASE_S)
             if not restart:
                 break
             # A quote that never closes within a block (or one enormous line): the record at
@@ -768,7 +777,8 @@ class _Pass:
     def _straddled(self, e: BaseException) -> bool:
         return "straddl" in str(e) and self.window.error is None
 
-    def _open(self, header_in_data: bool) -> pacsv.CSVStreamingReader:
+    def _open(self, header_in_data: bool) -> tuple[pacsv.CSVStreamingReader, threading.Event]:
+        """An Arrow reader on a fresh feed, and an event set once nothing holds that feed any more."""
         read = pacsv.ReadOptions(use_threads=False, block_size=self.reader.block_size_bytes,
                                  column_names=None if header_in_data else self.header)
         parse = pacsv.ParseOptions(
@@ -783,15 +793,18 @@ class _Pass:
             strings_can_be_null=True,
             quoted_strings_can_be_null=True,
         )
+        feed = self.window.feed()
+        released = threading.Event()
+        weakref.finalize(feed, released.set)
         try:
-            reader = pacsv.open_csv(self.window.feed(), read_options=read, parse_options=parse, convert_options=convert)
+            reader = pacsv.open_csv(feed, read_options=read, parse_options=parse, convert_options=convert)
         except (pa.ArrowException, OSError) as e:
             if self._straddled(e):
                 raise _Straddled() from e
             raise self._failure(e) from e
         if reader.schema.names != self.header:
             raise ReaderError(f"{self.file}: Arrow parsed the header as {reader.schema.names}, expected {self.header}")
-        return reader
+        return reader, released
 
     def _skip_line(self) -> Iterator[pa.RecordBatch]:
         """Dead-letters the physical line at the cursor and points the window just after it."""

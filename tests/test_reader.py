@@ -8,17 +8,20 @@ from __future__ import annotations
 import calendar
 import csv
 import datetime as dt
+import gc
 import gzip
 import io
 import logging
 import sys
 import threading
+import time
 
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ehr_pipeline import reader as reader_module
 from ehr_pipeline import schemas
 from ehr_pipeline.deadletter import DeadLetter, JsonlDeadLetterWriter, read_dead_letters
 from ehr_pipeline.reader import (
@@ -163,6 +166,25 @@ def test_read_table_and_small_blocks_agree_with_one_block(demo_dir):
     small, small_stats, _ = _read(path, "LABEVENTS", block_size_bytes=64 * 1024)
     assert whole.equals(small)
     assert stats == small_stats
+
+
+def test_no_arrow_reader_outlives_the_iteration(demo_dir, monkeypatch):
+    """Arrow's read-ahead has let go of the file feed when iteration ends: released later, at interpreter exit, it aborts."""
+    def live_feeds() -> int:
+        return sum(type(o) is reader_module._Feed for o in gc.get_objects())
+
+    read = _RawWindow.read
+
+    def slow_read(self, nbytes=-1):  # a slow disk: the read-ahead is still in flight when the consumer stops
+        time.sleep(0.05)
+        return read(self, nbytes)
+
+    monkeypatch.setattr(_RawWindow, "read", slow_read)
+    before = live_feeds()
+    batches = iter(TableReader(locate_table(demo_dir, "LABEVENTS"), "LABEVENTS", block_size_bytes=64 * 1024))
+    next(batches)
+    batches.close()
+    assert live_feeds() == before
 
 
 # ------------------------------------------------------------------ dialects
