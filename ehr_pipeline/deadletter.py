@@ -49,6 +49,41 @@ class DeadLetter:
         """Parses a line written by ``to_json``."""
         return cls(**json.loads(text))
 
+    def sort_key(self) -> tuple:
+        """Order in a dead-letter file: by file, then line."""
+        return (self.file, self.line)
+
+
+NOT_CONVERTIBLE = "unit_not_convertible"
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadValue:
+    """One value set aside because its unit does not convert to its code's canonical unit (units.Harmoniser).
+
+    The row itself was fine and its event still counts as an occurrence; only the number is not
+    used. The job writes these after the shuffle, where a row's file and line are gone, so the
+    record names the admission, the code and the time instead.
+    """
+
+    subject_id: int
+    hadm_id: int  # the cohort admission the event would have fed
+    time: int  # when the value became known, seconds since 1970
+    code: str  # 'source:code'
+    value: float  # as recorded
+    unit: str  # as recorded
+    canonical_unit: str  # the code's canonical unit
+    detail: str  # why the two do not convert
+    reason: str = NOT_CONVERTIBLE
+
+    def to_json(self) -> str:
+        """The dead value as one line of JSON (no trailing newline)."""
+        return json.dumps(dataclasses.asdict(self), ensure_ascii=False, allow_nan=False)
+
+    def sort_key(self) -> tuple:
+        """Order in the dead-letter file: by admission, time, code, then the rest."""
+        return (self.hadm_id, self.time, self.code, self.unit, self.value)
+
 
 DeadLetterSink = Callable[[DeadLetter], None]
 

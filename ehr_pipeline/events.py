@@ -6,7 +6,9 @@ Every extractor takes one typed block (pyarrow RecordBatch or Table, as
 
 * ``events``: a Table of ``EVENT_SCHEMA``: SUBJECT_ID, HADM_ID (null for outpatient
   labs), ``time`` = int64 seconds when the information became KNOWN (not when it
-  happened), ``code`` = "source:code", ``value`` = float64, NaN when there is none.
+  happened), ``code`` = "source:code", ``value`` = float64, NaN when there is none, ``unit`` =
+  the value's unit as written (null when the table has no unit column or the field is empty);
+  ``units.Harmoniser`` moves values to their code's canonical unit once the job knows it.
 * ``counts``: every input row exactly once: ``kept`` or the reason it was dropped.
   Reasons are checked in order; source-specific error flags come first, then
   ``missing_code``, then ``missing_time``.
@@ -48,6 +50,7 @@ EVENT_SCHEMA = pa.schema([
     pa.field("time", pa.int64(), nullable=False),
     pa.field("code", pa.string(), nullable=False),
     pa.field("value", pa.float64(), nullable=False),
+    pa.field("unit", pa.string()),
 ])
 
 # Output of filter_to_cohort: one row per (cohort admission, event) pair.
@@ -58,6 +61,7 @@ COHORT_EVENT_SCHEMA = pa.schema([
     pa.field("time", pa.int64(), nullable=False),
     pa.field("code", pa.string(), nullable=False),
     pa.field("value", pa.float64(), nullable=False),
+    pa.field("unit", pa.string()),
 ])
 
 Block = pa.RecordBatch | pa.Table
@@ -94,12 +98,24 @@ def _values(block: Block, column: str | None) -> pa.Array | pa.ChunkedArray:
     return pc.fill_null(pc.cast(_col(block, column), pa.float64()), np.nan)
 
 
+def _units(block: Block, column: str | None) -> pa.Array | pa.ChunkedArray:
+    """The unit column as written, trimmed; null where the table has none or the field is blank.
+
+    A block read without its unit column (a caller that only wants codes and times) has no units.
+    """
+    if column is None or column not in block.schema.names:
+        return pa.nulls(block.num_rows, pa.string())
+    text = pc.utf8_trim_whitespace(pc.cast(_col(block, column), pa.string()))
+    return pc.if_else(pc.equal(text, ""), pa.scalar(None, pa.string()), text)
+
+
 def _emit(
     block: Block,
     time: pa.Array | pa.ChunkedArray,
     code: pa.Array | pa.ChunkedArray,
     value: pa.Array | pa.ChunkedArray,
     drops: list[tuple[str, np.ndarray]],
+    unit: pa.Array | pa.ChunkedArray | None = None,
 ) -> tuple[pa.Table, dict[str, int]]:
     """Builds the event table, dropping rows by the first reason that applies, and counts them."""
     n = block.num_rows
@@ -128,6 +144,7 @@ def _emit(
             pc.cast(time, pa.int64()),
             code,
             value,
+            unit if unit is not None else pa.nulls(n, pa.string()),
         ],
         names=EVENT_SCHEMA.names,
     ).filter(pa.array(~dropped))
@@ -137,14 +154,14 @@ def _emit(
 def lab_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """LABEVENTS -> 'lab:ITEMID' at CHARTTIME (s), value VALUENUM; outpatient rows (null HADM_ID) are kept as history."""
     return _emit(block, _known_at("lab", _col(block, "CHARTTIME")), _item_code(block, "lab"),
-                 _values(block, "VALUENUM"), [])
+                 _values(block, "VALUENUM"), [], _units(block, "VALUEUOM"))
 
 
 def chart_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """CHARTEVENTS -> 'chart:ITEMID' at CHARTTIME (s), value VALUENUM; ERROR = 1 rows dropped as chart_error."""
     return _emit(
         block, _known_at("chart", _col(block, "CHARTTIME")), _item_code(block, "chart"), _values(block, "VALUENUM"),
-        [(CHART_ERROR, _flag_set(block, "ERROR"))],
+        [(CHART_ERROR, _flag_set(block, "ERROR"))], _units(block, "VALUEUOM"),
     )
 
 
@@ -152,14 +169,14 @@ def output_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """OUTPUTEVENTS -> 'output:ITEMID' at CHARTTIME (s), value VALUE; ISERROR = 1 rows dropped as output_error."""
     return _emit(
         block, _known_at("output", _col(block, "CHARTTIME")), _item_code(block, "output"), _values(block, "VALUE"),
-        [(OUTPUT_ERROR, _flag_set(block, "ISERROR"))],
+        [(OUTPUT_ERROR, _flag_set(block, "ISERROR"))], _units(block, "VALUEUOM"),
     )
 
 
 def input_cv_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     """INPUTEVENTS_CV -> 'input:ITEMID' at CHARTTIME (s), value AMOUNT (CareVue charts an amount when it is recorded)."""
     return _emit(block, _known_at("input", _col(block, "CHARTTIME")), _item_code(block, "input"),
-                 _values(block, "AMOUNT"), [])
+                 _values(block, "AMOUNT"), [], _units(block, "AMOUNTUOM"))
 
 
 def input_mv_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
@@ -175,6 +192,7 @@ def input_mv_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
     return _emit(
         block, _known_at("input", _col(block, "ENDTIME")), _item_code(block, "input"), _values(block, "AMOUNT"),
         [(INPUT_REWRITTEN, np.asarray(rewritten.to_numpy(zero_copy_only=False), dtype=bool))],
+        _units(block, "AMOUNTUOM"),
     )
 
 
@@ -246,11 +264,13 @@ def procedure_events(block: Block, discharges: Discharges) -> tuple[pa.Table, di
 # Table -> (extractor, columns it reads). The job reads only these columns. Diagnoses and
 # procedures also need the discharge map: call them as extractor(block, discharges).
 EXTRACTORS: dict[str, tuple[Callable[..., tuple[pa.Table, dict[str, int]]], tuple[str, ...]]] = {
-    "LABEVENTS": (lab_events, ("SUBJECT_ID", "HADM_ID", "ITEMID", "CHARTTIME", "VALUENUM")),
-    "CHARTEVENTS": (chart_events, ("SUBJECT_ID", "HADM_ID", "ITEMID", "CHARTTIME", "VALUENUM", "ERROR")),
-    "OUTPUTEVENTS": (output_events, ("SUBJECT_ID", "HADM_ID", "ITEMID", "CHARTTIME", "VALUE", "ISERROR")),
-    "INPUTEVENTS_CV": (input_cv_events, ("SUBJECT_ID", "HADM_ID", "ITEMID", "CHARTTIME", "AMOUNT")),
-    "INPUTEVENTS_MV": (input_mv_events, ("SUBJECT_ID", "HADM_ID", "ITEMID", "ENDTIME", "AMOUNT",
+    "LABEVENTS": (lab_events, ("SUBJECT_ID", "HADM_ID", "ITEMID", "CHARTTIME", "VALUENUM", "VALUEUOM")),
+    "CHARTEVENTS": (chart_events, ("SUBJECT_ID", "HADM_ID", "ITEMID", "CHARTTIME", "VALUENUM", "VALUEUOM",
+                                    "ERROR")),
+    "OUTPUTEVENTS": (output_events, ("SUBJECT_ID", "HADM_ID", "ITEMID", "CHARTTIME", "VALUE", "VALUEUOM",
+                                      "ISERROR")),
+    "INPUTEVENTS_CV": (input_cv_events, ("SUBJECT_ID", "HADM_ID", "ITEMID", "CHARTTIME", "AMOUNT", "AMOUNTUOM")),
+    "INPUTEVENTS_MV": (input_mv_events, ("SUBJECT_ID", "HADM_ID", "ITEMID", "ENDTIME", "AMOUNT", "AMOUNTUOM",
                                           "STATUSDESCRIPTION")),
     "PRESCRIPTIONS": (prescription_events, ("SUBJECT_ID", "HADM_ID", "STARTDATE", "FORMULARY_DRUG_CD", "DRUG")),
     "DIAGNOSES_ICD": (diagnosis_events, ("SUBJECT_ID", "HADM_ID", "ICD9_CODE")),
@@ -358,14 +378,19 @@ def filter_to_cohort(events: pa.Table, cohort: pa.Table) -> tuple[pa.Table, dict
             events.column("time").take(take),
             events.column("code").take(take),
             events.column("value").take(take),
+            events.column("unit").take(take),
         ],
         schema=COHORT_EVENT_SCHEMA,
     )
     return out, counts
 
 
-def split_by_admission(cohort_events: pa.Table) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
-    """Yields (cohort HADM_ID, times s int64, codes object array, values float64) per admission of filter_to_cohort's output."""
+def split_by_admission(
+        cohort_events: pa.Table) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Yields (cohort HADM_ID, times s int64, codes, values float64, units (None = no unit)) per admission.
+
+    Its input is filter_to_cohort's output.
+    """
     hadm = cohort_events.column("HADM_ID").to_numpy().astype(np.int64)
     if hadm.size == 0:
         return
@@ -376,7 +401,18 @@ def split_by_admission(cohort_events: pa.Table) -> Iterator[tuple[int, np.ndarra
     encoded = pc.dictionary_encode(cohort_events.column("code").combine_chunks())
     codes = encoded.dictionary.to_numpy(zero_copy_only=False)[encoded.indices.to_numpy()]
     values = cohort_events.column("value").to_numpy().astype(np.float64)
+    units = _decoded(cohort_events.column("unit"))
     # One Python step per admission, never per event.
     bounds = np.concatenate([[0], np.flatnonzero(hadm[1:] != hadm[:-1]) + 1, [hadm.size]])
     for start, stop in zip(bounds[:-1], bounds[1:]):
-        yield int(hadm[start]), times[start:stop], codes[start:stop], values[start:stop]
+        yield int(hadm[start]), times[start:stop], codes[start:stop], values[start:stop], units[start:stop]
+
+
+def _decoded(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An object array of a string column (None for null), decoded once per distinct value."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    encoded = pc.dictionary_encode(column)
+    words = np.asarray(encoded.dictionary.to_pylist() + [None], dtype=object)
+    index = pc.fill_null(encoded.indices, len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+    return words[index]

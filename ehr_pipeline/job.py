@@ -49,52 +49,76 @@ def select(kind: str):
 # runner's GroupByKey keeps every grouped value as a decoded Python object, so a chunk made of
 # arrays, tuples and one str per code costs hundreds of bytes of object headers; a single
 # bytes value costs one. Layout (little-endian):
-#   header <q t0 seconds, B time width (4|8), B index width (2|4), I events, I codes, I code-blob bytes>
-#   code blob (codes joined by NUL), time deltas, code indices, float64 values
+#   header <q t0 seconds, B time width (4|8), B index width (2|4), I events, I codes, I code-blob bytes,
+#           I units, I unit-blob bytes>
+#   code blob (codes joined by NUL), unit blob (units joined by NUL), time deltas, code indices,
+#   unit indices (u2, 0 = no unit, k = the k-th unit), float64 values
 EventChunk = bytes
-_HEADER = struct.Struct("<qBBIII")
+_HEADER = struct.Struct("<qBBIIIII")
 _T_DTYPES = {4: "<u4", 8: "<i8"}
 _I_DTYPES = {2: "<u2", 4: "<i4"}
 
 
-def pack_chunk(times: np.ndarray, codes: np.ndarray, values: np.ndarray) -> EventChunk:
-    """Packs (times s, codes, values) compactly: time deltas and small code indices, exact values."""
+def _blob(words) -> bytes:
+    blob = "\0".join(str(w) for w in words).encode("utf-8")
+    if blob.count(b"\0") != max(len(words) - 1, 0):
+        raise ValueError(f"an event code or unit contains a NUL character: {[w for w in words if chr(0) in w][:3]}")
+    return blob
+
+
+def pack_chunk(times: np.ndarray, codes: np.ndarray, values: np.ndarray, units: np.ndarray | None = None) -> EventChunk:
+    """Packs (times s, codes, values, units as written or None) compactly: deltas and small indices, exact values."""
     uniq, inv = np.unique(np.asarray(codes, dtype=np.str_), return_inverse=True)
     times = np.asarray(times, dtype=np.int64)
+    units = np.full(times.size, None, dtype=object) if units is None else np.asarray(units, dtype=object)
+    has_unit = np.asarray([u is not None for u in units], dtype=bool)
+    unit_words, unit_inv = np.unique(units[has_unit].astype(np.str_), return_inverse=True) if has_unit.any() \
+        else (np.zeros(0, np.str_), np.zeros(0, np.int64))
+    if len(unit_words) >= 2**16 - 1:
+        raise ValueError(f"{len(unit_words)} distinct units in one chunk: more than a chunk can index")
+    unit_index = np.zeros(times.size, dtype="<u2")
+    unit_index[has_unit] = unit_inv + 1
     t0 = int(times.min()) if times.size else 0
     delta = times - t0
     t_width = 4 if times.size == 0 or int(delta.max()) < 2**32 else 8
     i_width = 2 if len(uniq) < 2**16 else 4
-    blob = "\0".join(str(c) for c in uniq).encode("utf-8")
-    if blob.count(b"\0") != max(len(uniq) - 1, 0):
-        raise ValueError(f"an event code contains a NUL character: {[c for c in uniq if chr(0) in c][:3]}")
+    code_blob, unit_blob = _blob(uniq), _blob(unit_words)
     return b"".join((
-        _HEADER.pack(t0, t_width, i_width, times.size, len(uniq), len(blob)), blob,
-        delta.astype(_T_DTYPES[t_width]).tobytes(), inv.astype(_I_DTYPES[i_width]).tobytes(),
+        _HEADER.pack(t0, t_width, i_width, times.size, len(uniq), len(code_blob), len(unit_words), len(unit_blob)),
+        code_blob, unit_blob,
+        delta.astype(_T_DTYPES[t_width]).tobytes(), inv.astype(_I_DTYPES[i_width]).tobytes(), unit_index.tobytes(),
         np.asarray(values, dtype="<f8").tobytes()))
 
 
-def unpack_chunk(chunk: EventChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Inverse of pack_chunk: (times int64 s, codes fixed-width str array, values float64)."""
-    t0, t_width, i_width, n, n_codes, blob_len = _HEADER.unpack_from(chunk)
+def _words(chunk: bytes, pos: int, n: int, length: int) -> list[str]:
+    return chunk[pos:pos + length].decode("utf-8").split("\0") if n else []
+
+
+def unpack_chunk(chunk: EventChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Inverse of pack_chunk: (times int64 s, codes fixed-width str array, values float64, units object array)."""
+    t0, t_width, i_width, n, n_codes, code_len, n_units, unit_len = _HEADER.unpack_from(chunk)
     pos = _HEADER.size
     # Fixed-width str from here on: ordering, bagging and statistics then use it without a copy.
-    codes = np.asarray(chunk[pos:pos + blob_len].decode("utf-8").split("\0") if n_codes else [], dtype=np.str_)
-    pos += blob_len
+    codes = np.asarray(_words(chunk, pos, n_codes, code_len), dtype=np.str_)
+    pos += code_len
+    units = np.asarray([None] + _words(chunk, pos, n_units, unit_len), dtype=object)
+    pos += unit_len
     times = np.frombuffer(chunk, _T_DTYPES[t_width], n, pos).astype(np.int64) + t0
     pos += n * t_width
     index = np.frombuffer(chunk, _I_DTYPES[i_width], n, pos)
     pos += n * i_width
+    unit_index = np.frombuffer(chunk, "<u2", n, pos)
+    pos += n * 2
     values = np.frombuffer(chunk, "<f8", n, pos).copy()
-    return times, codes[index], values
+    return times, codes[index], values, units[unit_index]
 
 
-def concat_chunks(chunks: list[EventChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Unpacks and concatenates chunks into (times, codes, values) arrays."""
+def concat_chunks(chunks: list[EventChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Unpacks and concatenates chunks into (times, codes, values, units) arrays."""
     if not chunks:
-        return np.zeros(0, np.int64), np.zeros(0, np.str_), np.zeros(0, np.float64)
+        return np.zeros(0, np.int64), np.zeros(0, np.str_), np.zeros(0, np.float64), np.zeros(0, object)
     parts = [unpack_chunk(c) for c in chunks]
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
 
 
 def _counter(name: str):
@@ -137,16 +161,15 @@ def _make_dofns():
         def _read(self, table, path):
             dead: list = []
             _, columns = ev.EXTRACTORS[table]
-            unit_column = ev.UNIT_COLUMNS[table][1:] if table in ev.UNIT_COLUMNS else ()
-            reader = TableReader(path, table, columns=columns + unit_column, on_dead_letter=dead.append,
+            reader = TableReader(path, table, columns=columns, on_dead_letter=dead.append,
                                  block_size_bytes=self._block)
             for batch in reader:
                 events, extract_counts = ev.extract(table, batch, self._discharges)
                 for pair, n in ev.unit_counts(table, batch).items():
                     yield UNITS, (pair, n)
                 kept, cohort_counts = ev.filter_to_cohort(events, self._cohort)
-                for hadm, times, codes, values in ev.split_by_admission(kept):
-                    yield EVENTS, (hadm, pack_chunk(times, codes, values))
+                for hadm, times, codes, values, units in ev.split_by_admission(kept):
+                    yield EVENTS, (hadm, pack_chunk(times, codes, values, units))
                 for reason, n in extract_counts.items():
                     yield (COUNTS, _count(f"events/{table}/extract/{reason}", n))
                 for reason, n in cohort_counts.items():
@@ -168,11 +191,22 @@ def _make_dofns():
             self._config_dict = config_dict
 
         def setup(self):
+            from ehr_pipeline import units
             from ehr_pipeline.config import PipelineConfig
 
             self._config = PipelineConfig.model_validate(self._config_dict)
+            self._converter = units.Converter()  # one per worker: its cache outlives bundles
+            self._plan_seen, self._harmoniser = None, None
 
-        def process(self, element):
+        def _harmoniser_for(self, plan: dict):
+            from ehr_pipeline import units
+
+            if plan is not self._plan_seen:
+                self._plan_seen = plan
+                self._harmoniser = units.Harmoniser(plan["canonical"], plan["loinc"], self._converter)
+            return self._harmoniser
+
+        def process(self, element, plan):
             from ehr_pipeline import bagging, spec, splits, vocab
 
             hadm, items = element
@@ -186,9 +220,16 @@ def _make_dofns():
                 yield (COUNTS, _count("examples/orphan_events", len(chunks)))
                 return
             cfg = self._config
+            times, codes, values, units = concat_chunks(chunks)
+            # Values move to their code's canonical unit before anything sums or bags them.
+            harmonised = self._harmoniser_for(plan).harmonise(codes, units, values)
+            for key, n in harmonised.counts(codes).items():
+                yield (COUNTS, _count(f"units/{key}", n))
+            for i, unit, canonical, why in harmonised.problems:
+                yield (DEAD, (DEAD_VALUES, _dead_value(meta, hadm, times[i], codes[i], values[i], unit, canonical, why)))
             # Bags do not depend on the event order, but the code statistics sum floats over
             # events: the canonical order keeps them independent of the shuffle's chunk order.
-            times, codes, values = bagging.canonical_order(*concat_chunks(chunks))
+            times, codes, values = bagging.canonical_order(times, codes, harmonised.values)
             bags = bagging.bag_events(times, codes, values, meta["trigger_time"], cfg.bagging)
             context = {
                 spec.SUBJECT_ID: meta["SUBJECT_ID"], spec.HADM_ID: hadm, spec.LABEL: meta["label"],
@@ -241,12 +282,34 @@ def _make_dofns():
             from ehr_pipeline import outputs
 
             table, letters = element
-            letters = sorted(letters, key=lambda d: (d.file, d.line))
+            letters = sorted(letters, key=lambda d: d.sort_key())
             body = "".join(d.to_json() + "\n" for d in letters).encode("utf-8")
             outputs.write_bytes(outputs.join(self._out, outputs.DEAD_LETTER_DIR, f"{table}.jsonl"), body)
             yield _count(f"dead_letters_written/{table}", len(letters))
 
     return _ReadAndExtract, _BagAdmission, _WriteShard, _WriteDeadLetters
+
+
+# Values whose unit cannot be converted to their code's canonical unit: one dead-letter file.
+DEAD_VALUES = "values_not_convertible"
+
+
+def _dead_value(meta: dict, hadm: int, time, code, value, unit: str, canonical: str, why: str):
+    from ehr_pipeline.deadletter import DeadValue
+
+    return DeadValue(subject_id=int(meta["SUBJECT_ID"]), hadm_id=int(hadm), time=int(time), code=str(code),
+                     value=float(value), unit=unit, canonical_unit=canonical, detail=why)
+
+
+def unit_plan(census: list, loinc: dict, reference: dict | None) -> dict:
+    """The job's unit plan from its census [((code, unit as written), rows)]: canonical units and lab LOINCs."""
+    from ehr_pipeline import units
+
+    counts: dict[str, dict[str, int]] = {}
+    for (code, unit), n in census:
+        counts.setdefault(code, {})[unit] = int(n)
+    canonical = units.canonical_units(counts, units.Converter(), reference)
+    return {"counts": counts, "canonical": canonical, "loinc": dict(loinc)}
 
 
 # ----------------------------------------------------------------------------- driver
@@ -286,8 +349,13 @@ def _read_cohort_tables(mimic_dir: str, dead: list) -> tuple[dict, dict]:
     return tables, stats
 
 
-def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = None) -> dict[str, Any]:
-    """Runs the whole job and writes the manifest; returns the manifest dict."""
+def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
+            reference_units: dict[str, str] | None = None) -> dict[str, Any]:
+    """Runs the whole job and writes the manifest; returns the manifest dict.
+
+    ``reference_units`` ('source:code' -> unit, a model's units.json "canonical") makes values
+    of those codes convert to the model's units instead of this release's most common ones.
+    """
     import time
 
     import apache_beam as beam
@@ -323,6 +391,11 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     metas = [(r["HADM_ID"], r) for r in coh.table.select(list(meta_cols)).to_pylist()]
     # Only what the workers need to filter events travels with the DoFn.
     cohort_index = coh.table.select(["SUBJECT_ID", "HADM_ID", "trigger_time"])
+    # The lab LOINC codes name each lab code's analyte: mass <-> substance conversions need it.
+    lab_bridge = _lab_loinc_bridge(mimic_dir, dead_driver)
+    from ehr_pipeline.fhir import codes as fhir_codes
+
+    loinc = {f"lab:{item}": code for item, code in fhir_codes.itemid_loinc(lab_bridge).items()}
 
     ReadAndExtract, BagAdmission, WriteShard, WriteDeadLetters = _make_dofns()
     empty_shards = [((split, shard), None)
@@ -331,6 +404,10 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
 
     def write_json_list(items, name):
         outputs.write_json(outputs.join(tmp_dir, name), sorted(items))
+        return name
+
+    def write_json_doc(doc, name):
+        outputs.write_json(outputs.join(tmp_dir, name), doc)
         return name
 
     KV = tuple[Any, Any]  # inferred hints cannot see through select(); the payloads are pairs
@@ -345,11 +422,20 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     )
     chunks = extracted | "Chunks" >> beam.FlatMap(select(EVENTS)).with_output_types(KV)
     cohort_rows = p | "CohortRows" >> beam.Create(metas)
+    # Each code's canonical unit is known only once every file has been read: the census of
+    # units reaches the bagging step as a side input (one small dict per worker).
+    plan = (
+        extracted
+        | "UnitCensus" >> beam.FlatMap(select(UNITS)).with_output_types(KV)
+        | "SumUnitCensus" >> beam.CombinePerKey(sum)
+        | "UnitCensusList" >> beam.combiners.ToList()
+        | "UnitPlan" >> beam.Map(unit_plan, loinc, reference_units)
+    )
     bagged = (
         (chunks, cohort_rows)
         | "JoinAdmission" >> beam.Flatten()
         | "GroupByAdmission" >> beam.GroupByKey()
-        | "Bag" >> beam.ParDo(BagAdmission(cfg_dict))
+        | "Bag" >> beam.ParDo(BagAdmission(cfg_dict), beam.pvalue.AsSingleton(plan))
     )
     records = bagged | "Records" >> beam.FlatMap(select(RECORDS)).with_output_types(KV)
     written = (
@@ -359,8 +445,9 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
         | "WriteShards" >> beam.ParDo(WriteShard(out_dir, cfg_dict))
     )
     dead_written = (
-        extracted
-        | "DeadLetters" >> beam.FlatMap(select(DEAD)).with_output_types(KV)
+        (extracted | "DeadRows" >> beam.FlatMap(select(DEAD)).with_output_types(KV),
+         bagged | "DeadValues" >> beam.FlatMap(select(DEAD)).with_output_types(KV))
+        | "DeadLetters" >> beam.Flatten()
         | "GroupDeadLetters" >> beam.GroupByKey()
         | "WriteDeadLetters" >> beam.ParDo(WriteDeadLetters(out_dir))
     )
@@ -383,7 +470,7 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
         )
 
     stats_done = combined_to_tmp(bagged, "Stats", STATS, _combine_stats, "code_stats.json")
-    units_done = combined_to_tmp(extracted, "Units", UNITS, sum, "units.json")
+    units_done = plan | "WriteUnitPlan" >> beam.Map(write_json_doc, "unit_plan.json")
     errors_done = (
         extracted
         | "Fatal" >> beam.FlatMap(select(FATAL))
@@ -413,13 +500,15 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     outputs.write_json(outputs.join(out_dir, outputs.NUMERIC_STATS), {
         "schema_version": spec.SCHEMA_VERSION, "clip_z": config.numeric.clip_z,
         "codes": vocab.normalisation_stats(stats), "built_on": "train"})
-    _write_lab_loinc(mimic_dir, out_dir, dead_driver)
-    units: dict[str, dict[str, int]] = {}
-    for (code, unit), n in outputs.read_json(outputs.join(tmp_dir, "units.json")):
-        units.setdefault(code, {})[unit] = n
+    _write_lab_loinc(out_dir, lab_bridge)
+    plan_doc = outputs.read_json(outputs.join(tmp_dir, "unit_plan.json"))
     outputs.write_json(outputs.join(out_dir, outputs.UNITS), {
-        "schema_version": spec.SCHEMA_VERSION, "codes": dict(sorted(units.items())),
-        "note": "rows with a numeric value per unit as written in the release"})
+        "schema_version": spec.SCHEMA_VERSION,
+        "codes": {code: dict(sorted(u.items())) for code, u in sorted(plan_doc["counts"].items())},
+        "canonical": plan_doc["canonical"],
+        "canonical_from": "reference" if reference_units is not None else "this release",
+        "note": "codes: rows with a numeric value per unit as written in the release; canonical: the unit "
+                "every value of the code was converted to (units.Harmoniser) before bagging"})
     _write_driver_dead_letters(out_dir, dead_driver)
     from ehr_pipeline import manifest as manifest_mod
 
@@ -432,18 +521,24 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     return manifest
 
 
-def _write_lab_loinc(mimic_dir: str, out_dir: str, dead: list) -> None:
-    """lab_loinc.json: LOINC -> lab ITEMIDs from D_LABITEMS (empty without it), shipped with every export."""
-    from ehr_pipeline import outputs, spec
+def _lab_loinc_bridge(mimic_dir: str, dead: list) -> dict[str, list[str]]:
+    """LOINC -> lab ITEMIDs from D_LABITEMS ({} without it)."""
     from ehr_pipeline.fhir import codes
     from ehr_pipeline.reader import locate_table, read_table
 
     path = locate_table(mimic_dir, "D_LABITEMS")
-    bridge: dict[str, list[str]] = {}
-    if path is not None:
-        table, _ = read_table(path, "D_LABITEMS", columns=("ITEMID", "LOINC_CODE"),
-                              on_dead_letter=lambda d: dead.append(("D_LABITEMS", d)))
-        bridge = codes.lab_loinc_bridge(table.to_pylist())
+    if path is None:
+        return {}
+    table, _ = read_table(path, "D_LABITEMS", columns=("ITEMID", "LOINC_CODE"),
+                          on_dead_letter=lambda d: dead.append(("D_LABITEMS", d)))
+    return codes.lab_loinc_bridge(table.to_pylist())
+
+
+def _write_lab_loinc(out_dir: str, bridge: dict[str, list[str]]) -> None:
+    """lab_loinc.json: LOINC -> lab ITEMIDs from D_LABITEMS (empty without it), shipped with every export."""
+    from ehr_pipeline import outputs, spec
+    from ehr_pipeline.fhir import codes
+
     outputs.write_json(outputs.join(out_dir, outputs.LAB_LOINC), {
         "schema_version": spec.SCHEMA_VERSION, "system": codes.LOINC, "source": "D_LABITEMS.LOINC_CODE",
         "codes": bridge})

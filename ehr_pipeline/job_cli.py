@@ -19,6 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder (local path or a Beam filesystem URL)")
     parser.add_argument("--config", default=None, type=existing_file,
                         help="pipeline YAML (see configs/pipeline.yaml); default: built-in defaults")
+    parser.add_argument("--units-from", default=None, metavar="DIR_OR_FILE", type=reference_units,
+                        help="convert every value to the units of this model export or data folder (its "
+                             "units.json) instead of this release's most common unit per code: use it to "
+                             "prepare another site's data for a model trained elsewhere; default: none")
     parser.epilog = (
         "Any other flag is passed to Beam, e.g. --runner=FlinkRunner --flink_master=HOST:8081, "
         "--runner=SparkRunner --spark_master_url=spark://HOST:7077, or --runner=DataflowRunner "
@@ -35,7 +39,7 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     config = load_pipeline_config(args.config)
     started = time.time()
-    manifest = run_job(args.mimic_dir, args.out, config, beam_args)
+    manifest = run_job(args.mimic_dir, args.out, config, beam_args, reference_units=args.units_from)
     seconds = time.time() - started
     outputs.write_json(outputs.join(args.out, "run_info.json"),
                        {"seconds": round(seconds, 3), "beam_args": beam_args})
@@ -47,6 +51,26 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
                 log.error("%s: %s", table, problem)
         return 1
     return 0
+
+
+def reference_units(path: str) -> dict[str, str]:
+    """argparse type: the canonical units of a model export or data folder (its units.json), or of the file."""
+    import os
+
+    from ehr_pipeline import outputs, units
+
+    file = os.path.join(path, outputs.UNITS) if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise argparse.ArgumentTypeError(f"{file} does not exist (give a model export or data folder with "
+                         f"{outputs.UNITS}, or the file itself)")
+    try:
+        _, canonical = units.read_units_file(outputs.read_json(file))
+    except (ValueError, AttributeError) as err:
+        raise argparse.ArgumentTypeError(f"{file} is not a units.json file ({err})") from None
+    if not canonical:
+        raise argparse.ArgumentTypeError(f"{file} has no canonical units (written before units were harmonised: "
+                         "re-run the job that made it)")
+    return canonical
 
 
 def manifest_json(out_dir: str) -> str:

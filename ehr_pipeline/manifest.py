@@ -87,10 +87,20 @@ def build_manifest(*, out_dir, mimic_dir, config, counts, cohort, cohort_stats, 
                           "sha256": outputs.sha256_of(outputs.join(out_dir, outputs.NUMERIC_STATS))},
         "lab_loinc": {"file": outputs.LAB_LOINC,
                       "sha256": outputs.sha256_of(outputs.join(out_dir, outputs.LAB_LOINC))},
-        "units": {"file": outputs.UNITS, "sha256": outputs.sha256_of(outputs.join(out_dir, outputs.UNITS))},
+        "units": {"file": outputs.UNITS, "sha256": outputs.sha256_of(outputs.join(out_dir, outputs.UNITS)),
+                  "values": _units_by_source(counts)},
         "dead_letters": {t: sum(v["dead_lettered"].values()) for t, v in tables.items()},
         "balanced": all(v["balanced"] for v in tables.values()),
     }
+
+
+def _units_by_source(counts: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    """What happened to the bagged numeric values per source: 'lab' -> {'same_unit': n, 'converted': n, ...}."""
+    out: dict[str, dict[str, int]] = {}
+    for key, n in _group(counts, "units").items():
+        source, outcome = key.split("/", 1)
+        out.setdefault(source, {})[outcome] = n
+    return {s: dict(sorted(v.items())) for s, v in sorted(out.items())}
 
 
 def format_manifest_summary(manifest: Mapping[str, Any]) -> str:
@@ -116,6 +126,14 @@ def format_manifest_summary(manifest: Mapping[str, Any]) -> str:
     for split, s in manifest["splits"].items():
         rate = "" if s["label_rate"] is None else f"{s['label_rate']:.3f}"
         lines.append(f"{split:<12}{s['examples']:>10}{s['positives']:>8}{rate:>8}")
+    values = manifest.get("units", {}).get("values") or {}
+    if any(v.get("converted") or v.get("not_convertible") for v in values.values()):
+        lines.append("")
+        for source, v in values.items():
+            if v.get("converted") or v.get("not_convertible"):
+                lines.append(f"{source} values: {v.get('converted', 0):,} converted to their code's canonical unit, "
+                             f"{v.get('not_convertible', 0):,} not convertible (not used; "
+                             f"dead_letter/values_not_convertible.jsonl)")
     sizes = manifest["vocabulary"]["sizes"]
     lines.append("")
     lines.append("vocabulary: " + ", ".join(f"{k} {v}" for k, v in sizes.items()))

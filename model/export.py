@@ -29,6 +29,7 @@ the service and the command lines can import the contract's constants at start-u
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_pipeline import config as pipeline_config
 from ehr_pipeline import outputs, spec
+from ehr_pipeline import units as units_mod
 from ehr_pipeline.yaml_config import ConfigError
 from model import metrics as model_metrics
 
@@ -132,8 +134,9 @@ class Export:
     lab_loinc: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # LOINC -> ITEMIDs
     # 'source:code' -> its position in vocabulary.json's list (most frequent in training first).
     vocabulary_rank: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    # 'source:code' -> the UCUM units its training values came in (MIMIC's spellings translated).
-    units: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+    # 'source:code' -> the unit its training values were converted to (units.json "canonical"):
+    # request values in another unit are converted to it, or not used (ehr_pipeline.units).
+    units: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # Training mean and standard deviation per numeric code, and the |z| where the model caps
     # values: a request value beyond it is answered with a warning.
     value_stats: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
@@ -143,6 +146,12 @@ class Export:
     def ensemble_size(self) -> int:
         """K, the number of ensemble members."""
         return self.card.ensemble_size
+
+    @functools.cached_property
+    def harmoniser(self) -> units_mod.Harmoniser:
+        """Moves request values to the training units; one per export, so its conversion cache is shared."""
+        loinc = {f"lab{spec.CODE_SEPARATOR}{item}": code for code, items in self.lab_loinc.items() for item in items}
+        return units_mod.Harmoniser(self.units, loinc)
 
 
 def _read_json(directory: pathlib.Path, name: str) -> Any:
@@ -193,18 +202,18 @@ def _lab_loinc(directory: pathlib.Path) -> dict[str, tuple[str, ...]]:
     return {str(k): tuple(v) for k, v in bridge.items()}
 
 
-def _units(directory: pathlib.Path) -> dict[str, frozenset[str]]:
-    """'source:code' -> UCUM units from units.json ({"codes": {code: {unit: rows}}}); {} when the export has none."""
-    from ehr_pipeline.fhir.codes import ucum
-
+def _units(directory: pathlib.Path) -> dict[str, str]:
+    """'source:code' -> canonical unit from units.json; {} when the export has none (values then go unchecked)."""
     if not (directory / outputs.UNITS).exists():
         return {}
     data = _read_json(directory, outputs.UNITS)
     by_code = data.get("codes") if isinstance(data, dict) else None
     if not isinstance(by_code, dict) or not all(isinstance(v, dict) for v in by_code.values()):
         raise ExportError(f"{directory / outputs.UNITS}: expected {{\"codes\": {{code: {{unit: rows}}}}}}")
-    # A unit without a UCUM code stays as written: a FHIR value can still match it as text.
-    return {code: frozenset(ucum(u) or u for u in units) for code, units in by_code.items()}
+    counts, canonical = units_mod.read_units_file(data)
+    # Data folders made before values were harmonised have no "canonical": their values were
+    # used as written, mostly in each code's most common unit, which the same rule recovers.
+    return canonical or units_mod.canonical_units(counts, units_mod.Converter())
 
 
 def _value_stats(data: Any, where: pathlib.Path) -> tuple[dict[str, tuple[float, float]], float | None]:

@@ -1,7 +1,8 @@
 """Request -> serialized SequenceExample, through the very functions that built the training data.
 
 Training/serving skew is the bug this module exists to prevent: codes are normalised by
-``ehr_pipeline.spec.format_code``, events are bagged by ``ehr_pipeline.bagging.bag_events``
+``ehr_pipeline.spec.format_code``, values are moved to the units the model was trained in by
+``ehr_pipeline.units.Harmoniser`` (the export's canonical units), events are bagged by ``ehr_pipeline.bagging.bag_events``
 (which applies each source's known-time rule and does not depend on the event order) with the
 export's own bagging config, the age is
 computed by ``ehr_pipeline.ages`` at the admission time (as the cohort builder does), and the
@@ -15,7 +16,7 @@ import datetime as dt
 
 import numpy as np
 
-from ehr_pipeline import ages, bagging, spec
+from ehr_pipeline import ages, bagging, spec, units
 from model.export import Export
 from serving.schemas import PredictRequest
 
@@ -50,8 +51,22 @@ class Encoded:
     ignored: dict[str, int]  # bagging.DROP_REASONS -> count
     oov_codes: list[str]  # sorted, at most MAX_OOV_LISTED
     oov_count: int
-    warnings: list[str]
+    warnings: list[str]  # most important first (WARNING_RANK)
     warning_kinds: list[str]  # one per warning, the label of ehr_input_warnings_total
+    unit_outcomes: dict[str, int]  # units.OUTCOMES -> values (every outcome listed)
+
+
+# Warnings most likely to mean a wrong answer come first: a value the model could not read or
+# reads far outside anything it saw, then a patient outside the cohort, then the rest.
+WARNING_RANK = ("unit_not_convertible", "value_out_of_range", "admission_type_unknown", "age_below_cohort",
+                "prediction_time_not_trained", "no_events")
+
+
+def ranked(warnings: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """(messages, kinds) of (kind, message) pairs, most important kind first (stable within a kind)."""
+    order = {k: i for i, k in enumerate(WARNING_RANK)}
+    pairs = sorted(warnings, key=lambda km: order.get(km[0], len(order)))
+    return [m for _, m in pairs], [k for k, _ in pairs]
 
 
 def to_seconds(value: dt.datetime | dt.date) -> int:
@@ -94,6 +109,8 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
     codes = np.array([spec.format_code(e.source, e.code) for e in events], dtype=object)
     values = np.fromiter((np.nan if e.value is None else e.value for e in events), dtype=np.float64,
                          count=len(events))
+    harmonised = export.harmoniser.harmonise(codes, [e.unit for e in events], values)
+    values = harmonised.values
     bags = bagging.bag_events(times, codes, values, trigger, pipeline.bagging)
 
     context = {
@@ -111,25 +128,23 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
 
     # Only codes the model actually sees (kept bags) can be out of its vocabulary.
     unknown = sorted(set(bags.codes.tolist()) - export.vocabulary)
-    warnings, kinds = [], []
+    found: list[tuple[str, str]] = [("unit_not_convertible", m) for m in _unit_problems(codes, harmonised)]
     if raw_age < pipeline.min_age_years:
-        kinds.append("age_below_cohort")
-        warnings.append(f"age {raw_age:.1f} years is below the training cohort's minimum of "
-                        f"{pipeline.min_age_years:g} years")
+        found.append(("age_below_cohort", f"age {raw_age:.1f} years is below the training cohort's minimum of "
+                                          f"{pipeline.min_age_years:g} years"))
     if trigger != admit + pipeline.trigger_offset_seconds:
-        kinds.append("prediction_time_not_trained")
-        warnings.append(f"prediction_time is not admit_time + {pipeline.trigger_offset_seconds} s, "
-                        f"the time point the model was trained for")
+        found.append(("prediction_time_not_trained", f"prediction_time is not admit_time + "
+                      f"{pipeline.trigger_offset_seconds} s, the time point the model was trained for"))
     if bags.num_bags == 0:
-        kinds.append("no_events")
-        warnings.append("no events before the prediction time: the model sees only age, gender and "
-                        "admission type")
+        found.append(("no_events", "no events before the prediction time: the model sees only age, gender and "
+                                   "admission type"))
     far = _far_values(codes, values, export)
     if far:
         code, value = far[0]
-        kinds.append("value_out_of_range")
-        warnings.append(f"{len(far)} value(s) lie more than {export.clip_z:g} training standard deviations from "
-                        f"their code's training mean (first: {code} = {value:g}); the model caps them there")
+        found.append(("value_out_of_range", f"{len(far)} value(s) lie more than {export.clip_z:g} training "
+                      f"standard deviations from their code's training mean (first: {code} = {value:g} "
+                      f"{export.harmoniser.canonical.get(code, '')}".rstrip() + "); the model caps them there"))
+    warnings, kinds = ranked(found)
     return Encoded(
         example=example,
         prediction_time=EPOCH + dt.timedelta(seconds=trigger),
@@ -141,7 +156,18 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
         oov_count=len(unknown),
         warnings=warnings,
         warning_kinds=kinds,
+        unit_outcomes=harmonised.counts(),
     )
+
+
+def _unit_problems(codes: np.ndarray, harmonised: units.Harmonised) -> list[str]:
+    """One message per (code, unit) whose values could not be converted to the model's unit."""
+    by_pair: dict[tuple[str, str, str, str], int] = {}
+    for i, unit, canonical, why in harmonised.problems:
+        key = (str(codes[i]), unit, canonical, why)
+        by_pair[key] = by_pair.get(key, 0) + 1
+    return [f"{n} value(s) of {code} in {unit!r} cannot be converted to {canonical!r}, the unit the model was "
+            f"trained on ({why}): not used" for (code, unit, canonical, why), n in sorted(by_pair.items())]
 
 
 def _far_values(codes: np.ndarray, values: np.ndarray, export: Export) -> list[tuple[str, float]]:
@@ -151,6 +177,8 @@ def _far_values(codes: np.ndarray, values: np.ndarray, export: Export) -> list[t
     far = []
     for code, value in zip(codes, values):
         stats = export.value_stats.get(code)
+        if np.isnan(value):
+            continue
         # Both sides divided by std: (value - mean) itself overflows for values near 1e308.
         if stats is not None and abs(value / stats[1] - stats[0] / stats[1]) > export.clip_z:
             far.append((str(code), float(value)))

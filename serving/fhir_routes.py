@@ -118,9 +118,9 @@ def parse_json(raw: bytes) -> Any:
 
 
 def model_codes(predictor: Any) -> ModelCodes:
-    """What the loaded export knows: vocabulary ranks, the LOINC bridge and the training units."""
+    """What the loaded export knows: vocabulary ranks and the LOINC bridge."""
     export = predictor.export
-    return ModelCodes(vocabulary=export.vocabulary_rank, lab_loinc=export.lab_loinc, units=export.units)
+    return ModelCodes(vocabulary=export.vocabulary_rank, lab_loinc=export.lab_loinc)
 
 
 def _expression(loc: tuple[str | int, ...], mapped: MappedAdmission) -> str:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from ehr_pipeline import bagging, spec
+from ehr_pipeline import bagging, spec, units
 
 MAX_TEXT = 128  # longest code / admission type / unit / id accepted, characters
 
@@ -116,8 +116,12 @@ class Event(_Request):
                        examples=["50912"])
     value: float | None = Field(None, description="Numeric value, if any (text results: leave it out).",
                                 examples=[1.4], **_STRICT_FLOAT)
-    unit: Text | None = Field(None, description="Unit as recorded; informational only: values must be in the "
-                                                "units the training data used.", examples=["mg/dL"])
+    unit: Text | None = Field(None, description=(
+        "Unit of the value as recorded: UCUM ('umol/L', 'meq/L', '10*3/uL') or a common spelling ('mEq/L', 'K/uL', "
+        "'mmHg'). The value is converted to the unit the model was trained on (mass <-> substance "
+        "concentrations by the analyte's molar mass); a value whose unit cannot be converted is not used "
+        "and the answer warns. Without a unit the value is taken to be in the model's unit."),
+        examples=["mg/dL"])
 
 
 class PredictRequest(_Request):
@@ -201,6 +205,10 @@ class EventCounts(BaseModel):
     ignored: dict[str, int] = Field(
         description=f"Events not used, by reason: '{bagging.DROP_AT_OR_AFTER_TRIGGER}' (at or after the "
                     f"prediction time) and '{bagging.DROP_OLDER_THAN_MAX_BAGS}' (beyond the model's history).")
+    values: dict[str, int] = Field(default_factory=dict, description=(
+        f"Numeric values by what their unit needed: '{units.SAME}' (the model's unit), '{units.CONVERTED}', "
+        f"'{units.NO_UNIT}' (taken to be in the model's unit), '{units.UNCHECKED}' (the model saw this code "
+        f"without a unit) and '{units.NOT_CONVERTIBLE}' (not used: see warnings)."))
 
 
 class OutOfVocabulary(BaseModel):

@@ -35,6 +35,13 @@ DEFAULT_VOCABULARY = {
     "prescription": ["Vancomycin", "Heparin"],
     "diagnosis": ["4019", "42731"],
 }
+# The fixture's training units and lab LOINC codes, as the Beam job writes them (units.json,
+# lab_loinc.json): creatinine in mg/dL, potassium in mEq/L, heart rate per minute.
+FIXTURE_UNITS = {
+    "codes": {"lab:50912": {"mg/dL": 900, "MG/DL": 3}, "lab:50971": {"mEq/L": 800}, "chart:220045": {"bpm": 5000}},
+    "canonical": {"lab:50912": "mg/dL", "lab:50971": "meq/L", "chart:220045": "/min"},
+}
+FIXTURE_LAB_LOINC = {"codes": {"2160-0": ["50912"], "2823-3": ["50971"]}}
 
 
 def write_manifest(directory: str | os.PathLike) -> dict[str, str]:
@@ -111,6 +118,8 @@ def write_fixture_export(
         "pipeline_config.json": (pipeline or PipelineConfig()).to_dict(),
         "vocabulary.json": {"sources": {s: [spec.format_code(s, c) for c in codes] for s, codes in vocab.items()}},
         "numeric_stats.json": {},
+        "units.json": FIXTURE_UNITS,
+        "lab_loinc.json": FIXTURE_LAB_LOINC,
         "metrics.json": {
             "test": {"ece": 0.031, "nll": 0.254, "auc_pr": 0.41, "auc_roc": 0.83},
             "referral": dict(referral or {"measure": "predictive_entropy", "rate": 0.2, "threshold": 0.6}),
@@ -164,6 +173,7 @@ def write_tiny_model_export(
         (data_dir / "manifest.json").write_text(json.dumps({"config": pipeline.to_dict()}))
         if lab_loinc is not None:
             (data_dir / "lab_loinc.json").write_text(json.dumps({"codes": {k: list(v) for k, v in lab_loinc.items()}}))
+        (data_dir / "units.json").write_text(json.dumps(FIXTURE_UNITS))
         files = inputs.load_data_files(data_dir)
         featurizer = inputs.Featurizer.from_data_files(files)
         config = ModelConfig(method="rank1", ensemble_size=ensemble_size, embedding_dim=8, rnn_dim=8,

@@ -164,10 +164,11 @@ def test_extract_dispatch_and_declared_columns_suffice():
 # --- the cut to the cohort ------------------------------------------------------------------
 
 def ev_table(rows):
-    """Events from (subject, hadm, time, code) tuples."""
+    """Events from (subject, hadm, time, code) tuples; every third one has a unit."""
     s, h, t, c = zip(*rows)
     return pa.table([pa.array(s, pa.int64()), pa.array(h, pa.int64()), pa.array(t, pa.int64()),
-                     pa.array(c, pa.string()), pa.array([float(i) for i in range(len(rows))])],
+                     pa.array(c, pa.string()), pa.array([float(i) for i in range(len(rows))]),
+                     pa.array([None if i % 3 else f"u{i}" for i in range(len(rows))], pa.string())],
                     schema=events.EVENT_SCHEMA)
 
 
@@ -196,8 +197,8 @@ def test_split_by_admission_groups_sorted_output():
     ev = ev_table([(2, 21, T0 - 5, "lab:x"), (1, 11, T0 - 9, "lab:y"), (1, 11, T0 - 10, "lab:z")])
     kept, _ = events.filter_to_cohort(ev, cut)
     groups = list(events.split_by_admission(kept))
-    assert [(h, t.tolist(), list(c)) for h, t, c, _ in groups] == [
-        (11, [T0 - 10, T0 - 9], ["lab:z", "lab:y"]), (21, [T0 - 5], ["lab:x"])]
+    assert [(h, t.tolist(), list(c), list(u)) for h, t, c, _, u in groups] == [
+        (11, [T0 - 10, T0 - 9], ["lab:z", "lab:y"], [None, None]), (21, [T0 - 5], ["lab:x"], ["u0"])]
     assert list(events.split_by_admission(kept.slice(0, 0))) == []
     with pytest.raises(ValueError, match="sorted"):
         list(events.split_by_admission(kept.take([2, 0])))

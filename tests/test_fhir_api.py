@@ -24,7 +24,7 @@ from ehr_pipeline import events as ev
 from ehr_pipeline import splits
 from ehr_pipeline.config import PipelineConfig
 from ehr_pipeline.fhir import codes, convert
-from ehr_pipeline.bagging import canonical_order, canonical_permutation
+from ehr_pipeline.bagging import canonical_permutation
 from ehr_pipeline.reader import locate_table, read_table
 from serving.app import create_app
 from serving.fhir_answers import EXTENSION
@@ -68,21 +68,21 @@ def reference(demo_dir, demo_release):
         block, _ = read_table(path, table, columns=columns)
         extracted, _ = ev.extract(table, block, coh.discharges)
         kept, _ = ev.filter_to_cohort(extracted, index)
-        for hadm, times, codes_, values in ev.split_by_admission(kept):
-            per_hadm[hadm].append((times, codes_, values))
+        for hadm, times, codes_, values, units_ in ev.split_by_admission(kept):
+            per_hadm[hadm].append((times, codes_, values, units_))
     dob = dict(zip(demo_release.patients.column("SUBJECT_ID").to_pylist(),
                    demo_release.patients.column("DOB").to_pylist()))
     out = {}
     for row in test_rows:
         parts = per_hadm[row["HADM_ID"]]
-        times, codes_, values = (np.concatenate([p[i] for p in parts]) for i in range(3)) if parts else \
-            (np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0))
-        times, codes_, values = canonical_order(times, codes_, values)
+        times, codes_, values, units_ = (np.concatenate([p[i] for p in parts]) for i in range(4)) if parts else \
+            (np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0), np.zeros(0, object))
+        order = canonical_permutation(times, codes_, values)
         events = []
-        for t, c, v in zip(times, codes_, values):
+        for t, c, v, u in zip(times[order], codes_[order], values[order], units_[order]):
             source, code = c.split(":", 1)
             events.append({"time": _iso(t), "source": source, "code": code,
-                           **({} if np.isnan(v) else {"value": float(v)})})
+                           **({} if np.isnan(v) else {"value": float(v)}), **({"unit": u} if u else {})})
         out[row["HADM_ID"]] = {
             "patient": {"gender": row["gender"], "date_of_birth": _iso(dob[row["SUBJECT_ID"]])[:10]},
             "admission": {"admit_time": _iso(row["ADMITTIME"]), "admission_type": row["admission_type"]},

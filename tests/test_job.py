@@ -191,9 +191,11 @@ def test_event_chunks_round_trip_exactly():
     times = np.array([5_000_000_000, 4_000_000_000, 5_000_000_001], dtype=np.int64)
     codes = np.array(["lab:1", "chart:2", "lab:1"], dtype=object)
     values = np.array([1.5, np.nan, 1e-300])
-    t, c, v = unpack_chunk(pack_chunk(times, codes, values))
-    assert t.tolist() == times.tolist() and c.tolist() == codes.tolist()
+    units = np.array(["mg/dL", None, "\u00b5mol/L"], dtype=object)
+    t, c, v, u = unpack_chunk(pack_chunk(times, codes, values, units))
+    assert t.tolist() == times.tolist() and c.tolist() == codes.tolist() and u.tolist() == units.tolist()
     assert np.array_equal(v, values, equal_nan=True)
+    assert unpack_chunk(pack_chunk(times, codes, values))[3].tolist() == [None] * 3  # no units at all
     far = np.array([0, 2**33], dtype=np.int64)  # a span beyond 32-bit seconds falls back to int64
     assert unpack_chunk(pack_chunk(far, codes[:2], values[:2]))[0].tolist() == far.tolist()
 

@@ -47,6 +47,11 @@ TABLES = {
     "PROCEDURES_ICD": ("procedure", ("9604",), None, None),
 }
 PADDING = st.sampled_from(["", " ", "  ", "\t", "\u00a0", "\u3000", " \n"])
+# Units as sites write them: the model's own (any spelling), one to convert, none, and one that
+# converts to nothing the model knows (its values must be dropped on both paths alike).
+UNITS = st.sampled_from([None, "mg/dL", "MG/DL", "umol/L", "\u00b5mol/L", "mmol/L", "bpm", "furlongs"])
+UNIT_COLUMN = {"LABEVENTS": "VALUEUOM", "CHARTEVENTS": "VALUEUOM", "OUTPUTEVENTS": "VALUEUOM",
+               "INPUTEVENTS_CV": "AMOUNTUOM", "INPUTEVENTS_MV": "AMOUNTUOM"}
 VALUES = st.one_of(st.none(), st.sampled_from([0.0, -0.0, 1.0, 2.0, 1.5]), st.floats(-1e6, 1e6))
 # Few distinct times, so one code often has several values at one time.
 OFFSETS = st.one_of(st.sampled_from([-1, -60, -3600, -2 * DAY, 0, 5]), st.integers(-4 * DAY, DAY))
@@ -54,7 +59,7 @@ OFFSETS = st.one_of(st.sampled_from([-1, -60, -3600, -2 * DAY, 0, 5]), st.intege
 
 @st.composite
 def event_sets(draw):
-    """(table, code, recorded time s, admission, value, left pad, right pad) rows of one patient."""
+    """(table, code, recorded time s, admission, value, left pad, right pad, unit) rows of one patient."""
     rows = []
     for _ in range(draw(st.integers(0, 25))):
         table = draw(st.sampled_from(sorted(TABLES)))
@@ -68,16 +73,17 @@ def event_sets(draw):
         else:
             recorded = TRIGGER + draw(OFFSETS)
         value = draw(VALUES) if value_column else None
-        rows.append((table, code, recorded, hadm, value, draw(PADDING), draw(PADDING)))
+        unit = draw(UNITS) if table in UNIT_COLUMN else None
+        rows.append((table, code, recorded, hadm, value, draw(PADDING), draw(PADDING), unit))
     # Same-time values of one code (the case where bagging must not follow the input order).
     for _ in range(draw(st.integers(0, 4)) if rows else 0):
-        table, code, recorded, hadm, _, left, right = draw(st.sampled_from(rows))
+        table, code, recorded, hadm, _, left, right, unit = draw(st.sampled_from(rows))
         value = draw(st.sampled_from([0.0, -0.0, 1.0, 2.0])) if TABLES[table][3] else None
-        rows.append((table, code, recorded, hadm, value, draw(PADDING), draw(PADDING)))
+        rows.append((table, code, recorded, hadm, value, draw(PADDING), draw(PADDING), unit))
     return rows
 
 
-def job_record(rows, chunk_order) -> bytes:
+def job_record(rows, chunk_order, export) -> bytes:
     """The job's record for the admission: extraction, cohort cut and packing per table, then its DoFn."""
     cohort_index = pa.table({"SUBJECT_ID": [0], "HADM_ID": [HADM], "trigger_time": [TRIGGER]})
     chunks = []
@@ -86,8 +92,10 @@ def job_record(rows, chunk_order) -> bytes:
         if not mine:
             continue
         block_rows = []
-        for _, code, recorded, hadm, value, left, right in mine:
+        for _, code, recorded, hadm, value, left, right, unit in mine:
             row = {"SUBJECT_ID": 0, "HADM_ID": hadm}
+            if table in UNIT_COLUMN:
+                row[UNIT_COLUMN[table]] = unit
             if table == "PRESCRIPTIONS":
                 row.update(STARTDATE=recorded, FORMULARY_DRUG_CD=f"{left}{code}{right}", DRUG="drug")
             elif table in ev.NEEDS_DISCHARGES:
@@ -100,14 +108,16 @@ def job_record(rows, chunk_order) -> bytes:
         extracted, counts = ev.extract(table, batch(table, block_rows), DISCHARGES)
         assert counts[ev.KEPT] == len(mine), counts
         kept, _ = ev.filter_to_cohort(extracted, cohort_index)
-        chunks.extend(job.pack_chunk(t, c, v) for _, t, c, v in ev.split_by_admission(kept))
+        chunks.extend(job.pack_chunk(t, c, v, u) for _, t, c, v, u in ev.split_by_admission(kept))
     meta = {"SUBJECT_ID": 0, "HADM_ID": HADM, "ADMITTIME": ADMIT, "trigger_time": TRIGGER,
             "label": spec.LABEL_UNKNOWN, "age_years": AGE, "gender": "F", "admission_type": "EMERGENCY"}
     _, bag_admission, _, _ = job._make_dofns()
     dofn = bag_admission(CONFIG.to_dict())
     dofn.setup()
     ordered = [chunks[i] for i in chunk_order(len(chunks))]
-    records = [payload for kind, payload in dofn.process((HADM, [*ordered, meta])) if kind == job.RECORDS]
+    # The job's unit plan for this model: its canonical units and its labs' LOINC codes.
+    plan = {"canonical": dict(export.units), "loinc": dict(export.harmoniser.loinc)}
+    records = [payload for kind, payload in dofn.process((HADM, [*ordered, meta]), plan) if kind == job.RECORDS]
     (_, (_, record)), = records
     return record
 
@@ -119,10 +129,12 @@ def iso(seconds: int) -> str:
 def request_body(rows, order) -> dict:
     """The request a client builds from the same rows, following the documented event times."""
     events = []
-    for table, code, recorded, _, value, left, right in (rows[i] for i in order):
+    for table, code, recorded, _, value, left, right, unit in (rows[i] for i in order):
         event = {"time": iso(recorded), "source": TABLES[table][0], "code": f"{left}{code}{right}"}
         if value is not None:
             event["value"] = value
+        if unit is not None:
+            event["unit"] = unit
         events.append(event)
     return {"patient": {"gender": "F", "age_years": AGE},
             "admission": {"admit_time": iso(ADMIT), "admission_type": "EMERGENCY"}, "events": events}
@@ -138,7 +150,7 @@ def export(tmp_path_factory):
 def test_job_and_service_write_the_same_bytes(export, rows, data):
     service_order = data.draw(st.permutations(range(len(rows))))
     chunk_perm = data.draw(st.randoms(use_true_random=False))
-    record = job_record(rows, lambda n: chunk_perm.sample(range(n), n))
+    record = job_record(rows, lambda n: chunk_perm.sample(range(n), n), export)
     served = encode(PredictRequest.model_validate(request_body(rows, service_order)), export).example
     assert served == record
 
@@ -147,10 +159,10 @@ def test_the_issues_cases_value_last_padded_codes_and_prescriptions(export):
     """Two same-time values of one code, a padded ITEMID, prescriptions sent at their start date."""
     t = TRIGGER - 3600
     today = TRIGGER // DAY * DAY  # before the trigger, but today's order is known only at 23:59:59
-    rows = [("LABEVENTS", 50912, t, HADM, 2.0, "", ""), ("LABEVENTS", 50912, t, HADM, 1.0, " ", ""),
-            ("PRESCRIPTIONS", "Vancomycin", today - DAY, HADM, None, "", " "),
-            ("PRESCRIPTIONS", "Heparin", today, HADM, None, "", "")]
-    record = job_record(rows, lambda n: list(range(n))[::-1])
+    rows = [("LABEVENTS", 50912, t, HADM, 2.0, "", "", "mg/dL"), ("LABEVENTS", 50912, t, HADM, 1.0, " ", "", None),
+            ("PRESCRIPTIONS", "Vancomycin", today - DAY, HADM, None, "", " ", None),
+            ("PRESCRIPTIONS", "Heparin", today, HADM, None, "", "", None)]
+    record = job_record(rows, lambda n: list(range(n))[::-1], export)
     for order in ([0, 1, 2, 3], [3, 2, 1, 0]):
         encoded = encode(PredictRequest.model_validate(request_body(rows, order)), export)
         assert encoded.example == record

@@ -5,7 +5,7 @@ Everything here is data plus small pure functions; docs/fhir.md prints the table
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 LOINC = "http://loinc.org"
 SNOMED = "http://snomed.info/sct"
@@ -68,34 +68,6 @@ VITAL_SIGNS: tuple[VitalSign, ...] = (
     VitalSign("9269-2", "Glasgow coma score total", "{score}", ("198",)),
 )
 
-# MIMIC-III unit strings (VALUEUOM, AMOUNTUOM) -> UCUM codes. MIMIC writes the degree sign as '?'.
-MIMIC_UNIT_TO_UCUM: dict[str, str] = {
-    "mg/dL": "mg/dL", "g/dL": "g/dL", "ug/dL": "ug/dL", "ng/dL": "ng/dL", "mg/L": "mg/L",
-    "ng/mL": "ng/mL", "pg/mL": "pg/mL", "uIU/mL": "u[IU]/mL", "mIU/mL": "m[IU]/mL", "mIU/L": "m[IU]/L",
-    "mEq/L": "meq/L", "mmol/L": "mmol/L", "umol/L": "umol/L", "mOsm/kg": "mosm/kg",
-    "IU/L": "[IU]/L", "U/L": "U/L", "K/uL": "10*3/uL", "m/uL": "10*6/uL", "#/uL": "/uL",
-    "#/hpf": "/[HPF]", "#/lpf": "/[LPF]", "%": "%", "mm Hg": "mm[Hg]", "mmHg": "mm[Hg]", "sec": "s",
-    "pg": "pg", "fL": "fL", "ratio": "{ratio}", "mL/min": "mL/min", "mg/24hr": "mg/(24.h)",
-    "ml": "mL", "mL": "mL", "L": "L", "mg": "mg", "mcg": "ug", "gm": "g", "g": "g", "grams": "g",
-    "kg": "kg", "cm": "cm", "bpm": "/min", "insp/min": "/min", "?C": "Cel", "?F": "[degF]",
-    "mEq": "meq", "mmol": "mmol", "L/min": "L/min", "mm/hr": "mm/h", "ug/mL": "ug/mL", "U/mL": "U/mL",
-    "mg/g": "mg/g", "uU/mL": "u[IU]/mL", "EU/dL": "[EU]/dL", "U/g/Hb": "U/g{Hb}",
-}
-_UCUM_FOLDED = {k.casefold(): v for k, v in MIMIC_UNIT_TO_UCUM.items()}
-
-
-def ucum(mimic_unit: str | None) -> str | None:
-    """The UCUM code of a MIMIC unit string ('MEQ/L' and 'mEq/L' alike), or None when there is none.
-
-    MIMIC's bare 'units' is left out on purpose: it means pH units for labs and international
-    units for drugs, so it has no one UCUM code.
-    """
-    if mimic_unit is None:
-        return None
-    text = mimic_unit.strip()
-    return MIMIC_UNIT_TO_UCUM.get(text) or _UCUM_FOLDED.get(text.casefold())
-
-
 def resolve(candidates: Iterable[str], source: str, vocabulary: Mapping[str, int] | frozenset[str]) -> str | None:
     """The candidate the model knows best: lowest rank in `vocabulary` ('source:code' -> rank, most frequent
     first in training; a set counts as all equal, then table order), else the first candidate; None when none.
@@ -108,19 +80,35 @@ def resolve(candidates: Iterable[str], source: str, vocabulary: Mapping[str, int
     return candidates[0] if candidates else None
 
 
-def vital_sign_candidates(loinc: str, ucum: str | None) -> tuple[tuple[str, ...], str | None]:
-    """(chart ITEMIDs, the UCUM unit the table expects) for a vital-sign LOINC code and a value's unit.
+def vital_sign_items(loinc: str, ucum: str | None, vocabulary: Mapping[str, int] | frozenset[str]
+                     ) -> tuple[str, ...]:
+    """Chart ITEMIDs for a vital-sign LOINC code: the row of the value's unit first, then the others.
 
-    When the unit is not one the table lists for that code, the first row's ITEMIDs and unit
-    come back, so the caller can warn that the value is not in the model's unit.
+    Temperature has a Celsius and a Fahrenheit item: the one of the value's unit is taken when
+    the model knows it, otherwise one it knows in the other unit (the service converts the value).
     """
-    rows = [v for v in VITAL_SIGNS if v.loinc == loinc]
-    if not rows:
-        return (), None
+    rows = sorted((v for v in VITAL_SIGNS if v.loinc == loinc), key=lambda v: v.ucum != ucum)
     for row in rows:
-        if ucum == row.ucum:
-            return row.itemids, row.ucum
-    return rows[0].itemids, rows[0].ucum
+        if any(f"chart:{i}" in vocabulary for i in row.itemids):
+            return row.itemids
+    return rows[0].itemids if rows else ()
+
+
+def lab_items(loinc: str, bridge: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    """Lab ITEMIDs for a LOINC code: the bridge's, else those of another LOINC code of the same analyte.
+
+    A site reporting creatinine in umol/L codes it 14682-9 (substance concentration) where
+    MIMIC's dictionary says 2160-0 (mass concentration): both name one analyte
+    (units.ANALYTES), so the value reaches the model's creatinine and is converted there.
+    """
+    from ehr_pipeline import units
+
+    if loinc in bridge:
+        return tuple(bridge[loinc])
+    analyte = units.ANALYTE_BY_LOINC.get(loinc)
+    if analyte is None:
+        return ()
+    return tuple(item for sibling in analyte.loinc for item in bridge.get(sibling, ()))
 
 
 def lab_loinc_bridge(rows: Iterable[Mapping[str, object]]) -> dict[str, list[str]]:

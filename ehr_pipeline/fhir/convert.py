@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ehr_pipeline import cohort as cohort_mod
+from ehr_pipeline import units
 from ehr_pipeline.fhir import codes
 from ehr_pipeline.fhir.mapping import iso_utc
 from ehr_pipeline.reader import TableReader, locate_table, read_table
@@ -88,13 +89,13 @@ def _date(seconds: int) -> str:
     return (EPOCH + dt.timedelta(seconds=int(seconds))).strftime("%Y-%m-%d")
 
 
-def _quantity(value: float | None, mimic_unit: str | None) -> dict[str, Any] | None:
+def _quantity(value: float | None, mimic_unit: str | None, converter: units.Converter) -> dict[str, Any] | None:
     if value is None or not math.isfinite(value):
         return None
     out: dict[str, Any] = {"value": value}
     if mimic_unit and mimic_unit.strip():
         out["unit"] = mimic_unit.strip()
-        ucum = codes.ucum(mimic_unit)
+        ucum = converter.ucum(mimic_unit)
         if ucum is not None:
             out["system"], out["code"] = codes.UCUM, ucum
     return out
@@ -109,6 +110,7 @@ class _Writer:
     def __init__(self, release: Release, hadm_id: int, local_lab_codes: bool):
         self.release = release
         self.local_lab_codes = local_lab_codes
+        self.converter = units.Converter()
         adm = release.admissions
         rows = adm.filter(pc.equal(adm.column("HADM_ID"), hadm_id)).to_pylist()
         if len(rows) != 1:
@@ -201,7 +203,7 @@ class _Writer:
             out["encounter"] = enc
         if row["CHARTTIME"] is not None:
             out["effectiveDateTime"] = iso_utc(row["CHARTTIME"])
-        quantity = _quantity(row[value_column], row.get(unit_column))
+        quantity = _quantity(row[value_column], row.get(unit_column), self.converter)
         if quantity is not None:
             out["valueQuantity"] = quantity
         elif (row.get("VALUE") or "").strip() and isinstance(row.get("VALUE"), str):
@@ -261,7 +263,7 @@ class _Writer:
             out["effectivePeriod"] = {**({"start": iso_utc(start)} if start is not None else {}), "end": iso_utc(end)}
         else:
             out["effectiveDateTime"] = iso_utc(end)
-        dose = _quantity(row["AMOUNT"], row.get("AMOUNTUOM"))
+        dose = _quantity(row["AMOUNT"], row.get("AMOUNTUOM"), self.converter)
         if dose is not None:
             out["dosage"] = {"dose": dose}
         return out

@@ -55,11 +55,15 @@ class FhirInputError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelCodes:
-    """What the served model knows: its vocabulary ('source:code'), the LOINC lab bridge and training units."""
+    """What the served model knows: its vocabulary ('source:code') and the LOINC lab bridge.
+
+    Units are not the mapping's business: each event carries its unit as sent (the UCUM code
+    when the Quantity has one), and the service moves every value to the model's units with
+    the same ``units.Harmoniser`` as the Beam job.
+    """
 
     vocabulary: Mapping[str, int]  # 'source:code' -> rank in its source, most frequent in training first
     lab_loinc: Mapping[str, Sequence[str]] = dataclasses.field(default_factory=dict)
-    units: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)  # 'source:code' -> UCUM
 
 
 @dataclasses.dataclass
@@ -282,7 +286,7 @@ class _Mapper:
         ucum = quantity.code if quantity is not None and quantity.system == codes.UCUM else None
         unit = (ucum or (quantity.unit if quantity is not None else None)) or None
         value = _float(quantity.value) if quantity is not None else _float(getattr(obs, "valueInteger", None))
-        source, code, expected = None, None, None
+        source, code = None, None
         codings = _codings(obs.code)
         local = {c.system[len(codes.MIMIC_PREFIX):]: c.code for c in codings
                  if c.system and c.system.startswith(codes.MIMIC_PREFIX) and c.code}
@@ -294,38 +298,20 @@ class _Mapper:
             for c in codings:
                 if c.system != codes.LOINC or not c.code:
                     continue
-                items, expected = codes.vital_sign_candidates(c.code, ucum)
+                items = codes.vital_sign_items(c.code, ucum, self.model.vocabulary)
                 if items:
                     source, code = "chart", codes.resolve(items, "chart", self.model.vocabulary)
                     break
-                if c.code in self.model.lab_loinc:
-                    source = "lab"
-                    code = codes.resolve(self.model.lab_loinc[c.code], "lab", self.model.vocabulary)
+                items = codes.lab_items(c.code, self.model.lab_loinc)
+                if items:
+                    source, code = "lab", codes.resolve(items, "lab", self.model.vocabulary)
                     break
         if source is None or code is None:
             self.no_code(ref, obs.code)
             return
         when = obs.effectiveDateTime or obs.effectiveInstant or (
             obs.effectivePeriod.end if obs.effectivePeriod is not None else None) or obs.issued
-        if self.add(source, when, code, value, unit, ref):
-            self.check_unit(ref, f"{source}:{code}", value, ucum, unit, expected)
-
-    def check_unit(self, ref: str, code: str, value: float | None, ucum: str | None, unit: str | None,
-                   expected: str | None) -> None:
-        """A value in a unit the model never saw is used as sent, with a warning: never silently."""
-        if value is None:
-            return
-        seen = set(self.model.units.get(code, ())) | ({expected} if expected else set())
-        if not seen or (ucum or unit) in seen:
-            return
-        if unit is None:
-            self.warnings.append(f"{ref}: value without a unit; the model saw {code} in {', '.join(sorted(seen))}")
-        elif ucum is None:
-            self.warnings.append(f"{ref}: unit {unit[:32]!r} is not a UCUM code; the model saw {code} in "
-                                 f"{', '.join(sorted(seen))}")
-        elif ucum not in seen:
-            self.warnings.append(f"{ref}: unit {ucum[:32]!r} was never seen for {code} in training "
-                                 f"({', '.join(sorted(seen))}); the value is used as sent")
+        self.add(source, when, code, value, unit, ref)
 
     def medication_concept(self, resource: Any) -> Any:
         concept = getattr(resource, "medicationCodeableConcept", None)
@@ -361,8 +347,7 @@ class _Mapper:
         unit = (ucum or dose.unit) if dose is not None else None
         # An amount is only known once it has been given: the end of the period (MIMIC's ENDTIME).
         when = admin.effectivePeriod.end if admin.effectivePeriod is not None else admin.effectiveDateTime
-        if self.add("input", when, code, value, unit, ref):
-            self.check_unit(ref, f"input:{code}", value, ucum, unit, None)
+        self.add("input", when, code, value, unit, ref)
 
     def coded_billing(self, ref: str, resource: Any, source: str, current: Any) -> None:
         icd9 = next((c.code for c in _codings(resource.code) if c.system == codes.ICD9CM and c.code), None)

@@ -1,0 +1,426 @@
+"""Units of measure: one reader of unit strings and one converter, for the job, the service and FHIR.
+
+A value means something to the model only in the unit its training data used. Hospitals
+differ: most of the world reports creatinine in umol/L where MIMIC-III writes mg/dL, and a
+model fed 88 as if it were mg/dL is confidently wrong for almost every patient. So every
+numeric value is moved to its code's **canonical unit** before it is bagged:
+
+* A unit string as written ("mg/dL", "MEQ/L", "K/uL", "?F", "umol/L") is read as UCUM
+  (``Converter.ucum``): the common non-UCUM spellings of MIMIC-III and EHR exports are mapped
+  by ``SPELLINGS``; everything else must parse with the UCUM grammar (``ucumvert``, a maintained
+  UCUM parser on ``pint``). Nothing is guessed from a string that does not parse.
+* Each code's canonical unit is the unit most of its training rows were recorded in
+  (``canonical_units``), or a reference's (a model's export) when data from another site is
+  prepared for that model.
+* ``Converter.conversion`` finds the affine map (scale, offset) between two units of the same
+  quantity, with pint; between mass and substance concentrations (mg/dL <-> umol/L) it uses
+  the analyte's molar mass (``ANALYTES``, keyed by LOINC), and between equivalents and moles
+  its valence.
+* ``Harmoniser`` applies it to arrays of events. A value whose unit cannot be converted is NOT
+  used (its value becomes NaN: the event still counts as an occurrence) and is counted under
+  ``NOT_CONVERTIBLE``; the job dead-letters it, the service warns. A value without a unit is
+  taken to be in the canonical unit (``NO_UNIT``): MIMIC-III leaves VALUEUOM empty on ~10% of
+  lab rows of codes that are otherwise always in one unit.
+
+Cheap to import: pint and the UCUM grammar load on the first unit that is not spelled like its
+canonical unit, which on a release in one set of units is never.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+# What happened to one numeric value (every value gets exactly one).
+SAME = "same_unit"  # recorded in the canonical unit (any spelling of it)
+CONVERTED = "converted"  # recorded in another unit of the same quantity, converted
+NO_UNIT = "no_unit"  # recorded without a unit: taken to be in the canonical unit
+UNCHECKED = "unchecked"  # the code has no canonical unit (training never saw one): used as recorded
+NOT_CONVERTIBLE = "not_convertible"  # a unit that cannot be converted to the canonical one: value not used
+OUTCOMES = (SAME, CONVERTED, NO_UNIT, UNCHECKED, NOT_CONVERTIBLE)
+
+# Common non-UCUM spellings -> UCUM, looked up case-insensitively after whitespace is collapsed
+# and the micro signs (U+00B5, U+03BC) are read as "u". MIMIC-III writes "?" for the degree sign.
+# "IU/L" is MIMIC's spelling for enzyme activities (ALT, AST, ALP, LD, CK, lipase, amylase):
+# an enzyme's international unit IS the enzyme unit U = 1 umol/min (IUB 1961), whereas UCUM's
+# [IU] is an arbitrary unit (hormones, vitamins) that converts to nothing but itself.
+# MIMIC's bare "units" is left out on purpose: it means pH units for labs and international
+# units for drugs, so it has no one UCUM code (it still matches itself, see Converter.key).
+SPELLINGS: dict[str, str] = {
+    "meq/l": "meq/L", "meq": "meq", "meq.": "meq", "mmol/l": "mmol/L", "umol/l": "umol/L",
+    "iu/l": "U/L", "u/l": "U/L", "iu/ml": "[IU]/mL", "uiu/ml": "u[IU]/mL", "uu/ml": "u[IU]/mL",
+    "miu/ml": "m[IU]/mL", "miu/l": "m[IU]/L", "eu/dl": "[EU]/dL", "u/g/hb": "U/g{Hb}",
+    "k/ul": "10*3/uL", "k/mm3": "10*3/mm3", "thou/ul": "10*3/uL", "x10^3/ul": "10*3/uL", "10^3/ul": "10*3/uL",
+    "x10e3/ul": "10*3/uL", "m/ul": "10*6/uL", "x10^6/ul": "10*6/uL", "10^6/ul": "10*6/uL",
+    "x10^9/l": "10*9/L", "10^9/l": "10*9/L", "x10e9/l": "10*9/L", "10e9/l": "10*9/L",
+    "x10^12/l": "10*12/L", "10^12/l": "10*12/L", "x10e12/l": "10*12/L",
+    "#/ul": "/uL", "cells/ul": "/uL", "#/mm3": "/mm3", "cells/mm3": "/mm3",
+    "#/hpf": "/[HPF]", "/hpf": "/[HPF]", "#/lpf": "/[LPF]", "/lpf": "/[LPF]",
+    "mm hg": "mm[Hg]", "mmhg": "mm[Hg]", "cmh2o": "cm[H2O]", "cm h2o": "cm[H2O]",
+    "sec": "s", "secs": "s", "seconds": "s", "min": "min", "hr": "h", "hrs": "h", "hours": "h",
+    "ratio": "{ratio}", "mosm/kg": "mosm/kg", "mosm/l": "mosm/L",
+    "ml": "mL", "cc": "mL", "l": "L", "mcg": "ug", "gm": "g", "gms": "g", "grams": "g", "gram": "g",
+    "mg": "mg", "kg": "kg", "lb": "[lb_av]", "lbs": "[lb_av]", "in": "[in_i]", "inch": "[in_i]", "inches": "[in_i]",
+    "cm": "cm", "mmol": "mmol", "mol": "mol",
+    "bpm": "/min", "beats/min": "/min", "breaths/min": "/min", "insp/min": "/min", "/min": "/min",
+    "?c": "Cel", "?f": "[degF]", "°c": "Cel", "°f": "[degF]", "deg c": "Cel", "deg f": "[degF]",
+    "degc": "Cel", "degf": "[degF]", "c": "Cel", "f": "[degF]",
+    "mm/hr": "mm/h", "mg/24hr": "mg/(24.h)", "ml/hr": "mL/h", "ml/min": "mL/min", "l/min": "L/min",
+    "mcg/ml": "ug/mL", "mcg/dl": "ug/dL", "mcg/l": "ug/L", "mcg/kg/min": "ug/kg/min",
+}
+# Case-insensitive spellings of the UCUM atoms lab exports write in the wrong case ("MG/DL", "mg/dl",
+# "MMOL/L"): each part of a unit between "/" is looked up here before the whole is parsed as UCUM.
+_ATOMS: dict[str, str] = {
+    **{p + "g": p + "g" for p in ("", "m", "u", "n", "p", "k", "d")},
+    **{p + "mol": p + "mol" for p in ("", "m", "u", "n", "p")},
+    **{p + "l": p + "L" for p in ("", "d", "m", "u", "f", "c")},
+    "meq": "meq", "mosm": "mosm", "osm": "osm", "mcg": "ug", "iu": "[IU]", "miu": "m[IU]", "uiu": "u[IU]",
+    "u": "U", "ukat": "ukat", "kat": "kat", "mm3": "mm3", "cm3": "cm3", "kpa": "kPa", "pa": "Pa",
+    "s": "s", "sec": "s", "min": "min", "h": "h", "hr": "h", "d": "d", "day": "d", "24hr": "(24.h)",
+    "kg": "kg", "m2": "m2", "hpf": "[HPF]", "lpf": "[LPF]", "mm": "mm", "cm": "cm", "m": "m",
+}
+# UCUM codes common enough in lab exports to be known without loading the grammar.
+_KNOWN_UCUM = frozenset(SPELLINGS.values()) | frozenset({
+    "mg/dL", "g/dL", "ug/dL", "ng/dL", "mg/L", "g/L", "ug/L", "ng/L", "ng/mL", "pg/mL", "ug/mL", "mg/mL",
+    "U/mL", "mg/g", "fL", "pg", "%", "mmol/mol", "mosm/kg", "kPa", "/min", "L/L", "1"})
+_MICRO = str.maketrans({"\u00b5": "u", "\u03bc": "u"})
+_ANNOTATION = re.compile(r"^\{[^{}]*\}$")
+_LITRE = re.compile(r"(?<![A-Za-z\[])([munpfdc]?)l(?![A-Za-z\]])")
+# Dimensionless pint units that are plain numbers: any other dimensionless atom ([IU], [HPF],
+# [EU], annotations) is an arbitrary unit that converts to nothing but itself.
+_PURE_NUMBERS = frozenset({"_10", "percent", "permille", "ppm", "ppb", "ppth", "pptr", "dimensionless"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Analyte:
+    """A chemistry analyte: its LOINC codes (mass and substance variants), molar mass (g/mol) and charge."""
+
+    name: str
+    molar_mass: float  # g/mol
+    loinc: tuple[str, ...]
+    valence: int = 1  # charge per particle: mEq = valence x mmol
+    note: str = ""
+
+
+# Molar masses: standard atomic weights (IUPAC CIAAW 2021) and PubChem's computed molecular weights;
+# LOINC codes from the LOINC table (serum/plasma/blood, mass and substance concentration variants).
+# The mass form of a few analytes is not the molecule: urea nitrogen is reported as the mass of the
+# urea's two nitrogen atoms (so 1 mg/dL = 0.357 mmol/L of urea), phosphate as phosphorus, and
+# haemoglobin in mmol/L (the Netherlands) counts the monomer (Hb/4).
+ANALYTES: tuple[Analyte, ...] = (
+    Analyte("creatinine", 113.12, ("2160-0", "38483-4", "14682-9", "59826-8"), note="PubChem CID 588"),
+    Analyte("glucose", 180.16, ("2345-7", "2339-0", "41653-7", "14749-6", "15074-8", "14743-9"),
+            note="PubChem CID 5793"),
+    Analyte("urea nitrogen", 28.014, ("3094-0", "6299-2", "22664-7", "14937-7"), note="2 x N, IUPAC"),
+    Analyte("calcium", 40.078, ("17861-6", "2000-8", "49765-1"), valence=2, note="IUPAC"),
+    Analyte("ionized calcium", 40.078, ("1994-3", "1995-0", "17863-2"), valence=2, note="IUPAC"),
+    Analyte("magnesium", 24.305, ("19123-9", "2601-3"), valence=2, note="IUPAC"),
+    Analyte("phosphate", 30.974, ("2777-1", "14879-1"), note="as phosphorus, IUPAC"),
+    Analyte("bilirubin total", 584.66, ("1975-2", "42719-5", "14631-6"), note="PubChem CID 5280352"),
+    Analyte("bilirubin direct", 584.66, ("1968-7", "14629-0"), note="PubChem CID 5280352"),
+    Analyte("lactate", 90.08, ("2524-7", "32693-4", "14118-4", "2518-9"), note="lactic acid, PubChem CID 612"),
+    Analyte("urate", 168.11, ("3084-1", "14933-6"), note="uric acid, PubChem CID 1175"),
+    Analyte("cholesterol", 386.65, ("2093-3", "14647-2"), note="PubChem CID 5997"),
+    Analyte("triglyceride", 885.43, ("2571-8", "14927-8"), note="as triolein, PubChem CID 5497163"),
+    Analyte("iron", 55.845, ("2498-4", "14798-3"), note="IUPAC"),
+    Analyte("ammonia", 17.031, ("16362-6", "1841-6"), note="IUPAC"),
+    Analyte("sodium", 22.990, ("2951-2", "2947-0"), note="IUPAC"),
+    Analyte("potassium", 39.098, ("2823-3", "6298-4"), note="IUPAC"),
+    Analyte("chloride", 35.45, ("2075-0", "2069-3"), note="IUPAC"),
+    Analyte("bicarbonate", 61.017, ("1963-8", "1959-6", "2028-9"), note="HCO3-, IUPAC"),
+    Analyte("haemoglobin", 16114.5, ("718-7", "20509-6", "59260-0"), note="monomer Hb/4"),
+    Analyte("albumin", 66472.0, ("1751-7", "61151-7"), note="UniProt P02768 mature chain"),
+)
+ANALYTE_BY_LOINC: dict[str, Analyte] = {code: a for a in ANALYTES for code in a.loinc}
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+    """value_in_canonical = value * scale + offset (offset is non-zero only for temperatures)."""
+
+    scale: float
+    offset: float = 0.0
+
+    @property
+    def identity(self) -> bool:
+        """True when the conversion leaves every value unchanged (to 1e-12)."""
+        return math.isclose(self.scale, 1.0, rel_tol=1e-12) and abs(self.offset) < 1e-12
+
+    def apply(self, values: np.ndarray | float) -> np.ndarray | float:
+        """The values in the canonical unit."""
+        return values * self.scale + self.offset
+
+
+IDENTITY = Conversion(1.0)
+
+
+def _clean(text: object) -> str | None:
+    """A unit as written, trimmed, inner whitespace collapsed, micro signs read as 'u'; None when blank."""
+    if text is None:
+        return None
+    if isinstance(text, float) and math.isnan(text):
+        return None
+    cleaned = " ".join(str(text).translate(_MICRO).split())
+    return cleaned or None
+
+
+class Converter:
+    """Reads unit strings as UCUM and finds conversions; loads pint on the first unit that needs it.
+
+    Instance state is a cache (one entry per distinct string or pair), so one Converter per
+    process or worker serves every call.
+    """
+
+    def __init__(self) -> None:
+        self._registry: Any = None
+        self._ucum: dict[str, str | None] = {}
+        self._pint: dict[str, Any] = {}
+        self._conversions: dict[tuple[str, str, str | None], tuple[Conversion | None, str]] = {}
+
+    # --- reading unit strings
+
+    def _registry_(self) -> Any:
+        if self._registry is None:
+            from ucumvert import PintUcumRegistry
+
+            self._registry = PintUcumRegistry()
+        return self._registry
+
+    def _parse(self, ucum: str) -> Any:
+        """The pint Unit of a UCUM code, or None when it does not parse (annotation-only units included)."""
+        if ucum in self._pint:
+            return self._pint[ucum]
+        unit = None
+        if not _ANNOTATION.match(ucum):
+            try:
+                parsed = self._registry_().from_ucum(ucum)
+                unit = getattr(parsed, "units", None)
+                if unit is not None and getattr(parsed, "magnitude", 1) != 1:
+                    unit = parsed  # "mg/(24.h)" parses to a Quantity of magnitude 1/24: keep the factor
+            except Exception:  # noqa: BLE001  (the grammar raises lark, pint and attribute errors alike)
+                unit = None
+        self._pint[ucum] = unit
+        return unit
+
+    def ucum(self, text: object) -> str | None:
+        """The UCUM code of a unit as written ('MG/DL' -> 'mg/dL', 'K/uL' -> '10*3/uL'), None if it is not one."""
+        cleaned = _clean(text)
+        if cleaned is None:
+            return None
+        if cleaned in self._ucum:
+            return self._ucum[cleaned]
+        folded = cleaned.casefold()
+        found = cleaned if cleaned in _KNOWN_UCUM else SPELLINGS.get(folded)
+        if found is None and _ANNOTATION.match(cleaned):
+            found = cleaned  # '{ratio}', '{score}': valid UCUM, dimensionless, arbitrary
+        if found is None and self._parse(cleaned) is not None:
+            found = cleaned
+        if found is None:
+            parts = folded.replace(" ", "").split("/")
+            if all(p in _ATOMS or p == "" for p in parts) and any(parts):
+                candidate = "/".join(_ATOMS.get(p, p) for p in parts)
+                if self._parse(candidate) is not None:
+                    found = candidate
+        self._ucum[cleaned] = found
+        return found
+
+    def key(self, text: object) -> str | None:
+        """What identifies a unit: its UCUM code, else its text as written, case-folded; None when blank."""
+        cleaned = _clean(text)
+        if cleaned is None:
+            return None
+        found = self.ucum(cleaned)
+        # UCUM has two symbols for the litre, 'l' and 'L': one key, so 'ng/ml' and 'ng/mL' count as one unit.
+        return _LITRE.sub(r"\1L", found) if found else cleaned.casefold()
+
+    # --- conversions
+
+    def conversion(self, unit: object, canonical: object, loinc: str | None = None) -> tuple[Conversion | None, str]:
+        """(the map from `unit` to `canonical`, why not when None); `loinc` names the analyte for molar conversions."""
+        src, dst = self.key(unit), self.key(canonical)
+        if src is None or dst is None:
+            return None, "no unit"
+        if src == dst:
+            return IDENTITY, ""
+        pair = (src, dst, loinc)
+        if pair not in self._conversions:
+            self._conversions[pair] = self._convert(src, dst, loinc)
+        return self._conversions[pair]
+
+    def _convert(self, src: str, dst: str, loinc: str | None) -> tuple[Conversion | None, str]:
+        a = self._parse(src) if self.ucum(src) else None
+        b = self._parse(dst) if self.ucum(dst) else None
+        if a is None or b is None:
+            which = src if a is None else dst
+            return None, f"{which!r} is not a unit this converter reads (UCUM or a known spelling)"
+        if self._arbitrary(a) != self._arbitrary(b):
+            return None, "arbitrary units (IU, per field, annotations) convert only to themselves"
+        reg = self._registry_()
+        ua, ub = self._units_of(a), self._units_of(b)
+        fa, fb = self._factor_of(a), self._factor_of(b)
+        analyte = ANALYTE_BY_LOINC.get(loinc or "")
+        if ua.dimensionality == ub.dimensionality:
+            affine = self._affine(reg, ua, ub, fa, fb)
+            if analyte is None:
+                return affine, ""
+            return Conversion(affine.scale * self._valence_factor(ua, ub, analyte), affine.offset), ""
+        ratio = ua.dimensionality / ub.dimensionality
+        mass_per_mol = reg.Quantity(1, "gram / mole").dimensionality
+        if analyte is None:
+            if ratio in (mass_per_mol, 1 / mass_per_mol):
+                return None, "mass <-> substance needs the analyte's molar mass: no LOINC with one known for this code"
+            return None, f"{src!r} and {dst!r} measure different quantities"
+        molar = reg.Quantity(analyte.molar_mass, "gram / mole")
+        if ratio == mass_per_mol:  # mass -> substance: divide by the molar mass
+            scale = (reg.Quantity(fa, ua) / molar).to(ub).magnitude / fb
+        elif ratio == 1 / mass_per_mol:  # substance -> mass
+            scale = (reg.Quantity(fa, ua) * molar).to(ub).magnitude / fb
+        else:
+            return None, f"{src!r} and {dst!r} measure different quantities"
+        return Conversion(scale * self._valence_factor(ua, ub, analyte)), ""
+
+    def _affine(self, reg: Any, ua: Any, ub: Any, fa: float, fb: float) -> Conversion:
+        # Two points give scale and offset (degF <-> Cel is affine, everything else linear).
+        zero = reg.Quantity(0.0, ua).to(ub).magnitude
+        one = reg.Quantity(1.0, ua).to(ub).magnitude
+        return Conversion((one - zero) * fa / fb, zero / fb)
+
+    @staticmethod
+    def _units_of(parsed: Any) -> Any:
+        return getattr(parsed, "units", parsed)
+
+    @staticmethod
+    def _factor_of(parsed: Any) -> float:
+        return float(getattr(parsed, "magnitude", 1.0))
+
+    def _arbitrary(self, parsed: Any) -> tuple[tuple[str, int], ...]:
+        """The dimensionless atoms of a unit that are not plain numbers, with exponents ([IU], [HPF], ...)."""
+        reg = self._registry_()
+        out = []
+        for name, power in self._units_of(parsed)._units.items():
+            _, base, _ = reg.parse_unit_name(name)[0] if reg.parse_unit_name(name) else ("", name, "")
+            if base in _PURE_NUMBERS:
+                continue
+            if reg.Quantity(1, base).dimensionless:
+                out.append((base, int(power)))
+        return tuple(sorted(out))
+
+    def _valence_factor(self, ua: Any, ub: Any, analyte: Analyte) -> float:
+        """UCUM counts an equivalent as a mole: for a divalent ion 1 meq is 0.5 mmol, so rescale by the charge."""
+        def eq_power(u: Any) -> int:
+            return sum(int(p) for n, p in u._units.items() if n.endswith("equivalents"))
+        return float(analyte.valence) ** (eq_power(ub) - eq_power(ua))
+
+
+def canonical_units(counts: Mapping[str, Mapping[str, int]], converter: Converter,
+                    reference: Mapping[str, str] | None = None) -> dict[str, str]:
+    """code -> canonical unit: the reference's where it has one, else the unit most rows used (UCUM where known).
+
+    ``counts`` is ``{code: {unit as written: rows with a value}}``. Spellings of one unit
+    ("mg/dL", "MG/DL") count together; ties go to the alphabetically first key.
+    """
+    out: dict[str, str] = {}
+    for code in sorted(counts):
+        if reference is not None and reference.get(code):
+            out[code] = reference[code]
+            continue
+        by_key: dict[str, int] = {}
+        for unit, n in counts[code].items():
+            k = converter.key(unit)
+            if k is not None:
+                by_key[k] = by_key.get(k, 0) + int(n)
+        if by_key:
+            out[code] = min(by_key, key=lambda k: (-by_key[k], k))
+    if reference is not None:
+        for code, unit in reference.items():
+            out.setdefault(code, unit)
+    return dict(sorted(out.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Harmonised:
+    """Values in their codes' canonical units, and what happened to each."""
+
+    values: np.ndarray  # float64, NaN where there was no value or it could not be converted
+    outcomes: np.ndarray  # object [n]: one of OUTCOMES per event with a value, "" where there is no value
+    problems: tuple[tuple[int, str, str, str], ...]  # (event index, unit as written, canonical unit, why)
+
+    def counts(self, codes: np.ndarray | None = None) -> dict[str, int]:
+        """Events per outcome (every outcome listed); with codes, keyed 'source/outcome'."""
+        if codes is None:
+            return {o: int(np.count_nonzero(self.outcomes == o)) for o in OUTCOMES}
+        out: dict[str, int] = {}
+        for code, outcome in zip(codes, self.outcomes):
+            if outcome:
+                key = f"{str(code).split(':', 1)[0]}/{outcome}"
+                out[key] = out.get(key, 0) + 1
+        return out
+
+
+class Harmoniser:
+    """Moves events' values to their codes' canonical units: the one conversion of the job and the service."""
+
+    def __init__(self, canonical: Mapping[str, str], loinc: Mapping[str, str] | None = None,
+                 converter: Converter | None = None):
+        self.canonical = dict(canonical)
+        self.loinc = dict(loinc or {})
+        self.converter = converter or Converter()
+
+    def resolve(self, code: str, unit: object) -> tuple[str, Conversion | None, str]:
+        """(outcome, conversion or None, why not) for one code's value recorded in `unit`."""
+        if _clean(unit) is None:
+            return NO_UNIT, IDENTITY, ""
+        canonical = self.canonical.get(code)
+        if canonical is None:
+            return UNCHECKED, IDENTITY, ""
+        conversion, why = self.converter.conversion(unit, canonical, self.loinc.get(code))
+        if conversion is None:
+            return NOT_CONVERTIBLE, None, why
+        return (SAME if conversion.identity else CONVERTED), conversion, ""
+
+    def harmonise(self, codes: np.ndarray, units: Iterable[object], values: np.ndarray) -> Harmonised:
+        """Values of events (codes 'source:code', units as written, NaN = no value) in canonical units."""
+        values = np.array(values, dtype=np.float64, copy=True)
+        codes = np.asarray(codes, dtype=object)
+        units = np.asarray(list(units) if not isinstance(units, np.ndarray) else units, dtype=object)
+        outcomes = np.full(values.shape, "", dtype=object)
+        has = ~np.isnan(values)
+        problems: list[tuple[int, str, str, str]] = []
+        if not has.any():
+            return Harmonised(values, outcomes, ())
+        # One resolution per distinct (code, unit) pair: a block has thousands of events, tens of pairs.
+        idx = np.flatnonzero(has)
+        pairs: dict[tuple[str, object], list[int]] = {}
+        for i in idx:
+            pairs.setdefault((str(codes[i]), _clean(units[i])), []).append(int(i))
+        for (code, unit), members in pairs.items():
+            outcome, conversion, why = self.resolve(code, unit)
+            at = np.asarray(members, dtype=np.int64)
+            outcomes[at] = outcome
+            if conversion is None:
+                values[at] = np.nan
+                canonical = self.canonical.get(code, "")
+                problems.extend((int(i), str(unit), canonical, why) for i in at)
+            elif not conversion.identity:
+                values[at] = conversion.apply(values[at])
+        problems.sort()
+        return Harmonised(values, outcomes, tuple(problems))
+
+
+def read_units_file(doc: Mapping[str, Any]) -> tuple[dict[str, dict[str, int]], dict[str, str]]:
+    """(rows per code and unit as written, canonical unit per code) from a units.json document."""
+    counts = {str(c): {str(u): int(n) for u, n in units.items()} for c, units in (doc.get("codes") or {}).items()}
+    canonical = {str(c): str(u) for c, u in (doc.get("canonical") or {}).items()}
+    return counts, canonical
+
+
+def describe(unit: str | None) -> str:
+    """A unit for messages: 'mg/dL', or 'no unit'."""
+    return unit if unit else "no unit"
