@@ -220,14 +220,15 @@ class Converter:
         found = cleaned if cleaned in _KNOWN_UCUM else SPELLINGS.get(folded)
         if found is None and _ANNOTATION.match(cleaned):
             found = cleaned  # '{ratio}', '{score}': valid UCUM, dimensionless, arbitrary
+        parts = folded.replace(" ", "").split("/")
+        candidate = "/".join(_ATOMS.get(p, p) for p in parts) \
+            if all(p in _ATOMS or p == "" for p in parts) and any(parts) else None
+        if found is None and candidate in _KNOWN_UCUM:
+            found = candidate  # 'MG/DL', 'MMOL/L': a known code in the wrong case, no grammar needed
         if found is None and self._parse(cleaned) is not None:
             found = cleaned
-        if found is None:
-            parts = folded.replace(" ", "").split("/")
-            if all(p in _ATOMS or p == "" for p in parts) and any(parts):
-                candidate = "/".join(_ATOMS.get(p, p) for p in parts)
-                if self._parse(candidate) is not None:
-                    found = candidate
+        if found is None and candidate is not None and self._parse(candidate) is not None:
+            found = candidate
         self._ucum[cleaned] = found
         return found
 
@@ -261,6 +262,10 @@ class Converter:
             which = src if a is None else dst
             return None, f"{which!r} is not a unit this converter reads (UCUM or a known spelling)"
         if self._arbitrary(a) != self._arbitrary(b):
+            if ("[IU]" in src) != ("[IU]" in dst):
+                # An enzyme's international unit is the enzyme unit U (IUB 1961): '[IU]/L' for ALT
+                # is 'U/L'. Only tried when the other side has no [IU] of its own.
+                return self._convert(src.replace("[IU]", "U"), dst.replace("[IU]", "U"), loinc)
             return None, "arbitrary units (IU, per field, annotations) convert only to themselves"
         reg = self._registry_()
         ua, ub = self._units_of(a), self._units_of(b)

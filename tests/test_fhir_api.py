@@ -158,6 +158,8 @@ def test_bundle_and_v1_events_give_the_same_probability_on_every_demo_test_admis
         [events] = _ext(risk, "events")
         assert _sub(events, "used") == [v1["events"]["used"]], hadm
         assert risk["occurrenceDateTime"] == v1["prediction_time"]
+        # The demo's own units never warn: every value is in (a spelling of) its training unit.
+        assert not [n for n in risk.get("note", []) if "unit" in n["text"]], (hadm, risk.get("note"))
 
 
 @pytest.mark.slow
@@ -231,6 +233,41 @@ def test_risk_assessment_carries_model_basis_and_unmapped_codes(client, small_bu
     assert skipped["void_status"] == 1 and skipped["unmapped_code"] == 1
     assert "Condition/icd10" not in [b["reference"] for b in risk["basis"]]
     assert r.headers["x-request-id"] == risk["id"]
+
+
+def _with_creatinine(bundle: dict, value: float | None, unit: str | None, loinc: str = "2160-0") -> dict:
+    out = copy.deepcopy(bundle)
+    patient = out["entry"][0]["resource"]["id"]
+    start = next(e["resource"]["period"]["start"] for e in out["entry"]
+                 if e["resource"]["resourceType"] == "Encounter")
+    obs = {"resourceType": "Observation", "id": "creatinine", "status": "final",
+           "code": {"coding": [{"system": codes.LOINC, "code": loinc}]},
+           "subject": {"reference": f"Patient/{patient}"}, "effectiveDateTime": start}
+    if value is not None:
+        obs["valueQuantity"] = {"value": value, **({"system": codes.UCUM, "code": unit} if unit else {})}
+    out["entry"].append({"resource": obs})
+    return out
+
+
+def test_a_value_in_another_unit_is_converted_and_one_that_cannot_be_is_not_used(client, small_bundle):
+    """Creatinine 1.7 mg/dL, 150.3 umol/L and the same under its SI LOINC code: one answer; mmol/mol: a warning."""
+    def answer(value, unit, loinc="2160-0"):
+        r = _predict_fhir(client, _with_creatinine(small_bundle, value, unit, loinc))
+        assert r.status_code == 200, r.text[:300]
+        return r.json()
+
+    mg = answer(1.7, "mg/dL")
+    p_mg = mg["prediction"][0]["probabilityDecimal"]
+    for value, unit, loinc in ((1.7 * 10000 / 113.12, "umol/L", "2160-0"), (1.7 * 10000 / 113.12, "umol/L", "14682-9")):
+        si = answer(value, unit, loinc)
+        assert si["prediction"][0]["probabilityDecimal"] == pytest.approx(p_mg, abs=1e-6)
+        assert not [n for n in si.get("note", []) if "unit" in n["text"]]
+    odd = answer(1.7, "mmol/mol")
+    without_value = answer(None, None)
+    assert odd["prediction"][0]["probabilityDecimal"] == pytest.approx(
+        without_value["prediction"][0]["probabilityDecimal"], abs=1e-6)  # the event counts, its value does not
+    first = odd["note"][0]["text"]  # the unit problem comes before every other note
+    assert "mmol/mol" in first and "mg/dL" in first and "not used" in first
 
 
 @pytest.mark.parametrize("mutate, expression", [

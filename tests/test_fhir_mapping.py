@@ -28,11 +28,6 @@ def test_lab_bridge_equals_a_plain_read_of_d_labitems(demo_dir):
     assert sum(len(v) for v in bridge.values()) == len(rows) == 585  # NOTES: 585 of 753 items carry LOINC
 
 
-def test_ucum_of_mimic_units():
-    assert [codes.ucum(u) for u in ("mEq/L", "MEQ/L", " mm Hg ", "K/uL", "?C", "units", None)] == \
-        ["meq/L", "meq/L", "mm[Hg]", "10*3/uL", "Cel", None, None]
-
-
 @pytest.mark.parametrize("mimic, dotted, procedure", [
     ("4019", "401.9", False), ("V4581", "V45.81", False), ("E8497", "E849.7", False), ("042", "042", False),
     ("9604", "96.04", True), ("966", "96.6", True), ("38", "38", True)])
@@ -46,8 +41,21 @@ def test_resolve_prefers_the_most_frequent_known_item():
     assert codes.resolve(["50811", "51222"], "lab", vocab) == "51222"
     assert codes.resolve(["1", "2"], "lab", vocab) == "1"  # none known: the table's first (out of vocabulary)
     assert codes.resolve([], "lab", vocab) is None
-    assert codes.vital_sign_candidates("8310-5", "[degF]") == (("223761", "678"), "[degF]")
-    assert codes.vital_sign_candidates("8310-5", "K") == (("223762", "676"), "Cel")  # unit unknown: warn
+    temperature = {"chart:223762": 0, "chart:223761": 1}
+    assert codes.vital_sign_items("8310-5", "[degF]", temperature) == ("223761", "678")
+    assert codes.vital_sign_items("8310-5", "Cel", temperature) == ("223762", "676")
+    # The model knows only the Fahrenheit item: a Celsius value goes there (and is converted).
+    assert codes.vital_sign_items("8310-5", "Cel", {"chart:678": 0}) == ("223761", "678")
+    assert codes.vital_sign_items("8310-5", "K", {}) == ("223762", "676")  # nothing known: the first row
+    assert codes.vital_sign_items("0000-0", "K", temperature) == ()
+
+
+def test_lab_loinc_of_another_property_reaches_the_same_analyte():
+    bridge = {"2160-0": ("50912",), "2345-7": ("50931",)}
+    assert codes.lab_items("2160-0", bridge) == ("50912",)
+    assert codes.lab_items("14682-9", bridge) == ("50912",)  # creatinine [Moles/volume]: umol/L sites
+    assert codes.lab_items("14749-6", bridge) == ("50931",)  # glucose [Moles/volume]
+    assert codes.lab_items("0000-0", bridge) == ()
 
 
 def test_vital_sign_items_exist_in_d_items(demo_dir):
@@ -79,8 +87,7 @@ def _obs(rid, coding, value=None, unit=None, when="2150-03-01T10:00:00Z", status
 
 
 MODEL = ModelCodes(vocabulary={"lab:50912": 0, "lab:51222": 1, "chart:220045": 0, "chart:211": 1},
-                   lab_loinc={"2160-0": ("50912",), "718-7": ("50811", "51222")},
-                   units={"lab:50912": frozenset({"mg/dL"}), "lab:51222": frozenset({"g/dL"})})
+                   lab_loinc={"2160-0": ("50912",), "718-7": ("50811", "51222")})
 
 
 def _map(*resources, **kw):
@@ -131,18 +138,19 @@ def test_codes_units_and_statuses():
         _obs("f", {"system": codes.LOINC, "code": "0000-0"}, 1),  # nothing maps it
         _obs("g", {"system": codes.mimic_system("lab"), "code": "50912"}, 2, status="entered-in-error"),
         _obs("h", {"system": codes.mimic_system("lab"), "code": "50912"}, 3, when="2150-03"),
-        _obs("i", {"system": codes.LOINC, "code": "2160-0"}, 97.0, "umol/L"),  # a lab unit never seen
+        _obs("i", {"system": codes.LOINC, "code": "2160-0"}, 97.0, "umol/L"),  # another unit: the service converts
+        _obs("j", {"system": codes.LOINC, "code": "14682-9"}, 88.0, "umol/L"),  # creatinine by its SI LOINC code
     )
-    got = {(e["source"], e["code"], e.get("value")) for e in m.events}
-    assert got == {("lab", "50912", 1.4), ("lab", "51222", 9.0), ("chart", "220045", 88.0), ("chart", "223762", 310.0),
-                   ("chart", "211", 90.0), ("lab", "50912", 97.0)}
+    got = {(e["source"], e["code"], e.get("value"), e.get("unit")) for e in m.events}
+    assert got == {("lab", "50912", 1.4, "mg/dL"), ("lab", "51222", 9.0, "g/dL"), ("chart", "220045", 88.0, "/min"),
+                   ("chart", "223762", 310.0, "K"), ("chart", "211", 90.0, None), ("lab", "50912", 97.0, "umol/L"),
+                   ("lab", "50912", 88.0, "umol/L")}
     assert m.unmapped == [{"reference": "Observation/f", "system": codes.LOINC, "code": "0000-0"}]
     assert m.skipped == {"imprecise_time": 1, "unmapped_code": 1, "void_status": 1}
-    assert len(m.warnings) == 2  # used as sent, never silently
-    assert any("'K'" in w and "Cel" in w and w.startswith("Observation/d") for w in m.warnings)
-    assert any("'umol/L'" in w and "mg/dL" in w and w.startswith("Observation/i") for w in m.warnings)
+    # Units are the service's to convert (units.Harmoniser, as in the job): the mapping only passes them on.
+    assert m.warnings == []
     assert sorted(m.basis) == ["Observation/a", "Observation/b", "Observation/c", "Observation/d", "Observation/e",
-                               "Observation/i"]
+                               "Observation/i", "Observation/j"]
 
 
 def test_billing_codes_are_known_at_their_encounters_discharge():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import gzip
+import json
 import pathlib
 
 import pytest
@@ -217,3 +218,91 @@ def test_units_and_lab_loinc_side_files_equal_a_plain_read(demo_run, demo_dir):
     assert {(k, i) for k, items in loinc.items() for i in items} == pairs
     for name, key in ((outputs.UNITS, "units"), (outputs.LAB_LOINC, "lab_loinc")):
         assert manifest[key]["sha256"] == outputs.sha256_of(str(out / name))
+
+
+def test_every_value_bagged_is_counted_by_what_its_unit_needed(demo_run, demo_dir):
+    """units/<source>/<outcome> counts each numeric value that reached an admission exactly once; the
+    values that could not be converted are the dead-letter file's lines, each naming both units."""
+    out, manifest, examples = demo_run
+    values = manifest["units"]["values"]
+    triggers: dict[str, list[float]] = {}
+    for ex in examples.values():
+        triggers.setdefault(str(ex[spec.SUBJECT_ID]), []).append(ex[spec.TRIGGER_TIME])
+    # A lab value feeds every cohort admission of its patient whose trigger is later (one pair each).
+    pairs = sum(sum(t < trig for trig in triggers.get(r["SUBJECT_ID"], []))
+                for r in _rows(demo_dir, "LABEVENTS") if r["VALUENUM"].strip()
+                for t in [_t(r["CHARTTIME"])])
+    assert sum(values["lab"].values()) == pairs
+    dead = [json.loads(line) for line in (out / "dead_letter" / "values_not_convertible.jsonl").read_text().splitlines()]
+    assert len(dead) == sum(v.get("not_convertible", 0) for v in values.values()) > 0
+    canonical = outputs.read_json(str(out / outputs.UNITS))["canonical"]
+    for d in dead:
+        assert d["canonical_unit"] == canonical[d["code"]] and d["unit"] and d["detail"]
+    # Fentanyl (MetaVision 221744) comes in mg and mcg: mg is the more common, so mcg values are converted.
+    assert canonical["input:221744"] == "mg" and values["input"]["converted"] > 0
+
+
+def _si_copy(demo_dir, out, factor: float, unit: str):
+    """The demo with every creatinine (50912) value written in another unit; the other tables linked."""
+    out.mkdir()
+    for path in demo_dir.glob("*.csv.gz"):
+        if path.name != "LABEVENTS.csv.gz":
+            (out / path.name).symlink_to(path)
+    with gzip.open(demo_dir / "LABEVENTS.csv.gz", "rt", newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        rows = list(reader)
+    item, num, uom, val = (header.index(c) for c in ("ITEMID", "VALUENUM", "VALUEUOM", "VALUE"))
+    changed = 0
+    for row in rows:
+        if row[item] == "50912" and row[num]:
+            row[num] = repr(float(row[num]) * factor)
+            row[val], row[uom] = row[num], unit
+            changed += 1
+    with gzip.open(out / "LABEVENTS.csv.gz", "wt", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return changed
+
+
+def _creatinine(examples) -> dict[int, list]:
+    """Per admission, the creatinine aggregates of every bag (mean, last, min, max)."""
+    out = {}
+    for hadm, ex in examples.items():
+        out[hadm] = [[agg[i] for agg in (mean, last, lo, hi)]
+                     for codes, mean, last, lo, hi in zip(ex[spec.BAG_CODES], ex[spec.BAG_VALUE_MEAN],
+                                                          ex[spec.BAG_VALUE_LAST], ex[spec.BAG_VALUE_MIN],
+                                                          ex[spec.BAG_VALUE_MAX])
+                     for i, c in enumerate(codes) if c == "lab:50912"]
+    return out
+
+
+@pytest.mark.slow
+def test_another_sites_units_are_converted_to_the_models(demo_run, demo_dir, tmp_path):
+    """The demo with creatinine in umol/L, prepared with --units-from the mg/dL run: the same examples, the
+    creatinine values equal to the mg/dL ones; prepared without it, the release keeps its own unit and says so."""
+    import math
+
+    reference_dir, _, reference = demo_run
+    release = tmp_path / "si"
+    assert _si_copy(demo_dir, release, 10000 / 113.12, "umol/L") > 100
+    config = PipelineConfig.model_validate(CONFIG)
+    reference_units = outputs.read_json(str(reference_dir / outputs.UNITS))["canonical"]
+    converted = tmp_path / "converted"
+    manifest = run_job(str(release), str(converted), config, reference_units=reference_units)
+    examples = read_examples(converted)
+    assert manifest["balanced"] and examples.keys() == reference.keys()
+    got, want = _creatinine(examples), _creatinine(reference)
+    assert sum(len(v) for v in want.values()) > 50
+    for hadm in want:
+        assert len(got[hadm]) == len(want[hadm])
+        for a, b in zip(got[hadm], want[hadm]):
+            assert all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9) for x, y in zip(a, b)), hadm
+    assert outputs.read_json(str(converted / outputs.UNITS))["canonical"]["lab:50912"] == "mg/dL"
+    assert manifest["units"]["values"]["lab"]["converted"] > 100
+
+    own = tmp_path / "own"
+    run_job(str(release), str(own), config)
+    units_doc = outputs.read_json(str(own / outputs.UNITS))
+    assert units_doc["canonical"]["lab:50912"] == "umol/L" and units_doc["canonical_from"] == "this release"
