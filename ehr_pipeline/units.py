@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import math
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -179,6 +180,7 @@ class Converter:
     """
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._registry: Any = None
         self._ucum: dict[str, str | None] = {}
         self._pint: dict[str, Any] = {}
@@ -186,11 +188,16 @@ class Converter:
 
     # --- reading unit strings
 
-    def _registry_(self) -> Any:
-        if self._registry is None:
-            from ucumvert import PintUcumRegistry
+    def load(self) -> None:
+        """Builds the unit registry now (about a second) rather than at the first value that needs it."""
+        self._registry_()
 
-            self._registry = PintUcumRegistry()
+    def _registry_(self) -> Any:
+        with self._lock:  # the service converts on several threads: build the registry once
+            if self._registry is None:
+                from ucumvert import PintUcumRegistry
+
+                self._registry = PintUcumRegistry()
         return self._registry
 
     def _parse(self, ucum: str) -> Any:

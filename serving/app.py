@@ -292,6 +292,8 @@ async def _warm_up(app: FastAPI, predictor: ServedModel, batcher: MicroBatcher, 
     warm-up admissions have at most one bag, so each pass costs little beyond its compilation.
     """
     try:
+        # The unit registry too: the first request with a value to convert must not wait for it.
+        await run_in_threadpool(predictor.export.harmoniser.converter.load)
         one, empty = [(await run_in_threadpool(encode, _warmup_request(events), predictor.export)).example
                       for events in (True, False)]
         await batcher.run_in_model_thread(predictor.forward, [one], settings.default_num_samples, 0)
