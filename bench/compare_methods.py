@@ -1,24 +1,29 @@
 """Every method x several seeds on synthetic releases with known truth: docs/results.md's comparison.
 
-  python bench/compare_methods.py --scale medium              # ~8,300 admissions, 3 seeds, site A and B
+  python bench/compare_methods.py --scale medium              # ~8,300 admissions per release, 3 x sites A, B, C
   python bench/compare_methods.py --scale tiny --seeds 3      # a few minutes, a smoke test of the grid
 
-The medium scale writes two releases with the project's generator, site A
-(``ehr-pipeline synth --patients 7000 --seed 11``: 8,328 cohort admissions) and site B
-(``--site B``: another case mix, biased assays, unseen codes, other charting; the same truth
-formula), runs the Beam job on each, then for every method and seed trains on site A's
-training split (best checkpoint by validation NLL), and predicts site A's and site B's test
-splits with S samples per member. Deep ensembles combine ENSEMBLE_SIZE deterministic runs of
-disjoint seeds; the scikit-learn baselines read the same TFRecords. Every number comes from
-model.metrics on the saved per-case predictions (WORK/preds/*.npz), so the tables can be
-recomputed without training (``--report-only``).
+Seed s of every method is trained on its OWN site-A release (``ehr-pipeline synth --patients 7000
+--seed 11 / 21 / 31``: ~8,300 cohort admissions each), so a row's spread over seeds covers the
+release it was trained on as well as its initialisation. Each model then predicts its release's
+site-A test split and the test splits of three releases of each shifted site: site B (``--site
+B``: another case mix, biased assays, unseen codes, other charting) and site C (``--site C``: site
+A's hospital reporting labs in SI units). Every shifted release is bagged with the model's units
+(``ehr-pipeline run --units-from``, the harmonised data a site prepares for a model); site C also
+as it comes (its own units, "before harmonisation"). The truth formula is the same everywhere.
+Training keeps the checkpoint with the best validation NLL; predictions use S samples per member.
+Deep ensembles combine ENSEMBLE_SIZE deterministic runs of one release; the scikit-learn
+baselines read the same TFRecords. Every number comes from model.metrics on the saved per-case
+predictions (WORK/preds/*.npz), so the tables can be recomputed without training
+(``--report-only``).
 
-Reported, mean +- SEM over seeds: NLL, AUC-PR, AUC-ROC, ECE, Brier, |p - P_DEATH| and the
-coverage of P_DEATH by the central 50 / 80 / 95% intervals of the S x K sampled probabilities;
-paired differences on the same cases (bootstrap over cases of the seed-averaged per-case
-difference); under the site shift, how well mutual information (and the deterministic model's
-entropy) tells site-B test cases from site-A ones (AUROC), and how much |p - P_DEATH| referring
-the 20% most uncertain site-B cases removes compared with referring the 20% highest p.
+Reported, mean +- SEM over seeds (at a shifted site, each seed's mean over the site's releases):
+NLL, AUC-PR, AUC-ROC, ECE, Brier, |p - P_DEATH| and the coverage of P_DEATH by the central 50 / 80
+/ 95% intervals of the S x K sampled probabilities; paired differences on the same cases
+(bootstrap over cases within each test split); under the site shift, how well mutual information
+(and the deterministic model's entropy) tells site-B test cases from site-A ones (AUROC), and how
+much |p - P_DEATH| referring the 20% most uncertain site-B cases removes compared with referring
+the 20% highest p; at site C, each method's |p - P_DEATH| against its site-A value.
 """
 from __future__ import annotations
 
@@ -61,8 +66,8 @@ BELLA_METHODS = ("bella_ensemble", "bella_svgd")
 
 
 def bella_base_dir(work: pathlib.Path, method: str, seed: int) -> pathlib.Path | None:
-    """The run folder a Bella method adapts (the deterministic run of `seed`); None for other methods."""
-    return work / "runs" / f"deterministic_s{seed}" if method in BELLA_METHODS else None
+    """The run folder a Bella method adapts (the deterministic row of `seed`); None for other methods."""
+    return work / "runs" / run_name("deterministic", seed, ENSEMBLE_SIZE * seed) if method in BELLA_METHODS else None
 # --- end Bella
 DEEP_ENSEMBLE = "deep_ensemble"
 ENSEMBLE_SIZE = 4  # members of a deep ensemble: the rank-1 models' K
@@ -77,21 +82,39 @@ SHIFT_REFERRAL = 0.2
 
 # Model sizes and optimisation per scale, applied over each method's config. medium: the
 # sizes of configs/ehr_demo.yaml; the step size, schedule and pooling were chosen on site A's
-# validation split (docs/results.md says how).
+# validation split (docs/results.md says how). releases: site -> (patients, one release seed per
+# seed of a method at site A, or per release of a shifted site).
 SCALES = {
-    "tiny": {"releases": {"A": (700, 1)}, "steps": 600,
+    "tiny": {"releases": {"A": (700, (1, 2, 3)), "B": (700, (4,)), "C": (700, (5,))}, "steps": 600,
              "model": {"embedding_dim": 16, "rnn_dim": 32, "hidden_layer_dim": 32},
              "train": {"batch_size": 32, "learning_rate": 3e-3, "lr_schedule": "cosine", "eval_every_steps": 100,
                        "early_stopping_patience": 4, "checkpoint_every_steps": 200, "log_every_steps": 50,
                        "shuffle_buffer": 1024, "kl_annealing_steps": 300}},
-    "medium": {"releases": {"A": (7000, 11), "B": (7000, 12)}, "steps": 4000,
+    "medium": {"releases": {"A": (7000, (11, 21, 31)), "B": (7000, (12, 22, 32)), "C": (7000, (13, 23, 33))},
+               "steps": 4000,
                "model": {"embedding_dim": 16, "rnn_dim": 32, "hidden_layer_dim": 32, "pooling": "attention",
                          "attention_heads": 4},
                "train": {"batch_size": 32, "learning_rate": 3e-3, "lr_schedule": "cosine", "eval_every_steps": 250,
                          "early_stopping_patience": 4, "checkpoint_every_steps": 500, "log_every_steps": 50,
                          "shuffle_buffer": 4096, "kl_annealing_steps": 1000, "kl_scale": 0.3}},
-    "paper": {"releases": {"A": (40000, 11), "B": (7000, 12)}, "steps": None, "model": {}, "train": {}},
+    "paper": {"releases": {"A": (40000, (11, 21, 31)), "B": (7000, (12, 22, 32)), "C": (7000, (13, 23, 33))},
+              "steps": None, "model": {}, "train": {}},
 }
+SHIFTED = ("B", "C")
+# Sites whose units differ from site A's: also bagged as they come (their own units), the data a
+# site would feed a model without harmonising; "Craw" in the tables.
+RAW_SITES = ("C",)
+RAW = "raw"
+
+
+def run_name(method: str, seed: int, model_seed: int | None = None) -> str:
+    """runs/ folder of a method's seed-th row (trained on release `seed`); deep-ensemble members differ by model seed."""
+    return f"{method}_r{seed}_s{seed if model_seed is None else model_seed}"
+
+
+def split_names(site: str, releases: int) -> list[str]:
+    """The test splits a run is scored on at a site: 'A' (its own release), else 'B0', 'B1', ... / 'Craw0', ..."""
+    return ["A"] if site == "A" else [f"{site}{j}" for j in range(releases)]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,10 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", default="out/compare_methods", help="folder for releases, data, runs, predictions")
     p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS + BELLA_METHODS,
                    help="methods to train (a deep ensemble of deterministic runs is always added)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per method (>= 3 for a SEM)")
+    p.add_argument("--seeds", type=int, default=3,
+                   help="seeds per method, each trained on its own site-A release (>= 3 for a SEM; at most the "
+                        "scale's site-A releases)")
     p.add_argument("--samples", type=int, default=25, help="S evaluation samples per member (1 for deterministic)")
     p.add_argument("--steps", type=int, default=None, help="max_steps per run (default: the scale's)")
-    p.add_argument("--no-shift", action="store_true", help="skip site B (in-distribution tables only)")
+    p.add_argument("--no-shift", action="store_true", help="skip sites B and C (in-distribution tables only)")
     p.add_argument("--no-baselines", action="store_true",
                    help="train the methods only (e.g. a second process on other methods sharing WORK)")
     p.add_argument("--report-only", action="store_true", help="recompute the tables from WORK/preds only")
@@ -138,14 +163,17 @@ def _make_release(site: str, patients: int, seed: int, out: pathlib.Path) -> Non
     subprocess.run(cmd, check=True, cwd=ROOT)
 
 
-def _make_data(release: pathlib.Path, data: pathlib.Path) -> None:
+def _make_data(release: pathlib.Path, data: pathlib.Path, units_from: pathlib.Path | None = None) -> None:
+    """The Beam job on a release; with units_from (a data folder), values in that folder's units."""
     if (data / "manifest.json").exists():
         return
+    from ehr_pipeline import outputs
     from ehr_pipeline.config import PipelineConfig
     from ehr_pipeline.job import run_job
 
-    log.info("Beam job: %s -> %s", release, data)
-    run_job(str(release), str(data), PipelineConfig(), ["--runner=FnApiRunner"])
+    reference = outputs.read_json(str(units_from / outputs.UNITS))["canonical"] if units_from else None
+    log.info("Beam job: %s -> %s%s", release, data, f" (units of {units_from})" if units_from else "")
+    run_job(str(release), str(data), PipelineConfig(), ["--runner=FnApiRunner"], reference_units=reference)
 
 
 def _split(data: pathlib.Path, release: pathlib.Path, name: str) -> Split:
@@ -168,17 +196,19 @@ def truth_design(release: pathlib.Path) -> dict[int, np.ndarray]:
     return dict(zip(ids.tolist(), model.design(feats)))
 
 
-def _well_specified(work: pathlib.Path, sites) -> dict[str, np.ndarray]:
-    """Test-split probabilities [N, 1] per site of the truth's design fitted on site A's training split."""
+def _well_specified(work: pathlib.Path, seed: int, splits: dict[str, Split]) -> dict[str, np.ndarray]:
+    """Test-split probabilities [N, 1] per split of the truth's design fitted on release `seed`'s training split."""
     from sklearn.linear_model import LogisticRegression
 
-    rows_a = truth_design(work / "release_A")
-    train = _split(work / "data_A", work / "release_A", "train")
+    rows_a = truth_design(work / f"release_A{seed}")
+    train = _split(work / f"data_A{seed}", work / f"release_A{seed}", "train")
     fit = LogisticRegression(C=1e6, max_iter=5000).fit(np.stack([rows_a[h] for h in train.hadm_ids]), train.labels)
     out = {"params": np.array(fit.coef_.size + 1)}
-    for site, split in sites.items():
-        rows = rows_a if site == "A" else truth_design(work / f"release_{site}")
-        out[f"probs_{site}"] = fit.predict_proba(np.stack([rows[h] for h in split.hadm_ids]))[:, 1:]
+    designs = {}
+    for name, split in splits.items():
+        release = _release_of(name, work) if name != "A" else work / f"release_A{seed}"
+        rows = designs.setdefault(release, rows_a if name == "A" else truth_design(release))
+        out[f"probs_{name}"] = fit.predict_proba(np.stack([rows[h] for h in split.hadm_ids]))[:, 1:]
     return out
 
 
@@ -201,11 +231,12 @@ def _config(method: str, seed: int, args: argparse.Namespace):
                                        "referral_measure": "mutual_information"})
 
 
-def _train(method: str, seed: int, args, data: pathlib.Path, truth: pathlib.Path, work: pathlib.Path):
-    """(export folder, trainable parameters, train seconds) of one run; a finished run is reused."""
+def _train(method: str, seed: int, args, data: pathlib.Path, truth: pathlib.Path, work: pathlib.Path,
+           name: str | None = None):
+    """(export folder, trainable parameters, train seconds) of one run (runs/NAME); a finished run is reused."""
     from model.train import train
 
-    run_dir = work / "runs" / f"{method}_s{seed}"
+    run_dir = work / "runs" / (name or f"{method}_s{seed}")
     export_dir = run_dir / "export"
     timing = run_dir / "train_seconds.json"
     if not (export_dir / "manifest.json").exists():
@@ -230,61 +261,99 @@ def _save(path: pathlib.Path, **arrays) -> None:
     np.savez_compressed(path, **arrays)
 
 
+def make_releases(args: argparse.Namespace, work: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Every release and data folder of the grid; returns {split family: data folder} for the test splits.
+
+    Keys: 'A0', 'A1', ... (one training release per seed), 'B0', ..., 'C0', ... (harmonised to A0's
+    units) and 'Craw0', ... (site C's own units).
+    """
+    scale = SCALES[args.scale]
+    patients, seeds = scale["releases"]["A"]
+    if args.seeds > len(seeds):
+        raise SystemExit(f"--seeds {args.seeds}: the {args.scale} scale has {len(seeds)} site-A releases")
+    data = {}
+    for i in range(args.seeds):
+        _make_release("A", patients, seeds[i], work / f"release_A{i}")
+        _make_data(work / f"release_A{i}", work / f"data_A{i}")
+        data[f"A{i}"] = work / f"data_A{i}"
+    units_a = [json.loads((data[f"A{i}"] / "units.json").read_text())["canonical"] for i in range(args.seeds)]
+    if any(u != units_a[0] for u in units_a):
+        raise RuntimeError("the site-A releases disagree on canonical units: shifted data cannot share A0's")
+    for site in () if args.no_shift else SHIFTED:
+        if site not in scale["releases"]:
+            continue
+        patients, seeds = scale["releases"][site]
+        for j, seed in enumerate(seeds):
+            release = work / f"release_{site}{j}"
+            _make_release(site, patients, seed, release)
+            _make_data(release, work / f"data_{site}{j}", units_from=data["A0"])
+            data[f"{site}{j}"] = work / f"data_{site}{j}"
+            if site in RAW_SITES:
+                _make_data(release, work / f"data_{site}{RAW}{j}")
+                data[f"{site}{RAW}{j}"] = work / f"data_{site}{RAW}{j}"
+    return data
+
+
+def _release_of(name: str, work: pathlib.Path) -> pathlib.Path:
+    """The release folder behind a split family name ('Craw1' -> release_C1)."""
+    return work / f"release_{name.replace(RAW, '')}"
+
+
 def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
     """Trains every run that is missing and saves its test predictions (WORK/preds/NAME_sSEED.npz)."""
-    scale = SCALES[args.scale]
-    sites = {s: v for s, v in scale["releases"].items() if not (args.no_shift and s != "A")}
-    for site, (patients, seed) in sites.items():
-        _make_release(site, patients, seed, work / f"release_{site}")
-        _make_data(work / f"release_{site}", work / f"data_{site}")
-    data_a, truth_a = work / "data_A", work / "release_A" / "SYNTH_TRUTH.csv"
-    splits = {site: _split(work / f"data_{site}", work / f"release_{site}", "test") for site in sites}
+    data = make_releases(args, work)
+    tests = {name: _split(folder, _release_of(name, work), "test") for name, folder in data.items()}
+    shifted = {name: split for name, split in tests.items() if not name.startswith("A")}
     preds = work / "preds"
+
+    def splits_of(seed: int) -> dict[str, Split]:
+        return {"A": tests[f"A{seed}"], **shifted}
 
     def save_predictions(name: str, exports, samples: int, seed: int, params: int, seconds: float) -> None:
         target = preds / f"{name}_s{seed}.npz"
         if target.exists():
             return
-        arrays = {f"probs_{site}": _predict(exports, split, samples, seed) for site, split in splits.items()}
+        arrays = {f"probs_{n}": _predict(exports, split, samples, seed) for n, split in splits_of(seed).items()}
         _save(target, params=params, seconds=seconds, **arrays)
 
-    det_runs = []
-    n_det = max(args.seeds, ENSEMBLE_SIZE * args.seeds) if "deterministic" in args.methods else 0
-    for seed in range(n_det):  # the deep ensembles' members; the first `seeds` are the deterministic rows
-        det_runs.append(_train("deterministic", seed, args, data_a, truth_a, work))
-        if seed < args.seeds:
-            save_predictions("deterministic", [det_runs[-1][0]], 1, seed, det_runs[-1][1], det_runs[-1][2])
-    for e in range(args.seeds if len(det_runs) >= ENSEMBLE_SIZE * args.seeds else 0):
-        members = det_runs[e * ENSEMBLE_SIZE:(e + 1) * ENSEMBLE_SIZE]
-        save_predictions(DEEP_ENSEMBLE, [m[0] for m in members], 1, e, sum(m[1] for m in members),
-                         sum(m[2] for m in members))
+    def train_on(method: str, seed: int, model_seed: int | None = None):
+        return _train(method, seed if model_seed is None else model_seed, args, data[f"A{seed}"],
+                      _release_of(f"A{seed}", work) / "SYNTH_TRUTH.csv", work, run_name(method, seed, model_seed))
+
+    if "deterministic" in args.methods:
+        for seed in range(args.seeds):
+            # Release `seed`'s deep ensemble; its first member is also the deterministic row.
+            members = [train_on("deterministic", seed, ENSEMBLE_SIZE * seed + k) for k in range(ENSEMBLE_SIZE)]
+            save_predictions("deterministic", [members[0][0]], 1, seed, members[0][1], members[0][2])
+            save_predictions(DEEP_ENSEMBLE, [m[0] for m in members], 1, seed, sum(m[1] for m in members),
+                             sum(m[2] for m in members))
     for method in args.methods:
         if method == "deterministic":
             continue
         for seed in range(args.seeds):
-            export_dir, params, seconds = _train(method, seed, args, data_a, truth_a, work)
+            export_dir, params, seconds = train_on(method, seed)
             samples = 1 if method in ("batchensemble", *BELLA_METHODS) else args.samples
             save_predictions(method, [export_dir], samples, seed, params, seconds)
-    for kind in () if args.no_baselines else BASELINES:
-        # Both fits are deterministic (lbfgs or liblinear with a fixed random_state; histogram boosting
-        # without subsampling): one fit is every seed's.
-        for seed in range(1):
+    for seed in range(0 if args.no_baselines else args.seeds):
+        for kind in BASELINES:
+            # Both fits are deterministic for a release (lbfgs or liblinear with a fixed random_state;
+            # histogram boosting without subsampling): one fit per training release.
             target = preds / f"{kind}_s{seed}.npz"
             if target.exists():
                 continue
             from model.baselines import fit_baseline
 
             started = time.time()
-            fitted = fit_baseline(data_a, kind, seed=seed)
-            arrays = {f"probs_{site}": fitted.predict_data(work / f"data_{site}", "test")[:, None]
-                      for site in splits}
+            fitted = fit_baseline(data[f"A{seed}"], kind, seed=0)
+            arrays = {f"probs_{n}": fitted.predict_data(data[f"A{seed}"] if n == "A" else data[n], "test")[:, None]
+                      for n in splits_of(seed)}
             _save(target, params=fitted.num_parameters, seconds=time.time() - started, **arrays)
-    if not args.no_baselines and not (preds / f"{WELL_SPECIFIED}_s0.npz").exists():
-        started = time.time()
-        arrays = _well_specified(work, splits)
-        _save(preds / f"{WELL_SPECIFIED}_s0.npz", seconds=time.time() - started, **arrays)
-    _save(preds / "truth.npz", **{f"truth_{s}": sp.truth for s, sp in splits.items()},
-          **{f"labels_{s}": sp.labels for s, sp in splits.items()})
+        if not (preds / f"{WELL_SPECIFIED}_s{seed}.npz").exists():
+            started = time.time()
+            arrays = _well_specified(work, seed, splits_of(seed))
+            _save(preds / f"{WELL_SPECIFIED}_s{seed}.npz", seconds=time.time() - started, **arrays)
+    _save(preds / "truth.npz", **{f"truth_{n}": sp.truth for n, sp in tests.items()},
+          **{f"labels_{n}": sp.labels for n, sp in tests.items()})
 
 
 # --------------------------------------------------------------------------- tables
@@ -306,14 +375,29 @@ def _fmt(mean: float, sem: float, digits: int = 4) -> str:
 
 
 def load_predictions(preds: pathlib.Path) -> tuple[dict[str, list[dict]], dict[str, np.ndarray]]:
-    """{row name: [one dict of arrays per seed]} and the truth / label arrays."""
+    """{row name: [one dict of arrays per seed, with its "seed"]} and the truth / label arrays."""
     truth = dict(np.load(preds / "truth.npz"))
     runs: dict[str, list[dict]] = {}
-    for path in sorted(preds.glob("*_s*.npz")):
-        name = path.stem.rsplit("_s", 1)[0]
-        runs.setdefault(name, []).append(dict(np.load(path)))
+    for path in sorted(preds.glob("*_s*.npz"), key=lambda p: (p.stem.rsplit("_s", 1)[0], int(p.stem.rsplit("_s", 1)[1]))):
+        name, seed = path.stem.rsplit("_s", 1)
+        runs.setdefault(name, []).append({**np.load(path), "seed": int(seed)})
     order = [m for m in (*METHODS, *BELLA_METHODS, DEEP_ENSEMBLE, *BASELINES, WELL_SPECIFIED) if m in runs]
     return {m: runs[m] for m in order}, truth
+
+
+def _releases(truth: dict[str, np.ndarray], site: str) -> int:
+    """How many test splits of a shifted site ('B', 'C', 'Craw') the grid holds."""
+    return sum(1 for k in truth if k.startswith(f"labels_{site}") and k[len(f"labels_{site}"):].isdigit())
+
+
+def _cases(run: dict | None, seed: int, site: str, truth: dict[str, np.ndarray]) -> list[tuple]:
+    """(probs or None for the truth, labels, P_DEATH) of each test split a seed is scored on at a site."""
+    if site == "A":
+        names = [("A", f"A{seed}")]
+    else:
+        names = [(n, n) for n in split_names(site, _releases(truth, site))]
+    return [(None if run is None else run.get(f"probs_{key}"), truth[f"labels_{tkey}"], truth[f"truth_{tkey}"])
+            for key, tkey in names]
 
 
 def _case_losses(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[str, np.ndarray]:
@@ -344,18 +428,32 @@ def _scores(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[str, fl
     return out
 
 
+def _site_scores(run: dict | None, seed: int, site: str, truth: dict[str, np.ndarray]) -> dict[str, float] | None:
+    """A seed's scores at a site: its one site-A split, or the mean over a shifted site's releases (None if absent)."""
+    parts = [_scores(t[:, None] if probs is None else probs, y, t) for probs, y, t in _cases(run, seed, site, truth)]
+    if not parts or (run is not None and any(probs is None for probs, _, _ in _cases(run, seed, site, truth))):
+        return None
+    return {k: float(np.mean([p[k] for p in parts])) for k in parts[0]}
+
+
 COLUMNS = (("nll", "NLL"), ("auc_pr", "AUC-PR"), ("auc_roc", "AUC-ROC"), ("ece", "ECE"), ("brier", "Brier"),
            ("truth_mae", "abs(p - P)"), ("kl_truth", "KL(P, p)"), ("cov50", "cov 50%"), ("cov80", "cov 80%"),
            ("cov95", "cov 95%"))
 
 
+def _seeds(runs: dict[str, list[dict]]) -> list[int]:
+    return sorted({r["seed"] for seeds in runs.values() for r in seeds})
+
+
 def _table(runs: dict[str, list[dict]], truth: dict[str, np.ndarray], site: str) -> list[str]:
-    y, t = truth[f"labels_{site}"], truth[f"truth_{site}"]
     head = "| Method | " + " | ".join(name for _, name in COLUMNS) + " | # Parameters | train s | runs |"
     lines = [head, "|" + "---|" * (len(COLUMNS) + 4)]
-    rows = {name: [_scores(r[f"probs_{site}"], y, t) for r in seeds] for name, seeds in runs.items()}
-    rows[TRUTH] = [_scores(t[:, None], y, t)]
+    rows = {name: [sc for r in seeds if (sc := _site_scores(r, r["seed"], site, truth)) is not None]
+            for name, seeds in runs.items()}
+    rows[TRUTH] = [sc for seed in _seeds(runs) if (sc := _site_scores(None, seed, site, truth)) is not None]
     for name, scores in rows.items():
+        if not scores:
+            continue
         cells = [_fmt(*_mean_sem([s[key] for s in scores])) for key, _ in COLUMNS]
         seeds = runs.get(name, [{}])
         params = int(seeds[0]["params"]) if "params" in seeds[0] else 0
@@ -366,20 +464,36 @@ def _table(runs: dict[str, list[dict]], truth: dict[str, np.ndarray], site: str)
 
 
 def _paired(runs, truth, site: str, a: str, b: str, n_boot: int) -> dict[str, tuple[float, float, float]]:
-    """b - a of the per-case losses averaged over the seeds both have, with a 95% bootstrap interval over cases."""
-    y, t = truth[f"labels_{site}"], truth[f"truth_{site}"]
+    """b - a of the per-case losses over every (seed, test split) both have, with a 95% bootstrap interval.
 
-    def per_case(name: str) -> dict[str, np.ndarray]:
-        if name == TRUTH:
-            return _case_losses(t[:, None], y, t)
-        seeds = [_case_losses(r[f"probs_{site}"], y, t) for r in runs[name]]
-        return {k: np.mean([s[k] for s in seeds], axis=0) for k in seeds[0]}
+    Each seed is scored on its own cases (its release's site-A test split, or the shifted site's
+    splits): the pairs are the same cases for a and b, and the bootstrap resamples cases within
+    each (seed, split) stratum.
+    """
+    def losses(name: str, seed: int) -> list[dict[str, np.ndarray]] | None:
+        run = None if name == TRUTH else next((r for r in runs[name] if r["seed"] == seed), None)
+        if name != TRUTH and run is None:
+            return None
+        cases = _cases(run, seed, site, truth)
+        if any(probs is None and name != TRUTH for probs, _, _ in cases):
+            return None
+        return [_case_losses(t[:, None] if probs is None else probs, y, t) for probs, y, t in cases]
 
-    la, lb = per_case(a), per_case(b)
-    idx = np.random.default_rng(0).integers(0, y.size, size=(n_boot, y.size))
+    diffs: dict[str, list[np.ndarray]] = {}
+    for seed in _seeds(runs):
+        la, lb = losses(a, seed), losses(b, seed)
+        if la is None or lb is None:
+            continue
+        for sa, sb in zip(la, lb):
+            for key in sa:
+                diffs.setdefault(key, []).append(sb[key] - sa[key])
+    rng = np.random.default_rng(0)
+    strata = diffs[next(iter(diffs))]
+    offsets = np.cumsum([0] + [d.size for d in strata[:-1]])
+    idx = np.concatenate([rng.integers(0, d.size, size=(n_boot, d.size)) + o for d, o in zip(strata, offsets)], axis=1)
     out = {}
-    for key in la:
-        d = lb[key] - la[key]
+    for key, parts in diffs.items():
+        d = np.concatenate(parts)
         boot = d[idx].mean(axis=1)
         out[key] = (float(d.mean()), *(float(v) for v in np.quantile(boot, [0.025, 0.975])))
     return out
@@ -387,10 +501,12 @@ def _paired(runs, truth, site: str, a: str, b: str, n_boot: int) -> dict[str, tu
 
 def _paired_lines(runs, truth, site: str, n_boot: int) -> list[str]:
     """Paired differences B - A: every run against the truth, then rank-1 and its wide variants against the rest."""
-    pairs = [(TRUTH, m) for m in runs] + [(b, "rank1_normal") for b in (*BASELINES, DEEP_ENSEMBLE, "deterministic")
-                                          if b in runs and "rank1_normal" in runs]
+    have = {name for name, seeds in runs.items() if any(_site_scores(r, r["seed"], site, truth) for r in seeds)}
+    pairs = [(TRUTH, m) for m in runs if m in have]
+    pairs += [(b, "rank1_normal") for b in (*BASELINES, DEEP_ENSEMBLE, "deterministic")
+              if b in have and "rank1_normal" in have]
     pairs += [(b, wide) for wide in ("rank1_normal_wide", "rank1_normal_laplace")
-              for b in ("rank1_normal", *BASELINES) if b in runs and wide in runs]
+              for b in ("rank1_normal", *BASELINES) if b in have and wide in have]
     keys = (("nll", "NLL"), ("truth_mae", "abs(p - P)"), ("kl_truth", "KL(P, p)"), ("brier", "Brier"))
     lines = ["| B - A (same cases) | " + " | ".join(n for _, n in keys) + " |", "|---|" + "---|" * len(keys)]
     for a, b in pairs:
@@ -401,11 +517,9 @@ def _paired_lines(runs, truth, site: str, n_boot: int) -> list[str]:
 
 
 def _shift_lines(runs, truth) -> list[str]:
-    """Site-B detection by uncertainty and the error removed by referring 20% of site B."""
+    """Site-B detection by uncertainty and the error removed by referring 20% of site B (per seed: all B releases)."""
     from model import metrics
 
-    ya, yb, tb = truth["labels_A"], truth["labels_B"], truth["truth_B"]
-    is_b = np.r_[np.zeros(ya.size), np.ones(yb.size)]
     rate = SHIFT_REFERRAL
     head = ("| Method | AUROC B vs A: mutual information | AUROC B vs A: entropy | kept abs(p - P), refer by MI | "
             "refer by entropy | refer highest p | refer at random | no referral |")
@@ -413,7 +527,14 @@ def _shift_lines(runs, truth) -> list[str]:
     for name, seeds in runs.items():
         cells: dict[str, list[float]] = {}
         for r in seeds:
-            pa, pb = r["probs_A"], r["probs_B"]
+            (pa, ya, _), = _cases(r, r["seed"], "A", truth)
+            shifted = _cases(r, r["seed"], "B", truth)
+            if pa is None or not shifted or any(p is None for p, _, _ in shifted):
+                continue
+            pb = np.concatenate([p for p, _, _ in shifted])
+            yb = np.concatenate([y for _, y, _ in shifted])
+            tb = np.concatenate([t for _, _, t in shifted])
+            is_b = np.r_[np.zeros(len(pa)), np.ones(len(pb))]
             both = np.concatenate([pa, pb])
             mi, ent = metrics.mutual_information(both), metrics.predictive_entropy(both)
             sampled = pb.shape[1] > 1  # one sample per case has no mutual information (it is 0)
@@ -427,8 +548,39 @@ def _shift_lines(runs, truth) -> list[str]:
                 value = sel[key][1]["mae_truth"]
                 cells.setdefault(key, []).append(value if sampled or key != "mi" else float("nan"))
             cells.setdefault("none", []).append(sel["risk"][0]["mae_truth"])
+        if not cells:
+            continue
         order = ("auc_mi", "auc_ent", "mi", "entropy", "risk", "random", "none")
         lines.append(f"| {name} | " + " | ".join(_fmt(*_mean_sem(cells[k])) for k in order) + " |")
+    return lines
+
+
+HARMONISED_TOLERANCE = 0.10  # the target: abs(p - P) at the SI-unit site within 10% of the site-A value
+
+
+def _harmonisation_lines(runs, truth) -> list[str]:
+    """Per method: abs(p - P) at site A, at site C as it comes and harmonised, and the ratio C / A per seed."""
+    head = ("| Method | abs(p - P) site A | site C, its own units | site C, harmonised | harmonised / site A | "
+            f"within {HARMONISED_TOLERANCE:.0%} |")
+    lines = [head, "|---|" + "---|" * 5]
+    for name, seeds in runs.items():
+        a, raw, harm, ratio = [], [], [], []
+        for r in seeds:
+            sa = _site_scores(r, r["seed"], "A", truth)
+            sc = _site_scores(r, r["seed"], "C", truth)
+            sr = _site_scores(r, r["seed"], f"C{RAW}", truth)
+            if sa is None or sc is None:
+                continue
+            a.append(sa["truth_mae"])
+            harm.append(sc["truth_mae"])
+            ratio.append(sc["truth_mae"] / sa["truth_mae"])
+            if sr is not None:
+                raw.append(sr["truth_mae"])
+        if not ratio:
+            continue
+        mean_ratio = _mean_sem(ratio)
+        lines.append(f"| {name} | {_fmt(*_mean_sem(a))} | {_fmt(*_mean_sem(raw))} | {_fmt(*_mean_sem(harm))} | "
+                     f"{_fmt(*mean_ratio, digits=3)} | {'yes' if mean_ratio[0] <= 1 + HARMONISED_TOLERANCE else 'no'} |")
     return lines
 
 
@@ -441,41 +593,62 @@ def total_seconds(runs: dict[str, list[dict]]) -> float:
                      for r in seeds))
 
 
+def _release_text(scale: dict, site: str, truth: dict[str, np.ndarray], names: list[str]) -> str:
+    patients, seeds = scale["releases"][site]
+    flag = "" if site == "A" else f" --site {site}"
+    sizes = ", ".join(f"{truth[f'labels_{n}'].size}" for n in names if f"labels_{n}" in truth)
+    deaths = ", ".join(f"{int(truth[f'labels_{n}'].sum())}" for n in names if f"labels_{n}" in truth)
+    return (f"site {site} `ehr-pipeline synth{flag} --patients {patients} --seed "
+            f"{' / '.join(str(s) for s in seeds[:len(names)])}` (test n = {sizes}; deaths {deaths})")
+
+
 def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: float) -> str:
     """The markdown section: in-distribution, paired and site-shift tables."""
     from bench.report import machine_info
 
     runs, truth = load_predictions(work / "preds")
     scale = SCALES[args.scale]
-    n_a, n_b = truth["labels_A"].size, truth.get("labels_B", np.empty(0)).size
+    n_seeds = len(_seeds(runs))
+    sites = {"A": [f"A{i}" for i in range(n_seeds)]}
+    for site in SHIFTED:
+        if _releases(truth, site):
+            sites[site] = split_names(site, _releases(truth, site))
     lines = [f"## Method comparison against the known truth ({args.scale} scale)", "",
              f"Command (repo root): `{command}`", "",
-             f"Releases: site A `ehr-pipeline synth --patients {scale['releases']['A'][0]} --seed "
-             f"{scale['releases']['A'][1]}`" + (f", site B `--site B --patients {scale['releases']['B'][0]} --seed "
-                                                 f"{scale['releases']['B'][1]}`" if n_b else "")
-             + f"; every model trained on site A's training split, the checkpoint with the best validation NLL "
-             f"kept; test splits: site A n = {n_a} ({int(truth['labels_A'].sum())} deaths)"
-             + (f", site B n = {n_b} ({int(truth['labels_B'].sum())} deaths)" if n_b else "") + ".",
-             f"Mean +- SEM over {args.seeds} seeds; S = {args.samples} samples per member for the Bayesian methods "
-             "(1 for deterministic members); abs(p - P) is the mean absolute error of the predictive mean against the "
-             "true P_DEATH, KL(P, p) the mean KL divergence from the true Bernoulli (the expected excess NLL); "
-             "cov X% is the fraction of cases whose P_DEATH lies in the central X% interval of the S x K sampled "
-             f"probabilities (n/a for one sample). A deep ensemble combines {ENSEMBLE_SIZE} deterministic runs of "
-             "disjoint seeds; the scikit-learn fits are deterministic, so they are fitted once. rank1_normal_wide "
-             "adds a linear part on the admission window's aggregates trained with the LSTM, rank1_normal_laplace "
-             "that part fitted first as the logistic regression with its Laplace posterior (docs/model.md). "
-             "Training and "
+             "Releases: " + "; ".join(_release_text(scale, site, truth, names) for site, names in sites.items())
+             + ". Seed s of every method is trained on site-A release s (its training split; the checkpoint with the "
+             "best validation NLL kept) and scored on that release's test split; at a shifted site it is scored on "
+             "every release of the site, bagged with the model's units (`ehr-pipeline run --units-from`), and its "
+             "score is the mean over those releases.",
+             f"Mean +- SEM over {n_seeds} seeds (so over training releases and initialisations); S = {args.samples} "
+             "samples per member for the Bayesian methods (1 for deterministic members); abs(p - P) is the mean "
+             "absolute error of the predictive mean against the true P_DEATH, KL(P, p) the mean KL divergence from "
+             "the true Bernoulli (the expected excess NLL); cov X% is the fraction of cases whose P_DEATH lies in the "
+             "central X% interval of the S x K sampled probabilities (n/a for one sample). A deep ensemble combines "
+             f"{ENSEMBLE_SIZE} deterministic runs of one release; the scikit-learn fits are deterministic, so they "
+             "are fitted once per release. rank1_normal_wide adds a linear part on the admission window's aggregates "
+             "trained with the LSTM, rank1_normal_laplace that part fitted first as the logistic regression with its "
+             "Laplace posterior (docs/model.md). Training and "
              f"fitting took {total_seconds(runs) / 60:.0f} CPU-shared minutes summed over runs (train s per run in "
              f"the tables; the grid's last invocation ran {seconds / 60:.1f} min).", "",
              "### Site A (in distribution)", "", *_table(runs, truth, "A"), "",
-             "Paired differences on site A's test cases (per-case losses averaged over seeds; 95% bootstrap "
-             "interval over cases):", "", *_paired_lines(runs, truth, "A", args.n_bootstrap)]
-    if n_b:
+             "Paired differences on site A's test cases (each seed on its own release's cases; 95% bootstrap "
+             "interval over cases within each test split):", "", *_paired_lines(runs, truth, "A", args.n_bootstrap)]
+    if "B" in sites:
         lines += ["", "### Site B (dataset shift), models trained at site A", "", *_table(runs, truth, "B"), "",
                   "Paired differences on site B's test cases:", "", *_paired_lines(runs, truth, "B", args.n_bootstrap),
                   "", f"Uncertainty under the shift: how well each measure separates site-B from site-A test cases "
-                  f"(AUROC), and the mean abs(p - P) of the site-B cases kept after referring {SHIFT_REFERRAL:.0%} of "
-                  "them by each rule:", "", *_shift_lines(runs, truth)]
+                  f"(AUROC; per seed, its site-A test split against every site-B release's), and the mean abs(p - P) "
+                  f"of the site-B cases kept after referring {SHIFT_REFERRAL:.0%} of them by each rule:", "",
+                  *_shift_lines(runs, truth)]
+    if "C" in sites:
+        lines += ["", "### Site C (labs in SI units), models trained at site A", "",
+                  "Site C is site A's hospital reporting creatinine, glucose, urea, calcium, magnesium, phosphate, "
+                  "bilirubin, albumin and haemoglobin in SI units (docs/synthetic.md). Harmonised: bagged with "
+                  "`--units-from` the model's data, so every value is converted to the training units; as it comes: "
+                  "bagged in the site's own units, as a model would be fed without harmonisation.", "",
+                  *_harmonisation_lines(runs, truth), "", "Harmonised:", "", *_table(runs, truth, "C"), "",
+                  "As it comes (before harmonisation):", "", *_table(runs, truth, f"C{RAW}")]
     lines += ["", "Machine:", "", machine_info()]
     return "\n".join(lines)
 

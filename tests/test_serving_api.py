@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
 
 import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from ehr_pipeline import ages, bagging, spec
+from ehr_pipeline import ages, bagging, spec, units
 from ehr_pipeline.config import PipelineConfig
 from model import metrics as model_metrics
 from serving.app import create_app
@@ -132,7 +132,9 @@ def test_predict_returns_uncertainty_from_model_metrics(client, export_dir):
     assert out["refer"] == (out["epistemic"] > stored["threshold"])
     # Events: the one 3 days after admission is at/after the default prediction time (admit + 1 day).
     assert out["events"] == {"received": 5, "used": 4,
-                             "ignored": {"at_or_after_trigger": 1, "older_than_max_bags": 0}}
+                             "ignored": {"at_or_after_trigger": 1, "older_than_max_bags": 0},
+                             # mg/dL is the model's unit; the two values without a unit are taken to be in it
+                             "values": {**dict.fromkeys(units.OUTCOMES, 0), "same_unit": 1, "no_unit": 2}}
     assert out["out_of_vocabulary"] == {"count": 1, "codes": ["lab:NOT-IN-VOCAB"]}
     assert out["prediction_time"] == "2150-03-02T08:30:00Z"
     assert out["calibration"] == {"split": "test", "ece": 0.05, "nll": 0.31}
