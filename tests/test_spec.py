@@ -22,7 +22,7 @@ CONFIG = BaggingConfig(bagging_time_precision=6 * 3600, bagging_aggregate_older_
 def context(hadm_id: int, **overrides) -> dict:
     ctx = {spec.SUBJECT_ID: 100 + hadm_id, spec.HADM_ID: hadm_id, spec.LABEL: hadm_id % 2,
            spec.TRIGGER_TIME: T, spec.ADMIT_OFFSET: DAY + hadm_id, spec.AGE_YEARS: 40.25 + hadm_id, spec.GENDER: "F",
-           spec.ADMISSION_TYPE: "EMERGENCY"}
+           spec.ADMISSION_TYPE: "EMERGENCY", spec.ETHNICITY: "HISPANIC OR LATINO", spec.INSURANCE: "Private"}
     ctx.update(overrides)
     return ctx
 
@@ -114,6 +114,7 @@ def test_sequence_example_to_dict_mirrors_the_bags():
     assert d == {
         spec.SUBJECT_ID: 104, spec.HADM_ID: 4, spec.LABEL: -1, spec.TRIGGER_TIME: T, spec.ADMIT_OFFSET: DAY + 4,
         spec.AGE_YEARS: 44.25, spec.GENDER: "F", spec.ADMISSION_TYPE: "EMERGENCY", spec.NUM_BAGS: 2,
+        spec.ETHNICITY: "HISPANIC OR LATINO", spec.INSURANCE: "Private",
         spec.BAG_OFFSET: [float(DAY), 10.0],
         spec.BAG_CODES: [["lab:1"], ["chart:2", "lab:1"]],
         spec.BAG_COUNTS: [[1], [1, 1]],
@@ -137,6 +138,8 @@ def test_sequence_example_to_dict_mirrors_the_bags():
     ({spec.TRIGGER_TIME: 1.6e9}, TypeError, spec.TRIGGER_TIME),
     ({spec.ADMIT_OFFSET: -1}, ValueError, spec.ADMIT_OFFSET),
     ({spec.ADMISSION_TYPE: ""}, TypeError, spec.ADMISSION_TYPE),
+    ({spec.ETHNICITY: ""}, TypeError, spec.ETHNICITY),
+    ({spec.INSURANCE: None}, TypeError, spec.INSURANCE),
 ])
 def test_context_that_breaks_the_contract_is_refused(change, error, match):
     ctx = context(1)
