@@ -65,8 +65,11 @@ MIN_GAP_EVENTS = 5
 # move with the outcome rate (AUC-PR, Brier, NLL) or the group size (ECE) would name the
 # sickest or the smallest group rather than the worst-served one, so only these are ranked:
 # discrimination, calibration in the large (|observed - expected|) and, with a known truth,
-# the error against it.
-GAP_METRICS: dict[str, int] = {"auc_roc": -1, "abs_observed_minus_expected": +1, "mae_truth": +1}
+# the error against it on the log-odds scale: an absolute error |p - P| grows with the risk
+# itself and would name the oldest patients for being sicker.
+GAP_METRICS: dict[str, int] = {"auc_roc": -1, "abs_observed_minus_expected": +1, "logit_error_truth": +1}
+# Metrics against a known truth, per group: mean |p - P| and mean |logit p - logit P|.
+TRUTH_METRICS: tuple[str, ...] = ("mae_truth", "logit_error_truth")
 SUBGROUP_METRICS: tuple[str, ...] = ("auc_roc", "auc_pr", "nll", "ece", "brier", "accuracy", "mean_p",
                                      "observed_rate", "observed_minus_expected")
 
@@ -398,6 +401,7 @@ def _group_metrics(p, y, truth, num_bins: int) -> dict[str, np.ndarray]:
     out["abs_observed_minus_expected"] = np.abs(out["observed_minus_expected"])
     if truth is not None:
         out["mae_truth"] = np.mean(np.abs(p - truth), axis=-1)
+        out["logit_error_truth"] = np.mean(np.abs(logit(p) - logit(truth)), axis=-1)
     return {k: np.asarray(v, dtype=np.float64) for k, v in out.items()}
 
 
@@ -413,8 +417,8 @@ def subgroup_report(p, y, labels: Mapping[str, np.ndarray], truth=None, *, n_boo
                     max_gaps: int = 5) -> dict[str, Any]:
     """Per attribute and group: every metric with a bootstrap interval, and each group's gap to the rest.
 
-    Per group: n, events, each of SUBGROUP_METRICS (and "mae_truth", mean |p - truth|, with a
-    truth) as estimate / lower / upper (percentile; "basic" for ECE, as in metrics.evaluate),
+    Per group: n, events, each of SUBGROUP_METRICS (and TRUTH_METRICS with a truth) as
+    estimate / lower / upper (percentile; "basic" for ECE, as in metrics.evaluate),
     and for GAP_METRICS the gap group minus rest with its interval (group and rest resampled
     independently). "gaps": the GAP_METRICS gaps where the group is served worse by more than
     z_named bootstrap standard errors, z_named the normal quantile at alpha / 2 Bonferroni-
@@ -426,7 +430,7 @@ def subgroup_report(p, y, labels: Mapping[str, np.ndarray], truth=None, *, n_boo
     p, y = metrics._pair(p, y)
     truth = None if truth is None else metrics._truth(truth, y.size)
     rng = np.random.default_rng(seed)
-    gap_metrics = [m for m in GAP_METRICS if m != "mae_truth" or truth is not None]
+    gap_metrics = [m for m in GAP_METRICS if m not in TRUTH_METRICS or truth is not None]
     attributes: dict[str, Any] = {}
     candidates = []
     for attribute, values in labels.items():
@@ -441,7 +445,7 @@ def subgroup_report(p, y, labels: Mapping[str, np.ndarray], truth=None, *, n_boo
             boot = _resampled_metrics(p, y, truth, rows, n_bootstrap, rng, num_bins)
             events = int(y[rows].sum())
             row: dict[str, Any] = {"n": int(rows.size), "events": events}
-            for name in [*SUBGROUP_METRICS, *(["mae_truth"] if truth is not None else [])]:
+            for name in [*SUBGROUP_METRICS, *(TRUTH_METRICS if truth is not None else ())]:
                 method, bounds = metrics.BOOTSTRAP_METHODS.get(name, ("percentile", (-np.inf, np.inf)))
                 row[name] = {"estimate": float(est[name]), **_interval(boot[name], est[name], alpha, method, bounds)}
             if rest.size:
@@ -456,7 +460,7 @@ def subgroup_report(p, y, labels: Mapping[str, np.ndarray], truth=None, *, n_boo
                     finite = replicates[np.isfinite(replicates)]
                     # A group with a handful of deaths has a degenerate bootstrap for the metrics
                     # that depend on the labels: no resample shows the variation it would have.
-                    rankable = rows.size >= MIN_GAP_CASES and (name == "mae_truth" or min(
+                    rankable = rows.size >= MIN_GAP_CASES and (name in TRUTH_METRICS or min(
                         events, rows.size - events) >= MIN_GAP_EVENTS)
                     if rankable and np.isfinite(gap) and finite.size > 1:
                         candidates.append({"attribute": attribute, "group": str(group), "metric": name,
@@ -486,7 +490,7 @@ def subgroup_report(p, y, labels: Mapping[str, np.ndarray], truth=None, *, n_boo
 def describe_gap(gap: Mapping[str, Any]) -> str:
     """One sentence naming a gap of subgroup_report, e.g. 'admission_type = URGENT: mean |p - truth| 0.121 ...'."""
     names = {"auc_roc": "AUC-ROC", "abs_observed_minus_expected": "|observed - expected|",
-             "mae_truth": "mean |p - P_DEATH|"}
+             "logit_error_truth": "mean |logit p - logit P_DEATH|"}
     return (f"{gap['attribute']} = {gap['group']} (n = {gap['n']}): {names.get(gap['metric'], gap['metric'])} "
             f"{gap['group_value']:.3f} vs {gap['rest']:.3f} in the rest, difference {gap['estimate']:+.3f} "
             f"[{gap['lower']:+.3f}, {gap['upper']:+.3f}]")

@@ -33,7 +33,7 @@ SUBGROUP_COLUMNS = (("auc_roc", "AUC-ROC"), ("observed_minus_expected", "observe
                     ("brier", "Brier"), ("nll", "NLL"), ("ece", "ECE"), ("auc_pr", "AUC-PR"),
                     ("accuracy", "accuracy"), ("mean_p", "mean p"), ("observed_rate", "observed rate"))
 GAP_LABELS = {"auc_roc": "AUC-ROC", "abs_observed_minus_expected": "|observed - expected|",
-              "mae_truth": "mean |p - P_DEATH|"}
+              "logit_error_truth": "mean |logit p - logit P_DEATH|"}
 
 _CSS = """
 body{font-family:-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:#1d2733;max-width:1100px;
@@ -332,10 +332,11 @@ def _subgroups(models: Sequence[tuple[str, Mapping]]) -> str:
     for label, sub in models:
         if not sub:
             continue
-        has_truth = "mae_truth" in sub.get("gap_metrics", [])
-        columns = list(SUBGROUP_COLUMNS) + ([("mae_truth", "mean |p - P_DEATH|")] if has_truth else [])
+        has_truth = "logit_error_truth" in sub.get("gap_metrics", [])
+        truth_columns = [("mae_truth", "mean |p - P_DEATH|"), ("logit_error_truth", "mean |logit p - logit P_DEATH|")]
+        columns = list(SUBGROUP_COLUMNS) + (truth_columns if has_truth else [])
         panels = [("auc_roc", "AUC-ROC"), ("observed_minus_expected", "observed - expected")]
-        panels += [("mae_truth", "mean |p - P_DEATH|")] if has_truth else [("brier", "Brier")]
+        panels += truth_columns[1:] if has_truth else [("brier", "Brier")]
         title = f"{label}: " if len(models) > 1 else ""
         parts.append(_figure(plots.subgroup_figure(sub, panels), "subgroup forest plot",
                              f"{title}estimates with 95% bootstrap intervals per subgroup; grey: fewer than "
@@ -348,8 +349,9 @@ def _subgroups(models: Sequence[tuple[str, Mapping]]) -> str:
                          + _table(["group", "n", "deaths"] + [name for _, name in columns], rows))
     return ("<h3>Subgroups</h3>"
             '<p class="note">Every metric with a percentile bootstrap 95% interval (basic for ECE) within each '
-            "group. AUC-PR, Brier and NLL move with a group's death rate and ECE with its size: compare groups on "
-            "AUC-ROC, observed - expected and, where known, the error against the truth.</p>" + "".join(parts))
+            "group. AUC-PR, Brier and NLL move with a group's death rate, ECE with its size and |p - P_DEATH| with "
+            "its risk: compare groups on AUC-ROC, observed - expected and, where the truth is known, the error on "
+            "the log-odds scale.</p>" + "".join(parts))
 
 
 def _heterogeneity(models: Sequence[tuple[str, Mapping]]) -> str:

@@ -165,8 +165,9 @@ def test_subgroups_name_the_planted_group_and_match_the_metrics_module():
     assert row["n"] == urgent.sum() and row["events"] == y[urgent].sum()
     assert row["auc_roc"]["estimate"] == pytest.approx(metrics.auc_roc(p[urgent], y[urgent]))
     assert row["mae_truth"]["estimate"] == pytest.approx(np.mean(np.abs(p - truth)[urgent]))
-    gap = row["gap_to_rest"]["mae_truth"]
-    assert gap["estimate"] == pytest.approx(np.mean(np.abs(p - truth)[urgent]) - np.mean(np.abs(p - truth)[~urgent]))
+    error = np.abs(np.log(p / (1 - p)) - np.log(truth / (1 - truth)))
+    gap = row["gap_to_rest"]["logit_error_truth"]
+    assert gap["estimate"] == pytest.approx(error[urgent].mean() - error[~urgent].mean())
     assert set(report["attributes"]["age_band"]) <= {label for label, _, _ in cs.AGE_BANDS}
     urgent_gap = next(g for g in report["gaps"] if g["group"] == "URGENT")
     assert cs.describe_gap(urgent_gap).startswith(f"admission_type = URGENT (n = {urgent.sum()})")

@@ -234,3 +234,13 @@ def test_importing_spec_bagging_config_loads_no_tensorflow_beam_or_keras():
             "print(sorted(m for m in ('tensorflow', 'apache_beam', 'keras', 'tf_keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+def test_records_written_before_schema_3_parse_with_ethnicity_and_insurance_not_recorded():
+    ex = spec.make_sequence_example(context(3), random_bags(3, 10))
+    del ex.context.feature[spec.ETHNICITY]
+    del ex.context.feature[spec.INSURANCE]
+    parsed = spec.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+    assert parsed[spec.ETHNICITY].numpy().tolist() == [spec.NOT_RECORDED.encode()]
+    assert parsed[spec.INSURANCE].numpy().tolist() == [spec.NOT_RECORDED.encode()]
+    assert parsed[spec.HADM_ID].numpy().tolist() == [3]
