@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ehr_pipeline import ages
+from ehr_pipeline import ages, spec
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,10 @@ DEFAULT_MIN_AGE_YEARS = 18.0
 
 # The columns build_cohort reads (the job asks the reader for just these).
 ADMISSION_COLUMNS = ("SUBJECT_ID", "HADM_ID", "ADMITTIME", "DISCHTIME", "DEATHTIME",
-                     "ADMISSION_TYPE", "HOSPITAL_EXPIRE_FLAG")
+                     "ADMISSION_TYPE", "HOSPITAL_EXPIRE_FLAG", "ETHNICITY", "INSURANCE")
+# Columns that only describe who was admitted (subgroup reports): a table without them (an
+# ADMISSIONS rebuilt from FHIR, a unit test's rows) gives spec.NOT_RECORDED for every row.
+RECORDED_AS_WRITTEN = {"ETHNICITY": "ethnicity", "INSURANCE": "insurance"}
 PATIENT_COLUMNS = ("SUBJECT_ID", "GENDER", "DOB")
 
 KEPT = "kept"
@@ -59,6 +62,8 @@ COHORT_SCHEMA = pa.schema([
     pa.field("age_years", pa.float64(), nullable=False),  # at ADMITTIME, capped at 90
     pa.field("gender", pa.string(), nullable=False),
     pa.field("admission_type", pa.string(), nullable=False),
+    pa.field("ethnicity", pa.string(), nullable=False),  # as written; null -> spec.NOT_RECORDED
+    pa.field("insurance", pa.string(), nullable=False),
     # Admissions of the same subject whose (effective) discharge is strictly before this
     # trigger: their diagnoses and procedures are known at prediction time.
     pa.field("prior_hadm_ids", pa.list_(pa.int64()), nullable=False),
@@ -123,6 +128,16 @@ def _patient_lookup(patients: pa.Table, subject: np.ndarray) -> tuple[np.ndarray
     row = np.full(subject.shape, -1, dtype=np.int64)
     row[found] = rows_sorted[pos[found]]
     return row, np.isin(subject, keys[_duplicated(keys)])
+
+
+def _recorded_text(adm: pa.Table, column: str, keep: np.ndarray) -> pa.Array:
+    """A descriptive text column of the kept rows as written (whitespace trimmed), spec.NOT_RECORDED where null or absent."""
+    if column not in adm.column_names:
+        return pa.array([spec.NOT_RECORDED] * keep.size, pa.string())
+    text = pc.utf8_trim_whitespace(pc.cast(adm.column(column), pa.string()))
+    # An empty string says as little as a null; the spec needs a non-empty value.
+    text = pc.if_else(pc.equal(text, ""), pa.scalar(None, pa.string()), text)
+    return pc.fill_null(text, spec.NOT_RECORDED).take(pa.array(keep, pa.int64())).combine_chunks()
 
 
 def _prior_lists(
@@ -246,6 +261,7 @@ def build_cohort(
             pa.array(ages.cap_age(raw_age[keep]), pa.float64()),
             gender,
             adm_type,
+            *(_recorded_text(adm, column, keep) for column in RECORDED_AS_WRITTEN),
             prior_ids,
             prior_times,
         ],

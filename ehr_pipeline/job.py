@@ -236,6 +236,7 @@ def _make_dofns():
                 spec.TRIGGER_TIME: meta["trigger_time"], spec.ADMIT_OFFSET: meta["trigger_time"] - meta["ADMITTIME"],
                 spec.AGE_YEARS: meta["age_years"],
                 spec.GENDER: meta["gender"], spec.ADMISSION_TYPE: meta["admission_type"],
+                spec.ETHNICITY: meta["ethnicity"], spec.INSURANCE: meta["insurance"],
             }
             record = spec.make_sequence_example(context, bags).SerializeToString(deterministic=True)
             split = splits.assign_split(meta["SUBJECT_ID"], cfg.splits.model_dump(), cfg.split_salt)
@@ -387,7 +388,7 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     log.info("cohort: %d of %d admissions kept; excluded %s", coh.counts.get(cohort_mod.KEPT, 0),
              sum(coh.counts.values()), {k: v for k, v in coh.counts.items() if k != cohort_mod.KEPT and v})
     meta_cols = ("SUBJECT_ID", "HADM_ID", "ADMITTIME", "trigger_time", "label", "age_years", "gender",
-                 "admission_type")
+                 "admission_type", "ethnicity", "insurance")
     metas = [(r["HADM_ID"], r) for r in coh.table.select(list(meta_cols)).to_pylist()]
     # Only what the workers need to filter events travels with the DoFn.
     cohort_index = coh.table.select(["SUBJECT_ID", "HADM_ID", "trigger_time"])

@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # only for annotations: importing TensorFlow here would make 
     from ehr_pipeline.bagging import Bags
 
 # 2: per-code value_min / value_max and the admission's start (admit_offset_seconds).
-SCHEMA_VERSION = 2
+# 3: ethnicity and insurance as ADMISSIONS records them (for subgroup reports, never model inputs).
+SCHEMA_VERSION = 3
 
 # --- context features (one value per admission) ---
 SUBJECT_ID = "subject_id"  # int64
@@ -30,6 +31,11 @@ TRIGGER_TIME = "trigger_time"  # int64, seconds since 1970-01-01 (shifted MIMIC 
 AGE_YEARS = "age_years"  # float, age at admission in years, capped at 90
 GENDER = "gender"  # bytes, "M" / "F" / "U"
 ADMISSION_TYPE = "admission_type"  # bytes, e.g. "EMERGENCY"
+# Who the admission is, as ADMISSIONS records it: the evaluation reports metrics per group of
+# these. No model reads them (model.inputs and the noise key in model.predict leave them out),
+# and the service, which is not told them, writes NOT_RECORDED.
+ETHNICITY = "ethnicity"  # bytes, ADMISSIONS.ETHNICITY as written, e.g. "WHITE"
+INSURANCE = "insurance"  # bytes, ADMISSIONS.INSURANCE as written, e.g. "Medicare"
 NUM_BAGS = "num_bags"  # int64, sequence length
 # int64, trigger time minus admission time, seconds (>= 0): bags newer than this lie in the
 # current admission, older ones are history. Relative, like BAG_OFFSET, so the job and the
@@ -50,7 +56,7 @@ BAG_VALUE_MAX = "value_max"  # float [n_codes]: largest numeric value (0 when va
 
 CONTEXT_INT = (SUBJECT_ID, HADM_ID, LABEL, TRIGGER_TIME, NUM_BAGS, ADMIT_OFFSET)
 CONTEXT_FLOAT = (AGE_YEARS,)
-CONTEXT_BYTES = (GENDER, ADMISSION_TYPE)
+CONTEXT_BYTES = (GENDER, ADMISSION_TYPE, ETHNICITY, INSURANCE)
 SEQUENCE_INT = (BAG_COUNTS, BAG_VALUE_COUNT)
 SEQUENCE_FLOAT = (BAG_OFFSET, BAG_VALUE_MEAN, BAG_VALUE_LAST, BAG_VALUE_MIN, BAG_VALUE_MAX)
 SEQUENCE_BYTES = (BAG_CODES,)
@@ -73,6 +79,11 @@ CODE_WHITESPACE = ("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2
 LABEL_UNKNOWN = -1
 LABELS = (0, 1, LABEL_UNKNOWN)
 GENDERS = ("M", "F", "U")
+# Ethnicity / insurance when nobody recorded them: a null in ADMISSIONS, or a service request.
+NOT_RECORDED = "UNKNOWN"
+# Context features that schema-2 records lack: they parse as NOT_RECORDED, so data written
+# before version 3 still trains and evaluates (its subgroup report then has one group).
+CONTEXT_DEFAULTS = {ETHNICITY: NOT_RECORDED, INSURANCE: NOT_RECORDED}
 AGE_CAP_YEARS = 90.0  # MIMIC shifts ages over 89 to ~300 years; they are capped to this
 
 # --- files: the Beam job writes them, the trainer reads them ---
@@ -84,7 +95,7 @@ _SHARD_DIGITS = 5
 
 # Keys make_sequence_example takes from the caller (NUM_BAGS is derived from the bags).
 CONTEXT_INPUT_KEYS = (SUBJECT_ID, HADM_ID, LABEL, TRIGGER_TIME, ADMIT_OFFSET, AGE_YEARS, GENDER,
-                      ADMISSION_TYPE)
+                      ADMISSION_TYPE, ETHNICITY, INSURANCE)
 SEQUENCE_KEYS = SEQUENCE_FLOAT + SEQUENCE_INT + SEQUENCE_BYTES
 # Sequence features that hold exactly one value per bag; the others hold one per code.
 _ONE_PER_BAG = (BAG_OFFSET,)
@@ -205,7 +216,7 @@ def feature_spec() -> tuple[dict[str, Any], dict[str, Any]]:
     tf = _tf()
     context: dict[str, Any] = {}
     for keys, dtype in ((CONTEXT_INT, tf.int64), (CONTEXT_FLOAT, tf.float32), (CONTEXT_BYTES, tf.string)):
-        context.update({k: tf.io.FixedLenFeature([], dtype) for k in keys})
+        context.update({k: tf.io.FixedLenFeature([], dtype, default_value=CONTEXT_DEFAULTS.get(k)) for k in keys})
     sequence: dict[str, Any] = {}
     for keys, dtype in ((SEQUENCE_INT, tf.int64), (SEQUENCE_FLOAT, tf.float32), (SEQUENCE_BYTES, tf.string)):
         for k in keys:

@@ -22,6 +22,7 @@ log = logging.getLogger("model.eval")
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-eval`."""
+    from model import clinical_stats
     from model.baselines import KINDS
     from model.config import EvalConfig
     from model.export import MAX_SAMPLES
@@ -44,15 +45,16 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None, type=existing_file,
                       help="two predictions.csv files of earlier evaluations on the same cases: paired bootstrap "
                            "differences B - A of NLL, AUC-PR, AUC-ROC, ECE, Brier (and |p - P_DEATH| with --truth "
-                           "or a P_TRUTH column); writes comparison.json to --out")
+                           "or a P_TRUTH column), selective prediction and the clinical report of both; writes "
+                           "comparison.json and report.html to --out")
     parser.add_argument("--data", default=None, type=existing_dir,
                         help="output folder of the Beam job (needed with --model/--baseline)")
     parser.add_argument("--split", default="test", help="split to evaluate (train, validation, test)")
     parser.add_argument("--samples", type=int, default=d.num_samples, help=f"S samples per member (1-{MAX_SAMPLES})")
     parser.add_argument("--seed", type=int, default=d.seed, help="sampling seed")
     parser.add_argument("--out", default=None, type=output_dir,
-                        help="write metrics.json, PNG plots and predictions.csv here; without it the report "
-                             "is only printed")
+                        help="write metrics.json, PNG plots, predictions.csv and report.html (one self-contained "
+                             "page for a clinical reviewer) here; without it the report is only printed")
     parser.add_argument("--truth", default=None, type=existing_file,
                         help="known-truth CSV (HADM_ID,P_DEATH,...) of a synthetic release: adds error vs truth, "
                              "coverage of P_DEATH by the 50/80/95%% sample intervals, Spearman correlations of "
@@ -67,11 +69,28 @@ def build_parser() -> argparse.ArgumentParser:
                              "predictive_entropy for a baseline, whose mutual information is 0)")
     parser.add_argument("--bootstrap", type=int, default=d.n_bootstrap, help="bootstrap resamples for the CIs")
     parser.add_argument("--num-bins", type=int, default=d.num_bins, help="ECE bins")
+    parser.add_argument("--target-coverage", type=_fraction, default=clinical_stats.TARGET_COVERAGE,
+                        help="selective prediction: report the error rate of the cases kept at this coverage "
+                             "(fraction of cases the model decides alone)")
+    parser.add_argument("--target-risk", type=_fraction, default=clinical_stats.TARGET_RISK,
+                        help="selective prediction: report the largest coverage whose kept cases' error rate "
+                             "(p > 0.5 against the label) is at most this")
     parser.add_argument("--export-ensemble", default=None, metavar="DIR", type=output_dir,
                         help="also write the --model exports as one ensemble export (MODEL_DIR) here")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
+
+
+def _fraction(text: str) -> float:
+    """A number in (0, 1], for argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
 
 
 def resolve_model_dir(path: str) -> pathlib.Path:
@@ -121,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         return usage_error("ehr-eval", problem)
     import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
     from model import evaluate as evaluation
-    from model import metrics
+    from model import metrics, report_html
     from model.export import ExportError
 
     if args.compare:
@@ -136,15 +155,17 @@ def main(argv: list[str] | None = None) -> int:
             dirs, args.data, args.split, num_samples=args.samples, seed=args.seed, batch_size=args.batch_size,
             truth_path=args.truth, referral_rate=args.referral_rate, referral_measure=args.referral_measure,
             n_bootstrap=args.bootstrap, num_bins=args.num_bins, out_dir=args.out,
-            export_ensemble=args.export_ensemble, progress=not args.no_progress)
+            export_ensemble=args.export_ensemble, progress=not args.no_progress,
+            target_coverage=args.target_coverage, target_risk=args.target_risk)
     except (ExportError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
     print(metrics.format_table(report))
     r = report["referral"]
     print(f"referral ({r['measure']} > {r['threshold']}, chosen on validation for rate {r['rate']}): "
           f"{r['referred_fraction']:.3f} referred")
+    print(report_html.format_clinical(report["clinical"]))
     if args.out:
-        print(f"report: {args.out}")
+        print(f"report: {pathlib.Path(args.out) / evaluation.REPORT_HTML}")
     if extra.get("export_dir"):
         print(f"ensemble export: {extra['export_dir']}")
     return 0
@@ -155,38 +176,44 @@ def _compare(args: argparse.Namespace) -> int:
     import json
 
     from model import evaluate as evaluation
-    from model import metrics
+    from model import metrics, report_html
 
     try:
         comparison = evaluation.compare_predictions(*args.compare, truth_path=args.truth, n_bootstrap=args.bootstrap,
-                                                    seed=args.seed, num_bins=args.num_bins)
+                                                    seed=args.seed, num_bins=args.num_bins,
+                                                    target_coverage=args.target_coverage, target_risk=args.target_risk)
     except (FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
     print(metrics.format_comparison(comparison))
+    print(report_html.format_selective_difference(comparison["clinical"]["selective_difference"]))
     if args.out:
         out = pathlib.Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / evaluation.COMPARISON_FILE).write_text(json.dumps(comparison, indent=2, allow_nan=False) + "\n")
+        report_html.write(out / evaluation.REPORT_HTML, comparison)
         print(f"comparison: {out / evaluation.COMPARISON_FILE}")
+        print(f"report: {out / evaluation.REPORT_HTML}")
     return 0
 
 
 def _baseline(args: argparse.Namespace) -> int:
     """--baseline KIND: fit on train, choose on validation, evaluate --split like a model."""
     from model import evaluate as evaluation
-    from model import metrics
+    from model import metrics, report_html
 
     try:
         report = evaluation.run_baseline_evaluation(
             args.baseline, args.data, args.split, seed=args.seed, truth_path=args.truth,
             referral_rate=args.referral_rate, referral_measure=args.referral_measure, n_bootstrap=args.bootstrap,
-            num_bins=args.num_bins, out_dir=args.out)
+            num_bins=args.num_bins, out_dir=args.out, target_coverage=args.target_coverage,
+            target_risk=args.target_risk)
     except (FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
     print(f"{args.baseline} baseline, chosen on validation: {report['baseline']['params']}")
     print(metrics.format_table(report))
+    print(report_html.format_clinical(report["clinical"]))
     if args.out:
-        print(f"report: {args.out}")
+        print(f"report: {pathlib.Path(args.out) / evaluation.REPORT_HTML}")
     return 0
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from model import metrics, plots
+from model import clinical_stats, metrics, plots
 from model.export import DECISION_THRESHOLD
 from model.metrics import json_ready
 
@@ -30,6 +30,12 @@ PLOT_FILES = {"reliability": "reliability.png", "uncertainty_vs_error": "uncerta
 TRUTH_PLOT_FILE = "referral_vs_truth.png"
 PREDICTIONS_FILE = "predictions.csv"
 COMPARISON_FILE = "comparison.json"
+# The one page a clinical reviewer reads (model.report_html renders metrics.json / comparison.json).
+REPORT_HTML = "report.html"
+# predictions.csv columns of who each case is (from its SequenceExample), for --compare's subgroups.
+ATTRIBUTE_COLUMNS = {"gender": "GENDER", "age_years": "AGE_YEARS", "admission_type": "ADMISSION_TYPE",
+                     "ethnicity": "ETHNICITY", "insurance": "INSURANCE"}
+REFERRED_COLUMN = "REFERRED"
 # Quantiles of the S x K sampled probabilities kept per case in predictions.csv: the ends of
 # the central 50 / 80 / 95 % intervals, so coverage can be recomputed from the file.
 PREDICTION_QUANTILES: tuple[float, ...] = tuple(
@@ -86,8 +92,10 @@ def evaluate_predictions(probs: np.ndarray, labels: Sequence[int], ensemble_size
 
 def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], probs: np.ndarray,
                  labels: Sequence[int], hadm_ids: Sequence[int], measure: str, num_bins: int = metrics.NUM_BINS,
-                 extra: Mapping[str, Any] | None = None, truth: np.ndarray | None = None) -> dict[str, pathlib.Path]:
-    """Writes metrics.json, the PNG plots and predictions.csv (one row per case); returns their paths."""
+                 extra: Mapping[str, Any] | None = None, truth: np.ndarray | None = None,
+                 attributes: Mapping[str, np.ndarray] | None = None, referred: np.ndarray | None = None,
+                 html: bool = False) -> dict[str, pathlib.Path]:
+    """Writes metrics.json, the PNG plots, predictions.csv (one row per case) and with html report.html; returns paths."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     y = np.asarray(labels, dtype=np.float64)
@@ -111,19 +119,27 @@ def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], pro
         paths["referral_vs_truth"] = plots.referral_vs_truth_plot(report["truth"]["selective"],
                                                                   path=out / TRUTH_PLOT_FILE)
     paths["predictions"] = write_predictions(out / PREDICTIONS_FILE, probs, labels, hadm_ids, report["K"],
-                                             report["S"], truth)
+                                             report["S"], truth, attributes, referred)
+    if html:
+        from model import report_html
+
+        paths["report"] = report_html.write(out / REPORT_HTML, json_ready(doc))
     return paths
 
 
 def write_predictions(path: str | os.PathLike[str], probs: np.ndarray, labels: Sequence[int],
                       hadm_ids: Sequence[int], ensemble_size: int, num_samples: int,
-                      truth: np.ndarray | None = None) -> pathlib.Path:
-    """predictions.csv: HADM_ID, LABEL, P_MEAN, [P_TRUTH], sample quantiles Q<q> and every uncertainty measure."""
+                      truth: np.ndarray | None = None, attributes: Mapping[str, np.ndarray] | None = None,
+                      referred: np.ndarray | None = None) -> pathlib.Path:
+    """predictions.csv: HADM_ID, LABEL, P_MEAN, [P_TRUTH], sample quantiles Q<q>, every uncertainty measure,
+    [REFERRED (1 = referred by the validation-chosen rule)] and [who the case is: ATTRIBUTE_COLUMNS]."""
     measures = metrics.all_uncertainties(probs, ensemble_size, num_samples)
     quantiles = np.quantile(probs, PREDICTION_QUANTILES, axis=1)
     p = metrics.predictive_mean(probs)
+    who = [(ATTRIBUTE_COLUMNS[k], attributes[k]) for k in ATTRIBUTE_COLUMNS if attributes and k in attributes]
     columns = ["HADM_ID", "LABEL", "P_MEAN"] + (["P_TRUTH"] if truth is not None else [])
     columns += [f"Q{q:g}" for q in PREDICTION_QUANTILES] + list(measures)
+    columns += ([REFERRED_COLUMN] if referred is not None else []) + [name for name, _ in who]
     path = pathlib.Path(path)
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
@@ -131,6 +147,8 @@ def write_predictions(path: str | os.PathLike[str], probs: np.ndarray, labels: S
         for i, h in enumerate(hadm_ids):
             row = [int(h), int(labels[i]), f"{p[i]:.6f}"] + ([f"{truth[i]:.6f}"] if truth is not None else [])
             row += [f"{v:.6f}" for v in quantiles[:, i]] + [f"{measures[name][i]:.6f}" for name in measures]
+            row += [int(referred[i])] if referred is not None else []
+            row += [f"{v[i]:.4f}" if isinstance(v[i], (float, np.floating)) else v[i] for _, v in who]
             writer.writerow(row)
     return path
 
@@ -144,6 +162,10 @@ class Predictions:
     labels: np.ndarray  # int64 [N]
     p: np.ndarray  # float64 [N]
     truth: np.ndarray | None  # float64 [N], from the P_TRUTH column
+    # Uncertainty measures (metrics.UNCERTAINTY_MEASURES columns the file has), float64 [N] each.
+    uncertainties: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    referred: np.ndarray | None = None  # bool [N], from the REFERRED column
+    attributes: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # ATTRIBUTE_COLUMNS present
 
 
 def read_predictions(path: str | os.PathLike[str]) -> Predictions:
@@ -154,24 +176,46 @@ def read_predictions(path: str | os.PathLike[str]) -> Predictions:
         missing = {"HADM_ID", "LABEL", "P_MEAN"} - set(reader.fieldnames or ())
         if missing:
             raise ValueError(f"{path}: not a predictions file, missing columns {sorted(missing)}")
-        has_truth = "P_TRUTH" in (reader.fieldnames or ())
-        rows = []
+        fields = set(reader.fieldnames or ())
+        has_truth = "P_TRUTH" in fields
+        measures = [m for m in metrics.UNCERTAINTY_MEASURES if m in fields]
+        who = {k: c for k, c in ATTRIBUTE_COLUMNS.items() if c in fields}
+        has_referred = REFERRED_COLUMN in fields
+        rows, extra = [], []
         for line, row in enumerate(reader, start=2):
             try:
                 rows.append((int(row["HADM_ID"]), int(row["LABEL"]), float(row["P_MEAN"]),
                              float(row["P_TRUTH"]) if has_truth else float("nan")))
+                extra.append(([float(row[m]) for m in measures], int(row[REFERRED_COLUMN]) if has_referred else 0,
+                              {k: float(row[c]) if k == "age_years" else row[c] for k, c in who.items()}))
             except (TypeError, ValueError) as err:
                 raise ValueError(f"{path}, row {line}: {err}") from None
     ids = np.array([r[0] for r in rows], dtype=np.int64)
     if len(set(ids.tolist())) != ids.size:
         raise ValueError(f"{path}: HADM_ID repeated")
-    return Predictions(path=path, hadm_ids=ids, labels=np.array([r[1] for r in rows], dtype=np.int64),
-                       p=np.array([r[2] for r in rows]), truth=np.array([r[3] for r in rows]) if has_truth else None)
+    return Predictions(
+        path=path, hadm_ids=ids, labels=np.array([r[1] for r in rows], dtype=np.int64),
+        p=np.array([r[2] for r in rows]), truth=np.array([r[3] for r in rows]) if has_truth else None,
+        uncertainties={m: np.array([e[0][j] for e in extra]) for j, m in enumerate(measures)},
+        referred=np.array([e[1] == 1 for e in extra]) if has_referred else None,
+        attributes={k: np.array([e[2][k] for e in extra], dtype=np.float64 if k == "age_years" else object)
+                    for k in who})
+
+
+def _reordered(pred: Predictions, order: np.ndarray) -> Predictions:
+    """The same predictions with every per-case array taken in `order`."""
+    return dataclasses.replace(
+        pred, hadm_ids=pred.hadm_ids[order], labels=pred.labels[order], p=pred.p[order],
+        truth=None if pred.truth is None else pred.truth[order],
+        uncertainties={k: v[order] for k, v in pred.uncertainties.items()},
+        referred=None if pred.referred is None else pred.referred[order],
+        attributes={k: v[order] for k, v in pred.attributes.items()})
 
 
 def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], *,
                         truth_path: str | os.PathLike[str] | None = None, n_bootstrap: int = 1000, seed: int = 0,
-                        num_bins: int = metrics.NUM_BINS) -> dict[str, Any]:
+                        num_bins: int = metrics.NUM_BINS, target_coverage: float = clinical_stats.TARGET_COVERAGE,
+                        target_risk: float = clinical_stats.TARGET_RISK) -> dict[str, Any]:
     """Paired bootstrap of model B minus model A (metrics.paired_bootstrap) on the cases both files hold.
 
     The two files must hold the same admissions with the same labels (order may differ). The
@@ -187,9 +231,75 @@ def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLik
     if not np.array_equal(a.labels, b.labels[order]):
         raise ValueError(f"{b.path}: labels differ from {a.path} for the same HADM_IDs")
     truth = load_truth(truth_path, a.hadm_ids.tolist()) if truth_path is not None else a.truth
-    diffs = metrics.paired_bootstrap(a.p, b.p[order], a.labels, truth, n=n_bootstrap, seed=seed, num_bins=num_bins)
+    b = _reordered(b, order)
+    diffs = metrics.paired_bootstrap(a.p, b.p, a.labels, truth, n=n_bootstrap, seed=seed, num_bins=num_bins)
+    settings = dict(truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins,
+                    target_coverage=target_coverage, target_risk=target_risk)
+    clinical = {"a": clinical_stats.clinical_report(a.p, a.labels, a.uncertainties, referred=a.referred,
+                                                    attributes=a.attributes or None, **settings),
+                "b": clinical_stats.clinical_report(b.p, b.labels, b.uncertainties, referred=b.referred,
+                                                    attributes=b.attributes or None, **settings),
+                "selective_difference": clinical_stats.paired_selective(
+                    clinical_stats.error_loss(a.p, a.labels), {**a.uncertainties, clinical_stats.RISK_SCORE: a.p},
+                    clinical_stats.error_loss(b.p, b.labels), {**b.uncertainties, clinical_stats.RISK_SCORE: b.p},
+                    target_coverage=target_coverage, target_risk=target_risk, n_bootstrap=n_bootstrap, seed=seed)}
     return json_ready({"a": a.path, "b": b.path, "n": int(a.labels.size), "n_bootstrap": n_bootstrap, "seed": seed,
-                       "difference": "b - a", "metrics": diffs})
+                       "difference": "b - a", "metrics": diffs, "truth_known": truth is not None,
+                       "clinical": clinical})
+
+
+def case_attributes(cases, hadm_ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """inputs.SplitCases' attributes in the order of hadm_ids (report keys: gender, age_years, ...)."""
+    position = {int(h): i for i, h in enumerate(cases.hadm_ids.tolist())}
+    missing = [h for h in hadm_ids if int(h) not in position]
+    if missing:
+        raise ValueError(f"no SequenceExample for {len(missing)} evaluated admissions, e.g. HADM_ID {missing[:3]}")
+    rows = np.array([position[int(h)] for h in hadm_ids], dtype=np.int64)
+    return {key: values[rows] for key, values in cases.attributes.items()}
+
+
+def population(files, cases_by_split: Mapping[str, Any]) -> dict[str, Any]:
+    """clinical_stats.population_profile of a data folder: its manifest and every split's cases."""
+    return clinical_stats.population_profile(files.manifest, {
+        name: clinical_stats.split_characteristics(c.labels, c.attributes, c.trigger_time, c.num_bags,
+                                                   c.sources_present)
+        for name, c in cases_by_split.items()})
+
+
+def read_cases(files) -> dict[str, Any]:
+    """inputs.SplitCases of every split the data folder has."""
+    from ehr_pipeline.config import SPLIT_NAMES
+    from model.inputs import read_split_cases
+
+    out = {}
+    for name in SPLIT_NAMES:
+        try:
+            out[name] = read_split_cases(files, name)
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def model_description(cards: Sequence[Mapping[str, Any]], metrics_docs: Sequence[Mapping[str, Any]]) -> dict:
+    """What the report says about the model(s): each member's card (method, size, config) and stored referral rule."""
+    keep = ("name", "method", "ensemble_size", "num_parameters", "version", "created", "data_manifest_sha256",
+            "intended_use", "limitations", "config")
+    return {"members": [{k: card[k] for k in keep if k in card} for card in cards],
+            "referral_rules": [dict(m.get("referral") or {}) for m in metrics_docs]}
+
+
+def add_clinical(report: dict[str, Any], probs: np.ndarray, labels: Sequence[int], *, measure: str,
+                 threshold: float, attributes: Mapping[str, np.ndarray] | None, truth: np.ndarray | None,
+                 n_bootstrap: int, seed: int, num_bins: int, target_coverage: float,
+                 target_risk: float) -> np.ndarray:
+    """Puts clinical_stats.clinical_report into report["clinical"]; returns the referred mask it used."""
+    u = metrics.uncertainties(probs)
+    referred = metrics.refer(u[measure], threshold)
+    report["clinical"] = clinical_stats.clinical_report(
+        metrics.predictive_mean(probs), np.asarray(labels), u, referred=referred, attributes=attributes,
+        truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins, target_coverage=target_coverage,
+        target_risk=target_risk)
+    return referred
 
 
 def summary(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -215,8 +325,14 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
                    truth_path: str | os.PathLike[str] | None = None, referral_rate: float | None = None,
                    referral_measure: str | None = None, n_bootstrap: int = 1000, num_bins: int = metrics.NUM_BINS,
                    out_dir: str | os.PathLike[str] | None = None, export_ensemble: str | os.PathLike[str] | None = None,
-                   progress: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Evaluates exports (several = a deep ensemble) on a split; returns (report, {"export_dir": ...})."""
+                   progress: bool = False, target_coverage: float = clinical_stats.TARGET_COVERAGE,
+                   target_risk: float = clinical_stats.TARGET_RISK) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Evaluates exports (several = a deep ensemble) on a split; returns (report, {"export_dir": ...}).
+
+    The report holds model.metrics' numbers, the clinical statistics (report["clinical"]), who the
+    model was built on (report["population"], from the data folder) and the model cards; with
+    out_dir, report.html renders them.
+    """
     from model import export_writer
     from model.export import load_export
     from model.inputs import load_data_files, read_split
@@ -255,12 +371,20 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
         return rep, probs, labels, hadm_ids
 
     report, probs, labels, hadm_ids = report_for(split)
+    truth = load_truth(truth_path, hadm_ids) if truth_path is not None else None
+    cases = read_cases(files)
+    attributes = case_attributes(cases[split], hadm_ids)
+    referred = add_clinical(report, probs, labels, measure=measure, threshold=threshold, attributes=attributes,
+                            truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins,
+                            target_coverage=target_coverage, target_risk=target_risk)
+    report["population"] = population(files, cases)
+    report["model"] = model_description([e.model_card for e in exports], [e.metrics for e in exports])
     extra: dict[str, Any] = {}
     if out_dir is not None:
-        truth = load_truth(truth_path, hadm_ids) if truth_path is not None else None
         write_report(out_dir, report, probs, labels, hadm_ids, measure, num_bins,
                      extra={"models": [str(e.path) for e in exports], "split": split, "seed": seed,
-                            "data_manifest_sha256": data_sha}, truth=truth)
+                            "data_manifest_sha256": data_sha}, truth=truth, attributes=attributes,
+                     referred=referred, html=True)
     if export_ensemble is not None:
         test_report = report if split == "test" else report_for("test")[0]
         metrics_doc = metrics_document(test_report, measure=measure, rate=rate, threshold=threshold)
@@ -278,10 +402,13 @@ def run_baseline_evaluation(kind: str, data_dir: str | os.PathLike[str], split: 
                             truth_path: str | os.PathLike[str] | None = None, referral_rate: float | None = None,
                             referral_measure: str | None = None, n_bootstrap: int = 1000,
                             num_bins: int = metrics.NUM_BINS,
-                            out_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+                            out_dir: str | os.PathLike[str] | None = None,
+                            target_coverage: float = clinical_stats.TARGET_COVERAGE,
+                            target_risk: float = clinical_stats.TARGET_RISK) -> dict[str, Any]:
     """Fits a model.baselines baseline and reports it like a model (S = K = 1), same files; returns the report."""
     from model.baselines import fit_baseline
     from model.config import EvalConfig
+    from model.inputs import load_data_files
 
     result = fit_baseline(data_dir, kind, seed, splits=tuple(dict.fromkeys(("validation", split))))
     # One probability per case: mutual information is 0, so entropy is the default measure here.
@@ -294,7 +421,15 @@ def run_baseline_evaluation(kind: str, data_dir: str | os.PathLike[str], split: 
                                   truth=truth, num_bins=num_bins, n_bootstrap=n_bootstrap, seed=seed)
     report["baseline"] = {"kind": kind, "seed": seed, "params": result.params,
                           "validation_nll": result.validation_nll, "num_features": len(result.feature_names)}
+    files = load_data_files(data_dir)
+    cases = read_cases(files)
+    attributes = case_attributes(cases[split], pred.hadm_ids.tolist())
+    referred = add_clinical(report, pred.probs, pred.labels, measure=measure, threshold=threshold,
+                            attributes=attributes, truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins,
+                            target_coverage=target_coverage, target_risk=target_risk)
+    report["population"] = population(files, cases)
     if out_dir is not None:
         write_report(out_dir, report, pred.probs, pred.labels.tolist(), pred.hadm_ids.tolist(), measure, num_bins,
-                     extra={"split": split, "data": os.fspath(data_dir)}, truth=truth)
+                     extra={"split": split, "data": os.fspath(data_dir)}, truth=truth, attributes=attributes,
+                     referred=referred, html=True)
     return report

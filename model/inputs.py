@@ -39,6 +39,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from ehr_pipeline import outputs, spec
@@ -332,3 +333,45 @@ def read_split(files: DataFiles, split: str) -> tuple[list[bytes], list[int], li
     parsed = spec.parse_sequence_examples(tf.constant(records))
     return records, parsed[spec.LABEL].numpy().tolist(), parsed[spec.HADM_ID].numpy().tolist()
 
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitCases:
+    """Who the cases of one split are, as their SequenceExamples record it (for reports, never model inputs)."""
+
+    hadm_ids: np.ndarray  # int64 [N], file order
+    labels: np.ndarray  # int64 [N]
+    attributes: dict[str, np.ndarray]  # spec.GENDER, AGE_YEARS, ADMISSION_TYPE, ETHNICITY, INSURANCE -> [N]
+    trigger_time: np.ndarray  # int64 [N], seconds since 1970 (shifted MIMIC dates)
+    num_bags: np.ndarray  # int64 [N]
+    sources_present: dict[str, np.ndarray]  # spec.SOURCES -> bool [N]: any event of that source before the trigger
+
+
+# The context features a report groups cases by.
+CASE_ATTRIBUTES = (spec.GENDER, spec.AGE_YEARS, spec.ADMISSION_TYPE, spec.ETHNICITY, spec.INSURANCE)
+
+
+def read_split_cases(files: DataFiles, split: str) -> SplitCases:
+    """Per case of a split: id, label, CASE_ATTRIBUTES, trigger time (s), bags and which sources it has."""
+    paths = sorted(tf.io.gfile.glob(files.split_pattern(split)))
+    if not paths:
+        raise FileNotFoundError(f"no TFRecord files for split {split!r} in {files.data_dir}")
+    records = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(paths, compression_type=spec.COMPRESSION)]
+    if not records:
+        empty = np.zeros(0, np.int64)
+        return SplitCases(empty, empty, {k: np.zeros(0, object) for k in CASE_ATTRIBUTES}, empty, empty,
+                          {s: np.zeros(0, bool) for s in spec.SOURCES})
+    parsed = spec.parse_sequence_examples(tf.constant(records))
+    attributes = {}
+    for key in CASE_ATTRIBUTES:
+        values = parsed[key].numpy()
+        attributes[key] = (np.array([v.decode("utf-8") for v in values], dtype=object) if values.dtype == object
+                           else values.astype(np.float64))
+    codes = parsed[spec.BAG_CODES].merge_dims(1, 2)  # [N, (codes of all bags)]
+    owner = codes.value_rowids().numpy()
+    source = tf.strings.regex_replace(codes.flat_values, spec.CODE_SEPARATOR + ".*$", "").numpy()
+    n = len(records)
+    present = {s: np.bincount(owner[source == s.encode()], minlength=n) > 0 for s in spec.SOURCES}
+    return SplitCases(hadm_ids=parsed[spec.HADM_ID].numpy(), labels=parsed[spec.LABEL].numpy(),
+                      attributes=attributes, trigger_time=parsed[spec.TRIGGER_TIME].numpy(),
+                      num_bags=parsed[spec.NUM_BAGS].numpy(), sources_present=present)

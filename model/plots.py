@@ -191,3 +191,162 @@ def curves_plot(panels: Sequence[tuple[str, Mapping[str, tuple[Sequence[float], 
         ax.set_title(title)
         ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+# --------------------------------------------------------------------------- the clinical report's figures
+# Drawn from the JSON sections of model.clinical_stats (what metrics.json holds), never from the
+# predictions again: the page and the file cannot disagree.
+
+_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes (for pages that embed it)."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _none_to_nan(values) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def calibration_figure(models: Sequence[tuple[str, Mapping]]) -> Figure:
+    """Observed vs predicted risk: LOWESS curve with its bootstrap band, binned rates with Wilson intervals, one colour per model."""
+    fig = _new_figure(5.6, 5.0)
+    ax = fig.subplots()
+    top = 0.0
+    for i, (label, cal) in enumerate(models):
+        colour = _COLOURS[i % len(_COLOURS)]
+        sm = cal["smoothed"]
+        x = _none_to_nan(sm["p"])
+        ax.fill_between(x, _none_to_nan(sm["lower"]), _none_to_nan(sm["upper"]), color=colour, alpha=0.18, lw=0)
+        slope, large = cal["slope"]["estimate"], cal["intercept"]["estimate"]
+        text = "" if slope is None else f" (slope {slope:.2f}, CITL {large:+.2f})"
+        ax.plot(x, _none_to_nan(sm["observed"]), color=colour, lw=2, label=f"{label}: LOWESS{text}")
+        bins = cal["binned"]
+        mean_p = [b["mean_p"] for b in bins]
+        observed = np.array([b["observed"] for b in bins])
+        # Wilson bounds of 0 / n events sit a rounding error above 0: clip, the bar is empty there.
+        err = np.clip(np.array([observed - [b["lower"] for b in bins], [b["upper"] for b in bins] - observed]), 0, None)
+        ax.errorbar(mean_p, observed, yerr=err, fmt="o", ms=4, color=colour, alpha=0.8, capsize=2,
+                    label=f"{label}: deciles of p (95% CI)")
+        top = max(top, np.nanmax(_none_to_nan(sm["upper"]) if len(x) else 0), max(b["upper"] for b in bins),
+                  max(mean_p))
+    top = min(1.0, 1.1 * top + 0.02)
+    ax.plot([0, top], [0, top], ls="--", color="gray", lw=1, label="perfect calibration")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("predicted risk of in-hospital death")
+    ax.set_ylabel("observed proportion")
+    ax.set_title("Calibration", fontsize=11)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def decision_curve_figure(models: Sequence[tuple[str, Mapping]]) -> Figure:
+    """Net benefit against the threshold probability: model(s), treat all, treat none; with referral, a
+    second panel of the kept cases and the referral strategies in the first."""
+    with_referral = any("referral_treated" in d for _, d in models)
+    fig = _new_figure(10.5 if with_referral else 6.0, 4.4)
+    axes = np.atleast_1d(fig.subplots(1, 2 if with_referral else 1))
+    first = models[0][1]
+    t = np.asarray(first["thresholds"])
+    prevalence = first["prevalence"]
+    ax = axes[0]
+    ax.plot(t, first["treat_all"], color="gray", lw=1.2, label="treat all")
+    ax.axhline(0.0, color="black", lw=1.0, label="treat none")
+    for i, (label, d) in enumerate(models):
+        colour = _COLOURS[i % len(_COLOURS)]
+        ax.plot(t, d["model"], color=colour, lw=2, label=label)
+        if "referral_treated" in d:
+            share = f"{100 * d['referred_fraction']:.0f}%"
+            ax.plot(t, d["referral_treated"], color=colour, lw=1.5, ls="--",
+                    label=f"{label}, {share} referred and treated")
+            ax.plot(t, d["referral_perfect_review"], color=colour, lw=1.2, ls=":",
+                    label=f"{label}, {share} referred, review always right (bound)")
+    ax.set_ylim(-0.25 * prevalence, 1.15 * prevalence)
+    ax.set_xlabel("threshold probability (treat if p >= threshold)")
+    ax.set_ylabel("net benefit (true positives per patient)")
+    ax.set_title(f"Decision curve, all {first['n']} cases", fontsize=11)
+    ax.legend(fontsize=7)
+    if with_referral:
+        ax = axes[1]
+        kept_prev = 0.0
+        for i, (label, d) in enumerate(models):
+            if "kept" not in d:
+                continue
+            colour = _COLOURS[i % len(_COLOURS)]
+            ax.plot(t, d["kept"]["treat_all"], color=colour, lw=1.0, alpha=0.6, label=f"treat all kept ({label})")
+            ax.plot(t, d["kept"]["model"], color=colour, lw=2, label=f"{label} on the {d['kept']['n']} kept cases")
+            kept_prev = max(kept_prev, d["kept"]["prevalence"])
+        ax.axhline(0.0, color="black", lw=1.0, label="treat none")
+        ax.set_ylim(-0.25 * max(kept_prev, 1e-3), 1.15 * max(kept_prev, 1e-3))
+        ax.set_xlabel("threshold probability")
+        ax.set_ylabel("net benefit per kept case")
+        ax.set_title("Cases the model decides alone (not referred)", fontsize=11)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def selective_figure(models: Sequence[tuple[str, Mapping]], target_risk: float | None = None) -> Figure:
+    """Error rate of the kept cases against coverage, one line per referral score (clinical_stats.selective_summary curves)."""
+    fig = _new_figure(6.2, 4.4)
+    ax = fig.subplots()
+    styles = ("-", "--", ":", "-.")
+    for i, (label, sel) in enumerate(models):
+        curve = sel["curve"]
+        for j, (score, risk) in enumerate(curve["risk"].items()):
+            name = score if len(models) == 1 else f"{label}: {score}"
+            colour = _COLOURS[j % len(_COLOURS)]
+            ax.plot(curve["coverage"], _none_to_nan(risk), color=colour, ls=styles[i % len(styles)], lw=1.6,
+                    label=f"refer by {name}" if score != "risk" else f"refer highest p first ({label})")
+    if target_risk is not None:
+        ax.axhline(target_risk, color="gray", lw=0.8, ls=":", label=f"target error {target_risk:g}")
+    ax.set_xlim(1.0, 0.0)
+    ax.set_xlabel("coverage (fraction of cases the model decides alone)")
+    ax.set_ylabel("error rate of the kept cases (p > 0.5 vs outcome)")
+    ax.set_title("Selective prediction: referring the most uncertain first", fontsize=11)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def subgroup_figure(subgroups: Mapping, metric_names: Sequence[tuple[str, str]]) -> Figure:
+    """Forest plot: per subgroup, each metric's estimate and interval, with the overall value as a line."""
+    rows = [(attribute, group, row) for attribute, groups in subgroups["attributes"].items()
+            for group, row in groups.items()]
+    fig = _new_figure(3.4 * len(metric_names) + 2.2, 0.26 * len(rows) + 1.2)
+    axes = np.atleast_1d(fig.subplots(1, len(metric_names), sharey=True))
+    y = np.arange(len(rows))[::-1]
+    labels = [f"{attribute}: {group} (n={row['n']})" for attribute, group, row in rows]
+    for ax, (metric, title) in zip(axes, metric_names):
+        for yi, (_, _, row) in zip(y, rows):
+            cell = row.get(metric) or {}
+            est, lo, hi = cell.get("estimate"), cell.get("lower"), cell.get("upper")
+            if est is None:
+                continue
+            small = row["n"] < subgroups.get("min_gap_cases", 0)
+            colour = "lightgray" if small else "tab:blue"
+            if lo is not None and hi is not None:
+                ax.plot([lo, hi], [yi, yi], color=colour, lw=1.5)
+            ax.plot([est], [yi], "o", color=colour, ms=4)
+        ax.set_title(title, fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+        if metric == "observed_minus_expected":
+            ax.axvline(0.0, color="gray", lw=0.8, ls="--")
+    axes[0].set_yticks(y)
+    axes[0].set_yticklabels(labels, fontsize=7)
+    # Attribute blocks separated by a faint line.
+    previous = None
+    for yi, (attribute, _, _) in zip(y, rows):
+        if previous is not None and attribute != previous:
+            for ax in axes:
+                ax.axhline(yi + 0.5, color="gray", lw=0.4, alpha=0.5)
+        previous = attribute
+    fig.tight_layout()
+    return fig

@@ -122,6 +122,9 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
         spec.AGE_YEARS: age,
         spec.GENDER: patient.gender,
         spec.ADMISSION_TYPE: request.admission.admission_type,
+        # Recorded for subgroup reports of the training data; a request does not carry them.
+        spec.ETHNICITY: spec.NOT_RECORDED,
+        spec.INSURANCE: spec.NOT_RECORDED,
     }
     # deterministic=True, as the job writes it: the same admission gives the same bytes.
     example = spec.make_sequence_example(context, bags).SerializeToString(deterministic=True)

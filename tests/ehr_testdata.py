@@ -23,6 +23,9 @@ CODES = ["lab:50813", "lab:50912", "chart:211", "chart:220045", "input:30018", "
 LAB_MEANS = {"lab:50813": 1.5, "lab:50912": 1.0, "chart:211": 85.0, "chart:220045": 85.0, "output:40055": 200.0}
 DAY = 86400
 T0 = 1_700_000_000
+# ADMISSIONS spellings, for the subgroup reports (no model reads them).
+ETHNICITIES = ("WHITE", "BLACK/AFRICAN AMERICAN", "HISPANIC OR LATINO", "ASIAN - CHINESE", "UNKNOWN/NOT SPECIFIED")
+INSURANCES = ("Medicare", "Private", "Medicaid")
 
 
 def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool) -> tuple:
@@ -46,6 +49,10 @@ def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool) -> tupl
                spec.TRIGGER_TIME: trigger, spec.ADMIT_OFFSET: 86400, spec.AGE_YEARS: float(rng.uniform(20, 90)),
                spec.GENDER: str(rng.choice(["M", "F"])),
                spec.ADMISSION_TYPE: str(rng.choice(["EMERGENCY", "ELECTIVE"]))}
+    # Drawn from the admission's own stream: the shared one (and so every other value) stays as it was.
+    who = np.random.default_rng([hadm_id, 24])
+    context[spec.ETHNICITY] = str(who.choice(ETHNICITIES))
+    context[spec.INSURANCE] = str(who.choice(INSURANCES))
     return context, bags, p_death, codes, values
 
 

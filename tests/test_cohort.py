@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from ehr_pipeline import cohort
+from ehr_pipeline import cohort, spec
 from ehr_pipeline.reader import TableReader, locate_table
 from tests.arrow_rows import batch
 
@@ -220,3 +220,14 @@ def test_demo_shifted_dobs_and_death_after_discharge(demo_dir, demo_cohort):
                       and disch[h] < r["trigger_time"])
         assert sorted(r["prior_hadm_ids"]) == want
         assert np.all(np.diff(r["prior_dischtimes"]) >= 0)
+
+
+def test_ethnicity_and_insurance_are_carried_as_written_and_unrecorded_when_null():
+    rows = [dict(adm(1, 11, T0, T0 + 3 * DAY), ETHNICITY=" WHITE - RUSSIAN ", INSURANCE="Medicare"),
+            dict(adm(2, 21, T0, T0 + 3 * DAY), ETHNICITY=None, INSURANCE="")]
+    c = build(rows, [pat(1, ADULT), pat(2, ADULT)])
+    assert c.table.column("ethnicity").to_pylist() == ["WHITE - RUSSIAN", spec.NOT_RECORDED]
+    assert c.table.column("insurance").to_pylist() == ["Medicare", spec.NOT_RECORDED]
+    # Tables without the columns (an ADMISSIONS rebuilt from FHIR) give NOT_RECORDED for every row.
+    without = build([adm(1, 11, T0, T0 + 3 * DAY)], [pat(1, ADULT)])
+    assert without.table.column("ethnicity").to_pylist() == [spec.NOT_RECORDED]

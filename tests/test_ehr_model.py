@@ -44,7 +44,8 @@ def _example(codes, values, trigger=1_000_000, age=70.0, gender="F", adm="URGENT
     bags = bagging.bag_events(times, np.asarray(codes, dtype=object), np.asarray(values, float), trigger,
                               PipelineConfig().bagging)
     context = {spec.SUBJECT_ID: 1, spec.HADM_ID: 2, spec.LABEL: 0, spec.TRIGGER_TIME: trigger,
-               spec.ADMIT_OFFSET: 86400, spec.AGE_YEARS: age, spec.GENDER: gender, spec.ADMISSION_TYPE: adm}
+               spec.ADMIT_OFFSET: 86400, spec.AGE_YEARS: age, spec.GENDER: gender, spec.ADMISSION_TYPE: adm,
+               spec.ETHNICITY: "WHITE", spec.INSURANCE: "Medicare"}
     return spec.make_sequence_example(context, bags).SerializeToString()
 
 
@@ -245,7 +246,8 @@ def test_featurizer_gives_extremes_and_the_admission_window(data):
     bags = bagging.bag_events(times, np.array(["lab:50813"] * 3, dtype=object), np.array([1.0, 5.0, 2.0]),
                               trigger, PipelineConfig().bagging)
     context = {spec.SUBJECT_ID: 1, spec.HADM_ID: 2, spec.LABEL: 0, spec.TRIGGER_TIME: trigger,
-               spec.ADMIT_OFFSET: 86400, spec.AGE_YEARS: 60.0, spec.GENDER: "M", spec.ADMISSION_TYPE: "URGENT"}
+               spec.ADMIT_OFFSET: 86400, spec.AGE_YEARS: 60.0, spec.GENDER: "M", spec.ADMISSION_TYPE: "URGENT",
+               spec.ETHNICITY: spec.NOT_RECORDED, spec.INSURANCE: spec.NOT_RECORDED}
     feats = _features(featurizer, [spec.make_sequence_example(context, bags).SerializeToString()])
     values = feats["code_values"].flat_values.numpy()  # [2 tokens, NUM_VALUE_FEATURES], oldest bag first
     newest = values[1]

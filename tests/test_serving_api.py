@@ -160,7 +160,7 @@ def test_service_feeds_the_model_exactly_what_the_pipeline_would(client, predict
     dob = int(dt.datetime(2080, 5, 17, tzinfo=dt.timezone.utc).timestamp())
     context = {spec.SUBJECT_ID: 0, spec.HADM_ID: 0, spec.LABEL: spec.LABEL_UNKNOWN, spec.TRIGGER_TIME: trigger,
                spec.ADMIT_OFFSET: trigger - admit, spec.AGE_YEARS: float(ages.cap_age(ages.age_years(dob, admit))), spec.GENDER: "F",
-               spec.ADMISSION_TYPE: "EMERGENCY"}
+               spec.ADMISSION_TYPE: "EMERGENCY", spec.ETHNICITY: spec.NOT_RECORDED, spec.INSURANCE: spec.NOT_RECORDED}
     example = spec.make_sequence_example(context, bags).SerializeToString()
     expected = predictor.forward([example], 4, 11)[0]
     np.testing.assert_allclose(out["samples"], expected, rtol=1e-6)

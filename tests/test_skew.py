@@ -110,7 +110,9 @@ def job_record(rows, chunk_order, export) -> bytes:
         kept, _ = ev.filter_to_cohort(extracted, cohort_index)
         chunks.extend(job.pack_chunk(t, c, v, u) for _, t, c, v, u in ev.split_by_admission(kept))
     meta = {"SUBJECT_ID": 0, "HADM_ID": HADM, "ADMITTIME": ADMIT, "trigger_time": TRIGGER,
-            "label": spec.LABEL_UNKNOWN, "age_years": AGE, "gender": "F", "admission_type": "EMERGENCY"}
+            "label": spec.LABEL_UNKNOWN, "age_years": AGE, "gender": "F", "admission_type": "EMERGENCY",
+            # What the service writes, as for the ids: a request does not carry them.
+            "ethnicity": spec.NOT_RECORDED, "insurance": spec.NOT_RECORDED}
     _, bag_admission, _, _ = job._make_dofns()
     dofn = bag_admission(CONFIG.to_dict())
     dofn.setup()

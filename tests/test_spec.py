@@ -22,7 +22,7 @@ CONFIG = BaggingConfig(bagging_time_precision=6 * 3600, bagging_aggregate_older_
 def context(hadm_id: int, **overrides) -> dict:
     ctx = {spec.SUBJECT_ID: 100 + hadm_id, spec.HADM_ID: hadm_id, spec.LABEL: hadm_id % 2,
            spec.TRIGGER_TIME: T, spec.ADMIT_OFFSET: DAY + hadm_id, spec.AGE_YEARS: 40.25 + hadm_id, spec.GENDER: "F",
-           spec.ADMISSION_TYPE: "EMERGENCY"}
+           spec.ADMISSION_TYPE: "EMERGENCY", spec.ETHNICITY: "HISPANIC OR LATINO", spec.INSURANCE: "Private"}
     ctx.update(overrides)
     return ctx
 
@@ -114,6 +114,7 @@ def test_sequence_example_to_dict_mirrors_the_bags():
     assert d == {
         spec.SUBJECT_ID: 104, spec.HADM_ID: 4, spec.LABEL: -1, spec.TRIGGER_TIME: T, spec.ADMIT_OFFSET: DAY + 4,
         spec.AGE_YEARS: 44.25, spec.GENDER: "F", spec.ADMISSION_TYPE: "EMERGENCY", spec.NUM_BAGS: 2,
+        spec.ETHNICITY: "HISPANIC OR LATINO", spec.INSURANCE: "Private",
         spec.BAG_OFFSET: [float(DAY), 10.0],
         spec.BAG_CODES: [["lab:1"], ["chart:2", "lab:1"]],
         spec.BAG_COUNTS: [[1], [1, 1]],
@@ -137,6 +138,8 @@ def test_sequence_example_to_dict_mirrors_the_bags():
     ({spec.TRIGGER_TIME: 1.6e9}, TypeError, spec.TRIGGER_TIME),
     ({spec.ADMIT_OFFSET: -1}, ValueError, spec.ADMIT_OFFSET),
     ({spec.ADMISSION_TYPE: ""}, TypeError, spec.ADMISSION_TYPE),
+    ({spec.ETHNICITY: ""}, TypeError, spec.ETHNICITY),
+    ({spec.INSURANCE: None}, TypeError, spec.INSURANCE),
 ])
 def test_context_that_breaks_the_contract_is_refused(change, error, match):
     ctx = context(1)
@@ -231,3 +234,13 @@ def test_importing_spec_bagging_config_loads_no_tensorflow_beam_or_keras():
             "print(sorted(m for m in ('tensorflow', 'apache_beam', 'keras', 'tf_keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+def test_records_written_before_schema_3_parse_with_ethnicity_and_insurance_not_recorded():
+    ex = spec.make_sequence_example(context(3), random_bags(3, 10))
+    del ex.context.feature[spec.ETHNICITY]
+    del ex.context.feature[spec.INSURANCE]
+    parsed = spec.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+    assert parsed[spec.ETHNICITY].numpy().tolist() == [spec.NOT_RECORDED.encode()]
+    assert parsed[spec.INSURANCE].numpy().tolist() == [spec.NOT_RECORDED.encode()]
+    assert parsed[spec.HADM_ID].numpy().tolist() == [3]

@@ -630,3 +630,34 @@ def test_site_is_a_validated_cli_flag(tmp_path, capsys):
         assert run(parser.parse_args(["--patients", "5", "--out", str(tmp_path), "--site", name, "--events-scale",
                                       "0.1", "--no-progress"])) == 0
         assert json.loads((tmp_path / "SYNTH_MANIFEST.json").read_text())["site"]["name"] == name
+
+
+# ----------------------------------------------------------------------------- planted subgroup
+
+
+def test_a_planted_subgroup_dies_by_the_reversed_physiology(tmp_path):
+    """--plant-subgroup URGENT: URGENT admissions' P_DEATH counts the physiology terms PLANTED_FACTOR times."""
+    from ehr_pipeline.synth.truth import PLANTED_FACTOR, PLANTED_TERMS
+
+    args = dict(patients=250, seed=4, events_scale=0.2, show_progress=False)
+    generate_release(tmp_path / "planted", plant_subgroup="URGENT", **args)
+    planted = pd.read_csv(tmp_path / "planted" / "SYNTH_TRUTH.csv")
+    tables = {t: _read(tmp_path / "planted", t) for t in recompute.TABLES}
+    # Recomputed from the written tables by the documented rule, as a matrix product (not the generator's loop).
+    ids, feats = recompute.pre_trigger_features(tables, DAY)
+    model = MortalityModel(lab_volume_scale=args["events_scale"])
+    weights = np.where(np.isin(MortalityModel.TERMS, PLANTED_TERMS), PLANTED_FACTOR, 1.0)
+    logit = model.intercept + model.design(feats) @ model.coefficients()
+    logit_planted = model.intercept + model.design(feats) @ (model.coefficients() * weights)
+    urgent = tables["ADMISSIONS"].set_index("HADM_ID").ADMISSION_TYPE.reindex(ids).eq("URGENT").to_numpy()
+    assert 0 < urgent.sum() < urgent.size
+    expected = pd.Series(1.0 / (1.0 + np.exp(-np.where(urgent, logit_planted, logit))), index=ids)
+    np.testing.assert_allclose(expected.reindex(planted.HADM_ID), planted.P_DEATH, atol=1e-9)
+    # The plant is real: the population's formula misses URGENT admissions by a wide margin.
+    unplanted = pd.Series(1.0 / (1.0 + np.exp(-logit)), index=ids).reindex(planted.HADM_ID).to_numpy()
+    written = planted.P_DEATH.to_numpy()
+    mask = pd.Series(urgent, index=ids).reindex(planted.HADM_ID).to_numpy()
+    assert np.mean(np.abs(unplanted - written)[mask]) > 0.05
+    manifest = json.loads((tmp_path / "planted" / "SYNTH_MANIFEST.json").read_text())
+    assert manifest["planted_subgroup"] == {"admission_type": "URGENT", "terms": list(PLANTED_TERMS),
+                                            "factor": PLANTED_FACTOR}

@@ -7,6 +7,8 @@ import pathlib
 from ehr_pipeline.synth.site import SITES
 
 DIALECTS = ("demo", "physionet")
+# Admission types a subgroup can be planted in (newborns are excluded from the cohort anyway).
+PLANTABLE_TYPES = ("EMERGENCY", "ELECTIVE", "URGENT")
 
 # Patients generated (and seeded) together. Part of a release's identity: the same seed
 # with another chunk size gives other data, so it is a constant, not a knob. 250 patients
@@ -33,6 +35,9 @@ class SynthConfig:
     compresslevel: int = 1  # gzip level; 1 is ~3x faster than 6 for ~15% larger files
     dictionary_dir: pathlib.Path | None = None  # a release whose D_ITEMS / D_LABITEMS enrich ours
     site: str = "A"  # which hospital (site.SITES): case mix, charting rate, assay bias, lab units, codes
+    # An admission type whose admissions die by another physiology (truth.PLANTED_TERMS reversed):
+    # a subgroup a model fitted to everyone serves worse. None (the default) changes nothing.
+    plant_subgroup: str | None = None
 
     def __post_init__(self) -> None:
         if self.patients < 1:
@@ -49,5 +54,7 @@ class SynthConfig:
             raise ValueError(f"events_scale must be in (0, 100], got {self.events_scale}")
         if self.site not in SITES:
             raise ValueError(f"site must be one of {tuple(SITES)}, got {self.site!r}")
+        if self.plant_subgroup is not None and self.plant_subgroup not in PLANTABLE_TYPES:
+            raise ValueError(f"plant_subgroup must be one of {PLANTABLE_TYPES}, got {self.plant_subgroup!r}")
         if not 0 <= self.compresslevel <= 9:
             raise ValueError(f"compresslevel must be in 0..9, got {self.compresslevel}")

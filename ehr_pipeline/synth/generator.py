@@ -110,7 +110,9 @@ def generate_chunk(cfg: SynthConfig, chunk_index: int, n_patients: int, ids: IdB
         lab_start=adm.admit, lab_end=np.where(adm.short, adm.disch_alive, adm.trigger),
         icu_start=adm.intime, icu_end=np.where(adm.short, adm.icu_out_short, adm.trigger))
     pre = events.window_events(rng, adm, pre_w, cfg.events_scale, first_pass=True, chart_rate=site.chart_rate)
-    p_death = model.probability(pre_trigger_features(adm, pre["LABEVENTS"], pre["CHARTEVENTS"]))
+    planted = (None if cfg.plant_subgroup is None
+               else adm.adm_type == cohort.ADMISSION_TYPES.index(cfg.plant_subgroup))
+    p_death = model.probability(pre_trigger_features(adm, pre["LABEVENTS"], pre["CHARTEVENTS"]), planted)
     died = rng.random(len(adm)) < p_death
 
     # A patient who dies in hospital has no later admissions.

@@ -18,7 +18,7 @@ from ehr_pipeline.synth.config import (CHUNK_PATIENTS, HADM_ID_BASE, ICUSTAY_ID_
                                        SynthConfig)
 from ehr_pipeline.synth.generator import IdBase, generate_chunk
 from ehr_pipeline.synth.site import SITES, Site
-from ehr_pipeline.synth.truth import MortalityModel
+from ehr_pipeline.synth.truth import PLANTED_FACTOR, PLANTED_TERMS, MortalityModel
 from ehr_pipeline.synth.writer import ReleaseWriter
 
 log = logging.getLogger(__name__)
@@ -67,11 +67,13 @@ class SynthSummary:
 def generate_release(out_dir: str | pathlib.Path, patients: int, seed: int,
                      trigger_offset_seconds: int = 86_400, dialect: str = "demo", gzip: bool = True,
                      show_progress: bool = True, *, events_scale: float = 1.0, compresslevel: int = 1,
-                     dictionary_dir: str | pathlib.Path | None = None, site: str = "A") -> SynthSummary:
+                     dictionary_dir: str | pathlib.Path | None = None, site: str = "A",
+                     plant_subgroup: str | None = None) -> SynthSummary:
     """Writes a synthetic MIMIC-III release (13 tables + SYNTH_TRUTH.csv) to out_dir; seconds in the summary."""
     cfg = SynthConfig(patients=patients, seed=seed, trigger_offset_seconds=trigger_offset_seconds,
                       dialect=dialect, gzip=gzip, events_scale=events_scale, compresslevel=compresslevel,
-                      dictionary_dir=pathlib.Path(dictionary_dir) if dictionary_dir else None, site=site)
+                      dictionary_dir=pathlib.Path(dictionary_dir) if dictionary_dir else None, site=site,
+                      plant_subgroup=plant_subgroup)
     return write_release(cfg, pathlib.Path(out_dir), show_progress)
 
 
@@ -144,4 +146,7 @@ def _write_manifest(path: pathlib.Path, cfg: SynthConfig, site: Site, model: Mor
         "dictionary_enriched": cfg.dictionary_dir is not None,
         "site": site.describe(), "mortality_model": dataclasses.asdict(model), "rows": rows,
     }
+    if cfg.plant_subgroup is not None:  # absent otherwise, so default manifests keep their bytes
+        doc["planted_subgroup"] = {"admission_type": cfg.plant_subgroup, "terms": list(PLANTED_TERMS),
+                                   "factor": PLANTED_FACTOR}
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -12,6 +12,11 @@ import dataclasses
 import numpy as np
 
 SECONDS_PER_YEAR = 365.2425 * 86400.0
+# The physiology terms whose relation to death a planted subgroup reverses (SynthConfig.plant_subgroup),
+# and the factor their coefficients take there: reversed and doubled, so that a model fitted to
+# everyone errs there by more than a few hundred test cases can hide.
+PLANTED_TERMS = ("lactate", "creatinine", "heart_rate", "systolic")
+PLANTED_FACTOR = -2.0
 AGE_CAP_YEARS = 90.0  # MIMIC shifts DOB of patients > 89 by ~300 years; cap like the pipeline
 
 
@@ -75,18 +80,24 @@ class MortalityModel:
         return np.array([self.lactate, self.creatinine, self.heart_rate, self.systolic, self.lab_intensity,
                          self.age, self.prior_admission, self.chronic, self.neonate])
 
-    def logit(self, f: PreTriggerFeatures) -> np.ndarray:
-        """Log-odds of in-hospital death for each admission (dimensionless)."""
+    def logit(self, f: PreTriggerFeatures, planted: np.ndarray | None = None) -> np.ndarray:
+        """Log-odds of in-hospital death for each admission (dimensionless).
+
+        ``planted`` (bool per admission): those admissions' PLANTED_TERMS count PLANTED_FACTOR
+        times, a physiology -> risk relation the rest of the population does not share.
+        """
         # Summed term by term, left to right: a matrix product would round differently and
         # change the bytes of SYNTH_TRUTH.csv, which releases promise to keep.
         logit = self.intercept
-        for coefficient, term in zip(self.coefficients(), self.design(f).T):
+        for name, coefficient, term in zip(self.TERMS, self.coefficients(), self.design(f).T):
+            if planted is not None and name in PLANTED_TERMS:
+                coefficient = np.where(planted, PLANTED_FACTOR * coefficient, coefficient)
             logit = logit + coefficient * term
         return logit
 
-    def probability(self, f: PreTriggerFeatures) -> np.ndarray:
-        """P(in-hospital death) per admission, in [0, 1]."""
-        return 1.0 / (1.0 + np.exp(-self.logit(f)))
+    def probability(self, f: PreTriggerFeatures, planted: np.ndarray | None = None) -> np.ndarray:
+        """P(in-hospital death) per admission, in [0, 1] (planted: see logit)."""
+        return 1.0 / (1.0 + np.exp(-self.logit(f, planted)))
 
 
 def age_years(admit_s: np.ndarray, dob_s: np.ndarray) -> np.ndarray:

@@ -1,0 +1,128 @@
+"""report.html: ehr-eval's one page per evaluation, opened in a real headless Chromium.
+
+The page renders metrics.json / comparison.json and computes nothing, so the tests read numbers
+from the JSON and find them on the page; the browser checks that every figure decodes and draws.
+"""
+from __future__ import annotations
+
+import csv
+import re
+
+import numpy as np
+import pytest
+from browser import render_check
+from ehr_testdata import read_json
+
+from model import clinical_stats, eval_cli, evaluate, report_html
+
+TRIPOD_ORDER = ("20a-c", "21", "22", "23a", "23b", "24")
+
+
+def _no_network(page: str) -> None:
+    assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', page), "the page must not fetch anything"
+
+
+@pytest.fixture(scope="module")
+def model_report(trained_rank1, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "eval"
+    data = trained_rank1["data"]
+    code = eval_cli.main(["--model", str(trained_rank1["run"]), "--data", str(data), "--samples", "3",
+                          "--truth", str(data / "SYNTH_TRUTH.csv"), "--bootstrap", "30", "--out", str(out),
+                          "--no-progress"])
+    assert code == 0
+    return out
+
+
+def test_model_report_is_the_metrics_json_rendered(model_report):
+    doc = read_json(model_report / "metrics.json")
+    page = (model_report / evaluate.REPORT_HTML).read_text(encoding="utf-8")
+    _no_network(page)
+    clinical = doc["clinical"]
+    # Numbers of the file, as the page formats them.
+    assert report_html._ci(clinical["calibration"]["slope"]) in page
+    assert report_html._ci(clinical["calibration"]["intercept"], 3, signed=True) in page
+    assert report_html._ci(doc["ci"]["auc_roc"]) in page
+    for row in clinical["decision_curve"]["table"]:
+        assert report_html._ci(row["model"]) in page
+    for cells in clinical["selective"]["scores"].values():
+        assert report_html._ci(cells["aurc"]) in page
+    # TRIPOD+AI's results items, in their order.
+    positions = [page.index(f"TRIPOD+AI {item}") for item in TRIPOD_ORDER]
+    assert positions == sorted(positions)
+    # Who the cases are: every split of the data folder, counted as the data's manifest counts them.
+    splits = doc["population"]["splits"]
+    assert {name: s["n"] for name, s in splits.items()} == {"train": 160, "validation": 48, "test": 48}
+    assert splits["test"]["events"] == int(round(doc["n"] * doc["prevalence"]))
+    assert set(splits["test"]["missing_source"]) == {"lab", "chart", "input", "output", "prescription",
+                                                      "diagnosis", "procedure"}
+    # Subgroups from the SequenceExamples' context (ethnicity and insurance included).
+    assert set(clinical["subgroups"]["attributes"]) == set(clinical_stats.SUBGROUP_ATTRIBUTES)
+    with open(model_report / evaluate.PREDICTIONS_FILE) as f:
+        row = next(csv.DictReader(f))
+    assert {"REFERRED", "GENDER", "AGE_YEARS", "ADMISSION_TYPE", "ETHNICITY", "INSURANCE"} <= set(row)
+
+
+def test_model_report_renders_in_chromium_with_every_figure(model_report, tmp_path):
+    seen = render_check(model_report / evaluate.REPORT_HTML, tmp_path)
+    # Calibration, decision curve, risk-coverage and the subgroup forest plot.
+    assert seen["images"] == 4 and seen["drawn"] == 4
+    assert seen["height"] > 3000
+    assert [s for s in seen["sections"] if "TRIPOD" in s][0].startswith("Participants")
+
+
+def test_compare_report_renders_both_models(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    n, ids = 300, np.arange(1000, 1300)
+    truth = rng.beta(1.2, 6.0, n)
+    y = (rng.random(n) < truth).astype(int)
+    attributes = {"gender": rng.choice(["M", "F"], n), "age_years": rng.uniform(18, 90, n),
+                  "admission_type": rng.choice(["EMERGENCY", "ELECTIVE"], n), "ethnicity": rng.choice(["WHITE"], n),
+                  "insurance": rng.choice(["Medicare", "Private"], n)}
+    probs_a = np.clip(truth[:, None] + rng.normal(0, 0.08, (n, 4)), 0.001, 0.999)
+    probs_b = np.clip(truth[:, None] + rng.normal(0, 0.02, (n, 4)), 0.001, 0.999)
+    referred = rng.random(n) < 0.1
+    evaluate.write_predictions(tmp_path / "a.csv", probs_a, y, ids, 2, 2, truth, attributes, referred)
+    evaluate.write_predictions(tmp_path / "b.csv", probs_b, y, ids, 2, 2, truth, attributes, referred)
+    out = tmp_path / "cmp"
+    assert eval_cli.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--bootstrap", "50",
+                          "--out", str(out)]) == 0
+    assert "AURC B - A" in capsys.readouterr().out
+    doc = read_json(out / evaluate.COMPARISON_FILE)
+    a = evaluate.read_predictions(tmp_path / "a.csv")
+    assert doc["clinical"]["a"]["calibration"]["slope"]["estimate"] == pytest.approx(
+        clinical_stats.calibration_fit(a.p, a.labels)["slope"]["estimate"])
+    diff = doc["clinical"]["selective_difference"]["mutual_information"]["aurc"]
+    assert diff["difference"] == pytest.approx(diff["b"] - diff["a"])
+    page = (out / evaluate.REPORT_HTML).read_text(encoding="utf-8")
+    _no_network(page)
+    assert report_html._ci(doc["clinical"]["b"]["calibration"]["slope"]) in page
+    seen = render_check(out / evaluate.REPORT_HTML, tmp_path / "browser")
+    # Calibration, decision curve, risk-coverage of both, and one forest plot per model.
+    assert seen["images"] == 5 and seen["drawn"] == 5
+
+
+@pytest.mark.slow
+def test_report_names_the_subgroup_planted_in_a_synthetic_release(tmp_path):
+    """A release whose URGENT admissions die by another physiology: the report names that group."""
+    from ehr_pipeline.config import PipelineConfig
+    from ehr_pipeline.job import run_job
+    from ehr_pipeline.synth import generate_release
+
+    release, data, out = tmp_path / "release", tmp_path / "data", tmp_path / "eval"
+    generate_release(release, patients=2000, seed=3, events_scale=0.2, plant_subgroup="URGENT", show_progress=False)
+    # Half the patients in the test split: the planted group is ~6% of admissions.
+    config = PipelineConfig.model_validate({"splits": {"train": 0.4, "validation": 0.1, "test": 0.5}})
+    run_job(str(release), str(data), config, ["--runner=FnApiRunner"])
+    # A linear model of everyone cannot follow the reversed relation in one admission type.
+    assert eval_cli.main(["--baseline", "logistic", "--data", str(data), "--truth", str(release / "SYNTH_TRUTH.csv"),
+                          "--bootstrap", "200", "--out", str(out)]) == 0
+    subgroups = read_json(out / "metrics.json")["clinical"]["subgroups"]
+    print([(g["attribute"], g["group"], g["metric"], round(g["z"], 2)) for g in subgroups["gaps"]])
+    urgent = [g for g in subgroups["gaps"] if g["attribute"] == "admission_type"]
+    assert [(g["group"], g["metric"]) for g in urgent] == [("URGENT", "logit_error_truth")]
+    assert urgent[0]["z"] > subgroups["z_named"] + 0.5  # named with room to spare
+    page = (out / evaluate.REPORT_HTML).read_text(encoding="utf-8")
+    heterogeneity = page[page.index("TRIPOD+AI 23b"):]
+    assert "serves these groups worse" in heterogeneity and "admission type = URGENT</b>" in heterogeneity
+    seen = render_check(out / evaluate.REPORT_HTML, tmp_path / "browser")
+    assert seen["images"] == seen["drawn"] == 4
