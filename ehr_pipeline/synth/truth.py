@@ -8,6 +8,7 @@ tests recompute it from the files. docs/synthetic.md gives the formula.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -64,11 +65,11 @@ class MortalityModel:
         # Unmeasured -> the reference value, i.e. a zero contribution: missing labs are
         # (weakly) reassuring, as clinicians skip tests on stable patients.
         return np.stack([
-            np.log(np.nan_to_num(f.lactate_mean, nan=1.4) / 1.4),
-            np.log(np.nan_to_num(f.creatinine_max, nan=1.0) / 1.0),
+            _libm(math.log, np.nan_to_num(f.lactate_mean, nan=1.4) / 1.4),
+            _libm(math.log, np.nan_to_num(f.creatinine_max, nan=1.0) / 1.0),
             np.nan_to_num(f.hr_mean - hr_ref, nan=0.0),
             np.nan_to_num(sbp_ref - f.sbp_min, nan=0.0),
-            np.log1p(f.n_labs / self.lab_volume_scale),
+            _libm(math.log1p, f.n_labs / self.lab_volume_scale),
             np.minimum(f.age_years, AGE_CAP_YEARS) - 65.0,
             np.minimum(f.prior_admissions, 3),
             np.asarray(f.prior_chronic, dtype=np.float64),
@@ -97,7 +98,19 @@ class MortalityModel:
 
     def probability(self, f: PreTriggerFeatures, planted: np.ndarray | None = None) -> np.ndarray:
         """P(in-hospital death) per admission, in [0, 1] (planted: see logit)."""
-        return 1.0 / (1.0 + np.exp(-self.logit(f, planted)))
+        return 1.0 / (1.0 + _libm(math.exp, -self.logit(f, planted)))
+
+
+def _libm(fn, x) -> np.ndarray:
+    """fn (math.log, math.exp, ...) element by element, as float64.
+
+    numpy's vectorised log and exp take another code path on AVX-512 machines than on AVX2 ones
+    and round the last bit differently; SYNTH_TRUTH.csv prints P_DEATH at full precision, so the
+    same seed would write other bytes on another CPU. The C library's functions do not depend on
+    the vector unit (a few thousand calls per chunk: microseconds).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    return np.fromiter((fn(v) for v in x.ravel().tolist()), dtype=np.float64, count=x.size).reshape(x.shape)
 
 
 def age_years(admit_s: np.ndarray, dob_s: np.ndarray) -> np.ndarray:
