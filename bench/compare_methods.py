@@ -184,14 +184,26 @@ def _split(data: pathlib.Path, release: pathlib.Path, name: str) -> Split:
     return Split(records, np.asarray(labels), np.asarray(hadm_ids), load_truth(release / "SYNTH_TRUTH.csv", hadm_ids))
 
 
-def truth_design(release: pathlib.Path) -> dict[int, np.ndarray]:
-    """hadm_id -> the truth's nine logit terms (MortalityModel.design) recomputed from a release's tables."""
+def truth_design(release: pathlib.Path, harmonised: bool = True) -> dict[int, np.ndarray]:
+    """hadm_id -> the truth's nine logit terms (MortalityModel.design) recomputed from a release's tables.
+
+    harmonised: a site's labs written in other units (its manifest's ``lab_units``) are read back
+    in site A's units first, as the harmonised data the models see; False reads them as written.
+    """
     from ehr_pipeline.synth.recompute import pre_trigger_features, read_tables
     from ehr_pipeline.synth.truth import MortalityModel
 
     manifest = json.loads((release / "SYNTH_MANIFEST.json").read_text())
     settings = manifest.get("settings", manifest)
-    ids, feats = pre_trigger_features(read_tables(release), int(settings.get("trigger_offset_seconds", 86400)))
+    tables = read_tables(release)
+    lab_units = manifest.get("site", {}).get("lab_units", {}) if harmonised else {}
+    if lab_units:
+        labs = tables["LABEVENTS"].copy()
+        for itemid, unit in lab_units.items():
+            hit = labs.ITEMID == int(itemid)
+            labs.loc[hit, "VALUENUM"] = labs.loc[hit, "VALUENUM"] / float(unit["factor"])
+        tables = {**tables, "LABEVENTS": labs}
+    ids, feats = pre_trigger_features(tables, int(settings.get("trigger_offset_seconds", 86400)))
     model = MortalityModel(lab_volume_scale=float(settings.get("events_scale", 1.0)))
     return dict(zip(ids.tolist(), model.design(feats)))
 
@@ -207,7 +219,8 @@ def _well_specified(work: pathlib.Path, seed: int, splits: dict[str, Split]) -> 
     designs = {}
     for name, split in splits.items():
         release = _release_of(name, work) if name != "A" else work / f"release_A{seed}"
-        rows = designs.setdefault(release, rows_a if name == "A" else truth_design(release))
+        key = (release, RAW not in name)  # a raw split reads its labs as written, like the models' raw data
+        rows = designs.setdefault(key, rows_a if name == "A" else truth_design(release, harmonised=key[1]))
         out[f"probs_{name}"] = fit.predict_proba(np.stack([rows[h] for h in split.hadm_ids]))[:, 1:]
     return out
 
@@ -251,9 +264,12 @@ def _train(method: str, seed: int, args, data: pathlib.Path, truth: pathlib.Path
 
 
 def _predict(exports, split: Split, samples: int, seed: int) -> np.ndarray:
+    """[N, S*K] probabilities of a split; exports are folders or already loaded exports (load once, predict many)."""
+    from model.export import load_export
     from model.predict import predict_probs
 
-    return predict_probs([str(e) for e in exports], split.records, samples, seed)
+    loaded = [e if hasattr(e, "ensemble_size") else load_export(str(e)) for e in exports]
+    return predict_probs(loaded, split.records, samples, seed)
 
 
 def _save(path: pathlib.Path, **arrays) -> None:
@@ -313,7 +329,10 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
         target = preds / f"{name}_s{seed}.npz"
         if target.exists():
             return
-        arrays = {f"probs_{n}": _predict(exports, split, samples, seed) for n, split in splits_of(seed).items()}
+        from model.export import load_export
+
+        loaded = [load_export(str(e)) for e in exports]  # ~10 s each: once for the ten-odd test splits
+        arrays = {f"probs_{n}": _predict(loaded, split, samples, seed) for n, split in splits_of(seed).items()}
         _save(target, params=params, seconds=seconds, **arrays)
 
     def train_on(method: str, seed: int, model_seed: int | None = None):
