@@ -19,6 +19,7 @@ import pytest
 
 from ehr_pipeline import reader, schemas
 from ehr_pipeline.synth import SynthConfig, add_arguments, catalog, generate_release, recompute, run
+from ehr_pipeline.synth.site import SITES
 from ehr_pipeline.synth.truth import SECONDS_PER_YEAR, MortalityModel
 
 DAY = 86_400
@@ -363,9 +364,9 @@ def test_site_a_writes_the_bytes_it_always_wrote(tmp_path):
 
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory):
-    """The same seed generated at site A and at site B, read back."""
+    """The same seed generated at sites A, B and C, read back."""
     out = {}
-    for name in ("A", "B"):
+    for name in ("A", "B", "C"):
         rel = tmp_path_factory.mktemp("site") / name
         summary = generate_release(rel, site=name, **SITES_ARGS)
         tables = {t: _read(rel, t) for t in SITE_TABLES}
@@ -473,11 +474,17 @@ def test_site_b_charts_at_its_documented_rate(sites):
 
 
 def _as_site_a_records(t: dict) -> dict[str, pd.DataFrame]:
-    """Site B's tables with its recording undone, from the manifest alone: codes mapped
-    back, biased lab values divided by their bias and rounded as the item prints."""
+    """A site's tables with its recording undone, from the manifest alone: codes mapped
+    back, values in another unit divided by its factor, biased lab values divided by their
+    bias, each rounded as the item prints."""
     site = t["manifest"]["site"]
     decimals = {i.itemid: i.decimals for i in catalog.LAB_ITEMS}
     labs = t["LABEVENTS"].copy()
+    for itemid, unit in site.get("lab_units", {}).items():
+        hit = labs.ITEMID == int(itemid)
+        assert (labs.VALUEUOM[hit] == unit["unit"]).all(), itemid
+        labs.loc[hit, "VALUENUM"] = (labs.VALUENUM[hit] / unit["factor"]).round(decimals[int(itemid)])
+        labs.loc[hit, "VALUEUOM"] = next(i.unit for i in catalog.LAB_ITEMS if i.itemid == int(itemid))
     for itemid, factor in site["lab_bias"].items():
         hit = labs.ITEMID == int(itemid)
         labs.loc[hit, "VALUENUM"] = (labs.VALUENUM[hit] / factor).round(decimals[int(itemid)])
@@ -501,12 +508,98 @@ def test_site_b_truth_is_the_same_formula_of_the_true_values(sites):
     assert (ratio > 1 + 1e-6).mean() > 0.8 and (ratio < 1 - 1e-6).sum() == 0
 
 
-def test_beam_job_runs_on_a_site_b_release(tmp_path):
+# Published conversion factors (SI per conventional unit), the textbook numbers the
+# catalogue's molar masses must reproduce: creatinine, glucose, BUN -> urea, calcium,
+# magnesium, phosphorus, bilirubin, albumin, hemoglobin.
+PUBLISHED_SI_FACTORS = {50912: 88.4, 50931: 0.0555, 51006: 0.357, 50893: 0.2495, 50960: 0.4114,
+                        50970: 0.3229, 50885: 17.1, 50862: 10.0, 51222: 10.0}
+
+
+def test_si_factors_come_from_molar_masses_and_match_published_tables():
+    assert catalog.molar_mass("C4H7N3O") == pytest.approx(113.12, abs=0.01)  # creatinine
+    assert catalog.molar_mass("C6H12O6") == pytest.approx(180.16, abs=0.01)  # glucose
+    assert catalog.molar_mass("C33H36N4O6") == pytest.approx(584.7, abs=0.05)  # bilirubin
+    with pytest.raises(ValueError, match="not a molecular formula"):
+        catalog.molar_mass("C4h7")
+    factors = {itemid: factor for itemid, _, factor, _ in catalog.SI_LAB_UNITS}
+    assert set(factors) == set(PUBLISHED_SI_FACTORS)
+    for itemid, published in PUBLISHED_SI_FACTORS.items():
+        assert factors[itemid] == pytest.approx(published, rel=1e-3), itemid
+
+
+def test_site_c_writes_its_analytes_in_si_units_and_the_rest_as_site_a(sites):
+    a, c = sites["A"][2], sites["C"][2]
+    units = {int(k): v for k, v in c["manifest"]["site"]["lab_units"].items()}
+    assert {i: u["unit"] for i, u in units.items()} == {i: u for i, u, _, _ in catalog.SI_LAB_UNITS}
+    seen_a = a["LABEVENTS"].dropna(subset=["VALUENUM"]).groupby("ITEMID").VALUEUOM.unique()
+    seen_c = c["LABEVENTS"].dropna(subset=["VALUENUM"]).groupby("ITEMID").VALUEUOM.unique()
+    assert set(seen_a.index) == set(seen_c.index)
+    for itemid in seen_a.index:
+        expected = [units[itemid]["unit"]] if itemid in units else list(seen_a[itemid])
+        assert list(seen_c[itemid]) == expected, itemid
+    # Same case mix, charting and codes as site A; its own patients and ids.
+    site_a, site_c = a["manifest"]["site"], c["manifest"]["site"]
+    assert site_c["case_mix"] == site_a["case_mix"] and site_c["chart_rate"] == site_a["chart_rate"]
+    assert not site_c["lab_bias"] and not site_c["lab_codes"] and not site_c["chart_codes"]
+    assert set(c["LABEVENTS"].ITEMID) == set(a["LABEVENTS"].ITEMID)
+    for other in "AB":
+        assert not set(c["ADMISSIONS"].HADM_ID) & set(sites[other][2]["ADMISSIONS"].HADM_ID)
+    assert c["ADMISSIONS"].HADM_ID.min() == a["ADMISSIONS"].HADM_ID.min() + site_c["id_offset"]
+
+
+def test_site_c_values_are_the_site_a_values_converted_and_rounded_as_si_labs_report(sites):
+    c = sites["C"][2]
+    labs = c["LABEVENTS"].dropna(subset=["VALUENUM"])
+    items = {i.itemid: i for i in catalog.LAB_ITEMS}
+    for itemid, unit in c["manifest"]["site"]["lab_units"].items():
+        item, factor, decimals = items[int(itemid)], unit["factor"], unit["decimals"]
+        v = labs.VALUENUM[labs.ITEMID == int(itemid)].to_numpy()
+        assert len(v) > 100, itemid
+        assert np.array_equal(v, np.round(v, decimals)), itemid  # the SI lab's decimals
+        # Back on the site-A grid (the item's decimals, within its clip range) ...
+        back = np.round(v / factor, item.decimals)
+        assert back.min() >= item.lo - 10.0 ** -item.decimals and back.max() <= item.hi + 10.0 ** -item.decimals
+        # ... and where an SI step is finer than half a site-A step, exactly invertible: the
+        # site-A value converted again gives the recorded one (glucose, 0.1 mmol/L = 1.8 mg/dL, is not).
+        if 10.0 ** -decimals / factor < 10.0 ** -item.decimals:
+            assert np.array_equal(np.round(back * factor, decimals), v), itemid
+
+
+# Items on every arrival panel (bilirubin's 0.1 mg/dL steps at site A distort its log mean).
+@pytest.mark.parametrize("itemid", [catalog.CREATININE_ITEMID, 50931, 51006])
+def test_site_c_reports_the_same_physiology_scaled_by_the_unit_factor(sites, itemid):
+    # As for site B's bias: ln(value) on SEVERITY moves its intercept by ln(factor).
+    intercept = {}
+    for name in "AC":
+        t = sites[name][2]
+        labs = _pre_trigger(t["LABEVENTS"], t["ADMISSIONS"])
+        labs = labs[(labs.ITEMID == itemid) & labs.VALUENUM.notna()]
+        sev = t["truth"].set_index("HADM_ID").SEVERITY.reindex(labs.HADM_ID).to_numpy()
+        _, intercept[name] = np.polyfit(sev, np.log(labs.VALUENUM.to_numpy()), 1)
+    factor = sites["C"][2]["manifest"]["site"]["lab_units"][str(itemid)]["factor"]
+    assert intercept["C"] - intercept["A"] == pytest.approx(math.log(factor), abs=0.05), intercept
+
+
+def test_site_c_truth_is_the_site_a_formula_of_the_values_converted_back(sites):
+    a, c = sites["A"][2], sites["C"][2]
+    assert a["manifest"]["mortality_model"] == c["manifest"]["mortality_model"]
+    written = c["truth"].set_index("HADM_ID").P_DEATH
+    p = _recomputed_probability(_as_site_a_records(c), DAY, SITES_ARGS["events_scale"])
+    assert np.allclose(p.to_numpy(), written.reindex(p.index).to_numpy(), rtol=1e-9, atol=1e-12), \
+        f"max |diff| {np.abs(p - written.reindex(p.index)).max():.3g}"
+    # Creatinine in umol/L read as if it were mg/dL: the formula's ln(creatinine) term adds
+    # 0.8 ln(88.4) ~ 3.6 to every logit with a creatinine before the trigger.
+    naive = _recomputed_probability(c, DAY, SITES_ARGS["events_scale"])
+    assert (naive / written.reindex(naive.index) > 2).mean() > 0.8
+
+
+@pytest.mark.parametrize("site_name", ["B", "C"])
+def test_beam_job_runs_on_another_sites_release(tmp_path, site_name):
     from ehr_pipeline.config import PipelineConfig
     from ehr_pipeline.job import run_job
 
     release = tmp_path / "release"
-    generate_release(release, patients=60, seed=3, events_scale=0.2, show_progress=False, site="B")
+    generate_release(release, patients=60, seed=3, events_scale=0.2, show_progress=False, site=site_name)
     manifest = run_job(str(release), str(tmp_path / "data"),
                        PipelineConfig.model_validate({"num_shards": {"train": 1, "validation": 1, "test": 1},
                                                       "vocab": {"min_count": 1}}))
@@ -514,18 +607,26 @@ def test_beam_job_runs_on_a_site_b_release(tmp_path):
     assert sum(s["examples"] for s in manifest["splits"].values()) > 40
     vocab = json.loads((tmp_path / "data" / "vocabulary.json").read_text())["sources"]
     site = json.loads((release / "SYNTH_MANIFEST.json").read_text())["site"]
-    assert {f"lab:{v}" for v in site["lab_codes"].values()} & set(vocab["lab"])
-    assert {f"chart:{v}" for v in site["chart_codes"].values()} & set(vocab["chart"])
+    assert {f"lab:{v}" for v in site["lab_codes"].values()} <= set(vocab["lab"])
+    assert {f"chart:{v}" for v in site["chart_codes"].values()} <= set(vocab["chart"])
+    # The job records the unit each lab's values came in: site C's SI units, as written.
+    units = json.loads((tmp_path / "data" / "units.json").read_text())["codes"]
+    for itemid, unit in site.get("lab_units", {}).items():
+        assert set(units[f"lab:{itemid}"]) == {unit["unit"]}, itemid
 
 
 def test_site_is_a_validated_cli_flag(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     with pytest.raises(SystemExit):
-        parser.parse_args(["--patients", "5", "--out", str(tmp_path), "--site", "C"])
+        parser.parse_args(["--patients", "5", "--out", str(tmp_path), "--site", "Z"])
     assert "invalid choice" in capsys.readouterr().err
     with pytest.raises(ValueError, match="site must be one of"):
-        SynthConfig(patients=5, seed=0, site="C")
-    assert run(parser.parse_args(["--patients", "5", "--out", str(tmp_path), "--site", "B", "--events-scale",
-                                  "0.1", "--no-progress"])) == 0
-    assert json.loads((tmp_path / "SYNTH_MANIFEST.json").read_text())["site"]["name"] == "B"
+        SynthConfig(patients=5, seed=0, site="Z")
+    help_text = " ".join(parser.format_help().split())
+    for name in SITES:  # every site is offered, each with its one-line description
+        assert f"{name}: " in help_text
+    for name in ("B", "C"):
+        assert run(parser.parse_args(["--patients", "5", "--out", str(tmp_path), "--site", name, "--events-scale",
+                                      "0.1", "--no-progress"])) == 0
+        assert json.loads((tmp_path / "SYNTH_MANIFEST.json").read_text())["site"]["name"] == name

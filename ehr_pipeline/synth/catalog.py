@@ -100,6 +100,40 @@ LAB_PANELS = ("chem", "cbc", "gas", "coag", "lft")
 LACTATE_ITEMID = 50813
 CREATININE_ITEMID = 50912
 
+# --- SI units: how most of the world's labs report the same measurements ---
+# Standard atomic weights, g/mol: IUPAC CIAAW, "Standard atomic weights of the elements 2021"
+# (abridged to five significant figures; Pure Appl. Chem. 94 (2022) 573).
+ATOMIC_WEIGHTS = {"H": 1.008, "C": 12.011, "N": 14.007, "O": 15.999, "Mg": 24.305, "P": 30.974, "Ca": 40.078}
+
+
+def molar_mass(formula: str) -> float:
+    """Molar mass (g/mol) of a molecular formula such as 'C4H7N3O', from ATOMIC_WEIGHTS."""
+    import re
+
+    parts = re.findall(r"([A-Z][a-z]?)(\d*)", formula)
+    if "".join(e + n for e, n in parts) != formula:
+        raise ValueError(f"not a molecular formula: {formula!r}")
+    return sum(ATOMIC_WEIGHTS[e] * int(n or 1) for e, n in parts)
+
+
+# (ITEMID, SI unit, SI value per conventional (MIMIC) unit, decimals SI labs report). A mass
+# concentration in mg/dL is 10 mg/L: divided by the molar mass it is mmol/L, x 1000 umol/L.
+# Formulas as PubChem gives them; the factors agree with the published conversion tables
+# (creatinine 88.4, glucose 0.0555, BUN -> urea 0.357, calcium 0.2495, magnesium 0.4114,
+# phosphorus 0.3229, bilirubin 17.1; tests/test_synth.py checks them to 0.1 %).
+SI_LAB_UNITS: tuple[tuple[int, str, float, int], ...] = (
+    (CREATININE_ITEMID, "umol/L", 10_000 / molar_mass("C4H7N3O"), 0),  # 113.12 g/mol: x 88.40
+    (50931, "mmol/L", 10 / molar_mass("C6H12O6"), 1),  # glucose, 180.16 g/mol: x 0.0555
+    # MIMIC's urea nitrogen is mg of nitrogen; SI labs report urea, which holds two N atoms.
+    (51006, "mmol/L", 10 / molar_mass("N2"), 1),  # 28.014 g/mol: x 0.3570
+    (50893, "mmol/L", 10 / molar_mass("Ca"), 2),  # calcium, total: x 0.2495
+    (50960, "mmol/L", 10 / molar_mass("Mg"), 2),  # magnesium: x 0.4114
+    (50970, "mmol/L", 10 / molar_mass("P"), 2),  # phosphate, measured as its phosphorus: x 0.3229
+    (50885, "umol/L", 10_000 / molar_mass("C33H36N4O6"), 0),  # bilirubin, total, 584.67 g/mol: x 17.10
+    (50862, "g/L", 10.0, 0),  # albumin: g/dL -> g/L
+    (51222, "g/L", 10.0, 0),  # hemoglobin: g/dL -> g/L
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class ChartConcept:

@@ -38,11 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dictionary-dir", type=pathlib.Path, default=None,
                         help="a MIMIC-III release whose D_ITEMS / D_LABITEMS are written in full, with our "
                              "items added (default: built-in catalogue only)")
+    sites = "; ".join(f"{name}: {site.description}" for name, site in SITES.items())
     parser.add_argument("--site", choices=tuple(SITES), default="A",
-                        help="hospital the release comes from: B admits older, more emergent patients, charts "
-                             "vitals half as often, reads creatinine / lactate / glucose high and uses its own "
-                             "codes for some items and drugs; P_DEATH is the same function of the physiology "
-                             "(see docs/synthetic.md) (default: %(default)s)")
+                        help=f"hospital the release comes from ({sites}); P_DEATH is the same function of the "
+                             "physiology at every site (see docs/synthetic.md, 'Sites') (default: %(default)s)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="hide the progress bar (default: shown when stderr is a terminal)")
 

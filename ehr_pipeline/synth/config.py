@@ -32,7 +32,7 @@ class SynthConfig:
     events_scale: float = 1.0  # multiplies every measurement rate (1.0 ~ 300 events per ICU day)
     compresslevel: int = 1  # gzip level; 1 is ~3x faster than 6 for ~15% larger files
     dictionary_dir: pathlib.Path | None = None  # a release whose D_ITEMS / D_LABITEMS enrich ours
-    site: str = "A"  # which hospital (site.SITES): case mix, charting rate, assay bias, local codes
+    site: str = "A"  # which hospital (site.SITES): case mix, charting rate, assay bias, lab units, codes
 
     def __post_init__(self) -> None:
         if self.patients < 1:

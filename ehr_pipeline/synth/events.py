@@ -141,6 +141,29 @@ def assay_bias(b: Block, factors: dict[int, float]) -> Block:
     return out
 
 
+def lab_units(b: Block, units: dict[int, tuple[str, float, int]]) -> Block:
+    """Lab rows with the items of ``units`` (ITEMID -> (unit, factor, decimals)) recorded in that unit.
+
+    VALUENUM is the value times the factor, rounded to the unit's decimals, and VALUEUOM names
+    the unit (VALUE prints VALUENUM when the table is written). FLAG stays as judged: the same
+    measurement against the same reference range, only written in another unit. Text results
+    (VALUENUM NaN) keep no number. Items without an entry are unchanged.
+    """
+    out = dict(b)
+    ids, x = b["ITEMID"], b["VALUENUM"]
+    vocab = list(b["VALUEUOM"].vocab)
+    codes = b["VALUEUOM"].codes
+    for itemid, (unit, factor, decimals) in units.items():
+        hit = ids == itemid
+        if unit not in vocab:
+            vocab.append(unit)
+        x = np.where(hit, round_decimals(x * factor, decimals), x)
+        codes = np.where(hit, vocab.index(unit), codes)
+    out["VALUENUM"] = x
+    out["VALUEUOM"] = Cat(codes.astype(np.int32), tuple(vocab))
+    return out
+
+
 def _panel_p(s: np.ndarray) -> np.ndarray:
     p = np.empty((s.size, len(cat.LAB_PANELS)))
     p[:, 0], p[:, 1], p[:, 3], p[:, 4] = 0.9, 0.75, 0.3, 0.15

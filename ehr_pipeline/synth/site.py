@@ -1,7 +1,7 @@
 """Hospitals a release can come from: the same disease, admitted and recorded differently.
 
 A site sets who is admitted (``CaseMix``), how often the ICU charts, and how the record
-reads what was measured: a lab assay bias and local item / drug codes. The mortality
+reads what was measured: a lab assay bias, lab units and local item / drug codes. The mortality
 truth is computed from the true values before any of the recording differences apply,
 so P_DEATH is the same function of the physiology at every site (docs/synthetic.md,
 "Sites"). Site A is the generator as it always was; its releases do not change.
@@ -27,6 +27,7 @@ class Site:
     """One hospital's case mix, charting rate and recording conventions."""
 
     name: str
+    description: str  # one line for `ehr-pipeline synth --help`
     stream: tuple[int, ...]  # appended to (seed, chunk) of every chunk's SeedSequence
     id_offset: int  # added to the first SUBJECT_ID, HADM_ID and ICUSTAY_ID
     case_mix: CaseMix
@@ -35,12 +36,17 @@ class Site:
     lab_codes: tuple[tuple[int, int], ...] = ()  # (site A lab ITEMID, this site's ITEMID)
     chart_codes: tuple[tuple[int, int], ...] = ()  # (site A chart ITEMID, this site's ITEMID)
     drug_codes: tuple[tuple[str, str, str], ...] = ()  # (site A FORMULARY_DRUG_CD, DRUG here, FORMULARY_DRUG_CD here)
+    # (site A LABEVENTS ITEMID, unit written, recorded value per site-A unit, decimals): one
+    # line per analyte the site reports in another unit (catalog.SI_LAB_UNITS: SI units).
+    lab_units: tuple[tuple[int, str, float, int], ...] = ()
 
     def observe_labs(self, b: Block) -> Block:
-        """LABEVENTS rows of true values as this site records them (assay bias, local codes)."""
-        if not b or not (self.lab_bias or self.lab_codes):
+        """LABEVENTS rows of true values as this site records them (assay bias, units, local codes)."""
+        if not b or not (self.lab_bias or self.lab_units or self.lab_codes):
             return b
         out = events.assay_bias(b, dict(self.lab_bias)) if self.lab_bias else dict(b)
+        if self.lab_units:  # the biased reading, written in the site's unit
+            out = events.lab_units(out, {i: (u, f, d) for i, u, f, d in self.lab_units})
         out["ITEMID"] = _recode(b["ITEMID"], self.lab_codes)
         return out
 
@@ -71,7 +77,7 @@ class Site:
 
     def describe(self) -> dict:
         """The site's parameters as JSON-ready values (for SYNTH_MANIFEST.json)."""
-        return {
+        out = {
             "name": self.name, "stream": list(self.stream), "id_offset": self.id_offset,
             "case_mix": dataclasses.asdict(self.case_mix), "chart_rate": self.chart_rate,
             "lab_bias": {str(i): f for i, f in self.lab_bias},
@@ -79,6 +85,9 @@ class Site:
             "chart_codes": {str(a): b for a, b in self.chart_codes},
             "drug_codes": {a: {"drug": n, "formulary_drug_cd": c} for a, n, c in self.drug_codes},
         }
+        if self.lab_units:  # only where used: the manifests of sites A and B keep their bytes
+            out["lab_units"] = {str(i): {"unit": u, "factor": f, "decimals": d} for i, u, f, d in self.lab_units}
+        return out
 
 
 def _recode(itemid: np.ndarray, pairs: tuple[tuple[int, int], ...]) -> np.ndarray:
@@ -102,14 +111,17 @@ def _local(*itemids: int) -> tuple[tuple[int, int], ...]:
     return tuple((i, i + SITE_CODE_OFFSET) for i in itemids)
 
 
-SITE_A = Site(name="A", stream=(), id_offset=0, case_mix=CaseMix(), chart_rate=1.0)
+SITE_A = Site(name="A", description="the generator as it always was (MIMIC-III's US units and codes)",
+              stream=(), id_offset=0, case_mix=CaseMix(), chart_rate=1.0)
 
 # An older, sicker, mostly emergency population; vitals charted every 2 h, not hourly;
 # creatinine by a Jaffe-type assay that reads high, lactate and glucose on analysers that
 # read high; the blood count, INR and bilirubin, respiratory rate, SpO2 and temperature
 # under the site's own item codes; six drugs under local names and formulary codes.
 SITE_B = Site(
-    name="B", stream=(1,), id_offset=10_000_000,
+    name="B", description="older, more emergent patients, vitals charted half as often, creatinine / lactate / "
+                         "glucose read high, its own codes for some items and drugs",
+    stream=(1,), id_offset=10_000_000,
     case_mix=CaseMix(kind_p=(0.93, 0.02, 0.01, 0.04), adult_age_mean=70.0, adult_age_sd=14.0,
                      admission_type_p=(0.88, 0.05, 0.07)),
     chart_rate=0.5,
@@ -121,4 +133,14 @@ SITE_B = Site(
                 ("NORE4I", "Levophed", "LEVO4I"), ("ACET325T", "Tylenol", "TYLE325T")),
 )
 
-SITES = {s.name: s for s in (SITE_A, SITE_B)}
+# Site A's patients, case mix, charting and codes, with the chemistry and blood count reported
+# in SI units as most of the world's labs report them (catalog.SI_LAB_UNITS: creatinine and
+# bilirubin in umol/L; glucose, urea, calcium, magnesium, phosphate in mmol/L; albumin and
+# hemoglobin in g/L). Its own patients (stream 2) and ids.
+SITE_C = Site(
+    name="C", description="site A's patients and charting, nine chemistry and blood-count analytes in SI units "
+                         "(umol/L, mmol/L, g/L)",
+    stream=(2,), id_offset=20_000_000, case_mix=CaseMix(), chart_rate=1.0, lab_units=cat.SI_LAB_UNITS,
+)
+
+SITES = {s.name: s for s in (SITE_A, SITE_B, SITE_C)}
