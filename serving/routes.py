@@ -168,12 +168,12 @@ async def predict_admissions(
         groups.setdefault(n, []).append(j)
     results = await asyncio.gather(*(batcher.submit([variants[j].example for j in js], n, seed, arrival=arrival)
                                      for n, js in groups.items()))
-    rows: dict[int, list[np.ndarray]] = {}
+    rows: dict[tuple[int, str | None], np.ndarray] = {}  # (request, type encoded) -> its samples
     for js, probs_n in zip(groups.values(), results):
         for j, row in zip(js, probs_n):
-            rows.setdefault(jobs[j][0], []).append(row)
-    # jobs list each request's types in allocation order, so its parts join in that order.
-    probs = np.stack([admission_type.mixed(rows[i]) for i in range(len(requests))])
+            rows[jobs[j][:2]] = row
+    probs = np.stack([admission_type.mixed([rows[i, t] for t, _ in allocation]) if i in unknown else rows[i, None]
+                      for i in range(len(requests))])
     first = {}
     for j, (i, _, _) in enumerate(jobs):
         first.setdefault(i, variants[j])
