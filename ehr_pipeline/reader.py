@@ -54,6 +54,15 @@ _MAX_HEADER_BYTES = 1 << 20
 # Longest wait (seconds) for Arrow's I/O thread to let go of a closed reader: one block read.
 _READ_AHEAD_RELEASE_S = 30.0
 _GZIP_MAGIC = b"\x1f\x8b"
+# Other containers an export tool may write under a .csv or .csv.gz name: the reader reads
+# plain CSV and gzip only, and names what it found instead of failing inside a decompressor.
+_OTHER_MAGIC = (
+    (b"PK\x03\x04", "a zip archive"),
+    (b"BZh", "bzip2-compressed data"),
+    (b"\xfd7zXZ\x00", "xz-compressed data"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed data"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
+)
 _NEWLINE = 10
 _CR = 13
 
@@ -300,11 +309,20 @@ class _RawWindow:
     def open(cls, path: pathlib.Path, size: int = DEFAULT_BLOCK_SIZE) -> "_RawWindow":
         """A window on ``path`` handing out buffers of at most ``size`` bytes (Arrow's block size)."""
         with open(path, "rb") as fh:  # a missing file is a plain FileNotFoundError naming it
-            magic = fh.read(2)
-        # The content decides, not the name: a mislabelled .csv.gz must not be read as text.
-        if magic == _GZIP_MAGIC:
+            magic = fh.read(6)
+        # The content decides, never the name: export tools write plain text as TABLE.csv.gz
+        # and gzip as TABLE.csv. (Arrow's input_stream would guess gzip from a ".gz" name.)
+        if magic.startswith(_GZIP_MAGIC):
+            if not path.name.lower().endswith(".gz"):
+                logger.info("%s holds gzip data despite its name: reading it decompressed", path)
             return cls(path, _GunzipStream(open(path, "rb")), size)
-        return cls(path, pa.input_stream(str(path)), size)
+        for prefix, what in _OTHER_MAGIC:
+            if magic.startswith(prefix):
+                raise ReaderError(f"{path}: the file holds {what}, not CSV or gzip; extract the table's CSV "
+                                  "(plain or gzip-compressed, under either name)")
+        if path.name.lower().endswith(".gz"):
+            logger.info("%s holds no gzip data despite its name: reading it as plain CSV", path)
+        return cls(path, pa.input_stream(str(path), compression=None), size)
 
     # -- what Arrow reads, through a _Feed
     def read(self, nbytes: int = -1) -> pa.Buffer:
@@ -544,6 +562,9 @@ def _read_header(window: _RawWindow, path: pathlib.Path) -> list[str]:
     if window.error is not None and b"\n" not in data:
         raise CorruptFileError(f"{path}: compressed data is truncated or corrupt before the end of line 1 "
                                f"(the header): {window.error}")
+    if data.startswith(_GZIP_MAGIC):  # gzip inside gzip: no CSV header would ever come out
+        raise ReaderError(f"{path}: the decompressed content is gzip data again (compressed twice); "
+                          "decompress it once")
     line = data.split(b"\n", 1)[0].rstrip(b"\r")
     if not line.strip():
         if not data.strip():

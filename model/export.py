@@ -18,6 +18,8 @@ Layout (the contract with serving/):
   vocabulary.json, numeric_stats.json   copied from the data folder
   lab_loinc.json        (optional) LOINC -> lab ITEMIDs from D_LABITEMS, copied from the data folder
   units.json            (optional) units each numeric code's values came in, copied from the data folder
+  admission_types.json  (optional) {"split": "train", "counts": {admission_type: examples}}: the training
+                        split's admission types, which the service averages over when a request's is unknown
   metrics.json          {"test": {...}, "referral": {measure, rate, threshold}, "decision_threshold": 0.5}
   manifest.json         {"files": {relative_path: sha256}, "format_version": 1}
 
@@ -55,6 +57,7 @@ MODEL_CARD = "model_card.json"
 PIPELINE_CONFIG = "pipeline_config.json"
 METRICS = "metrics.json"
 MANIFEST = "manifest.json"
+ADMISSION_TYPES_FILE = "admission_types.json"
 DECISION_THRESHOLD = 0.5
 # Largest S (samples per member) a signature accepts; every evaluation and request limit uses it.
 MAX_SAMPLES = 100
@@ -141,6 +144,8 @@ class Export:
     # values: a request value beyond it is answered with a warning.
     value_stats: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     clip_z: float | None = None
+    # Training examples per admission type (admission_types.json); {} for exports made before it.
+    admission_types: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def ensemble_size(self) -> int:
@@ -216,6 +221,18 @@ def _units(directory: pathlib.Path) -> dict[str, str]:
     return canonical or units_mod.canonical_units(counts, units_mod.Converter())
 
 
+def _admission_types(directory: pathlib.Path) -> dict[str, int]:
+    """Training examples per admission type from admission_types.json; {} when the export has none."""
+    if not (directory / ADMISSION_TYPES_FILE).exists():
+        return {}
+    data = _read_json(directory, ADMISSION_TYPES_FILE)
+    counts = data.get("counts") if isinstance(data, dict) else None
+    if not isinstance(counts, dict) or not counts or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0 for k, v in counts.items()):
+        raise ExportError(f"{directory / ADMISSION_TYPES_FILE}: expected {{\"counts\": {{admission_type: examples > 0}}}}")
+    return dict(counts)
+
+
 def _value_stats(data: Any, where: pathlib.Path) -> tuple[dict[str, tuple[float, float]], float | None]:
     """{code: (mean, std)} and clip_z from numeric_stats.json ({} and None when it has none)."""
     if not isinstance(data, dict) or not data.get("codes") or data.get("clip_z") is None:
@@ -249,7 +266,7 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
     return Export(directory=directory, checksum=checksum, card=card, card_raw=card_raw, pipeline=pipeline,
                   pipeline_raw=pipeline_raw, vocabulary=frozenset(ranks), metrics=metrics, metrics_raw=metrics_raw,
                   lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=_units(directory),
-                  value_stats=value_stats, clip_z=clip_z)
+                  value_stats=value_stats, clip_z=clip_z, admission_types=_admission_types(directory))
 
 
 # ------------------------------------------------------------------------ checksums

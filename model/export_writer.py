@@ -18,8 +18,9 @@ import tensorflow as tf
 
 import ehr_pipeline
 from ehr_pipeline import outputs
-from model.export import (FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, SAVED_MODEL_DIR, SIGNATURE,
-                          SIGNATURES, ExportError, load_export, write_manifest)
+from model.export import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG,
+                          SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, ExportError, load_export, write_manifest)
+from model.inputs import admission_type_counts
 from model.metrics import json_ready
 from model.predict import INPUT_SIGNATURE, Predictor, assert_stateless
 
@@ -48,6 +49,12 @@ def _finish(tmp: pathlib.Path, export_dir: pathlib.Path, source_dir: str | os.Pa
     for name in (outputs.LAB_LOINC, outputs.UNITS):
         if os.path.exists(os.path.join(source_dir, name)):
             shutil.copyfile(os.path.join(source_dir, name), tmp / name)
+    # The training split's admission types: the service averages the model over them when a
+    # request does not know its type. An ensemble's source is an export that carries them.
+    if os.path.exists(os.path.join(source_dir, ADMISSION_TYPES_FILE)):
+        shutil.copyfile(os.path.join(source_dir, ADMISSION_TYPES_FILE), tmp / ADMISSION_TYPES_FILE)
+    elif counts := admission_type_counts(source_dir, "train"):
+        _write_json(tmp / ADMISSION_TYPES_FILE, {"split": "train", "counts": counts})
     _write_json(tmp / PIPELINE_CONFIG, dict(pipeline_config))
     _write_json(tmp / METRICS, metrics_doc)
     _write_json(tmp / MODEL_CARD, card)

@@ -320,6 +320,22 @@ def dataset(files: DataFiles, featurizer: Featurizer, split: str, batch_size: in
     return ds.map(to_model, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
+def admission_type_counts(data_dir: str | os.PathLike[str], split: str = "train") -> dict[str, int]:
+    """Examples per admission_type (as the examples carry it) in a split's TFRecords; {} without any."""
+    paths = sorted(tf.io.gfile.glob(os.path.join(os.fspath(data_dir), spec.split_file_pattern(split))))
+    counts: dict[str, int] = {}
+    if not paths:
+        return counts
+    wanted = {spec.ADMISSION_TYPE: tf.io.FixedLenFeature([], tf.string)}
+    # Only the one context feature is parsed: a full-size training split passes in seconds.
+    for batch in tf.data.TFRecordDataset(paths, compression_type=spec.COMPRESSION).batch(4096):
+        context, _, _ = tf.io.parse_sequence_example(batch, context_features=wanted)
+        for value in context[spec.ADMISSION_TYPE].numpy().tolist():
+            name = value.decode("utf-8")
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def read_split(files: DataFiles, split: str) -> tuple[list[bytes], list[int], list[int]]:
     """All serialized examples of a split with their labels and hadm_ids (file order)."""
     paths = sorted(tf.io.gfile.glob(files.split_pattern(split)))

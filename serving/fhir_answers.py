@@ -203,22 +203,39 @@ def prefetch_templates() -> dict[str, str]:
 REQUIRED_PREFETCH = ("patient",)
 
 
-def prefetch_bundle(prefetch: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
-    """A collection Bundle of every resource in the prefetch (single resources and searchset Bundles alike)."""
+def prefetch_bundle(prefetch: dict[str, Any], keys: Sequence[str],
+                    fhir_server: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """A collection Bundle of every resource in the prefetch (single resources and searchset Bundles alike),
+    and where each entry came from ('prefetch.observations.entry[3].resource'), for error messages.
+
+    Each entry keeps the fullUrl its searchset gave it, else gets fhir_server/Type/id: references
+    to the client's server (relative or absolute) then resolve to these very resources.
+    """
     entries: list[dict[str, Any]] = []
+    origins: list[str] = []
     seen: set[str] = set()
+    base = fhir_server.rstrip("/") if fhir_server and fhir_server.startswith(("http://", "https://")) else None
     for key in keys:
         item = prefetch.get(key)
         if not isinstance(item, dict):
             continue
-        resources = [e.get("resource") for e in item.get("entry") or [] if isinstance(e, dict)] \
-            if item.get("resourceType") == "Bundle" else [item]
-        for resource in resources:
+        if item.get("resourceType") == "Bundle":
+            found = [(f"prefetch.{key}.entry[{j}].resource", e.get("resource"), e.get("fullUrl"))
+                     for j, e in enumerate(item.get("entry") or []) if isinstance(e, dict)]
+        else:
+            found = [(f"prefetch.{key}", item, None)]
+        for origin, resource, full_url in found:
             if not isinstance(resource, dict):
                 continue
             ident = f"{resource.get('resourceType')}/{resource.get('id')}"
             if resource.get("id") is not None and ident in seen:
                 continue  # the encounter comes both alone and in the encounter search
             seen.add(ident)
-            entries.append({"resource": resource})
-    return {"resourceType": "Bundle", "type": "collection", "entry": entries}
+            entry: dict[str, Any] = {"resource": resource}
+            if isinstance(full_url, str) and full_url:
+                entry["fullUrl"] = full_url
+            elif base and isinstance(resource.get("id"), str) and isinstance(resource.get("resourceType"), str):
+                entry["fullUrl"] = f"{base}/{ident}"
+            entries.append(entry)
+            origins.append(origin)
+    return {"resourceType": "Bundle", "type": "collection", "entry": entries}, origins

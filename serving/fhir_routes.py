@@ -4,7 +4,13 @@
   invalid FHIR or a Bundle the model cannot use -> 422 OperationOutcome naming the element.
 * ``GET /cds-services``: CDS Hooks discovery (patient-view and encounter-start services).
 * ``POST /cds-services/{id}``: a hook call -> cards. A prefetch without the Patient is answered
-  412 as the spec says; this service never queries the client's FHIR server.
+  412 as the spec says; this service never queries the client's FHIR server. A context whose
+  patientId (or encounterId) is not the prefetched one is refused (422), never answered.
+
+A Bundle is one patient's records: any resource whose subject or patient is someone else
+refuses it (422 naming the element and both references), and an Encounter that does not
+state its admission type is answered with the risk averaged over the training types and a
+warning (``serving.admission_type``).
 
 A Bundle is validated by ``fhir.resources`` and mapped by ``ehr_pipeline.fhir.mapping``; the
 result becomes a ``PredictRequest`` and goes through ``routes.predict_admissions``, the very
@@ -15,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 from typing import Annotated, Any
 
 import pydantic
@@ -268,6 +275,34 @@ def _cds_error(status: int, message: str, request: Request) -> JSONResponse:
                                                      "request_id": getattr(request.state, "request_id", None)})
 
 
+def _context_mismatch(context: CdsContext, prefetch: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Issues when the hook's context names another patient (or encounter) than the prefetch holds."""
+    issues = []
+    patient = prefetch["patient"]
+    patient_id = patient.get("id") if patient.get("resourceType") == "Patient" else None
+    if patient_id != context.patientId:
+        shown = f"Patient/{patient_id}"[:80] if isinstance(patient_id, str) else \
+            f"a {str(patient.get('resourceType'))[:40]} without a Patient id"
+        issues.append(("context.patientId", f"context.patientId {context.patientId!r} is not the prefetched patient "
+                       f"(prefetch.patient is {shown}): a card would be about another patient", "business-rule"))
+    encounter = prefetch.get("encounter")
+    if context.encounterId is not None and isinstance(encounter, dict) and encounter.get("resourceType") != "Bundle" \
+            and encounter.get("id") != context.encounterId:
+        shown = f"Encounter/{encounter.get('id')}"[:80] if isinstance(encounter.get("id"), str) else "no id"
+        issues.append(("context.encounterId", f"context.encounterId {context.encounterId!r} is not the prefetched "
+                       f"encounter (prefetch.encounter is {shown})", "business-rule"))
+    return issues
+
+
+def _in_prefetch(issues: list[tuple[str, str, str]], origins: list[str]) -> list[tuple[str, str, str]]:
+    """Issues about the gathered Bundle's entries, named by where the hook call's prefetch held them."""
+    def where(expression: str) -> str:
+        m = re.match(r"^Bundle\.entry\[(\d+)\]\.resource", expression)
+        return origins[int(m.group(1))] + expression[m.end():] if m and int(m.group(1)) < len(origins) \
+            else expression
+    return [(where(e), message, code) for e, message, code in issues]
+
+
 @cds_router.post("/cds-services/{service_id}", summary="CDS Hooks service call: cards",
                  openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                      "schema": CdsRequest.model_json_schema()}}}},
@@ -300,12 +335,16 @@ async def cds_service(service_id: str, request: Request, serving: ServingDep) ->
         # not query the client's FHIR server (fhirServer / fhirAuthorization are not used).
         return _cds_error(412, f"prefetch lacks {', '.join(missing)}: send the prefetch templates of "
                                f"GET /cds-services (this service does not query FHIR servers)", request)
-    document = fhir_answers.prefetch_bundle(prefetch, list(fhir_answers.prefetch_templates()))
+    mismatch = _context_mismatch(call.context, prefetch)
+    if mismatch:
+        return outcome_response(mismatch, 422, request)
+    document, origins = fhir_answers.prefetch_bundle(prefetch, list(fhir_answers.prefetch_templates()),
+                                                     call.fhirServer)
     try:
         mapped = await run_in_threadpool(_read_and_map, document, predictor, call.context.encounterId)
         prediction = await _predict_mapped(mapped, serving, settings.default_num_samples, None)
     except FhirError as err:
-        return outcome_response(err.issues, err.status, request)
+        return outcome_response(_in_prefetch(err.issues, origins), err.status, request)
     _log("cds_service", request, mapped, prediction)
     export = predictor.export
     model_url = str(request.base_url).rstrip("/") + "/v1/model"

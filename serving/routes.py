@@ -1,12 +1,16 @@
 """HTTP routes: health and readiness, Prometheus metrics, and the authenticated /v1 API."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Annotated
+
+import numpy as np
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from serving import admission_type
 from serving.auth import require_api_key, require_metrics_key
 from serving.batching import Arrival, MicroBatcher
 from serving.dependencies import get_arrival, get_batcher, get_metrics, get_predictor, get_settings
@@ -136,17 +140,47 @@ async def predict_admissions(
     arrival: Arrival,
     metrics: ServiceMetrics,
 ) -> list[PatientPrediction]:
-    """Encodes, runs (micro-batched) and summarises requests; predictions in request order."""
+    """Encodes, runs (micro-batched) and summarises requests; predictions in request order.
+
+    A request without an admission type is encoded once per training type and its samples are
+    drawn from each in proportion to the type's training frequency (serving.admission_type).
+    """
     export = predictor.export
-    if sum(len(r.events) for r in requests) <= INLINE_ENCODE_EVENTS:
+    for r, loc in zip(requests, locs):
+        admission_type.check(r, export, loc)
+    unknown = {i for i, r in enumerate(requests) if r.admission.admission_type is None}
+    allocation = admission_type.allocate(export.admission_types, num_samples) if unknown else []
+    # (request index, type to encode it with or None for its own, samples per member)
+    jobs = [(i, None, num_samples) for i, r in enumerate(requests) if r.admission.admission_type is not None]
+    jobs += [(i, t, n) for t, n in allocation for i in sorted(unknown)]
+
+    def encode_all() -> list[Encoded]:
+        return [encode(_with_type(requests[i], t), export, locs[i]) for i, t, _ in jobs]
+
+    if sum(len(requests[i].events) for i, _, _ in jobs) <= INLINE_ENCODE_EVENTS:
         # Small inputs are bagged right here: pure-Python work gains nothing from a thread
         # (the GIL), and many threads would starve the event loop of it under load.
-        encoded: list[Encoded] = [encode(r, export, loc) for r, loc in zip(requests, locs)]
+        variants = encode_all()
     else:  # a big input would stall every other request for its whole encoding time
-        encoded = await run_in_threadpool(lambda: [encode(r, export, loc) for r, loc in zip(requests, locs)])
-    probs = await batcher.submit([e.example for e in encoded], num_samples, seed, arrival=arrival)
+        variants = await run_in_threadpool(encode_all)
+    groups: dict[int, list[int]] = {}  # samples per member -> positions in jobs (one forward pass each)
+    for j, (_, _, n) in enumerate(jobs):
+        groups.setdefault(n, []).append(j)
+    results = await asyncio.gather(*(batcher.submit([variants[j].example for j in js], n, seed, arrival=arrival)
+                                     for n, js in groups.items()))
+    rows: dict[tuple[int, str | None], np.ndarray] = {}  # (request, type encoded) -> its samples
+    for js, probs_n in zip(groups.values(), results):
+        for j, row in zip(js, probs_n):
+            rows[jobs[j][:2]] = row
+    probs = np.stack([admission_type.mixed([rows[i, t] for t, _ in allocation]) if i in unknown else rows[i, None]
+                      for i in range(len(requests))])
+    first = {}
+    for j, (i, _, _) in enumerate(jobs):
+        first.setdefault(i, variants[j])
+    encoded = [first[i] for i in range(len(requests))]
     s = summarise(probs, export, num_samples)
     policy = export.metrics.referral
+    mixed_warning = [admission_type.warning(export.admission_types, allocation, num_samples)] if unknown else []
     out = []
     for i, (req, enc) in enumerate(zip(requests, encoded)):
         out.append(PatientPrediction(
@@ -169,18 +203,26 @@ async def predict_admissions(
             out_of_vocabulary=OutOfVocabulary(count=enc.oov_count, codes=enc.oov_codes),
             prediction_time=enc.prediction_time,
             age_years=enc.age_years,
-            warnings=enc.warnings,
+            warnings=[*enc.warnings, *mixed_warning] if i in unknown else enc.warnings,
             samples=[float(v) for v in probs[i]] if include_samples else None,
         ))
         for reason, n in enc.ignored.items():
             if n:
                 metrics.events_ignored.labels(reason=reason).inc(n)
         metrics.oov_codes.inc(enc.oov_count)
-        for kind in enc.warning_kinds:
+        for kind in [*enc.warning_kinds, *([admission_type.KIND] if i in unknown else [])]:
             metrics.input_warnings.labels(kind=kind).inc()
     metrics.predictions.inc(len(out))
     metrics.referrals.inc(sum(p.refer for p in out))
     return out
+
+
+def _with_type(request: PredictRequest, admission_type_: str | None) -> PredictRequest:
+    """The request as sent (None), or with the admission type it did not know."""
+    if admission_type_ is None:
+        return request
+    return request.model_copy(update={"admission": request.admission.model_copy(
+        update={"admission_type": admission_type_})})
 
 
 def _log(request: Request, route: str, predictions: list[PatientPrediction], num_samples: int) -> None:

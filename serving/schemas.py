@@ -97,8 +97,11 @@ class Admission(_Request):
 
     admit_time: IsoDateTime = Field(description="Admission time, ISO 8601; no offset means UTC.",
                                     examples=["2150-03-01T08:30:00"])
-    admission_type: Text = Field(description="MIMIC-III ADMISSION_TYPE, e.g. EMERGENCY, ELECTIVE, URGENT.",
-                                 examples=["EMERGENCY"])
+    admission_type: Text | None = Field(
+        None, description="MIMIC-III ADMISSION_TYPE as in the training data, e.g. EMERGENCY, ELECTIVE, URGENT. "
+                          "null or left out when unknown: the risk is then averaged over the training admission "
+                          "types by their training frequency, with a warning. A type the training data never "
+                          "held is refused.", examples=["EMERGENCY"])
 
 
 class Event(_Request):

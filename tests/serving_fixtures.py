@@ -29,6 +29,8 @@ from ehr_pipeline.config import PipelineConfig
 
 FIXTURE_NAME = "TEST-FIXTURE-not-a-clinical-model"
 FIXTURE_METHOD = "test-fixture: seeded noise around a function of event counts"
+# The admission types of the tiny export's training split (MIMIC-III's adult shares, roughly).
+DEFAULT_ADMISSION_TYPES = {"EMERGENCY": 16, "ELECTIVE": 3, "URGENT": 1}
 DEFAULT_VOCABULARY = {
     "lab": ["50912", "50971", "51006", "50983"],
     "chart": ["220045", "220210", "220277"],
@@ -143,11 +145,14 @@ def write_tiny_model_export(
     pipeline: PipelineConfig | None = None,
     referral: Mapping[str, Any] | None = None,
     lab_loinc: Mapping[str, Sequence[str]] | None = None,
+    admission_types: Mapping[str, int] | None = None,
 ) -> pathlib.Path:
     """Writes an export of a tiny UNTRAINED rank-1 model through the real exporter (model.export).
 
     lab_loinc (LOINC -> lab ITEMIDs) becomes the data folder's lab_loinc.json, as the Beam job
     writes it from D_LABITEMS, and so reaches the export the way a trained model's does.
+    admission_types (type -> examples, default DEFAULT_ADMISSION_TYPES) become a training split
+    of event-less examples, which the exporter counts into admission_types.json.
 
     The architecture, featurizer, stateless seeded sampling and SavedModel are the real ones;
     the weights are random initialisations, so the probabilities mean nothing. It is a TEST
@@ -174,6 +179,7 @@ def write_tiny_model_export(
         if lab_loinc is not None:
             (data_dir / "lab_loinc.json").write_text(json.dumps({"codes": {k: list(v) for k, v in lab_loinc.items()}}))
         (data_dir / "units.json").write_text(json.dumps(FIXTURE_UNITS))
+        _write_train_split(data_dir, DEFAULT_ADMISSION_TYPES if admission_types is None else admission_types)
         files = inputs.load_data_files(data_dir)
         featurizer = inputs.Featurizer.from_data_files(files)
         config = ModelConfig(method="rank1", ensemble_size=ensemble_size, embedding_dim=8, rnn_dim=8,
@@ -190,6 +196,22 @@ def write_tiny_model_export(
             config={"model": config.model_dump(mode="json")})
         return export_writer.write_export(directory, Predictor(featurizer, model), data_dir=str(data_dir),
                                           pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc)
+
+
+def _write_train_split(data_dir: pathlib.Path, admission_types: Mapping[str, int]) -> None:
+    """A one-shard train split of event-less examples, `admission_types[t]` of type t."""
+    import numpy as np
+
+    from ehr_pipeline import bagging, tfrecord
+
+    bags = bagging.bag_events(np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0), 86_400,
+                              PipelineConfig().bagging)
+    records = [spec.make_sequence_example({
+        spec.SUBJECT_ID: n, spec.HADM_ID: n, spec.LABEL: 0, spec.TRIGGER_TIME: 86_400, spec.ADMIT_OFFSET: 86_400,
+        spec.AGE_YEARS: 60.0, spec.GENDER: "F", spec.ADMISSION_TYPE: kind}, bags).SerializeToString()
+        for n, kind in enumerate(k for k, count in admission_types.items() for _ in range(count))]
+    with open(data_dir / spec.shard_file_name("train", 0, 1), "wb") as f:
+        tfrecord.write_records(f, records)
 
 
 class ThreadedServer:

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 from ehr_testdata import read_json, tiny_config_dict
 
+from ehr_pipeline import spec, tfrecord
 from model import inputs
 from model.config import parse_config
 from model.export import ExportError, load_export
@@ -45,6 +46,25 @@ def test_export_holds_the_contract_files(trained):
     assert read_json(export / "pipeline_config.json") == read_json(data / "manifest.json")["config"]
     for name in ("vocabulary.json", "numeric_stats.json"):
         assert (export / name).read_bytes() == (data / name).read_bytes()
+    # The training split's admission types, counted independently from its records.
+    counted: dict[str, int] = {}
+    for path in sorted(data.glob(spec.split_file_pattern("train"))):
+        with open(path, "rb") as f:
+            for record in tfrecord.read_records(f):
+                kind = spec.sequence_example_to_dict(record)[spec.ADMISSION_TYPE]
+                counted[kind] = counted.get(kind, 0) + 1
+    assert read_json(export / "admission_types.json") == {"split": "train", "counts": counted}
+    assert sum(counted.values()) == trained["n_train"] and load_export(export).files.admission_types == counted
+
+
+def test_bad_admission_types_file_is_named(trained, tmp_path):
+    from model.export import read_export
+
+    copy = tmp_path / "export"
+    shutil.copytree(trained["export"], copy)
+    (copy / "admission_types.json").write_text('{"counts": {"EMERGENCY": -1}}')
+    with pytest.raises(ExportError, match=r"admission_types\.json: expected"):
+        read_export(copy)
 
 
 def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained):

@@ -310,6 +310,91 @@ def test_same_auth_limits_and_metrics_as_v1(client, small_bundle, server):
     assert 'method="GET",route="/cds-services",status="401"' in metrics
 
 
+# ------------------------------------------------------------------------------- whose record, which admission
+
+
+@pytest.mark.parametrize("where, subject", [
+    ("Observation", {"reference": "Patient/subject-99999"}),
+    ("Observation", {"identifier": {"system": codes.MIMIC_SUBJECT_ID, "value": "99999"}}),
+    ("Observation", {"reference": "urn:uuid:9d3c0f52-1111-4e1e-8c2b-7c1d2e3f4a5b"}),
+    ("Encounter", {"reference": "Patient/subject-99999"}),
+])
+def test_a_bundle_with_another_patients_resource_is_refused_naming_it(client, small_bundle, where, subject):
+    from fhir.resources.R4B.operationoutcome import OperationOutcome
+
+    bundle = copy.deepcopy(small_bundle)
+    i = next(i for i, e in enumerate(bundle["entry"]) if e["resource"]["resourceType"] == where)
+    bundle["entry"][i]["resource"]["subject"] = subject
+    r = _predict_fhir(client, bundle)
+    assert r.status_code == 422, r.text[:300]
+    outcome = r.json()
+    OperationOutcome.model_validate(outcome)
+    [issue] = outcome["issue"]
+    patient = bundle["entry"][0]["resource"]["id"]
+    assert issue["expression"] == [f"Bundle.entry[{i}].resource.subject"] and issue["code"] == "business-rule"
+    assert f"the Bundle's Patient is Patient/{patient}" in issue["diagnostics"]
+    assert ("99999" in issue["diagnostics"]) or ("urn:uuid:9d3c" in issue["diagnostics"])
+    assert _predict_fhir(client, small_bundle).status_code == 200  # the same Bundle, one patient's: answered
+
+
+def _without_admission_type(bundle: dict) -> dict:
+    """The Bundle as many EHR exports write it: the Encounter states no priority, no type, class IMP."""
+    out = copy.deepcopy(bundle)
+    for e in out["entry"]:
+        if e["resource"]["resourceType"] == "Encounter":
+            e["resource"].pop("priority", None)
+            e["resource"].pop("type", None)
+    return out
+
+
+@pytest.mark.slow
+def test_an_encounter_without_admission_type_gets_the_risk_averaged_over_the_training_types(
+        client, reference, demo_release, server):
+    """The answer equals the independent mixture: /v1 samples per known type, in the training shares."""
+    hadm = min(reference, key=lambda h: len(reference[h]["events"]))
+    bundle = _without_admission_type(convert.admission_bundle(demo_release, hadm))
+    r = _predict_fhir(client, bundle, num_samples=25)
+    assert r.status_code == 200, r.text[:500]
+    risk = r.json()
+    notes = [n["text"] for n in risk["note"]]
+    assert any(n.startswith(f"Encounter/hadm-{hadm}: no admission type") for n in notes), notes
+    assert any(n.startswith("admission type unknown") and "EMERGENCY 80%" in n for n in notes), notes
+    # The export's training split holds EMERGENCY 16, ELECTIVE 3, URGENT 1 (serving_fixtures): of
+    # 25 samples per member that is 20, 3.75, 1.25 -> 20, 4, 1 by the largest remainders.
+    samples = []
+    for kind, n in (("EMERGENCY", 20), ("ELECTIVE", 4), ("URGENT", 1)):
+        body = {**reference[hadm], "admission": {**reference[hadm]["admission"], "admission_type": kind}}
+        v1 = client.post("/v1/predict", json=body, headers=HEADERS,
+                         params={"seed": SEED, "num_samples": n, "include_samples": True})
+        assert v1.status_code == 200, v1.text[:300]
+        samples += v1.json()["samples"]
+    [prediction] = risk["prediction"]
+    assert len(samples) == 25 * K
+    assert abs(prediction["probabilityDecimal"] - float(np.mean(samples))) <= 1e-6
+    # /v1 with the type left out (or null) answers the same, with the warning and its metric.
+    unknown = {**reference[hadm], "admission": {"admit_time": reference[hadm]["admission"]["admit_time"]}}
+    for body in (unknown, {**unknown, "admission": {**unknown["admission"], "admission_type": None}}):
+        v1 = client.post("/v1/predict", json=body, headers=HEADERS,
+                         params={"seed": SEED, "num_samples": 25, "include_samples": True}).json()
+        assert v1["samples"] == pytest.approx(samples, abs=1e-6)
+        assert sum(w.startswith("admission type unknown") for w in v1["warnings"]) == 1
+    metrics = client.get("/metrics", headers=HEADERS).text
+    assert 'ehr_input_warnings_total{kind="admission_type_unknown"}' in metrics
+    # A CDS Hooks call on the same records gets its card, the warning in its detail.
+    card = client.post("/cds-services/mortality-risk", json=_hook_call(bundle), headers=HEADERS)
+    assert card.status_code == 200, card.text[:300]
+    assert "admission type unknown" in card.json()["cards"][0]["detail"]
+
+
+def test_an_admission_type_the_training_never_held_is_refused(client, reference):
+    hadm = min(reference)
+    body = {**reference[hadm], "admission": {**reference[hadm]["admission"], "admission_type": "NEWBORN"}}
+    r = client.post("/v1/predict", json=body, headers=HEADERS, params={"num_samples": 2})
+    assert r.status_code == 422
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["body", "admission", "admission_type"] and "EMERGENCY, ELECTIVE, URGENT" in error["msg"]
+
+
 # ------------------------------------------------------------------------------- CDS Hooks
 
 
@@ -379,6 +464,54 @@ def test_cds_missing_prefetch_is_412_and_malformed_calls_400(client, small_bundl
                        headers=HEADERS).status_code == 400
     assert client.post(f"/cds-services/{service}", content=b"{", headers=HEADERS).status_code == 400
     assert client.post("/cds-services/nope", json=_hook_call(small_bundle), headers=HEADERS).status_code == 404
+
+
+def test_cds_context_naming_another_patient_or_encounter_is_refused(client, small_bundle):
+    from fhir.resources.R4B.operationoutcome import OperationOutcome
+
+    service = "/cds-services/mortality-risk"
+    patient = small_bundle["entry"][0]["resource"]["id"]
+    call = _hook_call(small_bundle)
+    call["context"]["patientId"] = "subject-99999"
+    r = client.post(service, json=call, headers=HEADERS)
+    assert r.status_code == 422, r.text[:300]
+    OperationOutcome.model_validate(r.json())
+    [issue] = r.json()["issue"]
+    assert issue["expression"] == ["context.patientId"]
+    assert "'subject-99999'" in issue["diagnostics"] and f"Patient/{patient}" in issue["diagnostics"]
+
+    call = _hook_call(small_bundle)
+    encounter = call["context"]["encounterId"]
+    call["context"]["encounterId"] = "hadm-1"
+    [issue] = client.post(service, json=call, headers=HEADERS).json()["issue"]
+    assert issue["expression"] == ["context.encounterId"] and f"Encounter/{encounter}" in issue["diagnostics"]
+
+    # The prefetched Encounter (or any prefetched record) of another patient: named where the call holds it.
+    call = _hook_call(small_bundle)
+    call["prefetch"]["encounter"] = {**call["prefetch"]["encounter"], "subject": {"reference": "Patient/subject-99999"}}
+    r = client.post(service, json=call, headers=HEADERS)
+    assert r.status_code == 422, r.text[:300]
+    [issue] = r.json()["issue"]
+    assert issue["expression"] == ["prefetch.encounter.subject"], issue
+    assert "'Patient/subject-99999'" in issue["diagnostics"] and f"Patient/{patient}" in issue["diagnostics"]
+    call = _hook_call(small_bundle)
+    call["prefetch"]["observations"]["entry"][1]["resource"]["subject"] = {"reference": "Patient/subject-99999"}
+    [issue] = client.post(service, json=call, headers=HEADERS).json()["issue"]
+    assert issue["expression"] == ["prefetch.observations.entry[1].resource.subject"], issue
+
+
+def test_cds_references_to_the_fhir_server_resolve_to_the_prefetch(client, small_bundle):
+    """With fhirServer, absolute references to it name the prefetched resources; another server's do not."""
+    server = "https://ehr.example/fhir"
+    patient = small_bundle["entry"][0]["resource"]["id"]
+    call = _hook_call(small_bundle)
+    call["fhirServer"] = server
+    for entry in call["prefetch"]["observations"]["entry"]:
+        entry["resource"]["subject"] = {"reference": f"{server}/Patient/{patient}"}
+    r = client.post("/cds-services/mortality-risk", json=call, headers=HEADERS)
+    assert r.status_code == 200, r.text[:300]
+    call["fhirServer"] = "https://other.example/fhir"
+    assert client.post("/cds-services/mortality-risk", json=call, headers=HEADERS).status_code == 422
 
 
 def test_card_indicator_follows_threshold_and_referral():

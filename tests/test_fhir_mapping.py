@@ -119,11 +119,24 @@ def test_admission_fields_come_from_patient_and_encounter():
     assert (m.patient_reference, m.encounter_reference) == ("Patient/p", "Encounter/e")
 
 
-def test_missing_admission_type_and_partial_birth_date_are_errors():
+@pytest.mark.parametrize("extra, expected", [
+    ({}, None),  # no priority, class IMP, no type: common in real exports
+    ({"priority": {"coding": [{"system": codes.ACT_PRIORITY, "code": "R"}]}}, None),  # routine: no MIMIC type
+    ({"priority": {"coding": [{"system": codes.ACT_PRIORITY, "code": "EL"}]}}, "ELECTIVE"),
+    ({"class": {"system": codes.ACT_CODE, "code": "EMER"}}, "EMERGENCY"),
+    ({"type": [{"coding": [{"system": codes.MIMIC_ADMISSION_TYPE, "code": "URGENT"}]}],
+      "priority": {"coding": [{"system": codes.ACT_PRIORITY, "code": "EM"}]}}, "URGENT"),  # the MIMIC coding first
+])
+def test_admission_type_from_the_encounter_or_unknown_with_a_warning(extra, expected):
     enc = {"resourceType": "Encounter", "id": "e", "status": "finished", "class": {"code": "IMP"},
-           "period": {"start": "2150-03-01T08:30:00Z"}}
-    with pytest.raises(FhirInputError, match="admission type"):
-        _map(encounter=enc)
+           "subject": {"reference": "Patient/p"}, "period": {"start": "2150-03-01T08:30:00Z"}, **extra}
+    m = _map(encounter=enc)
+    assert m.admission_type == expected
+    unknown = [w for w in m.warnings if "no admission type" in w]
+    assert len(unknown) == (expected is None) and all(w.startswith("Encounter/e:") for w in unknown)
+
+
+def test_partial_birth_date_is_an_error():
     with pytest.raises(FhirInputError, match="birth date"):
         _map(patient={"resourceType": "Patient", "id": "p", "birthDate": "2080"})
 
@@ -187,14 +200,91 @@ def test_medications_follow_the_job_rules():
          "effectivePeriod": {"start": "2150-03-01T09:00:00Z", "end": "2150-03-01T11:00:00Z"},
          "medicationCodeableConcept": {"coding": [{"system": codes.mimic_system("input"), "code": "225158"}]},
          "dosage": {"dose": {"value": 250, "unit": "mL"}}},
-        {"resourceType": "Observation", "id": "x", "status": "final", "code": {"text": "other patient"},
-         "subject": {"reference": "Patient/someone-else"}},
     )
     assert m.events == [
         {"time": "2150-03-01T11:00:00Z", "source": "input", "code": "225158", "value": 250.0, "unit": "mL"},
         {"time": "2150-03-01T23:59:59Z", "source": "prescription", "code": "VANC1"},  # the end of its day
     ]
-    assert m.skipped == {"other_patient": 1, "void_status": 1}
+    assert m.skipped == {"void_status": 1}
+
+
+# ------------------------------------------------------------------------------- one patient per Bundle
+
+PATIENT_URL = "urn:uuid:0b6a3d4e-2f0c-4f5e-9a1b-5c7d8e9f0a1b"
+PATIENT_ID = {"system": codes.MIMIC_SUBJECT_ID, "value": "10006"}
+
+
+def _one_patient_bundle(subject, *, holder_url=None, patient_url=PATIENT_URL, where="subject", kind="Observation",
+                        more=()):
+    """Patient p (fullUrl patient_url, one identifier), Encounter e, and one lab whose `where` is `subject`."""
+    lab = _obs("lab", {"system": codes.mimic_system("lab"), "code": "50912"}, 1.4)
+    lab.pop("subject")
+    if kind != "Observation":  # a resource type the model does not read, holding the element in question
+        lab = {"resourceType": kind, "id": "x", "clinicalStatus": {"coding": [{"code": "active"}]}}
+    if subject is not None:
+        lab[where] = subject
+    bundle = _bundle(lab, *more, patient={"resourceType": "Patient", "id": "p", "gender": "female",
+                                          "birthDate": "2080-05-17", "identifier": [PATIENT_ID]})
+    bundle["entry"][0]["fullUrl"] = patient_url
+    if holder_url:
+        bundle["entry"][2]["fullUrl"] = holder_url
+    return bundle
+
+
+@pytest.mark.parametrize("subject, kw", [
+    ({"reference": "Patient/p"}, {}),
+    ({"reference": "Patient/p/_history/3"}, {}),  # another version of the same Patient
+    ({"reference": PATIENT_URL}, {}),  # the Patient entry's fullUrl
+    ({"reference": "http://ehr.example/fhir/Patient/p"}, {"patient_url": "http://ehr.example/fhir/Patient/p"}),
+    ({"reference": "Patient/p"}, {"patient_url": "http://ehr.example/fhir/Patient/p",
+                                  "holder_url": "http://ehr.example/fhir/Observation/lab"}),  # same server
+    ({"reference": "Patient/p", "type": "Patient", "identifier": PATIENT_ID}, {}),
+    ({"identifier": PATIENT_ID}, {}),  # a logical reference the Patient carries
+    ({"display": "the patient"}, {}),  # names no one: not compared (names are never read)
+    (None, {}),  # no subject: inside the Patient's Bundle it is the Patient's
+])
+def test_references_to_the_bundles_patient_are_used(subject, kw):
+    m = map_bundle(read_bundle(_one_patient_bundle(subject, **kw)), MODEL)
+    assert m.event_references == ["Observation/lab"] and [e["value"] for e in m.events] == [1.4]
+
+
+@pytest.mark.parametrize("subject, kw, said", [
+    ({"reference": "Patient/q"}, {}, "'Patient/q'"),
+    ({"reference": "Patient/q/_history/1"}, {}, "'Patient/q/_history/1'"),
+    ({"reference": "urn:uuid:9d3c0f52-1111-4e1e-8c2b-7c1d2e3f4a5b"}, {}, "not the Patient's fullUrl"),
+    # An absolute URL is the entry with that fullUrl; this Patient has none on that server.
+    ({"reference": "http://ehr.example/fhir/Patient/p"}, {}, "'http://ehr.example/fhir/Patient/p'"),
+    ({"reference": "http://ehr.example/fhir/Patient/q"}, {"patient_url": "http://ehr.example/fhir/Patient/p"},
+     "not the Patient's fullUrl"),
+    ({"reference": "Patient/p"}, {"patient_url": "http://a.example/fhir/Patient/p",
+                                  "holder_url": "http://b.example/fhir/Observation/lab"}, "on the server"),
+    ({"identifier": {"system": codes.MIMIC_SUBJECT_ID, "value": "99999"}}, {}, "identifier"),
+    ({"identifier": {"value": "10006"}}, {}, "identifier"),  # the same value in no system is not the same
+    ({"reference": "Patient/p", "identifier": {"system": codes.MIMIC_SUBJECT_ID, "value": "99999"}}, {}, "99999"),
+    ({"reference": "Group/ward-7"}, {}, "'Group/ward-7'"),
+    ({"reference": "Patient/p", "type": "Group"}, {}, "names a Group"),
+    ({"reference": "#p2"}, {}, "contained"),
+    ({"reference": "Patient?identifier=10006"}, {}, "not a Patient reference"),
+])
+def test_a_resource_of_anyone_else_refuses_the_bundle(subject, kw, said):
+    with pytest.raises(FhirInputError) as err:
+        map_bundle(read_bundle(_one_patient_bundle(subject, **kw)), MODEL)
+    [(where, message, code)] = err.value.issues
+    assert (where, code) == ("Bundle.entry[2].resource.subject", "business-rule")
+    assert said in message and "the Bundle's Patient is Patient/p" in message
+
+
+def test_every_element_naming_someone_else_is_listed_encounter_and_unread_types_included():
+    other = {"reference": "Patient/q"}
+    bundle = _one_patient_bundle(other, kind="AllergyIntolerance", where="patient",
+                                 more=[_obs("lab2", {"system": codes.mimic_system("lab"), "code": "50912"}, 9.9)])
+    bundle["entry"][3]["resource"]["subject"] = other
+    bundle["entry"][1]["resource"]["subject"] = other  # the Encounter itself
+    with pytest.raises(FhirInputError) as err:
+        map_bundle(read_bundle(bundle), MODEL)
+    assert [i[0] for i in err.value.issues] == ["Bundle.entry[1].resource.subject", "Bundle.entry[2].resource.patient",
+                                                "Bundle.entry[3].resource.subject"]
+    assert err.value.issues[1][1].startswith("AllergyIntolerance.patient names 'Patient/q'")
 
 
 def test_events_leave_in_the_jobs_canonical_order():

@@ -169,6 +169,23 @@ def test_rerun_on_synthetic_release_is_byte_identical(tmp_path):
         assert (out1 / rel).read_bytes() == (out2 / rel).read_bytes(), rel
 
 
+def test_files_are_read_by_content_whatever_their_names(demo_run, demo_dir, tmp_path):
+    """Another site's export: LABEVENTS.csv.gz holding plain text, ADMISSIONS.csv holding gzip."""
+    release = tmp_path / "release"
+    release.mkdir()
+    for f in demo_dir.iterdir():
+        if f.name.startswith(("LABEVENTS", "ADMISSIONS")):
+            continue
+        (release / f.name).symlink_to(f)
+    (release / "LABEVENTS.csv.gz").write_bytes(gzip.decompress((demo_dir / "LABEVENTS.csv.gz").read_bytes()))
+    (release / "ADMISSIONS.csv").write_bytes((demo_dir / "ADMISSIONS.csv.gz").read_bytes())
+    manifest = run_job(str(release), str(tmp_path / "out"), PipelineConfig.model_validate(CONFIG))
+    _, expected, examples = demo_run
+    assert manifest["tables"] == expected["tables"] and manifest["balanced"]
+    assert {h: ex["raw"] for h, ex in read_examples(tmp_path / "out").items()} == {
+        h: ex["raw"] for h, ex in examples.items()}
+
+
 def test_dask_cluster_produces_the_same_records(demo_run, demo_dir, tmp_path):
     """A real dask.distributed cluster (2 worker processes on 127.0.0.1) gives the same records."""
     from dask.distributed import LocalCluster

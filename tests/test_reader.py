@@ -423,6 +423,41 @@ def test_gzip_is_detected_by_content_not_name(tmp_path):
     assert result.column("ROW_ID").to_pylist() == [7]
 
 
+@pytest.mark.parametrize("name, gz", [("LABEVENTS.csv.gz", False), ("LABEVENTS.csv", True),
+                                      ("labevents.CSV.GZ", False), ("LABEVENTS.csv.gz", True)])
+def test_a_file_is_read_by_its_content_whatever_its_name(demo_dir, tmp_path, name, gz):
+    # Another site's export tool: plain text under .csv.gz (Arrow guesses gzip from the
+    # name) or gzip under .csv. Every row must come out as from the demo's own file.
+    original = locate_table(demo_dir, "LABEVENTS")
+    text = gzip.decompress(original.read_bytes())
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text) if gz else text)
+    reader_module.check_header(path, "LABEVENTS")
+    result, stats, letters = _read(path, block_size_bytes=64 * 1024)
+    header, rows = _demo_records(original)
+    assert not letters and stats.rows_read == len(rows) == result.num_rows
+    assert result.column("ROW_ID").to_pylist() == [int(r[header.index("ROW_ID")]) for r in rows]
+
+
+@pytest.mark.parametrize("magic, what", [(b"PK\x03\x04", "zip archive"), (b"BZh91AY&SY", "bzip2"),
+                                         (b"\xfd7zXZ\x00\x00", "xz"), (b"\x28\xb5\x2f\xfd\x00", "zstd")])
+def test_another_container_is_named_in_one_line(tmp_path, magic, what):
+    path = tmp_path / "LABEVENTS.csv.gz"
+    path.write_bytes(magic + bytes(range(256)) * 4)
+    for attempt in (lambda: reader_module.check_header(path, "LABEVENTS"), lambda: list(TableReader(path, "LABEVENTS"))):
+        with pytest.raises(ReaderError, match=f"LABEVENTS.csv.gz: the file holds .*{what}") as err:
+            attempt()
+        assert "\n" not in str(err.value)
+
+
+def test_gzip_compressed_twice_is_named(tmp_path):
+    text = (",".join(_quote(h) for h in LAB_HEADER) + "\n" + GOOD.format(id=1) + "\n").encode()
+    path = tmp_path / "LABEVENTS.csv.gz"
+    path.write_bytes(gzip.compress(gzip.compress(text)))
+    with pytest.raises(ReaderError, match="LABEVENTS.csv.gz: the decompressed content is gzip data again"):
+        reader_module.check_header(path, "LABEVENTS")
+
+
 # ------------------------------------------------------------------ block edges and Arrow's read-ahead
 
 _ROW = "{id},10006,,50912,2164-10-23 21:09:00,{value},.5,\"mg\","

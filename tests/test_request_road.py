@@ -22,11 +22,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The modules that convert the request's data, each once: JSON -> validated request (schemas) ->
 # events in seconds (encoding, ages) -> values in the training units (units) -> bags (bagging) ->
 # SequenceExample (spec) -> SavedModel call (predictor, predict, export) -> uncertainty summary
-# (metrics) -> response (routes).
+# (metrics) -> response (routes); the admission type is checked against the training types
+# (admission_type), which also average an unknown one.
 DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/ages.py", "ehr_pipeline/units.py",
                 "ehr_pipeline/bagging.py",
                 "ehr_pipeline/spec.py", "serving/predictor.py", "model/predict.py", "model/export.py",
-                "model/metrics.py", "serving/routes.py"}
+                "model/metrics.py", "serving/routes.py", "serving/admission_type.py"}
 # Plumbing that never touches the data: middleware, API keys, dependency injection, micro-batching.
 PLUMBING = {"serving/app.py", "serving/auth.py", "serving/dependencies.py", "serving/batching.py"}
 
@@ -69,7 +70,7 @@ def road(tmp_path_factory) -> dict[str, set[str]]:
 
 
 def test_a_lab_event_reaches_the_answer_through_the_modules_that_convert_it(road):
-    # Measured: 15 modules, 11 of them touching the data (the target: <= 12 such modules).
+    # Measured: 16 modules, 12 of them touching the data (the target: <= 12 such modules).
     assert set(road) <= DATA_MODULES | PLUMBING, sorted(set(road) - DATA_MODULES - PLUMBING)
     assert DATA_MODULES <= set(road), sorted(DATA_MODULES - set(road))
 

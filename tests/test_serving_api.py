@@ -238,6 +238,10 @@ def test_model_info(client):
     (lambda b: b["events"][1].update(code="\u0000"), ["body", "events", 1, "code"]),
     (lambda b: b["events"][1].update(code="50912\u0000"), ["body", "events", 1, "code"]),
     (lambda b: b["events"][1].update(code="509\t12"), ["body", "events", 1, "code"]),
+    # Types the training split never held: their one-hot slot never trained (serving.admission_type).
+    (lambda b: b["admission"].update(admission_type="NEWBORN"), ["body", "admission", "admission_type"]),
+    (lambda b: b["admission"].update(admission_type="UNKNOWN"), ["body", "admission", "admission_type"]),
+    (lambda b: b["admission"].update(admission_type="emergency"), ["body", "admission", "admission_type"]),
 ])
 def test_invalid_requests_are_422_naming_the_field(client, mutate, loc):
     b = copy.deepcopy(body())
@@ -385,6 +389,72 @@ def test_batch_answers_in_order(client):
     bad = [body(), body(prediction_time=iso(ADMIT - dt.timedelta(days=1)))]
     r = client.post("/v1/predict/batch", json={"patients": bad}, headers=HEADERS)
     assert r.status_code == 422 and locs(r) == [["body", "patients", 1, "prediction_time"]]
+
+
+def test_batch_of_known_and_unknown_admission_types_answers_each_as_alone(client):
+    """Unknown types are drawn type by type in other passes: each answer must still be its own."""
+    patients = [body(id="known"), body(id="unknown-1", admission={"admit_time": iso(ADMIT)}),
+                body(id="urgent", admission={"admit_time": iso(ADMIT), "admission_type": "URGENT"}),
+                body(id="unknown-2", events=body()["events"][:2], admission={"admit_time": iso(ADMIT)})]
+    params = {"num_samples": 7, "seed": 3, "include_samples": True}
+    batch = client.post("/v1/predict/batch", json={"patients": patients}, headers=HEADERS, params=params)
+    assert batch.status_code == 200, batch.text
+    for patient, answer in zip(patients, batch.json()["predictions"]):
+        alone = client.post("/v1/predict", json=patient, headers=HEADERS, params=params).json()
+        assert answer["id"] == patient["id"] and answer["samples"] == pytest.approx(alone["samples"], abs=1e-6)
+        assert answer["warnings"] == alone["warnings"]
+        assert len(answer["samples"]) == 7 * K
+        unknown = [w for w in answer["warnings"] if w.startswith("admission type unknown")]
+        assert len(unknown) == patient["id"].startswith("unknown")
+    # EMERGENCY 16, ELECTIVE 3, URGENT 1 in training: 7 samples -> 5.6, 1.05, 0.35 -> 6, 1, 0.
+    assert "samples per member of 7: EMERGENCY 6, ELECTIVE 1)" in unknown[0]
+
+
+@pytest.mark.parametrize("counts, num_samples, expected", [
+    ({"EMERGENCY": 16, "ELECTIVE": 3, "URGENT": 1}, 25, [("EMERGENCY", 20), ("ELECTIVE", 4), ("URGENT", 1)]),
+    ({"EMERGENCY": 16, "ELECTIVE": 3, "URGENT": 1}, 1, [("EMERGENCY", 1)]),  # one sample: the most frequent
+    ({"ELECTIVE": 1, "URGENT": 1}, 1, [("ELECTIVE", 1)]),  # a tie: by name
+    ({"B": 1, "A": 1, "C": 1}, 4, [("A", 2), ("B", 1), ("C", 1)]),
+])
+def test_samples_are_split_among_training_types_by_largest_remainder(counts, num_samples, expected):
+    from serving.admission_type import allocate
+
+    assert allocate(counts, num_samples) == expected
+
+
+@hyp_settings(max_examples=200, deadline=None)
+@given(counts=st.dictionaries(st.sampled_from(["ELECTIVE", "EMERGENCY", "URGENT", "NEWBORN", "OTHER"]),
+                              st.integers(1, 10_000), min_size=1), num_samples=st.integers(1, 100))
+def test_sample_allocation_keeps_the_budget_and_the_training_shares(counts, num_samples):
+    from serving.admission_type import allocate
+
+    got = dict(allocate(counts, num_samples))
+    assert sum(got.values()) == num_samples and all(n > 0 for n in got.values())
+    total = sum(counts.values())
+    for t, c in counts.items():
+        exact = num_samples * c / total
+        assert math.floor(exact) <= got.get(t, 0) <= math.ceil(exact), (t, exact, got)
+    # A larger remainder is never rounded down while a smaller one is rounded up.
+    rest = {t: num_samples * c / total - math.floor(num_samples * c / total) for t, c in counts.items()}
+    up = [t for t in counts if got.get(t, 0) > math.floor(num_samples * counts[t] / total)]
+    down = [t for t in counts if t not in up]
+    assert all(rest[u] >= rest[d] for u in up for d in down)
+
+
+def test_an_export_without_training_types_needs_the_type(fixture_export):
+    """Exports made before admission_types.json: a known type is used as before, an unknown one refused."""
+    from model.export import read_export
+    from serving import admission_type
+    from serving.encoding import InputError
+    from serving.schemas import PredictRequest
+
+    export = read_export(fixture_export)
+    assert export.admission_types == {}
+    admission_type.check(PredictRequest.model_validate(body()), export, ("body",))
+    with pytest.raises(InputError) as err:
+        admission_type.check(PredictRequest.model_validate(body(admission={"admit_time": iso(ADMIT)})), export,
+                             ("body",))
+    assert err.value.loc == ("body", "admission", "admission_type") and "admission_types.json" in err.value.msg
 
 
 def test_concurrent_requests_are_merged_into_shared_forward_passes(client, server):
