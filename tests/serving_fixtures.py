@@ -208,7 +208,8 @@ def _write_train_split(data_dir: pathlib.Path, admission_types: Mapping[str, int
                               PipelineConfig().bagging)
     records = [spec.make_sequence_example({
         spec.SUBJECT_ID: n, spec.HADM_ID: n, spec.LABEL: 0, spec.TRIGGER_TIME: 86_400, spec.ADMIT_OFFSET: 86_400,
-        spec.AGE_YEARS: 60.0, spec.GENDER: "F", spec.ADMISSION_TYPE: kind}, bags).SerializeToString()
+        spec.AGE_YEARS: 60.0, spec.GENDER: "F", spec.ADMISSION_TYPE: kind, spec.ETHNICITY: spec.NOT_RECORDED,
+        spec.INSURANCE: spec.NOT_RECORDED}, bags).SerializeToString()
         for n, kind in enumerate(k for k, count in admission_types.items() for _ in range(count))]
     with open(data_dir / spec.shard_file_name("train", 0, 1), "wb") as f:
         tfrecord.write_records(f, records)
