@@ -187,7 +187,7 @@ def test_dask_cluster_produces_the_same_records(demo_run, demo_dir, tmp_path):
 def test_event_chunks_round_trip_exactly():
     import numpy as np
 
-    from ehr_pipeline.job import pack_chunk, unpack_chunk
+    from ehr_pipeline.chunks import pack_chunk, unpack_chunk
 
     times = np.array([5_000_000_000, 4_000_000_000, 5_000_000_001], dtype=np.int64)
     codes = np.array(["lab:1", "chart:2", "lab:1"], dtype=object)
