@@ -333,7 +333,7 @@ class MedsReader:
         chunks = {key: rest for key, *rest in events.split_by_admission(kept)}
         empty = (np.zeros(0, np.int64), np.zeros(0, np.str_), np.zeros(0), np.zeros(0, object))
         examples = [(key, meta, *chunks.get(key, empty)) for key, meta in metas]
-        return SubjectsOut(examples=examples, units=_unit_census(ev_table), counts=counts)
+        return SubjectsOut(examples=examples, units=events.unit_counts(ev_table), counts=counts)
 
     def _events(self, rows: _Rows, task: _TaskRows) -> tuple[pa.Table, dict[str, int]]:
         """The rows that are events (EVENT_SCHEMA, timed when known) and every row's reason."""
@@ -466,18 +466,6 @@ def _next_at_or_after(subject: np.ndarray, time: np.ndarray, d_subject: np.ndarr
         if j < hi[i]:
             found[i], out[i] = True, d_time[j]
     return found, out
-
-
-def _unit_census(ev_table: pa.Table) -> dict[tuple[str, str], int]:
-    """(code, unit as written) -> events with a numeric value in that unit (events.unit_counts' meaning)."""
-    value = ev_table.column("value")
-    valid = pc.and_(pc.invert(pc.is_nan(value)), pc.is_valid(ev_table.column("unit")))
-    pairs = pa.table({"code": ev_table.column("code"), "unit": ev_table.column("unit")}).filter(valid)
-    if pairs.num_rows == 0:
-        return {}
-    grouped = pairs.group_by(["code", "unit"]).aggregate([([], "count_all")])
-    return {(c, u): int(k) for c, u, k in zip(grouped.column("code").to_pylist(), grouped.column("unit").to_pylist(),
-                                               grouped.column("count_all").to_pylist())}
 
 
 _KIND = {k: i for i, k in enumerate((meds_codes.EVENT, meds_codes.ADMISSION, meds_codes.DISCHARGE, meds_codes.DEATH,

@@ -195,9 +195,8 @@ def _from_ipc(blob: bytes) -> pa.Table:
 def sorted_rows(tables: list[pa.Table]) -> pa.Table:
     """One shard's rows: subjects together, static rows first, then by time, code and value (stable bytes)."""
     table = pa.concat_tables(tables) if tables else DATA_SCHEMA.empty_table()
-    return table.sort_by([("subject_id", "ascending"), ("time", "ascending"), ("code", "ascending"),
-                          ("numeric_value", "ascending"), ("unit", "ascending"), ("hadm_id", "ascending")],
-                         null_placement="at_start")
+    keys = [(c, "ascending", "at_start") for c in ("subject_id", "time", "code", "numeric_value", "unit", "hadm_id")]
+    return table.take(pc.sort_indices(table, sort_keys=keys))
 
 
 # ----------------------------------------------------------------------------- Beam
@@ -368,6 +367,9 @@ def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | Non
     _write_driver_dead_letters(out_dir, dead_driver)
     manifest = conversion_manifest(counts_found, task_counts, stats, sorted({t for t, _ in inputs}), mimic_dir,
                                    manifest_group)
+    import shutil
+
+    shutil.rmtree(tmp, ignore_errors=True)  # MEDS readers glob the dataset folder: leave only MEDS in it
     manifest["seconds"] = round(time.time() - started, 3)
     outputs.write_json(os.path.join(out_dir, MANIFEST), manifest)
     return manifest

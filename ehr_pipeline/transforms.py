@@ -99,7 +99,7 @@ class ReadMimicTable(beam.DoFn):
         reader = TableReader(path, table, columns=columns, on_dead_letter=dead.append, block_size_bytes=self._block)
         for batch in reader:
             events, extract_counts = ev.extract(table, batch, self._discharges)
-            for pair, n in ev.unit_counts(table, batch).items():
+            for pair, n in ev.unit_counts(events).items():
                 yield UNITS, (pair, n)
             kept, cohort_counts = ev.filter_to_cohort(events, self._cohort)
             for hadm, times, codes, values, units in ev.split_by_admission(kept):
