@@ -339,7 +339,7 @@ class MedsReader:
         """The rows that are events (EVENT_SCHEMA, timed when known) and every row's reason."""
         kind = rows.kind
         is_event = kind == _KIND[meds_codes.EVENT]
-        enabled = np.isin(rows.source, self.sources)
+        enabled = np.isin(rows.source, [spec.SOURCES.index(s) for s in self.sources])
         time = rows.time.copy()
         # Billing codes: known at the subject's next discharge (at or after the recorded time).
         wants = is_event & rows.next_discharge & rows.time_ok
@@ -366,13 +366,14 @@ class MedsReader:
         counts = {KEPT: int(np.count_nonzero(keep)), **counts}
         known = np.zeros(int(np.count_nonzero(keep)), dtype=np.int64)
         src, t = rows.source[keep], time[keep]
-        for source in np.unique(src).tolist():
+        for source in np.unique(src).tolist():  # a handful of small ints: one call per source
             at = src == source
-            known[at] = bagging.known_time(source, t[at])
+            known[at] = bagging.known_time(spec.SOURCES[source], t[at])
+        take = pa.array(np.flatnonzero(keep), pa.int64())
         table = pa.table([
             pa.array(rows.subject[keep], pa.int64()), pa.array(rows.hadm[keep], pa.int64(), mask=~rows.hadm_ok[keep]),
-            pa.array(known, pa.int64()), pa.array(rows.event_code[keep].astype(object), pa.string()),
-            pa.array(rows.value[keep], pa.float64()), pa.array(rows.unit[keep], pa.string()),
+            pa.array(known, pa.int64()), rows.event_code.take(take),
+            pa.array(rows.value[keep], pa.float64()), rows.unit.take(take),
         ], schema=events.EVENT_SCHEMA)
         return table, counts
 
@@ -481,12 +482,12 @@ class _Rows:
     time_ok: np.ndarray
     code_null: np.ndarray
     kind: np.ndarray  # _KIND index
-    source: np.ndarray  # str, '' unless an event
-    event_code: np.ndarray  # 'source:code', '' unless an event
+    source: np.ndarray  # int8: index into spec.SOURCES, -1 unless an event
+    event_code: pa.Array  # 'source:code', '' unless an event
     detail: np.ndarray  # object: admission type, 'died', gender
     next_discharge: np.ndarray
     value: np.ndarray  # float64, NaN = none
-    unit: np.ndarray  # object, None = none
+    unit: pa.Array  # string, null = none
     hadm: np.ndarray
     hadm_ok: np.ndarray
 
@@ -497,18 +498,26 @@ class _Rows:
         code = pc.cast(code, pa.string())
         encoded = pc.dictionary_encode(code)
         words = encoded.dictionary.to_pylist()
+        # Each distinct code is read once; per-row columns are gathered from the per-code answers in C.
         mapped = [mapper(w) for w in words] + [meds_codes.MappedCode(meds_codes.UNMAPPED)]
         idx = np.asarray(pc.fill_null(encoded.indices, len(words)).to_numpy(zero_copy_only=False), dtype=np.int64)
+        take = pa.array(idx, pa.int64())
         kinds = np.asarray([_KIND[m.kind] for m in mapped], dtype=np.int8)[idx]
-        code_of = np.asarray([m.code or "" for m in mapped], dtype=object)
-        source_of = np.asarray([(m.code or "").split(":", 1)[0] for m in mapped], dtype=object)
-        unit_of = np.asarray([m.unit for m in mapped], dtype=object)
+        source_id = np.asarray([spec.SOURCES.index(m.code.split(":", 1)[0]) if m.code else -1 for m in mapped],
+                               dtype=np.int8)[idx]
+        event_code = pa.array([m.code or "" for m in mapped], pa.string()).take(take)
+        unit = pa.array([m.unit for m in mapped], pa.string()).take(take)
         from_column = np.asarray([m.unit_from_column for m in mapped], dtype=bool)[idx]
-        unit = unit_of[idx]
         if from_column.any() and unit_column in table.column_names:
-            written = events._decoded(pc.utf8_trim_whitespace(pc.cast(table.column(unit_column), pa.string())))
-            blank = np.asarray([w is None or w == "" or w in mapper.config.unknown_parts for w in written], dtype=bool)
-            unit = np.where(from_column, np.where(blank, None, written), unit)
+            written = pc.utf8_trim_whitespace(pc.cast(table.column(unit_column), pa.string()))
+            if isinstance(written, pa.ChunkedArray):
+                written = written.combine_chunks()
+            none = pc.or_(pc.equal(written, ""), pc.is_in(written, pa.array(list(mapper.config.unknown_parts),
+                                                                               pa.string())))
+            written = pc.if_else(pc.fill_null(none, True), pa.scalar(None, pa.string()), written)
+            unit = pc.if_else(pa.array(from_column), written, unit)
+        elif from_column.any():
+            unit = pc.if_else(pa.array(from_column), pa.scalar(None, pa.string()), unit)
         t = seconds(table.column("time"))
         time_ok = np.asarray(pc.is_valid(t).to_numpy(zero_copy_only=False), dtype=bool)
         value = np.asarray(pc.fill_null(pc.cast(table.column("numeric_value"), pa.float64()), np.nan)
@@ -523,7 +532,7 @@ class _Rows:
             subject=np.asarray(table.column("subject_id").to_numpy(), dtype=np.int64),
             time=np.asarray(pc.fill_null(t, 0).to_numpy(zero_copy_only=False), dtype=np.int64), time_ok=time_ok,
             code_null=np.asarray(pc.is_null(code).to_numpy(zero_copy_only=False), dtype=bool), kind=kinds,
-            source=source_of[idx], event_code=code_of[idx],
+            source=source_id, event_code=event_code,
             detail=np.asarray([m.detail for m in mapped], dtype=object)[idx],
             next_discharge=np.asarray([m.next_discharge for m in mapped], dtype=bool)[idx],
             value=value, unit=unit, hadm=hadm, hadm_ok=hadm_ok)
