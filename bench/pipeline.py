@@ -47,7 +47,7 @@ FULL_RUN_TARGET_S = 30 * 60
 PROJECTION_WORKERS = 16
 SEED = 11
 CALIBRATION_PATIENTS = 1000  # four synth chunks: one chunk (250) alone is ~10% off the mean
-# The job hands each ReadAndExtract this block size (job.py); the bare parse uses the same so
+# The job hands each ReadMimicTable this block size (job.py); the bare parse uses the same so
 # both pay the same per-block overheads.
 JOB_BLOCK_SIZE = 4 << 20
 # Rows per event table of MIMIC-III v1.4 (the PhysioNet release notes). CHARTEVENTS alone is

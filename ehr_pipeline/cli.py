@@ -191,6 +191,8 @@ def _misuse(args: argparse.Namespace, beam_args: list[str]) -> str | None:
     from ehr_pipeline.yaml_config import ConfigError
     from ehr_pipeline.reader import MissingTableError, ReaderError, locate_table
 
+    if args.command == "run" and args.meds_dir is None and (args.labels or args.meds_codes):
+        return "--labels and --meds-codes read a MEDS dataset: give --meds-dir"
     if args.command in ("summarize", "run", "demo", "to-meds") and getattr(args, "mimic_dir", None) is not None:
         from ehr_pipeline import schemas
 
@@ -200,8 +202,6 @@ def _misuse(args: argparse.Namespace, beam_args: list[str]) -> str | None:
                     locate_table(args.mimic_dir, table)
         except (MissingTableError, ReaderError) as err:
             return f"--mimic-dir: {err}"
-    if args.command == "run" and args.meds_dir is None and (args.labels or args.meds_codes):
-        return "--labels and --meds-codes read a MEDS dataset: give --meds-dir"
     if args.command == "run" and args.meds_dir is not None:
         from ehr_pipeline import meds_codes, meds_source
 

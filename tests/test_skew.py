@@ -3,7 +3,7 @@ the service's path give byte-identical serialized SequenceExamples.
 
 Job path: typed table blocks (as the reader yields them) -> events.extract -> filter_to_cohort
 -> split_by_admission -> pack_chunk -> the chunks in a shuffled order -> the job's own
-BagAdmission DoFn. Service path: the same events as a JSON request (shuffled differently, codes
+BagExample DoFn. Service path: the same events as a JSON request (shuffled differently, codes
 padded with whitespace, times as docs/serving.md tells clients to send them) -> PredictRequest
 -> serving.encoding.encode. The ids and label are the ones the service writes (it cannot know
 them), so the two protos must match byte for byte.
