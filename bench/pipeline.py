@@ -9,6 +9,13 @@ in a fresh process pinned to one core:
       inference, ``use_threads=False``, the job's block size): the floor any reader pays.
 
     python bench/pipeline.py [--sizes 1000000 4000000 16000000] [--repeat 1] [--no-write]
+    python bench/pipeline.py --sources [--sizes 500000 1000000 2000000]
+
+``--sources`` measures the job's two sources alone on the same release: the MIMIC-III CSV source
+(``transforms.ReadMimicTable`` over every event file, cohort built first) and the MEDS source
+(``meds_source.MedsReader`` over the release converted by ``ehr-pipeline to-meds``), each packing
+its examples' chunks as in the job. Targets: MEDS source events/s >= CSV source events/s, and the MEDS
+source's peak RSS flat as the release grows (subjects are streamed by file, a block at a time).
 
 Targets: job events/s >= 15% of the bare parse's (same files, same core), peak RSS above the
 process's post-import baseline <= 150 bytes per kept event, and a full MIMIC-III release
@@ -40,7 +47,7 @@ FULL_RUN_TARGET_S = 30 * 60
 PROJECTION_WORKERS = 16
 SEED = 11
 CALIBRATION_PATIENTS = 1000  # four synth chunks: one chunk (250) alone is ~10% off the mean
-# The job hands each ReadAndExtract this block size (job.py); the bare parse uses the same so
+# The job hands each ReadMimicTable this block size (job.py); the bare parse uses the same so
 # both pay the same per-block overheads.
 JOB_BLOCK_SIZE = 4 << 20
 # Rows per event table of MIMIC-III v1.4 (the PhysioNet release notes). CHARTEVENTS alone is
@@ -126,6 +133,123 @@ def child_bare(paths: list[str]) -> dict:
         rows += sum(b.num_rows for b in stream)
     return {"rows": rows, "wall_s": time.perf_counter() - started, "cpu_s": _cpu_s() - cpu0,
             "peak_mb": peak_rss_mb()}
+
+
+def child_source(kind: str, path: str) -> dict:
+    """One source alone over a release (csv: a MIMIC-III folder; meds: a MEDS folder); rows, seconds, RSS."""
+    _pin_one_core()
+    import pyarrow as pa
+
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    import apache_beam  # noqa: F401
+
+    from ehr_pipeline import cohort, events, meds_codes, meds_source, reader, transforms  # noqa: F401
+    from ehr_pipeline.job import _read_cohort_tables
+
+    baseline = peak_rss_mb()
+    cpu0, started = _cpu_s(), time.perf_counter()
+    rows = examples = 0
+    if kind == "csv":
+        tables, _ = _read_cohort_tables(path, [])
+        coh = cohort.build_cohort(tables["ADMISSIONS"], tables["PATIENTS"])
+        dofn = transforms.ReadMimicTable(coh.table.select(["SUBJECT_ID", "HADM_ID", "trigger_time"]), coh.discharges,
+                                         JOB_BLOCK_SIZE)
+        for table in events.TABLE_SOURCE:
+            for file in reader.locate_table_files(path, table):
+                for kind_, payload in dofn._read(table, str(file)):
+                    if kind_ == transforms.COUNTS and payload[0] == f"rows/{table}/read":
+                        rows += payload[1]
+        examples = coh.table.num_rows
+    else:
+        src = meds_source.MedsReader(codes=meds_codes.MedsCodes(), trigger_offset_seconds=86400, min_age_years=18.0,
+                                     splits=meds_source.read_subject_splits(path))
+        for file in meds_source.data_files(path):
+            for out in src.read_file(file):
+                for kind_, payload in transforms._meds_items(out):
+                    if kind_ == transforms.COUNTS and payload[0] == "rows/MEDS/read":
+                        rows += payload[1]
+                    elif kind_ == transforms.EXAMPLE:
+                        examples += 1
+    return {"rows": rows, "examples": examples, "wall_s": time.perf_counter() - started, "cpu_s": _cpu_s() - cpu0,
+            "baseline_mb": baseline, "peak_mb": peak_rss_mb()}
+
+
+def measure_sources(size: int, patients: int, workdir: pathlib.Path, repeat: int) -> dict:
+    """One release and its MEDS conversion; each source ``repeat`` times, interleaved, in fresh processes."""
+    from ehr_pipeline.config import PipelineConfig
+    from ehr_pipeline.to_meds import run_to_meds
+
+    mimic, meds = workdir / f"release_{size}", workdir / f"meds_{size}"
+    summary = _release(mimic, patients)
+    started = time.perf_counter()
+    conversion = run_to_meds(str(mimic), str(meds), PipelineConfig())
+    convert_s = time.perf_counter() - started
+    runs: dict[str, list] = {"csv": [], "meds": []}
+    try:
+        for _ in range(repeat):
+            runs["csv"].append(_child(["source", "csv", str(mimic)]))
+            runs["meds"].append(_child(["source", "meds", str(meds)]))
+    finally:
+        shutil.rmtree(mimic, ignore_errors=True)
+        shutil.rmtree(meds, ignore_errors=True)
+    pick = {k: sorted(v, key=lambda r: r["wall_s"])[(repeat - 1) // 2] for k, v in runs.items()}
+    if pick["csv"]["examples"] != pick["meds"]["examples"]:
+        raise SystemExit(f"the sources made {pick['csv']['examples']} and {pick['meds']['examples']} examples")
+    if not conversion["balanced"]:
+        raise SystemExit("to-meds did not account for every row")
+    out = {"size": size, "patients": patients, "events": summary.events, "convert_s": convert_s,
+           "examples": pick["csv"]["examples"]}
+    for k, r in pick.items():
+        out[k] = {"rows": r["rows"], "wall_s": r["wall_s"], "eps": r["rows"] / r["wall_s"],
+                  "eps_cpu": r["rows"] / r["cpu_s"], "delta_mb": r["peak_mb"] - r["baseline_mb"], "load": r["load_after"]}
+    return out
+
+
+def render_sources(results: list[dict], command: str, repeat: int) -> tuple[str, bool]:
+    """Markdown section of --sources and whether its targets were met."""
+    lines = [
+        "## The job's two sources on the same release (`bench/pipeline.py --sources`)", "",
+        f"Command: `{command}`  ",
+        f"Input: synthetic releases (seed {SEED}) and their MEDS conversion (`ehr-pipeline to-meds`, default config). "
+        "Each source runs alone in a fresh process pinned to one core, "
+        + (f"median of {repeat} interleaved runs" if repeat > 1 else "one run each") + ":",
+        "",
+        "- **CSV source**: the cohort from ADMISSIONS + PATIENTS, then `transforms.ReadMimicTable` over every "
+        "event file (read, extract, unit census, cut to the cohort, pack chunks). *Rows* = event-table rows.",
+        "- **MEDS source**: `meds_source.MedsReader` over every MEDS data file (read a block of whole subjects, "
+        "read codes, compute the built-in task, cut, pack chunks). *Rows* = MEDS data rows (the events plus "
+        "the admission, discharge, death, birth and gender rows).",
+        "- **RSS delta**: peak RSS minus the peak after imports. Both make the same examples (checked).", "",
+        "| events | examples | to-meds s | CSV rows | CSV s | CSV rows/s | CSV rows/CPU-s | CSV RSS delta (MiB) "
+        "| MEDS rows | MEDS s | MEDS rows/s | MEDS rows/CPU-s | MEDS RSS delta (MiB) | MEDS / CSV (wall) "
+        "| MEDS / CSV (CPU) | load avg |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        c, m = r["csv"], r["meds"]
+        lines.append(f"| {r['events']:,} | {r['examples']:,} | {r['convert_s']:.1f} | {c['rows']:,} | {c['wall_s']:.1f} "
+                     f"| {c['eps']:,.0f} | {c['eps_cpu']:,.0f} | {c['delta_mb']:,.0f} | {m['rows']:,} "
+                     f"| {m['wall_s']:.1f} | {m['eps']:,.0f} | {m['eps_cpu']:,.0f} | {m['delta_mb']:,.0f} "
+                     f"| {m['eps'] / c['eps']:.2f} | {m['eps_cpu'] / c['eps_cpu']:.2f} "
+                     f"| {max(c['load'], m['load']):.1f} |")
+    ok = True
+    lines += ["", "| check | value | target | met |", "|---|---:|---:|---|"]
+    for r in results:
+        ratio = r["meds"]["eps_cpu"] / r["csv"]["eps_cpu"]
+        ok &= ratio >= 1.0
+        lines.append(f"| MEDS / CSV rows per CPU-second at {r['events']:,} events | {ratio:.2f} | >= 1.00 "
+                     f"| {'yes' if ratio >= 1.0 else 'NO'} |")
+    if len(results) > 1:
+        small, large = results[0]["meds"], results[-1]["meds"]
+        growth = large["delta_mb"] - small["delta_mb"]
+        met = growth <= max(50.0, 0.25 * max(small["delta_mb"], 1.0))
+        ok &= met
+        lines.append(f"| MEDS source RSS delta, {results[0]['events']:,} -> {results[-1]['events']:,} events "
+                     f"({results[-1]['events'] / results[0]['events']:.0f}x) | {small['delta_mb']:,.0f} -> "
+                     f"{large['delta_mb']:,.0f} MiB | flat (+<= 50 MiB or 25%) | {'yes' if met else 'NO'} |")
+    lines += ["", "Machine:", "", machine_info(), ""]
+    return "\n".join(lines), ok
 
 
 # ------------------------------------------------------------------ parent side
@@ -332,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(child_job(argv[2], argv[3])))
         elif mode == "bare":
             print(json.dumps(child_bare(argv[2:])))
+        elif mode == "source":
+            print(json.dumps(child_source(argv[2], argv[3])))
         else:
             raise SystemExit(f"unknown child mode {mode}")
         return 0
@@ -340,7 +466,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="input events (event-table rows) per release")
     parser.add_argument("--repeat", type=int, default=1, help="runs per side and size; the median is kept")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument("--sources", action="store_true",
+                        help="measure the CSV and MEDS sources alone (default sizes 500000 1000000 2000000)")
     args = parser.parse_args(argv)
+    if args.sources:
+        return _main_sources(args, argv)
     if args.repeat < 1 or any(s < 1 for s in args.sizes):
         parser.error("--sizes and --repeat must be positive")
     command = "python bench/pipeline.py " + shlex.join(argv) if argv else "python bench/pipeline.py"
@@ -363,6 +493,28 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown)
     if not args.no_write:
         print(f"wrote {write_section('pipeline', markdown)}")
+    return 0 if ok else 1
+
+
+def _main_sources(args: argparse.Namespace, argv: list[str]) -> int:
+    sizes = args.sizes if "--sizes" in argv else [500_000, 1_000_000, 2_000_000]
+    command = "python bench/pipeline.py " + shlex.join(argv)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="ehr-bench-sources-"))
+    results = []
+    try:
+        per_patient = calibrate(workdir)
+        for size in sorted(sizes):
+            r = measure_sources(size, max(1, round(size / per_patient)), workdir, args.repeat)
+            results.append(r)
+            print(f"{r['events']:>11,} events: CSV {r['csv']['eps']:>9,.0f} rows/s ({r['csv']['eps_cpu']:,.0f}/CPU-s, "
+                  f"+{r['csv']['delta_mb']:,.0f} MiB) | MEDS {r['meds']['eps']:>9,.0f} rows/s "
+                  f"({r['meds']['eps_cpu']:,.0f}/CPU-s, +{r['meds']['delta_mb']:,.0f} MiB)", flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    markdown, ok = render_sources(results, command, args.repeat)
+    print(markdown)
+    if not args.no_write:
+        print(f"wrote {write_section('pipeline_sources', markdown)}")
     return 0 if ok else 1
 
 

@@ -3,7 +3,8 @@
 Sub-commands:
   summarize  read every table of a release and count rows / dead letters
   synth      write a synthetic MIMIC-III release with known death probabilities
-  run        the Beam job: bag admissions into SequenceExample TFRecords
+  run        the Beam job: bag admissions (MIMIC-III) or label rows (MEDS) into SequenceExample TFRecords
+  to-meds    convert a MIMIC-III release to a MEDS 0.4 dataset (a Beam job)
   shard      split a big table into parts that workers read in parallel
   demo       run the job end to end on the MIMIC-III demo and print the manifest summary
   to-fhir    write one admission as a FHIR R4 Bundle (JSON)
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
-from ehr_pipeline.cli_args import OneLineParser, existing_dir, output_dir, positive_int, setup_logging, usage_error
+from ehr_pipeline.cli_args import (OneLineParser, existing_dir, existing_file, output_dir, positive_int, setup_logging,
+                                   usage_error)
 
 log = logging.getLogger("ehr_pipeline")
 EXIT_INPUT_ERROR = 2
@@ -63,6 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     job_cli.add_arguments(p)
 
     p = sub.add_parser(
+        "to-meds",
+        help="convert a MIMIC-III release to a MEDS 0.4 dataset, as a Beam job (extra args go to Beam)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--mimic-dir", required=True, type=existing_dir, help="folder with the MIMIC-III v1.4 tables")
+    p.add_argument("--out", required=True, type=output_dir, help="the MEDS dataset folder to write")
+    p.add_argument("--config", default=None, type=existing_file,
+                   help="pipeline YAML: its splits, split_salt and num_shards place the subjects; default: built-in")
+
+    p = sub.add_parser(
         "shard",
         help="split one big table (e.g. CHARTEVENTS) into parts workers read in parallel",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -107,17 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     # Beam options (--runner=..., --direct_num_workers=...) pass through `run` untouched.
     args, extra = parser.parse_known_args(argv)
     _setup_logging(args.verbose)
-    if extra and args.command != "run":
+    if extra and args.command not in ("run", "to-meds"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     problem = _misuse(args, extra)
     if problem:
         return usage_error(f"{parser.prog} {args.command}", problem)
 
+    from ehr_pipeline.meds_source import MedsError
     from ehr_pipeline.reader import ReaderError
 
     try:
         return _dispatch(parser, args, extra)
-    except (ReaderError, OSError) as e:
+    except (ReaderError, OSError, MedsError) as e:
         # Bad input is the user's to fix: one line naming the file (and line), no traceback.
         # MissingTableError is a FileNotFoundError, an OSError.
         print(f"ehr-pipeline: error: {e}", file=sys.stderr)
@@ -137,6 +151,16 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: 
         from ehr_pipeline import job_cli
 
         return job_cli.run(args, extra)
+    if args.command == "to-meds":
+        from ehr_pipeline.config import load_pipeline_config
+        from ehr_pipeline.to_meds import run_to_meds
+
+        manifest = run_to_meds(args.mimic_dir, args.out, load_pipeline_config(args.config), extra)
+        rows = sum(t.get("meds_rows_written", 0) for t in manifest["tables"].values())
+        print(f"wrote {args.out}: {rows:,} event rows, {manifest['task_rows']['admissions/written']:,} admissions, "
+              f"{manifest['task_rows']['patients/written']:,} patients in {manifest['seconds']:.1f} s")
+        print(f"every row accounted for: {'yes' if manifest['balanced'] else 'NO'} (see {args.out}/to_meds_manifest.json)")
+        return 0 if manifest["balanced"] else 1
     if args.command == "shard":
         from ehr_pipeline.reader import locate_table
         from ehr_pipeline.shard import shard_table
@@ -167,7 +191,9 @@ def _misuse(args: argparse.Namespace, beam_args: list[str]) -> str | None:
     from ehr_pipeline.yaml_config import ConfigError
     from ehr_pipeline.reader import MissingTableError, ReaderError, locate_table
 
-    if args.command in ("summarize", "run", "demo"):
+    if args.command == "run" and args.meds_dir is None and (args.labels or args.meds_codes):
+        return "--labels and --meds-codes read a MEDS dataset: give --meds-dir"
+    if args.command in ("summarize", "run", "demo", "to-meds") and getattr(args, "mimic_dir", None) is not None:
         from ehr_pipeline import schemas
 
         try:
@@ -176,7 +202,19 @@ def _misuse(args: argparse.Namespace, beam_args: list[str]) -> str | None:
                     locate_table(args.mimic_dir, table)
         except (MissingTableError, ReaderError) as err:
             return f"--mimic-dir: {err}"
-    if args.command == "run":
+    if args.command == "run" and args.meds_dir is not None:
+        from ehr_pipeline import meds_codes, meds_source
+
+        try:
+            meds_source.data_files(args.meds_dir)
+            meds_codes.load_meds_codes(args.meds_codes)
+        except meds_source.MedsError as err:
+            return f"--meds-dir: {err}"
+        except ConfigError as err:
+            return f"--meds-codes: {err}"
+        if args.labels is not None and not os.path.exists(args.labels):
+            return f"--labels: {args.labels} does not exist"
+    if args.command in ("run", "to-meds"):
         try:
             load_pipeline_config(args.config)
         except ConfigError as err:

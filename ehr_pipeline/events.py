@@ -288,28 +288,18 @@ TABLE_SOURCE: dict[str, str] = {
     "PROCEDURES_ICD": "procedure",
 }
 NEEDS_DISCHARGES = frozenset({"DIAGNOSES_ICD", "PROCEDURES_ICD"})
-# Tables whose values carry a unit: (value column, unit column). The job records which units each
-# code's values came in, so the service can warn about a value in a unit the model never saw.
-UNIT_COLUMNS: dict[str, tuple[str, str]] = {
-    "LABEVENTS": ("VALUENUM", "VALUEUOM"),
-    "CHARTEVENTS": ("VALUENUM", "VALUEUOM"),
-    "OUTPUTEVENTS": ("VALUE", "VALUEUOM"),
-    "INPUTEVENTS_CV": ("AMOUNT", "AMOUNTUOM"),
-    "INPUTEVENTS_MV": ("AMOUNT", "AMOUNTUOM"),
-}
+def unit_counts(events: pa.Table) -> dict[tuple[str, str], int]:
+    """(code 'source:code', unit as written) -> extracted events (EVENT_SCHEMA) with a numeric value in that unit.
 
-
-def unit_counts(table: str, block: Block) -> dict[tuple[str, str], int]:
-    """(code 'source:ITEMID', unit as written) -> rows with a numeric value in that unit; {} for unitless tables."""
-    name = table.upper()
-    if name not in UNIT_COLUMNS:
+    The census of units the job picks each code's canonical unit from. It counts the events the
+    job keeps, not every row of the table: a superseded MetaVision row ('Rewritten') or a charting
+    error must not vote for a unit, and a MEDS dataset, which holds only kept events, counts alike.
+    """
+    value = events.column("value")
+    valid = pc.and_(pc.invert(pc.is_nan(value)), pc.is_valid(events.column("unit")))
+    pairs = pa.table({"code": events.column("code"), "unit": events.column("unit")}).filter(valid)
+    if pairs.num_rows == 0:
         return {}
-    value_column, unit_column = UNIT_COLUMNS[name]
-    code = _item_code(block, TABLE_SOURCE[name])
-    unit = pc.utf8_trim_whitespace(pc.cast(_col(block, unit_column), pa.string()))
-    valid = pc.and_(pc.and_(pc.is_valid(_col(block, value_column)), pc.is_valid(code)),
-                    pc.and_(pc.is_valid(unit), pc.not_equal(unit, "")))
-    pairs = pa.table({"code": code, "unit": unit}).filter(pc.fill_null(valid, False))
     grouped = pairs.group_by(["code", "unit"]).aggregate([([], "count_all")])
     return {(c, u): int(n) for c, u, n in zip(grouped.column("code").to_pylist(), grouped.column("unit").to_pylist(),
                                                grouped.column("count_all").to_pylist())}

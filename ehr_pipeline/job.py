@@ -1,319 +1,26 @@
-"""The Beam job: MIMIC-III tables -> one bagged SequenceExample per cohort admission.
+"""The Beam job: a source (MIMIC-III CSVs or a MEDS dataset) -> one bagged SequenceExample per example.
 
-Shape of the pipeline (every arrow a PCollection):
+The graph, as ``_run_pipeline`` builds it from the composite transforms of ``transforms``:
 
-  driver: ADMISSIONS + PATIENTS -> cohort (small: ~60k admissions in the full release)
-  (table, file) --ReadAndExtract--> (hadm_id, event chunk)      [+ dead letters, counts]
-  cohort rows  --------------------> (hadm_id, cohort row)
-        \\-- Flatten -> GroupByKey(hadm_id) -> BagAdmission -> (split, shard, hadm, record)
-                                                           [+ train-split code stats, counts]
-  records -> GroupByKey(split, shard) -> WriteShard (sorted by hadm_id: byte-identical reruns)
-  code stats -> CombinePerKey -> vocabulary.json, numeric_stats.json
-  counts -> CombinePerKey(sum) -> the manifest (written by the driver after the run)
+  MimicSource | MedsSource     -> tagged items: EXAMPLE (key, [cohort row, event chunks]), unit census, counts
+  UnitPlan                     -> the canonical unit of each code (a side input of the bagging)
+  BagExamples                  -> (split, shard) records, train-split code statistics, counts, dead values
+  WriteExamples                -> TFRecord shards (sorted by key: byte-identical reruns)
+  WriteDeadLetters, SumCounts, code statistics -> files the driver reads back into the manifest
 
-Each worker parses whole blocks of a CSV file with pyarrow and drops events of patients
-outside the cohort and at or after their trigger BEFORE the shuffle, so the grouped state is
-only what reaches an example, packed as one bytes object per (block, admission) chunk.
+The MIMIC-III source builds the cohort on the driver (ADMISSIONS + PATIENTS, ~60k admissions in the
+full release); each worker parses whole blocks of a CSV file with pyarrow and drops events of patients
+outside the cohort and at or after their trigger BEFORE the shuffle, so the grouped state is only
+what reaches an example. The MEDS source reads one data file per worker, subject by subject, and
+computes the task there (docs/meds.md).
 """
 from __future__ import annotations
 
 import logging
-import struct
+import time
 from typing import Any
 
-import numpy as np
-
 log = logging.getLogger(__name__)
-
-# Counters are keyed "stage/source/reason"; they also land in the manifest.
-# Every DoFn emits (kind, payload) pairs on ONE output and consumers select their kind:
-# the Dask runner does not route Beam's tagged outputs (all tags reach every consumer).
-EVENTS = "events"
-RECORDS = "records"
-COUNTS = "counts"
-DEAD = "dead"
-STATS = "stats"
-UNITS = "units"
-FATAL = "fatal"  # a file that cannot be read: its one-line error, raised by the driver after the run
-
-
-def select(kind: str):
-    """A FlatMap function keeping the payloads of one kind."""
-    def keep(item):
-        if item[0] == kind:
-            yield item[1]
-    return keep
-
-
-# One admission's events from one block, packed for the shuffle as ONE bytes object. The local
-# runner's GroupByKey keeps every grouped value as a decoded Python object, so a chunk made of
-# arrays, tuples and one str per code costs hundreds of bytes of object headers; a single
-# bytes value costs one. Layout (little-endian):
-#   header <q t0 seconds, B time width (4|8), B index width (2|4), I events, I codes, I code-blob bytes,
-#           I units, I unit-blob bytes>
-#   code blob (codes joined by NUL), unit blob (units joined by NUL), time deltas, code indices,
-#   unit indices (u2, 0 = no unit, k = the k-th unit), float64 values
-EventChunk = bytes
-_HEADER = struct.Struct("<qBBIIIII")
-_T_DTYPES = {4: "<u4", 8: "<i8"}
-_I_DTYPES = {2: "<u2", 4: "<i4"}
-
-
-def _blob(words) -> bytes:
-    blob = "\0".join(str(w) for w in words).encode("utf-8")
-    if blob.count(b"\0") != max(len(words) - 1, 0):
-        raise ValueError(f"an event code or unit contains a NUL character: {[w for w in words if chr(0) in w][:3]}")
-    return blob
-
-
-def pack_chunk(times: np.ndarray, codes: np.ndarray, values: np.ndarray, units: np.ndarray | None = None) -> EventChunk:
-    """Packs (times s, codes, values, units as written or None) compactly: deltas and small indices, exact values."""
-    uniq, inv = np.unique(np.asarray(codes, dtype=np.str_), return_inverse=True)
-    times = np.asarray(times, dtype=np.int64)
-    units = np.full(times.size, None, dtype=object) if units is None else np.asarray(units, dtype=object)
-    has_unit = np.asarray([u is not None for u in units], dtype=bool)
-    unit_words, unit_inv = np.unique(units[has_unit].astype(np.str_), return_inverse=True) if has_unit.any() \
-        else (np.zeros(0, np.str_), np.zeros(0, np.int64))
-    if len(unit_words) >= 2**16 - 1:
-        raise ValueError(f"{len(unit_words)} distinct units in one chunk: more than a chunk can index")
-    unit_index = np.zeros(times.size, dtype="<u2")
-    unit_index[has_unit] = unit_inv + 1
-    t0 = int(times.min()) if times.size else 0
-    delta = times - t0
-    t_width = 4 if times.size == 0 or int(delta.max()) < 2**32 else 8
-    i_width = 2 if len(uniq) < 2**16 else 4
-    code_blob, unit_blob = _blob(uniq), _blob(unit_words)
-    return b"".join((
-        _HEADER.pack(t0, t_width, i_width, times.size, len(uniq), len(code_blob), len(unit_words), len(unit_blob)),
-        code_blob, unit_blob,
-        delta.astype(_T_DTYPES[t_width]).tobytes(), inv.astype(_I_DTYPES[i_width]).tobytes(), unit_index.tobytes(),
-        np.asarray(values, dtype="<f8").tobytes()))
-
-
-def _words(chunk: bytes, pos: int, n: int, length: int) -> list[str]:
-    return chunk[pos:pos + length].decode("utf-8").split("\0") if n else []
-
-
-def unpack_chunk(chunk: EventChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Inverse of pack_chunk: (times int64 s, codes fixed-width str array, values float64, units object array)."""
-    t0, t_width, i_width, n, n_codes, code_len, n_units, unit_len = _HEADER.unpack_from(chunk)
-    pos = _HEADER.size
-    # Fixed-width str from here on: ordering, bagging and statistics then use it without a copy.
-    codes = np.asarray(_words(chunk, pos, n_codes, code_len), dtype=np.str_)
-    pos += code_len
-    units = np.asarray([None] + _words(chunk, pos, n_units, unit_len), dtype=object)
-    pos += unit_len
-    times = np.frombuffer(chunk, _T_DTYPES[t_width], n, pos).astype(np.int64) + t0
-    pos += n * t_width
-    index = np.frombuffer(chunk, _I_DTYPES[i_width], n, pos)
-    pos += n * i_width
-    unit_index = np.frombuffer(chunk, "<u2", n, pos)
-    pos += n * 2
-    values = np.frombuffer(chunk, "<f8", n, pos).copy()
-    return times, codes[index], values, units[unit_index]
-
-
-def concat_chunks(chunks: list[EventChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Unpacks and concatenates chunks into (times, codes, values, units) arrays."""
-    if not chunks:
-        return np.zeros(0, np.int64), np.zeros(0, np.str_), np.zeros(0, np.float64), np.zeros(0, object)
-    parts = [unpack_chunk(c) for c in chunks]
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
-
-
-def _counter(name: str):
-    from apache_beam.metrics import Metrics
-
-    return Metrics.counter("ehr_pipeline", name)
-
-
-def _count(name: str, n: int):
-    """Bumps a Beam counter and returns the (name, n) pair that also flows into the manifest."""
-    if n:
-        _counter(name).inc(int(n))
-    return name, int(n)
-
-
-# ----------------------------------------------------------------------------- DoFns
-
-
-def _make_dofns():
-    """The job's DoFns, defined inside a function so importing this module needs no Beam."""
-    import apache_beam as beam
-    from ehr_pipeline import events as ev
-    from ehr_pipeline.reader import ReaderError, TableReader
-
-    class _ReadAndExtract(beam.DoFn):
-        def __init__(self, cohort_table, discharges, block_size_bytes: int):
-            self._cohort = cohort_table
-            self._discharges = discharges
-            self._block = block_size_bytes
-
-        def process(self, element):
-            table, path = element
-            try:
-                yield from self._read(table, path)
-            except ReaderError as e:
-                # Raised here it would reach the driver as a runner-specific traceback (or
-                # not at all); as an output it becomes the driver's one-line error.
-                yield FATAL, str(e)
-
-        def _read(self, table, path):
-            dead: list = []
-            _, columns = ev.EXTRACTORS[table]
-            reader = TableReader(path, table, columns=columns, on_dead_letter=dead.append,
-                                 block_size_bytes=self._block)
-            for batch in reader:
-                events, extract_counts = ev.extract(table, batch, self._discharges)
-                for pair, n in ev.unit_counts(table, batch).items():
-                    yield UNITS, (pair, n)
-                kept, cohort_counts = ev.filter_to_cohort(events, self._cohort)
-                for hadm, times, codes, values, units in ev.split_by_admission(kept):
-                    yield EVENTS, (hadm, pack_chunk(times, codes, values, units))
-                for reason, n in extract_counts.items():
-                    yield (COUNTS, _count(f"events/{table}/extract/{reason}", n))
-                for reason, n in cohort_counts.items():
-                    yield (COUNTS, _count(f"events/{table}/cohort/{reason}", n))
-                for letter in dead:
-                    yield (DEAD, (table, letter))
-                dead.clear()
-            # Rows rejected after the last block (the file's last lines) come after the loop.
-            for letter in dead:
-                yield (DEAD, (table, letter))
-            stats = reader.stats
-            yield (COUNTS, _count(f"rows/{table}/read", stats.rows_read))
-            yield (COUNTS, _count(f"rows/{table}/parsed", stats.rows_parsed))
-            for reason, n in stats.dead_lettered.items():
-                yield (COUNTS, _count(f"rows/{table}/dead_letter/{reason}", n))
-
-    class _BagAdmission(beam.DoFn):
-        def __init__(self, config_dict: dict):
-            self._config_dict = config_dict
-
-        def setup(self):
-            from ehr_pipeline import units
-            from ehr_pipeline.config import PipelineConfig
-
-            self._config = PipelineConfig.model_validate(self._config_dict)
-            self._converter = units.Converter()  # one per worker: its cache outlives bundles
-            self._plan_seen, self._harmoniser = None, None
-
-        def _harmoniser_for(self, plan: dict):
-            from ehr_pipeline import units
-
-            if plan is not self._plan_seen:
-                self._plan_seen = plan
-                self._harmoniser = units.Harmoniser(plan["canonical"], plan["loinc"], self._converter)
-            return self._harmoniser
-
-        def process(self, element, plan):
-            from ehr_pipeline import bagging, spec, splits, vocab
-
-            hadm, items = element
-            meta, chunks = None, []
-            for item in items:  # the cohort row (a dict) and the event chunks (bytes)
-                if isinstance(item, dict):
-                    meta = item
-                else:
-                    chunks.append(item)
-            if meta is None:  # cannot happen: filter_to_cohort only keys cohort admissions
-                yield (COUNTS, _count("examples/orphan_events", len(chunks)))
-                return
-            cfg = self._config
-            times, codes, values, units = concat_chunks(chunks)
-            # Values move to their code's canonical unit before anything sums or bags them.
-            harmonised = self._harmoniser_for(plan).harmonise(codes, units, values)
-            for key, n in harmonised.counts(codes).items():
-                yield (COUNTS, _count(f"units/{key}", n))
-            for i, unit, canonical, why in harmonised.problems:
-                yield (DEAD, (DEAD_VALUES, _dead_value(meta, hadm, times[i], codes[i], values[i], unit, canonical, why)))
-            # Bags do not depend on the event order, but the code statistics sum floats over
-            # events: the canonical order keeps them independent of the shuffle's chunk order.
-            times, codes, values = bagging.canonical_order(times, codes, harmonised.values)
-            bags = bagging.bag_events(times, codes, values, meta["trigger_time"], cfg.bagging)
-            context = {
-                spec.SUBJECT_ID: meta["SUBJECT_ID"], spec.HADM_ID: hadm, spec.LABEL: meta["label"],
-                spec.TRIGGER_TIME: meta["trigger_time"], spec.ADMIT_OFFSET: meta["trigger_time"] - meta["ADMITTIME"],
-                spec.AGE_YEARS: meta["age_years"],
-                spec.GENDER: meta["gender"], spec.ADMISSION_TYPE: meta["admission_type"],
-                spec.ETHNICITY: meta["ethnicity"], spec.INSURANCE: meta["insurance"],
-            }
-            record = spec.make_sequence_example(context, bags).SerializeToString(deterministic=True)
-            split = splits.assign_split(meta["SUBJECT_ID"], cfg.splits.model_dump(), cfg.split_salt)
-            shard = splits.shard_of(hadm, getattr(cfg.num_shards, split))
-            yield RECORDS, ((split, shard), (hadm, record))
-            yield (COUNTS, _count(f"examples/{split}/written", 1))
-            yield (COUNTS, _count(f"examples/{split}/positive", meta["label"]))
-            yield (COUNTS, _count("bagging/events_in", times.size))
-            yield (COUNTS, _count("bagging/used", bags.n_events_used))
-            for reason, n in bags.n_dropped_by_reason.items():
-                yield (COUNTS, _count(f"bagging/dropped/{reason}", n))
-            if split == "train":
-                for code, st in vocab.example_code_stats(codes, values).items():
-                    yield (STATS, (code, st))
-
-    class _WriteShard(beam.DoFn):
-        def __init__(self, out_dir: str, config_dict: dict):
-            self._out = out_dir
-            self._config_dict = config_dict
-
-        def process(self, element):
-            from apache_beam.io.filesystems import FileSystems
-
-            from ehr_pipeline import outputs, spec, tfrecord
-
-            (split, shard), items = element
-            records = sorted((kv for kv in items if kv is not None), key=lambda kv: kv[0])
-            n_shards = self._config_dict["num_shards"][split]
-            name = spec.shard_file_name(split, shard, n_shards)
-            path = outputs.join(self._out, name)
-            tmp = path + ".inprogress"
-            with FileSystems.create(tmp) as f:
-                n = tfrecord.write_records(f, (r for _, r in records))
-            if FileSystems.exists(path):
-                FileSystems.delete([path])
-            FileSystems.rename([tmp], [path])
-            yield _count(f"files/{split}/records_written", n)
-
-    class _WriteDeadLetters(beam.DoFn):
-        def __init__(self, out_dir: str):
-            self._out = out_dir
-
-        def process(self, element):
-            from ehr_pipeline import outputs
-
-            table, letters = element
-            letters = sorted(letters, key=lambda d: d.sort_key())
-            body = "".join(d.to_json() + "\n" for d in letters).encode("utf-8")
-            outputs.write_bytes(outputs.join(self._out, outputs.DEAD_LETTER_DIR, f"{table}.jsonl"), body)
-            yield _count(f"dead_letters_written/{table}", len(letters))
-
-    return _ReadAndExtract, _BagAdmission, _WriteShard, _WriteDeadLetters
-
-
-# Values whose unit cannot be converted to their code's canonical unit: one dead-letter file.
-DEAD_VALUES = "values_not_convertible"
-
-
-def _dead_value(meta: dict, hadm: int, time, code, value, unit: str, canonical: str, why: str):
-    from ehr_pipeline.deadletter import DeadValue
-
-    return DeadValue(subject_id=int(meta["SUBJECT_ID"]), hadm_id=int(hadm), time=int(time), code=str(code),
-                     value=float(value), unit=unit, canonical_unit=canonical, detail=why)
-
-
-def unit_plan(census: list, loinc: dict, reference: dict | None) -> dict:
-    """The job's unit plan from its census [((code, unit as written), rows)]: canonical units and lab LOINCs."""
-    from ehr_pipeline import units
-
-    counts: dict[str, dict[str, int]] = {}
-    for (code, unit), n in census:
-        counts.setdefault(code, {})[unit] = int(n)
-    canonical = units.canonical_units(counts, units.Converter(), reference)
-    return {"counts": counts, "canonical": canonical, "loinc": dict(loinc)}
-
-
-# ----------------------------------------------------------------------------- driver
 
 COHORT_TABLES = ("ADMISSIONS", "PATIENTS")
 DEFAULT_RUNNER = "FnApiRunner"  # in-process and local: nothing to download (see README)
@@ -338,39 +45,21 @@ def pipeline_options(beam_args: list[str]):
     return options
 
 
-def _read_cohort_tables(mimic_dir: str, dead: list) -> tuple[dict, dict]:
-    from ehr_pipeline import cohort
-    from ehr_pipeline.reader import locate_table, read_table
-
-    tables, stats = {}, {}
-    for name, columns in (("ADMISSIONS", cohort.ADMISSION_COLUMNS), ("PATIENTS", cohort.PATIENT_COLUMNS)):
-        path = locate_table(mimic_dir, name)
-        tables[name], stats[name] = read_table(
-            path, name, columns=columns, on_dead_letter=lambda d, n=name: dead.append((n, d)))
-    return tables, stats
-
-
 def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
             reference_units: dict[str, str] | None = None) -> dict[str, Any]:
-    """Runs the whole job and writes the manifest; returns the manifest dict.
+    """Runs the job on a MIMIC-III release and writes the manifest; returns the manifest dict.
 
     ``reference_units`` ('source:code' -> unit, a model's units.json "canonical") makes values
     of those codes convert to the model's units instead of this release's most common ones.
     """
-    import time
-
-    import apache_beam as beam
-
     from ehr_pipeline import cohort as cohort_mod
     from ehr_pipeline import events as ev
-    from ehr_pipeline import outputs, spec, vocab
-    from ehr_pipeline.config import SPLIT_NAMES
-    from ehr_pipeline.reader import ReaderError, check_header, locate_table_files
+    from ehr_pipeline.fhir import codes as fhir_codes
+    from ehr_pipeline.reader import check_header, locate_table_files
+    from ehr_pipeline.transforms import MimicSource
 
     started = time.time()
     mimic_dir, out_dir = str(mimic_dir), str(out_dir)
-    cfg_dict = config.to_dict()
-
     # Locate every table first: a missing required table fails before any work is done.
     enabled = set(config.sources)
     event_inputs = []
@@ -385,8 +74,6 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     coh = cohort_mod.build_cohort(
         cohort_tables["ADMISSIONS"], cohort_tables["PATIENTS"],
         trigger_offset_seconds=config.trigger_offset_seconds, min_age_years=config.min_age_years)
-    log.info("cohort: %d of %d admissions kept; excluded %s", coh.counts.get(cohort_mod.KEPT, 0),
-             sum(coh.counts.values()), {k: v for k, v in coh.counts.items() if k != cohort_mod.KEPT and v})
     meta_cols = ("SUBJECT_ID", "HADM_ID", "ADMITTIME", "trigger_time", "label", "age_years", "gender",
                  "admission_type", "ethnicity", "insurance")
     metas = [(r["HADM_ID"], r) for r in coh.table.select(list(meta_cols)).to_pylist()]
@@ -394,93 +81,93 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     cohort_index = coh.table.select(["SUBJECT_ID", "HADM_ID", "trigger_time"])
     # The lab LOINC codes name each lab code's analyte: mass <-> substance conversions need it.
     lab_bridge = _lab_loinc_bridge(mimic_dir, dead_driver)
-    from ehr_pipeline.fhir import codes as fhir_codes
-
     loinc = {f"lab:{item}": code for item, code in fhir_codes.itemid_loinc(lab_bridge).items()}
 
-    ReadAndExtract, BagAdmission, WriteShard, WriteDeadLetters = _make_dofns()
-    empty_shards = [((split, shard), None)
-                    for split in SPLIT_NAMES for shard in range(cfg_dict["num_shards"][split])]
-    tmp_dir = outputs.join(out_dir, outputs.TMP_DIR)
+    source = MimicSource(event_inputs, cohort_index, coh.discharges, metas)
+    counts, options = _run_pipeline(source, out_dir, config, loinc, reference_units, beam_args)
+    _write_lab_loinc(out_dir, lab_bridge)
+    _write_driver_dead_letters(out_dir, dead_driver)
+    tables = {t: manifest_table(counts, t) for t in sorted({t for t, _ in event_inputs})}
+    for name, st in sorted(cohort_stats.items()):
+        tables[name] = {"rows_read": st.rows_read, "rows_parsed": st.rows_parsed,
+                        "dead_lettered": dict(sorted(st.dead_lettered.items())), "balanced": True, "problems": []}
+    return _finish(out_dir, config, counts, options, started, tables=tables, cohort_counts=coh.counts,
+                   input_doc={"mimic_dir": mimic_dir, "event_tables": sorted({t for t, _ in event_inputs})})
 
-    def write_json_list(items, name):
-        outputs.write_json(outputs.join(tmp_dir, name), sorted(items))
-        return name
 
-    def write_json_doc(doc, name):
-        outputs.write_json(outputs.join(tmp_dir, name), doc)
-        return name
+def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
+                 reference_units: dict[str, str] | None = None, labels_dir: str | None = None,
+                 codes=None) -> dict[str, Any]:
+    """Runs the job on a MEDS dataset (built-in task, or one example per row of the label files in labels_dir).
 
-    KV = tuple[Any, Any]  # inferred hints cannot see through select(); the payloads are pairs
+    ``codes`` is the MEDS code map (meds_codes.MedsCodes; default: the MIMIC-IV ETL's and to-meds' codes).
+    Returns the manifest; meds_codes.json beside it records the code map for the trainer and the service.
+    """
+    from ehr_pipeline import meds_codes, meds_source, outputs
+    from ehr_pipeline.transforms import MedsSource
+
+    started = time.time()
+    meds_dir, out_dir = str(meds_dir), str(out_dir)
+    codes = codes or meds_codes.MedsCodes()
+    files = meds_source.data_files(meds_dir)
+    labels = meds_source.read_labels(labels_dir) if labels_dir is not None else None
+    subject_splits = meds_source.read_subject_splits(meds_dir)
+    from ehr_pipeline.fhir import codes as fhir_codes
+
+    lab_bridge = meds_source.lab_loinc_bridge(meds_dir, codes)
+    loinc = {f"lab:{item}": code for item, code in fhir_codes.itemid_loinc(lab_bridge).items()}
+    reader = meds_source.MedsReader(codes=codes, trigger_offset_seconds=config.trigger_offset_seconds,
+                                    min_age_years=config.min_age_years, sources=tuple(config.sources),
+                                    labels=labels.by_subject if labels else None, splits=subject_splits)
+    counts, options = _run_pipeline(MedsSource(files, reader.to_dict()), out_dir, config, loinc, reference_units,
+                                    beam_args)
+    outputs.write_json(outputs.join(out_dir, outputs.MEDS_CODES), {"codes": codes.to_dict()})
+    _write_lab_loinc(out_dir, lab_bridge)
+    cohort_counts = manifest_group(counts, "cohort")
+    label_doc = meds_source.label_accounting(labels, counts) if labels else None
+    return _finish(out_dir, config, counts, options, started, tables={meds_source.TABLE: manifest_table(
+        counts, meds_source.TABLE)}, cohort_counts=cohort_counts, labels=label_doc,
+        input_doc={"meds_dir": meds_dir, "data_files": len(files), "labels_dir": labels_dir,
+                   "task": "labels" if labels else "built-in", "splits_from": "subject_splits.parquet"
+                   if subject_splits else "hash"})
+
+
+def _run_pipeline(source, out_dir: str, config, loinc: dict, reference_units: dict | None,
+                  beam_args: list[str] | None) -> tuple[dict[str, int], Any]:
+    """Source -> bagging -> writing; runs it, writes vocabulary, statistics and units; returns (counts, options)."""
+    import apache_beam as beam
+
+    from ehr_pipeline import outputs, spec, vocab
+    from ehr_pipeline import transforms as tr
+    from ehr_pipeline.reader import ReaderError
+
+    cfg = config.to_dict()
+    tmp = outputs.join(out_dir, outputs.TMP_DIR)
     options = pipeline_options(beam_args or [])
     p = beam.Pipeline(options=options)
-    extracted = (
-        p
-        | "EventFiles" >> beam.Create(sorted(event_inputs))
-        # One file is one unit of work: gzip cannot be split, and a reshuffle spreads files.
-        | "SpreadFiles" >> beam.Reshuffle()
-        | "ReadAndExtract" >> beam.ParDo(ReadAndExtract(cohort_index, coh.discharges, 4 << 20))
+    items = p | "Source" >> source
+    # Each code's canonical unit is known only once every file has been read.
+    plan = items | "UnitPlan" >> tr.UnitPlan(loinc, reference_units)
+    bagged = items | "BagExamples" >> tr.BagExamples(cfg, plan)
+    written = bagged | "WriteExamples" >> tr.WriteExamples(out_dir, cfg)
+    dead = (items, bagged) | "WriteDeadLetters" >> tr.WriteDeadLetters(out_dir)
+    counts = (
+        (items | "SourceCounts" >> tr.Select(tr.COUNTS), bagged | "BagCounts" >> tr.Select(tr.COUNTS), written, dead)
+        | "SumCounts" >> tr.SumCounts()
+        | "WriteCounts" >> tr.ToJsonFile(outputs.join(tmp, "counts.json"))
     )
-    chunks = extracted | "Chunks" >> beam.FlatMap(select(EVENTS)).with_output_types(KV)
-    cohort_rows = p | "CohortRows" >> beam.Create(metas)
-    # Each code's canonical unit is known only once every file has been read: the census of
-    # units reaches the bagging step as a side input (one small dict per worker).
-    plan = (
-        extracted
-        | "UnitCensus" >> beam.FlatMap(select(UNITS)).with_output_types(KV)
-        | "SumUnitCensus" >> beam.CombinePerKey(sum)
-        | "UnitCensusList" >> beam.combiners.ToList()
-        | "UnitPlan" >> beam.Map(unit_plan, loinc, reference_units)
+    stats = (
+        bagged
+        | "Stats" >> tr.Select(tr.STATS)
+        | "SumStats" >> beam.CombinePerKey(tr.combine_stats)
+        | "WriteStats" >> tr.ToJsonFile(outputs.join(tmp, "code_stats.json"))
     )
-    bagged = (
-        (chunks, cohort_rows)
-        | "JoinAdmission" >> beam.Flatten()
-        | "GroupByAdmission" >> beam.GroupByKey()
-        | "Bag" >> beam.ParDo(BagAdmission(cfg_dict), beam.pvalue.AsSingleton(plan))
-    )
-    records = bagged | "Records" >> beam.FlatMap(select(RECORDS)).with_output_types(KV)
-    written = (
-        (records, p | "AllShards" >> beam.Create(empty_shards).with_output_types(KV))
-        | "JoinShards" >> beam.Flatten()
-        | "GroupByShard" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(WriteShard(out_dir, cfg_dict))
-    )
-    dead_written = (
-        (extracted | "DeadRows" >> beam.FlatMap(select(DEAD)).with_output_types(KV),
-         bagged | "DeadValues" >> beam.FlatMap(select(DEAD)).with_output_types(KV))
-        | "DeadLetters" >> beam.Flatten()
-        | "GroupDeadLetters" >> beam.GroupByKey()
-        | "WriteDeadLetters" >> beam.ParDo(WriteDeadLetters(out_dir))
-    )
-    counts_done = (
-        (extracted | "ExtractCounts" >> beam.FlatMap(select(COUNTS)),
-         bagged | "BagCounts" >> beam.FlatMap(select(COUNTS)), written, dead_written)
-        | "AllCounts" >> beam.Flatten()
-        | "SumCounts" >> beam.CombinePerKey(sum)
-        | "CountsList" >> beam.combiners.ToList()
-        | "WriteCounts" >> beam.Map(write_json_list, "counts.json")
-    )
-    def combined_to_tmp(source, label: str, kind: str, combine, name: str):
-        """Payloads of one kind, combined per key and written to _tmp/name as one sorted list."""
-        return (
-            source
-            | label >> beam.FlatMap(select(kind)).with_output_types(KV)
-            | f"Sum{label}" >> beam.CombinePerKey(combine)
-            | f"{label}List" >> beam.combiners.ToList()
-            | f"Write{label}" >> beam.Map(write_json_list, name)
-        )
-
-    stats_done = combined_to_tmp(bagged, "Stats", STATS, _combine_stats, "code_stats.json")
-    units_done = plan | "WriteUnitPlan" >> beam.Map(write_json_doc, "unit_plan.json")
-    errors_done = (
-        extracted
-        | "Fatal" >> beam.FlatMap(select(FATAL))
-        | "ErrorsList" >> beam.combiners.ToList()
-        | "WriteErrors" >> beam.Map(write_json_list, "errors.json")
-    )
+    plan_done = plan | "WriteUnitPlan" >> tr.ToJsonFile(outputs.join(tmp, "unit_plan.json"), single=True)
+    errors = items | "Fatal" >> beam.FlatMap(tr.select(tr.FATAL)) | "WriteErrors" >> tr.ToJsonFile(
+        outputs.join(tmp, "errors.json"))
     # One final sink that depends on every branch: the Dask runner computes only the
     # last transform's graph, so a branch left dangling would silently never run.
-    _ = (counts_done, stats_done, units_done, errors_done) | "Finish" >> beam.Flatten()
+    _ = (counts, stats, plan_done, errors) | "Finish" >> beam.Flatten()
     result = p.run()
     result.wait_until_finish()
     # The Dask runner opens its own client and never closes it; left open, it keeps trying
@@ -489,20 +176,20 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     if client is not None:
         client.close()
 
-    errors = outputs.read_json(outputs.join(tmp_dir, "errors.json"))
-    if errors:
-        raise ReaderError(errors[0] if len(errors) == 1 else f"{errors[0]} (and {len(errors) - 1} more file(s))")
-    counts = dict(outputs.read_json(outputs.join(tmp_dir, "counts.json")))
-    stats = {code: tuple(st) for code, st in outputs.read_json(outputs.join(tmp_dir, "code_stats.json"))}
-    vocabulary = vocab.build_vocabulary(stats, config.vocab.min_count, config.vocab.max_size_per_source)
+    errors_found = outputs.read_json(outputs.join(tmp, "errors.json"))
+    if errors_found:
+        raise ReaderError(errors_found[0] if len(errors_found) == 1
+                          else f"{errors_found[0]} (and {len(errors_found) - 1} more file(s))")
+    counts_found = dict(outputs.read_json(outputs.join(tmp, "counts.json")))
+    code_stats = {code: tuple(st) for code, st in outputs.read_json(outputs.join(tmp, "code_stats.json"))}
+    vocabulary = vocab.build_vocabulary(code_stats, config.vocab.min_count, config.vocab.max_size_per_source)
     outputs.write_json(outputs.join(out_dir, outputs.VOCABULARY), {
         "schema_version": spec.SCHEMA_VERSION, "sources": vocabulary,
         "min_count": config.vocab.min_count, "built_on": "train"})
     outputs.write_json(outputs.join(out_dir, outputs.NUMERIC_STATS), {
         "schema_version": spec.SCHEMA_VERSION, "clip_z": config.numeric.clip_z,
-        "codes": vocab.normalisation_stats(stats), "built_on": "train"})
-    _write_lab_loinc(out_dir, lab_bridge)
-    plan_doc = outputs.read_json(outputs.join(tmp_dir, "unit_plan.json"))
+        "codes": vocab.normalisation_stats(code_stats), "built_on": "train"})
+    plan_doc = outputs.read_json(outputs.join(tmp, "unit_plan.json"))
     outputs.write_json(outputs.join(out_dir, outputs.UNITS), {
         "schema_version": spec.SCHEMA_VERSION,
         "codes": {code: dict(sorted(u.items())) for code, u in sorted(plan_doc["counts"].items())},
@@ -510,16 +197,45 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
         "canonical_from": "reference" if reference_units is not None else "this release",
         "note": "codes: rows with a numeric value per unit as written in the release; canonical: the unit "
                 "every value of the code was converted to (units.Harmoniser) before bagging"})
-    _write_driver_dead_letters(out_dir, dead_driver)
-    from ehr_pipeline import manifest as manifest_mod
+    return counts_found, options
 
-    manifest = manifest_mod.build_manifest(
-        out_dir=out_dir, mimic_dir=mimic_dir, config=config, counts=counts, cohort=coh,
-        cohort_stats=cohort_stats, event_tables=sorted({t for t, _ in event_inputs}),
-        vocabulary=vocabulary, seconds=time.time() - started, runner=str(
-            options.get_all_options().get("runner")))
+
+def _finish(out_dir: str, config, counts: dict, options, started: float, **manifest_parts) -> dict[str, Any]:
+    """Writes and returns the manifest."""
+    from ehr_pipeline import manifest as manifest_mod
+    from ehr_pipeline import outputs
+
+    vocabulary = outputs.read_json(outputs.join(out_dir, outputs.VOCABULARY))["sources"]
+    manifest = manifest_mod.build_manifest(out_dir=out_dir, config=config, counts=counts, vocabulary=vocabulary,
+                                           seconds=time.time() - started,
+                                           runner=str(options.get_all_options().get("runner")), **manifest_parts)
     outputs.write_json(outputs.join(out_dir, outputs.MANIFEST), manifest)
     return manifest
+
+
+def manifest_table(counts: dict, table: str) -> dict:
+    """The manifest's accounting of one input table (rows read -> used)."""
+    from ehr_pipeline import manifest as manifest_mod
+
+    return manifest_mod.table_accounting(counts, table)
+
+
+def manifest_group(counts: dict, prefix: str) -> dict[str, int]:
+    """Counts under 'prefix/' with the prefix stripped."""
+    n = len(prefix) + 1
+    return {k[n:]: v for k, v in sorted(counts.items()) if k.startswith(prefix + "/")}
+
+
+def _read_cohort_tables(mimic_dir: str, dead: list) -> tuple[dict, dict]:
+    from ehr_pipeline import cohort
+    from ehr_pipeline.reader import locate_table, read_table
+
+    tables, stats = {}, {}
+    for name, columns in (("ADMISSIONS", cohort.ADMISSION_COLUMNS), ("PATIENTS", cohort.PATIENT_COLUMNS)):
+        path = locate_table(mimic_dir, name)
+        tables[name], stats[name] = read_table(
+            path, name, columns=columns, on_dead_letter=lambda d, n=name: dead.append((n, d)))
+    return tables, stats
 
 
 def _lab_loinc_bridge(mimic_dir: str, dead: list) -> dict[str, list[str]]:
@@ -543,15 +259,6 @@ def _write_lab_loinc(out_dir: str, bridge: dict[str, list[str]]) -> None:
     outputs.write_json(outputs.join(out_dir, outputs.LAB_LOINC), {
         "schema_version": spec.SCHEMA_VERSION, "system": codes.LOINC, "source": "D_LABITEMS.LOINC_CODE",
         "codes": bridge})
-
-
-def _combine_stats(values):
-    from ehr_pipeline import vocab
-
-    total = vocab.ZERO
-    for v in values:
-        total = vocab.add_stats(total, v)
-    return total
 
 
 def _write_driver_dead_letters(out_dir: str, dead: list) -> None:

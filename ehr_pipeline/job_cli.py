@@ -13,8 +13,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the job's flags to `parser`."""
     from ehr_pipeline.cli_args import existing_dir, existing_file, output_dir
 
-    parser.add_argument("--mimic-dir", required=True, type=existing_dir,
-                        help="folder with the MIMIC-III v1.4 tables (TABLE.csv.gz or TABLE.csv)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--mimic-dir", type=existing_dir,
+                       help="folder with the MIMIC-III v1.4 tables (TABLE.csv.gz or TABLE.csv)")
+    where.add_argument("--meds-dir", type=existing_dir,
+                       help="a MEDS 0.4 dataset (data/**/*.parquet, metadata/), e.g. the MIMIC-IV MEDS ETL's output "
+                            "or `ehr-pipeline to-meds`'s (docs/meds.md)")
+    parser.add_argument("--labels", default=None, metavar="FILE_OR_DIR",
+                        help="with --meds-dir: MEDS label files (subject_id, prediction_time, boolean_value; e.g. "
+                             "ACES output): one example per row, events strictly before prediction_time; default: "
+                             "the built-in task (in-hospital death at admission + trigger_offset_seconds)")
+    parser.add_argument("--meds-codes", default=None, type=existing_file, metavar="YAML",
+                        help="with --meds-dir: the MEDS code -> source map (see configs/meds_codes.yaml); default: "
+                             "the MIMIC-IV MEDS ETL's and to-meds' codes")
     parser.add_argument("--out", required=True, type=output_dir,
                         help="output folder (local path or a Beam filesystem URL)")
     parser.add_argument("--config", default=None, type=existing_file,
@@ -39,7 +50,14 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     config = load_pipeline_config(args.config)
     started = time.time()
-    manifest = run_job(args.mimic_dir, args.out, config, beam_args, reference_units=args.units_from)
+    if args.meds_dir is not None:
+        from ehr_pipeline.job import run_meds_job
+        from ehr_pipeline.meds_codes import load_meds_codes
+
+        manifest = run_meds_job(args.meds_dir, args.out, config, beam_args, reference_units=args.units_from,
+                                labels_dir=args.labels, codes=load_meds_codes(args.meds_codes))
+    else:
+        manifest = run_job(args.mimic_dir, args.out, config, beam_args, reference_units=args.units_from)
     seconds = time.time() - started
     outputs.write_json(outputs.join(args.out, "run_info.json"),
                        {"seconds": round(seconds, 3), "beam_args": beam_args})
@@ -49,6 +67,8 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         for table, t in manifest["tables"].items():
             for problem in t["problems"]:
                 log.error("%s: %s", table, problem)
+        for problem in manifest.get("labels", {}).get("problems", []):
+            log.error("labels: %s", problem)
         return 1
     return 0
 

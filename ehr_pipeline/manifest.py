@@ -43,9 +43,14 @@ def table_accounting(counts: Mapping[str, int], table: str) -> dict[str, Any]:
     }
 
 
-def build_manifest(*, out_dir, mimic_dir, config, counts, cohort, cohort_stats, event_tables,
-                   vocabulary, seconds=None, runner=None) -> dict[str, Any]:
-    """Assembles the manifest from the job's counts and the files it wrote (checksummed)."""
+def build_manifest(*, out_dir, config, counts, tables, cohort_counts, input_doc, vocabulary, labels=None,
+                   seconds=None, runner=None) -> dict[str, Any]:
+    """Assembles the manifest from the job's counts and the files it wrote (checksummed).
+
+    ``tables``: per input table its accounting (``table_accounting``); ``cohort_counts``: the
+    built-in task's outcome per admission (kept or the exclusion reason); ``labels``: with a
+    MEDS label file, what became of its rows.
+    """
     from ehr_pipeline import outputs, spec
     from ehr_pipeline.config import SPLIT_NAMES
 
@@ -67,18 +72,13 @@ def build_manifest(*, out_dir, mimic_dir, config, counts, cohort, cohort_stats, 
             "records_written": counts.get(f"files/{split}/records_written", 0),
             "files": files,
         }
-    tables = {t: table_accounting(counts, t) for t in sorted(event_tables)}
-    for name, st in sorted(cohort_stats.items()):
-        tables[name] = {"rows_read": st.rows_read, "rows_parsed": st.rows_parsed,
-                        "dead_lettered": dict(sorted(st.dead_lettered.items())), "balanced": True,
-                        "problems": []}
-    return {
+    doc = {
         "manifest_version": MANIFEST_VERSION,
         "schema_version": spec.SCHEMA_VERSION,
-        "input": {"mimic_dir": str(mimic_dir), "event_tables": sorted(event_tables)},
+        "input": dict(input_doc),
         "config": cfg,
-        "cohort": {"admissions": sum(cohort.counts.values()), "counts": dict(sorted(cohort.counts.items()))},
-        "tables": tables,
+        "cohort": {"admissions": sum(cohort_counts.values()), "counts": dict(sorted(cohort_counts.items()))},
+        "tables": dict(tables),
         "bagging": _group(counts, "bagging"),
         "splits": split_info,
         "vocabulary": {"file": outputs.VOCABULARY, "sizes": {s: len(v) for s, v in vocabulary.items()},
@@ -90,8 +90,14 @@ def build_manifest(*, out_dir, mimic_dir, config, counts, cohort, cohort_stats, 
         "units": {"file": outputs.UNITS, "sha256": outputs.sha256_of(outputs.join(out_dir, outputs.UNITS)),
                   "values": _units_by_source(counts)},
         "dead_letters": {t: sum(v["dead_lettered"].values()) for t, v in tables.items()},
-        "balanced": all(v["balanced"] for v in tables.values()),
+        "balanced": all(v["balanced"] for v in tables.values()) and (labels is None or labels["balanced"]),
     }
+    if labels is not None:
+        doc["labels"] = labels
+    if outputs.exists(outputs.join(out_dir, outputs.MEDS_CODES)):
+        doc["meds_codes"] = {"file": outputs.MEDS_CODES,
+                             "sha256": outputs.sha256_of(outputs.join(out_dir, outputs.MEDS_CODES))}
+    return doc
 
 
 def _units_by_source(counts: Mapping[str, int]) -> dict[str, dict[str, int]]:

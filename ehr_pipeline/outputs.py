@@ -17,6 +17,8 @@ NUMERIC_STATS = "numeric_stats.json"
 LAB_LOINC = "lab_loinc.json"
 # Units each numeric code's values were recorded in: the service warns about any other unit.
 UNITS = "units.json"
+# The MEDS code map a MEDS-sourced run read its codes with: the service reads requests' MEDS codes with it.
+MEDS_CODES = "meds_codes.json"
 DEAD_LETTER_DIR = "dead_letter"
 TMP_DIR = "_tmp"
 
@@ -52,6 +54,17 @@ def _open_read(path: str):
     from apache_beam.io.filesystems import FileSystems
 
     return FileSystems.open(path)
+
+
+def exists(path: str) -> bool:
+    """Whether a file exists (local path or Beam filesystem URL)."""
+    if "://" not in path:
+        import os
+
+        return os.path.exists(path)
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.exists(path)
 
 
 def read_json(path: str) -> Any:

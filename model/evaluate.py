@@ -29,6 +29,11 @@ PLOT_FILES = {"reliability": "reliability.png", "uncertainty_vs_error": "uncerta
 # Written only with a known truth: kept cases' error vs truth against the referral rate.
 TRUTH_PLOT_FILE = "referral_vs_truth.png"
 PREDICTIONS_FILE = "predictions.csv"
+# The same cases in meds-evaluation's prediction schema (MEDS label columns + predicted_boolean_*):
+# `meds-evaluation-cli predictions_path=...`. That schema refuses extra columns, so the uncertainty
+# measures and hadm_id go beside it, row for row, keyed by the same subject_id and prediction_time.
+MEDS_PREDICTIONS_FILE = "predictions.meds.parquet"
+MEDS_UNCERTAINTY_FILE = "predictions.meds_uncertainty.parquet"
 COMPARISON_FILE = "comparison.json"
 # The one page a clinical reviewer reads (model.report_html renders metrics.json / comparison.json).
 REPORT_HTML = "report.html"
@@ -125,6 +130,33 @@ def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], pro
 
         paths["report"] = report_html.write(out / REPORT_HTML, json_ready(doc))
     return paths
+
+
+def write_meds_predictions(path: str | os.PathLike[str], probs: np.ndarray, labels: Sequence[int],
+                           hadm_ids: Sequence[int], subject_ids: Sequence[int], trigger_times: Sequence[int],
+                           ensemble_size: int, num_samples: int) -> pathlib.Path:
+    """predictions.meds.parquet: subject_id, prediction_time (the trigger, s -> us), boolean_value, the predictive
+    mean as predicted_boolean_probability, p > DECISION_THRESHOLD as predicted_boolean_value; every uncertainty
+    measure in MEDS_UNCERTAINTY_FILE beside it, row for row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = metrics.predictive_mean(probs)
+    columns = {
+        "subject_id": pa.array(subject_ids, pa.int64()),
+        "prediction_time": pa.array(np.asarray(trigger_times, dtype=np.int64) * 1_000_000, pa.timestamp("us")),
+        "boolean_value": pa.array(np.asarray(labels, dtype=np.int64) == 1, pa.bool_()),
+        "predicted_boolean_value": pa.array(p > DECISION_THRESHOLD, pa.bool_()),
+        "predicted_boolean_probability": pa.array(p, pa.float64()),
+    }
+    path = pathlib.Path(path)
+    pq.write_table(pa.table(columns), path)
+    beside = {"subject_id": columns["subject_id"], "prediction_time": columns["prediction_time"],
+              "hadm_id": pa.array(hadm_ids, pa.int64())}
+    for name, values in metrics.all_uncertainties(probs, ensemble_size, num_samples).items():
+        beside[name] = pa.array(values, pa.float64())
+    pq.write_table(pa.table(beside), path.with_name(MEDS_UNCERTAINTY_FILE))
+    return path
 
 
 def write_predictions(path: str | os.PathLike[str], probs: np.ndarray, labels: Sequence[int],
@@ -346,8 +378,13 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
             log.warning("%s was trained on other data (data manifest checksum differs): evaluating anyway", e.path)
     k = sum(e.ensemble_size for e in exports)
 
+    ids: dict[str, tuple[list[int], list[int]]] = {}
+
     def predict(split_name: str) -> tuple[np.ndarray, list[int], list[int]]:
+        from model.inputs import example_ids
+
         records, labels, hadm_ids = read_split(files, split_name)
+        ids[split_name] = example_ids(records)
         probs = predict_probs(exports, records, num_samples, seed, batch_size=batch_size, progress=progress)
         return probs, labels, hadm_ids
 
@@ -385,6 +422,8 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
                      extra={"models": [str(e.path) for e in exports], "split": split, "seed": seed,
                             "data_manifest_sha256": data_sha}, truth=truth, attributes=attributes,
                      referred=referred, html=True)
+        write_meds_predictions(pathlib.Path(out_dir) / MEDS_PREDICTIONS_FILE, probs, labels, hadm_ids, *ids[split],
+                               k, num_samples)
     if export_ensemble is not None:
         test_report = report if split == "test" else report_for("test")[0]
         metrics_doc = metrics_document(test_report, measure=measure, rate=rate, threshold=threshold)

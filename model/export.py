@@ -20,6 +20,7 @@ Layout (the contract with serving/):
   units.json            (optional) units each numeric code's values came in, copied from the data folder
   admission_types.json  (optional) {"split": "train", "counts": {admission_type: examples}}: the training
                         split's admission types, which the service averages over when a request's is unknown
+  meds_codes.json       (optional) the MEDS code map of a model trained on MEDS data: requests speak MEDS codes
   metrics.json          {"test": {...}, "referral": {measure, rate, threshold}, "decision_threshold": 0.5}
   manifest.json         {"files": {relative_path: sha256}, "format_version": 1}
 
@@ -45,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_pipeline import config as pipeline_config
 from ehr_pipeline import outputs, spec
+from ehr_pipeline import meds_codes as meds_codes_mod
 from ehr_pipeline import units as units_mod
 from ehr_pipeline.yaml_config import ConfigError
 from model import metrics as model_metrics
@@ -146,6 +148,14 @@ class Export:
     clip_z: float | None = None
     # Training examples per admission type (admission_types.json); {} for exports made before it.
     admission_types: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    # A model trained on MEDS data (ehr-pipeline run --meds-dir): the code map that turns its requests'
+    # MEDS codes ('LAB//50912//mg/dL') into the model's ('lab:50912', unit mg/dL). None: codes are 'source:code'.
+    meds_codes: meds_codes_mod.MedsCodes | None = None
+
+    @functools.cached_property
+    def meds_mapper(self) -> meds_codes_mod.CodeMapper | None:
+        """Reads request codes with the export's MEDS code map; one per export, its cache shared."""
+        return None if self.meds_codes is None else meds_codes_mod.CodeMapper(self.meds_codes)
 
     @property
     def ensemble_size(self) -> int:
@@ -266,7 +276,19 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
     return Export(directory=directory, checksum=checksum, card=card, card_raw=card_raw, pipeline=pipeline,
                   pipeline_raw=pipeline_raw, vocabulary=frozenset(ranks), metrics=metrics, metrics_raw=metrics_raw,
                   lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=_units(directory),
-                  value_stats=value_stats, clip_z=clip_z, admission_types=_admission_types(directory))
+                  value_stats=value_stats, clip_z=clip_z, admission_types=_admission_types(directory),
+                  meds_codes=_meds_codes(directory))
+
+
+def _meds_codes(directory: pathlib.Path) -> meds_codes_mod.MedsCodes | None:
+    """The MEDS code map of meds_codes.json, or None for a model trained on MIMIC-III CSVs."""
+    if not (directory / outputs.MEDS_CODES).exists():
+        return None
+    try:
+        return meds_codes_mod.parse_meds_codes(_read_json(directory, outputs.MEDS_CODES).get("codes"),
+                                               str(directory / outputs.MEDS_CODES))
+    except (ConfigError, AttributeError) as err:
+        raise ExportError(str(err)) from None
 
 
 # ------------------------------------------------------------------------ checksums

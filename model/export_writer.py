@@ -46,7 +46,9 @@ def _finish(tmp: pathlib.Path, export_dir: pathlib.Path, source_dir: str | os.Pa
         shutil.copyfile(os.path.join(source_dir, name), tmp / name)
     # The LOINC lab bridge and the training units travel with the model (data folders made
     # before they existed have none: FHIR labs then need local codes, and units go unchecked).
-    for name in (outputs.LAB_LOINC, outputs.UNITS):
+    # A model trained on MEDS data also carries the code map its codes were read with: the
+    # service reads the MEDS codes of its requests with it.
+    for name in (outputs.LAB_LOINC, outputs.UNITS, outputs.MEDS_CODES):
         if os.path.exists(os.path.join(source_dir, name)):
             shutil.copyfile(os.path.join(source_dir, name), tmp / name)
     # The training split's admission types: the service averages the model over them when a

@@ -336,6 +336,14 @@ def admission_type_counts(data_dir: str | os.PathLike[str], split: str = "train"
     return dict(sorted(counts.items()))
 
 
+def example_ids(records: list[bytes]) -> tuple[list[int], list[int]]:
+    """(subject ids, trigger times in s) of serialized examples: a MEDS label row's (subject_id, prediction_time)."""
+    if not records:
+        return [], []
+    parsed = spec.parse_sequence_examples(tf.constant(records))
+    return parsed[spec.SUBJECT_ID].numpy().tolist(), parsed[spec.TRIGGER_TIME].numpy().tolist()
+
+
 def read_split(files: DataFiles, split: str) -> tuple[list[bytes], list[int], list[int]]:
     """All serialized examples of a split with their labels and hadm_ids (file order)."""
     paths = sorted(tf.io.gfile.glob(files.split_pattern(split)))

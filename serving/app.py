@@ -270,14 +270,20 @@ def _install_error_handlers(app: FastAPI) -> None:
                             content={"detail": str(exc), "request_id": _request_id(request)})
 
 
-def _warmup_request(events: bool = True) -> PredictRequest:
-    """A minimal admission (one event, or none) for the warm-up passes; its prediction is thrown away."""
+def _warmup_request(events: bool = True, meds_codes=None) -> PredictRequest:
+    """A minimal admission (one event, or none) for the warm-up passes; its prediction is thrown away.
+
+    A model trained on MEDS data reads MEDS codes: its event is a code its map reads as an event.
+    """
     admit = dt.datetime(2150, 1, 1, 8, 0)
+    event = {"source": "lab", "code": "warmup"}
+    if meds_codes is not None:
+        rule = next((r for r in meds_codes.events if r.item_range is None), meds_codes.events[0])
+        event = {"code": f"{rule.prefix}//{rule.item_range[0] if rule.item_range else 'warmup'}"}
     return PredictRequest(
         patient=Patient(gender="U", age_years=60.0),
         admission=Admission(admit_time=admit.isoformat(), admission_type="EMERGENCY"),
-        events=[{"time": (admit + dt.timedelta(hours=1)).isoformat(), "source": "lab", "code": "warmup"}] if events
-        else [],
+        events=[{"time": (admit + dt.timedelta(hours=1)).isoformat(), **event}] if events else [],
     )
 
 
@@ -294,7 +300,8 @@ async def _warm_up(app: FastAPI, predictor: ServedModel, batcher: MicroBatcher, 
     try:
         # The unit registry too: the first request with a value to convert must not wait for it.
         await run_in_threadpool(predictor.export.harmoniser.converter.load)
-        one, empty = [(await run_in_threadpool(encode, _warmup_request(events), predictor.export)).example
+        one, empty = [(await run_in_threadpool(encode, _warmup_request(events, predictor.export.meds_codes),
+                                               predictor.export)).example
                       for events in (True, False)]
         await batcher.run_in_model_thread(predictor.forward, [one], settings.default_num_samples, 0)
     except asyncio.CancelledError:

@@ -58,6 +58,8 @@ def build_request(mimic_dir: pathlib.Path, subject_id: int, hadm_id: int, after_
                 item = {"time": _iso(e["time"]), "source": source, "code": code}
                 if e["value"] == e["value"]:  # not NaN
                     item["value"] = e["value"]
+                    if e["unit"] is not None:  # the service converts it as the job does
+                        item["unit"] = e["unit"]
                 events.append(item)
     return {
         "id": f"demo-{hadm_id}",

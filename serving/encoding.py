@@ -16,7 +16,7 @@ import datetime as dt
 
 import numpy as np
 
-from ehr_pipeline import ages, bagging, spec, units
+from ehr_pipeline import ages, bagging, meds_codes, spec, units
 from model.export import Export
 from serving.schemas import PredictRequest
 
@@ -59,7 +59,7 @@ class Encoded:
 # Warnings most likely to mean a wrong answer come first: a value the model could not read or
 # reads far outside anything it saw, then a patient outside the cohort, then the rest.
 WARNING_RANK = ("unit_not_convertible", "value_out_of_range", "admission_type_unknown", "age_below_cohort",
-                "prediction_time_not_trained", "no_events")
+                "prediction_time_not_trained", "no_events", "meds_code_not_event")
 
 
 def ranked(warnings: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
@@ -104,12 +104,12 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
         raw_age = float(patient.age_years)
     age = float(ages.cap_age(raw_age))
 
-    events = request.events
-    times = np.fromiter((to_seconds(e.time) for e in events), dtype=np.int64, count=len(events))
-    codes = np.array([spec.format_code(e.source, e.code) for e in events], dtype=object)
-    values = np.fromiter((np.nan if e.value is None else e.value for e in events), dtype=np.float64,
+    events, not_events = _model_events(request.events, export, loc)
+    times = np.fromiter((to_seconds(e.time) for e, _, _ in events), dtype=np.int64, count=len(events))
+    codes = np.array([code for _, code, _ in events], dtype=object)
+    values = np.fromiter((np.nan if e.value is None else e.value for e, _, _ in events), dtype=np.float64,
                          count=len(events))
-    harmonised = export.harmoniser.harmonise(codes, [e.unit for e in events], values)
+    harmonised = export.harmoniser.harmonise(codes, [unit for _, _, unit in events], values)
     values = harmonised.values
     bags = bagging.bag_events(times, codes, values, trigger, pipeline.bagging)
 
@@ -132,6 +132,9 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
     # Only codes the model actually sees (kept bags) can be out of its vocabulary.
     unknown = sorted(set(bags.codes.tolist()) - export.vocabulary)
     found: list[tuple[str, str]] = [("unit_not_convertible", m) for m in _unit_problems(codes, harmonised)]
+    if not_events:
+        found.append(("meds_code_not_event", f"{len(not_events)} MEDS code(s) the model's code map does not read as "
+                      f"events, not used (first: {not_events[0]})"))
     if raw_age < pipeline.min_age_years:
         found.append(("age_below_cohort", f"age {raw_age:.1f} years is below the training cohort's minimum of "
                                           f"{pipeline.min_age_years:g} years"))
@@ -152,7 +155,7 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
         example=example,
         prediction_time=EPOCH + dt.timedelta(seconds=trigger),
         age_years=age,
-        events_received=len(events),
+        events_received=len(request.events),
         events_used=bags.n_events_used,
         ignored=dict(bags.n_dropped_by_reason),
         oov_codes=unknown[:MAX_OOV_LISTED],
@@ -161,6 +164,33 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
         warning_kinds=kinds,
         unit_outcomes=harmonised.counts(),
     )
+
+
+def _model_events(events, export: Export, loc: tuple[str | int, ...]) -> tuple[list[tuple], list[str]]:
+    """(event, 'source:code', unit) per request event the model reads, and the MEDS codes it does not read.
+
+    A model trained on MIMIC-III tables reads 'source' + 'code'; one trained on MEDS data reads the MEDS
+    code with its code map (ehr_pipeline.meds_codes), the very map the job read its training codes with:
+    'LAB//50912//mg/dL' is 'lab:50912' in mg/dL (a unit given in the event wins over the code's).
+    """
+    mapper = export.meds_mapper
+    out, skipped = [], []
+    for i, e in enumerate(events):
+        if mapper is None:
+            if e.source is None:
+                raise InputError(loc + ("events", i, "source"), "source is required: this model reads "
+                                 "'source' + 'code' (it was trained on MIMIC-III tables)", "missing")
+            out.append((e, spec.format_code(e.source, e.code), e.unit))
+            continue
+        if e.source is not None:
+            raise InputError(loc + ("events", i, "source"), "this model was trained on MEDS data: give the MEDS code "
+                             "(e.g. 'LAB//50912//mg/dL') in 'code' and leave 'source' out")
+        mapped = mapper(e.code)
+        if mapped.kind != meds_codes.EVENT:
+            skipped.append(e.code)
+            continue
+        out.append((e, mapped.code, e.unit if e.unit is not None else mapped.unit))
+    return out, skipped
 
 
 def _unit_problems(codes: np.ndarray, harmonised: units.Harmonised) -> list[str]:

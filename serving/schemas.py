@@ -113,9 +113,14 @@ class Event(_Request):
         "prescription at its start date (the service moves it to 23:59:59 of that day); diagnosis and "
         "procedure at the discharge of the admission they were coded for. Events at or after the "
         "prediction time are ignored and counted."), examples=["2150-03-01T10:00:00"])
-    source: Source = Field(description=f"Event table, one of {', '.join(spec.SOURCES)}.", examples=["lab"])
+    source: Source | None = Field(
+        None, description=f"Event table, one of {', '.join(spec.SOURCES)}; required by a model trained on MIMIC-III "
+                          "tables, left out for a model trained on MEDS data (its codes name their source).",
+        examples=["lab"])
     code: Code = Field(description="The code within its source (MIMIC ITEMID, ICD-9 code, drug name, ...); "
-                                   "surrounding whitespace is trimmed and the model sees 'source:code'.",
+                                   "surrounding whitespace is trimmed and the model sees 'source:code'. For a "
+                                   "model trained on MEDS data (model card: meds_codes), the MEDS code, e.g. "
+                                   "'LAB//50912//mg/dL', read with the model's code map (docs/meds.md).",
                        examples=["50912"])
     value: float | None = Field(None, description="Numeric value, if any (text results: leave it out).",
                                 examples=[1.4], **_STRICT_FLOAT)

@@ -146,8 +146,12 @@ def write_tiny_model_export(
     referral: Mapping[str, Any] | None = None,
     lab_loinc: Mapping[str, Sequence[str]] | None = None,
     admission_types: Mapping[str, int] | None = None,
+    units: Mapping[str, Any] | None = None,
 ) -> pathlib.Path:
     """Writes an export of a tiny UNTRAINED rank-1 model through the real exporter (model.export).
+
+    units (a units.json document; default FIXTURE_UNITS) becomes the data folder's units.json: pass a
+    job output's own to serve its codes in the units the job converted them to.
 
     lab_loinc (LOINC -> lab ITEMIDs) becomes the data folder's lab_loinc.json, as the Beam job
     writes it from D_LABITEMS, and so reaches the export the way a trained model's does.
@@ -178,7 +182,7 @@ def write_tiny_model_export(
         (data_dir / "manifest.json").write_text(json.dumps({"config": pipeline.to_dict()}))
         if lab_loinc is not None:
             (data_dir / "lab_loinc.json").write_text(json.dumps({"codes": {k: list(v) for k, v in lab_loinc.items()}}))
-        (data_dir / "units.json").write_text(json.dumps(FIXTURE_UNITS))
+        (data_dir / "units.json").write_text(json.dumps(FIXTURE_UNITS if units is None else units))
         _write_train_split(data_dir, DEFAULT_ADMISSION_TYPES if admission_types is None else admission_types)
         files = inputs.load_data_files(data_dir)
         featurizer = inputs.Featurizer.from_data_files(files)

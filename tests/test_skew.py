@@ -3,7 +3,7 @@ the service's path give byte-identical serialized SequenceExamples.
 
 Job path: typed table blocks (as the reader yields them) -> events.extract -> filter_to_cohort
 -> split_by_admission -> pack_chunk -> the chunks in a shuffled order -> the job's own
-BagAdmission DoFn. Service path: the same events as a JSON request (shuffled differently, codes
+BagExample DoFn. Service path: the same events as a JSON request (shuffled differently, codes
 padded with whitespace, times as docs/serving.md tells clients to send them) -> PredictRequest
 -> serving.encoding.encode. The ids and label are the ones the service writes (it cannot know
 them), so the two protos must match byte for byte.
@@ -18,7 +18,8 @@ from hypothesis import given, settings, strategies as st
 
 import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline import events as ev
-from ehr_pipeline import job, spec
+from ehr_pipeline import chunks as chunks_mod
+from ehr_pipeline import spec, transforms
 from ehr_pipeline.config import PipelineConfig
 from model.export import read_export
 from serving.encoding import encode
@@ -108,18 +109,17 @@ def job_record(rows, chunk_order, export) -> bytes:
         extracted, counts = ev.extract(table, batch(table, block_rows), DISCHARGES)
         assert counts[ev.KEPT] == len(mine), counts
         kept, _ = ev.filter_to_cohort(extracted, cohort_index)
-        chunks.extend(job.pack_chunk(t, c, v, u) for _, t, c, v, u in ev.split_by_admission(kept))
+        chunks.extend(chunks_mod.pack_chunk(t, c, v, u) for _, t, c, v, u in ev.split_by_admission(kept))
     meta = {"SUBJECT_ID": 0, "HADM_ID": HADM, "ADMITTIME": ADMIT, "trigger_time": TRIGGER,
             "label": spec.LABEL_UNKNOWN, "age_years": AGE, "gender": "F", "admission_type": "EMERGENCY",
             # What the service writes, as for the ids: a request does not carry them.
             "ethnicity": spec.NOT_RECORDED, "insurance": spec.NOT_RECORDED}
-    _, bag_admission, _, _ = job._make_dofns()
-    dofn = bag_admission(CONFIG.to_dict())
+    dofn = transforms.BagExample(CONFIG.to_dict())
     dofn.setup()
     ordered = [chunks[i] for i in chunk_order(len(chunks))]
     # The job's unit plan for this model: its canonical units and its labs' LOINC codes.
     plan = {"canonical": dict(export.units), "loinc": dict(export.harmoniser.loinc)}
-    records = [payload for kind, payload in dofn.process((HADM, [*ordered, meta]), plan) if kind == job.RECORDS]
+    records = [payload for kind, payload in dofn.process((HADM, [*ordered, meta]), plan) if kind == transforms.RECORDS]
     (_, (_, record)), = records
     return record
 

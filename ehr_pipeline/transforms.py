@@ -1,0 +1,460 @@
+"""The Beam job's parts: sources -> events -> bagging -> writing, each a named composite PTransform.
+
+    items    = p | MimicSource(...)  or  p | MedsSource(...)   # tagged (kind, payload) items
+    bagged   = items | BagExamples(config, loinc, reference_units)
+    written  = bagged | WriteExamples(out_dir, config)
+    ...      counts, dead letters, statistics -> files (job.run_job reads them back)
+
+A source yields, on ONE PCollection, ``(kind, payload)`` pairs: ``EXAMPLE`` (example key, [its
+cohort row (a dict), its event chunks (bytes)]), ``UNITS`` ((code, unit), rows) for the unit
+census, ``COUNTS`` (name, n), ``DEAD`` (file, dead letter) and ``FATAL`` (a one-line error). Both
+sources emit the same examples, so everything after them is shared. One output with kinds rather
+than Beam's tagged outputs: the Dask runner does not route tagged outputs (all tags reach every
+consumer).
+
+Every counter lives in one namespace (``ehr_pipeline``), named ``stage/source/reason``; the same
+(name, n) pairs flow into the manifest, so a record dropped anywhere is counted by reason.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from ehr_pipeline.chunks import concat_chunks, pack_chunk
+
+NAMESPACE = "ehr_pipeline"
+EXAMPLE = "example"
+EVENTS = "events"
+RECORDS = "records"
+COUNTS = "counts"
+DEAD = "dead"
+STATS = "stats"
+UNITS = "units"
+FATAL = "fatal"  # a file that cannot be read: its one-line error, raised by the driver after the run
+# Values whose unit cannot be converted to their code's canonical unit: one dead-letter file.
+DEAD_VALUES = "values_not_convertible"
+
+Tagged = tuple[str, Any]
+KV = tuple[Any, Any]
+
+
+def count(name: str, n: int) -> tuple[str, int]:
+    """Bumps a Beam counter and returns the (name, n) pair that also flows into the manifest."""
+    if n:
+        Metrics.counter(NAMESPACE, name).inc(int(n))
+    return name, int(n)
+
+
+def select(kind: str):
+    """A FlatMap function keeping the payloads of one kind."""
+    def keep(item):
+        if item[0] == kind:
+            yield item[1]
+    return keep
+
+
+class Select(beam.PTransform):
+    """The payloads of one kind of a tagged PCollection."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self._kind = kind
+
+    def expand(self, items):
+        return items | beam.FlatMap(select(self._kind)).with_output_types(KV)
+
+
+# ----------------------------------------------------------------------------- the MIMIC-III source
+
+
+@beam.typehints.with_input_types(tuple[str, str])
+@beam.typehints.with_output_types(Tagged)
+class ReadMimicTable(beam.DoFn):
+    """(table, file) -> the events of cohort admissions before their trigger, as chunks; counts and dead letters."""
+
+    def __init__(self, cohort_index, discharges, block_size_bytes: int):
+        self._cohort = cohort_index
+        self._discharges = discharges
+        self._block = block_size_bytes
+
+    def process(self, element):
+        from ehr_pipeline.reader import ReaderError
+
+        table, path = element
+        try:
+            yield from self._read(table, path)
+        except ReaderError as e:
+            # Raised here it would reach the driver as a runner-specific traceback (or not at
+            # all); as an output it becomes the driver's one-line error.
+            yield FATAL, str(e)
+
+    def _read(self, table: str, path: str):
+        from ehr_pipeline import events as ev
+        from ehr_pipeline.reader import TableReader
+
+        dead: list = []
+        _, columns = ev.EXTRACTORS[table]
+        reader = TableReader(path, table, columns=columns, on_dead_letter=dead.append, block_size_bytes=self._block)
+        for batch in reader:
+            events, extract_counts = ev.extract(table, batch, self._discharges)
+            for pair, n in ev.unit_counts(events).items():
+                yield UNITS, (pair, n)
+            kept, cohort_counts = ev.filter_to_cohort(events, self._cohort)
+            for hadm, times, codes, values, units in ev.split_by_admission(kept):
+                yield EVENTS, (hadm, pack_chunk(times, codes, values, units))
+            yield from _counted(f"events/{table}/extract", extract_counts)
+            yield from _counted(f"events/{table}/cohort", cohort_counts)
+            for letter in dead:
+                yield DEAD, (table, letter)
+            dead.clear()
+        # Rows rejected after the last block (the file's last lines) come after the loop.
+        for letter in dead:
+            yield DEAD, (table, letter)
+        stats = reader.stats
+        yield COUNTS, count(f"rows/{table}/read", stats.rows_read)
+        yield COUNTS, count(f"rows/{table}/parsed", stats.rows_parsed)
+        yield from _counted(f"rows/{table}/dead_letter", stats.dead_lettered)
+
+
+def _counted(prefix: str, counts: dict[str, int]):
+    for reason, n in counts.items():
+        yield COUNTS, count(f"{prefix}/{reason}", n)
+
+
+class MimicSource(beam.PTransform):
+    """MIMIC-III event files -> tagged items: each cohort admission's row and chunks grouped as one EXAMPLE.
+
+    The cohort (ADMISSIONS, PATIENTS) is built by the driver; each worker reads whole files, keeps
+    the events of cohort admissions before their trigger and packs them, so the shuffle carries only
+    what reaches an example.
+    """
+
+    def __init__(self, event_inputs: list[tuple[str, str]], cohort_index, discharges, metas: list,
+                 block_size_bytes: int = 4 << 20):
+        super().__init__()
+        self._inputs = sorted(event_inputs)
+        self._cohort, self._discharges, self._metas = cohort_index, discharges, metas
+        self._block = block_size_bytes
+
+    def expand(self, p):
+        extracted = (
+            p
+            | "EventFiles" >> beam.Create(self._inputs)
+            # One file is one unit of work: gzip cannot be split, and a reshuffle spreads files.
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "ReadTables" >> beam.ParDo(ReadMimicTable(self._cohort, self._discharges, self._block))
+        )
+        examples = (
+            (extracted | "Chunks" >> Select(EVENTS), p | "CohortRows" >> beam.Create(self._metas).with_output_types(KV))
+            | "JoinAdmission" >> beam.Flatten()
+            | "GroupByAdmission" >> beam.GroupByKey()
+            | "TagExamples" >> beam.Map(lambda kv: (EXAMPLE, kv)).with_output_types(Tagged)
+        )
+        others = extracted | "NotChunks" >> beam.Filter(lambda item: item[0] != EVENTS).with_output_types(Tagged)
+        return (examples, others) | "SourceItems" >> beam.Flatten()
+
+
+# ----------------------------------------------------------------------------- the MEDS source
+
+
+@beam.typehints.with_input_types(str)
+@beam.typehints.with_output_types(Tagged)
+class ReadMedsFile(beam.DoFn):
+    """One MEDS data file -> its subjects' examples (cohort row and chunk together), unit census, counts."""
+
+    def __init__(self, reader_config: dict):
+        self._config_dict = reader_config
+
+    def setup(self):
+        from ehr_pipeline import meds_source
+
+        self._reader = meds_source.MedsReader.from_dict(self._config_dict)
+
+    def process(self, path: str):
+        from ehr_pipeline import meds_source
+
+        try:
+            for out in self._reader.read_file(path):
+                yield from _meds_items(out)
+        except meds_source.MedsError as e:
+            yield FATAL, str(e)
+
+
+def _meds_items(out):
+    """The tagged items of one meds_source.SubjectsOut."""
+    for key, meta, times, codes, values, units in out.examples:
+        items = [meta] + ([pack_chunk(times, codes, values, units)] if times.size else [])
+        yield EXAMPLE, (key, items)
+    for pair, n in out.units.items():
+        yield UNITS, (pair, n)
+    for name, n in out.counts.items():
+        yield COUNTS, count(name, n)
+
+
+class MedsSource(beam.PTransform):
+    """MEDS data files -> tagged items like MimicSource's; a subject's rows are in one file, read whole.
+
+    The task (built in, or label rows) is computed per subject by the worker that reads its file, so
+    examples leave the source complete: no shuffle is needed to join them.
+    """
+
+    def __init__(self, files: list[str], reader_config: dict):
+        super().__init__()
+        self._files = sorted(files)
+        self._config = reader_config
+
+    def expand(self, p):
+        return (
+            p
+            | "MedsFiles" >> beam.Create(self._files)
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "ReadMedsFiles" >> beam.ParDo(ReadMedsFile(self._config))
+        )
+
+
+# ----------------------------------------------------------------------------- bagging
+
+
+@beam.typehints.with_input_types(KV, dict)  # the example, then the unit plan (a side input)
+@beam.typehints.with_output_types(Tagged)
+class BagExample(beam.DoFn):
+    """(example key, [cohort row, event chunks]) -> its SequenceExample record, counts, code statistics."""
+
+    def __init__(self, config_dict: dict):
+        self._config_dict = config_dict
+
+    def setup(self):
+        from ehr_pipeline import units
+        from ehr_pipeline.config import PipelineConfig
+
+        self._config = PipelineConfig.model_validate(self._config_dict)
+        self._converter = units.Converter()  # one per worker: its cache outlives bundles
+        self._plan_seen, self._harmoniser = None, None
+
+    def _harmoniser_for(self, plan: dict):
+        from ehr_pipeline import units
+
+        if plan is not self._plan_seen:
+            self._plan_seen = plan
+            self._harmoniser = units.Harmoniser(plan["canonical"], plan["loinc"], self._converter)
+        return self._harmoniser
+
+    def process(self, element, plan):
+        from ehr_pipeline import bagging, spec, splits, vocab
+
+        hadm, items = element
+        meta, chunks = None, []
+        for item in items:  # the cohort row (a dict) and the event chunks (bytes)
+            if isinstance(item, dict):
+                meta = item
+            else:
+                chunks.append(item)
+        if meta is None:  # cannot happen: the sources only key events of cohort examples
+            yield COUNTS, count("examples/orphan_events", len(chunks))
+            return
+        cfg = self._config
+        times, codes, values, units = concat_chunks(chunks)
+        # Values move to their code's canonical unit before anything sums or bags them.
+        harmonised = self._harmoniser_for(plan).harmonise(codes, units, values)
+        for key, n in harmonised.counts(codes).items():
+            yield COUNTS, count(f"units/{key}", n)
+        for i, unit, canonical, why in harmonised.problems:
+            yield DEAD, (DEAD_VALUES, _dead_value(meta, hadm, times[i], codes[i], values[i], unit, canonical, why))
+        # Bags do not depend on the event order, but the code statistics sum floats over
+        # events: the canonical order keeps them independent of the shuffle's chunk order.
+        times, codes, values = bagging.canonical_order(times, codes, harmonised.values)
+        bags = bagging.bag_events(times, codes, values, meta["trigger_time"], cfg.bagging)
+        context = {
+            spec.SUBJECT_ID: meta["SUBJECT_ID"], spec.HADM_ID: hadm, spec.LABEL: meta["label"],
+            spec.TRIGGER_TIME: meta["trigger_time"], spec.ADMIT_OFFSET: meta["trigger_time"] - meta["ADMITTIME"],
+            spec.AGE_YEARS: meta["age_years"],
+            spec.GENDER: meta["gender"], spec.ADMISSION_TYPE: meta["admission_type"],
+            spec.ETHNICITY: meta["ethnicity"], spec.INSURANCE: meta["insurance"],
+        }
+        record = spec.make_sequence_example(context, bags).SerializeToString(deterministic=True)
+        # A MEDS dataset names each subject's split (subject_splits.parquet); MIMIC-III's is hashed.
+        split = meta.get("split") or splits.assign_split(meta["SUBJECT_ID"], cfg.splits.model_dump(), cfg.split_salt)
+        shard = splits.shard_of(hadm, getattr(cfg.num_shards, split))
+        yield RECORDS, ((split, shard), (hadm, record))
+        yield COUNTS, count(f"examples/{split}/written", 1)
+        yield COUNTS, count(f"examples/{split}/positive", meta["label"])
+        yield COUNTS, count("bagging/events_in", times.size)
+        yield COUNTS, count("bagging/used", bags.n_events_used)
+        yield from _counted("bagging/dropped", bags.n_dropped_by_reason)
+        if split == "train":
+            for code, st in vocab.example_code_stats(codes, values).items():
+                yield STATS, (code, st)
+
+
+def _dead_value(meta: dict, hadm: int, time, code, value, unit: str, canonical: str, why: str):
+    from ehr_pipeline.deadletter import DeadValue
+
+    return DeadValue(subject_id=int(meta["SUBJECT_ID"]), hadm_id=int(hadm), time=int(time), code=str(code),
+                     value=float(value), unit=unit, canonical_unit=canonical, detail=why)
+
+
+def unit_plan(census: list, loinc: dict, reference: dict | None) -> dict:
+    """The job's unit plan from its census [((code, unit as written), rows)]: canonical units and lab LOINCs."""
+    from ehr_pipeline import units
+
+    counts: dict[str, dict[str, int]] = {}
+    for (code, unit), n in census:
+        counts.setdefault(code, {})[unit] = int(n)
+    canonical = units.canonical_units(counts, units.Converter(), reference)
+    return {"counts": counts, "canonical": canonical, "loinc": dict(loinc)}
+
+
+class UnitPlan(beam.PTransform):
+    """The census of units -> the one unit plan (canonical unit per code), known once every file is read."""
+
+    def __init__(self, loinc: dict, reference_units: dict | None):
+        super().__init__()
+        self._loinc, self._reference = loinc, reference_units
+
+    def expand(self, items):
+        return (
+            items
+            | "UnitCensus" >> Select(UNITS)
+            | "SumUnitCensus" >> beam.CombinePerKey(sum)
+            | "UnitCensusList" >> beam.combiners.ToList()
+            | "Plan" >> beam.Map(unit_plan, self._loinc, self._reference)
+        )
+
+
+class BagExamples(beam.PTransform):
+    """Source items -> (tagged records, counts, dead values and code statistics; the unit plan)."""
+
+    def __init__(self, config_dict: dict, plan):
+        super().__init__()
+        self._config, self._plan = config_dict, plan
+
+    def expand(self, items):
+        return (
+            items
+            | "Examples" >> Select(EXAMPLE)
+            # The plan reaches every worker as a side input: one small dict each.
+            | "Bag" >> beam.ParDo(BagExample(self._config), beam.pvalue.AsSingleton(self._plan))
+        )
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+@beam.typehints.with_input_types(KV)
+@beam.typehints.with_output_types(tuple[str, int])
+class WriteShard(beam.DoFn):
+    """((split, shard), records) -> one TFRecord file, sorted by example key: byte-identical reruns."""
+
+    def __init__(self, out_dir: str, config_dict: dict):
+        self._out = out_dir
+        self._config_dict = config_dict
+
+    def process(self, element):
+        from apache_beam.io.filesystems import FileSystems
+
+        from ehr_pipeline import outputs, spec, tfrecord
+
+        (split, shard), items = element
+        records = sorted((kv for kv in items if kv is not None), key=lambda kv: kv[0])
+        n_shards = self._config_dict["num_shards"][split]
+        path = outputs.join(self._out, spec.shard_file_name(split, shard, n_shards))
+        tmp = path + ".inprogress"
+        with FileSystems.create(tmp) as f:
+            n = tfrecord.write_records(f, (r for _, r in records))
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+        FileSystems.rename([tmp], [path])
+        yield count(f"files/{split}/records_written", n)
+
+
+class WriteExamples(beam.PTransform):
+    """Tagged bagging output -> every shard file of every split (an empty split still gets its files)."""
+
+    def __init__(self, out_dir: str, config_dict: dict):
+        super().__init__()
+        self._out, self._config = out_dir, config_dict
+
+    def expand(self, bagged):
+        from ehr_pipeline.config import SPLIT_NAMES
+
+        empty = [((split, shard), None) for split in SPLIT_NAMES for shard in range(self._config["num_shards"][split])]
+        return (
+            (bagged | "Records" >> Select(RECORDS), bagged.pipeline | "AllShards" >> beam.Create(empty).with_output_types(KV))
+            | "JoinShards" >> beam.Flatten()
+            | "GroupByShard" >> beam.GroupByKey()
+            | "WriteShards" >> beam.ParDo(WriteShard(self._out, self._config))
+        )
+
+
+@beam.typehints.with_input_types(KV)
+@beam.typehints.with_output_types(tuple[str, int])
+class WriteDeadLetterFile(beam.DoFn):
+    """(file name, dead letters) -> dead_letter/<name>.jsonl, sorted."""
+
+    def __init__(self, out_dir: str):
+        self._out = out_dir
+
+    def process(self, element):
+        from ehr_pipeline import outputs
+
+        table, letters = element
+        letters = sorted(letters, key=lambda d: d.sort_key())
+        body = "".join(d.to_json() + "\n" for d in letters).encode("utf-8")
+        outputs.write_bytes(outputs.join(self._out, outputs.DEAD_LETTER_DIR, f"{table}.jsonl"), body)
+        yield count(f"dead_letters_written/{table}", len(letters))
+
+
+class WriteDeadLetters(beam.PTransform):
+    """Dead letters of any number of tagged PCollections -> one JSONL file per table (or kind of value)."""
+
+    def __init__(self, out_dir: str):
+        super().__init__()
+        self._out = out_dir
+
+    def expand(self, tagged_pcolls):
+        return (
+            [pc | f"Dead{i}" >> Select(DEAD) for i, pc in enumerate(tagged_pcolls)]
+            | "DeadLetters" >> beam.Flatten()
+            | "GroupDeadLetters" >> beam.GroupByKey()
+            | "WriteDeadLetters" >> beam.ParDo(WriteDeadLetterFile(self._out))
+        )
+
+
+class ToJsonFile(beam.PTransform):
+    """A PCollection -> one JSON file (a sorted list, or the single document with ``single``); yields its name."""
+
+    def __init__(self, path: str, single: bool = False):
+        super().__init__()
+        self._path, self._single = path, single
+
+    def expand(self, pcoll):
+        path, single = self._path, self._single
+
+        def write(items):
+            from ehr_pipeline import outputs
+
+            outputs.write_json(path, items if single else sorted(items))
+            return path
+
+        if single:
+            return pcoll | "Write" >> beam.Map(write)
+        return pcoll | "List" >> beam.combiners.ToList() | "Write" >> beam.Map(write)
+
+
+class SumCounts(beam.PTransform):
+    """(name, n) pairs of every branch -> their sums per name."""
+
+    def expand(self, pcolls):
+        return pcolls | "AllCounts" >> beam.Flatten() | "Sum" >> beam.CombinePerKey(sum)
+
+
+def combine_stats(values):
+    """Sum of vocab code statistics (CombinePerKey function)."""
+    from ehr_pipeline import vocab
+
+    total = vocab.ZERO
+    for v in values:
+        total = vocab.add_stats(total, v)
+    return total
