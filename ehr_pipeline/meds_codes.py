@@ -109,6 +109,11 @@ class MedsCodes(_Model):
         description="Gender code part (upper-cased) -> the spec's M / F; anything else is U.")
     unknown_parts: _Strs = Field((UNKNOWN_PART,), description="Parts that mean 'none' (a null column).")
     unit_column: str = Field("unit", description="The data column read by rules with unit: column.")
+    admission_attributes: dict[Literal["ethnicity", "insurance"], _Strs] = Field(
+        {"ethnicity": ("ethnicity", "race"), "insurance": ("insurance",)},
+        description="Columns of the admission code's row that carry the admission's ethnicity and insurance, for "
+                    "subgroup reports (the MIMIC-IV ETL writes race and insurance there); the first column present "
+                    "is read, none present means not recorded.")
 
     @pydantic.field_validator("events")
     @classmethod

@@ -275,7 +275,8 @@ class MedsReader:
         missing = [c for c in REQUIRED_COLUMNS if c not in names]
         if missing:
             raise MedsError(f"{path}: not a MEDS data file, missing columns {missing}")
-        columns = list(REQUIRED_COLUMNS) + [c for c in ("hadm_id", self.codes.unit_column) if c in names]
+        wanted = ("hadm_id", self.codes.unit_column, *(c for cs in self.codes.admission_attributes.values() for c in cs))
+        columns = list(REQUIRED_COLUMNS) + [c for c in dict.fromkeys(wanted) if c in names]
         pending: pa.Table | None = None
         done: set[int] = set()
         for batch in pf.iter_batches(batch_size=self.block_rows, columns=columns):
@@ -433,10 +434,11 @@ class MedsReader:
                 # other row gets a key from (subject, prediction time).
                 key = hadm if row is not None and hadm >= 0 and per_admission[row] == 1 else synthetic_key(sid, t)
                 admission_type = task.admission_type_of(sid, int(mine[row, 1])) if row is not None else "UNKNOWN"
+                attributes = task.attributes_of(sid, int(mine[row, 1])) if row is not None else \
+                    dict.fromkeys(("ethnicity", "insurance"), spec.NOT_RECORDED)
                 metas.append((key, {"SUBJECT_ID": int(sid), "HADM_ID": key, "ADMITTIME": admit, "trigger_time": t,
                                     "label": value, "age_years": float(ages.cap_age(raw_age)), "gender": gender,
-                                    "admission_type": admission_type, "ethnicity": spec.NOT_RECORDED,
-                                    "insurance": spec.NOT_RECORDED, "split": self._split(sid)}))
+                                    "admission_type": admission_type, **attributes, "split": self._split(sid)}))
                 add(f"labels/{LABEL_EXAMPLE}", 1)
         index = pa.table({"SUBJECT_ID": pa.array([m["SUBJECT_ID"] for _, m in metas], pa.int64()),
                           "HADM_ID": pa.array([k for k, _ in metas], pa.int64()),
@@ -491,6 +493,7 @@ class _Rows:
     unit: pa.Array  # string, null = none
     hadm: np.ndarray
     hadm_ok: np.ndarray
+    attributes: dict[str, np.ndarray]  # 'ethnicity' / 'insurance' -> object [n] as written (None = not recorded)
 
     @classmethod
     def of(cls, table: pa.Table, mapper: meds_codes.CodeMapper, unit_column: str) -> _Rows:
@@ -536,7 +539,21 @@ class _Rows:
             source=source_id, event_code=event_code,
             detail=np.asarray([m.detail for m in mapped], dtype=object)[idx],
             next_discharge=np.asarray([m.next_discharge for m in mapped], dtype=bool)[idx],
-            value=value, unit=unit, hadm=hadm, hadm_ok=hadm_ok)
+            value=value, unit=unit, hadm=hadm, hadm_ok=hadm_ok,
+            attributes=_attributes(table, mapper.config.admission_attributes))
+
+
+def _attributes(table: pa.Table, columns: dict[str, tuple[str, ...]]) -> dict[str, np.ndarray]:
+    """Per attribute, the first of its columns the table has, as written (trimmed; None where null or blank)."""
+    out = {}
+    for name, candidates in columns.items():
+        column = next((c for c in candidates if c in table.column_names), None)
+        if column is None:
+            out[name] = np.full(table.num_rows, None, dtype=object)
+            continue
+        text = [None if v is None else (str(v).strip() or None) for v in table.column(column).to_pylist()]
+        out[name] = np.asarray(text, dtype=object)
+    return out
 
 
 @dataclasses.dataclass
@@ -547,6 +564,7 @@ class _TaskRows:
     adm_time: np.ndarray
     adm_type: np.ndarray
     adm_hadm: np.ndarray  # -1 = no admission id
+    adm_attributes: dict[str, np.ndarray]  # 'ethnicity' / 'insurance' of each admission (None = not recorded)
     disch_subject: np.ndarray
     disch_time: np.ndarray
     disch_died: np.ndarray
@@ -583,6 +601,12 @@ class _TaskRows:
         at = np.flatnonzero((self.adm_subject == subject) & (self.adm_time == admit))
         return str(self.adm_type[at[0]]) if at.size else "UNKNOWN"
 
+    def attributes_of(self, subject: int, admit: int) -> dict[str, str]:
+        """Ethnicity and insurance of the subject's admission at `admit` (spec.NOT_RECORDED when absent)."""
+        at = np.flatnonzero((self.adm_subject == subject) & (self.adm_time == admit))
+        return {name: (values[at[0]] if at.size and values[at[0]] is not None else spec.NOT_RECORDED)
+                for name, values in self.adm_attributes.items()}
+
     def admissions_and_patients(self) -> tuple[pa.Table, pa.Table]:
         """MIMIC-III-shaped ADMISSIONS and PATIENTS (cohort.ADMISSION_COLUMNS / PATIENT_COLUMNS), times in s."""
         d = self.discharge_of()
@@ -606,6 +630,7 @@ class _TaskRows:
             "DEATHTIME": pa.array(death, pa.int64(), mask=death < 0),
             "ADMISSION_TYPE": pa.array(self.adm_type.astype(object), pa.string()),
             "HOSPITAL_EXPIRE_FLAG": pa.array(died.astype(np.int64), pa.int64()),
+            **{name.upper(): pa.array(values, pa.string()) for name, values in self.adm_attributes.items()},
         })
         subjects = sorted(set(self.adm_subject.tolist()))
         pat = pa.table({
@@ -631,6 +656,7 @@ def _task_rows(rows: _Rows) -> _TaskRows:
     return _TaskRows(
         adm_subject=rows.subject[adm], adm_time=rows.time[adm], adm_type=rows.detail[adm].astype(str),
         adm_hadm=np.where(rows.hadm_ok[adm], rows.hadm[adm], -1),
+        adm_attributes={name: values[adm] for name, values in rows.attributes.items()},
         disch_subject=rows.subject[dis], disch_time=rows.time[dis],
         disch_died=np.asarray([d == "died" for d in rows.detail[dis]], dtype=bool),
         death_subject=rows.subject[dth], death_time=rows.time[dth], birth=birth, gender=gender)

@@ -53,6 +53,10 @@ DATA_SCHEMA = pa.schema([
     pa.field("numeric_value", pa.float32()),
     pa.field("hadm_id", pa.int64()),
     pa.field("unit", pa.string()),
+    # On admission rows only, as ADMISSIONS records them (the MIMIC-IV ETL writes race and insurance
+    # there the same way): subgroup reports read them back; they are no model input.
+    pa.field("ethnicity", pa.string()),
+    pa.field("insurance", pa.string()),
 ])
 # Description columns of the D_ tables: (table, key column, label column, code template).
 DESCRIPTION_TABLES = (
@@ -99,12 +103,19 @@ def event_rows(events: pa.Table) -> pa.Table:
         pa.array(value, pa.float32(), mask=np.isnan(value)),
         events.column("HADM_ID"),
         pa.array(unit_col, pa.string()),
+        pa.nulls(len(out), pa.string()), pa.nulls(len(out), pa.string()),
     ], schema=DATA_SCHEMA)
 
 
 def _part(values: list) -> list[str]:
     """Code parts from a column: MEDS-Transforms writes UNK for a null or blank one."""
     return [meds_codes.UNKNOWN_PART if v is None or not str(v).strip() else str(v).strip() for v in values]
+
+
+def _text(value) -> str | None:
+    """A descriptive column's value as written (trimmed); None when null or blank."""
+    text = None if value is None else str(value).strip()
+    return text or None
 
 
 def task_rows(admissions: pa.Table, patients: pa.Table) -> tuple[pa.Table, dict[str, int]]:
@@ -124,9 +135,10 @@ def task_rows(admissions: pa.Table, patients: pa.Table) -> tuple[pa.Table, dict[
         effective = max(disch, death) if death is not None else disch
         hadm = a["HADM_ID"][i]
         kind, where = _part([a["ADMISSION_TYPE"][i], a["ADMISSION_LOCATION"][i]])
-        rows.append((sid, admit, f"HOSPITAL_ADMISSION//{kind}//{where}", hadm))
+        attributes = tuple(_text(a.get(column, [None] * len(a["SUBJECT_ID"]))[i]) for column in ("ETHNICITY", "INSURANCE"))
+        rows.append((sid, admit, f"HOSPITAL_ADMISSION//{kind}//{where}", hadm, *attributes))
         out = "DIED" if died else _part([a["DISCHARGE_LOCATION"][i]])[0]
-        rows.append((sid, effective, f"HOSPITAL_DISCHARGE//{out}", hadm))
+        rows.append((sid, effective, f"HOSPITAL_DISCHARGE//{out}", hadm, None, None))
         if died:
             at = death if death is not None else disch
             death_of[sid] = min(at, death_of.get(sid, at))
@@ -134,21 +146,23 @@ def task_rows(admissions: pa.Table, patients: pa.Table) -> tuple[pa.Table, dict[
     p = {c: patients.column(c).to_pylist() for c in patients.column_names}
     for i, sid in enumerate(p["SUBJECT_ID"]):
         gender = (p["GENDER"][i] or "").strip().upper()
-        rows.append((sid, None, f"GENDER//{gender if gender in ('M', 'F') else meds_codes.UNKNOWN_PART}", None))
+        rows.append((sid, None, f"GENDER//{gender if gender in ('M', 'F') else meds_codes.UNKNOWN_PART}", None,
+                     None, None))
         if p["DOB"][i] is not None:
-            rows.append((sid, p["DOB"][i], meds_codes.MEDS_BIRTH, None))
+            rows.append((sid, p["DOB"][i], meds_codes.MEDS_BIRTH, None, None, None))
         dod = p["DOD"][i]
         if sid in death_of:
-            rows.append((sid, death_of[sid], meds_codes.MEDS_DEATH, None))
+            rows.append((sid, death_of[sid], meds_codes.MEDS_DEATH, None, None, None))
         elif dod is not None:  # a date: known at its day's end, like every dated record
-            rows.append((sid, int(dod) // 86400 * 86400 + 86399, meds_codes.MEDS_DEATH, None))
+            rows.append((sid, int(dod) // 86400 * 86400 + 86399, meds_codes.MEDS_DEATH, None, None, None))
         counts["patients/written"] += 1
-    sid, t, code, hadm = (list(col) for col in zip(*rows)) if rows else ([], [], [], [])
+    sid, t, code, hadm, ethnicity, insurance = (list(col) for col in zip(*rows)) if rows else ([],) * 6
     table = pa.table([
         pa.array(sid, pa.int64()),
         pa.array([None if x is None else x * 1_000_000 for x in t], pa.timestamp("us")),
         pa.array(code, pa.string()), pa.nulls(len(sid), pa.float32()), pa.array(hadm, pa.int64()),
-        pa.nulls(len(sid), pa.string())], schema=DATA_SCHEMA)
+        pa.nulls(len(sid), pa.string()), pa.array(ethnicity, pa.string()), pa.array(insurance, pa.string())],
+        schema=DATA_SCHEMA)
     return table, counts
 
 
