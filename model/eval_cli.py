@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-bins", type=int, default=d.num_bins, help="ECE bins")
     parser.add_argument("--export-ensemble", default=None, metavar="DIR", type=output_dir,
                         help="also write the --model exports as one ensemble export (MODEL_DIR) here")
+    parser.add_argument("--fail-on-shift", choices=("severe", "moderate", "never"), default="never",
+                        help="when the data is not the model's training data, a shift report (shift.json, shift.md, "
+                             "shift.png in --out) compares it with the model's training population; exit with code "
+                             "3 when its level reaches this (never: the exit code does not depend on it)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
@@ -143,10 +147,17 @@ def main(argv: list[str] | None = None) -> int:
     r = report["referral"]
     print(f"referral ({r['measure']} > {r['threshold']}, chosen on validation for rate {r['rate']}): "
           f"{r['referred_fraction']:.3f} referred")
+    shifted = extra.get("shift")
+    if shifted is not None:
+        print(shifted.report.text(limit=15))
     if args.out:
         print(f"report: {args.out}")
     if extra.get("export_dir"):
         print(f"ensemble export: {extra['export_dir']}")
+    if shifted is not None and shifted.fails(args.fail_on_shift):
+        from model.shift_report import EXIT_SHIFT
+
+        return EXIT_SHIFT
     return 0
 
 

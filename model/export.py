@@ -18,6 +18,10 @@ Layout (the contract with serving/):
   vocabulary.json, numeric_stats.json   copied from the data folder
   lab_loinc.json        (optional) LOINC -> lab ITEMIDs from D_LABITEMS, copied from the data folder
   units.json            (optional) units each numeric code's values came in, copied from the data folder
+  reference_profile.json (optional) the training population in numbers (ehr_pipeline.population.Profile:
+                        case mix, per-code value distributions, out-of-vocabulary shares, units, the
+                        validation split's mutual information): what the shift report and the service's
+                        monitor compare new data with
   metrics.json          {"test": {...}, "referral": {measure, rate, threshold}, "decision_threshold": 0.5}
   manifest.json         {"files": {relative_path: sha256}, "format_version": 1}
 
@@ -44,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ehr_pipeline import config as pipeline_config
 from ehr_pipeline import outputs, spec
 from ehr_pipeline import units as units_mod
+from ehr_pipeline.population import Profile
 from ehr_pipeline.yaml_config import ConfigError
 from model import metrics as model_metrics
 
@@ -55,6 +60,7 @@ MODEL_CARD = "model_card.json"
 PIPELINE_CONFIG = "pipeline_config.json"
 METRICS = "metrics.json"
 MANIFEST = "manifest.json"
+REFERENCE_PROFILE = "reference_profile.json"
 DECISION_THRESHOLD = 0.5
 # Largest S (samples per member) a signature accepts; every evaluation and request limit uses it.
 MAX_SAMPLES = 100
@@ -141,6 +147,8 @@ class Export:
     # values: a request value beyond it is answered with a warning.
     value_stats: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     clip_z: float | None = None
+    # The training population (reference_profile.json): None for exports made before it existed.
+    reference: Profile | None = None
 
     @property
     def ensemble_size(self) -> int:
@@ -171,7 +179,7 @@ def _validate(model: type[BaseModel], data: Any, where: pathlib.Path) -> Any:
         raise ExportError(f"{where}: {problems}") from None
 
 
-def _vocabulary(data: Any, where: pathlib.Path) -> dict[str, int]:
+def vocabulary_ranks(data: Any, where: pathlib.Path | str) -> dict[str, int]:
     """'source:code' -> rank in its source's list, from {"sources": {source: [codes]}} or {source: [codes]}."""
     by_source = data.get("sources", data) if isinstance(data, dict) else None
     if not isinstance(by_source, dict):
@@ -228,6 +236,16 @@ def _value_stats(data: Any, where: pathlib.Path) -> tuple[dict[str, tuple[float,
     return stats, clip_z
 
 
+def _reference(directory: pathlib.Path) -> Profile | None:
+    """The reference profile; None when the export has none (made before the shift report existed)."""
+    if not (directory / REFERENCE_PROFILE).exists():
+        return None
+    try:
+        return Profile.from_json(_read_json(directory, REFERENCE_PROFILE))
+    except ValueError as err:
+        raise ExportError(f"{directory / REFERENCE_PROFILE}: {err}") from None
+
+
 def read_export(export_dir: str | os.PathLike[str]) -> Export:
     """Reads and validates the JSON side files of an export (checksums: verify_export; the model: load_export)."""
     directory = pathlib.Path(export_dir)
@@ -241,7 +259,7 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
         pipeline = pipeline_config.parse_pipeline_config(pipeline_raw, str(directory / PIPELINE_CONFIG))
     except ConfigError as err:
         raise ExportError(str(err)) from None
-    ranks = _vocabulary(_read_json(directory, outputs.VOCABULARY), directory / outputs.VOCABULARY)
+    ranks = vocabulary_ranks(_read_json(directory, outputs.VOCABULARY), directory / outputs.VOCABULARY)
     metrics_raw = _read_json(directory, METRICS)
     metrics = _validate(ExportMetrics, metrics_raw, directory / METRICS)
     value_stats, clip_z = _value_stats(_read_json(directory, outputs.NUMERIC_STATS),
@@ -249,7 +267,7 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
     return Export(directory=directory, checksum=checksum, card=card, card_raw=card_raw, pipeline=pipeline,
                   pipeline_raw=pipeline_raw, vocabulary=frozenset(ranks), metrics=metrics, metrics_raw=metrics_raw,
                   lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=_units(directory),
-                  value_stats=value_stats, clip_z=clip_z)
+                  value_stats=value_stats, clip_z=clip_z, reference=_reference(directory))
 
 
 # ------------------------------------------------------------------------ checksums
