@@ -143,8 +143,12 @@ def write_tiny_model_export(
     pipeline: PipelineConfig | None = None,
     referral: Mapping[str, Any] | None = None,
     lab_loinc: Mapping[str, Sequence[str]] | None = None,
+    reference: Any = None,
 ) -> pathlib.Path:
     """Writes an export of a tiny UNTRAINED rank-1 model through the real exporter (model.export).
+
+    reference: the population.Profile its reference_profile.json holds (None: none), as training
+    writes it from its data folder.
 
     lab_loinc (LOINC -> lab ITEMIDs) becomes the data folder's lab_loinc.json, as the Beam job
     writes it from D_LABITEMS, and so reaches the export the way a trained model's does.
@@ -189,7 +193,8 @@ def write_tiny_model_export(
             data_sha256=export_writer.data_manifest_sha256(data_dir), metrics_doc=metrics_doc,
             config={"model": config.model_dump(mode="json")})
         return export_writer.write_export(directory, Predictor(featurizer, model), data_dir=str(data_dir),
-                                          pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc)
+                                          pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc,
+                                          reference=reference)
 
 
 class ThreadedServer:

@@ -22,9 +22,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The modules that convert the request's data, each once: JSON -> validated request (schemas) ->
 # events in seconds (encoding, ages) -> bags (bagging) -> SequenceExample (spec) -> SavedModel call
 # (predictor, predict, export) -> uncertainty summary (metrics) -> response (routes).
-DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/ages.py", "ehr_pipeline/bagging.py",
-                "ehr_pipeline/spec.py", "serving/predictor.py", "model/predict.py", "model/export.py",
-                "model/metrics.py", "serving/routes.py"}
+DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/units.py", "ehr_pipeline/ages.py",
+                "ehr_pipeline/bagging.py", "ehr_pipeline/spec.py", "serving/predictor.py", "model/predict.py",
+                "model/export.py", "model/metrics.py", "serving/routes.py"}
+# The population monitor keeps a summary of each answered admission (the job's own summary of its
+# records) for the shift report; it reads the bags, it changes nothing the model sees.
+MONITOR = {"ehr_pipeline/population.py", "serving/monitor.py"}
 # Plumbing that never touches the data: middleware, API keys, dependency injection, micro-batching.
 PLUMBING = {"serving/app.py", "serving/auth.py", "serving/dependencies.py", "serving/batching.py"}
 
@@ -67,8 +70,8 @@ def road(tmp_path_factory) -> dict[str, set[str]]:
 
 
 def test_a_lab_event_reaches_the_answer_through_the_modules_that_convert_it(road):
-    # Measured: 14 modules, 10 of them touching the data (the target: <= 12 such modules).
-    assert set(road) <= DATA_MODULES | PLUMBING, sorted(set(road) - DATA_MODULES - PLUMBING)
+    # Measured: 17 modules, 11 of them touching the data (the target: <= 12 such modules).
+    assert set(road) <= DATA_MODULES | PLUMBING | MONITOR, sorted(set(road) - DATA_MODULES - PLUMBING - MONITOR)
     assert DATA_MODULES <= set(road), sorted(DATA_MODULES - set(road))
 
 
@@ -78,3 +81,5 @@ def test_the_service_bags_with_the_jobs_bagging_function_and_spec(road):
     assert "bag_events" in road["ehr_pipeline/bagging.py"]
     assert "make_sequence_example" in road["ehr_pipeline/spec.py"]
     assert "predict_probs" in road["model/predict.py"]
+    # The monitor summarises the admission with the function that summarises the job's records.
+    assert "admission_from_entries" in road["ehr_pipeline/population.py"]
