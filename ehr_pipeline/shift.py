@@ -10,7 +10,8 @@ finding. The kinds (thresholds: ``Thresholds``, documented in docs/shift.md):
   model's (its units.json against the export's): severe, fixed by preparing the data with
   ``ehr-pipeline run --units-from MODEL``.
 * ``value_shift``: a code's per-admission values against the reference's, by the population
-  stability index (PSI) on the reference's decile bins, gated by a chi-square test; the ratio of
+  stability index (PSI) on the reference's decile bins, gated by a chi-square test and a rank
+  test (Mann-Whitney, for shifts of location); the ratio of
   medians with its 95% interval; and when that ratio is near the factor between the model's
   unit and another unit of the same analyte (``units.Converter``, molar masses by LOINC), the
   unit it likely is: "lab:50912 values are ~88x the training median: likely umol/L labelled as
@@ -70,6 +71,8 @@ class Thresholds(BaseModel):
                                                               "for 'moderate'.")
     oov_severe: float = Field(0.2, gt=0, le=1, description="Rise of the out-of-vocabulary share for 'severe'.")
     min_events: int = Field(100, ge=1, description="Events of a source needed to judge its out-of-vocabulary share.")
+    min_values: int = Field(20, ge=1, description="Values with a unit a code needs before its conversions are "
+                                                   "judged.")
     converted_moderate: float = Field(0.05, gt=0, le=1, description="Rise of the share of a code's values that "
                                                                     "arrived in another unit, for 'moderate'.")
     not_convertible_moderate: float = Field(0.01, gt=0, le=1, description="Share of a code's values that could not "
@@ -225,6 +228,35 @@ def homogeneity_p(reference: Sequence[float], current: Sequence[float]) -> float
     return float(chi2.sf(statistic, df=len(merged_r) - 1))
 
 
+def rank_p(reference: Sequence[float], current: Sequence[float]) -> float:
+    """Two-sided p-value of the Mann-Whitney test on counts over ordered bins (values in one bin tie).
+
+    Power against a shift of location (an assay reading 15% high) that the chi-square test spreads
+    over every bin; the normal approximation with the tie correction, from the counts alone.
+    """
+    from scipy.stats import norm
+
+    r, c = np.asarray(reference, dtype=np.float64), np.asarray(current, dtype=np.float64)
+    nr, nc = r.sum(), c.sum()
+    if nr <= 0 or nc <= 0:
+        return 1.0
+    t = r + c
+    n = t.sum()
+    mid_rank = np.cumsum(t) - (t - 1.0) / 2.0  # the mean rank of each bin's tied values
+    u = float(np.sum(c * mid_rank)) - nc * (nc + 1.0) / 2.0
+    variance = nr * nc / 12.0 * ((n + 1.0) - float(np.sum(t ** 3 - t)) / (n * (n - 1.0)))
+    if variance <= 0:
+        return 1.0
+    return float(2.0 * norm.sf(abs(u - nr * nc / 2.0) / math.sqrt(variance)))
+
+
+def distribution_p(reference: Sequence[float], current: Sequence[float], ordered: bool) -> float:
+    """p-value that two count vectors come from one distribution: ordered bins take the better of the
+    chi-square and the rank test (Bonferroni over the two), categories the chi-square test."""
+    chi = homogeneity_p(reference, current)
+    return min(1.0, 2.0 * min(chi, rank_p(reference, current))) if ordered else chi
+
+
 def holm(p_values: Sequence[float]) -> np.ndarray:
     """Holm's step-down adjusted p-values (family-wise error control, any dependence)."""
     p = np.asarray(p_values, dtype=np.float64)
@@ -367,7 +399,7 @@ def compare(reference: Profile, current: Profile, *, loinc: Mapping[str, str] | 
                            np.array([c[above:].sum(), c[:above].sum()]), {"p95": ref_mi.edges[p95_index]}))
 
     for t in tests:
-        t.p = homogeneity_p(t.reference, t.current)
+        t.p = distribution_p(t.reference, t.current, ordered=t.kind in ("value_shift", "events_per_admission"))
         t.psi = psi(t.reference, t.current)
     for t, adjusted in zip(tests, holm([t.p for t in tests])):
         t.p_adjusted = float(adjusted)
@@ -595,6 +627,8 @@ def _unit_outcomes(reference: Profile, current: Profile, conv: units.Converter, 
                    th: Thresholds, findings: list[Finding]) -> None:
     ref_shares = _outcome_shares(reference, conv, loinc)
     for code, cur in sorted(_outcome_shares(current, conv, loinc).items()):
+        if cur["total"] < th.min_values:
+            continue
         ref = ref_shares.get(code, {"total": 0, "converted": {}, "not_convertible": {}})
         canonical = current.canonical.get(code, "")
         for kind, outcome in (("units_converted", "converted"), ("not_convertible", "not_convertible")):

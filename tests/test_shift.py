@@ -112,6 +112,14 @@ def test_psi_chi_square_and_holm_against_their_definitions():
     # Every bin expects >= 5: no merging, exactly the contingency test (without continuity correction).
     assert shift.homogeneity_p(r, c) == pytest.approx(chi2_contingency(np.array([r, c]), correction=False)[1])
     assert shift.homogeneity_p([10, 0], [0, 0]) == 1.0
+    # The rank test on counts is the Mann-Whitney test of the values with each bin's values tied.
+    from scipy.stats import mannwhitneyu
+
+    x, y = np.repeat(np.arange(4), r), np.repeat(np.arange(4), c)
+    want = mannwhitneyu(y, x, use_continuity=False, method="asymptotic").pvalue
+    assert shift.rank_p(r, c) == pytest.approx(want, rel=1e-9)
+    assert shift.distribution_p(r, c, ordered=True) == pytest.approx(
+        min(1.0, 2 * min(want, shift.homogeneity_p(r, c))))
     p = np.array([0.01, 0.04, 0.03, 0.2, 0.001])
     m, order = len(p), np.argsort(p)
     want, running = np.empty(m), 0.0
@@ -123,10 +131,10 @@ def test_psi_chi_square_and_holm_against_their_definitions():
 
 def test_small_samples_merge_bins_so_chance_is_not_significant():
     rng = np.random.default_rng(1)
-    p = [shift.homogeneity_p(rng.multinomial(2000, [0.1] * 10), rng.multinomial(25, [0.1] * 10))
-         for _ in range(400)]
+    draws = [(rng.multinomial(2000, [0.1] * 10), rng.multinomial(25, [0.1] * 10)) for _ in range(400)]
     # A valid test rejects about alpha of true nulls.
-    assert np.mean(np.array(p) < 0.05) < 0.09
+    for test in (shift.homogeneity_p, shift.rank_p, lambda r, c: shift.distribution_p(r, c, True)):
+        assert np.mean(np.array([test(r, c) for r, c in draws]) < 0.05) < 0.09
 
 
 # ------------------------------------------------------------------------ populations
