@@ -75,8 +75,9 @@ class Thresholds(BaseModel):
                                                    "judged.")
     converted_moderate: float = Field(0.05, gt=0, le=1, description="Rise of the share of a code's values that "
                                                                     "arrived in another unit, for 'moderate'.")
-    not_convertible_moderate: float = Field(0.01, gt=0, le=1, description="Share of a code's values that could not "
-                                                                          "be converted, for 'moderate'.")
+    not_convertible_moderate: float = Field(0.01, gt=0, le=1, description="Rise of the share of a code's values "
+                                                                          "that could not be converted, for "
+                                                                          "'moderate'.")
     not_convertible_severe: float = Field(0.5, gt=0, le=1, description="Share not convertible for 'severe'.")
     presence_ratio: float = Field(2.0, gt=1, description="Change of the share of admissions with a code (either way) "
                                                          "for 'moderate'.")
@@ -643,11 +644,11 @@ def _unit_outcomes(reference: Profile, current: Profile, conv: units.Converter, 
                                         f"{code}: {_pct(share)} of values arrived in {which} and were converted to "
                                         f"{canonical} ({_pct(ref_share)} in training): another site's conventions, "
                                         "check the conversion", numbers))
-            elif kind == "not_convertible" and share >= th.not_convertible_moderate:
+            elif kind == "not_convertible" and share - ref_share >= th.not_convertible_moderate:
                 severity = SEVERE if share >= th.not_convertible_severe else MODERATE
                 findings.append(Finding(kind, severity, code,
-                                        f"{code}: {rows} values ({_pct(share)}) in {which} cannot be converted to "
-                                        f"{canonical}: not used", numbers))
+                                        f"{code}: {rows} values ({_pct(share)}; {_pct(ref_share)} in training) in "
+                                        f"{which} cannot be converted to {canonical}: not used", numbers))
 
 
 def _oov(reference: Profile, current: Profile, th: Thresholds, findings: list[Finding]) -> None:
