@@ -276,8 +276,8 @@ def shift_plot(report, path="shift.png", top: int = 15) -> pathlib.Path:
     ax.set_ylim(0, max([1.25] + [1.15 * r for r in ratios]))
     ax.set_ylabel("events per admission, new / training")
     mi = report.summary.get("mi_share_above_p95")
-    ax.set_title("how often each source records" + (f"   |   mutual information above the validation p95: "
-                                                     f"{100 * mi:.0f}% (5% expected)" if mi is not None else ""),
-                 fontsize=9)
+    ax.set_title("how often each source records" + (f"\n(mutual information above the validation p95 on "
+                                                     f"{100 * mi:.0f}% of admissions; 5% expected)"
+                                                     if mi is not None else ""), fontsize=9)
     fig.tight_layout()
     return _save(fig, path)
