@@ -43,7 +43,7 @@ class Monitor:
         self._compute = threading.Lock()  # one report at a time
         self._version = 0
         self._report: tuple[int, shift.ShiftReport | None, int] = (-1, None, 0)
-        if metrics is not None and export.reference is None:
+        if metrics is not None and not self.available:
             metrics.shift_level.set(-1)
 
     @property
