@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     from model.config import EvalConfig
     from model.export import MAX_SAMPLES
     from model.metrics import UNCERTAINTY_MEASURES
+    from model.shift_report import FAIL_ON
 
     d = EvalConfig()
     parser = OneLineParser(
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-bins", type=int, default=d.num_bins, help="ECE bins")
     parser.add_argument("--export-ensemble", default=None, metavar="DIR", type=output_dir,
                         help="also write the --model exports as one ensemble export (MODEL_DIR) here")
-    parser.add_argument("--fail-on-shift", choices=("severe", "moderate", "never"), default="never",
+    parser.add_argument("--fail-on-shift", choices=FAIL_ON, default="never",
                         help="when the data is not the model's training data, a shift report (shift.json, shift.md, "
                              "shift.png in --out) compares it with the model's training population; exit with code "
                              "3 when its level reaches this (never: the exit code does not depend on it)")
