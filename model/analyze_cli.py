@@ -1,7 +1,8 @@
-"""ehr-analyze: analyses of trained runs (EHR and image alike).
+"""ehr-analyze: analyses of trained runs (EHR and image alike) and of new data against a model.
 
   ehr-analyze posterior-rank --model RUN_DIR --data DATA [--split validation]   # an EHR run
   ehr-analyze posterior-rank --model RUN_DIR [--split validation]               # an image run
+  ehr-analyze shift --model EXPORT --data NEW_DATA [--out DIR] [--fail-on severe]
 
 posterior-rank (paper 003, Section 2): per posterior stddev matrix (mean-field / k-tied kernels,
 variational embeddings) the singular values and the variance kept by ranks 1, 2, 3; then the
@@ -9,6 +10,13 @@ run is re-evaluated with every mean-field stddev matrix replaced by its rank-k a
 (model.posterior_rank), with the metrics of ``model.metrics`` (EHR: mixture NLL, AUC-PR,
 AUC-ROC, ECE; image: NLL, accuracy, ECE). Writes posterior_rank.json, posterior_rank.md and
 singular_values.png into --out (default RUN_DIR/posterior_rank).
+
+shift (docs/shift.md): the new data folder (the Beam job's output, all its splits by default)
+against the population the model learnt from (the export's reference_profile.json): per-code
+value distributions in the model's units, unit mismatches and conversions, out-of-vocabulary
+codes, charting frequency, case mix and the model's mutual information. Prints the findings
+worst first; writes shift.json, shift.md and shift.png into --out; exits with code 3 when the
+level reaches --fail-on (2: a usage error, 0 otherwise).
 """
 from __future__ import annotations
 
@@ -42,6 +50,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="S posterior samples per example; None = the run's eval.num_samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (the same for every rank)")
     p.add_argument("--out", default=None, type=output_dir, help="output folder; None = RUN_DIR/posterior_rank")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+    from model.shift_report import FAIL_ON, SPLITS
+
+    p = sub.add_parser("shift", help="new data against the population the model learnt from (exit 3 at --fail-on)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, metavar="EXPORT", type=existing_dir,
+                   help="export directory (MODEL_DIR) or run folder holding export/")
+    p.add_argument("--data", required=True, metavar="NEW_DATA", type=existing_dir,
+                   help="output folder of the Beam job on the new data")
+    p.add_argument("--splits", nargs="+", default=list(SPLITS), choices=SPLITS,
+                   help="splits of --data that make the new population")
+    p.add_argument("--out", default=None, type=output_dir,
+                   help="write shift.json, shift.md and shift.png here; None = only print the findings")
+    p.add_argument("--fail-on", default="severe", choices=FAIL_ON,
+                   help="exit with code 3 when the report's level is this or worse (never: always 0)")
+    p.add_argument("--reference-data", default=None, metavar="DATA", type=existing_dir,
+                   help="the data folder the model was trained on: its reference is computed from it (for exports "
+                        "without reference_profile.json, or to replace it)")
+    p.add_argument("--no-model", action="store_true",
+                   help="leave out the model's mutual information (no forward passes: faster)")
+    p.add_argument("--samples", type=positive_int, default=None,
+                   help="S samples per member for the mutual information; None = the reference's (else 25)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="examples per prediction call")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
 
@@ -145,12 +179,37 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
     import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
 
+    if args.command == "shift":
+        return shift(args)
     try:
         report = posterior_rank(args)
     except (FileNotFoundError, ValueError) as err:
         return usage_error("ehr-analyze", err)
     print(format_report(report))
     return 0
+
+
+def shift(args) -> int:
+    """`ehr-analyze shift`: prints the findings, writes the files, returns 0, 2 (usage) or 3 (shift at --fail-on)."""
+    from model.eval_cli import resolve_model_dir
+    from model.export import MAX_SAMPLES, ExportError
+    from model.shift_report import EXIT_SHIFT, run_shift, write_outputs
+
+    if args.samples is not None and args.samples > MAX_SAMPLES:
+        return usage_error("ehr-analyze", f"--samples must be at most {MAX_SAMPLES}, got {args.samples}")
+    try:
+        model_dir = resolve_model_dir(args.model)
+        result = run_shift(model_dir, args.data, splits=args.splits, use_model=not args.no_model,
+                           samples=args.samples, seed=args.seed, batch_size=args.batch_size,
+                           reference_data=args.reference_data, progress=not args.no_progress)
+    except (ExportError, FileNotFoundError, ValueError) as err:
+        return usage_error("ehr-analyze", err)
+    print(result.report.text())
+    if args.out:
+        paths = write_outputs(args.out, result, extra={"model": str(model_dir), "data": args.data,
+                                                       "splits": list(args.splits)})
+        print(f"report: {paths['json']}, {paths['markdown'].name}, {paths['plot'].name}")
+    return EXIT_SHIFT if result.fails(args.fail_on) else 0
 
 
 if __name__ == "__main__":

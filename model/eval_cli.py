@@ -6,7 +6,9 @@
   ehr-eval --compare eval/logistic/predictions.csv eval/rank1/predictions.csv --out eval/rank1_vs_logistic
 
 All S samples x K members of an example are one vectorised pass inside the export; the
-probabilities are the ones the service computes for the same example and seed.
+probabilities are the ones the service computes for the same example and seed. On data that is
+not the model's training data, the shift report (docs/shift.md) of the evaluated split against
+the model's training population is printed and, with --out, written beside the metrics.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     from model.config import EvalConfig
     from model.export import MAX_SAMPLES
     from model.metrics import UNCERTAINTY_MEASURES
+    from model.shift_report import FAIL_ON
 
     d = EvalConfig()
     parser = OneLineParser(
@@ -77,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(p > 0.5 against the label) is at most this")
     parser.add_argument("--export-ensemble", default=None, metavar="DIR", type=output_dir,
                         help="also write the --model exports as one ensemble export (MODEL_DIR) here")
+    parser.add_argument("--fail-on-shift", choices=FAIL_ON, default="never",
+                        help="when the data is not the model's training data, a shift report (shift.json, shift.md, "
+                             "shift.png in --out) compares it with the model's training population; exit with code "
+                             "3 when its level reaches this (never: the exit code does not depend on it)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser
@@ -164,10 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"referral ({r['measure']} > {r['threshold']}, chosen on validation for rate {r['rate']}): "
           f"{r['referred_fraction']:.3f} referred")
     print(report_html.format_clinical(report["clinical"]))
+    shifted = extra.get("shift")
+    if shifted is not None:
+        print(shifted.report.text(limit=15))
     if args.out:
         print(f"report: {pathlib.Path(args.out) / evaluation.REPORT_HTML}")
     if extra.get("export_dir"):
         print(f"ensemble export: {extra['export_dir']}")
+    if shifted is not None and shifted.fails(args.fail_on_shift):
+        from model.shift_report import EXIT_SHIFT
+
+        return EXIT_SHIFT
     return 0
 
 

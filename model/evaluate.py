@@ -373,20 +373,21 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
     exports = [load_export(d) for d in model_dirs]
     files = load_data_files(data_dir)
     data_sha = export_writer.data_manifest_sha256(files.data_dir)
-    for e in exports:
-        if e.model_card.get("data_manifest_sha256") != data_sha:
-            log.warning("%s was trained on other data (data manifest checksum differs): evaluating anyway", e.path)
+    other_data = [e for e in exports if e.model_card.get("data_manifest_sha256") != data_sha]
+    for e in other_data:
+        log.warning("%s was trained on other data (data manifest checksum differs): evaluating anyway, with a "
+                    "shift report of this data against the model's training population", e.path)
     k = sum(e.ensemble_size for e in exports)
 
     ids: dict[str, tuple[list[int], list[int]]] = {}
 
-    def predict(split_name: str) -> tuple[np.ndarray, list[int], list[int]]:
+    def predict(split_name: str) -> tuple[np.ndarray, list[int], list[int], list[bytes]]:
         from model.inputs import example_ids
 
         records, labels, hadm_ids = read_split(files, split_name)
         ids[split_name] = example_ids(records)
         probs = predict_probs(exports, records, num_samples, seed, batch_size=batch_size, progress=progress)
-        return probs, labels, hadm_ids
+        return probs, labels, hadm_ids, records
 
     # The referral rule: a single model's stored one, unless the caller changes it; an ensemble
     # has none stored, so it is chosen on this data's validation split, as training does.
@@ -400,14 +401,14 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
         cache["validation"] = predict("validation")
         threshold = referral_threshold(cache["validation"][0], rate, measure)
 
-    def report_for(split_name: str) -> tuple[dict, np.ndarray, list[int], list[int]]:
-        probs, labels, hadm_ids = cache.get(split_name) or predict(split_name)
+    def report_for(split_name: str) -> tuple[dict, np.ndarray, list[int], list[int], list[bytes]]:
+        probs, labels, hadm_ids, records = cache.get(split_name) or predict(split_name)
         truth = load_truth(truth_path, hadm_ids) if truth_path is not None else None
         rep = evaluate_predictions(probs, labels, k, num_samples, threshold=threshold, measure=measure, rate=rate,
                                    truth=truth, num_bins=num_bins, n_bootstrap=n_bootstrap, seed=seed)
-        return rep, probs, labels, hadm_ids
+        return rep, probs, labels, hadm_ids, records
 
-    report, probs, labels, hadm_ids = report_for(split)
+    report, probs, labels, hadm_ids, records = report_for(split)
     truth = load_truth(truth_path, hadm_ids) if truth_path is not None else None
     cases = read_cases(files)
     attributes = case_attributes(cases[split], hadm_ids)
@@ -417,13 +418,22 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
     report["population"] = population(files, cases)
     report["model"] = model_description([e.model_card for e in exports], [e.metrics for e in exports])
     extra: dict[str, Any] = {}
+    if other_data:
+        extra["shift"] = _shift_of_split(exports, files.data_dir, split, records, probs, num_samples)
     if out_dir is not None:
+        shifted = extra.get("shift")
         write_report(out_dir, report, probs, labels, hadm_ids, measure, num_bins,
                      extra={"models": [str(e.path) for e in exports], "split": split, "seed": seed,
-                            "data_manifest_sha256": data_sha}, truth=truth, attributes=attributes,
+                            "data_manifest_sha256": data_sha,
+                            **({"shift": {"level": shifted.report.level, "counts": shifted.report.counts()}}
+                               if shifted is not None else {})}, truth=truth, attributes=attributes,
                      referred=referred, html=True)
         write_meds_predictions(pathlib.Path(out_dir) / MEDS_PREDICTIONS_FILE, probs, labels, hadm_ids, *ids[split],
                                k, num_samples)
+        if shifted is not None:
+            from model import shift_report
+
+            shift_report.write_outputs(out_dir, shifted)
     if export_ensemble is not None:
         test_report = report if split == "test" else report_for("test")[0]
         metrics_doc = metrics_document(test_report, measure=measure, rate=rate, threshold=threshold)
@@ -432,9 +442,33 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
             name=f"deep_ensemble_{len(exports)}", method="deep_ensemble", ensemble_size=k,
             data_sha256=exports[0].model_card.get("data_manifest_sha256", data_sha), metrics_doc=metrics_doc,
             members=[f"{e.model_card.get('name')} ({', '.join(methods)}) {e.path}" for e in exports])
+        # The members' training population, with the ensemble's own validation mutual information.
+        reference = exports[0].files.reference
+        if reference is not None and "validation" in cache:
+            reference = reference.with_mutual_information(metrics.mutual_information(cache["validation"][0]),
+                                                          num_samples)
         extra["export_dir"] = export_writer.write_ensemble_export(export_ensemble, [e.path for e in exports],
-                                                                  card=card, metrics_doc=metrics_doc)
+                                                                  card=card, metrics_doc=metrics_doc,
+                                                                  reference=reference)
     return report, extra
+
+
+def _shift_of_split(exports: Sequence[Any], data_dir: str, split: str, records: Sequence[bytes], probs: np.ndarray,
+                    num_samples: int) -> Any:
+    """The shift report of the evaluated split against the (first) export's reference; None when it has none."""
+    from model import shift_report
+
+    export = exports[0].files
+    if export.reference is None:
+        log.warning("%s has no reference profile (exported before the shift report existed): no shift report; "
+                    "`ehr-analyze shift --model %s --data %s --reference-data TRAINING_DATA` makes one",
+                    export.directory, export.directory, data_dir)
+        return None
+    # The reference's mutual information is one export's: an ensemble's is not comparable with it.
+    mi = metrics.mutual_information(probs) if len(exports) == 1 else None
+    current = shift_report.current_profile(export, export.reference, records, data_dir, mutual_information=mi,
+                                           samples=num_samples, description=f"{split} split of {data_dir}")
+    return shift_report.ShiftResult(shift_report.compare(export, export.reference, current), export.reference, current)
 
 
 def run_baseline_evaluation(kind: str, data_dir: str | os.PathLike[str], split: str, *, seed: int = 0,

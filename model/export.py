@@ -21,6 +21,10 @@ Layout (the contract with serving/):
   admission_types.json  (optional) {"split": "train", "counts": {admission_type: examples}}: the training
                         split's admission types, which the service averages over when a request's is unknown
   meds_codes.json       (optional) the MEDS code map of a model trained on MEDS data: requests speak MEDS codes
+  reference_profile.json (optional) the training population in numbers (ehr_pipeline.population.Profile:
+                        case mix, per-code value distributions, out-of-vocabulary shares, units, the
+                        validation split's mutual information): what the shift report and the service's
+                        monitor compare new data with
   metrics.json          {"test": {...}, "referral": {measure, rate, threshold}, "decision_threshold": 0.5}
   manifest.json         {"files": {relative_path: sha256}, "format_version": 1}
 
@@ -48,6 +52,7 @@ from ehr_pipeline import config as pipeline_config
 from ehr_pipeline import outputs, spec
 from ehr_pipeline import meds_codes as meds_codes_mod
 from ehr_pipeline import units as units_mod
+from ehr_pipeline.population import Profile
 from ehr_pipeline.yaml_config import ConfigError
 from model import metrics as model_metrics
 
@@ -60,6 +65,7 @@ PIPELINE_CONFIG = "pipeline_config.json"
 METRICS = "metrics.json"
 MANIFEST = "manifest.json"
 ADMISSION_TYPES_FILE = "admission_types.json"
+REFERENCE_PROFILE = "reference_profile.json"
 DECISION_THRESHOLD = 0.5
 # Largest S (samples per member) a signature accepts; every evaluation and request limit uses it.
 MAX_SAMPLES = 100
@@ -156,6 +162,8 @@ class Export:
     def meds_mapper(self) -> meds_codes_mod.CodeMapper | None:
         """Reads request codes with the export's MEDS code map; one per export, its cache shared."""
         return None if self.meds_codes is None else meds_codes_mod.CodeMapper(self.meds_codes)
+    # The training population (reference_profile.json): None for exports made before it existed.
+    reference: Profile | None = None
 
     @property
     def ensemble_size(self) -> int:
@@ -186,7 +194,7 @@ def _validate(model: type[BaseModel], data: Any, where: pathlib.Path) -> Any:
         raise ExportError(f"{where}: {problems}") from None
 
 
-def _vocabulary(data: Any, where: pathlib.Path) -> dict[str, int]:
+def vocabulary_ranks(data: Any, where: pathlib.Path | str) -> dict[str, int]:
     """'source:code' -> rank in its source's list, from {"sources": {source: [codes]}} or {source: [codes]}."""
     by_source = data.get("sources", data) if isinstance(data, dict) else None
     if not isinstance(by_source, dict):
@@ -255,6 +263,16 @@ def _value_stats(data: Any, where: pathlib.Path) -> tuple[dict[str, tuple[float,
     return stats, clip_z
 
 
+def _reference(directory: pathlib.Path) -> Profile | None:
+    """The reference profile; None when the export has none (made before the shift report existed)."""
+    if not (directory / REFERENCE_PROFILE).exists():
+        return None
+    try:
+        return Profile.from_json(_read_json(directory, REFERENCE_PROFILE))
+    except ValueError as err:
+        raise ExportError(f"{directory / REFERENCE_PROFILE}: {err}") from None
+
+
 def read_export(export_dir: str | os.PathLike[str]) -> Export:
     """Reads and validates the JSON side files of an export (checksums: verify_export; the model: load_export)."""
     directory = pathlib.Path(export_dir)
@@ -268,7 +286,7 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
         pipeline = pipeline_config.parse_pipeline_config(pipeline_raw, str(directory / PIPELINE_CONFIG))
     except ConfigError as err:
         raise ExportError(str(err)) from None
-    ranks = _vocabulary(_read_json(directory, outputs.VOCABULARY), directory / outputs.VOCABULARY)
+    ranks = vocabulary_ranks(_read_json(directory, outputs.VOCABULARY), directory / outputs.VOCABULARY)
     metrics_raw = _read_json(directory, METRICS)
     metrics = _validate(ExportMetrics, metrics_raw, directory / METRICS)
     value_stats, clip_z = _value_stats(_read_json(directory, outputs.NUMERIC_STATS),
@@ -277,7 +295,7 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
                   pipeline_raw=pipeline_raw, vocabulary=frozenset(ranks), metrics=metrics, metrics_raw=metrics_raw,
                   lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=_units(directory),
                   value_stats=value_stats, clip_z=clip_z, admission_types=_admission_types(directory),
-                  meds_codes=_meds_codes(directory))
+                  meds_codes=_meds_codes(directory), reference=_reference(directory))
 
 
 def _meds_codes(directory: pathlib.Path) -> meds_codes_mod.MedsCodes | None:

@@ -18,7 +18,8 @@ import tensorflow as tf
 
 import ehr_pipeline
 from ehr_pipeline import outputs
-from model.export import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG,
+from ehr_pipeline.population import Profile
+from model.export import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
                           SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, ExportError, load_export, write_manifest)
 from model.inputs import admission_type_counts
 from model.metrics import json_ready
@@ -40,7 +41,7 @@ def _write_json(path: pathlib.Path, obj: Any) -> None:
 
 
 def _finish(tmp: pathlib.Path, export_dir: pathlib.Path, source_dir: str | os.PathLike[str], card: dict,
-            metrics_doc: dict, pipeline_config: Mapping[str, Any]) -> pathlib.Path:
+            metrics_doc: dict, pipeline_config: Mapping[str, Any], reference: Profile | None = None) -> pathlib.Path:
     """Writes the side files (vocabulary/statistics copied from source_dir) and the manifest, then moves tmp."""
     for name in (outputs.VOCABULARY, outputs.NUMERIC_STATS):
         shutil.copyfile(os.path.join(source_dir, name), tmp / name)
@@ -57,6 +58,8 @@ def _finish(tmp: pathlib.Path, export_dir: pathlib.Path, source_dir: str | os.Pa
         shutil.copyfile(os.path.join(source_dir, ADMISSION_TYPES_FILE), tmp / ADMISSION_TYPES_FILE)
     elif counts := admission_type_counts(source_dir, "train"):
         _write_json(tmp / ADMISSION_TYPES_FILE, {"split": "train", "counts": counts})
+    if reference is not None:
+        _write_json(tmp / REFERENCE_PROFILE, reference.to_json())
     _write_json(tmp / PIPELINE_CONFIG, dict(pipeline_config))
     _write_json(tmp / METRICS, metrics_doc)
     _write_json(tmp / MODEL_CARD, card)
@@ -112,13 +115,14 @@ def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, 
 
 
 def write_export(export_dir: str | os.PathLike[str], predictor: Predictor, *, data_dir: str,
-                 pipeline_config: Mapping[str, Any], card: dict, metrics_doc: dict) -> pathlib.Path:
-    """Writes MODEL_DIR/ for an in-memory predictor (a trained model with its featurizer)."""
+                 pipeline_config: Mapping[str, Any], card: dict, metrics_doc: dict,
+                 reference: Profile | None = None) -> pathlib.Path:
+    """Writes MODEL_DIR/ for an in-memory predictor; reference: the training population (model.shift_report)."""
     export_dir = pathlib.Path(export_dir)
     tmp = _new_tmp(export_dir)
     module = predictor.module
     tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=module.signatures())
-    return _finish(tmp, export_dir, data_dir, card, metrics_doc, pipeline_config)
+    return _finish(tmp, export_dir, data_dir, card, metrics_doc, pipeline_config, reference)
 
 
 class _EnsembleModule(tf.Module):
@@ -150,8 +154,12 @@ class _EnsembleModule(tf.Module):
 
 
 def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Sequence[str | os.PathLike[str]], *,
-                          card: dict, metrics_doc: dict) -> pathlib.Path:
-    """Writes MODEL_DIR/ for a deep ensemble of exports made on the same data (same vocabulary/statistics)."""
+                          card: dict, metrics_doc: dict, reference: Profile | None = None) -> pathlib.Path:
+    """Writes MODEL_DIR/ for a deep ensemble of exports made on the same data (same vocabulary/statistics).
+
+    reference: the ensemble's reference profile (the members' population with the ensemble's own
+    validation mutual information); None writes none.
+    """
     loaded = [load_export(d) for d in member_dirs]
     digests = {(e.manifest["files"][outputs.VOCABULARY], e.manifest["files"][outputs.NUMERIC_STATS]) for e in loaded}
     if len(digests) != 1:
@@ -169,4 +177,4 @@ def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Seque
         signatures[name] = fn.get_concrete_function()
         assert_stateless(signatures[name])
     tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=signatures)
-    return _finish(tmp, export_dir, loaded[0].path, card, metrics_doc, loaded[0].files.pipeline_raw)
+    return _finish(tmp, export_dir, loaded[0].path, card, metrics_doc, loaded[0].files.pipeline_raw, reference)

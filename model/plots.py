@@ -350,3 +350,93 @@ def subgroup_figure(subgroups: Mapping, metric_names: Sequence[tuple[str, str]])
         previous = attribute
     fig.tight_layout()
     return fig
+
+
+_SEVERITY_COLOURS = {"none": "tab:gray", "moderate": "tab:orange", "severe": "tab:red"}
+
+
+def shift_plot(report, path="shift.png", top: int = 15) -> pathlib.Path:
+    """The shift report at a glance (ehr_pipeline.shift.ShiftReport).
+
+    Top left: the distributions that moved most (PSI on the reference's bins, log scale),
+    coloured by severity, with the 0.1 / 0.25 thresholds. Top right: the worst code's values,
+    the training share per bin beside the new data's. Bottom: per source, the share of events
+    out of the model's vocabulary and events per admission relative to training.
+    """
+    rows = sorted(report.distributions, key=lambda r: -r["psi"])[:top][::-1]
+    th = report.summary.get("thresholds", {})
+    fig = _new_figure(13.0, 8.0)
+    grid = fig.add_gridspec(2, 2, height_ratios=[3, 2])
+    ax = fig.add_subplot(grid[0, 0])
+    if rows:
+        floor = 1e-3
+        psis = [max(r["psi"], floor) for r in rows]
+        ax.barh(range(len(rows)), psis, color=[_SEVERITY_COLOURS[r["severity"]] for r in rows], left=floor)
+        labels = []
+        for r in rows:
+            if r["kind"] == "events_per_admission":
+                labels.append(f"{r['subject']} events per admission (mean x{r['mean_current'] / max(r['mean_reference'], 1e-12):.2g})")
+            elif r["kind"] == "case_mix":
+                labels.append(f"case mix: {r['subject'].replace('_', ' ')}")
+            elif r.get("median_reference") and r["median_reference"] > 0 and r.get("median_current") is not None:
+                labels.append(f"{r['subject']} (median x{r['median_current'] / r['median_reference']:.3g})")
+            else:
+                labels.append(r["subject"])
+        ax.set_yticks(range(len(rows)), labels, fontsize=7)
+        ax.set_xscale("log")
+        for value, name in ((th.get("psi_moderate", 0.1), "moderate"), (th.get("psi_severe", 0.25), "severe")):
+            ax.axvline(value, linestyle="--", color=_SEVERITY_COLOURS[name], linewidth=1)
+    ax.set_xlabel("population stability index (log scale)")
+    ax.set_title(f"shift: {report.level}  ({report.summary['n_current']} admissions vs "
+                 f"{report.summary['n_reference']} in training)", fontsize=10)
+
+    ax = fig.add_subplot(grid[0, 1])
+    worst = next((r for r in sorted(report.distributions, key=lambda r: -r["psi"]) if r["kind"] == "value_shift"),
+                 None)
+    if worst is not None:
+        edges = worst["edges"]
+        names = ([f"< {edges[0]:.3g}"] + [f"{a:.3g}-{b:.3g}" for a, b in zip(edges[:-1], edges[1:])]
+                 + [f">= {edges[-1]:.3g}"]) if edges else ["all"]
+        x = np.arange(len(names))
+        ax.bar(x - 0.2, worst["reference_proportions"], width=0.4, color="tab:blue", label="training")
+        ax.bar(x + 0.2, worst["current_proportions"], width=0.4, color=_SEVERITY_COLOURS[worst["severity"]],
+               label="new data")
+        ax.set_xticks(x, names, rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel("share of admissions")
+        ratio = (f", median x{worst['median_current'] / worst['median_reference']:.3g}"
+                 if worst.get("median_reference") and worst["median_reference"] > 0 else "")
+        ax.set_title(f"{worst['subject']}: one value per admission, training deciles (PSI {worst['psi']:.2f}{ratio})",
+                     fontsize=9)
+        ax.legend(fontsize=8)
+    else:
+        ax.set_axis_off()
+
+    oov = report.summary.get("oov_share", {})
+    ax = fig.add_subplot(grid[1, 0])
+    sources = list(oov)
+    x = np.arange(len(sources))
+    ax.bar(x - 0.2, [100 * oov[s]["reference"] for s in sources], width=0.4, color="tab:blue", label="training")
+    ax.bar(x + 0.2, [100 * oov[s]["current"] for s in sources], width=0.4, color="tab:orange", label="new data")
+    ax.set_xticks(x, sources, fontsize=8)
+    ax.set_ylim(0, max([1.0] + [110 * max(v["reference"], v["current"]) for v in oov.values()]))
+    ax.set_ylabel("% of events")
+    ax.set_title("codes out of the model's vocabulary", fontsize=9)
+    ax.legend(fontsize=8)
+
+    ax = fig.add_subplot(grid[1, 1])
+    events = [r for r in report.distributions if r["kind"] == "events_per_admission" and r["mean_reference"]]
+    ratios = [r["mean_current"] / r["mean_reference"] for r in events]
+    bars = ax.bar(range(len(events)), ratios, color=[_SEVERITY_COLOURS[r["severity"]] for r in events])
+    for bar, ratio in zip(bars, ratios):
+        ax.annotate(f"x{ratio:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                    va="bottom", fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    ax.set_xticks(range(len(events)), [r["subject"] for r in events], fontsize=8)
+    ax.set_ylim(0, max([1.25] + [1.15 * r for r in ratios]))
+    ax.set_ylabel("events per admission, new / training")
+    mi = report.summary.get("mi_share_above_p95")
+    ax.set_title("how often each source records" + (f"\n(mutual information above the validation p95 on "
+                                                     f"{100 * mi:.0f}% of admissions; 5% expected)"
+                                                     if mi is not None else ""), fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path)

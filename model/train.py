@@ -23,7 +23,7 @@ import tensorflow as tf
 from model import bella
 from model import devices as device_layout
 from model import evaluate as evaluation
-from model import export_writer, inputs, losses, metrics, precision, training_loop
+from model import export_writer, inputs, losses, metrics, precision, shift_report, training_loop
 from model.config import ExperimentConfig, ModelConfig, parse_config
 from model.ehr_model import build_model, count_parameters
 from model.predict import Predictor, predict_probs
@@ -220,12 +220,14 @@ def finalize(config: ExperimentConfig, model: tf.keras.Model, featurizer: inputs
     predictor = Predictor(featurizer, model)
     reports = {}
     threshold = None
+    validation_mi = None
     for split in ("validation", "test"):
         records, labels, hadm_ids = inputs.read_split(files, split)
         probs = predict_probs(predictor, records, ec.num_samples, ec.seed, batch_size=ec.batch_size,
                               progress=progress)
         if threshold is None:  # validation comes first: the threshold is chosen there, used everywhere
             threshold = evaluation.referral_threshold(probs, ec.referral_rate, ec.referral_measure)
+            validation_mi = metrics.mutual_information(probs)
         truth = evaluation.load_truth(truth_path, hadm_ids) if truth_path is not None else None
         report = evaluation.evaluate_predictions(
             probs, labels, model.ensemble_size, ec.num_samples, threshold=threshold, measure=ec.referral_measure,
@@ -239,8 +241,12 @@ def finalize(config: ExperimentConfig, model: tf.keras.Model, featurizer: inputs
         name=config.name, method=_method_name(config), ensemble_size=model.ensemble_size,
         data_sha256=export_writer.data_manifest_sha256(files.data_dir), metrics_doc=metrics_doc,
         config=config.to_dict(), num_parameters=count_parameters(model), base=bella.read_base_record(out))
+    # The training population and the validation split's mutual information travel with the model:
+    # the shift report and the service's monitor compare new data with them.
+    reference = shift_report.reference_profile(files, validation_mi=validation_mi, samples=ec.num_samples)
     export_dir = export_writer.write_export(out / EXPORT_DIR, predictor, data_dir=files.data_dir,
-                                            pipeline_config=files.pipeline_config, card=card, metrics_doc=metrics_doc)
+                                            pipeline_config=files.pipeline_config, card=card, metrics_doc=metrics_doc,
+                                            reference=reference)
     return export_dir, reports["test"]
 
 

@@ -28,6 +28,7 @@ from serving.auth import API_KEY_HEADER, check_key
 from serving.batching import BatcherStoppedError, MicroBatcher, QueueFullError
 from serving.encoding import InputError, encode
 from serving.metrics import ServiceMetrics
+from serving.monitor import Monitor
 from serving.predictor import ServedModel
 from serving.fhir_answers import FHIR_JSON, operation_outcome
 from serving.fhir_routes import cds_router, fhir_router
@@ -342,6 +343,9 @@ def create_app(settings: Settings, predictor: ServedModel | None = None) -> Fast
         await batcher.start()
         app.state.predictor = model
         app.state.batcher = batcher
+        app.state.monitor = Monitor(export, settings.monitor_window, metrics)
+        if export.reference is None:
+            logger.info("the export carries no reference population: /v1/monitor answers 'unavailable'")
         if settings.warmup:
             warm = asyncio.create_task(_warm_up(app, model, batcher, settings))
         else:
@@ -368,6 +372,7 @@ def create_app(settings: Settings, predictor: ServedModel | None = None) -> Fast
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.predictor = None
+    app.state.monitor = None
     app.state.ready = False
     # Last added runs first: the request id, log line and metrics cover 413s too.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s,

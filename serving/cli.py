@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inter-op-threads", type=int, default=d["inter_op_threads"],
                    help="TensorFlow inter-op threads (0: TensorFlow's default, one per core); matmuls still use "
                         "every core (intra-op). 1 avoids a thread hand-off per op of the LSTM loop (docs/serving.md)")
+    p.add_argument("--monitor-window", type=int, default=d["monitor_window"],
+                   help="recent admissions the population monitor compares with the model's training population "
+                        "(GET /v1/monitor, ehr_shift_* gauges; docs/shift.md); 0 turns it off")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip the start-up forward pass (/readyz is 'ok' at once)")
     p.add_argument("--open-metrics", action="store_true",
@@ -103,6 +106,7 @@ def settings_from_args(args: argparse.Namespace, env=None) -> Settings:
         max_connections=args.max_connections,
         shutdown_timeout_s=args.shutdown_timeout_s,
         inter_op_threads=args.inter_op_threads,
+        monitor_window=args.monitor_window,
     )
 
 

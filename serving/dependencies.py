@@ -12,6 +12,7 @@ from fastapi import HTTPException, Request, status
 
 from serving.batching import Arrival, MicroBatcher
 from serving.metrics import ServiceMetrics
+from serving.monitor import Monitor
 from serving.predictor import ServedModel
 from serving.settings import Settings
 
@@ -33,6 +34,11 @@ def get_predictor(request: Request) -> ServedModel:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the model is not loaded yet",
                             headers={"Retry-After": "1"})
     return predictor
+
+
+def get_monitor(request: Request) -> Monitor | None:
+    """The population monitor; None before the model is loaded."""
+    return getattr(request.app.state, "monitor", None)
 
 
 def get_batcher(request: Request) -> MicroBatcher:

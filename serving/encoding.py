@@ -16,7 +16,7 @@ import datetime as dt
 
 import numpy as np
 
-from ehr_pipeline import ages, bagging, meds_codes, spec, units
+from ehr_pipeline import ages, bagging, meds_codes, population, spec, units
 from model.export import Export
 from serving.schemas import PredictRequest
 
@@ -54,6 +54,10 @@ class Encoded:
     warnings: list[str]  # most important first (WARNING_RANK)
     warning_kinds: list[str]  # one per warning, the label of ehr_input_warnings_total
     unit_outcomes: dict[str, int]  # units.OUTCOMES -> values (every outcome listed)
+    # What the population monitor keeps: the admission as the shift statistics see it (the same
+    # summary as the training data's), and its values with a unit: (code, unit as written) -> values.
+    admission: population.Admission
+    unit_rows: dict[tuple[str, str], int]
 
 
 # Warnings most likely to mean a wrong answer come first: a value the model could not read or
@@ -109,7 +113,9 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
     codes = np.array([code for _, code, _ in events], dtype=object)
     values = np.fromiter((np.nan if e.value is None else e.value for e, _, _ in events), dtype=np.float64,
                          count=len(events))
-    harmonised = export.harmoniser.harmonise(codes, [unit for _, _, unit in events], values)
+    written = [unit for _, _, unit in events]
+    harmonised = export.harmoniser.harmonise(codes, written, values)
+    unit_rows = _unit_rows(codes, written, values)
     values = harmonised.values
     bags = bagging.bag_events(times, codes, values, trigger, pipeline.bagging)
 
@@ -163,6 +169,8 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
         warnings=warnings,
         warning_kinds=kinds,
         unit_outcomes=harmonised.counts(),
+        admission=population.admission_from_bags(age, patient.gender, request.admission.admission_type, bags),
+        unit_rows=unit_rows,
     )
 
 
@@ -191,6 +199,16 @@ def _model_events(events, export: Export, loc: tuple[str | int, ...]) -> tuple[l
             continue
         out.append((e, mapped.code, e.unit if e.unit is not None else mapped.unit))
     return out, skipped
+
+
+def _unit_rows(codes: np.ndarray, written: list[str | None], values: np.ndarray) -> dict[tuple[str, str], int]:
+    """(code, unit as written, trimmed) -> values that came with that unit, as the job's units.json counts rows."""
+    rows: dict[tuple[str, str], int] = {}
+    for code, unit, value in zip(codes, written, values):
+        text = unit.strip() if unit else ""
+        if text and not np.isnan(value):
+            rows[(str(code), text)] = rows.get((str(code), text), 0) + 1
+    return rows
 
 
 def _unit_problems(codes: np.ndarray, harmonised: units.Harmonised) -> list[str]:

@@ -36,11 +36,13 @@ from serving.auth import require_api_key
 from serving.encoding import InputError
 from serving.batching import Arrival, MicroBatcher
 from serving.metrics import ServiceMetrics
+from serving.monitor import Monitor
 from serving.predictor import ServedModel
 from serving.routes import (
     ArrivalDep,
     BatcherDep,
     MetricsDep,
+    MonitorDep,
     NumSamplesQuery,
     ServedModelDep,
     SeedQuery,
@@ -84,11 +86,12 @@ class Serving:
     batcher: MicroBatcher
     arrival: Arrival
     metrics: ServiceMetrics
+    monitor: Monitor | None
 
 
 def _serving(settings: SettingsDep, predictor: ServedModelDep, batcher: BatcherDep, arrival: ArrivalDep,
-             metrics: MetricsDep) -> Serving:
-    return Serving(settings, predictor, batcher, arrival, metrics)
+             metrics: MetricsDep, monitor: MonitorDep) -> Serving:
+    return Serving(settings, predictor, batcher, arrival, metrics, monitor)
 
 
 ServingDep = Annotated[Serving, Depends(_serving)]
@@ -167,7 +170,8 @@ async def _predict_mapped(mapped: MappedAdmission, serving: Serving, num_samples
         check_event_limit(request, serving.settings, ("body",))
         [prediction] = await predict_admissions(
             [request], [("body",)], num_samples=num_samples, seed=seed, include_samples=False,
-            predictor=serving.predictor, batcher=serving.batcher, arrival=serving.arrival, metrics=serving.metrics)
+            predictor=serving.predictor, batcher=serving.batcher, arrival=serving.arrival, metrics=serving.metrics,
+            monitor=serving.monitor)
     except InputError as err:
         code = "too-costly" if err.kind == "too_long" else "value"
         raise FhirError([(_expression(err.loc, mapped), err.msg, code)]) from None

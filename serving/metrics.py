@@ -49,6 +49,41 @@ class ServiceMetrics:
         # A labelled gauge, not prometheus_client's Info, which shows an unlabelled series before a model loads.
         self.model_info = Gauge(f"{ns}_model_info", "The loaded model (value always 1).",
                                 ("name", "version", "checksum"), registry=reg)
+        # The population monitor (serving.monitor): the shift report of the recent admissions.
+        self.shift_level = Gauge(f"{ns}_shift_level", "Shift of the recent admissions against the training "
+                                 "population: 0 none, 1 moderate, 2 severe, -1 no reference to compare with.",
+                                 registry=reg)
+        self.shift_findings = Gauge(f"{ns}_shift_findings", "Shift findings in the monitor window, by kind and "
+                                    "severity.", ("kind", "severity"), registry=reg)
+        self.shift_worst_psi = Gauge(f"{ns}_shift_worst_psi", "Largest population stability index of a compared "
+                                     "distribution (codes' values, events per source, case mix).", registry=reg)
+        self.shift_oov_share = Gauge(f"{ns}_shift_oov_share", "Share of the window's events whose code is out of "
+                                     "the model's vocabulary, by source.", ("source",), registry=reg)
+        self.shift_mi_above_p95 = Gauge(f"{ns}_shift_mi_above_p95_share", "Share of the window's admissions whose "
+                                        "mutual information is above the validation 95th percentile (0.05 "
+                                        "expected).", registry=reg)
+        self.shift_values = Gauge(f"{ns}_shift_values_share", "Share of the window's values with a unit that were "
+                                  "converted to the model's unit, or could not be and were not used.", ("outcome",),
+                                  registry=reg)
+        self.shift_window = Gauge(f"{ns}_shift_window_admissions", "Admissions in the monitor window.", registry=reg)
+
+    def update_shift(self, report, admissions: int) -> None:
+        """Sets the shift gauges from a report (ehr_pipeline.shift.ShiftReport) of `admissions` admissions."""
+        from ehr_pipeline.shift import SEVERITIES
+
+        self.shift_level.set(SEVERITIES.index(report.level))
+        for kind, by_severity in report.counts().items():
+            for severity, n in by_severity.items():
+                self.shift_findings.labels(kind=kind, severity=severity).set(n)
+        summary = report.summary
+        self.shift_worst_psi.set(summary["worst_psi"])
+        for source, shares in summary["oov_share"].items():
+            self.shift_oov_share.labels(source=source).set(shares["current"])
+        mi = summary.get("mi_share_above_p95")
+        self.shift_mi_above_p95.set(float("nan") if mi is None else mi)
+        self.shift_values.labels(outcome="converted").set(summary["converted_share"])
+        self.shift_values.labels(outcome="not_convertible").set(summary["not_convertible_share"])
+        self.shift_window.set(admissions)
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """(body, content type) of every metric, in the format the Accept header asks for.

@@ -13,9 +13,10 @@ from starlette.concurrency import run_in_threadpool
 from serving import admission_type
 from serving.auth import require_api_key, require_metrics_key
 from serving.batching import Arrival, MicroBatcher
-from serving.dependencies import get_arrival, get_batcher, get_metrics, get_predictor, get_settings
+from serving.dependencies import get_arrival, get_batcher, get_metrics, get_monitor, get_predictor, get_settings
 from serving.encoding import Encoded, InputError, encode
 from serving.metrics import ServiceMetrics
+from serving.monitor import Monitor
 from model.export import Export
 from serving.predictor import ServedModel, summarise
 from serving.schemas import (
@@ -28,11 +29,13 @@ from serving.schemas import (
     Interval,
     ModelIdentity,
     ModelInfo,
+    MonitorResponse,
     OutOfVocabulary,
     PatientPrediction,
     PredictRequest,
     PredictResponse,
     Referral,
+    ShiftFinding,
 )
 from serving.settings import Settings
 
@@ -61,6 +64,7 @@ ServedModelDep = Annotated[ServedModel, Depends(get_predictor)]
 BatcherDep = Annotated[MicroBatcher, Depends(get_batcher)]
 ArrivalDep = Annotated[Arrival, Depends(get_arrival)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+MonitorDep = Annotated[Monitor | None, Depends(get_monitor)]
 NumSamplesQuery = Annotated[int | None, Query(
     ge=1, description="Monte-Carlo samples S per ensemble member; default and upper limit are server "
                       "settings (25 and 100 unless changed). The response holds S*K samples.")]
@@ -93,10 +97,16 @@ async def readyz(request: Request, response: Response) -> Health:
                     responses={200: {"content": {"text/plain": {}, "application/openmetrics-text": {}},
                                      "description": "Prometheus text format; OpenMetrics when the Accept header "
                                                     "asks for it."}})
-async def prometheus(request: Request, metrics: MetricsDep) -> Response:
-    """Request counts by route and status, latencies, errors, batch sizes (no patient data)."""
-    # Off the event loop: a scrape takes milliseconds to render, and requests on the loop would wait.
-    body, content_type = await run_in_threadpool(metrics.render, request.headers.get("accept"))
+async def prometheus(request: Request, metrics: MetricsDep, monitor: MonitorDep) -> Response:
+    """Request counts by route and status, latencies, errors, batch sizes, population shift (no patient data)."""
+    # Off the event loop: a scrape takes milliseconds to render (the shift gauges are refreshed
+    # first when the monitor's window changed), and requests on the loop would wait.
+    def render() -> tuple[bytes, str]:
+        if monitor is not None:
+            monitor.report()
+        return metrics.render(request.headers.get("accept"))
+
+    body, content_type = await run_in_threadpool(render)
     return Response(body, media_type=content_type)
 
 
@@ -139,8 +149,9 @@ async def predict_admissions(
     batcher: MicroBatcher,
     arrival: Arrival,
     metrics: ServiceMetrics,
+    monitor: Monitor | None = None,
 ) -> list[PatientPrediction]:
-    """Encodes, runs (micro-batched) and summarises requests; predictions in request order.
+    """Encodes, runs (micro-batched) and summarises requests; predictions in request order (each joins the monitor).
 
     A request without an admission type is encoded once per training type and its samples are
     drawn from each in proportion to the type's training frequency (serving.admission_type).
@@ -212,6 +223,8 @@ async def predict_admissions(
         metrics.oov_codes.inc(enc.oov_count)
         for kind in [*enc.warning_kinds, *([admission_type.KIND] if i in unknown else [])]:
             metrics.input_warnings.labels(kind=kind).inc()
+        if monitor is not None:
+            monitor.record(enc.admission, enc.unit_rows, float(s.epistemic[i]))
     metrics.predictions.inc(len(out))
     metrics.referrals.inc(sum(p.refer for p in out))
     return out
@@ -247,6 +260,7 @@ async def predict(
     batcher: BatcherDep,
     arrival: ArrivalDep,
     metrics: MetricsDep,
+    monitor: MonitorDep,
     num_samples: NumSamplesQuery = None,
     seed: SeedQuery = None,
     include_samples: IncludeSamplesQuery = False,
@@ -259,7 +273,7 @@ async def predict(
     check_event_limit(body, settings, ("body",))
     [prediction] = await predict_admissions([body], [("body",)], num_samples=samples, seed=seed,
                                   include_samples=include_samples, predictor=predictor, batcher=batcher,
-                                  arrival=arrival, metrics=metrics)
+                                  arrival=arrival, metrics=metrics, monitor=monitor)
     _log(request, "predict", [prediction], samples)
     export = predictor.export
     return PredictResponse(**prediction.model_dump(), num_samples=samples, ensemble_size=export.ensemble_size,
@@ -276,6 +290,7 @@ async def predict_batch(
     batcher: BatcherDep,
     arrival: ArrivalDep,
     metrics: MetricsDep,
+    monitor: MonitorDep,
     num_samples: NumSamplesQuery = None,
     seed: SeedQuery = None,
     include_samples: IncludeSamplesQuery = False,
@@ -290,7 +305,7 @@ async def predict_batch(
         check_event_limit(req, settings, loc)
     predictions = await predict_admissions(body.patients, locs, num_samples=samples, seed=seed,
                                  include_samples=include_samples, predictor=predictor, batcher=batcher,
-                                 arrival=arrival, metrics=metrics)
+                                 arrival=arrival, metrics=metrics, monitor=monitor)
     _log(request, "predict_batch", predictions, samples)
     export = predictor.export
     return BatchResponse(predictions=predictions, num_samples=samples, ensemble_size=export.ensemble_size,
@@ -317,3 +332,21 @@ async def model_info(settings: SettingsDep, predictor: ServedModelDep) -> ModelI
             "max_batch": settings.max_batch,
         },
     )
+
+
+@v1_router.get("/monitor", response_model=MonitorResponse, summary="Population shift of the recent admissions")
+async def monitor_report(settings: SettingsDep, predictor: ServedModelDep, monitor: MonitorDep) -> MonitorResponse:
+    """The shift report of the last --monitor-window admissions against the model's training population.
+
+    Per-code value distributions in the model's units, values that arrived in other units, codes
+    out of the model's vocabulary, charting frequency, case mix and the model's mutual
+    information (docs/shift.md); 'unavailable' when the export carries no reference.
+    """
+    report, admissions = (await run_in_threadpool(monitor.report)) if monitor is not None else (None, 0)
+    if report is None:
+        return MonitorResponse(level="unavailable", admissions=admissions, window=settings.monitor_window,
+                               findings=[], summary={}, model=model_identity(predictor))
+    doc = report.to_json()
+    return MonitorResponse(level=report.level, admissions=admissions, window=settings.monitor_window,
+                           findings=[ShiftFinding(**f) for f in doc["findings"]], summary=doc["summary"],
+                           model=model_identity(predictor))

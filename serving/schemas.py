@@ -283,6 +283,33 @@ class ModelInfo(BaseModel):
     limits: dict[str, int] = Field(description="This server's request limits.")
 
 
+class ShiftFinding(BaseModel):
+    """One way the recent admissions differ from the training population (docs/shift.md)."""
+
+    kind: str = Field(description="unit_mismatch, value_shift, not_convertible, units_converted, oov_share, "
+                                   "code_presence, events_per_admission, case_mix or uncertainty.")
+    severity: Literal["none", "moderate", "severe"]
+    subject: str = Field(description="The code ('lab:50912'), source ('chart'), case-mix field or 'model'.")
+    message: str = Field(description="What differs, in words.",
+                         examples=["lab:50912 values are ~88x the training median (1 mg/dL -> 88 mg/dL; PSI 7.5): "
+                                   "likely umol/L labelled as mg/dL"])
+    numbers: dict[str, Any] = Field(description="The numbers behind the message (PSI, medians, shares, ...).")
+
+
+class MonitorResponse(BaseModel):
+    """GET /v1/monitor answer: the shift report of the service's recent admissions."""
+
+    level: Literal["none", "moderate", "severe", "unavailable"] = Field(
+        description="The worst finding's severity; 'unavailable' when the export carries no reference population "
+                    "or the monitor is off.")
+    admissions: int = Field(description="Admissions in the window now.")
+    window: int = Field(description="Most recent admissions the monitor keeps (the server's --monitor-window).")
+    findings: list[ShiftFinding] = Field(description="Findings above the thresholds, worst first.")
+    summary: dict[str, Any] = Field(description="What was compared: sizes, tests, worst PSI, out-of-vocabulary "
+                                                "shares, converted values, mutual information, thresholds.")
+    model: ModelIdentity
+
+
 class Health(BaseModel):
     """GET /healthz and /readyz answer."""
 

@@ -79,6 +79,10 @@ class Settings(BaseModel):
     precision: Literal["float32", "bfloat16"] = Field(
         "float32", description="LSTM matmul operands: float32 (exact, equals ehr-eval) or bfloat16 (faster on "
                                "CPUs with bfloat16 units; probabilities within the documented tolerance).")
+    monitor_window: int = Field(
+        500, ge=0, le=100000, description="Recent admissions the population monitor compares with the model's "
+                                          "training population (GET /v1/monitor, ehr_shift_* gauges); 0 turns it "
+                                          "off.")
     inter_op_threads: int = Field(
         0, ge=0, description="TensorFlow inter-op threads (0: TensorFlow's default, one per core). The model runs "
                              "one pass at a time and its LSTM loop is a chain of small ops; 1 runs them without a "

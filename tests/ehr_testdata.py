@@ -28,7 +28,9 @@ ETHNICITIES = ("WHITE", "BLACK/AFRICAN AMERICAN", "HISPANIC OR LATINO", "ASIAN -
 INSURANCES = ("Medicare", "Private", "Medicaid")
 
 
-def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool) -> tuple:
+def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool,
+               scale: dict[str, float] | None = None) -> tuple:
+    """(context, bags, P_DEATH, codes, values, times) of one admission; scale multiplies codes' recorded values."""
     trigger = T0 + hadm_id * DAY
     n = int(rng.integers(3, 14))
     pool = CODES[:-1] + (["lab:99999"] if rare_codes else [])  # an out-of-vocabulary lab
@@ -43,6 +45,8 @@ def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool) -> tupl
     lactate = values[[i for i, c in enumerate(codes) if c == "lab:50813"]]
     high_lactate = bool(lactate.size and np.nanmax(lactate) > 1.9)
     p_death = 0.9 if (risky or high_lactate) else 0.05
+    for code, factor in (scale or {}).items():  # recorded differently, after the truth was drawn
+        values = np.where(np.asarray(codes, dtype=object) == code, values * factor, values)
     bags = bagging.bag_events(np.asarray(times, np.int64), np.asarray(codes, dtype=object), values, trigger,
                               PipelineConfig().bagging)
     context = {spec.SUBJECT_ID: 10_000 + hadm_id, spec.HADM_ID: hadm_id, spec.LABEL: int(rng.random() < p_death),
@@ -53,12 +57,17 @@ def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool) -> tupl
     who = np.random.default_rng([hadm_id, 24])
     context[spec.ETHNICITY] = str(who.choice(ETHNICITIES))
     context[spec.INSURANCE] = str(who.choice(INSURANCES))
-    return context, bags, p_death, codes, values
+    return context, bags, p_death, codes, values, times
 
 
 def write_data_dir(out: str | os.PathLike[str], sizes=(("train", 160), ("validation", 48), ("test", 48)),
-                   seed: int = 0, train_shards: int = 2) -> pathlib.Path:
-    """Writes a complete pipeline output folder (shards, vocabulary, statistics, manifest, truth CSV)."""
+                   seed: int = 0, train_shards: int = 2, scale: dict[str, float] | None = None,
+                   units: dict[str, str] | None = None) -> pathlib.Path:
+    """Writes a complete pipeline output folder (shards, vocabulary, statistics, manifest, truth CSV).
+
+    scale: code -> factor on its recorded values (another site's unit or assay); units: code ->
+    the unit its values are in, written to units.json as the job writes it (none without it).
+    """
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -67,12 +76,15 @@ def write_data_dir(out: str | os.PathLike[str], sizes=(("train", 160), ("validat
     stats: dict = {}
     truth_rows = []
     splits = {}
+    unit_rows: dict[str, int] = {}
     hadm = 100
     for split, n in sizes:
         records, positives = [], 0
         for _ in range(n):
             hadm += 1
-            context, bags, p_death, codes, values = _admission(rng, hadm, rare_codes=split != "train")
+            context, bags, p_death, codes, values, _ = _admission(rng, hadm, rare_codes=split != "train", scale=scale)
+            for code in units or {}:
+                unit_rows[code] = unit_rows.get(code, 0) + int(np.count_nonzero(np.asarray(codes, dtype=object) == code))
             records.append(spec.make_sequence_example(context, bags).SerializeToString())
             positives += context[spec.LABEL]
             truth_rows.append((hadm, p_death))
@@ -92,11 +104,48 @@ def write_data_dir(out: str | os.PathLike[str], sizes=(("train", 160), ("validat
         "codes": vocab.normalisation_stats(stats), "built_on": "train"})
     outputs.write_json(str(out / outputs.MANIFEST), {"manifest_version": 1, "schema_version": spec.SCHEMA_VERSION,
                                                      "config": config.to_dict(), "splits": splits})
+    if units:
+        outputs.write_json(str(out / outputs.UNITS), {
+            "schema_version": spec.SCHEMA_VERSION, "codes": {c: {u: unit_rows.get(c, 0)} for c, u in units.items()},
+            "canonical": dict(units), "canonical_from": "this release"})
     with open(out / "SYNTH_TRUTH.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["HADM_ID", "P_DEATH"])
         writer.writerows(truth_rows)
     return out
+
+
+def admission_requests(n: int, seed: int, scale: dict[str, float] | None = None,
+                       units: dict[str, str | None] | None = None) -> list[dict]:
+    """/v1/predict bodies of `n` admissions drawn like write_data_dir's (a fresh sample of its population).
+
+    scale: code -> factor on its values; units: code -> the unit its values are sent with (None: sent
+    as bare numbers). The prediction time is the default, admission + 24 h, which is the data's trigger.
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        context, _, _, codes, values, times = _admission(rng, 10_000 + i, rare_codes=False, scale=scale)
+        admit = context[spec.TRIGGER_TIME] - context[spec.ADMIT_OFFSET]
+        events = []
+        for t, code, value in zip(times, codes, values):
+            source, item = code.split(":", 1)
+            event = {"time": _iso(int(t)), "source": source, "code": item}
+            if not np.isnan(value):
+                event["value"] = float(value)
+                if (units or {}).get(code):
+                    event["unit"] = units[code]
+            events.append(event)
+        out.append({"patient": {"gender": context[spec.GENDER], "age_years": context[spec.AGE_YEARS]},
+                    "admission": {"admit_time": _iso(admit), "admission_type": context[spec.ADMISSION_TYPE]},
+                    "events": events})
+    return out
+
+
+def _iso(seconds: int) -> str:
+    import datetime as dt
+
+    return (dt.datetime(1970, 1, 1) + dt.timedelta(seconds=seconds)).isoformat()
 
 
 def tiny_config_dict(method: str = "rank1", steps: int = 60, **train) -> dict:

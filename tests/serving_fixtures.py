@@ -147,11 +147,14 @@ def write_tiny_model_export(
     lab_loinc: Mapping[str, Sequence[str]] | None = None,
     admission_types: Mapping[str, int] | None = None,
     units: Mapping[str, Any] | None = None,
+    reference: Any = None,
 ) -> pathlib.Path:
     """Writes an export of a tiny UNTRAINED rank-1 model through the real exporter (model.export).
 
     units (a units.json document; default FIXTURE_UNITS) becomes the data folder's units.json: pass a
     job output's own to serve its codes in the units the job converted them to.
+    reference: the population.Profile its reference_profile.json holds (None: none), as training
+    writes it from its data folder.
 
     lab_loinc (LOINC -> lab ITEMIDs) becomes the data folder's lab_loinc.json, as the Beam job
     writes it from D_LABITEMS, and so reaches the export the way a trained model's does.
@@ -199,7 +202,8 @@ def write_tiny_model_export(
             data_sha256=export_writer.data_manifest_sha256(data_dir), metrics_doc=metrics_doc,
             config={"model": config.model_dump(mode="json")})
         return export_writer.write_export(directory, Predictor(featurizer, model), data_dir=str(data_dir),
-                                          pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc)
+                                          pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc,
+                                          reference=reference)
 
 
 def _write_train_split(data_dir: pathlib.Path, admission_types: Mapping[str, int]) -> None:

@@ -67,6 +67,10 @@ def test_deep_ensemble_of_exports_and_its_export(trained, tmp_path, capsys):
     assert report["members"][0] == report["members"][2] and report["members"][1] == report["members"][3]
     card = read_json(ens / "model_card.json")
     assert (card["method"], card["ensemble_size"]) == ("deep_ensemble", 4)
+    # The members' training population, with the ensemble's own validation mutual information.
+    reference, member = read_json(ens / "reference_profile.json"), read_json(trained["export"] / "reference_profile.json")
+    assert reference["codes"] == member["codes"] and reference["mi_samples"] == 2
+    assert reference["mutual_information"]["n"] == 48
     records, _, _ = inputs.read_split(inputs.load_data_files(trained["data"]), "test")
     single = predict_probs(trained["export"], records, 2, seed=5).reshape(len(records), 2, 2)
     joined = predict_probs(ens, records, 2, seed=5).reshape(len(records), 2, 4)

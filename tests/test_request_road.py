@@ -28,6 +28,9 @@ DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/ages.
                 "ehr_pipeline/bagging.py",
                 "ehr_pipeline/spec.py", "serving/predictor.py", "model/predict.py", "model/export.py",
                 "model/metrics.py", "serving/routes.py", "serving/admission_type.py"}
+# The population monitor keeps a summary of each answered admission (the job's own summary of its
+# records) for the shift report; it reads the bags, it changes nothing the model sees.
+MONITOR = {"ehr_pipeline/population.py", "serving/monitor.py"}
 # Plumbing that never touches the data: middleware, API keys, dependency injection, micro-batching.
 PLUMBING = {"serving/app.py", "serving/auth.py", "serving/dependencies.py", "serving/batching.py"}
 
@@ -72,6 +75,9 @@ def road(tmp_path_factory) -> dict[str, set[str]]:
 def test_a_lab_event_reaches_the_answer_through_the_modules_that_convert_it(road):
     # Measured: 16 modules, 12 of them touching the data (the issue's target: <= 12 such modules).
     assert set(road) <= DATA_MODULES | PLUMBING, sorted(set(road) - DATA_MODULES - PLUMBING)
+# The population monitor keeps a summary of each answered admission (the job's own summary of its
+# records) for the shift report; it reads the bags, it changes nothing the model sees.
+MONITOR = {"ehr_pipeline/population.py", "serving/monitor.py"}
     assert DATA_MODULES <= set(road), sorted(DATA_MODULES - set(road))
 
 
@@ -81,3 +87,5 @@ def test_the_service_bags_with_the_jobs_bagging_function_and_spec(road):
     assert "bag_events" in road["ehr_pipeline/bagging.py"]
     assert "make_sequence_example" in road["ehr_pipeline/spec.py"]
     assert "predict_probs" in road["model/predict.py"]
+    # The monitor summarises the admission with the function that summarises the job's records.
+    assert "admission_from_entries" in road["ehr_pipeline/population.py"]
