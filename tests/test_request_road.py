@@ -73,11 +73,8 @@ def road(tmp_path_factory) -> dict[str, set[str]]:
 
 
 def test_a_lab_event_reaches_the_answer_through_the_modules_that_convert_it(road):
-    # Measured: 16 modules, 12 of them touching the data (the target: <= 12 such modules).
-    assert set(road) <= DATA_MODULES | PLUMBING, sorted(set(road) - DATA_MODULES - PLUMBING)
-# The population monitor keeps a summary of each answered admission (the job's own summary of its
-# records) for the shift report; it reads the bags, it changes nothing the model sees.
-MONITOR = {"ehr_pipeline/population.py", "serving/monitor.py"}
+    # Measured: 18 modules, 12 of them touching the data (the target: <= 12 such modules).
+    assert set(road) <= DATA_MODULES | PLUMBING | MONITOR, sorted(set(road) - DATA_MODULES - PLUMBING - MONITOR)
     assert DATA_MODULES <= set(road), sorted(DATA_MODULES - set(road))
 
 
