@@ -62,7 +62,8 @@ def test_an_admission_from_bags_equals_the_same_admission_from_its_proto():
     values = np.array([1.0, 3.0, 2.0, 80.0, np.nan])
     bags = bagging.bag_events(times, codes, values, 200_000, PipelineConfig().bagging)
     context = {spec.SUBJECT_ID: 1, spec.HADM_ID: 2, spec.LABEL: 0, spec.TRIGGER_TIME: 200_000,
-               spec.ADMIT_OFFSET: 0, spec.AGE_YEARS: 70.0, spec.GENDER: "F", spec.ADMISSION_TYPE: "URGENT"}
+               spec.ADMIT_OFFSET: 0, spec.AGE_YEARS: 70.0, spec.GENDER: "F", spec.ADMISSION_TYPE: "URGENT",
+               spec.ETHNICITY: spec.NOT_RECORDED, spec.INSURANCE: spec.NOT_RECORDED}
     [from_proto] = pop.admissions_from_examples([spec.make_sequence_example(context, bags).SerializeToString()])
     from_bags = pop.admission_from_bags(70.0, "F", "URGENT", bags)
     assert list(from_bags.codes) == list(from_proto.codes) == ["chart:211", "diagnosis:4019", "lab:50912"]
