@@ -287,7 +287,11 @@ def _read_cohort_tables(mimic_dir: str, dead: list) -> tuple[dict, dict]:
 
 
 def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = None) -> dict[str, Any]:
-    """Runs the whole job and writes the manifest; returns the manifest dict."""
+    """Runs the whole job and writes the manifest; returns the manifest dict.
+
+    Local mimic_dir / out_dir may be relative: they are made absolute against this process's working
+    directory before the pipeline is built, whatever the runner (the manifest records the absolute path).
+    """
     import time
 
     import apache_beam as beam
@@ -299,7 +303,10 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     from ehr_pipeline.reader import ReaderError, check_header, locate_table_files
 
     started = time.time()
-    mimic_dir, out_dir = str(mimic_dir), str(out_dir)
+    # Before anything reaches a runner: a worker resolves a relative path against its own working
+    # directory (a Dask worker's is where it was started), so it would read or write elsewhere.
+    mimic_dir, out_dir = outputs.absolute(mimic_dir), outputs.absolute(out_dir)
+    log.info("input %s, output %s", mimic_dir, out_dir)
     cfg_dict = config.to_dict()
 
     # Locate every table first: a missing required table fails before any work is done.
