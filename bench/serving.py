@@ -230,7 +230,7 @@ def edward2_cell_pass(units: int, input_dim: int, k: int, rows: int, steps: int,
     from model import rank1
     from model.config import load_config
 
-    cell = rank1.lstm_cell(units, load_config(TABLE7_CONFIG).model.posterior)
+    cell = rank1.lstm_cell(units, load_config(TABLE7_CONFIG).model.posterior.model_copy(update={"ensemble_size": k}))
     x = tf.random.normal([steps, rows, input_dim])
     cell.build(tf.TensorShape([rows, input_dim]))
 
@@ -252,7 +252,7 @@ def lstm_layer_pass(units: int, input_dim: int, k: int, rows: int, steps: int, r
     from model import rank1
     from model.config import load_config
 
-    layer = rank1.lstm(units, load_config(TABLE7_CONFIG).model.posterior)
+    layer = rank1.lstm(units, load_config(TABLE7_CONFIG).model.posterior.model_copy(update={"ensemble_size": k}))
     x = tf.random.normal([rows, steps, input_dim])
     layer.build(x.shape)
     out = {}
