@@ -1,11 +1,12 @@
 """`ehr-serve --precision auto`: time the export's two signatures on this machine and serve the faster.
 
 Every export answers through float32 (exact: ehr-eval's numbers) and through bfloat16 matmul
-operands (model.export). Which is faster depends on the CPU, not on its flags alone: bfloat16
-ran faster on a CPU with AMX tiles, slower on one with AVX-512 bfloat16 but no AMX (76 against
-62 ms for the model pass), and slower again on one with neither (docs/serving.md). So the service
-measures at warm-up instead of guessing: it times both signatures on admissions of the export's
-full history length, interleaved, and serves bfloat16 only when
+operands (model.export). Which is faster depends on the machine, and CPU flags do not settle it:
+bench/serving.py found bfloat16's model pass faster on one 2-core CPU with AVX-512 bfloat16 and no
+AMX (62.7 against 89.2 ms), slower on another of that kind (76 against 62 ms) and not faster on
+an AVX2-only one (docs/serving.md). So the service measures at warm-up instead of guessing: it
+times both signatures on admissions of the export's full history length, interleaved, and
+serves bfloat16 only when
 
   * its median pass takes at most ``SPEED_MARGIN`` of float32's (within that, timing noise on a
     shared machine decides, and float32 is exact), and
