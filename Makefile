@@ -7,7 +7,7 @@ MIMIC_DIR ?= ../shared/mimic-iii-demo
 DEMO_OUT  ?= out/demo
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-quick bench fuzz clean gpu-install gpu-train
+.PHONY: install demo test test-quick bench fuzz notebook clean gpu-install gpu-train
 
 install: $(VENV)/.installed
 
@@ -38,6 +38,11 @@ test-quick: install
 # schemathesis with all checks against a real ehr-serve (a fixture export) on 127.0.0.1.
 fuzz: install
 	PYTHONPATH=. $(BIN)/python tests/fuzz_api.py
+
+# examples/quickstart.ipynb run top to bottom on the current code and stored with its outputs (tables,
+# plots), so a code host shows them; working files in out/quickstart. Several minutes on 2 cores.
+notebook: install
+	$(BIN)/python scripts/run_notebook.py
 
 # A GPU machine: the CUDA build of the same TensorFlow version (pyproject extra `gpu`), then the
 # Table-7 rank-1 run on the medium synthetic release, reporting steps/s and the test metrics.

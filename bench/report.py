@@ -62,6 +62,22 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The vector units that decide how fast bfloat16 matmuls run next to float32 ones (ehr-serve --precision).
+_MATMUL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def _matmul_flags() -> str:
+    """Which of _MATMUL_FLAGS /proc/cpuinfo lists, as 'avx2 yes, avx512f no, ...' ('unknown' off Linux)."""
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in _MATMUL_FLAGS)
+    except OSError:
+        pass
+    return "unknown"
+
+
 def _memory_gib() -> str:
     try:
         for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
@@ -85,7 +101,8 @@ def machine_info() -> str:
         except importlib.metadata.PackageNotFoundError:
             continue
     return "\n".join([
-        f"- CPU: {_cpu_model()}, {os.cpu_count()} cores ({usable} usable by this process)",
+        f"- CPU: {_cpu_model()}, {os.cpu_count()} cores ({usable} usable by this process); "
+        f"flags: {_matmul_flags()}",
         f"- memory: {_memory_gib()}; OS: {platform.platform()}",
         f"- Python {platform.python_version()}; {', '.join(versions)}",
     ])

@@ -49,17 +49,24 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
             reference_units: dict[str, str] | None = None) -> dict[str, Any]:
     """Runs the job on a MIMIC-III release and writes the manifest; returns the manifest dict.
 
+    Local mimic_dir / out_dir may be relative: they are made absolute against this process's working
+    directory before the pipeline is built, whatever the runner (the manifest records the absolute path).
+
     ``reference_units`` ('source:code' -> unit, a model's units.json "canonical") makes values
     of those codes convert to the model's units instead of this release's most common ones.
     """
     from ehr_pipeline import cohort as cohort_mod
     from ehr_pipeline import events as ev
+    from ehr_pipeline import outputs
     from ehr_pipeline.fhir import codes as fhir_codes
     from ehr_pipeline.reader import check_header, locate_table_files
     from ehr_pipeline.transforms import MimicSource
 
     started = time.time()
-    mimic_dir, out_dir = str(mimic_dir), str(out_dir)
+    # Before anything reaches a runner: a worker resolves a relative path against its own working
+    # directory (a Dask worker's is where it was started), so it would read or write elsewhere.
+    mimic_dir, out_dir = outputs.absolute(mimic_dir), outputs.absolute(out_dir)
+    log.info("input %s, output %s", mimic_dir, out_dir)
     # Locate every table first: a missing required table fails before any work is done.
     enabled = set(config.sources)
     event_inputs = []
@@ -107,7 +114,7 @@ def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | Non
     from ehr_pipeline.transforms import MedsSource
 
     started = time.time()
-    meds_dir, out_dir = str(meds_dir), str(out_dir)
+    meds_dir, out_dir = outputs.absolute(meds_dir), outputs.absolute(out_dir)  # as run_job, for every runner
     codes = codes or meds_codes.MedsCodes()
     files = meds_source.data_files(meds_dir)
     labels = meds_source.read_labels(labels_dir) if labels_dir is not None else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
 from typing import Any
 
@@ -21,6 +22,12 @@ UNITS = "units.json"
 MEDS_CODES = "meds_codes.json"
 DEAD_LETTER_DIR = "dead_letter"
 TMP_DIR = "_tmp"
+
+
+def absolute(path: str | os.PathLike[str]) -> str:
+    """A local path made absolute against this process's working directory; a URL (gs://, s3://) as given."""
+    path = os.fspath(path)
+    return path if "://" in path else os.path.abspath(path)
 
 
 def join(base: str, *parts: str) -> str:

@@ -327,7 +327,7 @@ def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | Non
     from ehr_pipeline.reader import ReaderError, check_header, locate_table, locate_table_files, read_table
 
     started = time.time()
-    mimic_dir, out_dir = str(mimic_dir), str(out_dir)
+    mimic_dir, out_dir = outputs.absolute(mimic_dir), outputs.absolute(out_dir)  # as run_job, for every runner
     os.makedirs(out_dir, exist_ok=True)
     inputs = [(t, str(p)) for t in ev.TABLE_SOURCE for p in locate_table_files(mimic_dir, t)]
     for table, path in inputs:

@@ -28,6 +28,7 @@ from serving.auth import API_KEY_HEADER, check_key
 from serving.batching import BatcherStoppedError, MicroBatcher, QueueFullError
 from serving.encoding import InputError, encode
 from serving.metrics import ServiceMetrics
+from serving import precision as precision_choice
 from serving.monitor import Monitor
 from serving.predictor import ServedModel
 from serving.fhir_answers import FHIR_JSON, operation_outcome
@@ -310,6 +311,17 @@ async def _warm_up(app: FastAPI, predictor: ServedModel, batcher: MicroBatcher, 
     except Exception as err:
         logger.error("warm-up forward pass failed (%s: %s); /readyz stays 503", type(err).__name__, err)
         return
+    if predictor.choice.requested == precision_choice.AUTO:
+        try:
+            timing = [(await run_in_threadpool(encode, r, predictor.export)).example
+                      for r in precision_choice.timing_requests(predictor.export)]
+            await batcher.run_in_model_thread(predictor.choose_precision, timing, settings.default_num_samples)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # the float32 pass above worked: serve it
+            logger.warning("precision auto: timing failed (%s: %s); serving float32", type(err).__name__, err)
+    choice = predictor.choice
+    logger.info("precision: serving %s (--precision %s): %s", choice.served, choice.requested, choice.reason)
     if predictor.precision == "bfloat16":  # float32 compiles nothing per shape
         try:
             for n in range(1, settings.max_batch + 1):

@@ -57,10 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="samples per ensemble member when a request does not say")
     p.add_argument("--max-num-samples", type=int, default=d["max_num_samples"],
                    help="largest num_samples a request may ask for")
-    p.add_argument("--precision", default=d["precision"], choices=["float32", "bfloat16"],
+    p.add_argument("--precision", default=d["precision"], choices=["auto", "float32", "bfloat16"],
                    help="operands of the LSTM's matmuls: float32 is exact (equals ehr-eval for a seed); "
-                        "bfloat16 is faster on CPUs with bfloat16 units and moves probabilities by at most "
-                        "the tolerance in docs/serving.md")
+                        "bfloat16 moves probabilities by at most the tolerance in docs/serving.md and is faster "
+                        "on some CPUs, slower on others; auto times both at warm-up and serves bfloat16 only "
+                        "where its pass takes at most 90%% of float32's here and stays within that tolerance "
+                        "(/v1/model and the start-up log say which and why)")
     p.add_argument("--inter-op-threads", type=int, default=d["inter_op_threads"],
                    help="TensorFlow inter-op threads (0: TensorFlow's default, one per core); matmuls still use "
                         "every core (intra-op). 1 avoids a thread hand-off per op of the LSTM loop (docs/serving.md)")

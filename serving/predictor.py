@@ -11,6 +11,7 @@ service reports exactly the quantities the evaluation reported.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import pathlib
@@ -20,6 +21,8 @@ import numpy as np
 
 from model import metrics as model_metrics
 from model.export import Export, ExportError, LoadedExport, load_export
+from serving import precision as precision_choice
+from serving.precision import PrecisionChoice
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +39,10 @@ class ModelDirError(RuntimeError):
 class ServedModel:
     """A verified export plus its loaded SavedModel signature; forward() is thread-safe."""
 
-    def __init__(self, loaded: LoadedExport):
+    def __init__(self, loaded: LoadedExport, choice: PrecisionChoice | None = None):
         self._loaded = loaded  # holds the SavedModel and its variables
         self.export: Export = loaded.files
+        self.choice = choice or precision_choice.fixed(loaded.precision)
 
     @property
     def precision(self) -> str:
@@ -49,23 +53,52 @@ class ServedModel:
     def load(cls, model_dir: str | pathlib.Path, precision: str = "float32") -> ServedModel:
         """Verifies every checksum, validates the side files and loads the SavedModel (model.export.load_export).
 
-        precision "bfloat16" serves the export's bfloat16 signature (faster; probabilities within
-        the tolerance docs/serving.md states), "float32" the exact one.
+        precision "bfloat16" serves the export's bfloat16 signature (probabilities within the
+        tolerance docs/serving.md states), "float32" the exact one, "auto" float32 until
+        choose_precision() has timed both (serving.precision).
         """
         try:
-            loaded = load_export(model_dir, precision)
+            loaded = load_export(model_dir, "float32" if precision == precision_choice.AUTO else precision)
         except ExportError as err:
             raise ModelDirError(str(err)) from None
         export = loaded.files
-        logger.info("loaded model %s %s (K=%d, %s matmuls) from %s", export.card.name, export.card.version,
+        logger.info("loaded model %s %s (K=%d, --precision %s) from %s", export.card.name, export.card.version,
                     export.ensemble_size, precision, export.directory)
-        return cls(loaded)
+        choice = None
+        if precision == precision_choice.AUTO:
+            choice = precision_choice.fixed("float32", "auto times both signatures at warm-up; until then, or "
+                                                       "with --no-warmup, float32 (exact)")
+        return cls(loaded, choice)
+
+    def choose_precision(self, examples: Sequence[bytes], num_samples: int) -> PrecisionChoice:
+        """With --precision auto: times both signatures on `examples` and serves the faster (serving.precision).
+
+        Runs on the model thread (it calls forward passes); any other --precision keeps its choice.
+        """
+        if self.choice.requested != precision_choice.AUTO:
+            return self.choice
+        exact = self._loaded.with_precision("float32")
+        try:
+            low = exact.with_precision("bfloat16")
+        except ExportError:
+            self.choice = precision_choice.fixed("float32", "the export has no bfloat16 signature (an older "
+                                                            "export); float32")
+            return self.choice
+        choice = precision_choice.measure(functools.partial(self._forward, exact),
+                                          functools.partial(self._forward, low), examples, num_samples)
+        self._loaded = low if choice.served == "bfloat16" else exact
+        self.choice = choice
+        return choice
 
     def forward(self, examples: Sequence[bytes], num_samples: int, seed: int) -> np.ndarray:
         """Sampled probabilities [N, num_samples * K] (float64, sample-major) for serialized SequenceExamples."""
+        return self._forward(self._loaded, examples, num_samples, seed)
+
+    def _forward(self, loaded: LoadedExport, examples: Sequence[bytes], num_samples: int, seed: int) -> np.ndarray:
+        """forward() through the signature of `loaded`."""
         from model.predict import predict_probs  # the same call ehr-eval makes: same numbers for a seed
 
-        out = predict_probs(self._loaded, list(examples), num_samples, seed,
+        out = predict_probs(loaded, list(examples), num_samples, seed,
                             batch_size=max(len(examples), 1)).astype(np.float64)
         expected = (len(examples), num_samples * self.export.ensemble_size)
         if out.shape != expected:

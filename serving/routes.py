@@ -33,6 +33,7 @@ from serving.schemas import (
     OutOfVocabulary,
     PatientPrediction,
     PredictRequest,
+    PrecisionInfo,
     PredictResponse,
     Referral,
     ShiftFinding,
@@ -319,6 +320,7 @@ async def model_info(settings: SettingsDep, predictor: ServedModelDep) -> ModelI
     export = predictor.export
     return ModelInfo(
         model=model_identity(predictor),
+        precision=PrecisionInfo(**predictor.choice.as_dict()),
         model_card=dict(export.card_raw),
         metrics=dict(export.metrics_raw),
         pipeline_config=dict(export.pipeline_raw),

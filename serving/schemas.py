@@ -272,10 +272,26 @@ class BatchResponse(_Answer):
     predictions: list[PatientPrediction]
 
 
+class PrecisionInfo(BaseModel):
+    """Which signature answers and why (ehr-serve --precision; auto measures at warm-up)."""
+
+    requested: Literal["auto", "float32", "bfloat16"] = Field(description="ehr-serve --precision.")
+    served: Literal["float32", "bfloat16"] = Field(description="The signature answering now.")
+    reason: str = Field(description="Why: the flag, or what auto measured on this machine.")
+    float32_ms: float | None = Field(None, description="auto: median float32 pass for one full-history "
+                                                       "admission at the default num_samples, ms.")
+    bfloat16_ms: float | None = Field(None, description="auto: the same for bfloat16, ms.")
+    max_mean_diff: float | None = Field(None, description="auto: largest |bfloat16 - float32| predictive mean "
+                                                          "over the warm-up admissions, same seed.")
+    max_sample_diff: float | None = Field(None, description="auto: largest |bfloat16 - float32| single sampled "
+                                                            "probability, same admissions and seed.")
+
+
 class ModelInfo(BaseModel):
     """GET /v1/model answer."""
 
     model: ModelIdentity
+    precision: PrecisionInfo
     model_card: dict[str, Any] = Field(description="model_card.json as exported.")
     metrics: dict[str, Any] = Field(description="metrics.json as exported (held-out test metrics, referral).")
     pipeline_config: dict[str, Any] = Field(description="pipeline_config.json: how training data was bagged.")

@@ -25,7 +25,7 @@ class ServerProcess:
     """`python -m serving ARGS` on 127.0.0.1 and a free port; use as a context manager."""
 
     def __init__(self, args: Sequence[str], *, env: Mapping[str, str] | None = None,
-                 log_path: str | os.PathLike, startup_timeout_s: float = 60.0, cwd: str | os.PathLike | None = None):
+                 log_path: str | os.PathLike, startup_timeout_s: float = 120.0, cwd: str | os.PathLike | None = None):
         self.args = list(args)
         self.env = {**os.environ, **(env or {})}
         self.log_path = pathlib.Path(log_path)

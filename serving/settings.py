@@ -76,9 +76,10 @@ class Settings(BaseModel):
     shutdown_timeout_s: float = Field(
         15.0, gt=0.0, le=600.0, description="After SIGTERM, longest wait for open requests, seconds; then "
                                             "the server closes them and exits.")
-    precision: Literal["float32", "bfloat16"] = Field(
-        "float32", description="LSTM matmul operands: float32 (exact, equals ehr-eval) or bfloat16 (faster on "
-                               "CPUs with bfloat16 units; probabilities within the documented tolerance).")
+    precision: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="LSTM matmul operands: auto (time both at warm-up, serve bfloat16 only where it is "
+                            "faster on this machine and within the documented tolerance), float32 (exact, equals "
+                            "ehr-eval) or bfloat16.")
     monitor_window: int = Field(
         500, ge=0, le=100000, description="Recent admissions the population monitor compares with the model's "
                                           "training population (GET /v1/monitor, ehr_shift_* gauges); 0 turns it "

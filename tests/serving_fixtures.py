@@ -53,7 +53,7 @@ def write_manifest(directory: str | os.PathLike) -> dict[str, str]:
     return export_manifest(directory)
 
 
-def _fixture_module(ensemble_size: int, output_scale: float):
+def _fixture_module(ensemble_size: int, output_scale: float, bfloat16_offset: float | None = None):
     """A tf.Module whose serving_default has the export contract's signature (fixture maths)."""
     import tensorflow as tf
 
@@ -87,6 +87,16 @@ def _fixture_module(ensemble_size: int, output_scale: float):
             probs = tf.reshape(tf.sigmoid(logits), tf.stack([n, num_samples * ensemble_size])) * output_scale
             return {"probs": probs}
 
+        @tf.function(input_signature=[
+            tf.TensorSpec([None], tf.string, name="examples"),
+            tf.TensorSpec([], tf.int32, name="num_samples"),
+            tf.TensorSpec([], tf.int64, name="seed"),
+        ])
+        def serve_shifted(self, examples, num_samples, seed):
+            # A "bfloat16" signature that moves every probability by bfloat16_offset (towards 0.5).
+            probs = self.serve(examples, num_samples, seed)["probs"]
+            return {"probs": probs + tf.where(probs < 0.5, 1.0, -1.0) * (bfloat16_offset or 0.0)}
+
     return FixtureModel()
 
 
@@ -99,18 +109,26 @@ def write_fixture_export(
     referral: Mapping[str, Any] | None = None,
     version: str = "0.0.1",
     output_scale: float = 1.0,
+    bfloat16_offset: float | None = None,
 ) -> pathlib.Path:
     """Writes a fixture export (TEST FIXTURE model, real SavedModel) under directory; returns its path.
 
     output_scale != 1 multiplies every probability, making a deliberately BROKEN model (values
-    outside [0, 1]) for tests of how the service handles a model failure.
+    outside [0, 1]) for tests of how the service handles a model failure. Without bfloat16_offset
+    the export has no bfloat16 signature (as exports before it); with it, its "serving_bfloat16"
+    answers the float32 probabilities moved by that much (a bfloat16 path out of tolerance).
     """
     import tensorflow as tf
 
+    from model.export import SIGNATURES
+
     root = pathlib.Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    module = _fixture_module(ensemble_size, output_scale)
-    tf.saved_model.save(module, str(root / "saved_model"), signatures={"serving_default": module.serve})
+    module = _fixture_module(ensemble_size, output_scale, bfloat16_offset)
+    signatures = {SIGNATURES["float32"]: module.serve}
+    if bfloat16_offset is not None:
+        signatures[SIGNATURES["bfloat16"]] = module.serve_shifted
+    tf.saved_model.save(module, str(root / "saved_model"), signatures=signatures)
     vocab = DEFAULT_VOCABULARY if vocabulary is None else vocabulary
     documents = {
         "model_card.json": {

@@ -1,7 +1,8 @@
-"""Training on 2 logical CPU devices (MirroredStrategy) against 1: same losses, gradient norms and
-weights from one checkpoint; different posterior draws per replica; a 2-device checkpoint
-resumes on 1 device. The 2-device work runs in a child process (tests/multidevice_run.py):
-logical devices must be set before TensorFlow initialises, which this process has done."""
+"""Training on 2 logical CPU devices (MirroredStrategy) against 1, for the EHR model and an image MLP:
+same losses, gradient norms and weights from one checkpoint; different posterior draws per replica;
+a 2-device checkpoint resumes on 1 device. The 2-device work runs in a child process
+(tests/multidevice_run.py): logical devices must be set before TensorFlow initialises, which this
+process has done."""
 from __future__ import annotations
 
 import json
@@ -71,16 +72,17 @@ def test_ehr_trainer_on_two_devices_equals_one(tmp_path):
     _check_comparison(result, ("loss", "nll", "kl", "kl_weight", "l2", "grad_norm"))
 
 
+# An MLP has no batch norm (whose per-replica batch statistics would part the runs), so the image
+# trainer on 2 devices must take the 1-device steps exactly as the EHR trainer does: same losses and
+# gradient norms, same weights after 4 steps.
+IMAGE_MLP = {**TINY, "model": {"architecture": "mlp", "depth": 2, "width": 16,
+                               "posterior": {"method": "rank1", "ensemble_size": 2, "random_sign_init": -0.5}}}
+
+
 @pytest.mark.slow
-def test_image_trainer_on_two_devices(tmp_path):
-    result = _child("image", tmp_path, json.dumps(TINY))
-    # Batch norm normalises with each replica's own batch statistics (no cross-replica sync), so
-    # the NLL and the gradient are not the single-device ones; the whole-batch terms are.
-    one, two = result["from2"]["one"], result["from2"]["two"]
-    assert [r["step"] for r in two] == [3, 4, 5, 6]
-    _same_rows(two[:1], one[:1], ("kl", "kl_weight", "l2"))
-    assert all(np.isfinite(r["loss"]) and r["nll"] == pytest.approx(o["nll"], rel=0.2) for r, o in zip(two, one))
-    assert [r["step"] for r in result["from4"]["two"]] == [5, 6]
+def test_image_trainer_on_two_devices_equals_one(tmp_path):
+    result = _child("image", tmp_path, json.dumps(IMAGE_MLP))
+    _check_comparison(result, ("loss", "nll", "kl", "kl_weight", "l2", "grad_norm"))
 
 
 def test_each_replica_draws_its_own_posterior_sample(tmp_path):

@@ -51,8 +51,10 @@ def test_digits_splits_are_fixed_stratified_disjoint_and_scaled():
         counts = np.bincount(y, minlength=10) / y.size
         assert np.all(np.abs(counts - 0.1) < 0.03)
     # Disjoint and fixed: no image row is in two splits; a second load is identical.
+    # (The 1797 digits images are all distinct, so a shared row is a shared example.)
     keys = [set(map(bytes, x.reshape(x.shape[0], -1))) for x in (data.x_train, data.x_val, data.x_test)]
-    assert not (keys[0] & keys[2]) and not (keys[1] & keys[2])
+    assert not (keys[0] & keys[1]) and not (keys[0] & keys[2]) and not (keys[1] & keys[2])
+    assert len(keys[0] | keys[1] | keys[2]) == 1797
     again = d.load_digits_data(validation_fraction=0.1, test_fraction=0.25, seed=0)
     np.testing.assert_array_equal(again.x_test, data.x_test)
     assert d.load_digits_data(validation_fraction=0.0).y_val.size == 0
@@ -96,6 +98,9 @@ def test_load_data_cifar_with_validation_split(cifar10_dir):
     root, _ = cifar10_dir
     data = d.load_data(DataConfig(dataset="cifar10", validation_fraction=0.5), data_dir=root)
     assert data.num_classes == 10 and data.y_train.size == 10 and data.y_val.size == 10 and data.y_test.size == 4
+    # The validation rows are carved out of the training files: every training row lands in exactly one.
+    train, val = (set(map(bytes, x.reshape(x.shape[0], -1))) for x in (data.x_train, data.x_val))
+    assert not (train & val) and len(train | val) == 20
 
 
 def test_augment_is_a_zero_padded_shift_or_its_mirror():

@@ -5,6 +5,7 @@ import csv
 import datetime as dt
 import gzip
 import json
+import os
 import pathlib
 
 import pytest
@@ -186,19 +187,37 @@ def test_files_are_read_by_content_whatever_their_names(demo_run, demo_dir, tmp_
         h: ex["raw"] for h, ex in examples.items()}
 
 
-def test_dask_cluster_produces_the_same_records(demo_run, demo_dir, tmp_path):
-    """A real dask.distributed cluster (2 worker processes on 127.0.0.1) gives the same records."""
+def test_dask_cluster_produces_the_same_records(demo_run, demo_dir, tmp_path, monkeypatch):
+    """A real dask.distributed cluster (2 worker processes on 127.0.0.1) gives the same records.
+
+    Given relative paths from a driver whose working directory is not the workers': they resolve
+    a relative path against their own (where they were started), so the job must not hand them one.
+    """
     from dask.distributed import LocalCluster
 
     _, _, local = demo_run
+    workers_cwd, driver_cwd = tmp_path / "workers", tmp_path / "driver"
+    workers_cwd.mkdir()
+    driver_cwd.mkdir()
+    monkeypatch.chdir(workers_cwd)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None) as cluster:
-        manifest = run_job(str(demo_dir), str(tmp_path), PipelineConfig.model_validate(CONFIG), [
+        monkeypatch.chdir(driver_cwd)
+        manifest = run_job(os.path.relpath(demo_dir), "out", PipelineConfig.model_validate(CONFIG), [
             "--runner=DaskRunner", f"--dask_client_address={cluster.scheduler_address}",
             "--dask_npartitions=4"])
-    dask = read_examples(tmp_path)
+    dask = read_examples(driver_cwd / "out")
     assert sorted(ex["raw"] for ex in dask.values()) == sorted(ex["raw"] for ex in local.values())
-    assert manifest["balanced"]
+    assert manifest["balanced"] and manifest["input"]["mimic_dir"] == str(demo_dir)
+    assert not any(workers_cwd.iterdir())  # nothing written where the workers stand
+
+
+def test_local_paths_are_made_absolute_and_urls_kept():
+    assert outputs.absolute("out/data") == os.path.join(os.getcwd(), "out", "data")
+    assert outputs.absolute(pathlib.Path("../x/./y")) == os.path.normpath(os.path.join(os.getcwd(), "..", "x", "y"))
+    assert outputs.absolute("/data/mimic/") == "/data/mimic"
+    for url in ("gs://bucket/seqex", "s3://b/k", "file:///tmp/x"):
+        assert outputs.absolute(url) == url
 
 
 def test_event_chunks_round_trip_exactly():

@@ -12,7 +12,6 @@ import gc
 import gzip
 import io
 import logging
-import sys
 import threading
 import time
 
@@ -580,27 +579,44 @@ def test_what_a_fresh_reader_gets_does_not_depend_on_the_old_readers_read_ahead(
     assert len(seen) == 1
 
 
-def test_read_ahead_racing_the_reader_keeps_the_window_in_file_order(tmp_path):
+def test_read_ahead_racing_the_reader_keeps_the_window_in_file_order(tmp_path, monkeypatch):
     # Arrow's I/O thread reading through one feed while the reader reads ahead itself (as it
     # does to quote a skipped line) once recorded blocks out of order: the next reader then
     # saw a line spliced from two places and dead-lettered a valid row as line_too_long.
-    lines = _window_lines(n_before=300, long_line=20000, n_after=30000)
+    # The race, made to happen on every run: the I/O thread stops between cutting its first
+    # buffer and recording it, until the reader has recorded one of its own. With the cut and
+    # its record one step under the window's I/O lock, the reader cannot get in and the wait
+    # times out; without the lock, the reader's later buffer is recorded first.
+    lines = _window_lines(n_before=300, long_line=20000, n_after=3000)
     path = tmp_path / "race.csv.gz"
     path.write_bytes(gzip.compress(b"".join(lines)))
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race shows every run
-    try:
-        for _ in range(5):
-            with _RawWindow.open(path, 4096) as window:
-                feed = window.feed()
-                drain = threading.Thread(target=lambda: list(iter(lambda: len(feed.read(4096)), 0)))
-                drain.start()
-                window.read_through(len(lines))
-                drain.join()
-                text = window.text(2, len(lines) - 1)  # every line after the header
-            assert text.encode() == b"".join(lines[1:])[:-1]
-    finally:
-        sys.setswitchinterval(interval)
+    io_thread_cut, reader_recorded = threading.Event(), threading.Event()
+    cut, read_new = _RawWindow._cut, _RawWindow._read_new
+
+    def gated_cut(self):
+        out = cut(self)
+        if threading.current_thread().name == "arrow-io" and not io_thread_cut.is_set():
+            io_thread_cut.set()
+            reader_recorded.wait(timeout=1.0)
+        return out
+
+    def signalling_read_new(self):
+        out = read_new(self)
+        if threading.current_thread().name != "arrow-io":
+            reader_recorded.set()
+        return out
+
+    monkeypatch.setattr(_RawWindow, "_cut", gated_cut)
+    monkeypatch.setattr(_RawWindow, "_read_new", signalling_read_new)
+    with _RawWindow.open(path, 4096) as window:
+        feed = window.feed()
+        drain = threading.Thread(target=lambda: list(iter(lambda: len(feed.read(4096)), 0)), name="arrow-io")
+        drain.start()
+        assert io_thread_cut.wait(timeout=30)
+        window.read_through(len(lines))
+        drain.join()
+        text = window.text(2, len(lines) - 1)  # every line after the header
+    assert text.encode() == b"".join(lines[1:])[:-1]
 
 
 # ------------------------------------------------------------------ line numbers, property-based

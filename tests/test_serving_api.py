@@ -25,10 +25,13 @@ import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loa
 from ehr_pipeline import ages, bagging, spec, units
 from ehr_pipeline.config import PipelineConfig
 from model import metrics as model_metrics
+from model.export import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
+from serving import precision
 from serving.app import create_app
+from serving.encoding import encode
 from serving.predictor import ServedModel
 from serving.settings import make_settings
-from tests.serving_fixtures import TINY_MODEL_NAME, ThreadedServer, write_tiny_model_export
+from tests.serving_fixtures import TINY_MODEL_NAME, ThreadedServer, write_fixture_export, write_tiny_model_export
 
 KEY = "test-key-serving-0123456789"
 OTHER_KEY = "second-key-serving-abcdefghij"
@@ -327,7 +330,52 @@ def test_bfloat16_precision_is_served_and_named_in_every_answer(export_dir, clie
     exact = client.post("/v1/predict", params={"seed": 7}, json=body(), headers={"X-API-Key": KEY}).json()
     assert fast["model"]["precision"] == info["model"]["precision"] == "bfloat16"
     assert exact["model"]["precision"] == "float32"
-    assert abs(fast["probability"] - exact["probability"]) <= 1e-3  # docs/serving.md: predictive mean
+    assert abs(fast["probability"] - exact["probability"]) <= BFLOAT16_MEAN_TOLERANCE  # docs/serving.md
+
+
+def test_precision_auto_is_the_default_and_serves_what_it_measured(export_dir, caplog):
+    settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", max_batch=2)
+    assert settings.precision == "auto"
+    # The app loads the export itself; auto's timing (the first bfloat16 passes) can take ~10 s on a busy CPU.
+    with caplog.at_level(logging.INFO, logger="serving.app"), \
+            ThreadedServer(create_app(settings), startup_timeout_s=180) as srv:
+        info = httpx.get(f"{srv.base_url}/v1/model", timeout=30).json()
+        answer = httpx.post(f"{srv.base_url}/v1/predict", params={"seed": 7}, json=body(), timeout=30).json()
+    chosen = info["precision"]
+    assert chosen["requested"] == "auto" and chosen["float32_ms"] > 0 and chosen["bfloat16_ms"] > 0
+    assert 0 < chosen["max_sample_diff"] <= BFLOAT16_SAMPLE_TOLERANCE  # the two signatures did run
+    # Served: what the rule says for what was measured, and every answer names it.
+    assert (chosen["served"], chosen["reason"]) == precision.decide(
+        chosen["float32_ms"], chosen["bfloat16_ms"], chosen["max_mean_diff"], chosen["max_sample_diff"])
+    assert answer["model"]["precision"] == info["model"]["precision"] == chosen["served"]
+    line = f"precision: serving {chosen['served']} (--precision auto): {chosen['reason']}"
+    assert caplog.text.index(line) < caplog.text.index("model warmed up; ready")
+
+
+@pytest.mark.parametrize("offset, served, why", [
+    (None, "float32", "no bfloat16 signature"),  # an export from before the bfloat16 signature
+    (2 * BFLOAT16_MEAN_TOLERANCE, "float32", "beyond the tolerance"),  # however fast it is
+])
+def test_precision_auto_keeps_float32_without_a_bfloat16_signature_in_tolerance(tmp_path, offset, served, why):
+    export = write_fixture_export(tmp_path / "export", ensemble_size=2, bfloat16_offset=offset)
+    model = ServedModel.load(export, "auto")
+    assert model.precision == "float32" and model.choice.requested == "auto"
+    examples = [encode(r, model.export).example for r in precision.timing_requests(model.export)]
+    choice = model.choose_precision(examples, 5)
+    assert choice.served == model.precision == served and why in choice.reason
+    if offset is not None:
+        assert choice.max_mean_diff == pytest.approx(offset, rel=1e-3) and choice.bfloat16_ms > 0
+
+
+def test_precision_rule_serves_bfloat16_only_when_clearly_faster_and_in_tolerance():
+    ok = (BFLOAT16_MEAN_TOLERANCE / 2, BFLOAT16_SAMPLE_TOLERANCE / 2)
+    assert precision.decide(60.0, 45.0, *ok)[0] == "bfloat16"
+    assert precision.decide(60.0, 60.0 * precision.SPEED_MARGIN, *ok)[0] == "bfloat16"
+    assert precision.decide(60.0, 57.0, *ok)[0] == "float32"  # 5 % faster: within the noise of a shared CPU
+    assert precision.decide(62.0, 76.0, *ok)[0] == "float32"  # slower (AVX-512 bfloat16 without AMX)
+    assert precision.decide(60.0, 20.0, 2 * BFLOAT16_MEAN_TOLERANCE, 0.0)[0] == "float32"
+    assert precision.decide(60.0, 20.0, 0.0, 2 * BFLOAT16_SAMPLE_TOLERANCE)[0] == "float32"
+    assert precision.fixed("bfloat16") == precision.PrecisionChoice("bfloat16", "bfloat16", "--precision bfloat16")
 
 
 def test_bfloat16_warm_up_compiles_every_batch_size_before_turning_ready(export_dir, caplog):

@@ -172,6 +172,8 @@ def test_cli_serves_with_keys_and_logs_no_patient_data(export_dir, tmp_path):
     log = server.log()
     # SIGTERM: uvicorn drains, runs the lifespan shutdown, then re-raises the signal (exit -15).
     assert server.proc.returncode in (0, -15) and "Application shutdown complete" in log
+    # --precision auto by default; this fixture export predates the bfloat16 signature.
+    assert "precision: serving float32 (--precision auto): the export has no bfloat16 signature" in log
     client_hash = hashlib.sha256(b"record-4711").hexdigest()[:16]
     assert "POST /v1/predict status=200" in log and f"request_id={rid} client_request_id_sha256={client_hash}" in log
     for leaked in [*secrets.values(), "2150-06-07", "2071-02-03", "98.7", KEY, "file-key-0123456789abcdef",

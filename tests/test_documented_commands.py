@@ -1,0 +1,616 @@
+"""Every shell command in README.md and docs/*.md runs as written, or is listed here as skipped, with why.
+
+A command is a line of a fenced block labelled bash, sh, shell or console (in a console block, a line
+starting with "$ "), with backslash continuations and quotes that span lines joined and comments
+dropped. An unlabelled block that starts with one of our programs fails: label it so it is seen.
+
+COMMANDS classifies them: the first entry whose pattern matches a command (re.search on its text,
+runs of white space as one space; ``document`` limits an entry to one file) decides. A command no
+entry matches fails the quick test below, and so does an entry no command matches, so a command
+added to the docs must be put in one of two kinds here:
+
+* ``Run``: run by the slow test, in document order, one fresh working folder per document (two
+  documents at a time), with ``bash -c`` and the checkout's environment. It must exit 0 (or one of
+  ``exit_codes``) and print ``check``.
+* ``Skip``: not run, with the reason; its flags are still checked against the tool's argument
+  parser (Beam's options for ``ehr-pipeline run``), and an ``ehr-train`` config with its
+  ``--set`` overrides is loaded and validated.
+
+The working folder holds what the documents' relative paths expect, so that commands run as
+written:
+
+* ``../shared/mimic-iii-demo``: a link to the real MIMIC-III demo (tests/conftest.py). Without it a
+  small synthetic release (same layout) stands in, and the commands marked ``needs_demo`` (one of
+  the real demo's admissions by its HADM_ID) are not run: the test then skips, saying so.
+* ``configs/``, ``bench/``, ``tests/``, ``setup.py``: links into the checkout.
+* ``runs/rank1``, ``runs/demo``, ``runs/site-a``: copies of the session's tiny trained rank-1 run
+  (``trained_rank1``). The training commands that would make them take minutes to hours and are
+  skipped; what the documents do with their runs is run.
+* ``EHR_API_KEYS``: a fresh 43-character key, as docs/serving.md's first command makes one (a
+  document's own ``export`` replaces it).
+
+What is substituted, and only that: each ``Run`` lists its own substitutions (``subs``, with
+``why``); every ``ehr-serve`` listens on 127.0.0.1 at a free port (``--host 0.0.0.0`` and
+``--port``, or no port, are replaced: the test machine is shared), and every curl's
+``localhost:8000`` / ``127.0.0.1:8000`` goes to the ``ehr-serve`` the document started last, which
+runs until the next one starts or the document ends.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import os
+import pathlib
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from conftest import DEMO_DIR, DEMO_MISSING, REPO_ROOT, demo_available
+
+DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
+# An unlabelled fenced block starting with one of these is a command block in disguise.
+PROGRAMS = ("ehr-pipeline", "ehr-train", "ehr-eval", "ehr-analyze", "ehr-serve", "python", "make", "curl",
+            "docker", "export")
+LINKED = ("configs", "bench", "tests", "setup.py")
+TRAINED_RUNS = ("rank1", "demo", "site-a")
+COMMAND_TIMEOUT_S = 600
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A documented command the slow test runs as written (but for `subs`) and whose output shows `check`."""
+
+    pattern: str
+    check: str = ""
+    subs: tuple[tuple[str, str], ...] = ()  # (text, replacement) in the command, each for `why`
+    why: str = ""
+    needs_demo: bool = False
+    exit_codes: tuple[int, ...] = (0,)
+    document: str | None = None  # only in this document (a path relative to the checkout)
+
+
+@dataclasses.dataclass(frozen=True)
+class Skip:
+    """A documented command not run here, and why."""
+
+    pattern: str
+    reason: str
+    document: str | None = None  # only in this document (a path relative to the checkout)
+
+
+DEMO = "../shared/mimic-iii-demo"
+SYNTHETIC = "../shared/synthetic-release"  # a small `ehr-pipeline synth` release, CHARTEVENTS included
+TRAINING = ("trains for minutes (the digits) to hours (Table-7 size); tests/test_train.py and "
+            "tests/test_image_train.py run the trainer at tiny size")
+SYNOPSIS = "a synopsis: brackets and capitals mark optional flags and placeholders"
+
+# First match wins: specific patterns before general ones, grouped by program. A new documented command
+# goes in its group: a Run if it takes seconds here (say what its output must show), else a Skip saying why.
+COMMANDS: list[Run | Skip] = [
+    # ---- make targets
+    Skip(r"^make demo$", "the whole path (bag, train, evaluate, serve), minutes; tests/test_demo_script.py runs it"),
+    Skip(r"^make (test|test-quick)$", "the test suite itself"),
+    Skip(r"^make bench$", "every benchmark, long; each bench script's own command is listed below"),
+    Skip(r"^make fuzz$", "minutes of schemathesis against a server (tests/fuzz_api.py)"),
+    Skip(r"^make notebook$", "minutes; tests/test_quickstart_notebook.py checks what it stored and runs the notebook"),
+    Skip(r"^make gpu-train$", "needs a GPU (CUDA build of TensorFlow)"),
+    # ---- ehr-pipeline
+    Run(r"^ehr-pipeline summarize --mimic-dir \.\./shared/mimic-iii-demo ", check="dead letters"),
+    Run(r"^ehr-pipeline synth ", check="deaths", subs=(("--patients 2000 ", "--patients 300 "),),
+        why="the commands after a synth do not depend on its size: 2000 patients take ~6 s CPU and make the "
+            "Beam job on them ~30 s, 300 a fraction of that"),
+    Run(r"^ehr-pipeline run --mimic-dir \.\./shared/mimic-iii-demo --out out/data ", check="wrote out/data"),
+    Skip(r"^ehr-pipeline run --mimic-dir /data/mimic --out /data/seqex --direct_num_workers=2 "
+         r"--direct_running_mode=multi_processing$",
+         "the local multi-process runner with /data paths (a cluster's mount); docs/pipeline.md's example with "
+         "the same runner flags runs"),
+    Run(r"^ehr-pipeline run --mimic-dir DIR --out out/data --direct_num_workers=8 "
+        r"--direct_running_mode=multi_processing$", check="wrote out/data",
+        subs=(("DIR", DEMO), ("--direct_num_workers=8", "--direct_num_workers=2")),
+        why="DIR is a placeholder: the demo; 8 worker processes on a 2-core test machine: 2"),
+    Run(r"^ehr-pipeline run --mimic-dir out/", check="wrote out/"),
+    Skip(r"--runner=(Flink|Spark|Dataflow)Runner", "needs a Flink or Spark cluster with Beam's job-server jars, "
+                                                   "or Google Cloud credentials"),
+    Skip(r"--runner=DaskRunner", "needs a dask.distributed scheduler; tests/test_job.py runs the same job on a "
+                                 "real local cluster, with relative paths from another working directory"),
+    Skip(r"^ehr-pipeline run --mimic-dir DIR --out DIR \[", SYNOPSIS),
+    Run(r"^ehr-pipeline shard --mimic-dir /data/mimic --table CHARTEVENTS --parts 16 --out /data/mimic-parts$",
+        check="CHARTEVENTS", subs=(("/data/mimic-parts", "out/mimic-parts"), ("/data/mimic", SYNTHETIC)),
+        why="/data is a cluster's mount: a small synthetic release (the demo has no CHARTEVENTS) and a local "
+            "folder instead"),
+    Run(r"^ehr-pipeline to-fhir --mimic-dir \.\./shared/mimic-iii-demo --hadm-id 142345 --out bundle\.json$",
+        needs_demo=True),
+    Run(r"^ehr-pipeline to-fhir --mimic-dir \.\./shared/mimic-iii-demo --hadm-id 142345 --out - ",
+        check='"resourceType": "Bundle"', needs_demo=True),
+    Run(r"^ehr-pipeline demo --mimic-dir \.\./shared/mimic-iii-demo --out out/demo$", check="Beam job"),
+    # ---- ehr-train
+    Skip(r"^ehr-train ", TRAINING),
+    # ---- ehr-eval
+    Skip(r"^ehr-eval .*DATA_DIR", "DATA_DIR and the run folders are placeholders (a synopsis); the README's "
+                                  "ehr-eval commands run the same forms"),
+    Run(r"^ehr-eval --model runs/rank1/export --data out/data --split test --samples 25 --out runs/rank1/eval$",
+        check="nll"),
+    Skip(r"^ehr-eval --model runs/det-0 --model runs/det-1 --model runs/det-2 --data out/data --export-ensemble ",
+         "three runs evaluated and written as one ensemble export, ~60 s CPU; tests/test_evaluate.py runs "
+         "ehr-eval --model A --model B --export-ensemble on tiny runs"),
+    Run(r"^ehr-eval --model runs/rank1/export --data out/synth-data --truth ", check="nll"),
+    Run(r"^ehr-eval --baseline logistic --data out/synth-data ", check="nll"),
+    Run(r"^ehr-eval --compare ", check="nll"),
+    Run(r"^ehr-eval --model runs/demo --data out/demo/data --split test --out runs/demo/eval_again$", check="nll"),
+    Run(r"^ehr-eval --model runs/site-a/export --data out/site-b-data ", check="nll"),
+    Skip(r"^ehr-eval +--run runs/digits_r1 ", "needs the digits run of the ehr-train command before it"),
+    Skip(r"^ehr-eval +--run runs/c10 ", "needs CIFAR-10, CIFAR-10-C and a WRN-28-10 run (a GPU)"),
+    # ---- ehr-analyze
+    Skip(r"^ehr-analyze posterior-rank --model runs/fully_bayesian --data (out/data|DATA_DIR) --split validation$",
+         "needs a trained fully_bayesian run (training is skipped); tests/test_posterior_rank.py runs the command"),
+    Skip(r"^ehr-analyze posterior-rank .*\[", SYNOPSIS),
+    Skip(r"^ehr-analyze posterior-rank --model runs/digits_mean_field ",
+         "needs a trained digits mean-field run; tests/test_posterior_rank.py runs the command on a tiny one"),
+    # ---- benchmarks
+    Skip(r"^python bench/(compare_methods|learning_curve|coverage_bound|image_results)\.py",
+         "a results benchmark: many minutes to hours on 2 cores"),
+    Skip(r"^python bench/pipeline\.py$", "1M, 4M and 16M events: minutes"),
+    # A benchmark exits 1 when this machine misses a speed target: whether the script works is what is checked.
+    Run(r"^python bench/pipeline\.py --sizes 200000 --no-write$", check="events/s", exit_codes=(0, 1)),
+    # ---- ehr-serve and its clients
+    Run(r"^export EHR_API_KEYS="),
+    Run(r"^ehr-serve --help$", check="--precision"),
+    Skip(r"^ehr-serve --model runs/demo/export$", "the same command runs in docs/fhir.md (a server start costs "
+                                                 "~10 s CPU)", document="docs/serving.md"),
+    Skip(r"^ehr-serve --model runs/demo/export --no-auth$", "--no-auth runs with docs/serving.md's "
+                                                           "`ehr-serve --model out/tiny-export --no-auth`"),
+    Run(r"^ehr-serve --model runs/demo/export .*--api-keys-file /run/secrets/ehr_keys",
+        subs=(("/run/secrets/ehr_keys", "secrets/ehr_keys"),),
+        why="/run/secrets is a deployment's secret mount: a key file in the working folder instead"),
+    Run(r"^(EHR_API_KEYS=\S+ )?ehr-serve --model "),
+    Run(r"^python -c \"from tests\.serving_fixtures import write_tiny_model_export"),
+    Skip(r"^curl .*\{\.\.\.Patient\.\.\.\}", "abridged: {...Patient...} stands for the prefetched resources; "
+                                             "tests/test_fhir_api.py posts whole ones"),
+    Run(r"^curl .*/fhir/r4/", check='"resourceType":"RiskAssessment"', needs_demo=True),
+    Run(r"^curl .*/cds-services ", check='"services":'),
+    Run(r"^curl .*/v1/predict", check='"probability":'),
+    Skip(r"^docker ", "needs a Docker daemon and minutes to build the image"),
+]
+
+
+# ------------------------------------------------------------------------------ extraction
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One documented command: where it is and its text (comments dropped, continuations joined)."""
+
+    document: str  # relative to the checkout
+    line: int
+    text: str
+
+    @property
+    def flat(self) -> str:
+        """The text with every run of white space as one space (what patterns match)."""
+        return " ".join(self.text.split())
+
+    def __str__(self) -> str:
+        return f"{self.document}:{self.line}: {self.flat}"
+
+
+def _drop_comment(line: str) -> str:
+    """The line without a trailing '# ...' comment outside quotes."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+            elif ch == "\\" and quote == '"':
+                continue
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def _complete(text: str) -> bool:
+    """Whether shell text ends outside quotes and without a line continuation."""
+    if text.endswith("\\"):
+        return False
+    try:
+        shlex.split(text, comments=False)
+    except ValueError:  # an open quote
+        return False
+    return True
+
+
+def fenced_blocks(path: pathlib.Path) -> list[tuple[str, int, list[str]]]:
+    """(language, line number of the first content line, lines) of every fenced block of a markdown file."""
+    blocks, current = [], None
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        fence = re.match(r"^\s*(```|~~~)\s*([\w+-]*)", line)
+        if current is None and fence:
+            current = (fence.group(2).lower(), number + 1, [])
+        elif current is not None and re.match(r"^\s*(```|~~~)\s*$", line):
+            blocks.append(current)
+            current = None
+        elif current is not None:
+            current[2].append(line)
+    return blocks
+
+
+def document_commands(path: pathlib.Path) -> list[Command]:
+    """The commands of a document's shell blocks, in order."""
+    name = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+    out = []
+    for language, first, lines in fenced_blocks(path):
+        if language not in SHELL_LANGUAGES:
+            continue
+        pending, start = "", 0
+        for offset, raw in enumerate(lines):
+            line = raw
+            if not pending:
+                if language == "console":
+                    if not line.startswith("$ "):
+                        continue
+                    line = line[2:]
+                if not line.strip() or line.lstrip().startswith("#"):
+                    continue
+                start = first + offset
+                pending = _drop_comment(line.strip())
+            else:  # inside a quote the line is data: keep it whole
+                in_quote = not _complete(pending.rstrip("\\"))
+                pending = (pending + "\n" + raw) if in_quote else (pending[:-1].rstrip() + " " + _drop_comment(
+                    raw.strip()))
+            if _complete(pending):
+                out.append(Command(name, start, pending))
+                pending = ""
+        assert not pending, f"{name}:{start}: command not finished at the end of its block"
+    return out
+
+
+def all_commands() -> list[Command]:
+    return [c for path in DOCUMENTS for c in document_commands(path)]
+
+
+def classify(command: Command) -> Run | Skip | None:
+    """The first COMMANDS entry whose pattern matches the command, or None."""
+    return next((entry for entry in COMMANDS if re.search(entry.pattern, command.flat)
+                 and entry.document in (None, command.document)), None)
+
+
+# ------------------------------------------------------------------------------ the quick checks
+
+
+def test_every_documented_command_is_run_or_skipped_with_a_reason():
+    commands = all_commands()
+    assert len(commands) > 50  # the extraction finds the documents' commands at all
+    unclassified = [str(c) for c in commands if classify(c) is None]
+    assert not unclassified, ("documented commands neither run nor skipped: add each to COMMANDS in "
+                              "tests/test_documented_commands.py\n" + "\n".join(unclassified))
+    used = {id(classify(c)) for c in commands}
+    stale = [entry.pattern for entry in COMMANDS if id(entry) not in used]
+    assert not stale, f"COMMANDS entries that match no documented command (remove them): {stale}"
+
+
+def test_no_command_block_goes_unlabelled():
+    unlabelled = []
+    for path in DOCUMENTS:
+        for language, first, lines in fenced_blocks(path):
+            words = next((line.split() for line in lines if line.strip()), [""])
+            if not language and words[0] in PROGRAMS:
+                unlabelled.append(f"{path.relative_to(REPO_ROOT)}:{first}: {lines[0]}")
+    assert not unlabelled, "label these blocks ```bash so their commands are checked:\n" + "\n".join(unlabelled)
+
+
+def test_the_extraction_joins_continuations_and_quotes_and_drops_comments(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("\n".join([
+        "```bash", "# a comment line", "tool --a 1 \\", "    --b 'x # y'   # trailing comment",
+        "curl -d '{", '  "k": 1}\'', "", "```", "```console", "$ tool --c", "output line", "```",
+        "```python", "tool --not-shell", "```"]) + "\n")
+    commands = document_commands(doc)
+    assert [c.text for c in commands] == ["tool --a 1 --b 'x # y'", "curl -d '{\n  \"k\": 1}'", "tool --c"]
+    assert [c.line for c in commands] == [3, 5, 10]
+
+
+def _parsers(program: str, argv: list[str]) -> list:
+    """The argument parsers whose flags `program argv` may use (both families for ehr-train / ehr-eval)."""
+    if program == "ehr-pipeline":
+        from ehr_pipeline.cli import build_parser
+
+        sub = next((a for a in argv if not a.startswith("-")), None)
+        parser = build_parser()
+        choices = next(a for a in parser._actions if a.dest == "command").choices
+        return [parser, choices[sub]] if sub in choices else [parser]
+    if program == "ehr-train":
+        from model import train_cli
+        from model.image import cli as image_cli
+
+        return [train_cli.build_parser(), image_cli.build_train_parser()]
+    if program == "ehr-eval":
+        from model import eval_cli
+        from model.image import cli as image_cli
+
+        return [eval_cli.build_parser(), image_cli.build_eval_parser()]
+    if program == "ehr-analyze":
+        from model import analyze_cli
+
+        parser = analyze_cli.build_parser()
+        choices = next(a for a in parser._actions if getattr(a, "choices", None) and isinstance(a.choices, dict))
+        return [parser, *choices.choices.values()]
+    if program == "ehr-serve":
+        from serving import cli
+
+        return [cli.build_parser()]
+    if program.startswith("bench/"):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(f"bench_{pathlib.Path(program).stem}", REPO_ROOT / program)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
+        spec.loader.exec_module(module)
+        return [module.build_parser()] if hasattr(module, "build_parser") else []
+    return []
+
+
+def _words(command: Command) -> list[str]:
+    """The command's words after leading VAR=value assignments; `python script.py` gives the script first."""
+    words = shlex.split(command.flat.replace("$(", "(")) if "$(" in command.flat else shlex.split(command.flat)
+    while words and re.match(r"^[A-Za-z_]\w*=", words[0]):
+        words.pop(0)
+    if words[:1] == ["python"] and len(words) > 1 and words[1].endswith(".py"):
+        words.pop(0)
+    return words
+
+
+def _beam_flags(args: list[str]) -> set[str]:
+    """Every flag of Beam's registered pipeline options (the Dask runner's too, when args name it)."""
+    from apache_beam.options import pipeline_options as beam_options
+
+    from ehr_pipeline.job import pipeline_options
+
+    pipeline_options(args)  # imports the Dask runner's options class when asked for, as the job does
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    parser = beam_options._BeamArgumentParser(allow_abbrev=False, conflict_handler="resolve")
+    for cls in set(subclasses(beam_options.PipelineOptions)):
+        cls._add_argparse_args(parser)
+    return {s for action in parser._actions for s in action.option_strings}
+
+
+def test_skipped_and_run_commands_use_only_flags_their_tool_knows():
+    problems = []
+    for command in all_commands():
+        words = _words(command)
+        if not words or "[" in command.flat:  # synopses: their words are placeholders
+            continue
+        parsers = _parsers(words[0], words[1:])
+        if not parsers:
+            continue
+        known = {s for p in parsers for a in p._actions for s in a.option_strings}
+        flags = [w.split("=", 1)[0] for w in words[1:] if w.startswith("--")]
+        unknown = [f for f in flags if f not in known]
+        if unknown and words[:2] == ["ehr-pipeline", "run"]:  # the rest go to Beam
+            unknown = [f for f in unknown if f not in _beam_flags(words[2:])]
+        if unknown:
+            problems.append(f"{command}: unknown flag(s) {unknown}")
+    assert not problems, "\n".join(problems)
+
+
+def test_documented_ehr_serve_settings_are_accepted(tmp_path):
+    # What ehr-serve checks before it loads a model (keys, host, limits), for every documented ehr-serve,
+    # run or skipped: a refused setting fails here in seconds (README's example key was too short).
+    from serving import cli
+
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(secrets.token_urlsafe(32) + "\n")
+    checked = 0
+    for command in all_commands():
+        words = shlex.split(command.flat)
+        env = {"EHR_API_KEYS": secrets.token_urlsafe(32)}  # as docs/serving.md's `export` sets it
+        while words and re.match(r"^[A-Za-z_]\w*=", words[0]):
+            name, _, value = words.pop(0).partition("=")
+            env[name] = value
+        if words[:1] != ["ehr-serve"] or "--help" in words:
+            continue
+        argv = [str(keys_file) if previous == "--api-keys-file" else w for previous, w in zip(["", *words], words)]
+        try:
+            cli.settings_from_args(cli.build_parser().parse_args(argv[1:]), env)
+        except cli.SettingsError as err:
+            pytest.fail(f"{command}: ehr-serve refuses it: {err}")
+        checked += 1
+    assert checked >= 5
+
+
+def test_documented_training_configs_and_overrides_load():
+    from ehr_pipeline.yaml_config import read_yaml
+    from model.config import load_config
+    from model.image.config import is_image_config, load_config as load_image_config
+    from model.train_cli import parse_overrides
+
+    checked = 0
+    for command in all_commands():
+        words = _words(command)
+        if words[:1] != ["ehr-train"] or "[" in command.flat:
+            continue
+        config = REPO_ROOT / words[words.index("--config") + 1]
+        sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+        if is_image_config(read_yaml(config)):
+            load_image_config(config)
+        else:
+            load_config(config).with_overrides(**parse_overrides(sets))
+        checked += 1
+    assert checked >= 8
+
+
+# ------------------------------------------------------------------------------ running them
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_on_loopback(text: str, port: int) -> str:
+    """An ehr-serve command bound to 127.0.0.1:port (the documents bind 0.0.0.0 and 8000 or 8080)."""
+    text = re.sub(r"--host \S+", "--host 127.0.0.1", text)
+    return re.sub(r"--port \S+", f"--port {port}", text) if "--port" in text else f"{text} --port {port}"
+
+
+@dataclasses.dataclass
+class DocumentSession:
+    """One document's commands, run in order in one working folder, with the server the last ehr-serve started."""
+
+    work: pathlib.Path
+    env: dict[str, str]
+    server: subprocess.Popen | None = None
+    port: int | None = None
+    ran: int = 0
+    timings: list[str] = dataclasses.field(default_factory=list)  # wall seconds per command
+
+    def run(self, command: Command, entry: Run) -> None:
+        started = time.perf_counter()
+        try:
+            self._run(command, entry)
+        finally:
+            self.timings.append(f"{time.perf_counter() - started:6.1f} s  {command}"[:150])
+
+    def _run(self, command: Command, entry: Run) -> None:
+        text = command.text
+        for old, new in entry.subs:
+            text = text.replace(old, new)
+        words = _words(command)
+        if words[:1] == ["ehr-serve"] and "--help" not in words:
+            return self.start_server(command, text)
+        if words[:1] == ["curl"]:
+            assert self.port, f"{command}: no ehr-serve was started before it in {command.document}"
+            text = re.sub(r"(localhost|127\.0\.0\.1):8000", f"127.0.0.1:{self.port}", text)
+        exported = re.match(r"^export ([A-Za-z_]\w*)=", text)
+        script = f'{text}\nprintf %s "${{{exported.group(1)}}}"' if exported else text
+        proc = subprocess.run(["bash", "-c", script], cwd=self.work, env=self.env, capture_output=True, text=True,
+                              timeout=COMMAND_TIMEOUT_S)
+        assert proc.returncode in entry.exit_codes, \
+            f"{command}\nexit code {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        assert entry.check in proc.stdout, f"{command}\ndid not print {entry.check!r}:\n{proc.stdout[-3000:]}"
+        if exported:
+            self.env[exported.group(1)] = proc.stdout
+        self.ran += 1
+
+    def start_server(self, command: Command, text: str) -> None:
+        self.stop_server()
+        self.port = _free_port()
+        log = self.work / f"ehr-serve-{command.line}.log"
+        with open(log, "wb") as out:
+            self.server = subprocess.Popen(["bash", "-c", serve_on_loopback(text, self.port)], cwd=self.work,
+                                           env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while True:
+            assert self.server.poll() is None, f"{command}\nexited {self.server.returncode}:\n{log.read_text()[-3000:]}"
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"{command}\nnot ready in 300 s:\n{log.read_text()[-3000:]}"
+            time.sleep(0.2)
+        self.ran += 1
+
+    def stop_server(self) -> None:
+        if self.server is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.server.pid, signal.SIGTERM)  # its own session: bash and ehr-serve, nothing else
+        try:
+            self.server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.server.pid, signal.SIGKILL)
+            self.server.wait()
+        self.server = None
+
+
+@pytest.fixture(scope="module")
+def small_release(tmp_path_factory) -> pathlib.Path:
+    """A small synthetic release (120 patients, all 13 tables), for the demo's place when it is missing."""
+    from ehr_pipeline.synth import SynthConfig, write_release
+
+    release = tmp_path_factory.mktemp("small_release") / "release"
+    write_release(SynthConfig(patients=120, seed=0), release, show_progress=False)
+    return release
+
+
+def prepare(work: pathlib.Path, small_release: pathlib.Path, trained_run: pathlib.Path) -> dict[str, str]:
+    """A working folder where the documents' relative paths exist; returns the environment to run in."""
+    (work / "run").mkdir(parents=True)
+    (work / "shared").mkdir()
+    (work / "shared" / "mimic-iii-demo").symlink_to(DEMO_DIR if demo_available() else small_release)
+    (work / "shared" / "synthetic-release").symlink_to(small_release)
+    for name in LINKED:
+        (work / "run" / name).symlink_to(REPO_ROOT / name)
+    for name in TRAINED_RUNS:
+        shutil.copytree(trained_run, work / "run" / "runs" / name, ignore=shutil.ignore_patterns("tensorboard"))
+    (work / "run" / "secrets").mkdir()
+    key = secrets.token_urlsafe(32)
+    (work / "run" / "secrets" / "ehr_keys").write_text(key + "\n")
+    bin_dir = str(pathlib.Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "EHR_API_KEYS": key,
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("PYTHONPATH", None)  # as a reader's shell: the installed package, not the test runner's path
+    return env
+
+
+def run_document(document: pathlib.Path, session: DocumentSession) -> list[str]:
+    """Runs a document's Run commands in order in `session`; returns the commands left for the real demo."""
+    not_run = []
+    try:
+        for command in document_commands(document):
+            entry = classify(command)
+            if not isinstance(entry, Run):
+                continue
+            if entry.needs_demo and not demo_available():
+                not_run.append(str(command))
+                continue
+            session.run(command, entry)
+    finally:
+        session.stop_server()
+    return not_run
+
+
+@pytest.mark.slow
+def test_documented_commands_run_as_written(small_release, trained_rank1, tmp_path):
+    # Two documents at a time: most commands keep one core busy (imports, Python), and each document
+    # has its own folder and server, so the 2-core machine finishes in about half the time. Measured:
+    # 316 s for the 36 commands run, on 2 cores shared with other jobs (load average 3-4), plus the
+    # trained_rank1 fixture the suite builds anyway; -rA prints each command's seconds.
+    runs = {d: sum(isinstance(classify(c), Run) for c in document_commands(d)) for d in DOCUMENTS}
+    documents = sorted((d for d in DOCUMENTS if runs[d]), key=lambda d: -runs[d])  # the longest first
+    failures, not_run, timings = [], [], []
+
+    def one(document: pathlib.Path) -> None:
+        work = tmp_path / document.stem
+        session = DocumentSession(work / "run", prepare(work, small_release, trained_rank1["run"]))
+        try:
+            not_run.extend(run_document(document, session))
+        except AssertionError as err:
+            failures.append(str(err))
+        finally:
+            timings.extend(session.timings)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(one, documents))
+    print("\n".join(timings))  # shown with -rA or -s: what each documented command costs
+    assert not failures, "\n\n".join(failures)
+    if not_run:
+        pytest.skip(f"{len(not_run)} command(s) need the real demo ({DEMO_MISSING}): {not_run}")
