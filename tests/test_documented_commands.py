@@ -134,6 +134,24 @@ COMMANDS: list[Run | Skip] = [
     Run(r"^ehr-pipeline to-fhir --mimic-dir \.\./shared/mimic-iii-demo --hadm-id 142345 --out - ",
         check='"resourceType": "Bundle"', needs_demo=True),
     Run(r"^ehr-pipeline demo --mimic-dir \.\./shared/mimic-iii-demo --out out/demo$", check="Beam job"),
+    Skip(r"^ehr-pipeline run --mimic-dir site-c/ ", "site-c/ stands for another site's release; the README's "
+                                                     "--units-from command runs on synthetic site C",
+         document="docs/units.md"),
+    # ---- MEDS
+    Run(r"^ehr-pipeline to-meds --mimic-dir \.\./shared/mimic-iii-demo --out out/meds$",
+        check="every row accounted for: yes", document="README.md"),
+    Run(r"^ehr-pipeline run --meds-dir out/meds --out out/data-meds$", check="wrote out/data-meds",
+        document="README.md"),
+    Skip(r"^ehr-pipeline (to-meds|run --meds-dir out/meds) ", "the README's same commands run (each document "
+                                                              "runs in its own folder: twice would cost ~40 s)",
+         document="docs/meds.md"),
+    Skip(r"MIMIC_IV_MEDS", "a MIMIC-IV MEDS dataset needs credentialed access; tests/test_meds_e2e.py runs MEDS "
+                           "data nobody here wrote (meds-testing-helpers' sample and generator)"),
+    Skip(r"^aces-cli ", "tests/meds_data.py computes the same task's labels with ACES in the test suite"),
+    Skip(r"^meds-evaluation-cli ", "tests/test_meds_e2e.py scores ehr-eval's predictions.meds.parquet with "
+                                   "meds-evaluation"),
+    Skip(r"^ehr-eval --model runs/(rank1|x)/export --data out/data-meds ",
+         "tests/test_meds_e2e.py runs ehr-eval on MEDS data (~30 s here)"),
     # ---- ehr-train
     Skip(r"^ehr-train ", TRAINING),
     # ---- ehr-eval
@@ -150,8 +168,12 @@ COMMANDS: list[Run | Skip] = [
     Run(r"^ehr-eval --model runs/demo --data out/demo/data --split test --out runs/demo/eval_again$", check="nll"),
     Run(r"^ehr-eval --model runs/site-a/export --data out/site-b-data ", check="nll"),
     Skip(r"^ehr-eval +--run runs/digits_r1 ", "needs the digits run of the ehr-train command before it"),
+    Skip(r"^ehr-eval --model out/medium/", "needs the medium release and a model trained on it (tens of minutes)",
+         document="docs/results.md"),
     Skip(r"^ehr-eval +--run runs/c10 ", "needs CIFAR-10, CIFAR-10-C and a WRN-28-10 run (a GPU)"),
     # ---- ehr-analyze
+    Run(r"^ehr-analyze shift --model runs/site-a/export --data out/site-b-data ", check="shift:",
+        exit_codes=(0, 3)),
     Skip(r"^ehr-analyze posterior-rank --model runs/fully_bayesian --data (out/data|DATA_DIR) --split validation$",
          "needs a trained fully_bayesian run (training is skipped); tests/test_posterior_rank.py runs the command"),
     Skip(r"^ehr-analyze posterior-rank .*\[", SYNOPSIS),
