@@ -24,7 +24,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import ehr_pipeline  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 from bench.image_results import _cell  # noqa: E402
 
 log = logging.getLogger("bench.bella_digits")
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from model.metrics import json_ready
 
-    from ehr_pipeline.cli_args import setup_logging
+    from ehr_base.cli_args import setup_logging
 
     setup_logging()
     if args.seeds < 1:

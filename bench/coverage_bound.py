@@ -39,7 +39,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import ehr_pipeline  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 
 log = logging.getLogger("bench.coverage_bound")
 
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     """Compares the posteriors and writes their section of the results file; returns the exit code."""
     args = build_parser().parse_args(argv)
     from bench.report import command_line, write_section
-    from ehr_pipeline.cli_args import setup_logging
+    from ehr_base.cli_args import setup_logging
 
     setup_logging()
     started = time.time()

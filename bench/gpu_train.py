@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([str(scripts / "ehr-pipeline"), "run", "--mimic-dir", str(mimic), "--out", str(data)],
                        check=True)
 
-    import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
+    import ehr_base  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
     from model import devices
 
     devices.configure(args.devices)  # before any TensorFlow work

@@ -34,7 +34,7 @@ VARIANTS = ("stream", "cached")
 def child(data: str, variant: str, cores: int, batch_size: int, batches: int) -> dict:
     """Times one variant on `cores` cores (run in a fresh process); examples/s, CPU s, bag and token counts."""
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
-    import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
+    import ehr_base  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
     import numpy as np
     import tensorflow as tf
 

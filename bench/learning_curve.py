@@ -37,7 +37,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import ehr_pipeline  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 
 log = logging.getLogger("bench.learning_curve")
 
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     """Fits the curve and writes its section of the results file; returns the exit code."""
     args = build_parser().parse_args(argv)
     from bench.report import command_line, write_section
-    from ehr_pipeline.cli_args import setup_logging
+    from ehr_base.cli_args import setup_logging
 
     setup_logging()
     started = time.time()

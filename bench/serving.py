@@ -28,7 +28,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the repo packages and bench/
 
-import ehr_pipeline  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 import numpy as np  # noqa: E402
 
 from bench import report  # noqa: E402

@@ -33,7 +33,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import ehr_pipeline  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 from bench.report import command_line, write_section  # noqa: E402
 
 log = logging.getLogger("shift_targets")

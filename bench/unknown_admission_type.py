@@ -23,7 +23,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import ehr_pipeline  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 
 log = logging.getLogger("bench.unknown_admission_type")
 

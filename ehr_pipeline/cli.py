@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from ehr_pipeline.cli_args import (OneLineParser, existing_dir, existing_file, output_dir, positive_int, setup_logging,
+from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, output_dir, positive_int, setup_logging,
                                    usage_error)
 
 log = logging.getLogger("ehr_pipeline")
@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="MIMIC-III v1.4 CSV tables -> bagged tf.train.SequenceExample TFRecords.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines, Beam's)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
@@ -188,7 +189,7 @@ def _misuse(args: argparse.Namespace, beam_args: list[str]) -> str | None:
     """What is wrong with the command line beyond single flags (a folder that is no release, a bad
     pipeline config, an unknown Beam runner), or None; checked before any work starts."""
     from ehr_pipeline.config import load_pipeline_config
-    from ehr_pipeline.yaml_config import ConfigError
+    from ehr_base.yaml_config import ConfigError
     from ehr_pipeline.reader import MissingTableError, ReaderError, locate_table
 
     if args.command == "run" and args.meds_dir is None and (args.labels or args.meds_codes):

@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from ehr_pipeline import spec, yaml_config
+from ehr_base import yaml_config
+from ehr_pipeline import spec
 
 # Strict: YAML `1.5` must not quietly become the integer 1, nor `true` the integer 1.
 _StrictInt = Annotated[int, Field(strict=True)]

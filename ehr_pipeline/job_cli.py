@@ -11,7 +11,7 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the job's flags to `parser`."""
-    from ehr_pipeline.cli_args import existing_dir, existing_file, output_dir
+    from ehr_base.cli_args import existing_dir, existing_file, output_dir
 
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--mimic-dir", type=existing_dir,

@@ -34,7 +34,8 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from ehr_pipeline import spec, yaml_config
+from ehr_base import yaml_config
+from ehr_pipeline import spec
 
 SEPARATOR = "//"  # MEDS joins code parts with it
 UNKNOWN_PART = "UNK"  # MEDS-Transforms' text for a null code part

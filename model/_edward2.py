@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
+import ehr_base  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
 
 # setdefault: leave a real module alone if some caller already imported it successfully.
 sys.modules.setdefault("edward2.numpy", None)

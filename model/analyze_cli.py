@@ -27,7 +27,8 @@ import pathlib
 import sys
 from typing import Any, Callable
 
-from ehr_pipeline.cli_args import OneLineParser, existing_dir, output_dir, positive_int, setup_logging, usage_error
+from ehr_base import console
+from ehr_base.cli_args import OneLineParser, existing_dir, output_dir, positive_int, setup_logging, usage_error
 
 log = logging.getLogger("ehr-analyze")
 
@@ -50,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="S posterior samples per example; None = the run's eval.num_samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (the same for every rank)")
     p.add_argument("--out", default=None, type=output_dir, help="output folder; None = RUN_DIR/posterior_rank")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
 
     from model.shift_report import FAIL_ON, SPLITS
 
@@ -76,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--batch-size", type=positive_int, default=64, help="examples per prediction call")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
     return parser
 
 
@@ -177,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `ehr-analyze`; returns the exit code."""
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
-    import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
+    console.load_tensorflow(args.verbose)
 
     if args.command == "shift":
         return shift(args)

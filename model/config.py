@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from ehr_pipeline import yaml_config
-from ehr_pipeline.yaml_config import ConfigError
+from ehr_base import yaml_config
+from ehr_base.yaml_config import ConfigError
 from model.export import MAX_SAMPLES
 from model.posterior import KERNEL_PENALTY_METHODS, PosteriorConfig
 

@@ -17,7 +17,8 @@ import logging
 import pathlib
 import sys
 
-from ehr_pipeline.cli_args import OneLineParser, existing_dir, existing_file, output_dir, setup_logging, usage_error
+from ehr_base import console
+from ehr_base.cli_args import OneLineParser, existing_dir, existing_file, output_dir, setup_logging, usage_error
 
 log = logging.getLogger("model.eval")
 
@@ -85,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "shift.png in --out) compares it with the model's training population; exit with code "
                              "3 when its level reaches this (never: the exit code does not depend on it)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                   help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
     return parser
 
 
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = flag_problem(args)
     if problem:
         return usage_error("ehr-eval", problem)
-    import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
+    console.load_tensorflow(args.verbose)
     from model import evaluate as evaluation
     from model import metrics, report_html
     from model.export import ExportError

@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-import ehr_pipeline
+import ehr_base
 from ehr_pipeline import outputs
 from ehr_pipeline.population import Profile
 from model.export import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
@@ -90,7 +90,7 @@ def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, 
     """The model card dict (fields: model.export's docstring); base: the adapted run of a Bella model (its checksum)."""
     card = {
         "name": name,
-        "version": ehr_pipeline.__version__,
+        "version": ehr_base.__version__,
         "format_version": FORMAT_VERSION,
         "method": method,
         "ensemble_size": int(ensemble_size),

@@ -12,7 +12,8 @@ import argparse
 import logging
 import sys
 
-from ehr_pipeline.cli_args import (OneLineParser, existing_dir, existing_file, output_dir, positive_int,
+from ehr_base import console
+from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, output_dir, positive_int,
                                       setup_logging, usage_error)
 
 log = logging.getLogger("model.train")
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "GPU), gpu or gpu:N; not part of the run's config, so a run resumes on any count")
     parser.add_argument("--no-export", action="store_true", help="stop after training (no evaluation, no export)")
     parser.add_argument("--no-progress", action="store_true", help="hide the tqdm progress bars")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                   help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
     return parser
 
 
@@ -62,7 +64,7 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, object]]:
     """['model.rnn_dim=64', ...] -> {'model': {'rnn_dim': 64}}; values read as YAML scalars."""
     import yaml
 
-    from ehr_pipeline.yaml_config import ConfigError
+    from ehr_base.yaml_config import ConfigError
 
     sections: dict[str, dict[str, object]] = {}
     for item in items:
@@ -93,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         return image_cli.train_main(argv)
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
-    import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
-    from ehr_pipeline.yaml_config import ConfigError
+    console.load_tensorflow(args.verbose)
+    from ehr_base.yaml_config import ConfigError
     from model.config import load_config
 
     try:

@@ -16,7 +16,7 @@ import pathlib
 import shlex
 import sys
 
-import ehr_pipeline  # noqa: F401  (pins the Keras flavour before anything imports TensorFlow)
+import ehr_base  # noqa: F401  (pins the Keras flavour before anything imports TensorFlow)
 from ehr_pipeline.reader import MissingTableError, ReaderError, locate_table
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

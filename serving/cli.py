@@ -12,7 +12,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from ehr_pipeline.cli_args import OneLineParser
+from ehr_base import console
+from ehr_base.cli_args import OneLineParser
 from serving.settings import API_KEYS_ENV, Settings, SettingsError, load_api_keys, make_settings
 
 logger = logging.getLogger("serving")
@@ -142,7 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from serving.predictor import ModelDirError, ServedModel  # after the cheap checks: loading imports TensorFlow
 
-    set_tf_threads(settings.inter_op_threads)
+    # TensorFlow's C++ start-up lines (CUDA probes on a CPU machine) only at --log-level debug.
+    with console.native_stderr_muted(verbose=args.log_level == "debug"):
+        set_tf_threads(settings.inter_op_threads)
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()
     try:
         predictor = ServedModel.load(settings.model_dir, settings.precision)
     except ModelDirError as err:

@@ -12,7 +12,7 @@ import pathlib
 import sys
 import tempfile
 
-import ehr_pipeline  # noqa: F401  (pins the Keras flavour before anything imports TensorFlow)
+import ehr_base  # noqa: F401  (pins the Keras flavour before anything imports TensorFlow)
 
 
 def _iso(seconds: int) -> str:

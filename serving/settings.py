@@ -138,7 +138,7 @@ def make_settings(api_keys: Iterable[str] = (), **kwargs) -> Settings:
     """Settings from plain values; raises SettingsError with one readable line per problem."""
     import pydantic
 
-    from ehr_pipeline.yaml_config import describe_errors
+    from ehr_base.yaml_config import describe_errors
 
     try:
         return Settings(api_keys=tuple(SecretStr(k) for k in api_keys), **kwargs)

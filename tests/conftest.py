@@ -1,4 +1,4 @@
-"""Shared fixtures. Importing ehr_pipeline first pins TF_USE_LEGACY_KERAS for every test."""
+"""Shared fixtures. Importing ehr_base first pins TF_USE_LEGACY_KERAS for every test."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pathlib
 import pytest
 from hypothesis import settings
 
-import ehr_pipeline  # noqa: F401  (sets TF_USE_LEGACY_KERAS before any test imports TensorFlow)
+import ehr_base  # noqa: F401  (sets TF_USE_LEGACY_KERAS before any test imports TensorFlow)
 
 # CI replays the same generated examples on every run, so a submission's result does not depend on
 # which random inputs a run happened to draw; local runs keep exploring new ones.

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from serving.app import create_app
 from serving.predictor import ServedModel
 from serving.settings import make_settings

@@ -12,7 +12,7 @@ import pathlib
 import shutil
 import sys
 
-import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
+import ehr_base  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
 from model import devices
 
 devices.configure("cpu:2")  # first: before any TensorFlow work

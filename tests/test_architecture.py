@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-LAYERS = ("ehr_pipeline", "model", "serving")  # each may import only the ones before it
+LAYERS = ("ehr_base", "ehr_pipeline", "model", "serving")  # each may import only the ones before it
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -177,7 +177,7 @@ def test_bella_needs_a_zero_prior_mean_and_a_shared_batch_norm():
         PosteriorConfig(method="bella", prior_mean=1.0)
     with pytest.raises(ValueError, match="particle_update"):
         PosteriorConfig(method="bella", prior_mean=0.0, particle_update="adam")
-    from ehr_pipeline.yaml_config import ConfigError
+    from ehr_base.yaml_config import ConfigError
     from model.image.config import parse_config
 
     with pytest.raises(ConfigError, match="batch_norm 'shared'"):

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO_ROOT
 from ehr_pipeline import cli as pipeline_cli
-from ehr_pipeline.cli_args import one_line
+from ehr_base.cli_args import one_line
 from ehr_testdata import write_data_dir
 from model import analyze_cli, eval_cli, train_cli
 from serving import cli as serve_cli

@@ -12,7 +12,7 @@ import yaml
 from ehr_pipeline import spec
 from ehr_pipeline.config import (SPLIT_NAMES, BaggingConfig, PipelineConfig, load_pipeline_config,
                                  parse_pipeline_config)
-from ehr_pipeline.yaml_config import ConfigError
+from ehr_base.yaml_config import ConfigError
 
 SHIPPED = pathlib.Path(__file__).resolve().parents[1] / "configs" / "pipeline.yaml"
 

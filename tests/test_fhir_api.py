@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
 
-import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline import cohort as cohort_mod
 from ehr_pipeline import events as ev
 from ehr_pipeline import splits

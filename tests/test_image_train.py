@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from ehr_pipeline.yaml_config import ConfigError
+from ehr_base.yaml_config import ConfigError
 from model import metrics, training_loop
 from model.image import cli
 from model.image import evaluate as evaluation

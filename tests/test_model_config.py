@@ -7,7 +7,7 @@ import pathlib
 import pytest
 import yaml
 
-from ehr_pipeline.yaml_config import ConfigError
+from ehr_base.yaml_config import ConfigError
 from model.config import ExperimentConfig, load_config, parse_config
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"

@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 import tensorflow as tf
 
-import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from model import rank1
 from model._edward2 import ed
 from model.embeddings import StochasticEmbedding

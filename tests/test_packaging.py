@@ -18,12 +18,12 @@ import zipfile
 
 import pytest
 
-import ehr_pipeline
+import ehr_base
 from conftest import REPO_ROOT
 
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 SCRIPTS = PYPROJECT["project"]["scripts"]
-PACKAGES = ("ehr_pipeline", "model", "serving")
+PACKAGES = ("ehr_base", "ehr_pipeline", "model", "serving")
 
 
 def _run(argv, **kw):
@@ -48,10 +48,10 @@ def wheel(tmp_path_factory):
 
 def test_version_is_defined_once_and_the_wheel_carries_it(wheel):
     assert PYPROJECT["project"]["dynamic"] == ["version"] and "version" not in PYPROJECT["project"]
-    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "ehr_pipeline.__version__"}
-    assert wheel.name.startswith(f"ehr_uncertainty-{ehr_pipeline.__version__}-")
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "ehr_base.__version__"}
+    assert wheel.name.startswith(f"ehr_uncertainty-{ehr_base.__version__}-")
     changelog = (REPO_ROOT / "CHANGELOG.md").read_text()
-    assert re.search(rf"^## \[{re.escape(ehr_pipeline.__version__)}\]", changelog, re.M), \
+    assert re.search(rf"^## \[{re.escape(ehr_base.__version__)}\]", changelog, re.M), \
         "CHANGELOG.md has no section for the current version"
 
 

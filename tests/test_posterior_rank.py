@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from model import analyze_cli, rank1
 from model import posterior_rank as pr
 from model.posterior import PosteriorConfig

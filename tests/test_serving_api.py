@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
 
-import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline import ages, bagging, spec, units
 from ehr_pipeline.config import PipelineConfig
 from model import metrics as model_metrics

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from serving.server_process import ServerProcess
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ import sys
 import httpx
 import pytest
 
-import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from serving import cli
 from serving import metrics as metrics_module
 from serving.auth import key_matches

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import ehr_pipeline  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
+import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline import events as ev
 from ehr_pipeline import chunks as chunks_mod
 from ehr_pipeline import spec, transforms

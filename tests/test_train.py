@@ -16,7 +16,7 @@ import tensorflow as tf
 import yaml
 from ehr_testdata import read_json, tiny_config_dict, write_data_dir
 
-from ehr_pipeline.yaml_config import ConfigError
+from ehr_base.yaml_config import ConfigError
 from model.config import parse_config
 from model.train import EXPORT_DIR, load_run, train
 from model.training_loop import BEST_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from ehr_pipeline.cli_args import output_dir, usage_error
+from ehr_base.cli_args import output_dir, usage_error
 from ehr_pipeline.synth.config import DIALECTS, PLANTABLE_TYPES, SynthConfig
 from ehr_pipeline.synth.release import write_release
 from ehr_pipeline.synth.site import SITES

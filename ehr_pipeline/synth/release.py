@@ -11,7 +11,7 @@ import time
 import pyarrow as pa
 from tqdm import tqdm
 
-import ehr_pipeline
+import ehr_base
 from ehr_pipeline import schemas
 from ehr_pipeline.synth import catalog
 from ehr_pipeline.synth.config import (CHUNK_PATIENTS, HADM_ID_BASE, ICUSTAY_ID_BASE, SUBJECT_ID_BASE,
@@ -139,7 +139,7 @@ def _write_manifest(path: pathlib.Path, cfg: SynthConfig, site: Site, model: Mor
     # Only inputs that determine the bytes go in (no timings, no paths): the manifest is
     # itself byte-identical for equal configs.
     doc = {
-        "generator": "ehr_pipeline.synth", "version": ehr_pipeline.__version__,
+        "generator": "ehr_pipeline.synth", "version": ehr_base.__version__,
         "patients": cfg.patients, "seed": cfg.seed, "chunk_patients": CHUNK_PATIENTS,
         "trigger_offset_seconds": cfg.trigger_offset_seconds, "dialect": cfg.dialect, "gzip": cfg.gzip,
         "events_scale": cfg.events_scale, "compresslevel": cfg.compresslevel,

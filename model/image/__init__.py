@@ -12,4 +12,4 @@ evaluation are image-specific.
   evaluate     S samples x K members in one pass; NLL / accuracy / ECE clean and per corruption
   cli          ``train_main`` / ``eval_main``, dispatched to from ``ehr-train`` / ``ehr-eval``
 """
-import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before anything imports TensorFlow)
+import ehr_base  # noqa: F401  (pins TF_USE_LEGACY_KERAS before anything imports TensorFlow)

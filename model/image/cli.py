@@ -16,7 +16,8 @@ import logging
 import pathlib
 import sys
 
-from ehr_pipeline.cli_args import OneLineParser, setup_logging, usage_error
+from ehr_base import console
+from ehr_base.cli_args import OneLineParser, setup_logging, usage_error
 from model.export import MAX_SAMPLES
 
 log = logging.getLogger("model.image")
@@ -35,7 +36,7 @@ def _option_values(argv: list[str], names: tuple[str, ...]) -> list[str]:
 
 def wants_image(argv: list[str] | None = None) -> bool:
     """Whether an ehr-train / ehr-eval command line is about an image model (cheap: reads YAML/JSON only)."""
-    from ehr_pipeline.yaml_config import ConfigError, read_yaml
+    from ehr_base.yaml_config import ConfigError, read_yaml
     from model.image.config import is_image_config
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -57,6 +58,7 @@ def wants_image(argv: list[str] | None = None) -> bool:
 
 def _logging(verbose: bool) -> None:
     setup_logging(verbose)
+    console.load_tensorflow(verbose)
 
 
 def build_train_parser() -> argparse.ArgumentParser:
@@ -84,7 +86,8 @@ def build_train_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-eval", action="store_true", help="stop after training")
     p.add_argument("--no-corruptions", action="store_true", help="evaluate the clean test set only")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
     return p
 
 
@@ -92,8 +95,7 @@ def train_main(argv: list[str] | None = None) -> int:
     """`ehr-train` for image configs; returns the exit code."""
     args = build_train_parser().parse_args(argv)
     _logging(args.verbose)
-    import ehr_pipeline  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
-    from ehr_pipeline.yaml_config import ConfigError
+    from ehr_base.yaml_config import ConfigError
     from model.image.config import load_config
 
     try:
@@ -144,7 +146,8 @@ def build_eval_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="write metrics.json and summary.md here")
     p.add_argument("--no-corruptions", action="store_true", help="evaluate the clean test set only")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
     return p
 
 
@@ -155,8 +158,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     if args.samples is not None and not 1 <= args.samples <= MAX_SAMPLES:
         print(f"ehr-eval: --samples must be in [1, {MAX_SAMPLES}]", file=sys.stderr)
         return 2
-    import ehr_pipeline  # noqa: F401
-    from ehr_pipeline.yaml_config import ConfigError
+    from ehr_base.yaml_config import ConfigError
     from model.image import evaluate as evaluation
     from model.image.train import load_run
 

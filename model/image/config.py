@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from ehr_pipeline import yaml_config
+from ehr_base import yaml_config
 from model.image.corruptions import CIFAR_C_CORRUPTIONS, CORRUPTIONS, SEVERITIES
 from model.config import ExperimentBase
 from model.export import MAX_SAMPLES

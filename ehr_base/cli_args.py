@@ -77,9 +77,17 @@ def positive_int(value: str) -> int:
 
 
 def setup_logging(verbose: bool = False) -> None:
-    """Timestamped logs at INFO (DEBUG when verbose) for every command line tool, with absl/TensorFlow at WARNING."""
+    """Timestamped logs at INFO (DEBUG and every library's notices when verbose) for every command line tool.
+
+    Call it before any heavy import: with ``verbose`` it also lets TensorFlow's C++ runtime speak,
+    which it reads only when it loads (ehr_base.console).
+    """
+    from ehr_base import console
+
+    if verbose:
+        console.verbose_native_logs()
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    # absl/TensorFlow log every tf.data shard and SavedModel input rename at INFO: keep ours readable.
-    for noisy in ("absl", "tensorflow"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # absl/TensorFlow log every tf.data shard and SavedModel input rename at INFO, Beam its BigQuery
+    # and type-hint notices: keep ours readable.
+    console.quiet_library_loggers(verbose)
