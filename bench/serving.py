@@ -147,7 +147,7 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
     import json
     import tempfile
 
-    from ehr_pipeline import spec
+    from ehr_pipeline import seqex_tf, spec
     from ehr_pipeline.config import PipelineConfig
     from model import export_writer, inputs
     from model.config import load_config
@@ -218,7 +218,7 @@ def model_timings(model_dir: pathlib.Path, bodies: list[dict], num_samples: int,
 
     from ehr_pipeline import spec
 
-    offsets = spec.parse_sequence_examples(tf.constant(examples))[spec.BAG_OFFSET]
+    offsets = seqex_tf.parse_sequence_examples(tf.constant(examples))[spec.BAG_OFFSET]
     out["bags"] = [int(n) for n in offsets.row_lengths().numpy()]
     return out
 
@@ -434,7 +434,7 @@ def pass_and_floor(model_dir: pathlib.Path, bodies: list[dict], args: argparse.N
 
     from ehr_pipeline import spec
 
-    steps = int(spec.parse_sequence_examples(tf.constant([one]))[spec.BAG_OFFSET].row_lengths()[0])
+    steps = int(seqex_tf.parse_sequence_examples(tf.constant([one]))[spec.BAG_OFFSET].row_lengths()[0])
     out.update(matmul_floors(units, rows, steps, args.repeats))
     return out
 

@@ -75,7 +75,7 @@ def _prepare(seed: int, args: argparse.Namespace, work: pathlib.Path) -> tuple[p
 def _with_type(records: list[bytes], kind: str) -> list[bytes]:
     import tensorflow as tf
 
-    from ehr_pipeline import spec
+    from ehr_pipeline import seqex, spec
 
     out = []
     for record in records:
@@ -100,7 +100,7 @@ def measure(release: pathlib.Path, data: pathlib.Path, export_dir: pathlib.Path,
     export = load_export(export_dir)
     counts = export.files.admission_types
     records, _, hadm_ids = read_split(load_data_files(data), "test")
-    kinds = np.array([spec.sequence_example_to_dict(r)[spec.ADMISSION_TYPE] for r in records])
+    kinds = np.array([seqex.sequence_example_to_dict(r)[spec.ADMISSION_TYPE] for r in records])
     allocation = admission_type.allocate(counts, samples)
     mixture = admission_type.mixed([predict_probs(export, _with_type(records, t), n, seed) for t, n in allocation])
     frequent = max(counts, key=lambda t: counts[t])

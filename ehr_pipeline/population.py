@@ -103,11 +103,13 @@ def admissions_from_examples(records: Sequence[bytes], mutual_information: Seque
     """Admissions of serialized SequenceExamples (the job's records), optionally with the model's MI per record."""
     import tensorflow as tf
 
+    from ehr_pipeline import seqex_tf  # TensorFlow: only when records are parsed
+
     if mutual_information is not None and len(mutual_information) != len(records):
         raise ValueError(f"{len(mutual_information)} mutual information values for {len(records)} records")
     out: list[Admission] = []
     for start in range(0, len(records), batch_size):
-        parsed = spec.parse_sequence_examples(tf.constant(list(records[start:start + batch_size])))
+        parsed = seqex_tf.parse_sequence_examples(tf.constant(list(records[start:start + batch_size])))
         codes = parsed[spec.BAG_CODES]
         per_example, per_bag = (s.numpy() for s in codes.nested_row_splits)
         flat = {key: parsed[key].flat_values.numpy() for key in (spec.BAG_CODES, spec.BAG_COUNTS,

@@ -1,23 +1,21 @@
 """The SequenceExample spec: the one contract between the Beam job, the trainer and the service.
 
-One ``tf.train.SequenceExample`` per hospital admission. Context features describe the
+One ``tensorflow.SequenceExample`` per hospital admission. Context features describe the
 admission; each step of the sequence is one time bag (oldest first). Within a bag, the
 per-code lists (codes, counts, numeric aggregates) are aligned index by index.
 
-This module must stay cheap to import: no Beam, no Keras. TensorFlow is imported lazily,
-only by the functions that build or parse protos.
+This module holds the contract only: feature names and types, allowed values, file names, and
+``AdmissionContext``, the admission-level fields that the job and the service both build.
+It imports nothing of the project, no TensorFlow and no Beam. ``ehr_pipeline.seqex`` writes
+the protos (protobuf alone), ``ehr_pipeline.seqex_tf`` parses them for training (TensorFlow).
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import re
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # only for annotations: importing TensorFlow here would make spec heavy
-    import tensorflow as tf
-
-    from ehr_pipeline.bagging import Bags
+from collections.abc import Mapping
+from typing import Any
 
 # 2: per-code value_min / value_max and the admission's start (admit_offset_seconds).
 # 3: ethnicity and insurance as ADMISSIONS records them (for subgroup reports, never model inputs).
@@ -93,12 +91,12 @@ TFRECORD_SUFFIX = ".tfrecord.gz"  # Beam infers GZIP from ".gz" (compression AUT
 SHARD_NAME_TEMPLATE = "-SSSSS-of-NNNNN"
 _SHARD_DIGITS = 5
 
-# Keys make_sequence_example takes from the caller (NUM_BAGS is derived from the bags).
+# The context's keys that AdmissionContext holds (NUM_BAGS is derived from the bags).
 CONTEXT_INPUT_KEYS = (SUBJECT_ID, HADM_ID, LABEL, TRIGGER_TIME, ADMIT_OFFSET, AGE_YEARS, GENDER,
                       ADMISSION_TYPE, ETHNICITY, INSURANCE)
 SEQUENCE_KEYS = SEQUENCE_FLOAT + SEQUENCE_INT + SEQUENCE_BYTES
 # Sequence features that hold exactly one value per bag; the others hold one per code.
-_ONE_PER_BAG = (BAG_OFFSET,)
+ONE_PER_BAG = (BAG_OFFSET,)
 
 
 def code_text(code: object) -> str:
@@ -146,20 +144,45 @@ def _check_split(split: str) -> None:
         raise ValueError(f"split name must be letters, digits or '_', got {split!r}")
 
 
-def _tf():
-    """TensorFlow, imported on first use only, so importing spec stays cheap."""
-    import tensorflow as tf
+@dataclasses.dataclass(frozen=True)
+class AdmissionContext:
+    """One admission's context features (times in seconds), checked against the contract when built.
 
-    return tf
+    The Beam job builds it from the cohort row, the service from a request; both hand it to
+    ``seqex.serialize`` so the two cannot assemble the context differently.
+    """
+
+    subject_id: int
+    hadm_id: int
+    label: int  # 0, 1 or LABEL_UNKNOWN
+    trigger_time: int  # seconds since 1970-01-01
+    admit_offset_seconds: int  # trigger time minus admission time (>= 0)
+    age_years: float  # in [0, AGE_CAP_YEARS]
+    gender: str  # one of GENDERS
+    admission_type: str
+    ethnicity: str = NOT_RECORDED
+    insurance: str = NOT_RECORDED
+
+    def __post_init__(self) -> None:
+        _check_context(self.features())
+
+    def features(self) -> dict[str, Any]:
+        """{feature name: value} for CONTEXT_INPUT_KEYS, in that order (the fields are named as the features)."""
+        return {key: getattr(self, key) for key in CONTEXT_INPUT_KEYS}
+
+    @classmethod
+    def from_features(cls, features: Mapping[str, Any]) -> AdmissionContext:
+        """An AdmissionContext from {feature name: value}; ValueError names missing or unknown keys."""
+        missing = [k for k in CONTEXT_INPUT_KEYS if k not in features]
+        unknown = sorted(set(features) - set(CONTEXT_INPUT_KEYS))
+        if missing or unknown:
+            hint = f" ({NUM_BAGS} is filled from the bags)" if NUM_BAGS in unknown else ""
+            raise ValueError(f"context keys: missing {missing}, unknown {unknown}{hint}")
+        return cls(**{key: features[key] for key in CONTEXT_INPUT_KEYS})
 
 
 def _check_context(context: Mapping[str, Any]) -> None:
     """Raises ValueError/TypeError naming the first context key that breaks the contract."""
-    missing = [k for k in CONTEXT_INPUT_KEYS if k not in context]
-    unknown = sorted(set(context) - set(CONTEXT_INPUT_KEYS))
-    if missing or unknown:
-        hint = f" ({NUM_BAGS} is filled from the bags)" if NUM_BAGS in unknown else ""
-        raise ValueError(f"context keys: missing {missing}, unknown {unknown}{hint}")
     for key in CONTEXT_INPUT_KEYS:
         value = context[key]
         if key in CONTEXT_INT and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
@@ -178,141 +201,3 @@ def _check_context(context: Mapping[str, Any]) -> None:
     if not 0.0 <= context[AGE_YEARS] <= AGE_CAP_YEARS:  # also false for NaN
         raise ValueError(f"context[{AGE_YEARS!r}] must be in [0, {AGE_CAP_YEARS}], "
                          f"got {context[AGE_YEARS]!r}")
-
-
-def make_sequence_example(context: Mapping[str, Any], bags: Bags) -> tf.train.SequenceExample:
-    """One admission's SequenceExample: context keys CONTEXT_INPUT_KEYS, one step per bag (offsets, s)."""
-    tf = _tf()
-    _check_context(context)
-    example = tf.train.SequenceExample()
-    ctx = example.context.feature
-    for key in CONTEXT_INT:
-        ctx[key].int64_list.value.append(bags.num_bags if key == NUM_BAGS else int(context[key]))
-    for key in CONTEXT_FLOAT:
-        ctx[key].float_list.value.append(float(context[key]))
-    for key in CONTEXT_BYTES:
-        ctx[key].bytes_list.value.append(context[key].encode("utf-8"))
-
-    lists = example.feature_lists.feature_list
-    for key in SEQUENCE_KEYS:
-        lists[key].SetInParent()  # present even with zero bags: readers see an empty sequence
-    codes = [c.encode("utf-8") for c in bags.codes]
-    counts, value_count = bags.counts.tolist(), bags.value_count.tolist()
-    per_code_floats = [(key, getattr(bags, key).tolist())
-                       for key in (BAG_VALUE_MEAN, BAG_VALUE_LAST, BAG_VALUE_MIN, BAG_VALUE_MAX)]
-    for i in range(bags.num_bags):  # a loop over bags (tens), not over events
-        s = bags.bag_slice(i)
-        lists[BAG_OFFSET].feature.add().float_list.value.append(float(bags.offset_seconds[i]))
-        lists[BAG_CODES].feature.add().bytes_list.value.extend(codes[s])
-        lists[BAG_COUNTS].feature.add().int64_list.value.extend(counts[s])
-        lists[BAG_VALUE_COUNT].feature.add().int64_list.value.extend(value_count[s])
-        for key, column in per_code_floats:
-            lists[key].feature.add().float_list.value.extend(column[s])
-    return example
-
-
-def feature_spec() -> tuple[dict[str, Any], dict[str, Any]]:
-    """(context_features, sequence_features) for tf.io.parse_sequence_example."""
-    tf = _tf()
-    context: dict[str, Any] = {}
-    for keys, dtype in ((CONTEXT_INT, tf.int64), (CONTEXT_FLOAT, tf.float32), (CONTEXT_BYTES, tf.string)):
-        context.update({k: tf.io.FixedLenFeature([], dtype, default_value=CONTEXT_DEFAULTS.get(k)) for k in keys})
-    sequence: dict[str, Any] = {}
-    for keys, dtype in ((SEQUENCE_INT, tf.int64), (SEQUENCE_FLOAT, tf.float32), (SEQUENCE_BYTES, tf.string)):
-        for k in keys:
-            # One value per bag parses densely (and fails loudly on any other count); the
-            # per-code lists vary in length, so they parse ragged.
-            sequence[k] = (tf.io.FixedLenSequenceFeature([], dtype, allow_missing=True)
-                           if k in _ONE_PER_BAG else tf.io.RaggedFeature(dtype, row_splits_dtype=tf.int64))
-    return context, sequence
-
-
-def parse_sequence_examples(serialized_batch: tf.Tensor) -> dict[str, tf.Tensor | tf.RaggedTensor]:
-    """Parses a [batch] string tensor into model-ready tensors keyed by the spec's feature names.
-
-    Context features are dense [batch]. BAG_OFFSET (seconds, float32) is ragged
-    [batch, (bags)]; the per-code features are ragged [batch, (bags), (codes)] and share one
-    row partition, so they line up index by index. NUM_BAGS equals the bag row lengths.
-    """
-    tf = _tf()
-    context_spec, sequence_spec = feature_spec()
-    context, sequence, lengths = tf.io.parse_sequence_example(serialized_batch, context_spec, sequence_spec)
-    num_bags = context[NUM_BAGS]
-    codes = sequence[BAG_CODES]
-    # Eagerly these raise at once; inside tf.function / tf.data, TF runs stateful ops such as
-    # assertions in program order, so no control dependencies are needed.
-    tf.debugging.assert_equal(lengths[BAG_OFFSET], num_bags, message=f"{NUM_BAGS} != bags")
-    tf.debugging.assert_equal(codes.row_lengths(), num_bags, message=f"{NUM_BAGS} != {BAG_CODES} bags")
-    out: dict[str, Any] = dict(context)
-    out[BAG_OFFSET] = tf.RaggedTensor.from_tensor(sequence[BAG_OFFSET], lengths=num_bags)
-    for key in SEQUENCE_KEYS:
-        if key in _ONE_PER_BAG:
-            continue
-        for mine, theirs in zip(sequence[key].nested_row_splits, codes.nested_row_splits):
-            tf.debugging.assert_equal(mine, theirs, message=f"{key} not aligned with {BAG_CODES}")
-        # One shared partition object: ragged ops then accept the features together.
-        out[key] = codes.with_flat_values(sequence[key].flat_values)
-    return out
-
-
-def make_dataset(
-    file_pattern: str | Iterable[str],
-    batch_size: int,
-    *,
-    shuffle: bool = False,
-    shuffle_buffer: int = 1024,
-    seed: int | None = None,
-    repeat: bool = False,
-    drop_remainder: bool = False,
-) -> tf.data.Dataset:
-    """tf.data over GZIP TFRecord shards yielding parse_sequence_examples dicts; files read sorted."""
-    tf = _tf()
-    patterns = [file_pattern] if isinstance(file_pattern, str) else list(file_pattern)
-    files = sorted({f for p in patterns for f in tf.io.gfile.glob(p)})
-    if not files:
-        raise FileNotFoundError(f"no TFRecord files match {patterns}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if shuffle:
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    # Interleaving several files keeps reads parallel; tf.data stays deterministic by default.
-    ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, compression_type=COMPRESSION),
-                       cycle_length=min(len(files), 4), num_parallel_calls=tf.data.AUTOTUNE)
-    if shuffle:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        ds = ds.repeat()
-    # Batch the serialized protos first: one vectorised parse per batch is much cheaper.
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    ds = ds.map(parse_sequence_examples, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE)
-
-
-def sequence_example_to_dict(proto: tf.train.SequenceExample | bytes) -> dict[str, Any]:
-    """Plain-Python view of one SequenceExample, for debugging and tests.
-
-    Context features become scalars (bytes decoded to str); sequence features become one
-    list per bag, except BAG_OFFSET, which becomes one float (seconds) per bag.
-    """
-    tf = _tf()
-    if isinstance(proto, bytes):
-        proto = tf.train.SequenceExample.FromString(proto)
-    out: dict[str, Any] = {}
-    for key, feature in sorted(proto.context.feature.items()):
-        values = _feature_values(feature)
-        scalar = key in CONTEXT_INT + CONTEXT_FLOAT + CONTEXT_BYTES and len(values) == 1
-        out[key] = values[0] if scalar else values
-    for key, feature_list in sorted(proto.feature_lists.feature_list.items()):
-        steps = [_feature_values(f) for f in feature_list.feature]
-        out[key] = [s[0] for s in steps] if key in _ONE_PER_BAG else steps
-    return out
-
-
-def _feature_values(feature: Any) -> list[Any]:
-    """The values of one tf.train.Feature, whichever list kind it holds."""
-    kind = feature.WhichOneof("kind")
-    if kind is None:
-        return []
-    values = list(getattr(feature, kind).value)
-    return [v.decode("utf-8") for v in values] if kind == "bytes_list" else values

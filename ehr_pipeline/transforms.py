@@ -242,7 +242,7 @@ class BagExample(beam.DoFn):
         return self._harmoniser
 
     def process(self, element, plan):
-        from ehr_pipeline import bagging, spec, splits, vocab
+        from ehr_pipeline import bagging, seqex, spec, splits, vocab
 
         hadm, items = element
         meta, chunks = None, []
@@ -266,14 +266,12 @@ class BagExample(beam.DoFn):
         # events: the canonical order keeps them independent of the shuffle's chunk order.
         times, codes, values = bagging.canonical_order(times, codes, harmonised.values)
         bags = bagging.bag_events(times, codes, values, meta["trigger_time"], cfg.bagging)
-        context = {
-            spec.SUBJECT_ID: meta["SUBJECT_ID"], spec.HADM_ID: hadm, spec.LABEL: meta["label"],
-            spec.TRIGGER_TIME: meta["trigger_time"], spec.ADMIT_OFFSET: meta["trigger_time"] - meta["ADMITTIME"],
-            spec.AGE_YEARS: meta["age_years"],
-            spec.GENDER: meta["gender"], spec.ADMISSION_TYPE: meta["admission_type"],
-            spec.ETHNICITY: meta["ethnicity"], spec.INSURANCE: meta["insurance"],
-        }
-        record = spec.make_sequence_example(context, bags).SerializeToString(deterministic=True)
+        context = spec.AdmissionContext(
+            subject_id=meta["SUBJECT_ID"], hadm_id=hadm, label=meta["label"], trigger_time=meta["trigger_time"],
+            admit_offset_seconds=meta["trigger_time"] - meta["ADMITTIME"], age_years=meta["age_years"],
+            gender=meta["gender"], admission_type=meta["admission_type"], ethnicity=meta["ethnicity"],
+            insurance=meta["insurance"])
+        record = seqex.serialize(context, bags)
         # A MEDS dataset names each subject's split (subject_splits.parquet); MIMIC-III's is hashed.
         split = meta.get("split") or splits.assign_split(meta["SUBJECT_ID"], cfg.splits.model_dump(), cfg.split_salt)
         shard = splits.shard_of(hadm, getattr(cfg.num_shards, split))

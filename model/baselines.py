@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from ehr_pipeline import spec
+from ehr_pipeline import seqex_tf, spec
 from model import metrics
 from model.inputs import DataFiles, Featurizer, load_data_files, read_split
 
@@ -111,7 +111,7 @@ def read_features(files: DataFiles, split: str, featurizer: Featurizer | None = 
 
     featurizer = featurizer or Featurizer.from_data_files(files, window_hours)
     records, labels, hadm_ids = read_split(files, split)
-    blocks = [featurizer(spec.parse_sequence_examples(tf.constant(records[start:start + _PARSE_BATCH])))
+    blocks = [featurizer(seqex_tf.parse_sequence_examples(tf.constant(records[start:start + _PARSE_BATCH])))
               ["window_aggregates"].numpy() for start in range(0, len(records), _PARSE_BATCH)]
     x = np.concatenate(blocks) if blocks else np.zeros((0, featurizer.window_aggregate_dim), np.float32)
     return SplitFeatures(np.asarray(hadm_ids, np.int64), np.asarray(labels, np.int64), x)

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ehr_pipeline import outputs, spec
+from ehr_pipeline import outputs, seqex_tf, spec
 from ehr_pipeline.config import parse_pipeline_config
 
 # MIMIC-III ADMISSIONS.ADMISSION_TYPE values; anything else maps to one extra "other" slot.
@@ -105,7 +105,7 @@ def load_data_files(data_dir: str | os.PathLike[str]) -> DataFiles:
 
 
 class Featurizer(tf.Module):
-    """Parsed SequenceExample batch (spec.parse_sequence_examples) -> model tensors."""
+    """Parsed SequenceExample batch (seqex_tf.parse_sequence_examples) -> model tensors."""
 
     def __init__(self, vocabulary: Mapping[str, list[str]], numeric_stats: Mapping[str, Mapping[str, float]],
                  clip_z: float = DEFAULT_CLIP_Z, window_hours: float | None = None, name: str | None = None):
@@ -309,13 +309,13 @@ def dataset(files: DataFiles, featurizer: Featurizer, split: str, batch_size: in
         return feats, tf.cast(feats["label"], tf.float32)
 
     if training and cache:
-        ds = spec.make_dataset(files.split_pattern(split), batch_size, shuffle=True, seed=seed,
+        ds = seqex_tf.make_dataset(files.split_pattern(split), batch_size, shuffle=True, seed=seed,
                                shuffle_buffer=shuffle_buffer, drop_remainder=True)
         ds = ds.map(to_model, num_parallel_calls=tf.data.AUTOTUNE).cache()
         batches = max(1, int(files.num_examples(split) or 0) // batch_size)
         ds = ds.shuffle(batches, seed=seed, reshuffle_each_iteration=True).repeat()
         return ds.prefetch(tf.data.AUTOTUNE)
-    ds = spec.make_dataset(files.split_pattern(split), batch_size, shuffle=training, seed=seed,
+    ds = seqex_tf.make_dataset(files.split_pattern(split), batch_size, shuffle=training, seed=seed,
                            shuffle_buffer=shuffle_buffer, repeat=training, drop_remainder=training)
     return ds.map(to_model, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
@@ -340,7 +340,7 @@ def example_ids(records: list[bytes]) -> tuple[list[int], list[int]]:
     """(subject ids, trigger times in s) of serialized examples: a MEDS label row's (subject_id, prediction_time)."""
     if not records:
         return [], []
-    parsed = spec.parse_sequence_examples(tf.constant(records))
+    parsed = seqex_tf.parse_sequence_examples(tf.constant(records))
     return parsed[spec.SUBJECT_ID].numpy().tolist(), parsed[spec.TRIGGER_TIME].numpy().tolist()
 
 
@@ -354,7 +354,7 @@ def read_split(files: DataFiles, split: str) -> tuple[list[bytes], list[int], li
         records.append(bytes(record.numpy()))
     if not records:
         return [], [], []
-    parsed = spec.parse_sequence_examples(tf.constant(records))
+    parsed = seqex_tf.parse_sequence_examples(tf.constant(records))
     return records, parsed[spec.LABEL].numpy().tolist(), parsed[spec.HADM_ID].numpy().tolist()
 
 
@@ -385,7 +385,7 @@ def read_split_cases(files: DataFiles, split: str) -> SplitCases:
         empty = np.zeros(0, np.int64)
         return SplitCases(empty, empty, {k: np.zeros(0, object) for k in CASE_ATTRIBUTES}, empty, empty,
                           {s: np.zeros(0, bool) for s in spec.SOURCES})
-    parsed = spec.parse_sequence_examples(tf.constant(records))
+    parsed = seqex_tf.parse_sequence_examples(tf.constant(records))
     attributes = {}
     for key in CASE_ATTRIBUTES:
         values = parsed[key].numpy()

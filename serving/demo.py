@@ -21,12 +21,12 @@ def _iso(seconds: int) -> str:
 
 def first_test_admission(data_dir: pathlib.Path) -> tuple[int, int]:
     """(SUBJECT_ID, HADM_ID) of the first example of the test split."""
-    from ehr_pipeline import spec, tfrecord
+    from ehr_pipeline import seqex, spec, tfrecord
 
     for path in sorted(data_dir.glob(spec.split_file_pattern("test"))):
         with open(path, "rb") as f:
             for rec in tfrecord.read_records(f):
-                ex = spec.sequence_example_to_dict(rec)
+                ex = seqex.sequence_example_to_dict(rec)
                 return ex[spec.SUBJECT_ID], ex[spec.HADM_ID]
     raise SystemExit(f"no test examples in {data_dir}")
 

@@ -6,7 +6,7 @@ Training/serving skew is the bug this module exists to prevent: codes are normal
 (which applies each source's known-time rule and does not depend on the event order) with the
 export's own bagging config, the age is
 computed by ``ehr_pipeline.ages`` at the admission time (as the cohort builder does), and the
-proto is built by ``ehr_pipeline.spec.make_sequence_example``. Nothing here re-implements
+record is written by ``ehr_pipeline.seqex.serialize`` from a ``spec.AdmissionContext``, as the job writes it. Nothing here re-implements
 any of them.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import datetime as dt
 
 import numpy as np
 
-from ehr_pipeline import ages, bagging, meds_codes, population, spec, units
+from ehr_pipeline import ages, bagging, meds_codes, population, seqex, spec, units
 from model.export import Export
 from serving.schemas import PredictRequest
 
@@ -119,21 +119,13 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
     values = harmonised.values
     bags = bagging.bag_events(times, codes, values, trigger, pipeline.bagging)
 
-    context = {
-        spec.SUBJECT_ID: _SERVING_ID,
-        spec.HADM_ID: _SERVING_ID,
-        spec.LABEL: spec.LABEL_UNKNOWN,
-        spec.TRIGGER_TIME: trigger,
-        spec.ADMIT_OFFSET: trigger - admit,
-        spec.AGE_YEARS: age,
-        spec.GENDER: patient.gender,
-        spec.ADMISSION_TYPE: request.admission.admission_type,
-        # Recorded for subgroup reports of the training data; a request does not carry them.
-        spec.ETHNICITY: spec.NOT_RECORDED,
-        spec.INSURANCE: spec.NOT_RECORDED,
-    }
-    # deterministic=True, as the job writes it: the same admission gives the same bytes.
-    example = spec.make_sequence_example(context, bags).SerializeToString(deterministic=True)
+    # Ethnicity and insurance stay NOT_RECORDED: a request does not carry them (they serve the
+    # training data's subgroup reports, never the model).
+    context = spec.AdmissionContext(
+        subject_id=_SERVING_ID, hadm_id=_SERVING_ID, label=spec.LABEL_UNKNOWN, trigger_time=trigger,
+        admit_offset_seconds=trigger - admit, age_years=age, gender=patient.gender,
+        admission_type=request.admission.admission_type)
+    example = seqex.serialize(context, bags)  # the job's writer: the same admission gives the same bytes
 
     # Only codes the model actually sees (kept bags) can be out of its vocabulary.
     unknown = sorted(set(bags.codes.tolist()) - export.vocabulary)

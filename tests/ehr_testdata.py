@@ -14,7 +14,7 @@ import pathlib
 
 import numpy as np
 
-from ehr_pipeline import bagging, outputs, spec, vocab
+from ehr_pipeline import bagging, outputs, seqex, spec, vocab
 from ehr_pipeline.config import PipelineConfig
 from ehr_pipeline.tfrecord import write_records
 
@@ -85,7 +85,7 @@ def write_data_dir(out: str | os.PathLike[str], sizes=(("train", 160), ("validat
             context, bags, p_death, codes, values, _ = _admission(rng, hadm, rare_codes=split != "train", scale=scale)
             for code in units or {}:
                 unit_rows[code] = unit_rows.get(code, 0) + int(np.count_nonzero(np.asarray(codes, dtype=object) == code))
-            records.append(spec.make_sequence_example(context, bags).SerializeToString())
+            records.append(seqex.make_sequence_example(context, bags).SerializeToString())
             positives += context[spec.LABEL]
             truth_rows.append((hadm, p_death))
             if split == "train":

@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ehr_pipeline import spec
+from ehr_pipeline import seqex, seqex_tf, spec
 from ehr_pipeline.config import PipelineConfig
 
 FIXTURE_NAME = "TEST-FIXTURE-not-a-clinical-model"
@@ -72,7 +72,7 @@ def _fixture_module(ensemble_size: int, output_scale: float, bfloat16_offset: fl
             tf.TensorSpec([], tf.int64, name="seed"),
         ])
         def serve(self, examples, num_samples, seed):
-            parsed = spec.parse_sequence_examples(examples)
+            parsed = seqex_tf.parse_sequence_examples(examples)
             counts = tf.cast(parsed[spec.BAG_COUNTS], tf.float32)
             total = tf.reduce_sum(tf.reduce_sum(counts, axis=-1), axis=-1)  # events per admission
             age = parsed[spec.AGE_YEARS]
@@ -234,7 +234,7 @@ def _write_train_split(data_dir: pathlib.Path, admission_types: Mapping[str, int
 
     bags = bagging.bag_events(np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0), 86_400,
                               PipelineConfig().bagging)
-    records = [spec.make_sequence_example({
+    records = [seqex.make_sequence_example({
         spec.SUBJECT_ID: n, spec.HADM_ID: n, spec.LABEL: 0, spec.TRIGGER_TIME: 86_400, spec.ADMIT_OFFSET: 86_400,
         spec.AGE_YEARS: 60.0, spec.GENDER: "F", spec.ADMISSION_TYPE: kind, spec.ETHNICITY: spec.NOT_RECORDED,
         spec.INSURANCE: spec.NOT_RECORDED}, bags).SerializeToString()

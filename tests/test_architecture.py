@@ -124,12 +124,21 @@ def test_import_graph_reads_lazy_imports_and_skips_type_checking_ones():
     graph = import_graph()
     assert "model.export" in graph["model.predict"]  # module-level
     assert "model.predict" in graph["serving.predictor"]  # inside ServedModel.forward
-    assert "ehr_pipeline.bagging" not in graph["ehr_pipeline.spec"]  # only under TYPE_CHECKING
+    assert "ehr_pipeline.spec" in graph["ehr_pipeline.bagging"]  # `from ehr_pipeline import spec`
+    planted = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ehr_pipeline import bagging\n"
+                        "from ehr_pipeline import spec\n")
+    assert _imported_names(planted, "x", False, _modules()) == {"typing", "ehr_pipeline.spec"}
 
 
 def test_no_import_cycles_between_project_modules():
     cycles = [sorted(c) for c in strongly_connected(import_graph())]
     assert not cycles, f"import circles between project modules: {cycles}"
+
+
+def test_the_spec_is_the_bottom_of_the_data_layer():
+    # The contract every other module reads: it may import nothing of the project, so no
+    # circle can pass through it (bagging -> config -> spec -> bagging was one).
+    assert not import_graph()["ehr_pipeline.spec"]
 
 
 def test_nothing_imports_upward():

@@ -10,7 +10,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from ehr_pipeline import spec
+from ehr_pipeline import seqex, spec
 from model import baselines, inputs
 
 
@@ -20,7 +20,7 @@ def data(tmp_path_factory):
 
 
 def _naive_features(ex: dict, files: inputs.DataFiles, window_hours: float) -> dict[str, float]:
-    """The aggregates of one example by column name, one token at a time, from spec.sequence_example_to_dict."""
+    """The aggregates of one example by column name, one token at a time, from seqex.sequence_example_to_dict."""
     vocabulary = {c for codes in files.vocabulary.values() for c in codes}
     stats = files.numeric_stats
     out: dict[str, float] = {}
@@ -61,7 +61,7 @@ def test_aggregates_match_a_per_token_loop(data, window_hours):
     names = inputs.Featurizer.from_data_files(files, window_hours).window_aggregate_names()
     assert features.x.shape == (len(records), len(names))
     expected = np.array([[naive.get(name, 0.0) for name in names] for naive in
-                         (_naive_features(spec.sequence_example_to_dict(r), files, window_hours) for r in records)])
+                         (_naive_features(seqex.sequence_example_to_dict(r), files, window_hours) for r in records)])
     np.testing.assert_allclose(features.x, expected, rtol=1e-5, atol=1e-5)
     window, history = (features.x[:, [i for i, n in enumerate(names) if n.startswith(side)]]
                        for side in ("window_log_count", "history_log_count"))

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from ehr_testdata import tiny_config_dict, write_data_dir
 
-from ehr_pipeline import bagging, spec
+from ehr_pipeline import bagging, seqex, seqex_tf, spec
 from ehr_pipeline.config import PipelineConfig
 from model import inputs, losses, metrics, rank1
 from model import train as train_module
@@ -30,7 +30,7 @@ def data(tmp_path_factory):
 
 
 def _features(featurizer, records):
-    return featurizer(spec.parse_sequence_examples(tf.constant(records)))
+    return featurizer(seqex_tf.parse_sequence_examples(tf.constant(records)))
 
 
 def _model(featurizer, method, **model):
@@ -46,7 +46,7 @@ def _example(codes, values, trigger=1_000_000, age=70.0, gender="F", adm="URGENT
     context = {spec.SUBJECT_ID: 1, spec.HADM_ID: 2, spec.LABEL: 0, spec.TRIGGER_TIME: trigger,
                spec.ADMIT_OFFSET: 86400, spec.AGE_YEARS: age, spec.GENDER: gender, spec.ADMISSION_TYPE: adm,
                spec.ETHNICITY: "WHITE", spec.INSURANCE: "Medicare"}
-    return spec.make_sequence_example(context, bags).SerializeToString()
+    return seqex.make_sequence_example(context, bags).SerializeToString()
 
 
 def test_featurizer_looks_up_codes_zscores_values_and_encodes_context():
@@ -57,7 +57,7 @@ def test_featurizer_looks_up_codes_zscores_values_and_encodes_context():
                       [2.5, 99.0, 4.0, np.nan, np.nan])
     feats = _features(fz, [record])
     ids = feats["code_ids"].flat_values.numpy()  # one bag; codes sorted: chart:211, lab:50813, lab:77777
-    codes = spec.sequence_example_to_dict(record)[spec.BAG_CODES][0]
+    codes = seqex.sequence_example_to_dict(record)[spec.BAG_CODES][0]
     assert codes == ["chart:211", "lab:50813", "lab:77777"]
     # Sorted sources give chart the first vocabulary id; an unknown lab gets the lab OOV id.
     assert ids.tolist() == [fz.num_oov, fz.num_oov + 1, spec.SOURCES.index("lab")]
@@ -248,7 +248,7 @@ def test_featurizer_gives_extremes_and_the_admission_window(data):
     context = {spec.SUBJECT_ID: 1, spec.HADM_ID: 2, spec.LABEL: 0, spec.TRIGGER_TIME: trigger,
                spec.ADMIT_OFFSET: 86400, spec.AGE_YEARS: 60.0, spec.GENDER: "M", spec.ADMISSION_TYPE: "URGENT",
                spec.ETHNICITY: spec.NOT_RECORDED, spec.INSURANCE: spec.NOT_RECORDED}
-    feats = _features(featurizer, [spec.make_sequence_example(context, bags).SerializeToString()])
+    feats = _features(featurizer, [seqex.make_sequence_example(context, bags).SerializeToString()])
     values = feats["code_values"].flat_values.numpy()  # [2 tokens, NUM_VALUE_FEATURES], oldest bag first
     newest = values[1]
     z_mean, z_last, z_min, z_max = newest[:4]
@@ -258,7 +258,7 @@ def test_featurizer_gives_extremes_and_the_admission_window(data):
 
 def test_only_a_featurizer_with_a_window_writes_window_aggregates(data):
     files, plain, records, _ = data
-    parsed = spec.parse_sequence_examples(tf.constant(records))
+    parsed = seqex_tf.parse_sequence_examples(tf.constant(records))
     assert "window_aggregates" not in plain(parsed)
     windowed = inputs.Featurizer.from_data_files(files, window_hours=48.0)(parsed)["window_aggregates"]
     assert windowed.shape == (len(records), inputs.Featurizer.from_data_files(files).window_aggregate_dim)

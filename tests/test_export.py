@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from ehr_testdata import read_json, tiny_config_dict
 
-from ehr_pipeline import spec, tfrecord
+from ehr_pipeline import seqex, spec, tfrecord
 from model import inputs
 from model.config import parse_config
 from model.export import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE, ExportError, load_export
@@ -51,7 +51,7 @@ def test_export_holds_the_contract_files(trained):
     for path in sorted(data.glob(spec.split_file_pattern("train"))):
         with open(path, "rb") as f:
             for record in tfrecord.read_records(f):
-                kind = spec.sequence_example_to_dict(record)[spec.ADMISSION_TYPE]
+                kind = seqex.sequence_example_to_dict(record)[spec.ADMISSION_TYPE]
                 counted[kind] = counted.get(kind, 0) + 1
     assert read_json(export / "admission_types.json") == {"split": "train", "counts": counted}
     assert sum(counted.values()) == trained["n_train"] and load_export(export).files.admission_types == counted

@@ -21,12 +21,12 @@ from tests.serving_fixtures import write_tiny_model_export
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The modules that convert the request's data, each once: JSON -> validated request (schemas) ->
 # events in seconds (encoding, ages) -> values in the training units (units) -> bags (bagging) ->
-# SequenceExample (spec) -> SavedModel call (predictor, predict, export) -> uncertainty summary
+# SequenceExample (the spec's AdmissionContext, written by seqex) -> SavedModel call (predictor, predict, export) -> uncertainty summary
 # (metrics) -> response (routes); the admission type is checked against the training types
 # (admission_type), which also average an unknown one.
 DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/ages.py", "ehr_pipeline/units.py",
                 "ehr_pipeline/bagging.py",
-                "ehr_pipeline/spec.py", "serving/predictor.py", "model/predict.py", "model/export.py",
+                "ehr_pipeline/spec.py", "ehr_pipeline/seqex.py", "serving/predictor.py", "model/predict.py", "model/export.py",
                 "model/metrics.py", "serving/routes.py", "serving/admission_type.py"}
 # The population monitor keeps a summary of each answered admission (the job's own summary of its
 # records) for the shift report; it reads the bags, it changes nothing the model sees.
@@ -82,7 +82,8 @@ def test_the_service_bags_with_the_jobs_bagging_function_and_spec(road):
     # One source of truth for training and serving: the request is bagged and serialized by the
     # same functions the Beam job calls.
     assert "bag_events" in road["ehr_pipeline/bagging.py"]
-    assert "make_sequence_example" in road["ehr_pipeline/spec.py"]
+    assert "__post_init__" in road["ehr_pipeline/spec.py"]  # AdmissionContext checks the context
+    assert "serialize" in road["ehr_pipeline/seqex.py"]
     assert "predict_probs" in road["model/predict.py"]
     # The monitor summarises the admission with the function that summarises the job's records.
     assert "admission_from_entries" in road["ehr_pipeline/population.py"]

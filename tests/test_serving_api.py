@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from ehr_pipeline import ages, bagging, spec, units
+from ehr_pipeline import ages, bagging, seqex, spec, units
 from ehr_pipeline.config import PipelineConfig
 from model import metrics as model_metrics
 from model.export import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
@@ -164,7 +164,7 @@ def test_service_feeds_the_model_exactly_what_the_pipeline_would(client, predict
     context = {spec.SUBJECT_ID: 0, spec.HADM_ID: 0, spec.LABEL: spec.LABEL_UNKNOWN, spec.TRIGGER_TIME: trigger,
                spec.ADMIT_OFFSET: trigger - admit, spec.AGE_YEARS: float(ages.cap_age(ages.age_years(dob, admit))), spec.GENDER: "F",
                spec.ADMISSION_TYPE: "EMERGENCY", spec.ETHNICITY: spec.NOT_RECORDED, spec.INSURANCE: spec.NOT_RECORDED}
-    example = spec.make_sequence_example(context, bags).SerializeToString()
+    example = seqex.make_sequence_example(context, bags).SerializeToString()
     expected = predictor.forward([example], 4, 11)[0]
     np.testing.assert_allclose(out["samples"], expected, rtol=1e-6)
     assert out["age_years"] == pytest.approx(context[spec.AGE_YEARS])

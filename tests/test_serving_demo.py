@@ -7,7 +7,7 @@ import httpx
 import numpy as np
 import pytest
 
-from ehr_pipeline import outputs, spec, tfrecord
+from ehr_pipeline import outputs, seqex, spec, tfrecord
 from ehr_pipeline.config import PipelineConfig
 from ehr_pipeline.job import run_job
 from serving.demo import build_request, first_test_admission
@@ -38,7 +38,7 @@ def test_service_scores_raw_events_like_the_job_record(demo_export, demo_dir, tm
     subject_id, hadm_id = first_test_admission(data)
     record = next(r for p in sorted(data.glob(spec.split_file_pattern("test")))
                   for r in tfrecord.read_records(open(p, "rb"))
-                  if spec.sequence_example_to_dict(r)[spec.HADM_ID] == hadm_id)
+                  if seqex.sequence_example_to_dict(r)[spec.HADM_ID] == hadm_id)
     expected = predict_probs(str(export), [record], num_samples=5, seed=7)[0]
 
     body = build_request(pathlib.Path(demo_dir), subject_id, hadm_id)

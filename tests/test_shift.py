@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ehr_pipeline import population as pop
-from ehr_pipeline import shift, spec, units
+from ehr_pipeline import seqex, shift, spec, units
 from ehr_pipeline.population import Admission, Distribution, Profile
 
 CREATININE = "lab:50912"
@@ -43,7 +43,7 @@ def test_admissions_from_the_jobs_records_equal_a_loop_over_the_parsed_protos(sy
     admissions = pop.admissions_from_examples(records, batch_size=37)  # batches that do not divide the split
     assert len(admissions) == len(records) == 160
     for record, a in zip(records, admissions):
-        example = spec.sequence_example_to_dict(record)
+        example = seqex.sequence_example_to_dict(record)
         want = _naive_admission(example)
         assert list(a.codes) == sorted(want)
         for code, n, value in zip(a.codes, a.events, a.values):
@@ -64,7 +64,7 @@ def test_an_admission_from_bags_equals_the_same_admission_from_its_proto():
     context = {spec.SUBJECT_ID: 1, spec.HADM_ID: 2, spec.LABEL: 0, spec.TRIGGER_TIME: 200_000,
                spec.ADMIT_OFFSET: 0, spec.AGE_YEARS: 70.0, spec.GENDER: "F", spec.ADMISSION_TYPE: "URGENT",
                spec.ETHNICITY: spec.NOT_RECORDED, spec.INSURANCE: spec.NOT_RECORDED}
-    [from_proto] = pop.admissions_from_examples([spec.make_sequence_example(context, bags).SerializeToString()])
+    [from_proto] = pop.admissions_from_examples([seqex.make_sequence_example(context, bags).SerializeToString()])
     from_bags = pop.admission_from_bags(70.0, "F", "URGENT", bags)
     assert list(from_bags.codes) == list(from_proto.codes) == ["chart:211", "diagnosis:4019", "lab:50912"]
     assert list(from_bags.events) == list(from_proto.events) == [1, 1, 3]

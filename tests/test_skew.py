@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline import events as ev
 from ehr_pipeline import chunks as chunks_mod
-from ehr_pipeline import spec, transforms
+from ehr_pipeline import seqex, spec, transforms
 from ehr_pipeline.config import PipelineConfig
 from model.export import read_export
 from serving.encoding import encode
@@ -170,7 +170,7 @@ def test_the_issues_cases_value_last_padded_codes_and_prescriptions(export):
         assert encoded.example == record
         assert encoded.oov_count == 0  # 'lab:50912' and 'prescription:Vancomycin', both in the vocabulary
         assert encoded.ignored["at_or_after_trigger"] == 1  # today's Heparin
-    ex = spec.sequence_example_to_dict(record)
+    ex = seqex.sequence_example_to_dict(record)
     assert ex[spec.BAG_CODES] == [["lab:50912", "prescription:Vancomycin"]]  # one day-wide bag
     assert ex[spec.BAG_VALUE_LAST] == [[2.0, 0.0]]  # the larger of the two same-time values
     assert ex[spec.BAG_VALUE_MEAN] == [[1.5, 0.0]]

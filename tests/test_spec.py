@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ehr_pipeline import spec
+from ehr_pipeline import seqex, seqex_tf, spec
 from ehr_pipeline.bagging import bag_events
 from ehr_pipeline.config import SPLIT_NAMES, BaggingConfig
 
@@ -48,12 +48,12 @@ def write_shards(directory, split: str, examples: list[tf.train.SequenceExample]
 def test_round_trip_bags_to_gzip_tfrecords_to_dataset(tmp_path):
     admissions = {h: random_bags(h, n) for h, n in [(1, 300), (2, 5), (3, 0), (4, 1000), (5, 40)]}
     assert admissions[3].num_bags == 0 and admissions[4].has_history_bag
-    examples = [spec.make_sequence_example(context(h), b) for h, b in admissions.items()]
+    examples = [seqex.make_sequence_example(context(h), b) for h, b in admissions.items()]
     paths = write_shards(tmp_path, "train", examples, num_shards=2)
     with open(paths[0], "rb") as f:
         assert f.read(2) == b"\x1f\x8b"  # really GZIP on disk
 
-    ds = spec.make_dataset(str(tmp_path / spec.split_file_pattern("train")), batch_size=2)
+    ds = seqex_tf.make_dataset(str(tmp_path / spec.split_file_pattern("train")), batch_size=2)
     seen = set()
     for batch in ds:
         assert isinstance(batch[spec.BAG_CODES], tf.RaggedTensor) and batch[spec.BAG_CODES].ragged_rank == 2
@@ -86,9 +86,9 @@ def test_round_trip_bags_to_gzip_tfrecords_to_dataset(tmp_path):
 
 
 def test_shuffled_repeated_dataset_serves_every_example(tmp_path):
-    examples = [spec.make_sequence_example(context(h), random_bags(h, 20)) for h in range(1, 8)]
+    examples = [seqex.make_sequence_example(context(h), random_bags(h, 20)) for h in range(1, 8)]
     write_shards(tmp_path, "validation", examples, num_shards=3)
-    ds = spec.make_dataset(str(tmp_path / spec.split_file_pattern("validation")), batch_size=3,
+    ds = seqex_tf.make_dataset(str(tmp_path / spec.split_file_pattern("validation")), batch_size=3,
                            shuffle=True, seed=7, repeat=True, drop_remainder=True)
     ids = [int(h) for batch in ds.take(7) for h in batch[spec.HADM_ID]]  # 21 = 3 epochs
     assert sorted(ids) == sorted(list(range(1, 8)) * 3)
@@ -96,11 +96,11 @@ def test_shuffled_repeated_dataset_serves_every_example(tmp_path):
 
 def test_zero_bags_make_a_valid_example():
     bags = bag_events([], [], [], T, CONFIG)
-    ex = spec.make_sequence_example(context(9), bags)
-    d = spec.sequence_example_to_dict(ex.SerializeToString())
+    ex = seqex.make_sequence_example(context(9), bags)
+    d = seqex.sequence_example_to_dict(ex.SerializeToString())
     assert d[spec.NUM_BAGS] == 0
     assert all(d[key] == [] for key in spec.SEQUENCE_KEYS)  # feature lists present, empty
-    out = spec.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+    out = seqex_tf.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
     assert out[spec.NUM_BAGS].numpy().tolist() == [0]
     assert out[spec.BAG_CODES].shape.as_list()[0] == 1
     assert out[spec.BAG_CODES].flat_values.shape[0] == 0
@@ -110,7 +110,7 @@ def test_zero_bags_make_a_valid_example():
 def test_sequence_example_to_dict_mirrors_the_bags():
     bags = bag_events(T - np.array([10, 20, DAY]), np.array(["lab:1", "chart:2", "lab:1"]),
                       np.array([1.5, np.nan, 3.0]), T, CONFIG)
-    d = spec.sequence_example_to_dict(spec.make_sequence_example(context(4, **{spec.LABEL: spec.LABEL_UNKNOWN}), bags))
+    d = seqex.sequence_example_to_dict(seqex.make_sequence_example(context(4, **{spec.LABEL: spec.LABEL_UNKNOWN}), bags))
     assert d == {
         spec.SUBJECT_ID: 104, spec.HADM_ID: 4, spec.LABEL: -1, spec.TRIGGER_TIME: T, spec.ADMIT_OFFSET: DAY + 4,
         spec.AGE_YEARS: 44.25, spec.GENDER: "F", spec.ADMISSION_TYPE: "EMERGENCY", spec.NUM_BAGS: 2,
@@ -145,39 +145,39 @@ def test_context_that_breaks_the_contract_is_refused(change, error, match):
     ctx = context(1)
     ctx.update(change)
     with pytest.raises(error, match=match):
-        spec.make_sequence_example(ctx, bag_events([], [], [], T, CONFIG))
+        seqex.make_sequence_example(ctx, bag_events([], [], [], T, CONFIG))
 
 
 def test_missing_context_key_is_named():
     ctx = context(1)
     del ctx[spec.GENDER]
     with pytest.raises(ValueError, match=spec.GENDER):
-        spec.make_sequence_example(ctx, bag_events([], [], [], T, CONFIG))
+        seqex.make_sequence_example(ctx, bag_events([], [], [], T, CONFIG))
 
 
 def test_parser_rejects_num_bags_that_disagrees_with_the_sequence(tmp_path):
-    ex = spec.make_sequence_example(context(1), random_bags(1, 50))
+    ex = seqex.make_sequence_example(context(1), random_bags(1, 50))
     ex.context.feature[spec.NUM_BAGS].int64_list.value[0] += 1
     write_shards(tmp_path, "test", [ex], num_shards=1)
-    ds = spec.make_dataset(str(tmp_path / spec.split_file_pattern("test")), batch_size=1)
+    ds = seqex_tf.make_dataset(str(tmp_path / spec.split_file_pattern("test")), batch_size=1)
     with pytest.raises(tf.errors.InvalidArgumentError, match=spec.NUM_BAGS):
         next(iter(ds))
 
 
 def test_parser_rejects_per_code_steps_beyond_num_bags():
-    ex = spec.make_sequence_example(context(1), random_bags(1, 50))
+    ex = seqex.make_sequence_example(context(1), random_bags(1, 50))
     lists = ex.feature_lists.feature_list
     for key in PER_CODE:  # one extra, internally consistent bag that num_bags does not count
         lists[key].feature.append(lists[key].feature[0])
     with pytest.raises(tf.errors.InvalidArgumentError, match=spec.NUM_BAGS):
-        spec.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+        seqex_tf.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
 
 
 def test_parser_rejects_per_code_lists_not_aligned_with_codes():
-    ex = spec.make_sequence_example(context(1), random_bags(1, 50))
+    ex = seqex.make_sequence_example(context(1), random_bags(1, 50))
     ex.feature_lists.feature_list[spec.BAG_VALUE_MEAN].feature[0].float_list.value.append(1.0)
     with pytest.raises(tf.errors.InvalidArgumentError, match=spec.BAG_VALUE_MEAN):
-        spec.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+        seqex_tf.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
 
 
 def test_shard_names_match_the_split_pattern_and_only_it():
@@ -193,7 +193,7 @@ def test_shard_names_match_the_split_pattern_and_only_it():
 
 def test_make_dataset_names_a_pattern_with_no_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing-here"):
-        spec.make_dataset(str(tmp_path / "nothing-here-*.tfrecord.gz"), batch_size=4)
+        seqex_tf.make_dataset(str(tmp_path / "nothing-here-*.tfrecord.gz"), batch_size=4)
 
 
 def test_format_code():
@@ -222,7 +222,7 @@ def test_code_whitespace_is_what_str_strip_and_the_jobs_arrow_trim_take():
 
 
 def test_feature_spec_covers_every_declared_feature():
-    context_spec, sequence_spec = feature_spec = spec.feature_spec()
+    context_spec, sequence_spec = feature_spec = seqex_tf.feature_spec()
     assert set(context_spec) == set(spec.CONTEXT_INT + spec.CONTEXT_FLOAT + spec.CONTEXT_BYTES)
     assert set(sequence_spec) == set(spec.SEQUENCE_KEYS)
     assert not set(context_spec) & set(sequence_spec)  # one flat output dict needs unique names
@@ -237,10 +237,51 @@ def test_importing_spec_bagging_config_loads_no_tensorflow_beam_or_keras():
 
 
 def test_records_written_before_schema_3_parse_with_ethnicity_and_insurance_not_recorded():
-    ex = spec.make_sequence_example(context(3), random_bags(3, 10))
+    ex = seqex.make_sequence_example(context(3), random_bags(3, 10))
     del ex.context.feature[spec.ETHNICITY]
     del ex.context.feature[spec.INSURANCE]
-    parsed = spec.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+    parsed = seqex_tf.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
     assert parsed[spec.ETHNICITY].numpy().tolist() == [spec.NOT_RECORDED.encode()]
     assert parsed[spec.INSURANCE].numpy().tolist() == [spec.NOT_RECORDED.encode()]
     assert parsed[spec.HADM_ID].numpy().tolist() == [3]
+
+
+def _fields(descriptor, seen=None) -> dict:
+    """{message name: [(field, number, type, label, packed, message type)]} of a message and those it holds."""
+    seen = {} if seen is None else seen
+    if descriptor.full_name in seen:
+        return seen
+    seen[descriptor.full_name] = sorted(
+        (f.name, f.number, f.type, f.label, f.is_packed if hasattr(f, "is_packed") else None,
+         f.message_type.full_name if f.message_type else None) for f in descriptor.fields)
+    for f in descriptor.fields:
+        if f.message_type is not None:
+            _fields(f.message_type, seen)
+    return seen
+
+
+def test_the_protobuf_protos_declare_what_tensorflows_declare():
+    from ehr_pipeline import example_protos
+
+    for ours, theirs in ((example_protos.SequenceExample, tf.train.SequenceExample),
+                         (example_protos.Example, tf.train.Example)):
+        assert _fields(ours.DESCRIPTOR) == _fields(theirs.DESCRIPTOR)
+
+
+def test_tensorflow_reads_and_rewrites_the_written_bytes_unchanged():
+    record = seqex.serialize(context(5), random_bags(5, 60))
+    theirs = tf.train.SequenceExample.FromString(record)
+    assert theirs.SerializeToString(deterministic=True) == record
+    assert seqex.sequence_example_to_dict(theirs) == seqex.sequence_example_to_dict(record)
+
+
+def test_the_admission_context_is_the_context_features():
+    import dataclasses
+
+    assert tuple(f.name for f in dataclasses.fields(spec.AdmissionContext)) == spec.CONTEXT_INPUT_KEYS
+    built = spec.AdmissionContext.from_features(context(2))
+    assert built.features() == context(2)
+    with pytest.raises(ValueError, match=r"missing \['insurance'\]"):
+        spec.AdmissionContext.from_features({k: v for k, v in context(2).items() if k != spec.INSURANCE})
+    with pytest.raises(ValueError, match="gender"):
+        dataclasses.replace(built, gender="X")  # replace re-runs the contract's checks
