@@ -185,7 +185,7 @@ def markdown(rows: dict[str, list[dict]], command: str, wall_s: float, bella_epo
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from bench.report import command_line, write_section
+    from bench.report import command_line, publish
 
     from model.metrics import json_ready
 
@@ -200,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     # Kept beside the runs: the table can be re-made from it without retraining.
     (pathlib.Path(args.work) / "rows.json").write_text(json.dumps(json_ready(rows), indent=1))
     md = markdown(rows, command_line(__file__, argv), time.time() - started, args.bella_epochs)
-    print(md)
-    if not args.no_write:
-        print(f"\nwrote {write_section('bella_digits', md, args.output)}")
+    publish("bella_digits", md, args.output, write=not args.no_write)
     return 0
 
 

@@ -675,7 +675,7 @@ def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: 
 def main(argv: list[str] | None = None) -> int:
     """Trains the grid (unless --report-only) and writes the tables; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from bench.report import command_line, write_section
+    from bench.report import command_line, publish
     from ehr_base.cli_args import setup_logging
 
     setup_logging()
@@ -688,9 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = json.loads(timing.read_text())["seconds"] if timing.exists() else time.time() - started
     command = command_line(__file__, argv, drop=("--report-only",))
     markdown = report(args, work, command, seconds)
-    path = write_section("compare_methods", markdown, args.out)
-    print(markdown)
-    print(f"\nwritten to {path}")
+    publish("compare_methods", markdown, args.out)
     return 0
 
 

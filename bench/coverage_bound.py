@@ -245,15 +245,14 @@ def report(results: list[dict], info: dict, args: argparse.Namespace, command: s
 def main(argv: list[str] | None = None) -> int:
     """Compares the posteriors and writes their section of the results file; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from bench.report import command_line, write_section
+    from bench.report import command_line, publish
     from ehr_base.cli_args import setup_logging
 
     setup_logging()
     started = time.time()
     results, info = run(args)
     markdown = report(results, info, args, command_line(__file__, argv), time.time() - started)
-    print(markdown)
-    print(f"\nwrote {write_section('coverage_bound', markdown, args.out)}")
+    publish("coverage_bound", markdown, args.out)
     return 0
 
 

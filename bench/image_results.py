@@ -171,7 +171,7 @@ def markdown(reports: dict[str, list[dict]], params: dict[str, int], wrn: dict[s
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from bench.report import command_line, write_section
+    from bench.report import command_line, publish
 
     from ehr_base.cli_args import setup_logging
 
@@ -183,9 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     reports, params, configs = run_all(args)
     wrn = wrn_parameter_counts()
     md = markdown(reports, params, wrn, configs, command_line(__file__, argv), time.time() - started)
-    print(md)
-    if not args.no_write:
-        print(f"\nwrote {write_section('image', md, args.output)}")
+    publish("image", md, args.output, write=not args.no_write)
     return 0
 
 

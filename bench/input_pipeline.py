@@ -170,9 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     from bench import report
 
     md += "\nMachine:\n\n" + report.machine_info() + "\n"
-    print(md)
-    if args.write:
-        print(f"wrote {report.write_section('input_pipeline', md)}")
+    report.publish("input_pipeline", md, write=args.write)
 
 
 if __name__ == "__main__":

@@ -300,15 +300,14 @@ def snr_markdown(results: dict[str, list[list[dict]]], command: str, figure: str
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from bench.report import command_line, write_section
+    from bench import report
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
-    command = command_line(__file__, argv)
+    command = report.command_line(__file__, argv)
+
     def publish(name: str, md: str) -> None:  # as soon as a part is done: a later failure keeps it
-        print(md)
-        if not args.no_write:
-            print(f"\nwrote {write_section(name, md, args.output)}")
+        report.publish(name, md, args.output, write=not args.no_write)
 
     if args.part in ("all", "snr"):
         started = time.time()

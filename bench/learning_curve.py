@@ -262,15 +262,14 @@ def report(results: list[dict], info: dict, command: str, seconds: float) -> str
 def main(argv: list[str] | None = None) -> int:
     """Fits the curve and writes its section of the results file; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from bench.report import command_line, write_section
+    from bench.report import command_line, publish
     from ehr_base.cli_args import setup_logging
 
     setup_logging()
     started = time.time()
     results, info = run(args)
     markdown = report(results, info, command_line(__file__, argv), time.time() - started)
-    print(markdown)
-    print(f"\nwrote {write_section('learning_curve', markdown, args.out)}")
+    publish("learning_curve", markdown, args.out)
     return 0
 
 

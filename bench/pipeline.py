@@ -39,7 +39,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `bench` and `ehr_pipeline` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.report import machine_info, peak_rss_mb, run_child, write_section  # noqa: E402
+from bench.report import machine_info, peak_rss_mb, publish, run_child  # noqa: E402
 
 SPEED_TARGET = 0.15
 BYTES_PER_EVENT_TARGET = 150
@@ -87,14 +87,12 @@ def child_job(mimic_dir: str, out_dir: str) -> dict:
 
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
-    # Import everything the job will import before taking the baseline, TensorFlow included
-    # (spec imports it lazily for the SequenceExample protos, and it alone is hundreds of MB):
-    # the delta must be the job's data, not its code.
+    # Import everything the job will import before taking the baseline (the job needs no
+    # TensorFlow: seqex writes its protos with protobuf): the delta must be the job's data, not its code.
     import apache_beam  # noqa: F401
-    import tensorflow  # noqa: F401
     from apache_beam.runners.portability import fn_api_runner  # noqa: F401
 
-    from ehr_pipeline import (bagging, cohort, events, manifest, outputs, reader, spec,  # noqa: F401
+    from ehr_pipeline import (bagging, cohort, events, manifest, outputs, reader, seqex, spec,  # noqa: F401
                               splits, tfrecord, vocab)
     from ehr_pipeline.config import PipelineConfig
     from ehr_pipeline.job import run_job
@@ -490,9 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     markdown, ok = render(results, command, per_patient, args.repeat)
-    print(markdown)
-    if not args.no_write:
-        print(f"wrote {write_section('pipeline', markdown)}")
+    publish("pipeline", markdown, write=not args.no_write)
     return 0 if ok else 1
 
 
@@ -512,9 +508,7 @@ def _main_sources(args: argparse.Namespace, argv: list[str]) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     markdown, ok = render_sources(results, command, args.repeat)
-    print(markdown)
-    if not args.no_write:
-        print(f"wrote {write_section('pipeline_sources', markdown)}")
+    publish("pipeline_sources", markdown, write=not args.no_write)
     return 0 if ok else 1
 
 

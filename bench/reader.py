@@ -28,7 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `bench` and `ehr_pipeline` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.report import machine_info, peak_rss_mb, run_child, write_section  # noqa: E402
+from bench.report import machine_info, peak_rss_mb, publish, run_child  # noqa: E402
 
 SPEED_TARGET = 0.45
 MEMORY_TARGET = 1.2
@@ -225,9 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     markdown, ok = render(results, command, block_size, gen_seconds, args.repeat)
-    print(markdown)
-    if not args.no_write:
-        print(f"wrote {write_section('reader', markdown)}")
+    publish("reader", markdown, write=not args.no_write)
     return 0 if ok else 1
 
 

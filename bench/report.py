@@ -46,6 +46,13 @@ def write_section(name: str, markdown: str, path: str | os.PathLike = DEFAULT_PA
     return target
 
 
+def publish(name: str, markdown: str, path: str | os.PathLike = DEFAULT_PATH, write: bool = True) -> None:
+    """Prints a benchmark's markdown and, unless write is False, puts it in section NAME of path (says where)."""
+    print(markdown)
+    if write:
+        print(f"\nwrote {write_section(name, markdown, path)}")
+
+
 def command_line(script: str, argv: list[str] | None, drop: tuple[str, ...] = ()) -> str:
     """How to re-run a bench script from the repo root: ``python bench/NAME.py ARGS``; argv None: this process's."""
     args = [a for a in (sys.argv[1:] if argv is None else argv) if a not in drop]

@@ -565,11 +565,7 @@ def main(argv: list[str] | None = None) -> int:
                                  **threads_comparison(model_dir, args)}
         print(f"model pass {timings['pass_1']:.1f} ms, edward2 cell {timings['ed2_cell']:.1f} ms", flush=True)
     markdown = to_markdown(model, levels, timings, args)
-    if args.no_write:
-        print(markdown)
-    else:
-        print(markdown)
-        print(f"wrote {report.write_section('serving', markdown)}")
+    report.publish("serving", markdown, write=not args.no_write)
     return 0
 
 

@@ -34,7 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
-from bench.report import command_line, write_section  # noqa: E402
+from bench.report import command_line, publish  # noqa: E402
 
 log = logging.getLogger("shift_targets")
 BIN = pathlib.Path(sys.executable).parent
@@ -276,9 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     results["monitor"] = monitor_rows(export, streams, args.step, work)
     (work / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     markdown = to_markdown(results, args, argv)
-    print(markdown)
-    if args.write_docs:
-        write_section("shift-targets", markdown, "docs/shift.md")
+    publish("shift-targets", markdown, "docs/shift.md", write=args.write_docs)
     return 0
 
 

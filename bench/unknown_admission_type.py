@@ -170,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(measure(release, data, export, args.samples, seed))
     markdown = report(results, bench_report.command_line("bench/unknown_admission_type.py", argv), args.seeds,
                       args.samples)
-    print(markdown)
-    bench_report.write_section("unknown_admission_type", markdown, args.out)
+    bench_report.publish("unknown_admission_type", markdown, args.out)
     return 0
 
 

@@ -164,12 +164,12 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: 
         return 0 if manifest["balanced"] else 1
     if args.command == "shard":
         from ehr_pipeline.reader import locate_table
-        from ehr_pipeline.shard import shard_table
+        from ehr_pipeline.table_parts import write_table_parts
 
         src = locate_table(args.mimic_dir, args.table)
         if src is None:
             parser.error(f"{args.table} not found in {args.mimic_dir}")
-        paths, rows = shard_table(src, args.table, args.out or args.mimic_dir, args.parts,
+        paths, rows = write_table_parts(src, args.table, args.out or args.mimic_dir, args.parts,
                                   show_progress=sys.stderr.isatty())
         print(f"{src}: {rows:,} rows -> {len(paths)} parts in {paths[0].parent}")
         return 0

@@ -267,6 +267,7 @@ def build_cohort(
         ],
         schema=COHORT_SCHEMA,
     )
-    logger.info("cohort: %d of %d admissions kept; %s", counts[KEPT], n,
+    # DEBUG: the job's closing summary reports the cohort (manifest.summary_lines).
+    logger.debug("cohort: %d of %d admissions kept; %s", counts[KEPT], n,
                 {k: v for k, v in counts.items() if k != KEPT and v})
     return Cohort(table=table, counts=counts, discharges=discharges)

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import pathlib
+from collections.abc import Iterable
 from typing import Callable, TextIO
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,25 @@ class JsonlDeadLetterWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def write_dead_letter_file(out_dir: str, name: str, letters: Iterable[DeadLetter]) -> int:
+    """Writes OUT_DIR/dead_letter/NAME.jsonl whole, sorted (stable bytes across runs); returns the count."""
+    from ehr_pipeline import outputs
+
+    ordered = sorted(letters, key=lambda d: d.sort_key())
+    body = "".join(d.to_json() + "\n" for d in ordered).encode("utf-8")
+    outputs.write_bytes(outputs.join(out_dir, outputs.DEAD_LETTER_DIR, f"{name}.jsonl"), body)
+    return len(ordered)
+
+
+def write_dead_letter_files(out_dir: str, dead: Iterable[tuple[str, DeadLetter]]) -> None:
+    """(file name, dead letter) pairs set aside by the job's driver -> one file per name."""
+    by_name: dict[str, list[DeadLetter]] = {}
+    for name, letter in dead:
+        by_name.setdefault(name, []).append(letter)
+    for name, letters in by_name.items():
+        write_dead_letter_file(out_dir, name, letters)
 
 
 def read_dead_letters(path: str | pathlib.Path) -> list[DeadLetter]:

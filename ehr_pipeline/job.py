@@ -20,6 +20,8 @@ import logging
 import time
 from typing import Any
 
+from ehr_pipeline.deadletter import write_dead_letter_files
+
 log = logging.getLogger(__name__)
 
 COHORT_TABLES = ("ADMISSIONS", "PATIENTS")
@@ -93,7 +95,7 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     source = MimicSource(event_inputs, cohort_index, coh.discharges, metas)
     counts, options = _run_pipeline(source, out_dir, config, loinc, reference_units, beam_args)
     _write_lab_loinc(out_dir, lab_bridge)
-    _write_driver_dead_letters(out_dir, dead_driver)
+    write_dead_letter_files(out_dir, dead_driver)
     tables = {t: manifest_table(counts, t) for t in sorted({t for t, _ in event_inputs})}
     for name, st in sorted(cohort_stats.items()):
         tables[name] = {"rows_read": st.rows_read, "rows_parsed": st.rows_parsed,
@@ -266,14 +268,3 @@ def _write_lab_loinc(out_dir: str, bridge: dict[str, list[str]]) -> None:
     outputs.write_json(outputs.join(out_dir, outputs.LAB_LOINC), {
         "schema_version": spec.SCHEMA_VERSION, "system": codes.LOINC, "source": "D_LABITEMS.LOINC_CODE",
         "codes": bridge})
-
-
-def _write_driver_dead_letters(out_dir: str, dead: list) -> None:
-    from ehr_pipeline import outputs
-
-    by_table: dict[str, list] = {}
-    for table, letter in dead:
-        by_table.setdefault(table, []).append(letter)
-    for table, letters in by_table.items():
-        body = "".join(d.to_json() + "\n" for d in letters).encode("utf-8")
-        outputs.write_bytes(outputs.join(out_dir, outputs.DEAD_LETTER_DIR, f"{table}.jsonl"), body)

@@ -5,11 +5,13 @@ bucket (gs://, s3://) when the job runs on Dataflow, Flink or Spark.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import posixpath
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 MANIFEST = "manifest.json"
 VOCABULARY = "vocabulary.json"
@@ -37,16 +39,27 @@ def join(base: str, *parts: str) -> str:
     return FileSystems.join(base, *parts) if "://" in base else posixpath.join(base, *parts)
 
 
-def write_bytes(path: str, data: bytes) -> None:
-    """Writes a whole file atomically where the filesystem allows (temp then rename)."""
+@contextlib.contextmanager
+def created_atomically(path: str) -> Iterator[BinaryIO]:
+    """A binary file object for ``path`` (local or URL): written as PATH.inprogress, renamed when done.
+
+    A reader, or a rerun after a crash, never sees half a file under the final name; where the
+    filesystem cannot rename atomically (object stores copy), it is as close as Beam gets.
+    """
     from apache_beam.io.filesystems import FileSystems
 
     tmp = path + ".inprogress"
     with FileSystems.create(tmp) as f:
-        f.write(data)
+        yield f
     if FileSystems.exists(path):
         FileSystems.delete([path])
     FileSystems.rename([tmp], [path])
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes a whole file atomically where the filesystem allows (created_atomically)."""
+    with created_atomically(path) as f:
+        f.write(data)
 
 
 def write_json(path: str, obj: Any) -> None:

@@ -267,7 +267,7 @@ class ConvertTable(beam.DoFn):
 @beam.typehints.with_input_types(KV)
 @beam.typehints.with_output_types(tuple[str, int])
 class WriteMedsShard(beam.DoFn):
-    """((split, shard), IPC blobs) -> data/<split>/<shard>.parquet, sorted; temp file then rename."""
+    """((split, shard), IPC blobs) -> data/<split>/<shard>.parquet, sorted, written atomically."""
 
     def __init__(self, out_dir: str):
         self._out = out_dir
@@ -275,13 +275,15 @@ class WriteMedsShard(beam.DoFn):
     def process(self, element):
         import pyarrow.parquet as pq
 
+        from ehr_pipeline import outputs
+
         (split, shard), blobs = element
         table = sorted_rows([_from_ipc(b) for b in blobs if b is not None])
         folder = os.path.join(self._out, "data", split)
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"{shard}.parquet")
-        pq.write_table(table, path + ".inprogress")
-        os.replace(path + ".inprogress", path)
+        with outputs.created_atomically(path) as f:
+            pq.write_table(table, f)
         yield count(f"files/{split}/rows_written", table.num_rows)
 
 
@@ -376,9 +378,9 @@ def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | Non
     write_code_metadata(out_dir, mimic_dir, sorted(data_codes), _lab_loinc_bridge(mimic_dir, dead_driver))
     write_subject_splits(out_dir, tables, config)
     write_dataset_metadata(out_dir, mimic_dir)
-    from ehr_pipeline.job import _write_driver_dead_letters
+    from ehr_pipeline.deadletter import write_dead_letter_files
 
-    _write_driver_dead_letters(out_dir, dead_driver)
+    write_dead_letter_files(out_dir, dead_driver)
     manifest = conversion_manifest(counts_found, task_counts, stats, sorted({t for t, _ in inputs}), mimic_dir,
                                    manifest_group)
     import shutil

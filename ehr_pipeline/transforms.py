@@ -350,20 +350,13 @@ class WriteShard(beam.DoFn):
         self._config_dict = config_dict
 
     def process(self, element):
-        from apache_beam.io.filesystems import FileSystems
-
         from ehr_pipeline import outputs, spec, tfrecord
 
         (split, shard), items = element
         records = sorted((kv for kv in items if kv is not None), key=lambda kv: kv[0])
         n_shards = self._config_dict["num_shards"][split]
-        path = outputs.join(self._out, spec.shard_file_name(split, shard, n_shards))
-        tmp = path + ".inprogress"
-        with FileSystems.create(tmp) as f:
+        with outputs.created_atomically(outputs.join(self._out, spec.shard_file_name(split, shard, n_shards))) as f:
             n = tfrecord.write_records(f, (r for _, r in records))
-        if FileSystems.exists(path):
-            FileSystems.delete([path])
-        FileSystems.rename([tmp], [path])
         yield count(f"files/{split}/records_written", n)
 
 
@@ -395,13 +388,10 @@ class WriteDeadLetterFile(beam.DoFn):
         self._out = out_dir
 
     def process(self, element):
-        from ehr_pipeline import outputs
+        from ehr_pipeline.deadletter import write_dead_letter_file
 
         table, letters = element
-        letters = sorted(letters, key=lambda d: d.sort_key())
-        body = "".join(d.to_json() + "\n" for d in letters).encode("utf-8")
-        outputs.write_bytes(outputs.join(self._out, outputs.DEAD_LETTER_DIR, f"{table}.jsonl"), body)
-        yield count(f"dead_letters_written/{table}", len(letters))
+        yield count(f"dead_letters_written/{table}", write_dead_letter_file(self._out, table, letters))
 
 
 class WriteDeadLetters(beam.PTransform):

@@ -141,7 +141,7 @@ def test_outputs_vocabulary_stats_and_checksums(demo_run):
 
 def test_rerun_on_synthetic_release_is_byte_identical(tmp_path):
     """Twice on the same release: identical bytes; with CHARTEVENTS in parts: identical records."""
-    from ehr_pipeline import shard
+    from ehr_pipeline import table_parts
     from ehr_pipeline.synth import SynthConfig, write_release
 
     release = tmp_path / "release"
@@ -156,7 +156,7 @@ def test_rerun_on_synthetic_release_is_byte_identical(tmp_path):
     for f in release.iterdir():
         if not f.name.startswith("CHARTEVENTS"):
             (sharded / f.name).symlink_to(f)
-    shard.shard_table(release / "CHARTEVENTS.csv.gz", "CHARTEVENTS", sharded, parts=3, show_progress=False)
+    table_parts.write_table_parts(release / "CHARTEVENTS.csv.gz", "CHARTEVENTS", sharded, parts=3, show_progress=False)
     m3 = run_job(str(sharded), str(tmp_path / "c"), config)
     assert m3["tables"]["CHARTEVENTS"] == m1["tables"]["CHARTEVENTS"]
     assert sorted(ex["raw"] for ex in read_examples(tmp_path / "c").values()) == sorted(
@@ -345,21 +345,64 @@ def test_another_sites_units_are_converted_to_the_models(demo_run, demo_dir, tmp
     assert units_doc["canonical"]["lab:50912"] == "umol/L" and units_doc["canonical_from"] == "this release"
 
 
-# Run as `python -c BLOCKER ARGS...`: every import of TensorFlow (or the Keras / edward2 that
-# sit on it) raises, as on a Beam worker where TensorFlow is not installed.
-_WITHOUT_TENSORFLOW = """
-import importlib.abc, runpy, sys
-class NoTensorFlow(importlib.abc.MetaPathFinder):
+# Run as `python -c ONLY_THE_JOB_GROUP ALLOWED_JSON ARGS...`: importing a module that belongs to
+# installed distributions none of which the `job` group of pyproject.toml brings in (TensorFlow,
+# Keras, edward2, scikit-learn, ...) raises, as on a Beam worker built from that group alone.
+_ONLY_THE_JOB_GROUP = """
+import importlib.abc, importlib.metadata, json, runpy, sys
+allowed = set(json.loads(sys.argv[1]))
+owners = importlib.metadata.packages_distributions()
+class OnlyTheJobGroup(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name.partition(".")[0] in ("tensorflow", "tf_keras", "keras", "edward2"):
-            raise ImportError(f"{name} is not installed on this worker")
-sys.meta_path.insert(0, NoTensorFlow())
-sys.argv = ["ehr-pipeline", *sys.argv[1:]]
+        top = name.partition(".")[0]
+        dists = {d.lower().replace("_", "-") for d in owners.get(top, ())}
+        if dists and not dists & allowed and top not in sys.stdlib_module_names:
+            raise ImportError(f"{name} ({sorted(dists)}) is not installed on this worker")
+sys.meta_path.insert(0, OnlyTheJobGroup())
+sys.argv = ["ehr-pipeline", *sys.argv[2:]]
 runpy.run_module("ehr_pipeline.cli", run_name="__main__")
 """
 
 
-def test_the_job_runs_where_tensorflow_cannot_be_imported(demo_run, demo_dir, tmp_path):
+def _job_group_closure() -> set[str]:
+    """Normalised names of the `job` group's distributions and everything they require, recursively."""
+    import importlib.metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    def norm(name: str) -> str:
+        return name.lower().replace("_", "-").replace(".", "-")
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    todo = [(Requirement(r), "") for r in tomllib.loads((root / "pyproject.toml").read_text())[
+        "project"]["optional-dependencies"]["job"]]
+    seen: set[str] = set()
+    while todo:
+        req, extra = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+            continue
+        name = norm(req.name)
+        extras = sorted(req.extras) or [""]
+        if all(f"{name}[{e}]" in seen for e in extras):
+            continue
+        seen.update(f"{name}[{e}]" for e in extras)
+        try:
+            requires = importlib.metadata.requires(req.name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        todo.extend((Requirement(r), e) for r in requires for e in extras)
+    # The project itself: the worker installs it with --no-deps.
+    return {key.partition("[")[0] for key in seen} | {"ehr-uncertainty"}
+
+
+def test_the_job_group_holds_no_tensorflow():
+    closure = _job_group_closure()
+    assert "apache-beam" in closure and "pyarrow" in closure
+    assert not closure & {"tensorflow", "tf-keras", "keras", "edward2", "tensorflow-probability", "scikit-learn"}
+
+
+def test_the_job_runs_with_only_the_job_group_installed(demo_run, demo_dir, tmp_path):
     """Writing SequenceExamples needs protobuf only: the job's records are the same without TensorFlow."""
     import subprocess
     import sys
@@ -367,7 +410,8 @@ def test_the_job_runs_where_tensorflow_cannot_be_imported(demo_run, demo_dir, tm
     config = tmp_path / "job.yaml"
     config.write_text(json.dumps(CONFIG))  # JSON is YAML
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-c", _WITHOUT_TENSORFLOW, "run", "--mimic-dir", str(demo_dir),
+    allowed = json.dumps(sorted(_job_group_closure()))
+    done = subprocess.run([sys.executable, "-c", _ONLY_THE_JOB_GROUP, allowed, "run", "--mimic-dir", str(demo_dir),
                            "--out", str(out), "--config", str(config)],
                           cwd=pathlib.Path(__file__).resolve().parents[1], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -3,15 +3,15 @@ import gzip
 
 import pytest
 
-from ehr_pipeline import reader, shard
+from ehr_pipeline import reader, table_parts
 
 
 def test_parts_hold_every_row_once(demo_dir, tmp_path, monkeypatch):
     src = demo_dir / "LABEVENTS.csv.gz"
-    monkeypatch.setattr(shard, "ROWS_PER_BLOCK", 1000)  # several blocks per part on a small table
-    paths, rows = shard.shard_table(src, "LABEVENTS", tmp_path, parts=4, show_progress=False)
+    monkeypatch.setattr(table_parts, "ROWS_PER_BLOCK", 1000)  # several blocks per part on a small table
+    paths, rows = table_parts.write_table_parts(src, "LABEVENTS", tmp_path, parts=4, show_progress=False)
     assert rows == 76074
-    assert [p.name for p in paths] == [shard.part_name("LABEVENTS", i, 4) for i in range(4)]
+    assert [p.name for p in paths] == [table_parts.part_name("LABEVENTS", i, 4) for i in range(4)]
     assert reader.locate_table_files(tmp_path, "LABEVENTS") == paths
     whole, _ = reader.read_table(src, "LABEVENTS")
     pieces = [reader.read_table(p, "LABEVENTS")[0] for p in paths]
@@ -21,7 +21,7 @@ def test_parts_hold_every_row_once(demo_dir, tmp_path, monkeypatch):
 
 
 def test_whole_and_parts_together_is_an_error(demo_dir, tmp_path):
-    shard.shard_table(demo_dir / "PRESCRIPTIONS.csv.gz", "PRESCRIPTIONS", tmp_path, parts=2,
+    table_parts.write_table_parts(demo_dir / "PRESCRIPTIONS.csv.gz", "PRESCRIPTIONS", tmp_path, parts=2,
                       show_progress=False)
     (tmp_path / "PRESCRIPTIONS.csv.gz").write_bytes((demo_dir / "PRESCRIPTIONS.csv.gz").read_bytes())
     with pytest.raises(reader.ReaderError, match="both whole"):
@@ -32,7 +32,7 @@ def test_malformed_rows_are_copied_not_repaired(tmp_path):
     src = tmp_path / "src" / "DIAGNOSES_ICD.csv"
     src.parent.mkdir()
     src.write_text('"ROW_ID","SUBJECT_ID","HADM_ID","SEQ_NUM","ICD9_CODE"\n1,2,3,1,"4280"\n2,2,3\n')
-    paths, rows = shard.shard_table(src, "DIAGNOSES_ICD", tmp_path / "out", parts=1, show_progress=False)
+    paths, rows = table_parts.write_table_parts(src, "DIAGNOSES_ICD", tmp_path / "out", parts=1, show_progress=False)
     assert rows == 2
     dead = []
     table, stats = reader.read_table(paths[0], "DIAGNOSES_ICD", on_dead_letter=dead.append)

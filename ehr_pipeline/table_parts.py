@@ -1,7 +1,7 @@
 """Split one large table file into parts that workers can read in parallel.
 
 A gzip file can only be decompressed from its start, so the Beam job reads each file on one
-worker; CHARTEVENTS (330M rows, one file) would then bound the whole run. ``shard_table``
+worker; CHARTEVENTS (330M rows, one file) would then bound the whole run. ``write_table_parts``
 rewrites it as TABLE-00000-of-000NN.csv.gz parts, each a complete CSV with the header, which
 ``reader.locate_table_files`` and the job pick up instead of the single file.
 
@@ -40,7 +40,7 @@ def _open_text(path: pathlib.Path):
     return io.TextIOWrapper(raw, encoding="utf-8", newline="")
 
 
-def shard_table(src: str | pathlib.Path, table: str, out_dir: str | pathlib.Path, parts: int,
+def write_table_parts(src: str | pathlib.Path, table: str, out_dir: str | pathlib.Path, parts: int,
                 show_progress: bool = True) -> tuple[list[pathlib.Path], int]:
     """Copies `src` into `parts` gzip parts in `out_dir`; returns (part paths, data rows copied)."""
     if parts < 1:
