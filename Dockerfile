@@ -8,10 +8,15 @@
 #
 # GPU training image (same pinned stack + CUDA wheels; needs the NVIDIA container toolkit):
 #   docker build --build-arg TF_EXTRAS=and-cuda --target train -t ehr-train-gpu .
+#
+# Beam worker image for the job on Flink / Spark / Dataflow (the `job` group: no TensorFlow):
+#   docker build --target beam-worker -t ehr-beam-worker .
 
 # An exact tag: a floating one (3.11-slim) changes under a rebuild. 3.11.7 is the Python the
 # pinned stack was resolved and tested on.
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
+# Beam's own SDK image for the pinned Beam and Python: its entry point is the worker harness.
+ARG BEAM_SDK_IMAGE=apache/beam_python3.11_sdk:2.77.0
 
 # ---------------------------------------------------------------- venv: an empty venv to install into
 FROM ${PYTHON_IMAGE} AS venv
@@ -34,6 +39,7 @@ RUN pip install -r requirements.txt -c constraints.txt \
             -c constraints.txt; \
     fi
 COPY pyproject.toml README.md ./
+COPY ehr_base ./ehr_base
 COPY ehr_pipeline ./ehr_pipeline
 COPY model ./model
 COPY serving ./serving
@@ -47,6 +53,7 @@ COPY constraints.txt pyproject.toml README.md ./
 # pyproject.toml's `serve` group names the packages; constraints.txt pins their versions.
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['serve']))" > serve.txt \
  && pip install -r serve.txt -c constraints.txt
+COPY ehr_base ./ehr_base
 COPY ehr_pipeline ./ehr_pipeline
 COPY model ./model
 COPY serving ./serving
@@ -84,3 +91,18 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
 # it refuses --no-auth on a non-loopback host.
 ENTRYPOINT ["ehr-serve"]
 CMD ["--model", "/model", "--host", "0.0.0.0", "--port", "8000"]
+
+# ---------------------------------------------------------------- beam-worker: the job's workers, no TensorFlow
+# Used as the SDK harness of a portable runner: --sdk_container_image=IMAGE (Dataflow), or
+# --environment_type=DOCKER --environment_config=IMAGE (Flink, Spark). pyproject.toml's `job`
+# group names what the DoFns import; constraints.txt pins it to the driver's versions.
+FROM ${BEAM_SDK_IMAGE} AS beam-worker
+WORKDIR /opt/ehr
+COPY constraints.txt pyproject.toml README.md ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['job']))" > job.txt \
+ && pip install --no-cache-dir -r job.txt -c constraints.txt
+COPY ehr_base ./ehr_base
+COPY ehr_pipeline ./ehr_pipeline
+COPY model ./model
+COPY serving ./serving
+RUN pip install --no-cache-dir --no-deps .
