@@ -13,7 +13,7 @@ state its admission type is answered with the risk averaged over the training ty
 warning (``serving.admission_type``).
 
 A Bundle is validated by ``fhir.resources`` and mapped by ``ehr_pipeline.fhir.mapping``; the
-result becomes a ``PredictRequest`` and goes through ``routes.predict_admissions``, the very
+result becomes a ``PredictRequest`` and goes through ``prediction.predict_admissions``, the very
 function behind /v1/predict (bagging, encoding, micro-batching, uncertainty, metrics).
 """
 from __future__ import annotations
@@ -38,6 +38,13 @@ from serving.batching import Arrival, MicroBatcher
 from serving.metrics import ServiceMetrics
 from serving.monitor import Monitor
 from serving.predictor import ServedModel
+from serving.prediction import (
+    check_event_limit,
+    held_out_calibration,
+    model_identity,
+    predict_admissions,
+    resolve_num_samples,
+)
 from serving.routes import (
     ArrivalDep,
     BatcherDep,
@@ -47,11 +54,6 @@ from serving.routes import (
     ServedModelDep,
     SeedQuery,
     SettingsDep,
-    check_event_limit,
-    held_out_calibration,
-    model_identity,
-    predict_admissions,
-    resolve_num_samples,
 )
 from serving.schemas import PatientPrediction, PredictRequest
 from serving.settings import Settings
