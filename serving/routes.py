@@ -2,17 +2,22 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from serving.auth import require_api_key, require_metrics_key
-from serving.batching import Arrival, MicroBatcher
-from serving.dependencies import get_arrival, get_batcher, get_metrics, get_monitor, get_predictor, get_settings
+from serving.dependencies import (
+    IncludeSamplesQuery,
+    MetricsDep,
+    MonitorDep,
+    NumSamplesQuery,
+    SeedQuery,
+    ServedModelDep,
+    ServingDep,
+    SettingsDep,
+)
 from serving.encoding import InputError
-from serving.metrics import ServiceMetrics
-from serving.monitor import Monitor
 from serving.prediction import (
     check_event_limit,
     held_out_calibration,
@@ -20,7 +25,6 @@ from serving.prediction import (
     predict_admissions,
     resolve_num_samples,
 )
-from serving.predictor import ServedModel
 from serving.schemas import (
     BatchRequest,
     BatchResponse,
@@ -34,7 +38,6 @@ from serving.schemas import (
     PredictResponse,
     ShiftFinding,
 )
-from serving.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -52,20 +55,6 @@ metrics_router = APIRouter(tags=["metrics"], dependencies=[Depends(require_metri
                            responses={401: _ERRORS[401]})
 v1_router = APIRouter(prefix="/v1", tags=["prediction"], dependencies=[Depends(require_api_key)],
                       responses=_ERRORS)
-
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-ServedModelDep = Annotated[ServedModel, Depends(get_predictor)]
-BatcherDep = Annotated[MicroBatcher, Depends(get_batcher)]
-ArrivalDep = Annotated[Arrival, Depends(get_arrival)]
-MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
-MonitorDep = Annotated[Monitor | None, Depends(get_monitor)]
-NumSamplesQuery = Annotated[int | None, Query(
-    ge=1, description="Monte-Carlo samples S per ensemble member; default and upper limit are server "
-                      "settings (25 and 100 unless changed). The response holds S*K samples.")]
-SeedQuery = Annotated[int | None, Query(
-    ge=0, le=2**63 - 1, description="Seed for reproducible samples: the same request with the same seed "
-                                    "gives the same answer. Without it every call draws fresh samples.")]
-IncludeSamplesQuery = Annotated[bool, Query(description="Return all S*K sampled probabilities.")]
 
 
 # ------------------------------------------------------------------------------- health
@@ -124,12 +113,7 @@ def _log(request: Request, route: str, predictions: list[PatientPrediction], num
 async def predict(
     body: PredictRequest,
     request: Request,
-    settings: SettingsDep,
-    predictor: ServedModelDep,
-    batcher: BatcherDep,
-    arrival: ArrivalDep,
-    metrics: MetricsDep,
-    monitor: MonitorDep,
+    serving: ServingDep,
     num_samples: NumSamplesQuery = None,
     seed: SeedQuery = None,
     include_samples: IncludeSamplesQuery = False,
@@ -138,11 +122,13 @@ async def predict(
 
     Concurrent calls are micro-batched into shared forward passes (unless they pass a seed).
     """
+    settings, predictor = serving.settings, serving.predictor
     samples = resolve_num_samples(num_samples, settings)
     check_event_limit(body, settings, ("body",))
-    [prediction] = await predict_admissions([body], [("body",)], num_samples=samples, seed=seed,
-                                  include_samples=include_samples, predictor=predictor, batcher=batcher,
-                                  arrival=arrival, metrics=metrics, monitor=monitor)
+    [prediction] = await predict_admissions(
+        [body], [("body",)], num_samples=samples, seed=seed, include_samples=include_samples,
+        predictor=predictor, batcher=serving.batcher, arrival=serving.arrival, metrics=serving.metrics,
+        monitor=serving.monitor)
     _log(request, "predict", [prediction], samples)
     export = predictor.export
     return PredictResponse(**prediction.model_dump(), num_samples=samples, ensemble_size=export.ensemble_size,
@@ -154,17 +140,13 @@ async def predict(
 async def predict_batch(
     body: BatchRequest,
     request: Request,
-    settings: SettingsDep,
-    predictor: ServedModelDep,
-    batcher: BatcherDep,
-    arrival: ArrivalDep,
-    metrics: MetricsDep,
-    monitor: MonitorDep,
+    serving: ServingDep,
     num_samples: NumSamplesQuery = None,
     seed: SeedQuery = None,
     include_samples: IncludeSamplesQuery = False,
 ) -> BatchResponse:
     """Predictions for up to the server's max patients, in request order, from one forward pass."""
+    settings, predictor = serving.settings, serving.predictor
     samples = resolve_num_samples(num_samples, settings)
     if len(body.patients) > settings.max_patients:
         raise InputError(("body", "patients"), f"at most {settings.max_patients} patients per batch, got "
@@ -172,9 +154,10 @@ async def predict_batch(
     locs: list[tuple[str | int, ...]] = [("body", "patients", i) for i in range(len(body.patients))]
     for req, loc in zip(body.patients, locs):
         check_event_limit(req, settings, loc)
-    predictions = await predict_admissions(body.patients, locs, num_samples=samples, seed=seed,
-                                 include_samples=include_samples, predictor=predictor, batcher=batcher,
-                                 arrival=arrival, metrics=metrics, monitor=monitor)
+    predictions = await predict_admissions(
+        body.patients, locs, num_samples=samples, seed=seed, include_samples=include_samples,
+        predictor=predictor, batcher=serving.batcher, arrival=serving.arrival, metrics=serving.metrics,
+        monitor=serving.monitor)
     _log(request, "predict_batch", predictions, samples)
     export = predictor.export
     return BatchResponse(predictions=predictions, num_samples=samples, ensemble_size=export.ensemble_size,
