@@ -104,10 +104,13 @@ class Analyte:
     """A chemistry analyte: its LOINC codes (mass and substance variants), molar mass (g/mol) and charge."""
 
     name: str
-    molar_mass: float  # g/mol
+    molar_mass: float | None  # g/mol; None where no molar conversion applies
     loinc: tuple[str, ...]
     valence: int = 1  # charge per particle: mEq = valence x mmol
     note: str = ""
+    # (arbitrary UCUM atom, the unit it equals for this analyte): the Ehrlich unit of urobilinogen
+    # is defined as 1 mg of it, so MIMIC's urinalysis writes EU/dL and mg/dL for one item.
+    equivalents: tuple[tuple[str, str], ...] = ()
 
 
 # Molar masses: standard atomic weights (IUPAC CIAAW 2021) and PubChem's computed molecular weights;
@@ -138,6 +141,8 @@ ANALYTES: tuple[Analyte, ...] = (
     Analyte("bicarbonate", 61.017, ("1963-8", "1959-6", "2028-9"), note="HCO3-, IUPAC"),
     Analyte("haemoglobin", 16114.5, ("718-7", "20509-6", "59260-0"), note="monomer Hb/4"),
     Analyte("albumin", 66472.0, ("1751-7", "61151-7"), note="UniProt P02768 mature chain"),
+    Analyte("urobilinogen", None, ("5818-0", "20405-7"), equivalents=(("[EU]", "mg"),),
+            note="1 Ehrlich unit = 1 mg urobilinogen (test-strip convention); 5818-0 is MIMIC-III's code"),
 )
 ANALYTE_BY_LOINC: dict[str, Analyte] = {code: a for a in ANALYTES for code in a.loinc}
 
@@ -263,6 +268,10 @@ class Converter:
         return self._conversions[pair]
 
     def _convert(self, src: str, dst: str, loinc: str | None) -> tuple[Conversion | None, str]:
+        analyte = ANALYTE_BY_LOINC.get(loinc or "")
+        for atom, equal in analyte.equivalents if analyte is not None else ():
+            if atom in src or atom in dst:  # an arbitrary unit this analyte defines: read it as its equal
+                return self._convert(src.replace(atom, equal), dst.replace(atom, equal), None)
         a = self._parse(src) if self.ucum(src) else None
         b = self._parse(dst) if self.ucum(dst) else None
         if a is None or b is None:
@@ -277,7 +286,6 @@ class Converter:
         reg = self._registry_()
         ua, ub = self._units_of(a), self._units_of(b)
         fa, fb = self._factor_of(a), self._factor_of(b)
-        analyte = ANALYTE_BY_LOINC.get(loinc or "")
         if ua.dimensionality == ub.dimensionality:
             affine = self._affine(reg, ua, ub, fa, fb)
             if analyte is None:
@@ -285,7 +293,7 @@ class Converter:
             return Conversion(affine.scale * self._valence_factor(ua, ub, analyte), affine.offset), ""
         ratio = ua.dimensionality / ub.dimensionality
         mass_per_mol = reg.Quantity(1, "gram / mole").dimensionality
-        if analyte is None:
+        if analyte is None or analyte.molar_mass is None:
             if ratio in (mass_per_mol, 1 / mass_per_mol):
                 return None, "mass <-> substance needs the analyte's molar mass: no LOINC with one known for this code"
             return None, f"{src!r} and {dst!r} measure different quantities"
@@ -380,10 +388,16 @@ class Harmoniser:
     """Moves events' values to their codes' canonical units: the one conversion of the job and the service."""
 
     def __init__(self, canonical: Mapping[str, str], loinc: Mapping[str, str] | None = None,
-                 converter: Converter | None = None):
+                 converter: Converter | None = None, seen: Mapping[str, Iterable[str]] | None = None):
         self.canonical = dict(canonical)
         self.loinc = dict(loinc or {})
         self.converter = converter or Converter()
+        self._seen = {code: list(written) for code, written in (seen or {}).items()}  # the training census
+
+    def seen_in_training(self, code: str, unit: object) -> bool:
+        """Whether the training data had values of `code` in `unit` (any spelling): unusable there as here."""
+        key = self.converter.key(unit)
+        return key is not None and any(self.converter.key(u) == key for u in self._seen.get(code, ()))
 
     def resolve(self, code: str, unit: object) -> tuple[str, Conversion | None, str]:
         """(outcome, conversion or None, why not) for one code's value recorded in `unit`."""

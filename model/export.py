@@ -153,6 +153,8 @@ class Export:
     # 'source:code' -> the unit its training values were converted to (units.json "canonical"):
     # request values in another unit are converted to it, or not used (ehr_pipeline.units).
     units: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # 'source:code' -> the units its training values were written in (units.json "codes"), convertible or not.
+    unit_census: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     # Training mean and standard deviation per numeric code, and the |z| where the model caps
     # values: a request value beyond it is answered with a warning.
     value_stats: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
@@ -179,7 +181,7 @@ class Export:
     def harmoniser(self) -> units_mod.Harmoniser:
         """Moves request values to the training units; one per export, so its conversion cache is shared."""
         loinc = {f"lab{spec.CODE_SEPARATOR}{item}": code for code, items in self.lab_loinc.items() for item in items}
-        return units_mod.Harmoniser(self.units, loinc)
+        return units_mod.Harmoniser(self.units, loinc, seen=self.unit_census)
 
 
 def _read_json(directory: pathlib.Path, name: str) -> Any:
@@ -230,18 +232,22 @@ def _lab_loinc(directory: pathlib.Path) -> dict[str, tuple[str, ...]]:
     return {str(k): tuple(v) for k, v in bridge.items()}
 
 
-def _units(directory: pathlib.Path) -> dict[str, str]:
-    """'source:code' -> canonical unit from units.json; {} when the export has none (values then go unchecked)."""
+def _units(directory: pathlib.Path) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """('source:code' -> canonical unit, 'source:code' -> units as written) from units.json; empty without one.
+
+    Without one, values go unchecked.
+    """
     if not (directory / outputs.UNITS).exists():
-        return {}
+        return {}, {}
     data = _read_json(directory, outputs.UNITS)
     by_code = data.get("codes") if isinstance(data, dict) else None
     if not isinstance(by_code, dict) or not all(isinstance(v, dict) for v in by_code.values()):
         raise ExportError(f"{directory / outputs.UNITS}: expected {{\"codes\": {{code: {{unit: rows}}}}}}")
     counts, canonical = units_mod.read_units_file(data)
+    census = {code: tuple(sorted(written)) for code, written in counts.items()}
     # Data folders made before values were harmonised have no "canonical": their values were
     # used as written, mostly in each code's most common unit, which the same rule recovers.
-    return canonical or units_mod.canonical_units(counts, units_mod.Converter())
+    return canonical or units_mod.canonical_units(counts, units_mod.Converter()), census
 
 
 def _admission_types(directory: pathlib.Path) -> dict[str, int]:
@@ -256,12 +262,21 @@ def _admission_types(directory: pathlib.Path) -> dict[str, int]:
     return dict(counts)
 
 
+# A range warning needs a training distribution to be outside of: the z-scores of a code seen with
+# a handful of values (the demo has codes with 3) say nothing about a new value.
+RANGE_MIN_VALUES = 30
+
+
 def _value_stats(data: Any, where: pathlib.Path) -> tuple[dict[str, tuple[float, float]], float | None]:
-    """{code: (mean, std)} and clip_z from numeric_stats.json ({} and None when it has none)."""
+    """{code: (mean, std)} of codes with at least RANGE_MIN_VALUES training values, and clip_z, from numeric_stats.json.
+
+    ({} and None when it has none.) A statistic without its count ("n") is kept: older data folders.
+    """
     if not isinstance(data, dict) or not data.get("codes") or data.get("clip_z") is None:
         return {}, None  # nothing to compare with: no range warnings
     try:
-        stats = {str(c): (float(v["mean"]), float(v["std"])) for c, v in data["codes"].items()}
+        stats = {str(c): (float(v["mean"]), float(v["std"])) for c, v in data["codes"].items()
+                 if int(v.get("n", RANGE_MIN_VALUES)) >= RANGE_MIN_VALUES}
         clip_z = float(data["clip_z"])
     except (KeyError, TypeError, ValueError) as err:
         raise ExportError(f"{where}: expected clip_z and codes {{code: {{mean, std}}}}: {err}") from None
@@ -296,9 +311,10 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
     metrics = _validate(ExportMetrics, metrics_raw, directory / METRICS)
     value_stats, clip_z = _value_stats(_read_json(directory, outputs.NUMERIC_STATS),
                                        directory / outputs.NUMERIC_STATS)
+    canonical, census = _units(directory)
     return Export(directory=directory, checksum=checksum, card=card, card_raw=card_raw, pipeline=pipeline,
                   pipeline_raw=pipeline_raw, vocabulary=frozenset(ranks), metrics=metrics, metrics_raw=metrics_raw,
-                  lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=_units(directory),
+                  lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=canonical, unit_census=census,
                   value_stats=value_stats, clip_z=clip_z, admission_types=_admission_types(directory),
                   meds_codes=_meds_codes(directory), reference=_reference(directory))
 

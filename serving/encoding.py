@@ -137,7 +137,8 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
 
     # Only codes the model actually sees (kept bags) can be out of its vocabulary.
     unknown = sorted(set(bags.codes.tolist()) - export.vocabulary)
-    found: list[tuple[str, str]] = [("unit_not_convertible", m) for m in _unit_problems(codes, harmonised)]
+    found: list[tuple[str, str]] = [("unit_not_convertible", m)
+                                    for m in _unit_problems(codes, harmonised, export.harmoniser)]
     if not_events:
         found.append(("meds_code_not_event", f"{len(not_events)} MEDS code(s) the model's code map does not read as "
                       f"events, not used (first: {not_events[0]})"))
@@ -211,10 +212,17 @@ def _unit_rows(codes: np.ndarray, written: list[str | None], values: np.ndarray)
     return rows
 
 
-def _unit_problems(codes: np.ndarray, harmonised: units.Harmonised) -> list[str]:
-    """One message per (code, unit) whose values could not be converted to the model's unit."""
+def _unit_problems(codes: np.ndarray, harmonised: units.Harmonised, harmoniser: units.Harmoniser) -> list[str]:
+    """One message per (code, unit) whose values could not be converted to the model's unit.
+
+    A unit the training data also had for the code is no news: its values were set aside in
+    training too (MetaVision's 'dose' beside mg), so the model never learnt from them; they are
+    counted in the answer's events.values, without a warning.
+    """
     by_pair: dict[tuple[str, str, str, str], int] = {}
     for i, unit, canonical, why in harmonised.problems:
+        if harmoniser.seen_in_training(str(codes[i]), unit):
+            continue
         key = (str(codes[i]), unit, canonical, why)
         by_pair[key] = by_pair.get(key, 0) + 1
     return [f"{n} value(s) of {code} in {unit!r} cannot be converted to {canonical!r}, the unit the model was "

@@ -40,8 +40,10 @@ DEFAULT_VOCABULARY = {
 # The fixture's training units and lab LOINC codes, as the Beam job writes them (units.json,
 # lab_loinc.json): creatinine in mg/dL, potassium in mEq/L, heart rate per minute.
 FIXTURE_UNITS = {
-    "codes": {"lab:50912": {"mg/dL": 900, "MG/DL": 3}, "lab:50971": {"mEq/L": 800}, "chart:220045": {"bpm": 5000}},
-    "canonical": {"lab:50912": "mg/dL", "lab:50971": "meq/L", "chart:220045": "/min"},
+    "codes": {"lab:50912": {"mg/dL": 900, "MG/DL": 3}, "lab:50971": {"mEq/L": 800}, "chart:220045": {"bpm": 5000},
+              # MetaVision charts some antibiotics in doses and, now and then, in mg: not convertible.
+              "input:225798": {"dose": 190, "mg": 4}},
+    "canonical": {"lab:50912": "mg/dL", "lab:50971": "meq/L", "chart:220045": "/min", "input:225798": "dose"},
 }
 FIXTURE_LAB_LOINC = {"codes": {"2160-0": ["50912"], "2823-3": ["50971"]}}
 

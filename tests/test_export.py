@@ -142,3 +142,13 @@ def test_unknown_format_version_is_refused(trained, tmp_path):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ExportError, match="format_version"):
         load_export(copy)
+
+
+def test_range_warnings_need_a_training_distribution(tmp_path):
+    """Codes with fewer than RANGE_MIN_VALUES training values get no range check (the demo has codes with 3)."""
+    from model import export
+
+    stats, clip_z = export._value_stats({"clip_z": 10.0, "codes": {
+        "lab:1": {"mean": 1.0, "std": 0.1, "n": 3}, "lab:2": {"mean": 2.0, "std": 0.2, "n": export.RANGE_MIN_VALUES},
+        "lab:3": {"mean": 3.0, "std": 0.3}}}, tmp_path / "numeric_stats.json")
+    assert clip_z == 10.0 and stats == {"lab:2": (2.0, 0.2), "lab:3": (3.0, 0.3)}

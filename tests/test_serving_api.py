@@ -537,6 +537,22 @@ def test_values_far_outside_the_training_range_are_answered_with_a_counted_warni
     assert scrape(client)['ehr_input_warnings_total{kind="value_out_of_range"}'] - before == 3
 
 
+def test_a_unit_the_training_data_could_not_use_either_is_counted_without_a_warning(client):
+    # input:225798 trained on 'dose' (190 values) and 'mg' (4, set aside in training): an 'mg' value is
+    # no news, a 'grams' value is (the tiny export's units.json).
+    def answer(unit):
+        events = [{"time": iso(ADMIT + dt.timedelta(hours=1)), "source": "input", "code": "225798", "value": 500.0,
+                   "unit": unit}]
+        r = client.post("/v1/predict", json=body(events=events), headers=HEADERS)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    for unit, warned in (("mg", False), ("grams", True), ("dose", False)):
+        out = answer(unit)
+        assert any("cannot be converted" in w for w in out["warnings"]) is warned, (unit, out["warnings"])
+        assert out["events"]["values"]["not_convertible"] == (0 if unit == "dose" else 1)
+
+
 # ------------------------------------------------------------------------------- metrics
 
 

@@ -42,6 +42,7 @@ PUBLISHED = [
     ("inches", "cm", None, 2.54),
     ("%", "L/L", None, 0.01),  # haematocrit as a fraction
     ("SECONDS", "sec", None, 1.0),
+    ("EU/dL", "mg/dL", "5818-0", 1.0),  # urobilinogen: an Ehrlich unit is 1 mg of it (MIMIC writes both)
     ("uIU/mL", "mIU/L", None, 1.0),
 ]
 
