@@ -33,7 +33,7 @@ DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/ages.
 # records) for the shift report; it reads the bags, it changes nothing the model sees.
 MONITOR = {"ehr_pipeline/population.py", "serving/monitor.py"}
 # Plumbing that never touches the data: middleware, API keys, dependency injection, micro-batching.
-PLUMBING = {"serving/app.py", "serving/auth.py", "serving/dependencies.py", "serving/batching.py"}
+PLUMBING = {"serving/middleware.py", "serving/auth.py", "serving/dependencies.py", "serving/batching.py"}
 
 
 @pytest.fixture(scope="module")
