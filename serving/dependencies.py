@@ -2,13 +2,17 @@
 
 create_app puts the settings, the loaded model, the batcher and the metrics on
 ``app.state``; routes ask for them here instead of importing globals, so an app is fully
-described by what its factory was given.
+described by what its factory was given. Every prediction route (/v1, FHIR, CDS Hooks) takes
+the one ``ServingDep`` bundle and the same query parameters, declared once below, so the
+route modules share them without importing each other.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
+from typing import Annotated
 
-from fastapi import HTTPException, Request, status
+from fastapi import Depends, HTTPException, Query, Request, status
 
 from serving.batching import Arrival, MicroBatcher
 from serving.metrics import ServiceMetrics
@@ -55,3 +59,39 @@ async def get_arrival(request: Request) -> AsyncIterator[Arrival]:
     """
     with get_batcher(request).arrival() as arrival:
         yield arrival
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ServedModelDep = Annotated[ServedModel, Depends(get_predictor)]
+BatcherDep = Annotated[MicroBatcher, Depends(get_batcher)]
+ArrivalDep = Annotated[Arrival, Depends(get_arrival)]
+MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+MonitorDep = Annotated[Monitor | None, Depends(get_monitor)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Serving:
+    """What a prediction route needs from the app, in one dependency (/v1/predict, FHIR, CDS Hooks)."""
+
+    settings: Settings
+    predictor: ServedModel
+    batcher: MicroBatcher
+    arrival: Arrival
+    metrics: ServiceMetrics
+    monitor: Monitor | None
+
+
+def _serving(settings: SettingsDep, predictor: ServedModelDep, batcher: BatcherDep, arrival: ArrivalDep,
+             metrics: MetricsDep, monitor: MonitorDep) -> Serving:
+    """The app's settings, model, batcher, metrics and monitor, and this request's arrival."""
+    return Serving(settings, predictor, batcher, arrival, metrics, monitor)
+
+
+ServingDep = Annotated[Serving, Depends(_serving)]
+NumSamplesQuery = Annotated[int | None, Query(
+    ge=1, description="Monte-Carlo samples S per ensemble member; default and upper limit are server "
+                      "settings (25 and 100 unless changed). The response holds S*K samples.")]
+SeedQuery = Annotated[int | None, Query(
+    ge=0, le=2**63 - 1, description="Seed for reproducible samples: the same request with the same seed "
+                                    "gives the same answer. Without it every call draws fresh samples.")]
+IncludeSamplesQuery = Annotated[bool, Query(description="Return all S*K sampled probabilities.")]

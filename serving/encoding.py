@@ -87,25 +87,9 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
     """Bags a request's events and builds its SequenceExample; raises InputError (with loc) on nonsense input."""
     admit = to_seconds(request.admission.admit_time)
     pipeline = export.pipeline
-    if request.prediction_time is None:
-        trigger = admit + pipeline.trigger_offset_seconds
-        if trigger > MAX_SECONDS:  # the response could not even write the default time down
-            raise InputError(loc + ("admission", "admit_time"), "admit_time is too late to add the "
-                             f"model's trigger offset of {pipeline.trigger_offset_seconds} s")
-    else:
-        trigger = to_seconds(request.prediction_time)
-        if not MIN_SECONDS <= trigger <= MAX_SECONDS:  # its UTC offset moved it out of years 1-9999
-            raise InputError(loc + ("prediction_time",), "prediction_time is outside years 1-9999 in UTC")
-        if trigger < admit:
-            raise InputError(loc + ("prediction_time",), "prediction_time must not precede admission.admit_time")
-
+    trigger = _prediction_seconds(request, admit, pipeline.trigger_offset_seconds, loc)
     patient = request.patient
-    if patient.date_of_birth is not None:
-        raw_age = float(ages.age_years(to_seconds(patient.date_of_birth), admit))
-        if raw_age < 0:
-            raise InputError(loc + ("patient", "date_of_birth"), "date_of_birth is after admission.admit_time")
-    else:
-        raw_age = float(patient.age_years)
+    raw_age = _raw_age(request, admit, loc)
     age = float(ages.cap_age(raw_age))
 
     events, not_events = _model_events(request.events, export, loc)
@@ -165,6 +149,33 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
         admission=population.admission_from_bags(age, patient.gender, request.admission.admission_type, bags),
         unit_rows=unit_rows,
     )
+
+
+def _prediction_seconds(request: PredictRequest, admit: int, offset_s: int, loc: tuple[str | int, ...]) -> int:
+    """The prediction time, seconds since the epoch: as requested, else admission + the model's offset (s)."""
+    if request.prediction_time is None:
+        trigger = admit + offset_s
+        if trigger > MAX_SECONDS:  # the response could not even write the default time down
+            raise InputError(loc + ("admission", "admit_time"), "admit_time is too late to add the "
+                             f"model's trigger offset of {offset_s} s")
+        return trigger
+    trigger = to_seconds(request.prediction_time)
+    if not MIN_SECONDS <= trigger <= MAX_SECONDS:  # its UTC offset moved it out of years 1-9999
+        raise InputError(loc + ("prediction_time",), "prediction_time is outside years 1-9999 in UTC")
+    if trigger < admit:
+        raise InputError(loc + ("prediction_time",), "prediction_time must not precede admission.admit_time")
+    return trigger
+
+
+def _raw_age(request: PredictRequest, admit: int, loc: tuple[str | int, ...]) -> float:
+    """The patient's age at admission in years, before the cohort's cap."""
+    patient = request.patient
+    if patient.date_of_birth is None:
+        return float(patient.age_years)
+    raw_age = float(ages.age_years(to_seconds(patient.date_of_birth), admit))
+    if raw_age < 0:
+        raise InputError(loc + ("patient", "date_of_birth"), "date_of_birth is after admission.admit_time")
+    return raw_age
 
 
 def _model_events(events, export: Export, loc: tuple[str | int, ...]) -> tuple[list[tuple], list[str]]:

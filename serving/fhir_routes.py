@@ -13,12 +13,11 @@ state its admission type is answered with the risk averaged over the training ty
 warning (``serving.admission_type``).
 
 A Bundle is validated by ``fhir.resources`` and mapped by ``ehr_pipeline.fhir.mapping``; the
-result becomes a ``PredictRequest`` and goes through ``routes.predict_admissions``, the very
+result becomes a ``PredictRequest`` and goes through ``prediction.predict_admissions``, the very
 function behind /v1/predict (bagging, encoding, micro-batching, uncertainty, metrics).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import re
@@ -33,20 +32,9 @@ from starlette.concurrency import run_in_threadpool
 from ehr_pipeline.fhir.mapping import FhirInputError, MappedAdmission, ModelCodes, map_bundle, read_bundle
 from serving import fhir_answers
 from serving.auth import require_api_key
+from serving.dependencies import NumSamplesQuery, SeedQuery, Serving, ServingDep
 from serving.encoding import InputError
-from serving.batching import Arrival, MicroBatcher
-from serving.metrics import ServiceMetrics
-from serving.monitor import Monitor
-from serving.predictor import ServedModel
-from serving.routes import (
-    ArrivalDep,
-    BatcherDep,
-    MetricsDep,
-    MonitorDep,
-    NumSamplesQuery,
-    ServedModelDep,
-    SeedQuery,
-    SettingsDep,
+from serving.prediction import (
     check_event_limit,
     held_out_calibration,
     model_identity,
@@ -54,7 +42,6 @@ from serving.routes import (
     resolve_num_samples,
 )
 from serving.schemas import PatientPrediction, PredictRequest
-from serving.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -77,24 +64,6 @@ _FHIR_RESPONSES: dict[int | str, dict[str, Any]] = {
 fhir_router = APIRouter(prefix="/fhir/r4", tags=["fhir"], dependencies=[Depends(require_api_key)])
 cds_router = APIRouter(tags=["cds-hooks"], dependencies=[Depends(require_api_key)])
 
-@dataclasses.dataclass(frozen=True)
-class Serving:
-    """What a prediction route needs from the app: the /v1 routes' dependencies in one."""
-
-    settings: Settings
-    predictor: ServedModel
-    batcher: MicroBatcher
-    arrival: Arrival
-    metrics: ServiceMetrics
-    monitor: Monitor | None
-
-
-def _serving(settings: SettingsDep, predictor: ServedModelDep, batcher: BatcherDep, arrival: ArrivalDep,
-             metrics: MetricsDep, monitor: MonitorDep) -> Serving:
-    return Serving(settings, predictor, batcher, arrival, metrics, monitor)
-
-
-ServingDep = Annotated[Serving, Depends(_serving)]
 EncounterQuery = Annotated[str | None, Query(
     max_length=64, description="id of the Encounter to predict for; default: the latest-starting one.")]
 

@@ -1,49 +1,45 @@
 """HTTP routes: health and readiness, Prometheus metrics, and the authenticated /v1 API."""
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Annotated
 
-import numpy as np
-
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from serving import admission_type
 from serving.auth import require_api_key, require_metrics_key
-from serving.batching import Arrival, MicroBatcher
-from serving.dependencies import get_arrival, get_batcher, get_metrics, get_monitor, get_predictor, get_settings
-from serving.encoding import Encoded, InputError, encode
-from serving.metrics import ServiceMetrics
-from serving.monitor import Monitor
-from model.export import Export
-from serving.predictor import ServedModel, summarise
+from serving.dependencies import (
+    IncludeSamplesQuery,
+    MetricsDep,
+    MonitorDep,
+    NumSamplesQuery,
+    SeedQuery,
+    ServedModelDep,
+    ServingDep,
+    SettingsDep,
+)
+from serving.encoding import InputError
+from serving.prediction import (
+    check_event_limit,
+    held_out_calibration,
+    model_identity,
+    predict_admissions,
+    resolve_num_samples,
+)
 from serving.schemas import (
     BatchRequest,
     BatchResponse,
-    Calibration,
     ErrorResponse,
-    EventCounts,
     Health,
-    Interval,
-    ModelIdentity,
     ModelInfo,
     MonitorResponse,
-    OutOfVocabulary,
     PatientPrediction,
     PredictRequest,
     PrecisionInfo,
     PredictResponse,
-    Referral,
     ShiftFinding,
 )
-from serving.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-# Up to this many events per request are bagged on the event loop (~1 ms per 100 events).
-INLINE_ENCODE_EVENTS = 2000
 
 _ERRORS = {
     400: {"model": ErrorResponse, "description": "Body is not JSON: invalid UTF-8, malformed or nested too deep."},
@@ -59,20 +55,6 @@ metrics_router = APIRouter(tags=["metrics"], dependencies=[Depends(require_metri
                            responses={401: _ERRORS[401]})
 v1_router = APIRouter(prefix="/v1", tags=["prediction"], dependencies=[Depends(require_api_key)],
                       responses=_ERRORS)
-
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-ServedModelDep = Annotated[ServedModel, Depends(get_predictor)]
-BatcherDep = Annotated[MicroBatcher, Depends(get_batcher)]
-ArrivalDep = Annotated[Arrival, Depends(get_arrival)]
-MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
-MonitorDep = Annotated[Monitor | None, Depends(get_monitor)]
-NumSamplesQuery = Annotated[int | None, Query(
-    ge=1, description="Monte-Carlo samples S per ensemble member; default and upper limit are server "
-                      "settings (25 and 100 unless changed). The response holds S*K samples.")]
-SeedQuery = Annotated[int | None, Query(
-    ge=0, le=2**63 - 1, description="Seed for reproducible samples: the same request with the same seed "
-                                    "gives the same answer. Without it every call draws fresh samples.")]
-IncludeSamplesQuery = Annotated[bool, Query(description="Return all S*K sampled probabilities.")]
 
 
 # ------------------------------------------------------------------------------- health
@@ -114,131 +96,6 @@ async def prometheus(request: Request, metrics: MetricsDep, monitor: MonitorDep)
 # ------------------------------------------------------------------------------- helpers
 
 
-def model_identity(predictor: ServedModel) -> ModelIdentity:
-    export = predictor.export
-    return ModelIdentity(name=export.card.name, version=export.card.version, checksum=export.checksum,
-                         precision=predictor.precision)
-
-
-def held_out_calibration(export: Export) -> Calibration:
-    return Calibration(split="test", ece=export.metrics.test.ece, nll=export.metrics.test.nll)
-
-
-def resolve_num_samples(requested: int | None, settings: Settings) -> int:
-    if requested is None:
-        return settings.default_num_samples
-    if requested > settings.max_num_samples:
-        raise InputError(("query", "num_samples"), f"num_samples must be at most {settings.max_num_samples}, "
-                                                   f"got {requested}", "less_than_equal")
-    return requested
-
-
-def check_event_limit(request: PredictRequest, settings: Settings, loc: tuple[str | int, ...]) -> None:
-    if len(request.events) > settings.max_events:
-        raise InputError(loc + ("events",), f"at most {settings.max_events} events per patient, got "
-                                            f"{len(request.events)}", "too_long")
-
-
-async def predict_admissions(
-    requests: list[PredictRequest],
-    locs: list[tuple[str | int, ...]],
-    *,
-    num_samples: int,
-    seed: int | None,
-    include_samples: bool,
-    predictor: ServedModel,
-    batcher: MicroBatcher,
-    arrival: Arrival,
-    metrics: ServiceMetrics,
-    monitor: Monitor | None = None,
-) -> list[PatientPrediction]:
-    """Encodes, runs (micro-batched) and summarises requests; predictions in request order (each joins the monitor).
-
-    A request without an admission type is encoded once per training type and its samples are
-    drawn from each in proportion to the type's training frequency (serving.admission_type).
-    """
-    export = predictor.export
-    for r, loc in zip(requests, locs):
-        admission_type.check(r, export, loc)
-    unknown = {i for i, r in enumerate(requests) if r.admission.admission_type is None}
-    allocation = admission_type.allocate(export.admission_types, num_samples) if unknown else []
-    # (request index, type to encode it with or None for its own, samples per member)
-    jobs = [(i, None, num_samples) for i, r in enumerate(requests) if r.admission.admission_type is not None]
-    jobs += [(i, t, n) for t, n in allocation for i in sorted(unknown)]
-
-    def encode_all() -> list[Encoded]:
-        return [encode(_with_type(requests[i], t), export, locs[i]) for i, t, _ in jobs]
-
-    if sum(len(requests[i].events) for i, _, _ in jobs) <= INLINE_ENCODE_EVENTS:
-        # Small inputs are bagged right here: pure-Python work gains nothing from a thread
-        # (the GIL), and many threads would starve the event loop of it under load.
-        variants = encode_all()
-    else:  # a big input would stall every other request for its whole encoding time
-        variants = await run_in_threadpool(encode_all)
-    groups: dict[int, list[int]] = {}  # samples per member -> positions in jobs (one forward pass each)
-    for j, (_, _, n) in enumerate(jobs):
-        groups.setdefault(n, []).append(j)
-    results = await asyncio.gather(*(batcher.submit([variants[j].example for j in js], n, seed, arrival=arrival)
-                                     for n, js in groups.items()))
-    rows: dict[tuple[int, str | None], np.ndarray] = {}  # (request, type encoded) -> its samples
-    for js, probs_n in zip(groups.values(), results):
-        for j, row in zip(js, probs_n):
-            rows[jobs[j][:2]] = row
-    probs = np.stack([admission_type.mixed([rows[i, t] for t, _ in allocation]) if i in unknown else rows[i, None]
-                      for i in range(len(requests))])
-    first = {}
-    for j, (i, _, _) in enumerate(jobs):
-        first.setdefault(i, variants[j])
-    encoded = [first[i] for i in range(len(requests))]
-    s = summarise(probs, export, num_samples)
-    policy = export.metrics.referral
-    mixed_warning = [admission_type.warning(export.admission_types, allocation, num_samples)] if unknown else []
-    out = []
-    for i, (req, enc) in enumerate(zip(requests, encoded)):
-        out.append(PatientPrediction(
-            id=req.id,
-            probability=float(s.probability[i]),
-            std=float(s.std[i]),
-            interval=Interval(lower=float(s.lower[i]), upper=float(s.upper[i])),
-            predictive_entropy=float(s.predictive_entropy[i]),
-            aleatoric=float(s.aleatoric[i]),
-            epistemic=float(s.epistemic[i]),
-            member_probabilities=[float(v) for v in s.members[i]],
-            decision_threshold=export.metrics.decision_threshold,
-            predicted_positive=bool(s.predicted_positive[i]),
-            samples_across_threshold=float(s.across_threshold[i]),
-            refer=bool(s.refer[i]),
-            referral=Referral(refer=bool(s.refer[i]), measure=policy.measure, value=float(s.referral_value[i]),
-                              threshold=policy.threshold, rate=policy.rate),
-            events=EventCounts(received=enc.events_received, used=enc.events_used, ignored=enc.ignored,
-                               values=enc.unit_outcomes),
-            out_of_vocabulary=OutOfVocabulary(count=enc.oov_count, codes=enc.oov_codes),
-            prediction_time=enc.prediction_time,
-            age_years=enc.age_years,
-            warnings=[*enc.warnings, *mixed_warning] if i in unknown else enc.warnings,
-            samples=[float(v) for v in probs[i]] if include_samples else None,
-        ))
-        for reason, n in enc.ignored.items():
-            if n:
-                metrics.events_ignored.labels(reason=reason).inc(n)
-        metrics.oov_codes.inc(enc.oov_count)
-        for kind in [*enc.warning_kinds, *([admission_type.KIND] if i in unknown else [])]:
-            metrics.input_warnings.labels(kind=kind).inc()
-        if monitor is not None:
-            monitor.record(enc.admission, enc.unit_rows, float(s.epistemic[i]))
-    metrics.predictions.inc(len(out))
-    metrics.referrals.inc(sum(p.refer for p in out))
-    return out
-
-
-def _with_type(request: PredictRequest, admission_type_: str | None) -> PredictRequest:
-    """The request as sent (None), or with the admission type it did not know."""
-    if admission_type_ is None:
-        return request
-    return request.model_copy(update={"admission": request.admission.model_copy(
-        update={"admission_type": admission_type_})})
-
-
 def _log(request: Request, route: str, predictions: list[PatientPrediction], num_samples: int) -> None:
     """Counts only: no codes, values, times or ids of patients ever reach the log."""
     logger.info("%s request_id=%s patients=%d events=%d used=%d ignored=%d oov=%d num_samples=%d referred=%d",
@@ -256,12 +113,7 @@ def _log(request: Request, route: str, predictions: list[PatientPrediction], num
 async def predict(
     body: PredictRequest,
     request: Request,
-    settings: SettingsDep,
-    predictor: ServedModelDep,
-    batcher: BatcherDep,
-    arrival: ArrivalDep,
-    metrics: MetricsDep,
-    monitor: MonitorDep,
+    serving: ServingDep,
     num_samples: NumSamplesQuery = None,
     seed: SeedQuery = None,
     include_samples: IncludeSamplesQuery = False,
@@ -270,11 +122,13 @@ async def predict(
 
     Concurrent calls are micro-batched into shared forward passes (unless they pass a seed).
     """
+    settings, predictor = serving.settings, serving.predictor
     samples = resolve_num_samples(num_samples, settings)
     check_event_limit(body, settings, ("body",))
-    [prediction] = await predict_admissions([body], [("body",)], num_samples=samples, seed=seed,
-                                  include_samples=include_samples, predictor=predictor, batcher=batcher,
-                                  arrival=arrival, metrics=metrics, monitor=monitor)
+    [prediction] = await predict_admissions(
+        [body], [("body",)], num_samples=samples, seed=seed, include_samples=include_samples,
+        predictor=predictor, batcher=serving.batcher, arrival=serving.arrival, metrics=serving.metrics,
+        monitor=serving.monitor)
     _log(request, "predict", [prediction], samples)
     export = predictor.export
     return PredictResponse(**prediction.model_dump(), num_samples=samples, ensemble_size=export.ensemble_size,
@@ -286,17 +140,13 @@ async def predict(
 async def predict_batch(
     body: BatchRequest,
     request: Request,
-    settings: SettingsDep,
-    predictor: ServedModelDep,
-    batcher: BatcherDep,
-    arrival: ArrivalDep,
-    metrics: MetricsDep,
-    monitor: MonitorDep,
+    serving: ServingDep,
     num_samples: NumSamplesQuery = None,
     seed: SeedQuery = None,
     include_samples: IncludeSamplesQuery = False,
 ) -> BatchResponse:
     """Predictions for up to the server's max patients, in request order, from one forward pass."""
+    settings, predictor = serving.settings, serving.predictor
     samples = resolve_num_samples(num_samples, settings)
     if len(body.patients) > settings.max_patients:
         raise InputError(("body", "patients"), f"at most {settings.max_patients} patients per batch, got "
@@ -304,9 +154,10 @@ async def predict_batch(
     locs: list[tuple[str | int, ...]] = [("body", "patients", i) for i in range(len(body.patients))]
     for req, loc in zip(body.patients, locs):
         check_event_limit(req, settings, loc)
-    predictions = await predict_admissions(body.patients, locs, num_samples=samples, seed=seed,
-                                 include_samples=include_samples, predictor=predictor, batcher=batcher,
-                                 arrival=arrival, metrics=metrics, monitor=monitor)
+    predictions = await predict_admissions(
+        body.patients, locs, num_samples=samples, seed=seed, include_samples=include_samples,
+        predictor=predictor, batcher=serving.batcher, arrival=serving.arrival, metrics=serving.metrics,
+        monitor=serving.monitor)
     _log(request, "predict_batch", predictions, samples)
     export = predictor.export
     return BatchResponse(predictions=predictions, num_samples=samples, ensemble_size=export.ensemble_size,

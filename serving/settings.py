@@ -37,58 +37,69 @@ def is_loopback(host: str) -> bool:
 
 
 class Settings(BaseModel):
-    """Everything the service needs besides the model itself; defaults are the CLI defaults."""
+    """Everything the service needs besides the model itself.
+
+    The one place a setting is written: ``serving.cli`` makes each field an ``ehr-serve`` flag
+    with this default and description as its help, in this order.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model_dir: pathlib.Path = Field(description="Export directory written by model.export.")
-    host: str = Field("127.0.0.1", description="Interface to bind.")
-    port: int = Field(8000, ge=0, le=65535, description="TCP port; 0 picks a free one.")
+    model_dir: pathlib.Path = Field(
+        description="Export directory written by model.export (manifest.json, saved_model/, ...).")
+    host: str = Field("127.0.0.1", description="Interface to bind; --no-auth needs a loopback one.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = any free port).")
     api_keys: tuple[SecretStr, ...] = Field(
         (), description="Accepted API keys (SecretStr: never printed in reprs or logs).")
-    no_auth: bool = Field(False, description="Serve without API keys; loopback hosts only.")
+    no_auth: bool = Field(
+        False, description="Serve WITHOUT API keys; refused unless --host is 127.0.0.1, ::1 or localhost.")
     max_batch: int = Field(
         32, ge=1, le=1024, description="Most examples merged into one forward pass.")
     max_wait_ms: float = Field(
         5.0, ge=0.0, le=1000.0,
-        description="Longest a request waits for others to share its forward pass, ms.")
+        description="Longest a request waits for others to share its forward pass, milliseconds.")
     max_queue: int = Field(
-        1024, ge=1, description="Requests waiting for the model before new ones get 503.")
+        1024, ge=1, description="Requests waiting for the model before new ones are answered 503.")
     max_body_bytes: int = Field(
-        4 * 1024 * 1024, ge=1024, description="Largest accepted request body, bytes (else 413).")
+        4 * 1024 * 1024, ge=1024, description="Largest request body accepted, bytes (larger: 413).")
     max_events: int = Field(
-        20000, ge=1, description="Most events per patient (else 422 naming 'events').")
+        20000, ge=1, description="Most events per patient (more: 422 naming 'events').")
     max_patients: int = Field(
-        64, ge=1, description="Most patients per batch request (else 422 naming 'patients').")
+        64, ge=1, description="Most patients per batch request (more: 422 naming 'patients').")
     default_num_samples: int = Field(
-        25, ge=1, description="Monte-Carlo samples per ensemble member when the query omits it.")
+        25, ge=1, description="Monte-Carlo samples per ensemble member when a request does not say.")
     max_num_samples: int = Field(
         MAX_SAMPLES, ge=1, le=MAX_SAMPLES, description="Largest num_samples a request may ask for (the export "
         "signature's limit).")
-    warmup: bool = Field(True, description="Run one forward pass at start-up before /readyz says ready.")
-    open_metrics: bool = Field(
-        False, description="Serve /metrics without an API key (it shows request outcomes, so it needs one "
-                            "by default).")
-    body_timeout_s: float = Field(
-        10.0, gt=0.0, le=600.0, description="Longest wait for the next piece of a request body, seconds (else 408).")
-    max_connections: int = Field(
-        512, ge=1, description="Most connections and requests at once; more are answered 503 at once.")
-    shutdown_timeout_s: float = Field(
-        15.0, gt=0.0, le=600.0, description="After SIGTERM, longest wait for open requests, seconds; then "
-                                            "the server closes them and exits.")
     precision: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="LSTM matmul operands: auto (time both at warm-up, serve bfloat16 only where it is "
-                            "faster on this machine and within the documented tolerance), float32 (exact, equals "
-                            "ehr-eval) or bfloat16.")
+        "auto", description="Operands of the LSTM's matmuls: float32 is exact (equals ehr-eval for a seed); "
+                            "bfloat16 moves probabilities by at most the tolerance in docs/serving.md and is faster "
+                            "on some CPUs, slower on others; auto times both at warm-up and serves bfloat16 only "
+                            "where its pass takes at most 90% of float32's here and stays within that tolerance "
+                            "(/v1/model and the start-up log say which and why).")
+    inter_op_threads: int = Field(
+        0, ge=0, description="TensorFlow inter-op threads (0: TensorFlow's default, one per core); matmuls still "
+                             "use every core (intra-op). The model runs one pass at a time and its LSTM loop is a "
+                             "chain of small ops: 1 runs them without a thread hand-off per op, which helped on a "
+                             "loaded machine and made no difference on a quiet one (docs/serving.md).")
     monitor_window: int = Field(
         500, ge=0, le=100000, description="Recent admissions the population monitor compares with the model's "
-                                          "training population (GET /v1/monitor, ehr_shift_* gauges); 0 turns it "
-                                          "off.")
-    inter_op_threads: int = Field(
-        0, ge=0, description="TensorFlow inter-op threads (0: TensorFlow's default, one per core). The model runs "
-                             "one pass at a time and its LSTM loop is a chain of small ops; 1 runs them without a "
-                             "thread hand-off per op, which helped on a loaded machine and made no difference on a "
-                             "quiet one (docs/serving.md).")
+                                          "training population (GET /v1/monitor, ehr_shift_* gauges; "
+                                          "docs/shift.md); 0 turns it off.")
+    warmup: bool = Field(
+        True, description="Run the start-up forward passes before /readyz says 'ok'; --no-warmup skips them "
+                          "(/readyz is 'ok' at once).")
+    open_metrics: bool = Field(
+        False, description="Serve /metrics without an API key (it shows request outcomes, so by default the "
+                           "key is required there too).")
+    body_timeout_s: float = Field(
+        10.0, gt=0.0, le=600.0,
+        description="Longest wait for the next piece of a request body, seconds (slower: 408).")
+    max_connections: int = Field(
+        512, ge=1, description="Most connections and requests at once (more: 503 at once).")
+    shutdown_timeout_s: float = Field(
+        15.0, gt=0.0, le=600.0, description="After SIGTERM, longest wait for open requests before closing them, "
+                                            "seconds; then the server exits.")
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

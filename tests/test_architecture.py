@@ -156,3 +156,38 @@ def test_the_service_and_the_export_reader_start_without_tensorflow():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": ""})
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def _route_modules() -> set[str]:
+    """Serving modules that declare endpoints (an APIRouter)."""
+    return {name for name, path in _modules().items()
+            if name.startswith("serving.") and "APIRouter(" in path.read_text(encoding="utf-8")}
+
+
+def test_route_modules_share_dependencies_not_each_other():
+    # What two route modules share (dependencies, the prediction use case) lives in a module of
+    # its own; a route module importing another would tie their endpoints together.
+    routes = _route_modules()
+    assert {"serving.routes", "serving.fhir_routes"} <= routes
+    graph = import_graph()
+    crossing = sorted(f"{m} -> {t}" for m in routes for t in graph[m] & routes)
+    assert not crossing, f"route modules import route modules: {crossing}"
+
+
+MAX_FUNCTION_LINES, MAX_MODULE_LINES = 80, 600
+
+
+def test_serving_functions_and_modules_stay_short():
+    too_long = []
+    for name, path in _modules().items():
+        if not name.startswith("serving"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                if node.end_lineno - start + 1 > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}.{node.name}: {node.end_lineno - start + 1} lines")
+    assert not too_long, f"over {MAX_FUNCTION_LINES} lines a function or {MAX_MODULE_LINES} a module: {too_long}"

@@ -21,18 +21,19 @@ from tests.serving_fixtures import write_tiny_model_export
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The modules that convert the request's data, each once: JSON -> validated request (schemas) ->
 # events in seconds (encoding, ages) -> values in the training units (units) -> bags (bagging) ->
-# SequenceExample (the spec's AdmissionContext, written by seqex) -> SavedModel call (predictor, predict, export) -> uncertainty summary
-# (metrics) -> response (routes); the admission type is checked against the training types
-# (admission_type), which also average an unknown one.
+# SequenceExample (the spec's AdmissionContext, written by seqex) -> SavedModel call (predictor,
+# predict, export) -> uncertainty summary (metrics) -> prediction (prediction, the use case every
+# predict route calls) -> response (routes); the admission type is checked against the training
+# types (admission_type), which also average an unknown one.
 DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/ages.py", "ehr_pipeline/units.py",
-                "ehr_pipeline/bagging.py",
-                "ehr_pipeline/spec.py", "ehr_pipeline/seqex.py", "serving/predictor.py", "model/predict.py", "model/export.py",
-                "model/metrics.py", "serving/routes.py", "serving/admission_type.py"}
+                "ehr_pipeline/bagging.py", "ehr_pipeline/spec.py", "ehr_pipeline/seqex.py",
+                "serving/predictor.py", "model/predict.py", "model/export.py",
+                "model/metrics.py", "serving/prediction.py", "serving/routes.py", "serving/admission_type.py"}
 # The population monitor keeps a summary of each answered admission (the job's own summary of its
 # records) for the shift report; it reads the bags, it changes nothing the model sees.
 MONITOR = {"ehr_pipeline/population.py", "serving/monitor.py"}
 # Plumbing that never touches the data: middleware, API keys, dependency injection, micro-batching.
-PLUMBING = {"serving/app.py", "serving/auth.py", "serving/dependencies.py", "serving/batching.py"}
+PLUMBING = {"serving/middleware.py", "serving/auth.py", "serving/dependencies.py", "serving/batching.py"}
 
 
 @pytest.fixture(scope="module")
