@@ -74,7 +74,7 @@ def wrn_parameter_counts() -> dict[str, int]:
     import tensorflow as tf
 
     from model.image.config import ImageModelConfig
-    from model.posterior import PosteriorConfig
+    from model.layers.posterior import PosteriorConfig
     from model.image.models import build_model, count_parameters
 
     counts = {}

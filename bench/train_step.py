@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 import model  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 import tensorflow as tf  # noqa: E402
 
-from model import rank1  # noqa: E402
-from model.posterior import PosteriorConfig  # noqa: E402
+from model.layers import rank1  # noqa: E402
+from model.layers.posterior import PosteriorConfig  # noqa: E402
 
 N_TRAIN = 40_000  # KL scale 1/N_train: a MIMIC-III-sized training set
 RANK1_CONFIG = "configs/ehr_rank1_normal.yaml"

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ehr_base import yaml_config
 from ehr_base.yaml_config import ConfigError
 from model.export import MAX_SAMPLES
-from model.posterior import KERNEL_PENALTY_METHODS, PosteriorConfig
+from model.layers.posterior import KERNEL_PENALTY_METHODS, PosteriorConfig
 
 # Strict ints: YAML `1.5` must not quietly become 1, nor `true` the integer 1.
 _Int = Annotated[int, Field(strict=True)]
@@ -40,7 +40,7 @@ Method = Literal["deterministic", "batchensemble", "bayesian_embeddings", "fully
 ENSEMBLE_METHODS = ("batchensemble", "rank1", "bella")
 # Methods with a stochastic (variational) embedding table, shared by the K members.
 STOCHASTIC_EMBEDDING_METHODS = ("bayesian_embeddings", "fully_bayesian", "rank1", "ktied_normal")
-# The layer factory's posterior (model.posterior.METHODS) behind each method: bayesian_embeddings
+# The layer factory's posterior (model.layers.posterior.METHODS) behind each method: bayesian_embeddings
 # differs from deterministic in its embeddings only, fully_bayesian is a mean field over the weights.
 FACTORY_METHODS = {"deterministic": "deterministic", "bayesian_embeddings": "deterministic",
                    "batchensemble": "batchensemble", "rank1": "rank1", "fully_bayesian": "mean_field",

@@ -22,7 +22,7 @@ Forward pass for N admissions, S samples and K members (docs/model.md has the pi
      its Laplace posterior (model.wide).
 
 The result is reshaped to [N, S*K], sample-major (column m = s*K + k), the layout of
-``model.metrics``. Layers come from the factory ``model.rank1``; which posterior they carry
+``model.metrics``. Layers come from the factory ``model.layers.rank1``; which posterior they carry
 is data (``ModelConfig.method``).
 """
 from __future__ import annotations
@@ -31,12 +31,12 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 
-from model import rank1
+from model.layers import rank1
 from model.config import ModelConfig
-from model.embeddings import EmbeddingConfig, StochasticEmbedding
+from model.layers.embeddings import EmbeddingConfig, StochasticEmbedding
 from model.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
-from model.noise import Noise, call_sampling
-from model.rank1_lstm import Rank1LSTM
+from model.layers.noise import Noise, call_sampling
+from model.layers.rank1_lstm import Rank1LSTM
 from model.wide import GaussianLinear
 
 
@@ -100,8 +100,8 @@ class EHRModel(tf.keras.Model):
         """Logits [N, S*K] (float32), column s*K + k = sample s of member k.
 
         matmul_dtype "bfloat16": the LSTM's matmuls in bfloat16 (inference only, see
-        model.rank1_lstm); None / "float32": exact. The Keras-RNN (fully Bayesian) LSTM ignores it.
-        noise: every layer draws from this explicit source (model.noise, one key per admission)
+        model.layers.rank1_lstm); None / "float32": exact. The Keras-RNN (fully Bayesian) LSTM ignores it.
+        noise: every layer draws from this explicit source (model.layers.noise, one key per admission)
         instead of TensorFlow's stateful random ops; None: stateful draws (training).
         """
         # Every method samples its posterior in training and evaluation alike; `training` only

@@ -71,7 +71,7 @@ DECISION_THRESHOLD = 0.5
 MAX_SAMPLES = 100
 SIGNATURE = "serving_default"
 # Inference precision -> exported signature. "bfloat16" runs the LSTM's matmuls with bfloat16
-# operands (model.rank1_lstm); tests bound how far that moves the probabilities.
+# operands (model.layers.rank1_lstm); tests bound how far that moves the probabilities.
 SIGNATURES = {"float32": SIGNATURE, "bfloat16": "serving_bfloat16"}
 PRECISIONS = tuple(SIGNATURES)
 # How far the bfloat16 signature may move the float32 one's answers for the same examples and seed

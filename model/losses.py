@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from model import rank1
-from model.weight_posteriors import is_weight_posterior_layer
+from model.layers import rank1
+from model.layers.weight_posteriors import is_weight_posterior_layer
 
 
 def nll_loss(logits: tf.Tensor, labels: tf.Tensor, kind: str = "average") -> tf.Tensor:

@@ -20,9 +20,9 @@ from typing import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from model import weight_posteriors
-from model.embeddings import StochasticEmbedding
-from model.posterior import softplus_inverse
+from model.layers import weight_posteriors
+from model.layers.embeddings import StochasticEmbedding
+from model.layers.posterior import softplus_inverse
 
 # A replaced stddev below this (the clipped zeros) is stored as this: softplus^-1(0) is -inf.
 MIN_STDDEV = 1e-8

@@ -3,7 +3,7 @@
 One function body serves ehr-eval, the tests and the exported SavedModel, so the service's
 prediction for an example equals ehr-eval's for the same seed.
 
-Reproducibility. Every sampling layer takes an explicit noise source (``model.noise.Noise``)
+Reproducibility. Every sampling layer takes an explicit noise source (``model.layers.noise.Noise``)
 in its ``call``: the prediction graph passes one keyed by the seed input, and the layers draw
 their perturbations with stateless random ops from it. Each traced graph is checked for
 leftover stateful random ops (``assert_stateless``), so a layer that samples some other way
@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from ehr_pipeline import spec
 from model.export import MAX_SAMPLES, PRECISIONS, SIGNATURES, load_export
-from model.noise import Noise
+from model.layers.noise import Noise
 
 INPUT_SIGNATURE = (
     tf.TensorSpec([None], tf.string, name="examples"),
@@ -59,7 +59,7 @@ def assert_stateless(concrete_fn) -> None:
     found = stateful_random_ops(concrete_fn.graph.as_graph_def())
     if found:
         raise RuntimeError(f"seeded prediction graph still draws stateful random numbers via {sorted(found)}: "
-                           "a layer draws its noise without the explicit source it was given (model.noise)")
+                           "a layer draws its noise without the explicit source it was given (model.layers.noise)")
 
 
 # What the model sees of an example. Identifiers, the label and the trigger's absolute time

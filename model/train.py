@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from model import bella
+from model.layers import bella
 from model import devices as device_layout
 from model import evaluate as evaluation
 from model import export_writer, inputs, losses, metrics, precision, shift_report, training_loop

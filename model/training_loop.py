@@ -44,7 +44,7 @@ CHECKPOINT_DIR = "checkpoints"
 BEST_DIR = "best"
 BEST_FILE = "best.json"
 TENSORBOARD_DIR = "tensorboard"
-# Attribute names of edward2's rank-1 factor sites (see model.rank1._FACTOR_SITES).
+# Attribute names of edward2's rank-1 factor sites (see model.layers.rank1._FACTOR_SITES).
 _FACTOR_SITES = ("alpha", "gamma", "recurrent_alpha", "recurrent_gamma")
 
 

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from model import baselines
 from model.baselines import SplitFeatures
-from model.noise import Noise
+from model.layers.noise import Noise
 
 PRIOR_PRECISION = 1.0  # of the standardised weights: keeps H invertible where columns are collinear
 
@@ -112,7 +112,7 @@ class GaussianLinear(tf.keras.layers.Layer):
         self.scale.assign(fit.scale.astype(np.float32))
 
     def call(self, inputs: tf.Tensor, noise: Noise | None = None) -> tf.Tensor:
-        """[rows, F] -> [rows, 1]; noise: the explicit source (model.noise), None: stateful draws."""
+        """[rows, F] -> [rows, 1]; noise: the explicit source (model.layers.noise), None: stateful draws."""
         x = tf.concat([tf.ones_like(inputs[:, :1]), inputs], axis=-1)
         rows = tf.shape(x)[0]
         mean = tf.cast(self.mean, x.dtype)

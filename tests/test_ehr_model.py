@@ -10,9 +10,10 @@ from ehr_testdata import tiny_config_dict, write_data_dir
 
 from ehr_pipeline import bagging, spec
 from ehr_pipeline.config import PipelineConfig
-from model import inputs, losses, metrics, rank1
+from model import inputs, losses, metrics
+from model.layers import rank1
 from model import train as train_module
-from model.noise import Noise
+from model.layers.noise import Noise
 from model.config import parse_config
 from model.ehr_model import bag_vector_dim, build_model
 from model.predict import Predictor, predict_probs, stateful_random_ops

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from model import baselines
-from model.noise import Noise
+from model.layers.noise import Noise
 from model.wide import PRIOR_PRECISION, GaussianLinear, fit_laplace, laplace_posterior
 
 

@@ -20,7 +20,7 @@ from ehr_base import yaml_config
 from model.image.corruptions import CIFAR_C_CORRUPTIONS, CORRUPTIONS, SEVERITIES
 from model.config import ExperimentBase
 from model.export import MAX_SAMPLES
-from model.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig
+from model.layers.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig
 
 _Int = Annotated[int, Field(strict=True)]
 _PosInt = Annotated[int, Field(strict=True, gt=0)]

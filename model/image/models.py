@@ -1,4 +1,4 @@
-"""Rank-1 Wide ResNet, ResNet-style and MLP image classifiers, every conv and dense layer from ``model.rank1``.
+"""Rank-1 Wide ResNet, ResNet-style and MLP image classifiers, every conv and dense layer from ``model.layers.rank1``.
 
 Batch layout (the same as the EHR model and edward2's rank-1 layers): the model tiles the
 input batch of B images S*K times; row block k (S*B rows) belongs to ensemble member k and
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from model import rank1
+from model.layers import rank1
 from model.ehr_model import count_parameters
 from model.image.config import RESNET_BLOCKS, ImageModelConfig
 

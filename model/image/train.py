@@ -22,7 +22,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from model import bella, training_loop
+from model import training_loop
+from model.layers import bella
 from model.image import evaluate as evaluation
 from model.image.config import ImageExperimentConfig, ImageTrainConfig, parse_config
 from model.image.data import ImageData, load_data, train_dataset

@@ -1,4 +1,4 @@
-"""The one place that imports edward2; everything else does ``from model._edward2 import ed``.
+"""The one place that imports edward2; everything else does ``from model.layers._edward2 import ed``.
 
 edward2 0.0.2 imports its NumPy backend first and only guards it against ImportError;
 under SciPy >= 1.11 that backend fails with an AttributeError instead, which breaks

@@ -1,6 +1,6 @@
 """An LSTM layer for rank-1 (and deterministic) cells over a tiled [batch*K, T, d] batch.
 
-The layer does not own parameters: it wraps a cell built by ``model.rank1.lstm_cell``
+The layer does not own parameters: it wraps a cell built by ``model.layers.rank1.lstm_cell``
 (edward2's ``LSTMCellRank1`` or a plain Keras ``LSTMCell``) and computes exactly what
 ``tf.keras.layers.RNN(cell)`` computes. Sharing the cell means the trainable variables, the
 priors, the KL in ``losses`` and checkpoints are the reference's by construction.
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from model._edward2 import ed
-from model.noise import Noise, posterior_loc_scale, standard_draw
+from model.layers._edward2 import ed
+from model.layers.noise import Noise, posterior_loc_scale, standard_draw
 
 # The cell's rank-1 factors, in the order they are concatenated for batched sampling.
 SITES = ("alpha", "gamma", "recurrent_alpha", "recurrent_gamma")
@@ -113,7 +113,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
     def sample_perturbations(self, batch_size, noise: Noise | None = None) -> dict[str, tf.Tensor]:
         """One sample of every rank-1 factor per row of the tiled batch: site -> [batch, dim].
 
-        noise: draw from this explicit source (model.noise; seeded prediction) instead of
+        noise: draw from this explicit source (model.layers.noise; seeded prediction) instead of
         TensorFlow's stateful random ops.
         """
         if not self.is_rank1:
@@ -155,7 +155,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
     def call(self, inputs, mask=None, lengths=None, perturbations=None, matmul_dtype=None, noise=None):
         """inputs [B, T, d]; mask [B, T] or lengths [B]; perturbations from sample_perturbations.
 
-        noise: an explicit noise source (model.noise) for the factor draws; rows of the batch are
+        noise: an explicit noise source (model.layers.noise) for the factor draws; rows of the batch are
         member-major blocks of the examples.
 
         matmul_dtype: None or "float32" (exact), or "bfloat16" for the inference-only fast path.
@@ -171,7 +171,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
         # Time-major: the loop reads one [B, .] slice per step.
         x = tf.transpose(x, [1, 0, 2])
         if hasattr(cell, "particle_kernels"):
-            # Bella (model.bella): one (kernel, recurrent kernel) pair per row block, [P, ., 4u].
+            # Bella (model.layers.bella): one (kernel, recurrent kernel) pair per row block, [P, ., 4u].
             kernel, recurrent_kernel = cell.particle_kernels()
         else:
             kernel = tf.convert_to_tensor(cell.kernel)

@@ -1,7 +1,7 @@
 """Typed configuration of the weight posterior shared by every rank-1 layer.
 
 One ``PosteriorConfig`` describes the whole network's posterior (the paper tunes these
-hyperparameters once per model, Appendix B); the layer factory in ``model.rank1`` turns
+hyperparameters once per model, Appendix B); the layer factory in ``model.layers.rank1`` turns
 it into concrete layers. Field names follow the paper's Tables 5-7 and
 uncertainty-baselines so published settings can be copied verbatim.
 """
@@ -13,9 +13,9 @@ from typing import Annotated, Literal, get_args
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-# Every posterior the layer factory builds (model.rank1.BUILDERS has one entry per name):
+# Every posterior the layer factory builds (model.layers.rank1.BUILDERS has one entry per name):
 #   deterministic, rank1, batchensemble (point-mass rank-1 factors), bella (particle adapters),
-#   mean_field and ktied_normal (posteriors over whole weight matrices, model.weight_posteriors).
+#   mean_field and ktied_normal (posteriors over whole weight matrices, model.layers.weight_posteriors).
 Method = Literal["deterministic", "rank1", "batchensemble", "bella", "mean_field", "ktied_normal"]
 METHODS: tuple[str, ...] = get_args(Method)
 Distribution = Literal["normal", "cauchy"]
@@ -24,12 +24,12 @@ DISTRIBUTIONS: tuple[str, ...] = get_args(Distribution)
 # i.e. a BatchEnsemble factor. Names match edward2 / Table 7.
 FactorInitializer = Literal["trainable_normal", "trainable_cauchy", "trainable_deterministic"]
 FACTOR_INITIALIZERS: tuple[str, ...] = get_args(FactorInitializer)
-# Posteriors over whole weight matrices (model.weight_posteriors), not over rank-1 factors.
+# Posteriors over whole weight matrices (model.layers.weight_posteriors), not over rank-1 factors.
 WEIGHT_POSTERIOR_METHODS = ("mean_field", "ktied_normal")
 # Methods whose dense kernel is a point estimate under an L2 penalty, which another penalty may
 # replace (the others: a distribution with its own prior, or Bella's frozen base weights).
 KERNEL_PENALTY_METHODS = ("deterministic", "rank1", "batchensemble")
-# How Bella particles are trained (model.bella.ParticleUpdate).
+# How Bella particles are trained (model.layers.bella.ParticleUpdate).
 ParticleUpdate = Literal["ensemble", "svgd"]
 PARTICLE_UPDATES: tuple[str, ...] = get_args(ParticleUpdate)
 
@@ -55,7 +55,7 @@ class PosteriorConfig(BaseModel):
       sigma = sqrt(p / (1 - p)) (Section 3.5); only used at initialisation.
     use_additive_perturbation: (x + r) W + s instead of (x * r) W * s.
     l2: L2 coefficient on the shared weight matrices W (the paper's Normal prior on W).
-    adapter_rank: r of the Bella adapters W + A_p B_p (method "bella"; model.bella).
+    adapter_rank: r of the Bella adapters W + A_p B_p (method "bella"; model.layers.bella).
     particle_update: how Bella's particles train: "ensemble" (each its own loss) or "svgd".
     alpha_initializer, gamma_initializer: per-factor posterior family, one of
       FACTOR_INITIALIZERS; None follows `method` ("trainable_<distribution>" for rank1,

@@ -18,7 +18,7 @@ block-wise: the same FLOPs as the base per row, no per-row weights.
 
 Training (``ParticleUpdate``): the loss of particle p is its mean minibatch NLL plus
 -log prior / N_train. "ensemble" follows each particle's own gradient; "svgd" replaces the
-gradients by the SVGD direction (``model.svgd``) over the flattened adapters of each
+gradients by the SVGD direction (``model.layers.svgd``) over the flattened adapters of each
 particle, with grad log p(x_p | D) = -N_train * grad loss_p.
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from model import svgd
-from model.posterior import PARTICLE_UPDATES, PosteriorConfig
+from model.layers import svgd
+from model.layers.posterior import PARTICLE_UPDATES, PosteriorConfig
 
 # Written into a Bella run folder at its start: which base run it adapts (checked on resume).
 BASE_FILE = "bella_base.json"
@@ -152,7 +152,7 @@ class BellaConv2D(_Adapted):
 class BellaLSTMCell(_Particles, tf.keras.layers.LSTMCell):
     """An LSTM cell with frozen kernel / recurrent kernel / bias and an adapter on each matrix.
 
-    ``model.rank1_lstm.Rank1LSTM`` reads ``particle_kernels()`` and applies them block-wise;
+    ``model.layers.rank1_lstm.Rank1LSTM`` reads ``particle_kernels()`` and applies them block-wise;
     ``call`` does the same for one step (so the cell also runs in ``tf.keras.layers.RNN``).
     """
 
@@ -190,7 +190,7 @@ class BellaLSTMCell(_Particles, tf.keras.layers.LSTMCell):
         return h_new, [h_new, c_new]
 
 
-# --- the factory's entry (registered in model.rank1) --------------------------------------
+# --- the factory's entry (registered in model.layers.rank1) --------------------------------------
 
 def dense(units, config, *, activation, use_bias, name):
     """Factory builder: BellaDense."""

@@ -26,7 +26,7 @@ import zlib
 
 import tensorflow as tf
 
-from model._edward2 import ed
+from model.layers._edward2 import ed
 
 # Inverse-CDF Cauchy draws keep u in [CAUCHY_MIN_U, 1) so tan stays finite.
 CAUCHY_MIN_U = 1e-7

@@ -12,7 +12,7 @@ heuristic of the reference implementation: h = med(||x_i - x_j||^2) / log(P + 1)
 constant (no gradient through it). With P = 1 the kernel is 1 and its gradient 0, so SVGD
 reduces to gradient ascent on log p.
 
-Pure functions of tensors: ``model.bella`` calls them on the flattened adapter weights of its
+Pure functions of tensors: ``model.layers.bella`` calls them on the flattened adapter weights of its
 particles; tests call them on a known Gaussian.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ Both families plug into the same edward2 layers as trainable initializers (a Ker
 that returns an ``ed.RandomVariable``), so they share the Flipout estimator, the KL
 against the zero-mean Normal prior ``N(0, prior_stddev^2)`` (analytic, elementwise: the
 k-tied stddev matrix is materialised once, O(mn) memory, never the mn x mn covariance)
-and the KL annealing of the trainers. ``model.rank1`` registers them as the posteriors
+and the KL annealing of the trainers. ``model.layers.rank1`` registers them as the posteriors
 "mean_field" and "ktied_normal".
 """
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from model._edward2 import ed
-from model.noise import Noise
-from model.posterior import PosteriorConfig, softplus_inverse
+from model.layers._edward2 import ed
+from model.layers.noise import Noise
+from model.layers.posterior import PosteriorConfig, softplus_inverse
 
 # Noise on the initial log factors breaks the symmetry between the k columns (App. D.4).
 KTIED_INIT_LOG_JITTER = 0.1
@@ -141,7 +141,7 @@ def _kernel_draw(initializer, noise: Noise) -> tuple[tf.Tensor, tf.Tensor]:
 class DenseFlipout(ed.layers.DenseFlipout):
     """edward2 0.0.2's DenseFlipout with +-1 sign vectors (upstream's have mean 1, biasing the estimator).
 
-    ``call(x, noise=...)`` draws the kernel and the sign vectors from explicit noise (model.noise;
+    ``call(x, noise=...)`` draws the kernel and the sign vectors from explicit noise (model.layers.noise;
     x [rows, d], rows laid out as that module describes).
     """
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 _PosFinite = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 
-from model.noise import Noise
+from model.layers.noise import Noise
 
 
 class EmbeddingConfig(BaseModel):
@@ -102,7 +102,7 @@ class StochasticEmbedding(tf.keras.layers.Layer):
         return rows
 
     def call(self, ids, noise: Noise | None = None):
-        """Embedding samples of `ids`; noise: explicit draws (model.noise), one row per id in flat order."""
+        """Embedding samples of `ids`; noise: explicit draws (model.layers.noise), one row per id in flat order."""
         if noise is not None:
             noise = noise.fold_in(self.name)
         if isinstance(ids, tf.RaggedTensor):

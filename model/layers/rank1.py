@@ -10,13 +10,13 @@ Entries:
   deterministic  plain Keras layers (the tiled batch just repeats the same network).
   rank1          edward2 rank-1 layers; factors with trainable Normal/Cauchy posteriors
                  and a KL to the (mixture) prior in ``layer.losses``.
-  bella          low-rank particle adapters W + A_p B_p on frozen base weights (model.bella);
+  bella          low-rank particle adapters W + A_p B_p on frozen base weights (model.layers.bella);
                  P = ensemble_size particles, no KL (their prior enters the particle loss).
   batchensemble  the same edward2 layers with point-mass factors: plain Keras
                  initializers make edward2 use its variables directly (no sampling, no KL).
                  Sharing the rank-1 classes keeps one code path and identical variable
                  layouts, so a BatchEnsemble checkpoint can warm-start a rank-1 run.
-  mean_field     a Gaussian on every kernel entry (Flipout layers; model.weight_posteriors).
+  mean_field     a Gaussian on every kernel entry (Flipout layers; model.layers.weight_posteriors).
   ktied_normal   the same, its stddev matrix tied to rank k = config.ktied_rank (paper 003).
 
 Losses: edward2 puts the KL (summed over all K members, not divided by the dataset size)
@@ -34,11 +34,11 @@ from typing import Any, Callable, Iterable
 
 import tensorflow as tf
 
-from model import bella, weight_posteriors
-from model._edward2 import ed
-from model.noise import Noise, posterior_loc_scale, standard_draw
-from model.posterior import KERNEL_PENALTY_METHODS, WEIGHT_POSTERIOR_METHODS, PosteriorConfig, softplus_inverse
-from model.rank1_lstm import Rank1LSTM
+from model.layers import bella, weight_posteriors
+from model.layers._edward2 import ed
+from model.layers.noise import Noise, posterior_loc_scale, standard_draw
+from model.layers.posterior import KERNEL_PENALTY_METHODS, WEIGHT_POSTERIOR_METHODS, PosteriorConfig, softplus_inverse
+from model.layers.rank1_lstm import Rank1LSTM
 
 Layer = tf.keras.layers.Layer
 
@@ -92,7 +92,7 @@ def lstm_cell(units: int, config: PosteriorConfig, *, name: str | None = None) -
 
 def lstm(units: int, config: PosteriorConfig, *, return_sequences: bool = False,
          return_state: bool = False, name: str | None = None) -> Rank1LSTM:
-    """The fast LSTM layer (model.rank1_lstm) around ``lstm_cell(units, config)``."""
+    """The fast LSTM layer (model.layers.rank1_lstm) around ``lstm_cell(units, config)``."""
     cell = lstm_cell(units, config, name=f"{name}_cell" if name else None)
     return Rank1LSTM(cell, return_sequences=return_sequences, return_state=return_state, name=name)
 
@@ -211,7 +211,7 @@ def _factor_kwargs(config: PosteriorConfig, prefix: str = "") -> dict[str, Any]:
 
 
 class DenseRank1(ed.layers.DenseRank1):
-    """edward2's DenseRank1; ``call(x, noise=...)`` draws the factors from explicit noise (model.noise).
+    """edward2's DenseRank1; ``call(x, noise=...)`` draws the factors from explicit noise (model.layers.noise).
 
     edward2 samples inside ``call`` with stateful ops; with noise the same factors come from the
     layer's own posterior variables and the explicit source, then the same computation follows
