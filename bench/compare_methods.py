@@ -54,7 +54,7 @@ METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayes
 # Rows that are another row's config with a model setting changed: {row: (config name, model overrides)}.
 # rank1_normal_wide: with a linear part on the admission window's aggregates (ModelConfig.wide),
 # trained with the LSTM; rank1_normal_laplace: that part fitted first as the logistic regression
-# with its Laplace posterior (model.wide), the LSTM learning the residual.
+# with its Laplace posterior (model.training.wide), the LSTM learning the residual.
 VARIANTS = {"ktied_normal_k1": ("ktied_normal", {"ktied_rank": 1}),
             "ktied_normal_k3": ("ktied_normal", {"ktied_rank": 3}),
             "rank1_normal_wide": ("rank1_normal", {"wide": True}),
@@ -178,7 +178,7 @@ def _make_data(release: pathlib.Path, data: pathlib.Path, units_from: pathlib.Pa
 
 def _split(data: pathlib.Path, release: pathlib.Path, name: str) -> Split:
     from model.evaluate import load_truth
-    from model.inputs import load_data_files, read_split
+    from model.training.inputs import load_data_files, read_split
 
     records, labels, hadm_ids = read_split(load_data_files(data), name)
     return Split(records, np.asarray(labels), np.asarray(hadm_ids), load_truth(release / "SYNTH_TRUTH.csv", hadm_ids))
@@ -229,7 +229,7 @@ def _well_specified(work: pathlib.Path, seed: int, splits: dict[str, Split]) -> 
 
 
 def _config(method: str, seed: int, args: argparse.Namespace):
-    from model.config import load_config
+    from model.training.config import load_config
 
     name, model_overrides = VARIANTS.get(method, (method, {}))
     config = load_config(ROOT / "configs" / f"ehr_{name}.yaml")
@@ -247,7 +247,7 @@ def _config(method: str, seed: int, args: argparse.Namespace):
 def _train(method: str, seed: int, args, data: pathlib.Path, truth: pathlib.Path, work: pathlib.Path,
            name: str | None = None):
     """(export folder, trainable parameters, train seconds) of one run (runs/NAME); a finished run is reused."""
-    from model.train import train
+    from model.training.train import train
 
     run_dir = work / "runs" / (name or f"{method}_s{seed}")
     export_dir = run_dir / "export"
@@ -360,7 +360,7 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
             target = preds / f"{kind}_s{seed}.npz"
             if target.exists():
                 continue
-            from model.baselines import fit_baseline
+            from model.training.baselines import fit_baseline
 
             started = time.time()
             fitted = fit_baseline(data[f"A{seed}"], kind, seed=0)

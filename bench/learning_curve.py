@@ -10,7 +10,7 @@ release with the project's generator, runs the Beam job on it, and fits, on rand
 its training split (REPEATS draws per size), two models chosen and read exactly as in
 bench/compare_methods.py:
 
-* ``logistic``: model.baselines' logistic regression on the 634 window aggregates (L1 or L2 and C
+* ``logistic``: model.training.baselines' logistic regression on the 634 window aggregates (L1 or L2 and C
   chosen by NLL on the full validation split), the strongest general-purpose learner of the
   medium comparison;
 * ``well_specified_logistic``: the truth's own nine terms recomputed from the tables, with
@@ -78,9 +78,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     from tqdm.auto import tqdm
 
     from bench.compare_methods import _make_data, _make_release, truth_design
-    from model import baselines, metrics
+    from model import metrics
+    from model.training import baselines
     from model.evaluate import load_truth
-    from model.inputs import Featurizer, load_data_files
+    from model.training.inputs import Featurizer, load_data_files
 
     work = pathlib.Path(args.work)
     release, data = work / f"release_{args.release_name}", work / f"data_{args.release_name}"

@@ -85,9 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _ehr_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
     """(model, evaluate(), S) of an EHR run."""
-    from model import inputs, metrics
+    from model import metrics
+    from model.training import inputs
     from model.predict import Predictor, predict_probs
-    from model.train import load_run
+    from model.training.train import load_run
 
     if args.data is None:
         raise ValueError("an EHR run needs --data (the Beam job's output folder)")

@@ -26,8 +26,8 @@ log = logging.getLogger("model.eval")
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-eval`."""
     from model import clinical_stats
-    from model.baselines import KINDS
-    from model.config import EvalConfig
+    from model.training.baselines import KINDS
+    from model.training.config import EvalConfig
     from model.export import MAX_SAMPLES
     from model.metrics import UNCERTAINTY_MEASURES
     from model.shift_report import FAIL_ON
@@ -105,7 +105,7 @@ def _fraction(text: str) -> float:
 def resolve_model_dir(path: str) -> pathlib.Path:
     """An export directory, given either itself or a run folder that holds export/."""
     from model.export import MANIFEST
-    from model.train import EXPORT_DIR
+    from model.training.train import EXPORT_DIR
 
     p = pathlib.Path(path)
     if (p / MANIFEST).is_file():
@@ -124,7 +124,7 @@ def flag_problem(args: argparse.Namespace) -> str | None:
     """The first flag value EvalConfig refuses, as 'FLAG: why', or None (checked before any prediction)."""
     import pydantic
 
-    from model.config import EvalConfig
+    from model.training.config import EvalConfig
 
     values = {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in _EVAL_FLAGS.items()}
     try:

@@ -301,7 +301,7 @@ def population(files, cases_by_split: Mapping[str, Any]) -> dict[str, Any]:
 def read_cases(files) -> dict[str, Any]:
     """inputs.SplitCases of every split the data folder has."""
     from ehr_pipeline.config import SPLIT_NAMES
-    from model.inputs import read_split_cases
+    from model.training.inputs import read_split_cases
 
     out = {}
     for name in SPLIT_NAMES:
@@ -367,7 +367,7 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
     """
     from model import export_writer
     from model.export import load_export
-    from model.inputs import load_data_files, read_split
+    from model.training.inputs import load_data_files, read_split
     from model.predict import predict_probs
 
     exports = [load_export(d) for d in model_dirs]
@@ -382,7 +382,7 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
     ids: dict[str, tuple[list[int], list[int]]] = {}
 
     def predict(split_name: str) -> tuple[np.ndarray, list[int], list[int], list[bytes]]:
-        from model.inputs import example_ids
+        from model.training.inputs import example_ids
 
         records, labels, hadm_ids = read_split(files, split_name)
         ids[split_name] = example_ids(records)
@@ -478,10 +478,10 @@ def run_baseline_evaluation(kind: str, data_dir: str | os.PathLike[str], split: 
                             out_dir: str | os.PathLike[str] | None = None,
                             target_coverage: float = clinical_stats.TARGET_COVERAGE,
                             target_risk: float = clinical_stats.TARGET_RISK) -> dict[str, Any]:
-    """Fits a model.baselines baseline and reports it like a model (S = K = 1), same files; returns the report."""
-    from model.baselines import fit_baseline
-    from model.config import EvalConfig
-    from model.inputs import load_data_files
+    """Fits a model.training.baselines baseline and reports it like a model (S = K = 1), same files; returns the report."""
+    from model.training.baselines import fit_baseline
+    from model.training.config import EvalConfig
+    from model.training.inputs import load_data_files
 
     result = fit_baseline(data_dir, kind, seed, splits=tuple(dict.fromkeys(("validation", split))))
     # One probability per case: mutual information is 0, so entropy is the default measure here.

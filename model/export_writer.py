@@ -21,7 +21,7 @@ from ehr_pipeline import outputs
 from ehr_pipeline.population import Profile
 from model.export import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
                           SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, ExportError, load_export, write_manifest)
-from model.inputs import admission_type_counts
+from model.training.inputs import admission_type_counts
 from model.metrics import json_ready
 from model.predict import INPUT_SIGNATURE, Predictor, assert_stateless
 

@@ -58,7 +58,7 @@ def _vocabulary(files: Any) -> set[str]:
 
 
 def reference_profile(files: Any, *, validation_mi: np.ndarray | None = None, samples: int | None = None) -> Profile:
-    """The reference of a model trained on `files` (model.inputs.DataFiles): its training split, in its vocabulary.
+    """The reference of a model trained on `files` (model.training.inputs.DataFiles): its training split, in its vocabulary.
 
     validation_mi: the model's mutual information on the validation split (nats), estimated with
     `samples` samples per member.
@@ -75,7 +75,7 @@ def reference_from_data(data_dir: str | os.PathLike[str], model: Any | None, *, 
                         batch_size: int = 64, progress: bool = False) -> Profile:
     """A reference made now from the data folder a model was trained on; model (LoadedExport) adds validation MI."""
     from model import metrics
-    from model.inputs import load_data_files, read_split
+    from model.training.inputs import load_data_files, read_split
     from model.predict import predict_probs
 
     files = load_data_files(data_dir)

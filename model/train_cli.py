@@ -16,7 +16,7 @@ from ehr_base import console
 from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, output_dir, positive_int,
                                       setup_logging, usage_error)
 
-log = logging.getLogger("model.train")
+log = logging.getLogger("model.training.train")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
     console.load_tensorflow(args.verbose)
     from ehr_base.yaml_config import ConfigError
-    from model.config import load_config
+    from model.training.config import load_config
 
     try:
         config = load_config(args.config).with_overrides(**parse_overrides(args.overrides))
@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return usage_error("ehr-train", err)
 
-    from model import devices, metrics
+    from model import metrics
+    from model.training import devices
 
     try:
         # Before any TensorFlow work: logical devices cannot be changed once TensorFlow has set up its own.
@@ -114,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as err:
         print(f"ehr-train: {err}", file=sys.stderr)
         return 2
-    from model.train import train
-    from model.training_loop import ConfigMismatchError
+    from model.training.train import train
+    from model.training.training_loop import ConfigMismatchError
 
     try:
         result = train(config, args.data, args.out, progress=not args.no_progress,

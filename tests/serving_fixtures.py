@@ -187,9 +187,10 @@ def write_tiny_model_export(
     """
     import tempfile
 
-    from model import export_writer, inputs
-    from model.config import ModelConfig
-    from model.ehr_model import build_model
+    from model import export_writer
+    from model.training import inputs
+    from model.training.config import ModelConfig
+    from model.training.ehr_model import build_model
     from model.predict import Predictor
 
     pipeline = pipeline or PipelineConfig()

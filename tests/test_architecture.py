@@ -142,7 +142,7 @@ def test_nothing_imports_upward():
 def test_the_service_and_the_export_reader_start_without_tensorflow():
     # The service loads TensorFlow only with the SavedModel; importing its modules (and the
     # export contract they read) must stay cheap for --help and for the app factory.
-    code = ("import sys, serving.app, serving.cli, serving.settings, model.export, model.config; "
+    code = ("import sys, serving.app, serving.cli, serving.settings, model.export, model.training.config; "
             "print(sorted(m for m in ('tensorflow', 'tf_keras', 'edward2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": ""})

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from ehr_testdata import read_json, tiny_config_dict
 
-from model import inputs
+from model.training import inputs
 from model.layers import bella, svgd
 from model.layers.posterior import PosteriorConfig
 from model.layers.rank1_lstm import Rank1LSTM
@@ -191,8 +191,8 @@ def test_bella_needs_a_zero_prior_mean_and_a_shared_batch_norm():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, synthetic_data):
-    from model.config import parse_config
-    from model.train import train
+    from model.training.config import parse_config
+    from model.training.train import train
 
     base = tmp_path_factory.mktemp("bella")
     data = synthetic_data
@@ -208,8 +208,8 @@ def runs(tmp_path_factory, synthetic_data):
 
 @pytest.mark.slow
 def test_training_moves_only_the_adapters_and_records_the_base(runs):
-    from model.train import load_run
-    from model.training_loop import model_checkpoint
+    from model.training.train import load_run
+    from model.training.training_loop import model_checkpoint
 
     _, det_model, _, _ = load_run(runs["det"], runs["data"])
     _, model, _, step = load_run(runs["bella"], runs["data"])

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from ehr_testdata import read_json
 
-from model import baselines, eval_cli, evaluate, inputs, metrics
+from model import eval_cli, evaluate, metrics
+from model.training import baselines, inputs
 from model.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
 from model.predict import predict_probs
 

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from ehr_testdata import read_json, tiny_config_dict
 
-from model import analyze_cli, eval_cli, inputs
+from model import analyze_cli, eval_cli
+from model.training import inputs
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, synthetic_data):
-    from model.config import parse_config
-    from model.train import train
+    from model.training.config import parse_config
+    from model.training.train import train
 
     base = tmp_path_factory.mktemp("ktied_run")
     data, run = synthetic_data, base / "run"

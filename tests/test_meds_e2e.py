@@ -120,9 +120,9 @@ REQUESTS = {
 def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
     from ehr_testdata import tiny_config_dict
 
-    from model.config import parse_config
+    from model.training.config import parse_config
     from model.evaluate import MEDS_PREDICTIONS_FILE, run_evaluation
-    from model.train import train
+    from model.training.train import train
     from serving.app import create_app
     from serving.predictor import ServedModel
     from serving.settings import make_settings

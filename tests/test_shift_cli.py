@@ -15,7 +15,8 @@ import pytest
 from ehr_testdata import read_json, write_data_dir
 
 from ehr_pipeline import population
-from model import analyze_cli, eval_cli, inputs, metrics
+from model import analyze_cli, eval_cli, metrics
+from model.training import inputs
 from model.export import REFERENCE_PROFILE, ExportError, read_export, write_manifest
 from model.predict import predict_probs
 from model.shift_report import EXIT_SHIFT, SHIFT_JSON, SHIFT_MD, SHIFT_PNG

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from model import losses
+from model.training import losses
 from model.layers import rank1
 from model.layers import weight_posteriors as wp
 from model.layers.posterior import PosteriorConfig

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_base import yaml_config
 from model.image.corruptions import CIFAR_C_CORRUPTIONS, CORRUPTIONS, SEVERITIES
-from model.config import ExperimentBase
+from model.training.config import ExperimentBase
 from model.export import MAX_SAMPLES
 from model.layers.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig
 

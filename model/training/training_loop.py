@@ -33,9 +33,9 @@ import numpy as np
 import tensorflow as tf
 from tqdm.auto import tqdm
 
-from model import devices as device_layout
-from model import losses
-from model.config import ExperimentBase
+from model.training import devices as device_layout
+from model.training import losses
+from model.training.config import ExperimentBase
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def start_run(out_dir: str | os.PathLike[str], config: ExperimentBase, seed: int
 
 
 def training_strategy(devices: str | None, batch_size: int, *, bella: bool) -> tf.distribute.Strategy:
-    """The strategy of `devices` (model.devices); refuses layouts this loop cannot train on."""
+    """The strategy of `devices` (model.training.devices); refuses layouts this loop cannot train on."""
     strategy = device_layout.strategy(devices)
     replicas = strategy.num_replicas_in_sync
     if batch_size % replicas:
@@ -242,14 +242,14 @@ def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Va
     """Trains (or resumes) `model` to settings.max_steps; returns the logs and the best-checkpoint tracker.
 
     fast_opt carries the rank-1 factors and their posteriors (``fast_weight_refs``), slow_opt
-    the rest; a LossScaleOptimizer as slow_opt (float16) carries every weight (model.precision).
+    the rest; a LossScaleOptimizer as slow_opt (float16) carries every weight (model.training.precision).
     learning_rate: slow_opt's rate or schedule, logged. train_data(resume_step): an endless
     dataset of (inputs, labels) batches. particles: Bella's bella.ParticleUpdate, or None.
     """
     s = settings
     variables = model.trainable_variables
     loss_scaled = isinstance(slow_opt, tf.keras.mixed_precision.LossScaleOptimizer)
-    # Under loss scaling every weight goes to the one (scaled) optimizer: multiplier 1 (model.precision).
+    # Under loss scaling every weight goes to the one (scaled) optimizer: multiplier 1 (model.training.precision).
     fast = set() if loss_scaled else fast_weight_refs(model)
     fast_mask = [v.ref() in fast for v in variables]
     with strategy.scope():

@@ -16,10 +16,10 @@ Forward pass for N admissions, S samples and K members (docs/model.md has the pi
   5. the final state, concatenated with the admission context, goes through a dense
      hidden layer and a dense output layer (one logit per row);
   6. with ``ModelConfig.wide``, a linear layer adds its logit from the admission window's
-     per-code aggregates (model.inputs "window_aggregates"): the extremes a severity score sums,
+     per-code aggregates (model.training.inputs "window_aggregates"): the extremes a severity score sums,
      which the LSTM would otherwise have to carry across bags itself. It is a factory layer under
      the method's posterior, or (``wide_posterior: laplace``) a fitted logistic regression with
-     its Laplace posterior (model.wide).
+     its Laplace posterior (model.training.wide).
 
 The result is reshaped to [N, S*K], sample-major (column m = s*K + k), the layout of
 ``model.metrics``. Layers come from the factory ``model.layers.rank1``; which posterior they carry
@@ -32,16 +32,16 @@ from typing import Any, Mapping
 import tensorflow as tf
 
 from model.layers import rank1
-from model.config import ModelConfig
+from model.training.config import ModelConfig
 from model.layers.embeddings import EmbeddingConfig, StochasticEmbedding
-from model.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
+from model.training.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
 from model.layers.noise import Noise, call_sampling
 from model.layers.rank1_lstm import Rank1LSTM
-from model.wide import GaussianLinear
+from model.training.wide import GaussianLinear
 
 
 class EHRModel(tf.keras.Model):
-    """features (model.inputs.Featurizer output) -> logits [N, S*K], sample-major."""
+    """features (model.training.inputs.Featurizer output) -> logits [N, S*K], sample-major."""
 
     def __init__(self, config: ModelConfig, vocab_size: int, window_aggregate_dim: int | None = None, **kwargs):
         super().__init__(**kwargs)

@@ -1,4 +1,4 @@
-"""Training of the EHR model: its data, model and validation in the shared loop (model.training_loop).
+"""Training of the EHR model: its data, model and validation in the shared loop (model.training.training_loop).
 
 Run folder OUT/: the loop's (config.json, checkpoints/, best/, best.json, tensorboard/), and
   eval/{validation,test}/  final reports (metrics.json + plots + predictions.csv)
@@ -21,13 +21,14 @@ import numpy as np
 import tensorflow as tf
 
 from model.layers import bella
-from model import devices as device_layout
+from model.training import devices as device_layout
 from model import evaluate as evaluation
-from model import export_writer, inputs, losses, metrics, precision, shift_report, training_loop
-from model.config import ExperimentConfig, ModelConfig, parse_config
-from model.ehr_model import build_model, count_parameters
+from model import export_writer, metrics, shift_report
+from model.training import inputs, losses, precision, training_loop
+from model.training.config import ExperimentConfig, ModelConfig, parse_config
+from model.training.ehr_model import build_model, count_parameters
 from model.predict import Predictor, predict_probs
-from model.training_loop import CHECKPOINT_DIR, CONFIG_FILE, model_checkpoint
+from model.training.training_loop import CHECKPOINT_DIR, CONFIG_FILE, model_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
           progress: bool = True, export_model: bool = True,
           truth_path: str | os.PathLike[str] | None = None,
           base_dir: str | os.PathLike[str] | None = None, devices: str | None = None) -> TrainResult:
-    """Trains (or resumes) a run on `devices` (model.devices: auto, cpu:N, gpu:N); evaluates; exports.
+    """Trains (or resumes) a run on `devices` (model.training.devices: auto, cpu:N, gpu:N); evaluates; exports.
 
     base_dir: the trained deterministic run a "bella" run adapts (required for it, refused otherwise).
     """
@@ -114,7 +115,7 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
         slow_rate = learning_rate(tc, tc.learning_rate)
         slow_opt = tf.keras.optimizers.Adam(slow_rate)
         fast_opt = tf.keras.optimizers.Adam(learning_rate(tc, tc.learning_rate * tc.fast_weight_lr_multiplier))
-        if policy == precision.FLOAT16:  # one optimizer for every weight: one loss scale (model.precision)
+        if policy == precision.FLOAT16:  # one optimizer for every weight: one loss scale (model.training.precision)
             slow_opt = tf.keras.mixed_precision.LossScaleOptimizer(slow_opt)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     if mc.wide and mc.wide_posterior == "laplace" and model_checkpoint(out) is None:
@@ -148,9 +149,9 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
 
 def start_from_laplace_fit(model: tf.keras.Model, files: inputs.DataFiles, featurizer: inputs.Featurizer,
                            seed: int) -> None:
-    """Fits the wide part's logistic regression and Laplace posterior (model.wide); the LSTM's output starts at 0."""
-    from model.baselines import read_features
-    from model.wide import fit_laplace
+    """Fits the wide part's logistic regression and Laplace posterior (model.training.wide); the LSTM's output starts at 0."""
+    from model.training.baselines import read_features
+    from model.training.wide import fit_laplace
 
     fit = fit_laplace(*(read_features(files, split, featurizer) for split in ("train", "validation")), seed=seed)
     log.info("wide part: logistic regression %s, validation NLL %.4f, Laplace posterior over %d columns",
@@ -169,7 +170,7 @@ def featurizer_for(files: inputs.DataFiles, mc: ModelConfig) -> inputs.Featurize
 
 @dataclasses.dataclass(frozen=True)
 class BernoulliLikelihood:
-    """The EHR model's likelihood (model.training_loop.Likelihood): Bernoulli NLL of logits [B, K]."""
+    """The EHR model's likelihood (model.training.training_loop.Likelihood): Bernoulli NLL of logits [B, K]."""
 
     kind: str  # train.loss: "average" (per-member, App. D.4) or "mixture" (D.5)
 

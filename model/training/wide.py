@@ -1,8 +1,8 @@
 """A fitted logistic regression with its Laplace posterior, as the EHR model's linear ("wide") part.
 
 ``model.wide_posterior: laplace`` makes the wide part the logistic regression of
-``model.baselines`` (penalty and C chosen by validation NLL) fitted on the training split's
-window aggregates (``model.inputs``), with a Gaussian posterior N(w, H^-1) over its intercept
+``model.training.baselines`` (penalty and C chosen by validation NLL) fitted on the training split's
+window aggregates (``model.training.inputs``), with a Gaussian posterior N(w, H^-1) over its intercept
 and weights: H is the Hessian of the training NLL at w, plus a unit prior precision, over the
 columns the fit kept (an L1 fit drops most; dropped columns stay at 0 with no variance). The
 trainer fits it before the first step and freezes it; the LSTM then learns the residual.
@@ -20,8 +20,8 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from model import baselines
-from model.baselines import SplitFeatures
+from model.training import baselines
+from model.training.baselines import SplitFeatures
 from model.layers.noise import Noise
 
 PRIOR_PRECISION = 1.0  # of the standardised weights: keeps H invertible where columns are collinear
@@ -38,7 +38,7 @@ class LaplaceFit:
 
 
 def fit_laplace(train: SplitFeatures, val: SplitFeatures, seed: int = 0) -> LaplaceFit:
-    """Fits model.baselines' logistic regression (chosen on validation) and its Laplace posterior, on raw columns."""
+    """Fits model.training.baselines' logistic regression (chosen on validation) and its Laplace posterior, on raw columns."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):

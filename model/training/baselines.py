@@ -4,7 +4,7 @@ The examples come from the pipeline's TFRecords through ``ehr_pipeline.spec``'s 
 parser the trainer and the service use), and the predictions go through ``model.metrics``
 and the same report files as the LSTMs, so a baseline sits in the same tables.
 
-The features are the Featurizer's "window_aggregates" (``model.inputs``), the columns the EHR
+The features are the Featurizer's "window_aggregates" (``model.training.inputs``), the columns the EHR
 model's linear part reads: per code id (vocabulary codes and one out-of-vocabulary column per
 source) log(1 + events) inside the admission window (bags whose newest event lies at most
 ``window_hours`` before the trigger) and in older history; per code with training statistics
@@ -25,7 +25,7 @@ from threadpoolctl import threadpool_limits
 
 from ehr_pipeline import spec
 from model import metrics
-from model.inputs import DataFiles, Featurizer, load_data_files, read_split
+from model.training.inputs import DataFiles, Featurizer, load_data_files, read_split
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class BaselineResult:
 
 def read_features(files: DataFiles, split: str, featurizer: Featurizer | None = None,
                   window_hours: float = DEFAULT_WINDOW_HOURS) -> SplitFeatures:
-    """The window aggregates of every example of a split (file order, as model.inputs.read_split).
+    """The window aggregates of every example of a split (file order, as model.training.inputs.read_split).
 
     featurizer: one with a window (another folder's, to featurize with its vocabulary and
     statistics); None: this folder's, with a window of window_hours.

@@ -82,14 +82,14 @@ class ModelConfig(_Model):
                        "and the bag vector is attention_heads x embedding_dim wide.")
     wide: bool = Field(
         False, description="Add a linear ('wide') part to the logit on the admission window's per-code aggregates "
-                           "(log counts, min / max / mean / last z-scores, context; model.inputs); wide_posterior "
+                           "(log counts, min / max / mean / last z-scores, context; model.training.inputs); wide_posterior "
                            "says how it is trained.")
     wide_window_hours: _PosFloat = Field(48.0, description="wide: the window, hours before the prediction time.")
     wide_posterior: Literal["factory", "laplace"] = Field(
         "factory", description="wide: 'factory' trains the linear part with the LSTM under the method's posterior; "
-                               "'laplace' fits model.baselines' logistic regression on the training split before the "
+                               "'laplace' fits model.training.baselines' logistic regression on the training split before the "
                                "first step (penalty and C by validation NLL), fixes it with its Laplace posterior "
-                               "(model.wide) and lets the LSTM learn the residual from 0.")
+                               "(model.training.wide) and lets the LSTM learn the residual from 0.")
     wide_l1: _NonNegFloat = Field(
         0.0, description="wide: L1 penalty (per example) on the linear part's kernel in place of l2, which selects "
                          "a few analytes among hundreds of columns; 0 keeps l2. deterministic / rank1 / "
@@ -167,7 +167,7 @@ class TrainConfig(_Model):
     mixed_precision: bool | Literal["float32", "mixed_bfloat16", "mixed_float16"] = Field(
         False, description="16-bit layer compute (variables, loss, NLL and KL stay float32): true = bfloat16 where "
                            "the hardware has it (CPUs, GPUs >= compute capability 8.0), else float16 with loss "
-                           "scaling; or a Keras policy name (model.precision).")
+                           "scaling; or a Keras policy name (model.training.precision).")
     seed: _Int = 0
 
 
