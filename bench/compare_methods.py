@@ -265,8 +265,8 @@ def _train(method: str, seed: int, args, data: pathlib.Path, truth: pathlib.Path
 
 def _predict(exports, split: Split, samples: int, seed: int) -> np.ndarray:
     """[N, S*K] probabilities of a split; exports are folders or already loaded exports (load once, predict many)."""
-    from model.export import load_export
-    from model.predict import predict_probs
+    from model.export.load import load_export
+    from model.export.predict import predict_probs
 
     loaded = [e if hasattr(e, "ensemble_size") else load_export(str(e)) for e in exports]
     return predict_probs(loaded, split.records, samples, seed)
@@ -329,7 +329,7 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
         target = preds / f"{name}_s{seed}.npz"
         if target.exists():
             return
-        from model.export import load_export
+        from model.export.load import load_export
 
         loaded = [load_export(str(e)) for e in exports]  # ~10 s each: once for the ten-odd test splits
         arrays = {f"probs_{n}": _predict(loaded, split, samples, seed) for n, split in splits_of(seed).items()}

@@ -149,11 +149,11 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
 
     from ehr_pipeline import spec
     from ehr_pipeline.config import PipelineConfig
-    from model import export_writer
+    from model.export import write as export_writer
     from model.training import inputs
     from model.training.config import load_config
     from model.training.ehr_model import build_model
-    from model.predict import Predictor
+    from model.export.predict import Predictor
     from tests.serving_fixtures import DEFAULT_VOCABULARY
 
     config = load_config(TABLE7_CONFIG).model
@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     from serving.cli import set_tf_threads
 
     set_tf_threads(args.inter_op_threads)  # before any TensorFlow op, as ehr-serve does
-    from model.export import read_export
+    from model.export.load import read_export
     from serving.server_process import ServerProcess
     from tests.serving_fixtures import write_tiny_model_export
 

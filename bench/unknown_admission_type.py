@@ -92,9 +92,9 @@ def measure(release: pathlib.Path, data: pathlib.Path, export_dir: pathlib.Path,
     """Per test case: the recorded type, P_DEATH and the sampled probabilities [N, S*K] of each answer."""
     from ehr_pipeline import spec
     from model.evaluate import load_truth
-    from model.export import load_export
+    from model.export.load import load_export
     from model.training.inputs import load_data_files, read_split
-    from model.predict import predict_probs
+    from model.export.predict import predict_probs
     from serving import admission_type
 
     export = load_export(export_dir)

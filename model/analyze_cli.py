@@ -87,7 +87,7 @@ def _ehr_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
     """(model, evaluate(), S) of an EHR run."""
     from model import metrics
     from model.training import inputs
-    from model.predict import Predictor, predict_probs
+    from model.export.predict import Predictor, predict_probs
     from model.training.train import load_run
 
     if args.data is None:
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 def shift(args) -> int:
     """`ehr-analyze shift`: prints the findings, writes the files, returns 0, 2 (usage) or 3 (shift at --fail-on)."""
     from model.eval_cli import resolve_model_dir
-    from model.export import MAX_SAMPLES, ExportError
+    from model.export.load import MAX_SAMPLES, ExportError
     from model.shift_report import EXIT_SHIFT, run_shift, write_outputs
 
     if args.samples is not None and args.samples > MAX_SAMPLES:

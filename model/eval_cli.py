@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     from model import clinical_stats
     from model.training.baselines import KINDS
     from model.training.config import EvalConfig
-    from model.export import MAX_SAMPLES
+    from model.export.load import MAX_SAMPLES
     from model.metrics import UNCERTAINTY_MEASURES
     from model.shift_report import FAIL_ON
 
@@ -104,7 +104,7 @@ def _fraction(text: str) -> float:
 
 def resolve_model_dir(path: str) -> pathlib.Path:
     """An export directory, given either itself or a run folder that holds export/."""
-    from model.export import MANIFEST
+    from model.export.load import MANIFEST
     from model.training.train import EXPORT_DIR
 
     p = pathlib.Path(path)
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     console.load_tensorflow(args.verbose)
     from model import evaluate as evaluation
     from model import metrics, report_html
-    from model.export import ExportError
+    from model.export.load import ExportError
 
     if args.compare:
         return _compare(args)

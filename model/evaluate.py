@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from model import clinical_stats, metrics, plots
-from model.export import DECISION_THRESHOLD
+from model.export.load import DECISION_THRESHOLD
 from model.metrics import json_ready
 
 log = logging.getLogger(__name__)
@@ -365,10 +365,10 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
     model was built on (report["population"], from the data folder) and the model cards; with
     out_dir, report.html renders them.
     """
-    from model import export_writer
-    from model.export import load_export
+    from model.export import write as export_writer
+    from model.export.load import load_export
     from model.training.inputs import load_data_files, read_split
-    from model.predict import predict_probs
+    from model.export.predict import predict_probs
 
     exports = [load_export(d) for d in model_dirs]
     files = load_data_files(data_dir)

@@ -52,7 +52,7 @@ class ShiftResult:
 
 
 def _vocabulary(files: Any) -> set[str]:
-    from model.export import vocabulary_ranks
+    from model.export.load import vocabulary_ranks
 
     return set(vocabulary_ranks({"sources": files.vocabulary}, files.path("vocabulary.json")))
 
@@ -76,7 +76,7 @@ def reference_from_data(data_dir: str | os.PathLike[str], model: Any | None, *, 
     """A reference made now from the data folder a model was trained on; model (LoadedExport) adds validation MI."""
     from model import metrics
     from model.training.inputs import load_data_files, read_split
-    from model.predict import predict_probs
+    from model.export.predict import predict_probs
 
     files = load_data_files(data_dir)
     mi = None
@@ -109,8 +109,8 @@ def run_shift(model_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str
               progress: bool = False) -> ShiftResult:
     """The shift report of `splits` of a data folder against an export (its reference, or one from reference_data)."""
     from model import metrics
-    from model.export import REFERENCE_PROFILE, load_export, read_export
-    from model.predict import predict_probs
+    from model.export.load import REFERENCE_PROFILE, load_export, read_export
+    from model.export.predict import predict_probs
 
     export = read_export(model_dir)
     if export.reference is None and reference_data is None:
@@ -143,7 +143,7 @@ def run_shift(model_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str
 
 
 def _check_training_data(export: Any, data_dir: str | os.PathLike[str]) -> None:
-    from model.export_writer import data_manifest_sha256
+    from model.export.write import data_manifest_sha256
 
     if export.card_raw.get("data_manifest_sha256") not in (None, data_manifest_sha256(data_dir)):
         log.warning("%s is not the data %s was trained on (data manifest checksum differs): the reference "

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from model.export import ADMISSION_TYPES_FILE, Export
+from model.export.load import ADMISSION_TYPES_FILE, Export
 from serving.encoding import InputError
 from serving.schemas import PredictRequest
 

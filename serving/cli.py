@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--model", required=True, metavar="DIR",
-                   help="export directory written by model.export (manifest.json, saved_model/, ...)")
+                   help="export directory written by model.export.write (manifest.json, saved_model/, ...)")
     p.add_argument("--host", default=d["host"], help="interface to bind; --no-auth needs a loopback one")
     p.add_argument("--port", type=int, default=d["port"], help="TCP port (0 = any free port)")
     p.add_argument("--api-keys-file", metavar="FILE", default=None,

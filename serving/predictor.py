@@ -3,7 +3,7 @@
 Start-up fails here, with a message naming the file, when the directory is missing, a file
 is absent or is not what manifest.json's SHA-256 says, the SavedModel does not load or has
 the wrong signature, or a JSON file does not hold what the service needs: all checked by the
-exporter's own reader (``model.export.load_export``), the one reader of the format.
+exporter's own reader (``model.export.load.load_export``), the one reader of the format.
 
 Every uncertainty number comes from ``model.metrics`` (never re-implemented here), so the
 service reports exactly the quantities the evaluation reported.
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from model import metrics as model_metrics
-from model.export import Export, ExportError, LoadedExport, load_export
+from model.export.load import Export, ExportError, LoadedExport, load_export
 from serving import precision as precision_choice
 from serving.precision import PrecisionChoice
 
@@ -51,7 +51,7 @@ class ServedModel:
 
     @classmethod
     def load(cls, model_dir: str | pathlib.Path, precision: str = "float32") -> ServedModel:
-        """Verifies every checksum, validates the side files and loads the SavedModel (model.export.load_export).
+        """Verifies every checksum, validates the side files and loads the SavedModel (model.export.load.load_export).
 
         precision "bfloat16" serves the export's bfloat16 signature (probabilities within the
         tolerance docs/serving.md states), "float32" the exact one, "auto" float32 until
@@ -96,7 +96,7 @@ class ServedModel:
 
     def _forward(self, loaded: LoadedExport, examples: Sequence[bytes], num_samples: int, seed: int) -> np.ndarray:
         """forward() through the signature of `loaded`."""
-        from model.predict import predict_probs  # the same call ehr-eval makes: same numbers for a seed
+        from model.export.predict import predict_probs  # the same call ehr-eval makes: same numbers for a seed
 
         out = predict_probs(loaded, list(examples), num_samples, seed,
                             batch_size=max(len(examples), 1)).astype(np.float64)

@@ -17,7 +17,7 @@ from serving.dependencies import get_arrival, get_batcher, get_metrics, get_moni
 from serving.encoding import Encoded, InputError, encode
 from serving.metrics import ServiceMetrics
 from serving.monitor import Monitor
-from model.export import Export
+from model.export.load import Export
 from serving.predictor import ServedModel, summarise
 from serving.schemas import (
     BatchRequest,

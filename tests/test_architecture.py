@@ -122,8 +122,8 @@ def test_strongly_connected_finds_a_planted_circle_and_nothing_else():
 
 def test_import_graph_reads_lazy_imports_and_skips_type_checking_ones():
     graph = import_graph()
-    assert "model.export" in graph["model.predict"]  # module-level
-    assert "model.predict" in graph["serving.predictor"]  # inside ServedModel.forward
+    assert "model.export.load" in graph["model.export.predict"]  # module-level
+    assert "model.export.predict" in graph["serving.predictor"]  # inside ServedModel.forward
     assert "ehr_pipeline.bagging" not in graph["ehr_pipeline.spec"]  # only under TYPE_CHECKING
 
 
@@ -142,7 +142,7 @@ def test_nothing_imports_upward():
 def test_the_service_and_the_export_reader_start_without_tensorflow():
     # The service loads TensorFlow only with the SavedModel; importing its modules (and the
     # export contract they read) must stay cheap for --help and for the app factory.
-    code = ("import sys, serving.app, serving.cli, serving.settings, model.export, model.training.config; "
+    code = ("import sys, serving.app, serving.cli, serving.settings, model.export.load, model.training.config; "
             "print(sorted(m for m in ('tensorflow', 'tf_keras', 'edward2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": ""})

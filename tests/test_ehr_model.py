@@ -17,7 +17,7 @@ from model.training import train as train_module
 from model.layers.noise import Noise
 from model.training.config import parse_config
 from model.training.ehr_model import bag_vector_dim, build_model
-from model.predict import Predictor, predict_probs, stateful_random_ops
+from model.export.predict import Predictor, predict_probs, stateful_random_ops
 from model.training.training_loop import fast_weight_refs
 
 

@@ -11,7 +11,7 @@ from ehr_testdata import read_json
 from model import eval_cli, evaluate, metrics
 from model.training import baselines, inputs
 from model.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
-from model.predict import predict_probs
+from model.export.predict import predict_probs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -18,7 +18,7 @@ import sys
 
 from ehr_base import console
 from ehr_base.cli_args import OneLineParser, setup_logging, usage_error
-from model.export import MAX_SAMPLES
+from model.export.load import MAX_SAMPLES
 
 log = logging.getLogger("model.image")
 

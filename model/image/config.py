@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ehr_base import yaml_config
 from model.image.corruptions import CIFAR_C_CORRUPTIONS, CORRUPTIONS, SEVERITIES
 from model.training.config import ExperimentBase
-from model.export import MAX_SAMPLES
+from model.export.load import MAX_SAMPLES
 from model.layers.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig
 
 _Int = Annotated[int, Field(strict=True)]

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from model import metrics
-from model.export import MAX_SAMPLES
+from model.export.load import MAX_SAMPLES
 from model.image import corruptions
 from model.image.config import ImageExperimentConfig
 from model.image.data import ImageData

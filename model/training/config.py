@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_base import yaml_config
 from ehr_base.yaml_config import ConfigError
-from model.export import MAX_SAMPLES
+from model.export.load import MAX_SAMPLES
 from model.layers.posterior import KERNEL_PENALTY_METHODS, PosteriorConfig
 
 # Strict ints: YAML `1.5` must not quietly become 1, nor `true` the integer 1.

@@ -2,7 +2,7 @@
 
 Run folder OUT/: the loop's (config.json, checkpoints/, best/, best.json, tensorboard/), and
   eval/{validation,test}/  final reports (metrics.json + plots + predictions.csv)
-  export/            MODEL_DIR, the service's contract (model/export.py)
+  export/            MODEL_DIR, the service's contract (model/export/load.py)
 
 A restarted run resumes from its newest checkpoint; the input order after a restart is a
 fresh shuffle, seeded by seed and the resume step: replaying the exact order would mean
@@ -23,11 +23,12 @@ import tensorflow as tf
 from model.layers import bella
 from model.training import devices as device_layout
 from model import evaluate as evaluation
-from model import export_writer, metrics, shift_report
+from model import metrics, shift_report
+from model.export import write as export_writer
 from model.training import inputs, losses, precision, training_loop
 from model.training.config import ExperimentConfig, ModelConfig, parse_config
 from model.training.ehr_model import build_model, count_parameters
-from model.predict import Predictor, predict_probs
+from model.export.predict import Predictor, predict_probs
 from model.training.training_loop import CHECKPOINT_DIR, CONFIG_FILE, model_checkpoint
 
 log = logging.getLogger(__name__)

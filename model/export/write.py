@@ -1,4 +1,4 @@
-"""Writes the export directory MODEL_DIR/ (its layout and reader: model.export).
+"""Writes the export directory MODEL_DIR/ (its layout and reader: model.export.load).
 
 ``write_export`` saves an in-memory model, ``write_ensemble_export`` joins several exports of
 one data folder into a deep ensemble; both write the side files and the manifest last, and
@@ -19,11 +19,11 @@ import tensorflow as tf
 import ehr_base
 from ehr_pipeline import outputs
 from ehr_pipeline.population import Profile
-from model.export import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
+from model.export.load import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
                           SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, ExportError, load_export, write_manifest)
 from model.training.inputs import admission_type_counts
 from model.metrics import json_ready
-from model.predict import INPUT_SIGNATURE, Predictor, assert_stateless
+from model.export.predict import INPUT_SIGNATURE, Predictor, assert_stateless
 
 INTENDED_USE = (
     "Research on predictive uncertainty: in-hospital mortality risk of adult ICU admissions from the "
@@ -87,7 +87,7 @@ def data_manifest_sha256(data_dir: str | os.PathLike[str]) -> str:
 def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, metrics_doc: Mapping[str, Any],
                config: Mapping[str, Any] | None = None, num_parameters: int | None = None,
                members: Sequence[str] | None = None, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The model card dict (fields: model.export's docstring); base: the adapted run of a Bella model (its checksum)."""
+    """The model card dict (fields: model.export.load's docstring); base: the adapted run of a Bella model (its checksum)."""
     card = {
         "name": name,
         "version": ehr_base.__version__,

@@ -28,7 +28,7 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from ehr_pipeline import spec
-from model.export import MAX_SAMPLES, PRECISIONS, SIGNATURES, load_export
+from model.export.load import MAX_SAMPLES, PRECISIONS, SIGNATURES, load_export
 from model.layers.noise import Noise
 
 INPUT_SIGNATURE = (

@@ -30,7 +30,7 @@ Layout (the contract with serving/):
 
 ``load_export`` verifies every checksum, validates the JSON side files (``read_export``) and
 loads the SavedModel; ehr-eval and the service both read exports through it. Writing lives
-in ``model.export_writer``. This module imports no TensorFlow until a SavedModel is loaded, so
+in ``model.export.write``. This module imports no TensorFlow until a SavedModel is loaded, so
 the service and the command lines can import the contract's constants at start-up.
 """
 from __future__ import annotations
