@@ -13,7 +13,7 @@ A's hospital reporting labs in SI units). Every shifted release is bagged with t
 as it comes (its own units, "before harmonisation"). The truth formula is the same everywhere.
 Training keeps the checkpoint with the best validation NLL; predictions use S samples per member.
 Deep ensembles combine ENSEMBLE_SIZE deterministic runs of one release; the scikit-learn
-baselines read the same TFRecords. Every number comes from model.metrics on the saved per-case
+baselines read the same TFRecords. Every number comes from model.evaluation.metrics on the saved per-case
 predictions (WORK/preds/*.npz), so the tables can be recomputed without training
 (``--report-only``).
 
@@ -177,7 +177,7 @@ def _make_data(release: pathlib.Path, data: pathlib.Path, units_from: pathlib.Pa
 
 
 def _split(data: pathlib.Path, release: pathlib.Path, name: str) -> Split:
-    from model.evaluate import load_truth
+    from model.evaluation.evaluate import load_truth
     from model.training.inputs import load_data_files, read_split
 
     records, labels, hadm_ids = read_split(load_data_files(data), name)
@@ -421,7 +421,7 @@ def _cases(run: dict | None, seed: int, site: str, truth: dict[str, np.ndarray])
 
 def _case_losses(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[str, np.ndarray]:
     """Per-case NLL, squared error and |p - P_DEATH| of the predictive mean (these average to the metric)."""
-    from model import metrics
+    from model.evaluation import metrics
 
     p = probs.mean(axis=1)
     return {"nll": _nll_cases(p, y),
@@ -429,14 +429,14 @@ def _case_losses(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[st
 
 
 def _nll_cases(p: np.ndarray, y: np.ndarray) -> np.ndarray:
-    from model.metrics import EPS
+    from model.evaluation.metrics import EPS
 
     q = np.clip(p, EPS, 1.0 - EPS)
     return -(y * np.log(q) + (1 - y) * np.log1p(-q))
 
 
 def _scores(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[str, float]:
-    from model import metrics
+    from model.evaluation import metrics
 
     p = probs.mean(axis=1)
     out = metrics.scalar_metrics(p, y)
@@ -537,7 +537,7 @@ def _paired_lines(runs, truth, site: str, n_boot: int) -> list[str]:
 
 def _shift_lines(runs, truth) -> list[str]:
     """Site-B detection by uncertainty and the error removed by referring 20% of site B (per seed: all B releases)."""
-    from model import metrics
+    from model.evaluation import metrics
 
     rate = SHIFT_REFERRAL
     head = ("| Method | AUROC B vs A: mutual information | AUROC B vs A: entropy | kept abs(p - P), refer by MI | "

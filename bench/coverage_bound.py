@@ -118,7 +118,7 @@ def sampled_probs(draws: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def scores(probs: np.ndarray, labels: np.ndarray, truth: np.ndarray | None) -> dict:
     """Predictive-mean NLL, and against the truth abs(p - P), coverage per level and the mean 95% width."""
-    from model import metrics
+    from model.evaluation import metrics
 
     p = probs.mean(axis=1)
     out = {"nll": float(metrics.nll(p, labels))}
@@ -152,9 +152,9 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     from tqdm.auto import tqdm
 
     from bench.compare_methods import _make_data, _make_release
-    from model import metrics
+    from model.evaluation import metrics
     from model.training import baselines
-    from model.evaluate import load_truth
+    from model.evaluation.evaluate import load_truth
     from model.training.inputs import Featurizer, load_data_files
 
     work = pathlib.Path(args.work)

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     devices.configure(args.devices)  # before any TensorFlow work
     import tensorflow as tf
 
-    from model import metrics
+    from model.evaluation import metrics
     from model.training.config import load_config
     from model.training.train import train
     from model.train_cli import parse_overrides

@@ -78,9 +78,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     from tqdm.auto import tqdm
 
     from bench.compare_methods import _make_data, _make_release, truth_design
-    from model import metrics
+    from model.evaluation import metrics
     from model.training import baselines
-    from model.evaluate import load_truth
+    from model.evaluation.evaluate import load_truth
     from model.training.inputs import Featurizer, load_data_files
 
     work = pathlib.Path(args.work)
@@ -131,7 +131,7 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
                n_train: int) -> list[dict]:
     """Rank-1 Normal LSTMs on the whole training split: test scores per seed, paired with the logistic fit."""
     from bench.compare_methods import _predict, _split, _train
-    from model import metrics
+    from model.evaluation import metrics
 
     if args.lstm_seeds <= 0:
         return []

@@ -91,7 +91,7 @@ def measure(release: pathlib.Path, data: pathlib.Path, export_dir: pathlib.Path,
             seed: int) -> dict[str, np.ndarray]:
     """Per test case: the recorded type, P_DEATH and the sampled probabilities [N, S*K] of each answer."""
     from ehr_pipeline import spec
-    from model.evaluate import load_truth
+    from model.evaluation.evaluate import load_truth
     from model.export.load import load_export
     from model.training.inputs import load_data_files, read_split
     from model.export.predict import predict_probs
@@ -123,7 +123,7 @@ def _mean_sem(values) -> str:
 
 def report(results: list[dict[str, np.ndarray]], command: str, seeds: list[int], samples: int) -> str:
     """The markdown section: per answer, distance to the known-type answer and to P_DEATH (mean ± SEM over seeds)."""
-    from model.metrics import uncertainties
+    from model.evaluation.metrics import uncertainties
 
     answers = [k for k in results[0] if k not in ("kind", "truth", "known", "counts", "allocation")]
     kinds = sorted({k for r in results for k in r["kind"].tolist()})

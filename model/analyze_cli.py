@@ -7,7 +7,7 @@
 posterior-rank (paper 003, Section 2): per posterior stddev matrix (mean-field / k-tied kernels,
 variational embeddings) the singular values and the variance kept by ranks 1, 2, 3; then the
 run is re-evaluated with every mean-field stddev matrix replaced by its rank-k approximation
-(model.posterior_rank), with the metrics of ``model.metrics`` (EHR: mixture NLL, AUC-PR,
+(model.evaluation.posterior_rank), with the metrics of ``model.evaluation.metrics`` (EHR: mixture NLL, AUC-PR,
 AUC-ROC, ECE; image: NLL, accuracy, ECE). Writes posterior_rank.json, posterior_rank.md and
 singular_values.png into --out (default RUN_DIR/posterior_rank).
 
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
 
-    from model.shift_report import FAIL_ON, SPLITS
+    from model.evaluation.shift_report import FAIL_ON, SPLITS
 
     p = sub.add_parser("shift", help="new data against the population the model learnt from (exit 3 at --fail-on)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _ehr_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
     """(model, evaluate(), S) of an EHR run."""
-    from model import metrics
+    from model.evaluation import metrics
     from model.training import inputs
     from model.export.predict import Predictor, predict_probs
     from model.training.train import load_run
@@ -131,9 +131,9 @@ def _image_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
 
 def posterior_rank(args) -> dict[str, Any]:
     """The analysis of one run as a JSON-ready dict (also written to --out)."""
-    from model import posterior_rank as pr
+    from model.evaluation import posterior_rank as pr
     from model.image.cli import wants_image
-    from model.plots import singular_values_plot
+    from model.evaluation.plots import singular_values_plot
 
     run = pathlib.Path(args.model)
     model, evaluate, samples = (_image_evaluator if wants_image(["--model", str(run)]) else _ehr_evaluator)(args)
@@ -197,7 +197,7 @@ def shift(args) -> int:
     """`ehr-analyze shift`: prints the findings, writes the files, returns 0, 2 (usage) or 3 (shift at --fail-on)."""
     from model.eval_cli import resolve_model_dir
     from model.export.load import MAX_SAMPLES, ExportError
-    from model.shift_report import EXIT_SHIFT, run_shift, write_outputs
+    from model.evaluation.shift_report import EXIT_SHIFT, run_shift, write_outputs
 
     if args.samples is not None and args.samples > MAX_SAMPLES:
         return usage_error("ehr-analyze", f"--samples must be at most {MAX_SAMPLES}, got {args.samples}")

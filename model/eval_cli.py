@@ -25,12 +25,12 @@ log = logging.getLogger("model.eval")
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-eval`."""
-    from model import clinical_stats
+    from model.evaluation import clinical_stats
     from model.training.baselines import KINDS
     from model.training.config import EvalConfig
     from model.export.load import MAX_SAMPLES
-    from model.metrics import UNCERTAINTY_MEASURES
-    from model.shift_report import FAIL_ON
+    from model.evaluation.metrics import UNCERTAINTY_MEASURES
+    from model.evaluation.shift_report import FAIL_ON
 
     d = EvalConfig()
     parser = OneLineParser(
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         return usage_error("ehr-eval", problem)
     console.load_tensorflow(args.verbose)
-    from model import evaluate as evaluation
-    from model import metrics, report_html
+    from model.evaluation import evaluate as evaluation
+    from model.evaluation import metrics, report_html
     from model.export.load import ExportError
 
     if args.compare:
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra.get("export_dir"):
         print(f"ensemble export: {extra['export_dir']}")
     if shifted is not None and shifted.fails(args.fail_on_shift):
-        from model.shift_report import EXIT_SHIFT
+        from model.evaluation.shift_report import EXIT_SHIFT
 
         return EXIT_SHIFT
     return 0
@@ -191,8 +191,8 @@ def _compare(args: argparse.Namespace) -> int:
     """--compare A B: paired bootstrap of two predictions files, printed and written to --out."""
     import json
 
-    from model import evaluate as evaluation
-    from model import metrics, report_html
+    from model.evaluation import evaluate as evaluation
+    from model.evaluation import metrics, report_html
 
     try:
         comparison = evaluation.compare_predictions(*args.compare, truth_path=args.truth, n_bootstrap=args.bootstrap,
@@ -214,8 +214,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _baseline(args: argparse.Namespace) -> int:
     """--baseline KIND: fit on train, choose on validation, evaluate --split like a model."""
-    from model import evaluate as evaluation
-    from model import metrics, report_html
+    from model.evaluation import evaluate as evaluation
+    from model.evaluation import metrics, report_html
 
     try:
         report = evaluation.run_baseline_evaluation(

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return usage_error("ehr-train", err)
 
-    from model import metrics
+    from model.evaluation import metrics
     from model.training import devices
 
     try:

@@ -10,7 +10,7 @@ from ehr_testdata import tiny_config_dict, write_data_dir
 
 from ehr_pipeline import bagging, spec
 from ehr_pipeline.config import PipelineConfig
-from model import metrics
+from model.evaluation import metrics
 from model.training import inputs, losses
 from model.layers import rank1
 from model.training import train as train_module

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from ehr_testdata import read_json
 
-from model import eval_cli, evaluate, metrics
+from model import eval_cli
+from model.evaluation import evaluate, metrics
 from model.training import baselines, inputs
-from model.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
+from model.evaluation.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
 from model.export.predict import predict_probs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

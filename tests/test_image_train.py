@@ -10,7 +10,7 @@ import tensorflow as tf
 import yaml
 
 from ehr_base.yaml_config import ConfigError
-from model import metrics
+from model.evaluation import metrics
 from model.training import training_loop
 from model.image import cli
 from model.image import evaluate as evaluation

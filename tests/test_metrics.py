@@ -1,4 +1,4 @@
-"""model.metrics against direct float64 computations, scikit-learn and hand-worked cases."""
+"""model.evaluation.metrics against direct float64 computations, scikit-learn and hand-worked cases."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 
-from model import metrics as m
+from model.evaluation import metrics as m
 
 
 def _sigmoid(z):

@@ -1,10 +1,10 @@
-"""model.plots writes real, non-empty PNG files and returns their paths."""
+"""model.evaluation.plots writes real, non-empty PNG files and returns their paths."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from model import metrics, plots
+from model.evaluation import metrics, plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

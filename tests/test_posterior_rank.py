@@ -12,7 +12,7 @@ import tensorflow as tf
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from model import analyze_cli
 from model.layers import rank1
-from model import posterior_rank as pr
+from model.evaluation import posterior_rank as pr
 from model.layers.posterior import PosteriorConfig
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"

@@ -13,7 +13,8 @@ import pytest
 from browser import render_check
 from ehr_testdata import read_json
 
-from model import clinical_stats, eval_cli, evaluate, report_html
+from model import eval_cli
+from model.evaluation import clinical_stats, evaluate, report_html
 
 TRIPOD_ORDER = ("20a-c", "21", "22", "23a", "23b", "24")
 

@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/ages.py", "ehr_pipeline/units.py",
                 "ehr_pipeline/bagging.py",
                 "ehr_pipeline/spec.py", "serving/predictor.py", "model/export/predict.py", "model/export/load.py",
-                "model/metrics.py", "serving/routes.py", "serving/admission_type.py"}
+                "model/evaluation/metrics.py", "serving/routes.py", "serving/admission_type.py"}
 # The population monitor keeps a summary of each answered admission (the job's own summary of its
 # records) for the shift report; it reads the bags, it changes nothing the model sees.
 MONITOR = {"ehr_pipeline/population.py", "serving/monitor.py"}

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings as hyp_settings, strategies 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline import ages, bagging, spec, units
 from ehr_pipeline.config import PipelineConfig
-from model import metrics as model_metrics
+from model.evaluation import metrics as model_metrics
 from model.export.load import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
 from serving import precision
 from serving.app import create_app

@@ -24,7 +24,7 @@ PARAMS = {"num_samples": 2, "seed": 0}
 
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory):
-    from model import shift_report
+    from model.evaluation import shift_report
     from model.training.inputs import load_data_files
 
     base = tmp_path_factory.mktemp("monitor")

@@ -1,4 +1,4 @@
-"""model.metrics against a known truth, paired comparisons and the ECE interval, checked against
+"""model.evaluation.metrics against a known truth, paired comparisons and the ECE interval, checked against
 scipy, scikit-learn and naive loops."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from model import metrics as m
+from model.evaluation import metrics as m
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ from ehr_pipeline import meds_codes as meds_codes_mod
 from ehr_pipeline import units as units_mod
 from ehr_pipeline.population import Profile
 from ehr_base.yaml_config import ConfigError
-from model import metrics as model_metrics
+from model.evaluation import metrics as model_metrics
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from ehr_pipeline.population import Profile
 from model.export.load import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
                           SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, ExportError, load_export, write_manifest)
 from model.training.inputs import admission_type_counts
-from model.metrics import json_ready
+from model.evaluation.metrics import json_ready
 from model.export.predict import INPUT_SIGNATURE, Predictor, assert_stateless
 
 INTENDED_USE = (
@@ -117,7 +117,7 @@ def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, 
 def write_export(export_dir: str | os.PathLike[str], predictor: Predictor, *, data_dir: str,
                  pipeline_config: Mapping[str, Any], card: dict, metrics_doc: dict,
                  reference: Profile | None = None) -> pathlib.Path:
-    """Writes MODEL_DIR/ for an in-memory predictor; reference: the training population (model.shift_report)."""
+    """Writes MODEL_DIR/ for an in-memory predictor; reference: the training population (model.evaluation.shift_report)."""
     export_dir = pathlib.Path(export_dir)
     tmp = _new_tmp(export_dir)
     module = predictor.module

@@ -1,7 +1,7 @@
 """Scikit-learn baselines on bag aggregates: logistic regression and gradient boosting.
 
 The examples come from the pipeline's TFRecords through ``ehr_pipeline.spec``'s parser (the
-parser the trainer and the service use), and the predictions go through ``model.metrics``
+parser the trainer and the service use), and the predictions go through ``model.evaluation.metrics``
 and the same report files as the LSTMs, so a baseline sits in the same tables.
 
 The features are the Featurizer's "window_aggregates" (``model.training.inputs``), the columns the EHR
@@ -24,7 +24,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ehr_pipeline import spec
-from model import metrics
+from model.evaluation import metrics
 from model.training.inputs import DataFiles, Featurizer, load_data_files, read_split
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ import tensorflow as tf
 
 from model.layers import bella
 from model.training import devices as device_layout
-from model import evaluate as evaluation
-from model import metrics, shift_report
+from model.evaluation import evaluate as evaluation
+from model.evaluation import metrics, shift_report
 from model.export import write as export_writer
 from model.training import inputs, losses, precision, training_loop
 from model.training.config import ExperimentConfig, ModelConfig, parse_config

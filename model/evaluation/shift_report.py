@@ -74,7 +74,7 @@ def reference_profile(files: Any, *, validation_mi: np.ndarray | None = None, sa
 def reference_from_data(data_dir: str | os.PathLike[str], model: Any | None, *, samples: int, seed: int = 0,
                         batch_size: int = 64, progress: bool = False) -> Profile:
     """A reference made now from the data folder a model was trained on; model (LoadedExport) adds validation MI."""
-    from model import metrics
+    from model.evaluation import metrics
     from model.training.inputs import load_data_files, read_split
     from model.export.predict import predict_probs
 
@@ -108,7 +108,7 @@ def run_shift(model_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str
               batch_size: int = 64, reference_data: str | os.PathLike[str] | None = None,
               progress: bool = False) -> ShiftResult:
     """The shift report of `splits` of a data folder against an export (its reference, or one from reference_data)."""
-    from model import metrics
+    from model.evaluation import metrics
     from model.export.load import REFERENCE_PROFILE, load_export, read_export
     from model.export.predict import predict_probs
 
@@ -153,7 +153,7 @@ def _check_training_data(export: Any, data_dir: str | os.PathLike[str]) -> None:
 def write_outputs(out_dir: str | os.PathLike[str], result: ShiftResult,
                   extra: dict[str, Any] | None = None) -> dict[str, pathlib.Path]:
     """Writes shift.json (report and the new data's profile), shift.md and shift.png; returns their paths."""
-    from model.plots import shift_plot
+    from model.evaluation.plots import shift_plot
 
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

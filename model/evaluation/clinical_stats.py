@@ -1,6 +1,6 @@
-"""The statistics a clinical prediction-model report asks for (TRIPOD+AI), beyond model.metrics.
+"""The statistics a clinical prediction-model report asks for (TRIPOD+AI), beyond model.evaluation.metrics.
 
-``model.metrics`` holds what ML papers report (NLL, AUC-PR, ECE, ...); this module adds what a
+``model.evaluation.metrics`` holds what ML papers report (NLL, AUC-PR, ECE, ...); this module adds what a
 hospital's reviewer reads, on the same conventions (``p`` one probability per case, ``y`` in
 {0, 1}, leading batch axes where a function says so):
 
@@ -16,7 +16,7 @@ hospital's reviewer reads, on the same conventions (``p`` one probability per ca
 * subgroups: every metric with bootstrap intervals per group of sex, age band, admission type,
   ethnicity and insurance, and the largest gaps between a group and the rest, named.
 
-Scalar metrics come from model.metrics, bootstrap intervals from metrics.bootstrap_interval,
+Scalar metrics come from model.evaluation.metrics, bootstrap intervals from metrics.bootstrap_interval,
 so a number here means what it means in the rest of the report. Functions are pure; the
 statsmodels imports are deferred to the functions that fit.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from model import metrics
+from model.evaluation import metrics
 
 # Threshold probabilities of the decision curve: 1 % to 60 %. Above ~0.6 nobody would withhold
 # treatment from a patient more likely than not to die, and net benefit there is noise.

@@ -1,7 +1,7 @@
-"""Evaluation of predictions [N, S*K]: metrics (model.metrics), referral at a stored threshold, plots.
+"""Evaluation of predictions [N, S*K]: metrics (model.evaluation.metrics), referral at a stored threshold, plots.
 
 Shared by ``ehr-eval`` and by the trainer's final evaluation. Every number comes from
-``model.metrics``; this module only gathers predictions, picks the referral threshold on
+``model.evaluation.metrics``; this module only gathers predictions, picks the referral threshold on
 validation and writes the report files.
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from model import clinical_stats, metrics, plots
+from model.evaluation import clinical_stats, metrics, plots
 from model.export.load import DECISION_THRESHOLD
-from model.metrics import json_ready
+from model.evaluation.metrics import json_ready
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ PREDICTIONS_FILE = "predictions.csv"
 MEDS_PREDICTIONS_FILE = "predictions.meds.parquet"
 MEDS_UNCERTAINTY_FILE = "predictions.meds_uncertainty.parquet"
 COMPARISON_FILE = "comparison.json"
-# The one page a clinical reviewer reads (model.report_html renders metrics.json / comparison.json).
+# The one page a clinical reviewer reads (model.evaluation.report_html renders metrics.json / comparison.json).
 REPORT_HTML = "report.html"
 # predictions.csv columns of who each case is (from its SequenceExample), for --compare's subgroups.
 ATTRIBUTE_COLUMNS = {"gender": "GENDER", "age_years": "AGE_YEARS", "admission_type": "ADMISSION_TYPE",
@@ -126,7 +126,7 @@ def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], pro
     paths["predictions"] = write_predictions(out / PREDICTIONS_FILE, probs, labels, hadm_ids, report["K"],
                                              report["S"], truth, attributes, referred)
     if html:
-        from model import report_html
+        from model.evaluation import report_html
 
         paths["report"] = report_html.write(out / REPORT_HTML, json_ready(doc))
     return paths
@@ -361,7 +361,7 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
                    target_risk: float = clinical_stats.TARGET_RISK) -> tuple[dict[str, Any], dict[str, Any]]:
     """Evaluates exports (several = a deep ensemble) on a split; returns (report, {"export_dir": ...}).
 
-    The report holds model.metrics' numbers, the clinical statistics (report["clinical"]), who the
+    The report holds model.evaluation.metrics' numbers, the clinical statistics (report["clinical"]), who the
     model was built on (report["population"], from the data folder) and the model cards; with
     out_dir, report.html renders them.
     """
@@ -431,7 +431,7 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
         write_meds_predictions(pathlib.Path(out_dir) / MEDS_PREDICTIONS_FILE, probs, labels, hadm_ids, *ids[split],
                                k, num_samples)
         if shifted is not None:
-            from model import shift_report
+            from model.evaluation import shift_report
 
             shift_report.write_outputs(out_dir, shifted)
     if export_ensemble is not None:
@@ -456,7 +456,7 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
 def _shift_of_split(exports: Sequence[Any], data_dir: str, split: str, records: Sequence[bytes], probs: np.ndarray,
                     num_samples: int) -> Any:
     """The shift report of the evaluated split against the (first) export's reference; None when it has none."""
-    from model import shift_report
+    from model.evaluation import shift_report
 
     export = exports[0].files
     if export.reference is None:

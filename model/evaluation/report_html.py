@@ -2,7 +2,7 @@
 
 The page renders a metrics.json (``ehr-eval --model`` / ``--baseline``) or a comparison.json
 (``ehr-eval --compare``) and computes nothing: every number on it is a number in that file, and
-every figure is drawn (model.plots) from the curves stored there. Figures are embedded as PNG
+every figure is drawn (model.evaluation.plots) from the curves stored there. Figures are embedded as PNG
 data URIs and the style sheet is inline, so the page opens from disk with no network.
 
 Sections follow the results items of TRIPOD+AI (Collins et al., BMJ 2024): participants (20a-c),
@@ -18,7 +18,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from model import clinical_stats, plots
+from model.evaluation import clinical_stats, plots
 
 TITLE = "In-hospital mortality after the first 24 hours: evaluation report"
 # Labels of the report's metrics, in the order tables list them.
