@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from model.evaluation import metrics
     from model.training.config import load_config
     from model.training.train import train
-    from model.train_cli import parse_overrides
+    from model.cli.ehr_train import parse_overrides
 
     overrides = parse_overrides([f"train.mixed_precision={args.precision}", *args.overrides])
     config = load_config(args.config).with_overrides(**overrides).with_train_overrides(max_steps=args.steps)

@@ -230,7 +230,7 @@ def test_training_moves_only_the_adapters_and_records_the_base(runs):
 
 @pytest.mark.slow
 def test_export_serves_what_ehr_eval_reports(runs, tmp_path):
-    from model.eval_cli import main as eval_main
+    from model.cli.ehr_eval import main as eval_main
     from serving.predictor import ServedModel, summarise
 
     out = tmp_path / "eval"

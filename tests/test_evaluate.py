@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from ehr_testdata import read_json
 
-from model import eval_cli
+from model.cli import ehr_eval
 from model.evaluation import evaluate, metrics
 from model.training import baselines, inputs
 from model.evaluation.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
@@ -24,7 +24,7 @@ def trained(trained_rank1):
 
 def test_eval_writes_report_plots_and_error_vs_truth(trained, tmp_path, capsys):
     out = tmp_path / "eval"
-    code = eval_cli.main(["--model", str(trained["run"]), "--data", str(trained["data"]), "--split", "test",
+    code = ehr_eval.main(["--model", str(trained["run"]), "--data", str(trained["data"]), "--split", "test",
                           "--samples", "4", "--seed", "3", "--out", str(out), "--truth",
                           str(trained["data"] / "SYNTH_TRUTH.csv"), "--bootstrap", "30", "--no-progress"])
     assert code == 0
@@ -62,7 +62,7 @@ def test_deep_ensemble_of_exports_and_its_export(trained, tmp_path, capsys):
     ens = tmp_path / "ensemble"
     args = ["--model", str(trained["export"]), "--model", str(trained["export"]), "--data", str(trained["data"]),
             "--samples", "2", "--bootstrap", "10", "--no-progress"]
-    assert eval_cli.main(args + ["--out", str(tmp_path / "eval"), "--export-ensemble", str(ens)]) == 0
+    assert ehr_eval.main(args + ["--out", str(tmp_path / "eval"), "--export-ensemble", str(ens)]) == 0
     report = read_json(tmp_path / "eval" / "metrics.json")
     assert report["K"] == 4 and len(report["members"]) == 4
     # Both halves are the same model with the same seed: member k and member k + 2 agree.
@@ -81,8 +81,8 @@ def test_deep_ensemble_of_exports_and_its_export(trained, tmp_path, capsys):
 
 
 def test_bad_arguments_fail_with_a_message(trained, tmp_path, capsys):
-    assert eval_cli.main(["--model", str(trained["export"]), "--data", str(trained["data"]), "--samples", "0"]) == 2
-    assert eval_cli.main(["--model", str(tmp_path), "--data", str(trained["data"])]) == 2
+    assert ehr_eval.main(["--model", str(trained["export"]), "--data", str(trained["data"]), "--samples", "0"]) == 2
+    assert ehr_eval.main(["--model", str(tmp_path), "--data", str(trained["data"])]) == 2
     assert "neither an export directory" in capsys.readouterr().err
 
 
@@ -96,7 +96,7 @@ def test_compare_two_prediction_files(tmp_path, capsys):
     evaluate.write_predictions(tmp_path / "a.csv", probs_a, y, ids, 2, 2, truth)
     order = rng.permutation(n)  # B's file lists the cases in another order
     evaluate.write_predictions(tmp_path / "b.csv", probs_b[order], y[order], ids[order], 1, 1)
-    code = eval_cli.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--bootstrap", "200",
+    code = ehr_eval.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--bootstrap", "200",
                           "--seed", "1", "--out", str(tmp_path / "cmp")])
     assert code == 0
     assert "truth_mae" in capsys.readouterr().out
@@ -110,13 +110,13 @@ def test_compare_two_prediction_files(tmp_path, capsys):
     assert doc["metrics"]["truth_mae"]["upper"] < 0  # B is closer to the truth
     # Files of different admissions cannot be paired.
     evaluate.write_predictions(tmp_path / "c.csv", probs_b[:10], y[:10], ids[:10], 1, 1)
-    assert eval_cli.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "c.csv")]) == 2
+    assert ehr_eval.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "c.csv")]) == 2
     assert "not the admissions" in capsys.readouterr().err
 
 
 def test_baseline_is_evaluated_like_a_model(trained, tmp_path, capsys):
     out = tmp_path / "logistic"
-    code = eval_cli.main(["--baseline", "logistic", "--data", str(trained["data"]), "--truth",
+    code = ehr_eval.main(["--baseline", "logistic", "--data", str(trained["data"]), "--truth",
                           str(trained["data"] / "SYNTH_TRUTH.csv"), "--bootstrap", "20", "--out", str(out)])
     assert code == 0
     assert "logistic baseline" in capsys.readouterr().out

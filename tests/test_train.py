@@ -20,7 +20,7 @@ from ehr_base.yaml_config import ConfigError
 from model.training.config import parse_config
 from model.training.train import EXPORT_DIR, load_run, train
 from model.training.training_loop import BEST_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError
-from model.train_cli import parse_overrides
+from model.cli.ehr_train import parse_overrides
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -139,7 +139,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     config["eval"].update(num_samples=1, n_bootstrap=20)
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config))
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "model.train_cli", "--config", str(tmp_path / "tiny.yaml"), "--data", str(data),
+    cmd = [sys.executable, "-m", "model.cli.ehr_train", "--config", str(tmp_path / "tiny.yaml"), "--data", str(data),
            "--out", str(run), "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     first = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

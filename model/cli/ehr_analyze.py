@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def shift(args) -> int:
     """`ehr-analyze shift`: prints the findings, writes the files, returns 0, 2 (usage) or 3 (shift at --fail-on)."""
-    from model.eval_cli import resolve_model_dir
+    from model.cli.ehr_eval import resolve_model_dir
     from model.export.load import MAX_SAMPLES, ExportError
     from model.evaluation.shift_report import EXIT_SHIFT, run_shift, write_outputs
 
