@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable
 
 import tensorflow as tf
 
-from model.layers import bella, weight_posteriors
+from model.layers import FACTOR_SITES, bella, weight_posteriors
 from model.layers._edward2 import ed
 from model.layers.noise import Noise, posterior_loc_scale, standard_draw
 from model.layers.posterior import KERNEL_PENALTY_METHODS, WEIGHT_POSTERIOR_METHODS, PosteriorConfig, softplus_inverse
@@ -99,8 +99,9 @@ def lstm(units: int, config: PosteriorConfig, *, return_sequences: bool = False,
 
 # --- losses ---------------------------------------------------------------------------
 
-# Attribute prefixes of edward2's rank-1 factor sites (<site>_initializer / _regularizer).
-_FACTOR_SITES = ("alpha", "gamma", "recurrent_alpha", "recurrent_gamma", "ensemble_bias")
+# Sites whose posterior carries a KL: the factors, and a per-member bias where a layer has one
+# with a trainable posterior (same <site>_initializer / _regularizer convention).
+_KL_SITES = (*FACTOR_SITES, "ensemble_bias")
 
 
 def _modules(obj: Any) -> list[tf.Module]:
@@ -126,7 +127,7 @@ def kl_loss(layers_or_model: Any) -> tf.Tensor:
         if callable(own):  # our own stochastic layers (e.g. embeddings)
             terms.append(own())
             continue
-        for site in _FACTOR_SITES:
+        for site in _KL_SITES:
             init = getattr(module, f"{site}_initializer", None)
             reg = getattr(module, f"{site}_regularizer", None)
             # Same call edward2 registers as the layer's loss: regularizer(q as RandomVariable).

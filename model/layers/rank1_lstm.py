@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from model.layers import FACTOR_SITES
 from model.layers._edward2 import ed
 from model.layers.noise import Noise, posterior_loc_scale, standard_draw
 
-# The cell's rank-1 factors, in the order they are concatenated for batched sampling.
-SITES = ("alpha", "gamma", "recurrent_alpha", "recurrent_gamma")
 # Operand dtypes of the reduced-precision inference path (float32 = the exact path).
 MATMUL_DTYPES = ("float32", "bfloat16")
 
@@ -122,7 +121,7 @@ class Rank1LSTM(tf.keras.layers.Layer):
         per_member = batch_size // k
         out: dict[str, tf.Tensor] = {}
         groups: dict[str, list[str]] = {"normal": [], "cauchy": []}
-        for site in SITES:
+        for site in FACTOR_SITES:  # also the order the draws are concatenated in
             family = _site_family(cell, site)
             if family in groups:
                 groups[family].append(site)

@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 from tqdm.auto import tqdm
 
+from model.layers import FACTOR_SITES
 from model.training import devices as device_layout
 from model.training import losses
 from model.training.config import ExperimentBase
@@ -44,8 +45,6 @@ CHECKPOINT_DIR = "checkpoints"
 BEST_DIR = "best"
 BEST_FILE = "best.json"
 TENSORBOARD_DIR = "tensorboard"
-# Attribute names of edward2's rank-1 factor sites (see model.layers.rank1._FACTOR_SITES).
-_FACTOR_SITES = ("alpha", "gamma", "recurrent_alpha", "recurrent_gamma")
 
 
 class ConfigMismatchError(RuntimeError):
@@ -93,7 +92,7 @@ def fast_weight_refs(model: tf.Module) -> set:
     """Refs of the rank-1 factors (alpha/gamma) and their posterior parameters under `model`."""
     refs = set()
     for module in (model, *model.submodules):
-        for site in _FACTOR_SITES:
+        for site in FACTOR_SITES:
             # Only edward2 rank-1 layers record `<site>_shape`; a batch norm also has a `gamma`.
             if getattr(module, f"{site}_shape", None) is None:
                 continue
