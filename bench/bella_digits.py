@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from bench.report import command_line, write_section
 
-    from model.evaluation.metrics import json_ready
+    from model.evaluation.metrics_report import json_ready
 
     from ehr_base.cli_args import setup_logging
 

@@ -421,11 +421,11 @@ def _cases(run: dict | None, seed: int, site: str, truth: dict[str, np.ndarray])
 
 def _case_losses(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[str, np.ndarray]:
     """Per-case NLL, squared error and |p - P_DEATH| of the predictive mean (these average to the metric)."""
-    from model.evaluation import metrics
+    from model.evaluation import against_truth
 
     p = probs.mean(axis=1)
     return {"nll": _nll_cases(p, y),
-            "brier": (p - y) ** 2, "truth_mae": np.abs(p - truth), "kl_truth": metrics.kl_bernoulli(truth, p)}
+            "brier": (p - y) ** 2, "truth_mae": np.abs(p - truth), "kl_truth": against_truth.kl_bernoulli(truth, p)}
 
 
 def _nll_cases(p: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -436,13 +436,13 @@ def _nll_cases(p: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _scores(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[str, float]:
-    from model.evaluation import metrics
+    from model.evaluation import against_truth, metrics
 
     p = probs.mean(axis=1)
     out = metrics.scalar_metrics(p, y)
     out["truth_mae"] = float(np.mean(np.abs(p - truth)))
-    out["kl_truth"] = float(np.mean(metrics.kl_bernoulli(truth, p)))
-    out.update({f"cov{int(level * 100)}": v for level, v in zip(LEVELS, metrics.interval_coverage(
+    out["kl_truth"] = float(np.mean(against_truth.kl_bernoulli(truth, p)))
+    out.update({f"cov{int(level * 100)}": v for level, v in zip(LEVELS, against_truth.interval_coverage(
         probs, truth, LEVELS).values())})
     return out
 
@@ -537,7 +537,7 @@ def _paired_lines(runs, truth, site: str, n_boot: int) -> list[str]:
 
 def _shift_lines(runs, truth) -> list[str]:
     """Site-B detection by uncertainty and the error removed by referring 20% of site B (per seed: all B releases)."""
-    from model.evaluation import metrics
+    from model.evaluation import against_truth, metrics
 
     rate = SHIFT_REFERRAL
     head = ("| Method | AUROC B vs A: mutual information | AUROC B vs A: entropy | kept abs(p - P), refer by MI | "
@@ -560,7 +560,7 @@ def _shift_lines(runs, truth) -> list[str]:
             cells.setdefault("auc_mi", []).append(metrics.auc_roc(mi, is_b) if sampled else float("nan"))
             cells.setdefault("auc_ent", []).append(metrics.auc_roc(ent, is_b))
             p = pb.mean(axis=1)
-            sel = metrics.selective_vs_truth(p, yb, tb, {"mi": metrics.mutual_information(pb),
+            sel = against_truth.selective_vs_truth(p, yb, tb, {"mi": metrics.mutual_information(pb),
                                                          "entropy": metrics.predictive_entropy(pb)},
                                              referral_rates=(0.0, rate))
             for key in ("mi", "entropy", "risk", "random"):

@@ -118,14 +118,14 @@ def sampled_probs(draws: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def scores(probs: np.ndarray, labels: np.ndarray, truth: np.ndarray | None) -> dict:
     """Predictive-mean NLL, and against the truth abs(p - P), coverage per level and the mean 95% width."""
-    from model.evaluation import metrics
+    from model.evaluation import against_truth, metrics
 
     p = probs.mean(axis=1)
     out = {"nll": float(metrics.nll(p, labels))}
     if truth is not None:
         out["abs_error"] = float(np.mean(np.abs(p - truth)))
-        out["coverage"] = metrics.interval_coverage(probs, truth, levels=LEVELS)
-        low, high = metrics.sample_interval(probs, 0.95)
+        out["coverage"] = against_truth.interval_coverage(probs, truth, levels=LEVELS)
+        low, high = against_truth.sample_interval(probs, 0.95)
         out["width_95"] = float(np.mean(high - low))
     return out
 
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     from tqdm.auto import tqdm
 
     from bench.compare_methods import _make_data, _make_release
-    from model.evaluation import metrics
+    from model.evaluation import metrics, metrics_report
     from model.training import baselines
     from model.evaluation.evaluate import load_truth
     from model.training.inputs import Featurizer, load_data_files
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
         held_out = cross_validated_p(pipeline, rows, train.x, train.labels, args.folds, args.random_seed)
     for result in results:
         result["cv_nll"] = float(metrics.nll(held_out[result["name"]], train.labels))
-        result["cv_vs_laplace"] = metrics.paired_bootstrap(held_out["laplace"], held_out[result["name"]],
+        result["cv_vs_laplace"] = metrics_report.paired_bootstrap(held_out["laplace"], held_out[result["name"]],
                                                            train.labels, n=2000, seed=args.random_seed)["nll"]
     kept = int(np.count_nonzero(pipeline[-1].coef_[0]))
     info = {"params": params, "kept": kept, "columns": int(train.x.shape[1]), "n_train": len(train.labels),

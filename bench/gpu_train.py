@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     devices.configure(args.devices)  # before any TensorFlow work
     import tensorflow as tf
 
-    from model.evaluation import metrics
+    from model.evaluation import formatting
     from model.training.config import load_config
     from model.training.train import train
     from model.cli.ehr_train import parse_overrides
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "gpu_train.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     if result.test_report is not None:
-        print(metrics.format_table(result.test_report))
+        print(formatting.format_table(result.test_report))
     return 0
 
 

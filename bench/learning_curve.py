@@ -131,7 +131,7 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
                n_train: int) -> list[dict]:
     """Rank-1 Normal LSTMs on the whole training split: test scores per seed, paired with the logistic fit."""
     from bench.compare_methods import _predict, _split, _train
-    from model.evaluation import metrics
+    from model.evaluation import against_truth, metrics, metrics_report
 
     if args.lstm_seeds <= 0:
         return []
@@ -147,7 +147,7 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
         export, _, seconds = _train("rank1_normal", seed, grid_args, data, release / "SYNTH_TRUTH.csv", work)
         probs = _predict([export], split, args.samples, seed)  # [N, S * K]
         p = probs.mean(axis=1)
-        coverage = metrics.interval_coverage(probs, truth, levels=(0.95,))["0.95"]
+        coverage = against_truth.interval_coverage(probs, truth, levels=(0.95,))["0.95"]
         best_step = json.loads((export.parent / "best.json").read_text())["step"]
         out.append({"model": "rank1_normal", "n": n_train, "repeat": seed, "chosen": "", "p": p, "samples": args.samples,
                     "max_steps": steps, "best_step": best_step,
@@ -156,7 +156,7 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
                     "coverage_95": coverage, "train_seconds": seconds})
     # Paired on the same cases: the seed-averaged LSTM against the logistic fit on the same split.
     mean_p = np.mean([r["p"] for r in out], axis=0)
-    paired = metrics.paired_bootstrap(p_logistic, mean_p, y_test, truth, n=2000)
+    paired = metrics_report.paired_bootstrap(p_logistic, mean_p, y_test, truth, n=2000)
     for r in out:
         r["paired_vs_logistic"] = paired
     return out

@@ -9,7 +9,7 @@ import pytest
 from ehr_testdata import read_json
 
 from model.cli import ehr_eval
-from model.evaluation import evaluate, metrics
+from model.evaluation import against_truth, evaluate, metrics, metrics_report
 from model.training import baselines, inputs
 from model.evaluation.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
 from model.export.predict import predict_probs
@@ -53,8 +53,8 @@ def test_eval_writes_report_plots_and_error_vs_truth(trained, tmp_path, capsys):
     np.testing.assert_allclose([float(r["Q0.025"]) for r in rows], lo, atol=2e-6)
     inside = np.mean([float(r["Q0.025"]) <= t <= float(r["Q0.975"]) for r, t in zip(rows, truth)])
     assert report["truth"]["coverage"]["0.95"] == pytest.approx(inside)
-    assert set(report["truth"]["uncertainty_vs_error"]) == set(metrics.TRUTH_MEASURES)
-    assert {"mutual_information", *metrics.REFERRAL_BASELINES} <= set(report["truth"]["selective"])
+    assert set(report["truth"]["uncertainty_vs_error"]) == set(against_truth.TRUTH_MEASURES)
+    assert {"mutual_information", *against_truth.REFERRAL_BASELINES} <= set(report["truth"]["selective"])
     assert (out / TRUTH_PLOT_FILE).read_bytes()[:8] == PNG_MAGIC
 
 
@@ -103,7 +103,7 @@ def test_compare_two_prediction_files(tmp_path, capsys):
     doc = read_json(tmp_path / "cmp" / evaluate.COMPARISON_FILE)
     p_a = np.round(probs_a.mean(axis=1), 6)
     p_b = np.round(probs_b[:, 0], 6)
-    expected = metrics.paired_bootstrap(p_a, p_b, y, np.round(truth, 6), n=200, seed=1)
+    expected = metrics_report.paired_bootstrap(p_a, p_b, y, np.round(truth, 6), n=200, seed=1)
     for name, row in expected.items():
         assert doc["metrics"][name]["difference"] == pytest.approx(row["difference"], abs=1e-9)
         assert doc["metrics"][name]["lower"] == pytest.approx(row["lower"], abs=1e-9)

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         return usage_error("ehr-eval", problem)
     console.load_tensorflow(args.verbose)
     from model.evaluation import evaluate as evaluation
-    from model.evaluation import metrics, report_html
+    from model.evaluation import formatting, report_html
     from model.export.load import ExportError
 
     if args.compare:
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             target_coverage=args.target_coverage, target_risk=args.target_risk)
     except (ExportError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
-    print(metrics.format_table(report))
+    print(formatting.format_table(report))
     r = report["referral"]
     print(f"referral ({r['measure']} > {r['threshold']}, chosen on validation for rate {r['rate']}): "
           f"{r['referred_fraction']:.3f} referred")
@@ -192,7 +192,7 @@ def _compare(args: argparse.Namespace) -> int:
     import json
 
     from model.evaluation import evaluate as evaluation
-    from model.evaluation import metrics, report_html
+    from model.evaluation import formatting, report_html
 
     try:
         comparison = evaluation.compare_predictions(*args.compare, truth_path=args.truth, n_bootstrap=args.bootstrap,
@@ -200,7 +200,7 @@ def _compare(args: argparse.Namespace) -> int:
                                                     target_coverage=args.target_coverage, target_risk=args.target_risk)
     except (FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
-    print(metrics.format_comparison(comparison))
+    print(formatting.format_comparison(comparison))
     print(report_html.format_selective_difference(comparison["clinical"]["selective_difference"]))
     if args.out:
         out = pathlib.Path(args.out)
@@ -215,7 +215,7 @@ def _compare(args: argparse.Namespace) -> int:
 def _baseline(args: argparse.Namespace) -> int:
     """--baseline KIND: fit on train, choose on validation, evaluate --split like a model."""
     from model.evaluation import evaluate as evaluation
-    from model.evaluation import metrics, report_html
+    from model.evaluation import formatting, report_html
 
     try:
         report = evaluation.run_baseline_evaluation(
@@ -226,7 +226,7 @@ def _baseline(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
     print(f"{args.baseline} baseline, chosen on validation: {report['baseline']['params']}")
-    print(metrics.format_table(report))
+    print(formatting.format_table(report))
     print(report_html.format_clinical(report["clinical"]))
     if args.out:
         print(f"report: {pathlib.Path(args.out) / evaluation.REPORT_HTML}")

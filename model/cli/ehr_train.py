@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return usage_error("ehr-train", err)
 
-    from model.evaluation import metrics
+    from model.evaluation import formatting
     from model.training import devices
 
     try:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         return usage_error("ehr-train", err)
     log.info("finished at step %d in %s", result.step, result.out_dir)
     if result.test_report is not None:
-        print(metrics.format_table(result.test_report))
+        print(formatting.format_table(result.test_report))
         print(f"export: {result.export_dir}")
     return 0
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from model.evaluation import metrics
+from model.evaluation import against_truth, metrics, metrics_report
 
 # Threshold probabilities of the decision curve: 1 % to 60 %. Above ~0.6 nobody would withhold
 # treatment from a patient more likely than not to die, and net benefit there is noise.
@@ -93,7 +93,7 @@ def calibration_fit(p, y, alpha: float = 0.05) -> dict[str, Any]:
     overfitting signature; > 1: too timid). Also observed / expected (mean y / mean p). NaN
     where the labels hold one class (no fit exists).
     """
-    p, y = metrics._pair(p, y)
+    p, y = metrics.as_pair(p, y)
     nan = float("nan")
     out: dict[str, Any] = {"observed": float(y.mean()), "expected": float(p.mean()),
                            "observed_over_expected": float(y.mean() / p.mean()) if p.mean() > 0 else nan,
@@ -137,7 +137,7 @@ def lowess_curve(p, y, grid, frac: float = LOWESS_FRAC) -> np.ndarray:
 def smoothed_calibration(p, y, *, n_bootstrap: int = 1000, alpha: float = 0.05, seed: int = 0,
                          points: int = CURVE_POINTS, frac: float = LOWESS_FRAC) -> dict[str, Any]:
     """LOWESS calibration curve of y on p with a percentile bootstrap band (cases resampled)."""
-    p, y = metrics._pair(p, y)
+    p, y = metrics.as_pair(p, y)
     grid = calibration_grid(p, points)
     curve = lowess_curve(p, y, grid, frac)
     rng = np.random.default_rng(seed)
@@ -156,7 +156,7 @@ def binned_calibration(p, y, num_bins: int = CALIBRATION_BINS, alpha: float = 0.
     """Equal-count groups of p: mean p, observed rate and its Wilson (1 - alpha) interval (statsmodels), count."""
     from statsmodels.stats.proportion import proportion_confint
 
-    p, y = metrics._pair(p, y)
+    p, y = metrics.as_pair(p, y)
     rows = []
     for g in np.array_split(np.argsort(p, kind="stable"), min(num_bins, p.size)):
         if not g.size:
@@ -210,7 +210,7 @@ def decision_curve(p, y, referred=None, *, thresholds: Sequence[float] = DCA_THR
     model's net benefit and its gain over the better of treat-all and treat-none, with
     percentile bootstrap intervals.
     """
-    p, y = metrics._pair(p, y)
+    p, y = metrics.as_pair(p, y)
     t = np.asarray(thresholds, dtype=np.float64)
     out: dict[str, Any] = {
         "thresholds": t.tolist(), "n": int(y.size), "prevalence": float(y.mean()),
@@ -318,7 +318,7 @@ def selective_summary(p, y, scores: Mapping[str, np.ndarray], *, target_coverage
                       target_risk: float = TARGET_RISK, n_bootstrap: int = 1000, alpha: float = 0.05,
                       seed: int = 0) -> dict[str, Any]:
     """selective_numbers per referral score (risk = 0/1 error at p > 0.5), each with a percentile bootstrap interval."""
-    p, y = metrics._pair(p, y)
+    p, y = metrics.as_pair(p, y)
     loss = error_loss(p, y)
     idx = np.random.default_rng(seed).integers(0, y.size, size=(n_bootstrap, y.size))
     out: dict[str, Any] = {"loss": "0/1 error of p > 0.5", "target_coverage": target_coverage,
@@ -418,7 +418,7 @@ def subgroup_report(p, y, labels: Mapping[str, np.ndarray], truth=None, *, n_boo
     """Per attribute and group: every metric with a bootstrap interval, and each group's gap to the rest.
 
     Per group: n, events, each of SUBGROUP_METRICS (and TRUTH_METRICS with a truth) as
-    estimate / lower / upper (percentile; "basic" for ECE, as in metrics.evaluate),
+    estimate / lower / upper (percentile; "basic" for ECE, as in metrics_report.evaluate),
     and for GAP_METRICS the gap group minus rest with its interval (group and rest resampled
     independently). "gaps": the GAP_METRICS gaps where the group is served worse by more than
     z_named bootstrap standard errors, z_named the normal quantile at alpha / 2 Bonferroni-
@@ -427,8 +427,8 @@ def subgroup_report(p, y, labels: Mapping[str, np.ndarray], truth=None, *, n_boo
     the truth, which does not depend on the labels) are not ranked.
     "largest": per gap metric, the worst group's gap whatever its interval.
     """
-    p, y = metrics._pair(p, y)
-    truth = None if truth is None else metrics._truth(truth, y.size)
+    p, y = metrics.as_pair(p, y)
+    truth = None if truth is None else against_truth.as_truth(truth, y.size)
     rng = np.random.default_rng(seed)
     gap_metrics = [m for m in GAP_METRICS if m not in TRUTH_METRICS or truth is not None]
     attributes: dict[str, Any] = {}
@@ -507,7 +507,7 @@ def clinical_report(p, y, scores: Mapping[str, np.ndarray], *, referred=None,
 
     ``scores``: referral scores per case (the uncertainty measures); "risk" (p itself) is added.
     """
-    p, y = metrics._pair(p, y)
+    p, y = metrics.as_pair(p, y)
     all_scores = {**{k: np.asarray(v, np.float64) for k, v in scores.items()}, RISK_SCORE: p}
     report: dict[str, Any] = {
         "calibration": {**calibration_fit(p, y, alpha),
@@ -520,7 +520,7 @@ def clinical_report(p, y, scores: Mapping[str, np.ndarray], *, referred=None,
     if attributes:
         report["subgroups"] = subgroup_report(p, y, subgroup_labels(attributes), truth, n_bootstrap=n_bootstrap,
                                               alpha=alpha, seed=seed, num_bins=num_bins)
-    return metrics.json_ready(report)
+    return metrics_report.json_ready(report)
 
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from model.evaluation import clinical_stats, metrics, plots
+from model.evaluation import against_truth, clinical_stats, metrics, metrics_report, plots
 from model.export.load import DECISION_THRESHOLD
-from model.evaluation.metrics import json_ready
+from model.evaluation.metrics_report import json_ready
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ REFERRED_COLUMN = "REFERRED"
 # Quantiles of the S x K sampled probabilities kept per case in predictions.csv: the ends of
 # the central 50 / 80 / 95 % intervals, so coverage can be recomputed from the file.
 PREDICTION_QUANTILES: tuple[float, ...] = tuple(
-    q for level in metrics.COVERAGE_LEVELS for q in ((1.0 - level) / 2.0, (1.0 + level) / 2.0))
+    q for level in against_truth.COVERAGE_LEVELS for q in ((1.0 - level) / 2.0, (1.0 + level) / 2.0))
 # Headline numbers of the truth report that go into summaries and export metrics.json.
 TRUTH_SUMMARY_KEYS = ("mae", "rmse", "nll_truth", "nll_excess", "kl_truth", "coverage")
 
@@ -85,11 +85,11 @@ def referral_report(probs: np.ndarray, labels: np.ndarray, threshold: float, mea
 def evaluate_predictions(probs: np.ndarray, labels: Sequence[int], ensemble_size: int, num_samples: int, *,
                          threshold: float, measure: str, rate: float, truth: np.ndarray | None = None,
                          num_bins: int = metrics.NUM_BINS, n_bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """metrics.evaluate's report plus "referral" at the given (validation-chosen) threshold."""
+    """metrics_report.evaluate's report plus "referral" at the given (validation-chosen) threshold."""
     y = np.asarray(labels)
     if np.any((y != 0) & (y != 1)):
         raise ValueError("labels must be 0/1 for evaluation (unknown labels, -1, are serving-only)")
-    report = metrics.evaluate(probs, y, ensemble_size, num_samples, truth, num_bins=num_bins,
+    report = metrics_report.evaluate(probs, y, ensemble_size, num_samples, truth, num_bins=num_bins,
                               n_bootstrap=n_bootstrap, seed=seed)
     report["referral"] = referral_report(probs, y, threshold, measure, rate, num_bins)
     return report
@@ -153,7 +153,7 @@ def write_meds_predictions(path: str | os.PathLike[str], probs: np.ndarray, labe
     pq.write_table(pa.table(columns), path)
     beside = {"subject_id": columns["subject_id"], "prediction_time": columns["prediction_time"],
               "hadm_id": pa.array(hadm_ids, pa.int64())}
-    for name, values in metrics.all_uncertainties(probs, ensemble_size, num_samples).items():
+    for name, values in against_truth.all_uncertainties(probs, ensemble_size, num_samples).items():
         beside[name] = pa.array(values, pa.float64())
     pq.write_table(pa.table(beside), path.with_name(MEDS_UNCERTAINTY_FILE))
     return path
@@ -165,7 +165,7 @@ def write_predictions(path: str | os.PathLike[str], probs: np.ndarray, labels: S
                       referred: np.ndarray | None = None) -> pathlib.Path:
     """predictions.csv: HADM_ID, LABEL, P_MEAN, [P_TRUTH], sample quantiles Q<q>, every uncertainty measure,
     [REFERRED (1 = referred by the validation-chosen rule)] and [who the case is: ATTRIBUTE_COLUMNS]."""
-    measures = metrics.all_uncertainties(probs, ensemble_size, num_samples)
+    measures = against_truth.all_uncertainties(probs, ensemble_size, num_samples)
     quantiles = np.quantile(probs, PREDICTION_QUANTILES, axis=1)
     p = metrics.predictive_mean(probs)
     who = [(ATTRIBUTE_COLUMNS[k], attributes[k]) for k in ATTRIBUTE_COLUMNS if attributes and k in attributes]
@@ -248,7 +248,7 @@ def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLik
                         truth_path: str | os.PathLike[str] | None = None, n_bootstrap: int = 1000, seed: int = 0,
                         num_bins: int = metrics.NUM_BINS, target_coverage: float = clinical_stats.TARGET_COVERAGE,
                         target_risk: float = clinical_stats.TARGET_RISK) -> dict[str, Any]:
-    """Paired bootstrap of model B minus model A (metrics.paired_bootstrap) on the cases both files hold.
+    """Paired bootstrap of model B minus model A (metrics_report.paired_bootstrap) on the cases both files hold.
 
     The two files must hold the same admissions with the same labels (order may differ). The
     truth comes from ``truth_path`` or else from A's P_TRUTH column; without either,
@@ -264,7 +264,7 @@ def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLik
         raise ValueError(f"{b.path}: labels differ from {a.path} for the same HADM_IDs")
     truth = load_truth(truth_path, a.hadm_ids.tolist()) if truth_path is not None else a.truth
     b = _reordered(b, order)
-    diffs = metrics.paired_bootstrap(a.p, b.p, a.labels, truth, n=n_bootstrap, seed=seed, num_bins=num_bins)
+    diffs = metrics_report.paired_bootstrap(a.p, b.p, a.labels, truth, n=n_bootstrap, seed=seed, num_bins=num_bins)
     settings = dict(truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins,
                     target_coverage=target_coverage, target_risk=target_risk)
     clinical = {"a": clinical_stats.clinical_report(a.p, a.labels, a.uncertainties, referred=a.referred,

@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from model.evaluation import metrics
+from model.evaluation import against_truth, metrics
 
 _DPI = 120
 
@@ -123,14 +123,14 @@ def referral_vs_truth_plot(
     path="referral_vs_truth.png",
     metric_names: Sequence[str] = ("mae_truth", "kl_truth"),
 ) -> pathlib.Path:
-    """Kept cases' error vs the truth against the referral rate, one line per score (metrics.selective_vs_truth).
+    """Kept cases' error vs the truth against the referral rate, one line per score (against_truth.selective_vs_truth).
 
     The dashed baselines frame the measures: "random" is flat, "oracle" is the best any measure
     can reach, "risk" refers by p; a measure earns its keep only between random and oracle.
     """
     titles = {"mae_truth": "mean |p - P_DEATH| of kept cases", "kl_truth": "mean KL(truth || p) of kept cases (nats)"}
     fig = _table_panels(tables, "referral_rate", metric_names, "referral rate", titles,
-                        dashed=metrics.REFERRAL_BASELINES)
+                        dashed=against_truth.REFERRAL_BASELINES)
     return _save(fig, path)
 
 
