@@ -53,7 +53,7 @@ WINDOW_VALUE_STATS = ("z_min", "z_max", "z_mean", "z_last", "no_value")  # per v
 # log1p(hours before trigger) / 10, log1p(codes in bag) / 10, in current admission, log1p(events) / 10 per source
 NUM_BAG_FEATURES = 3 + len(spec.SOURCES)
 CONTEXT_DIM = 1 + len(spec.GENDERS) + len(ADMISSION_TYPES) + 1
-DEFAULT_CLIP_Z = 10.0  # the authors capped |z| at 10 (NOTES.md)
+DEFAULT_CLIP_Z = 10.0  # the pipeline's numeric.clip_z default, for a Featurizer built without a data folder (docs/model.md, Inputs)
 _LOG_SCALE = 10.0  # log1p(hours) reaches ~11 for ten years of history: /10 keeps features ~O(1)
 
 
