@@ -367,8 +367,8 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
     """
     from model.export import write as export_writer
     from model.export.load import load_export
-    from model.training.inputs import load_data_files, read_split
     from model.export.predict import predict_probs
+    from model.training.inputs import load_data_files, read_split
 
     exports = [load_export(d) for d in model_dirs]
     files = load_data_files(data_dir)
@@ -421,36 +421,56 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
     if other_data:
         extra["shift"] = _shift_of_split(exports, files.data_dir, split, records, probs, num_samples)
     if out_dir is not None:
-        shifted = extra.get("shift")
-        write_report(out_dir, report, probs, labels, hadm_ids, measure, num_bins,
-                     extra={"models": [str(e.path) for e in exports], "split": split, "seed": seed,
-                            "data_manifest_sha256": data_sha,
-                            **({"shift": {"level": shifted.report.level, "counts": shifted.report.counts()}}
-                               if shifted is not None else {})}, truth=truth, attributes=attributes,
-                     referred=referred, html=True)
-        write_meds_predictions(pathlib.Path(out_dir) / MEDS_PREDICTIONS_FILE, probs, labels, hadm_ids, *ids[split],
-                               k, num_samples)
-        if shifted is not None:
-            from model.evaluation import shift_report
-
-            shift_report.write_outputs(out_dir, shifted)
+        _write_outputs(out_dir, report, probs, labels, hadm_ids, ids[split], shifted=extra.get("shift"),
+                       models=[str(e.path) for e in exports], split=split, seed=seed, data_sha=data_sha,
+                       measure=measure, num_bins=num_bins, truth=truth, attributes=attributes, referred=referred,
+                       ensemble_size=k, num_samples=num_samples)
     if export_ensemble is not None:
         test_report = report if split == "test" else report_for("test")[0]
-        metrics_doc = metrics_document(test_report, measure=measure, rate=rate, threshold=threshold)
-        methods = sorted({e.model_card.get("method", "?") for e in exports})
-        card = export_writer.model_card(
-            name=f"deep_ensemble_{len(exports)}", method="deep_ensemble", ensemble_size=k,
-            data_sha256=exports[0].model_card.get("data_manifest_sha256", data_sha), metrics_doc=metrics_doc,
-            members=[f"{e.model_card.get('name')} ({', '.join(methods)}) {e.path}" for e in exports])
-        # The members' training population, with the ensemble's own validation mutual information.
-        reference = exports[0].files.reference
-        if reference is not None and "validation" in cache:
-            reference = reference.with_mutual_information(metrics.mutual_information(cache["validation"][0]),
-                                                          num_samples)
-        extra["export_dir"] = export_writer.write_ensemble_export(export_ensemble, [e.path for e in exports],
-                                                                  card=card, metrics_doc=metrics_doc,
-                                                                  reference=reference)
+        validation_probs = cache["validation"][0] if "validation" in cache else None
+        extra["export_dir"] = _export_ensemble(export_ensemble, exports, test_report, validation_probs,
+                                               measure=measure, rate=rate, threshold=threshold,
+                                               num_samples=num_samples, data_sha=data_sha)
     return report, extra
+
+
+def _write_outputs(out_dir: str | os.PathLike[str], report: dict, probs: np.ndarray, labels: Sequence[int],
+                   hadm_ids: Sequence[int], example_ids: tuple[list[int], list[int]], *, shifted: Any, models: list[str],
+                   split: str, seed: int, data_sha: str, measure: str, num_bins: int, truth: np.ndarray | None,
+                   attributes: Mapping[str, np.ndarray], referred: np.ndarray, ensemble_size: int,
+                   num_samples: int) -> None:
+    """The report files of one evaluated split, its MEDS predictions and, on other data, its shift report."""
+    shift = {"shift": {"level": shifted.report.level, "counts": shifted.report.counts()}} if shifted is not None else {}
+    write_report(out_dir, report, probs, labels, hadm_ids, measure, num_bins,
+                 extra={"models": models, "split": split, "seed": seed, "data_manifest_sha256": data_sha, **shift},
+                 truth=truth, attributes=attributes, referred=referred, html=True)
+    write_meds_predictions(pathlib.Path(out_dir) / MEDS_PREDICTIONS_FILE, probs, labels, hadm_ids, *example_ids,
+                           ensemble_size, num_samples)
+    if shifted is not None:
+        from model.evaluation import shift_report
+
+        shift_report.write_outputs(out_dir, shifted)
+
+
+def _export_ensemble(out: str | os.PathLike[str], exports: Sequence[Any], test_report: Mapping[str, Any],
+                     validation_probs: np.ndarray | None, *, measure: str, rate: float, threshold: float,
+                     num_samples: int, data_sha: str) -> pathlib.Path:
+    """Joins the evaluated exports into one deep-ensemble export at `out`, with this evaluation as its metrics."""
+    from model.export import write as export_writer
+
+    metrics_doc = metrics_document(test_report, measure=measure, rate=rate, threshold=threshold)
+    methods = sorted({e.model_card.get("method", "?") for e in exports})
+    card = export_writer.model_card(
+        name=f"deep_ensemble_{len(exports)}", method="deep_ensemble",
+        ensemble_size=sum(e.ensemble_size for e in exports),
+        data_sha256=exports[0].model_card.get("data_manifest_sha256", data_sha), metrics_doc=metrics_doc,
+        members=[f"{e.model_card.get('name')} ({', '.join(methods)}) {e.path}" for e in exports])
+    # The members' training population, with the ensemble's own validation mutual information.
+    reference = exports[0].files.reference
+    if reference is not None and validation_probs is not None:
+        reference = reference.with_mutual_information(metrics.mutual_information(validation_probs), num_samples)
+    return export_writer.write_ensemble_export(out, [e.path for e in exports], card=card, metrics_doc=metrics_doc,
+                                               reference=reference)
 
 
 def _shift_of_split(exports: Sequence[Any], data_dir: str, split: str, records: Sequence[bytes], probs: np.ndarray,

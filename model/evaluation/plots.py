@@ -363,11 +363,20 @@ def shift_plot(report, path="shift.png", top: int = 15) -> pathlib.Path:
     the training share per bin beside the new data's. Bottom: per source, the share of events
     out of the model's vocabulary and events per admission relative to training.
     """
-    rows = sorted(report.distributions, key=lambda r: -r["psi"])[:top][::-1]
-    th = report.summary.get("thresholds", {})
     fig = _new_figure(13.0, 8.0)
     grid = fig.add_gridspec(2, 2, height_ratios=[3, 2])
-    ax = fig.add_subplot(grid[0, 0])
+    _shift_psi_panel(fig.add_subplot(grid[0, 0]), report, top)
+    _shift_worst_panel(fig.add_subplot(grid[0, 1]), report)
+    _shift_oov_panel(fig.add_subplot(grid[1, 0]), report)
+    _shift_events_panel(fig.add_subplot(grid[1, 1]), report)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _shift_psi_panel(ax, report, top: int) -> None:
+    """The distributions that moved most, by PSI (log scale), with the severity thresholds."""
+    rows = sorted(report.distributions, key=lambda r: -r["psi"])[:top][::-1]
+    th = report.summary.get("thresholds", {})
     if rows:
         floor = 1e-3
         psis = [max(r["psi"], floor) for r in rows]
@@ -390,7 +399,9 @@ def shift_plot(report, path="shift.png", top: int = 15) -> pathlib.Path:
     ax.set_title(f"shift: {report.level}  ({report.summary['n_current']} admissions vs "
                  f"{report.summary['n_reference']} in training)", fontsize=10)
 
-    ax = fig.add_subplot(grid[0, 1])
+
+def _shift_worst_panel(ax, report) -> None:
+    """The worst-shifted code's values: the training share per bin beside the new data's."""
     worst = next((r for r in sorted(report.distributions, key=lambda r: -r["psi"]) if r["kind"] == "value_shift"),
                  None)
     if worst is not None:
@@ -411,8 +422,10 @@ def shift_plot(report, path="shift.png", top: int = 15) -> pathlib.Path:
     else:
         ax.set_axis_off()
 
+
+def _shift_oov_panel(ax, report) -> None:
+    """Per source, the share of events out of the model's vocabulary."""
     oov = report.summary.get("oov_share", {})
-    ax = fig.add_subplot(grid[1, 0])
     sources = list(oov)
     x = np.arange(len(sources))
     ax.bar(x - 0.2, [100 * oov[s]["reference"] for s in sources], width=0.4, color="tab:blue", label="training")
@@ -423,7 +436,9 @@ def shift_plot(report, path="shift.png", top: int = 15) -> pathlib.Path:
     ax.set_title("codes out of the model's vocabulary", fontsize=9)
     ax.legend(fontsize=8)
 
-    ax = fig.add_subplot(grid[1, 1])
+
+def _shift_events_panel(ax, report) -> None:
+    """Per source, events per admission relative to training."""
     events = [r for r in report.distributions if r["kind"] == "events_per_admission" and r["mean_reference"]]
     ratios = [r["mean_current"] / r["mean_reference"] for r in events]
     bars = ax.bar(range(len(events)), ratios, color=[_SEVERITY_COLOURS[r["severity"]] for r in events])
@@ -438,5 +453,3 @@ def shift_plot(report, path="shift.png", top: int = 15) -> pathlib.Path:
     ax.set_title("how often each source records" + (f"\n(mutual information above the validation p95 on "
                                                      f"{100 * mi:.0f}% of admissions; 5% expected)"
                                                      if mi is not None else ""), fontsize=9)
-    fig.tight_layout()
-    return _save(fig, path)
