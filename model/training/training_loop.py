@@ -246,6 +246,69 @@ def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Va
     dataset of (inputs, labels) batches. particles: Bella's bella.ParticleUpdate, or None.
     """
     s = settings
+    checkpoint = tf.train.Checkpoint(model=model, slow_optimizer=slow_opt, fast_optimizer=fast_opt, step=step)
+    manager = tf.train.CheckpointManager(checkpoint, str(out / CHECKPOINT_DIR), max_to_keep=s.keep_checkpoints)
+    # Optimizer slots exist before the restore, so it fills them instead of deferring.
+    train_step = _train_step(model, slow_opt=slow_opt, fast_opt=fast_opt, learning_rate=learning_rate, step=step,
+                             strategy=strategy, likelihood=likelihood, settings=s, particles=particles)
+    if manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        log.info("resumed from %s at step %d", manager.latest_checkpoint, int(step.numpy()))
+    start = int(step.numpy())
+    dist_ds = strategy.experimental_distribute_dataset(train_data(start))
+
+    writer = tf.summary.create_file_writer(str(out / TENSORBOARD_DIR))
+    history: list[dict[str, float]] = []
+    validation: list[dict[str, float]] = []
+    best = BestTracker.load(out, s.early_stopping_patience)
+    if best.stopped_early:
+        log.info("run stopped early at step %d (best step %s): not training further", start, best.step)
+    iterator = iter(dist_ds)
+    bar = tqdm(total=s.max_steps, initial=start, desc=f"train {s.name}", unit="step", disable=not progress,
+               dynamic_ncols=True)
+    started = time.time()
+    while int(step.numpy()) < s.max_steps and not best.stopped_early:
+        try:
+            stats = {key: float(v) for key, v in train_step(iterator).items()}
+        except tf.errors.OutOfRangeError:
+            # A finite stream ends like a Python iterator (the trainers' datasets repeat forever).
+            raise StopIteration(f"the training data ran out at step {int(step.numpy()) + 1}") from None
+        current = int(step.numpy())
+        bar.update(1)
+        if not np.isfinite(stats["loss"]):
+            raise FloatingPointError(f"loss is {stats['loss']} at step {current}: lower the learning rate or clip_norm")
+        if current % s.log_every_steps == 0 or current == s.max_steps:
+            rate = (current - start) / max(time.time() - started, 1e-9)  # includes the first trace
+            history.append({"step": current, **stats, "steps_per_second": rate})
+            bar.set_postfix({key: f"{stats[key]:.4f}" for key in ("loss", "nll", *_likelihood_keys(stats))})
+            write_scalars(writer, "train", {**stats, "steps_per_second": rate}, current)
+        stop = False
+        if validate is not None and s.eval_every_steps and (current % s.eval_every_steps == 0
+                                                            or current == s.max_steps):
+            row = {"step": current, **validate()}
+            validation.append(row)
+            log.info("step %d validation %s", current, {k: round(v, 4) for k, v in row.items() if k != "step"})
+            write_scalars(writer, "validation", {k: v for k, v in row.items() if k != "step"}, current)
+            stop = best.update(current, row.get(s.best_metric, float("inf")), checkpoint)
+            if stop:
+                log.info("early stop at step %d: no better validation NLL in %d validations (best %.4f at step %d)",
+                         current, s.early_stopping_patience, best.validation_nll, best.step)
+        if current % s.checkpoint_every_steps == 0 or stop:
+            manager.save(checkpoint_number=current)
+    bar.close()
+    final_step = int(step.numpy())
+    if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(f"-{final_step}"):
+        manager.save(checkpoint_number=final_step)
+    writer.flush()
+    best.write()
+    return LoopResult(final_step, history, validation, best)
+
+
+def _train_step(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Variable,
+                strategy: tf.distribute.Strategy, likelihood: Likelihood, settings: LoopSettings,
+                particles) -> Callable:
+    """Builds both optimizers over their weights and returns the traced step: iterator -> summed stats."""
+    s = settings
     variables = model.trainable_variables
     loss_scaled = isinstance(slow_opt, tf.keras.mixed_precision.LossScaleOptimizer)
     # Under loss scaling every weight goes to the one (scaled) optimizer: multiplier 1 (model.training.precision).
@@ -256,13 +319,6 @@ def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Va
         # variables is traced twice, and a trace of a rank-1 network costs seconds.
         slow_opt.build([v for v, fast in zip(variables, fast_mask) if not fast])
         fast_opt.build([v for v, fast in zip(variables, fast_mask) if fast])
-    checkpoint = tf.train.Checkpoint(model=model, slow_optimizer=slow_opt, fast_optimizer=fast_opt, step=step)
-    manager = tf.train.CheckpointManager(checkpoint, str(out / CHECKPOINT_DIR), max_to_keep=s.keep_checkpoints)
-    if manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        log.info("resumed from %s at step %d", manager.latest_checkpoint, int(step.numpy()))
-    start = int(step.numpy())
-    dist_ds = strategy.experimental_distribute_dataset(train_data(start))
     replicas = strategy.num_replicas_in_sync
 
     def replica_step(inputs, labels):
@@ -319,51 +375,7 @@ def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Va
         step.assign_add(1)
         return {key: strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None) for key, value in stats.items()}
 
-    writer = tf.summary.create_file_writer(str(out / TENSORBOARD_DIR))
-    history: list[dict[str, float]] = []
-    validation: list[dict[str, float]] = []
-    best = BestTracker.load(out, s.early_stopping_patience)
-    if best.stopped_early:
-        log.info("run stopped early at step %d (best step %s): not training further", start, best.step)
-    iterator = iter(dist_ds)
-    bar = tqdm(total=s.max_steps, initial=start, desc=f"train {s.name}", unit="step", disable=not progress,
-               dynamic_ncols=True)
-    started = time.time()
-    while int(step.numpy()) < s.max_steps and not best.stopped_early:
-        try:
-            stats = {key: float(v) for key, v in train_step(iterator).items()}
-        except tf.errors.OutOfRangeError:
-            # A finite stream ends like a Python iterator (the trainers' datasets repeat forever).
-            raise StopIteration(f"the training data ran out at step {int(step.numpy()) + 1}") from None
-        current = int(step.numpy())
-        bar.update(1)
-        if not np.isfinite(stats["loss"]):
-            raise FloatingPointError(f"loss is {stats['loss']} at step {current}: lower the learning rate or clip_norm")
-        if current % s.log_every_steps == 0 or current == s.max_steps:
-            rate = (current - start) / max(time.time() - started, 1e-9)  # includes the first trace
-            history.append({"step": current, **stats, "steps_per_second": rate})
-            bar.set_postfix({key: f"{stats[key]:.4f}" for key in ("loss", "nll", *_likelihood_keys(stats))})
-            write_scalars(writer, "train", {**stats, "steps_per_second": rate}, current)
-        stop = False
-        if validate is not None and s.eval_every_steps and (current % s.eval_every_steps == 0
-                                                            or current == s.max_steps):
-            row = {"step": current, **validate()}
-            validation.append(row)
-            log.info("step %d validation %s", current, {k: round(v, 4) for k, v in row.items() if k != "step"})
-            write_scalars(writer, "validation", {k: v for k, v in row.items() if k != "step"}, current)
-            stop = best.update(current, row.get(s.best_metric, float("inf")), checkpoint)
-            if stop:
-                log.info("early stop at step %d: no better validation NLL in %d validations (best %.4f at step %d)",
-                         current, s.early_stopping_patience, best.validation_nll, best.step)
-        if current % s.checkpoint_every_steps == 0 or stop:
-            manager.save(checkpoint_number=current)
-    bar.close()
-    final_step = int(step.numpy())
-    if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(f"-{final_step}"):
-        manager.save(checkpoint_number=final_step)
-    writer.flush()
-    best.write()
-    return LoopResult(final_step, history, validation, best)
+    return train_step
 
 
 _LOSS_KEYS = ("loss", "nll", "kl", "kl_weight", "l2", "grad_norm", "learning_rate")
