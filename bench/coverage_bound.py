@@ -153,8 +153,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
 
     from bench.compare_methods import _make_data, _make_release
     from model.evaluation import metrics, metrics_report
-    from model.training import baselines
     from model.evaluation.evaluate import load_truth
+    from model.training import baselines
     from model.training.inputs import Featurizer, load_data_files
 
     work = pathlib.Path(args.work)

@@ -54,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     devices.configure(args.devices)  # before any TensorFlow work
     import tensorflow as tf
 
+    from model.cli.ehr_train import parse_overrides
     from model.evaluation import formatting
     from model.training.config import load_config
     from model.training.train import train
-    from model.cli.ehr_train import parse_overrides
 
     overrides = parse_overrides([f"train.mixed_precision={args.precision}", *args.overrides])
     config = load_config(args.config).with_overrides(**overrides).with_train_overrides(max_steps=args.steps)

@@ -195,10 +195,10 @@ def snr_run(k: int | None, seed: int, measure_steps: list[int]) -> list[dict[str
     import numpy as np
     import tensorflow as tf
 
-    from model.training import losses
     from model.image import evaluate as evaluation
     from model.image.data import load_data, train_dataset
     from model.image.models import build_model
+    from model.training import losses
 
     config = variant_config(k, seed, kl_annealing_epochs=0.0)
     tc = config.train

@@ -79,8 +79,8 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     from bench.compare_methods import _make_data, _make_release, truth_design
     from model.evaluation import metrics
-    from model.training import baselines
     from model.evaluation.evaluate import load_truth
+    from model.training import baselines
     from model.training.inputs import Featurizer, load_data_files
 
     work = pathlib.Path(args.work)

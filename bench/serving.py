@@ -150,10 +150,10 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
     from ehr_pipeline import spec
     from ehr_pipeline.config import PipelineConfig
     from model.export import write as export_writer
+    from model.export.predict import Predictor
     from model.training import inputs
     from model.training.config import load_config
     from model.training.ehr_model import build_model
-    from model.export.predict import Predictor
     from tests.serving_fixtures import DEFAULT_VOCABULARY
 
     config = load_config(TABLE7_CONFIG).model

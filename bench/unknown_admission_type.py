@@ -93,8 +93,8 @@ def measure(release: pathlib.Path, data: pathlib.Path, export_dir: pathlib.Path,
     from ehr_pipeline import spec
     from model.evaluation.evaluate import load_truth
     from model.export.load import load_export
-    from model.training.inputs import load_data_files, read_split
     from model.export.predict import predict_probs
+    from model.training.inputs import load_data_files, read_split
     from serving import admission_type
 
     export = load_export(export_dir)

@@ -188,10 +188,10 @@ def write_tiny_model_export(
     import tempfile
 
     from model.export import write as export_writer
+    from model.export.predict import Predictor
     from model.training import inputs
     from model.training.config import ModelConfig
     from model.training.ehr_model import build_model
-    from model.export.predict import Predictor
 
     pipeline = pipeline or PipelineConfig()
     vocab = DEFAULT_VOCABULARY if vocabulary is None else vocabulary

@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 from ehr_testdata import read_json, tiny_config_dict
 
-from model.training import inputs
 from model.layers import bella, svgd
 from model.layers.posterior import PosteriorConfig
 from model.layers.rank1_lstm import Rank1LSTM
+from model.training import inputs
 
 # --------------------------------------------------------------------------- SVGD
 

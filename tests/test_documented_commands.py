@@ -458,9 +458,9 @@ def test_documented_ehr_serve_settings_are_accepted(tmp_path):
 
 def test_documented_training_configs_and_overrides_load():
     from ehr_base.yaml_config import read_yaml
-    from model.training.config import load_config
-    from model.image.config import is_image_config, load_config as load_image_config
     from model.cli.ehr_train import parse_overrides
+    from model.image.config import is_image_config, load_config as load_image_config
+    from model.training.config import load_config
 
     checked = 0
     for command in all_commands():

@@ -11,10 +11,10 @@ import tensorflow as tf
 from ehr_testdata import read_json, tiny_config_dict
 
 from ehr_pipeline import spec, tfrecord
-from model.training import inputs
-from model.training.config import parse_config
 from model.export.load import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE, ExportError, load_export
 from model.export.predict import Predictor, predict_probs
+from model.training import inputs
+from model.training.config import parse_config
 from model.training.train import load_run, train
 
 REQUIRED = {"saved_model/saved_model.pb", "model_card.json", "pipeline_config.json", "vocabulary.json",

@@ -11,13 +11,13 @@ import yaml
 
 from ehr_base.yaml_config import ConfigError
 from model.evaluation import multiclass
-from model.training import training_loop
 from model.image import cli
 from model.image import evaluate as evaluation
 from model.image import train as image_train
 from model.image.config import ImageExperimentConfig, ImageTrainConfig, load_config, parse_config
 from model.image.data import load_digits_data
 from model.image.models import build_model
+from model.training import training_loop
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # A tiny rank-1 WRN-10-1 (K = 2) that fits digits in a few hundred steps on a CPU.

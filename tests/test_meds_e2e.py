@@ -120,8 +120,8 @@ REQUESTS = {
 def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
     from ehr_testdata import tiny_config_dict
 
-    from model.training.config import parse_config
     from model.evaluation.evaluate import MEDS_PREDICTIONS_FILE, run_evaluation
+    from model.training.config import parse_config
     from model.training.train import train
     from serving.app import create_app
     from serving.predictor import ServedModel

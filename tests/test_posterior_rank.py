@@ -11,8 +11,8 @@ import tensorflow as tf
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from model.cli import ehr_analyze
-from model.layers import rank1
 from model.evaluation import posterior_rank as pr
+from model.layers import rank1
 from model.layers.posterior import PosteriorConfig
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"

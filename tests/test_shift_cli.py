@@ -17,10 +17,10 @@ from ehr_testdata import read_json, write_data_dir
 from ehr_pipeline import population
 from model.cli import ehr_analyze, ehr_eval
 from model.evaluation import metrics
-from model.training import inputs
+from model.evaluation.shift_report import EXIT_SHIFT, SHIFT_JSON, SHIFT_MD, SHIFT_PNG
 from model.export.load import REFERENCE_PROFILE, ExportError, read_export, write_manifest
 from model.export.predict import predict_probs
-from model.evaluation.shift_report import EXIT_SHIFT, SHIFT_JSON, SHIFT_MD, SHIFT_PNG
+from model.training import inputs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SIZES = (("train", 120), ("validation", 40), ("test", 100))

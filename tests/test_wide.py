@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model.training import baselines
 from model.layers.noise import Noise
+from model.training import baselines
 from model.training.wide import PRIOR_PRECISION, GaussianLinear, fit_laplace, laplace_posterior
 
 

@@ -86,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _ehr_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
     """(model, evaluate(), S) of an EHR run."""
     from model.evaluation import metrics
-    from model.training import inputs
     from model.export.predict import Predictor, predict_probs
+    from model.training import inputs
     from model.training.train import load_run
 
     if args.data is None:
@@ -132,8 +132,8 @@ def _image_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
 def posterior_rank(args) -> dict[str, Any]:
     """The analysis of one run as a JSON-ready dict (also written to --out)."""
     from model.evaluation import posterior_rank as pr
-    from model.image.cli import wants_image
     from model.evaluation.plots import singular_values_plot
+    from model.image.cli import wants_image
 
     run = pathlib.Path(args.model)
     model, evaluate, samples = (_image_evaluator if wants_image(["--model", str(run)]) else _ehr_evaluator)(args)
@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
 def shift(args) -> int:
     """`ehr-analyze shift`: prints the findings, writes the files, returns 0, 2 (usage) or 3 (shift at --fail-on)."""
     from model.cli.ehr_eval import resolve_model_dir
-    from model.export.load import MAX_SAMPLES, ExportError
     from model.evaluation.shift_report import EXIT_SHIFT, run_shift, write_outputs
+    from model.export.load import MAX_SAMPLES, ExportError
 
     if args.samples is not None and args.samples > MAX_SAMPLES:
         return usage_error("ehr-analyze", f"--samples must be at most {MAX_SAMPLES}, got {args.samples}")

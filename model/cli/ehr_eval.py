@@ -26,11 +26,11 @@ log = logging.getLogger("model.eval")
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-eval`."""
     from model.evaluation import clinical_stats
-    from model.training.baselines import KINDS
-    from model.training.config import EvalConfig
-    from model.export.load import MAX_SAMPLES
     from model.evaluation.metrics import UNCERTAINTY_MEASURES
     from model.evaluation.shift_report import FAIL_ON
+    from model.export.load import MAX_SAMPLES
+    from model.training.baselines import KINDS
+    from model.training.config import EvalConfig
 
     d = EvalConfig()
     parser = OneLineParser(

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from model.evaluation import against_truth, clinical_stats, metrics, metrics_report, plots
-from model.export.load import DECISION_THRESHOLD
 from model.evaluation.metrics_report import json_ready
+from model.export.load import DECISION_THRESHOLD
 
 log = logging.getLogger(__name__)
 

@@ -75,8 +75,8 @@ def reference_from_data(data_dir: str | os.PathLike[str], model: Any | None, *, 
                         batch_size: int = 64, progress: bool = False) -> Profile:
     """A reference made now from the data folder a model was trained on; model (LoadedExport) adds validation MI."""
     from model.evaluation import metrics
-    from model.training.inputs import load_data_files, read_split
     from model.export.predict import predict_probs
+    from model.training.inputs import load_data_files, read_split
 
     files = load_data_files(data_dir)
     mi = None

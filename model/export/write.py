@@ -21,9 +21,9 @@ from ehr_pipeline import outputs
 from ehr_pipeline.population import Profile
 from model.export.load import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
                           SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, ExportError, load_export, write_manifest)
-from model.training.inputs import admission_type_counts
 from model.evaluation.metrics_report import json_ready
 from model.export.predict import INPUT_SIGNATURE, Predictor, assert_stateless
+from model.training.inputs import admission_type_counts
 
 INTENDED_USE = (
     "Research on predictive uncertainty: in-hospital mortality risk of adult ICU admissions from the "

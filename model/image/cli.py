@@ -104,8 +104,8 @@ def train_main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return usage_error("ehr-train", err)
 
-    from model.training import devices
     from model.image.evaluate import format_report
+    from model.training import devices
 
     try:
         devices.configure(args.devices)  # before any TensorFlow work (model.training.devices)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from model.image.config import RESNET_BLOCKS, ImageModelConfig
 from model.layers import rank1
 from model.training.ehr_model import count_parameters
-from model.image.config import RESNET_BLOCKS, ImageModelConfig
 
 __all__ = ["EnsembleBatchNorm", "ImageModel", "build_model", "count_parameters"]
 

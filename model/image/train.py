@@ -22,12 +22,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from model.training import training_loop
-from model.layers import bella
 from model.image import evaluate as evaluation
 from model.image.config import ImageExperimentConfig, ImageTrainConfig, parse_config
 from model.image.data import ImageData, load_data, train_dataset
 from model.image.models import ImageModel, build_model
+from model.layers import bella
+from model.training import training_loop
 from model.training.training_loop import CHECKPOINT_DIR, CONFIG_FILE, model_checkpoint
 
 log = logging.getLogger(__name__)

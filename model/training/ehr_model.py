@@ -32,11 +32,11 @@ from typing import Any, Mapping
 import tensorflow as tf
 
 from model.layers import rank1
-from model.training.config import ModelConfig
 from model.layers.embeddings import EmbeddingConfig, StochasticEmbedding
-from model.training.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
 from model.layers.noise import Noise, call_sampling
 from model.layers.rank1_lstm import Rank1LSTM
+from model.training.config import ModelConfig
+from model.training.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
 from model.training.wide import GaussianLinear
 
 

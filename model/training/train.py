@@ -20,15 +20,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from model.layers import bella
-from model.training import devices as device_layout
 from model.evaluation import evaluate as evaluation
 from model.evaluation import metrics, shift_report
 from model.export import write as export_writer
+from model.export.predict import Predictor, predict_probs
+from model.layers import bella
+from model.training import devices as device_layout
 from model.training import inputs, losses, precision, training_loop
 from model.training.config import ExperimentConfig, ModelConfig, parse_config
 from model.training.ehr_model import build_model, count_parameters
-from model.export.predict import Predictor, predict_probs
 from model.training.training_loop import CHECKPOINT_DIR, CONFIG_FILE, model_checkpoint
 
 log = logging.getLogger(__name__)

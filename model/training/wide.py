@@ -20,9 +20,9 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from model.layers.noise import Noise
 from model.training import baselines
 from model.training.baselines import SplitFeatures
-from model.layers.noise import Noise
 
 PRIOR_PRECISION = 1.0  # of the standardised weights: keeps H invertible where columns are collinear
 
