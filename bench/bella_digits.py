@@ -93,11 +93,11 @@ def run_all(args: argparse.Namespace) -> dict[str, list[dict]]:
     """Rows per method: one dict per seed with the report, trainable parameters and train time."""
     import tensorflow as tf
 
-    from model import bella
     from model.image.config import load_config
     from model.image.data import load_data
     from model.image.evaluate import evaluate_model
     from model.image.models import count_parameters
+    from model.layers import bella
 
     work = pathlib.Path(args.work)
     det_config = load_config(ROOT / "configs" / "image_digits_deterministic.yaml")
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from bench.report import command_line, publish
 
-    from model.metrics import json_ready
+    from model.evaluation.metrics_report import json_ready
 
     from ehr_base.cli_args import setup_logging
 

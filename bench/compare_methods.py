@@ -13,7 +13,7 @@ A's hospital reporting labs in SI units). Every shifted release is bagged with t
 as it comes (its own units, "before harmonisation"). The truth formula is the same everywhere.
 Training keeps the checkpoint with the best validation NLL; predictions use S samples per member.
 Deep ensembles combine ENSEMBLE_SIZE deterministic runs of one release; the scikit-learn
-baselines read the same TFRecords. Every number comes from model.metrics on the saved per-case
+baselines read the same TFRecords. Every number comes from model.evaluation.metrics on the saved per-case
 predictions (WORK/preds/*.npz), so the tables can be recomputed without training
 (``--report-only``).
 
@@ -54,7 +54,7 @@ METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayes
 # Rows that are another row's config with a model setting changed: {row: (config name, model overrides)}.
 # rank1_normal_wide: with a linear part on the admission window's aggregates (ModelConfig.wide),
 # trained with the LSTM; rank1_normal_laplace: that part fitted first as the logistic regression
-# with its Laplace posterior (model.wide), the LSTM learning the residual.
+# with its Laplace posterior (model.training.wide), the LSTM learning the residual.
 VARIANTS = {"ktied_normal_k1": ("ktied_normal", {"ktied_rank": 1}),
             "ktied_normal_k3": ("ktied_normal", {"ktied_rank": 3}),
             "rank1_normal_wide": ("rank1_normal", {"wide": True}),
@@ -177,8 +177,8 @@ def _make_data(release: pathlib.Path, data: pathlib.Path, units_from: pathlib.Pa
 
 
 def _split(data: pathlib.Path, release: pathlib.Path, name: str) -> Split:
-    from model.evaluate import load_truth
-    from model.inputs import load_data_files, read_split
+    from model.evaluation.evaluate import load_truth
+    from model.training.inputs import load_data_files, read_split
 
     records, labels, hadm_ids = read_split(load_data_files(data), name)
     return Split(records, np.asarray(labels), np.asarray(hadm_ids), load_truth(release / "SYNTH_TRUTH.csv", hadm_ids))
@@ -229,7 +229,7 @@ def _well_specified(work: pathlib.Path, seed: int, splits: dict[str, Split]) -> 
 
 
 def _config(method: str, seed: int, args: argparse.Namespace):
-    from model.config import load_config
+    from model.training.config import load_config
 
     name, model_overrides = VARIANTS.get(method, (method, {}))
     config = load_config(ROOT / "configs" / f"ehr_{name}.yaml")
@@ -247,7 +247,7 @@ def _config(method: str, seed: int, args: argparse.Namespace):
 def _train(method: str, seed: int, args, data: pathlib.Path, truth: pathlib.Path, work: pathlib.Path,
            name: str | None = None):
     """(export folder, trainable parameters, train seconds) of one run (runs/NAME); a finished run is reused."""
-    from model.train import train
+    from model.training.train import train
 
     run_dir = work / "runs" / (name or f"{method}_s{seed}")
     export_dir = run_dir / "export"
@@ -265,8 +265,8 @@ def _train(method: str, seed: int, args, data: pathlib.Path, truth: pathlib.Path
 
 def _predict(exports, split: Split, samples: int, seed: int) -> np.ndarray:
     """[N, S*K] probabilities of a split; exports are folders or already loaded exports (load once, predict many)."""
-    from model.export import load_export
-    from model.predict import predict_probs
+    from model.export.load import load_export
+    from model.export.predict import predict_probs
 
     loaded = [e if hasattr(e, "ensemble_size") else load_export(str(e)) for e in exports]
     return predict_probs(loaded, split.records, samples, seed)
@@ -329,7 +329,7 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
         target = preds / f"{name}_s{seed}.npz"
         if target.exists():
             return
-        from model.export import load_export
+        from model.export.load import load_export
 
         loaded = [load_export(str(e)) for e in exports]  # ~10 s each: once for the ten-odd test splits
         arrays = {f"probs_{n}": _predict(loaded, split, samples, seed) for n, split in splits_of(seed).items()}
@@ -360,7 +360,7 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
             target = preds / f"{kind}_s{seed}.npz"
             if target.exists():
                 continue
-            from model.baselines import fit_baseline
+            from model.training.baselines import fit_baseline
 
             started = time.time()
             fitted = fit_baseline(data[f"A{seed}"], kind, seed=0)
@@ -421,28 +421,28 @@ def _cases(run: dict | None, seed: int, site: str, truth: dict[str, np.ndarray])
 
 def _case_losses(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[str, np.ndarray]:
     """Per-case NLL, squared error and |p - P_DEATH| of the predictive mean (these average to the metric)."""
-    from model import metrics
+    from model.evaluation import against_truth
 
     p = probs.mean(axis=1)
     return {"nll": _nll_cases(p, y),
-            "brier": (p - y) ** 2, "truth_mae": np.abs(p - truth), "kl_truth": metrics.kl_bernoulli(truth, p)}
+            "brier": (p - y) ** 2, "truth_mae": np.abs(p - truth), "kl_truth": against_truth.kl_bernoulli(truth, p)}
 
 
 def _nll_cases(p: np.ndarray, y: np.ndarray) -> np.ndarray:
-    from model.metrics import EPS
+    from model.evaluation.metrics import EPS
 
     q = np.clip(p, EPS, 1.0 - EPS)
     return -(y * np.log(q) + (1 - y) * np.log1p(-q))
 
 
 def _scores(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[str, float]:
-    from model import metrics
+    from model.evaluation import against_truth, metrics
 
     p = probs.mean(axis=1)
     out = metrics.scalar_metrics(p, y)
     out["truth_mae"] = float(np.mean(np.abs(p - truth)))
-    out["kl_truth"] = float(np.mean(metrics.kl_bernoulli(truth, p)))
-    out.update({f"cov{int(level * 100)}": v for level, v in zip(LEVELS, metrics.interval_coverage(
+    out["kl_truth"] = float(np.mean(against_truth.kl_bernoulli(truth, p)))
+    out.update({f"cov{int(level * 100)}": v for level, v in zip(LEVELS, against_truth.interval_coverage(
         probs, truth, LEVELS).values())})
     return out
 
@@ -537,7 +537,7 @@ def _paired_lines(runs, truth, site: str, n_boot: int) -> list[str]:
 
 def _shift_lines(runs, truth) -> list[str]:
     """Site-B detection by uncertainty and the error removed by referring 20% of site B (per seed: all B releases)."""
-    from model import metrics
+    from model.evaluation import against_truth, metrics
 
     rate = SHIFT_REFERRAL
     head = ("| Method | AUROC B vs A: mutual information | AUROC B vs A: entropy | kept abs(p - P), refer by MI | "
@@ -560,7 +560,7 @@ def _shift_lines(runs, truth) -> list[str]:
             cells.setdefault("auc_mi", []).append(metrics.auc_roc(mi, is_b) if sampled else float("nan"))
             cells.setdefault("auc_ent", []).append(metrics.auc_roc(ent, is_b))
             p = pb.mean(axis=1)
-            sel = metrics.selective_vs_truth(p, yb, tb, {"mi": metrics.mutual_information(pb),
+            sel = against_truth.selective_vs_truth(p, yb, tb, {"mi": metrics.mutual_information(pb),
                                                          "entropy": metrics.predictive_entropy(pb)},
                                              referral_rates=(0.0, rate))
             for key in ("mi", "entropy", "risk", "random"):

@@ -4,12 +4,12 @@
 
 The medium comparison's best-covering model, ``rank1_normal_laplace``, covers P_DEATH with its
 95% interval in ~88% of site-A test cases, short of the 90% target; nearly all of its spread
-comes from the Laplace posterior over the logistic regression it starts from (model.wide). This
+comes from the Laplace posterior over the logistic regression it starts from (model.training.wide). This
 script asks whether another posterior over that regression, chosen without the truth, would
 cover 90%. On site A's training split it fits the regression chosen exactly as the trainer does
-(model.baselines, L1 or L2 and C by validation NLL) and compares posteriors over its weights:
+(model.training.baselines, L1 or L2 and C by validation NLL) and compares posteriors over its weights:
 
-* ``laplace``: the shipped one (model.wide.fit_laplace): the Hessian plus a unit prior over the
+* ``laplace``: the shipped one (model.training.wide.fit_laplace): the Hessian plus a unit prior over the
   columns the fit keeps;
 * ``laplace xTAU``: the same covariance scaled by TAU (a tempered posterior);
 * ``sandwich``: the misspecification-robust sampling covariance P^-1 J P^-1;
@@ -77,7 +77,7 @@ class Posterior:
 
 def posteriors(params: dict, args: argparse.Namespace) -> list[Posterior]:
     """The posteriors compared, the shipped one first."""
-    from model.wide import laplace_posterior
+    from model.training.wide import laplace_posterior
 
     def gaussian(tau: float = 1.0, sandwich: bool = False, **kwargs) -> Callable:
         def draw(pipeline, x, y):
@@ -104,7 +104,7 @@ def bootstrap_draws(pipeline, x: np.ndarray, y: np.ndarray, refits: int, seed: i
     """Raw-column weights [refits, 1 + F] of the pipeline refitted on bootstrap resamples of (x, y)."""
     from sklearn.base import clone
 
-    from model.wide import raw_coefficients
+    from model.training.wide import raw_coefficients
 
     rng = np.random.default_rng(seed)
     resamples = (rng.integers(0, len(y), len(y)) for _ in range(refits))
@@ -118,14 +118,14 @@ def sampled_probs(draws: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def scores(probs: np.ndarray, labels: np.ndarray, truth: np.ndarray | None) -> dict:
     """Predictive-mean NLL, and against the truth abs(p - P), coverage per level and the mean 95% width."""
-    from model import metrics
+    from model.evaluation import against_truth, metrics
 
     p = probs.mean(axis=1)
     out = {"nll": float(metrics.nll(p, labels))}
     if truth is not None:
         out["abs_error"] = float(np.mean(np.abs(p - truth)))
-        out["coverage"] = metrics.interval_coverage(probs, truth, levels=LEVELS)
-        low, high = metrics.sample_interval(probs, 0.95)
+        out["coverage"] = against_truth.interval_coverage(probs, truth, levels=LEVELS)
+        low, high = against_truth.sample_interval(probs, 0.95)
         out["width_95"] = float(np.mean(high - low))
     return out
 
@@ -152,9 +152,10 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     from tqdm.auto import tqdm
 
     from bench.compare_methods import _make_data, _make_release
-    from model import baselines, metrics
-    from model.evaluate import load_truth
-    from model.inputs import Featurizer, load_data_files
+    from model.evaluation import metrics, metrics_report
+    from model.evaluation.evaluate import load_truth
+    from model.training import baselines
+    from model.training.inputs import Featurizer, load_data_files
 
     work = pathlib.Path(args.work)
     sites = {"A": args.seed} if args.no_shift else {"A": args.seed, "B": args.seed + 1}
@@ -185,7 +186,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
         held_out = cross_validated_p(pipeline, rows, train.x, train.labels, args.folds, args.random_seed)
     for result in results:
         result["cv_nll"] = float(metrics.nll(held_out[result["name"]], train.labels))
-        result["cv_vs_laplace"] = metrics.paired_bootstrap(held_out["laplace"], held_out[result["name"]],
+        result["cv_vs_laplace"] = metrics_report.paired_bootstrap(held_out["laplace"], held_out[result["name"]],
                                                            train.labels, n=2000, seed=args.random_seed)["nll"]
     kept = int(np.count_nonzero(pipeline[-1].coef_[0]))
     info = {"params": params, "kept": kept, "columns": int(train.x.shape[1]), "n_train": len(train.labels),

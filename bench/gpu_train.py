@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patients", type=int, default=7000, help="synthetic patients (the medium release)")
     parser.add_argument("--seed", type=int, default=11, help="seed of the synthetic release")
     parser.add_argument("--config", default=str(ROOT / "configs" / "ehr_rank1_normal.yaml"), help="experiment YAML")
-    parser.add_argument("--devices", default="auto", help="auto, cpu, cpu:N, gpu, gpu:N (model.devices)")
+    parser.add_argument("--devices", default="auto", help="auto, cpu, cpu:N, gpu, gpu:N (model.training.devices)")
     parser.add_argument("--precision", default="true",
                         help="train.mixed_precision: true (bfloat16 where supported, else float16), false, "
                              "mixed_bfloat16 or mixed_float16")
@@ -49,15 +49,15 @@ def main(argv: list[str] | None = None) -> int:
                        check=True)
 
     import ehr_base  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
-    from model import devices
+    from model.training import devices
 
     devices.configure(args.devices)  # before any TensorFlow work
     import tensorflow as tf
 
-    from model import metrics
-    from model.config import load_config
-    from model.train import train
-    from model.train_cli import parse_overrides
+    from model.cli.ehr_train import parse_overrides
+    from model.evaluation import formatting
+    from model.training.config import load_config
+    from model.training.train import train
 
     overrides = parse_overrides([f"train.mixed_precision={args.precision}", *args.overrides])
     config = load_config(args.config).with_overrides(**overrides).with_train_overrides(max_steps=args.steps)
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "gpu_train.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     if result.test_report is not None:
-        print(metrics.format_table(result.test_report))
+        print(formatting.format_table(result.test_report))
     return 0
 
 

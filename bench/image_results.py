@@ -74,8 +74,8 @@ def wrn_parameter_counts() -> dict[str, int]:
     import tensorflow as tf
 
     from model.image.config import ImageModelConfig
-    from model.posterior import PosteriorConfig
     from model.image.models import build_model, count_parameters
+    from model.layers.posterior import PosteriorConfig
 
     counts = {}
     for label, method, distribution, k, bn, dropout in WRN_VARIANTS:

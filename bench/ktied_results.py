@@ -195,10 +195,10 @@ def snr_run(k: int | None, seed: int, measure_steps: list[int]) -> list[dict[str
     import numpy as np
     import tensorflow as tf
 
-    from model import losses
     from model.image import evaluate as evaluation
     from model.image.data import load_data, train_dataset
     from model.image.models import build_model
+    from model.training import losses
 
     config = variant_config(k, seed, kl_annealing_epochs=0.0)
     tc = config.train
@@ -258,7 +258,7 @@ def snr_markdown(results: dict[str, list[list[dict]]], command: str, figure: str
     """The ktied_snr section of docs/results.md (and the figure)."""
     import numpy as np
 
-    from model.plots import curves_plot
+    from model.evaluation.plots import curves_plot
 
     steps = [r["step"] for r in next(iter(results.values()))[0]]
 

@@ -10,7 +10,7 @@ release with the project's generator, runs the Beam job on it, and fits, on rand
 its training split (REPEATS draws per size), two models chosen and read exactly as in
 bench/compare_methods.py:
 
-* ``logistic``: model.baselines' logistic regression on the 634 window aggregates (L1 or L2 and C
+* ``logistic``: model.training.baselines' logistic regression on the 634 window aggregates (L1 or L2 and C
   chosen by NLL on the full validation split), the strongest general-purpose learner of the
   medium comparison;
 * ``well_specified_logistic``: the truth's own nine terms recomputed from the tables, with
@@ -78,9 +78,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     from tqdm.auto import tqdm
 
     from bench.compare_methods import _make_data, _make_release, truth_design
-    from model import baselines, metrics
-    from model.evaluate import load_truth
-    from model.inputs import Featurizer, load_data_files
+    from model.evaluation import metrics
+    from model.evaluation.evaluate import load_truth
+    from model.training import baselines
+    from model.training.inputs import Featurizer, load_data_files
 
     work = pathlib.Path(args.work)
     release, data = work / f"release_{args.release_name}", work / f"data_{args.release_name}"
@@ -130,7 +131,7 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
                n_train: int) -> list[dict]:
     """Rank-1 Normal LSTMs on the whole training split: test scores per seed, paired with the logistic fit."""
     from bench.compare_methods import _predict, _split, _train
-    from model import metrics
+    from model.evaluation import against_truth, metrics, metrics_report
 
     if args.lstm_seeds <= 0:
         return []
@@ -146,7 +147,7 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
         export, _, seconds = _train("rank1_normal", seed, grid_args, data, release / "SYNTH_TRUTH.csv", work)
         probs = _predict([export], split, args.samples, seed)  # [N, S * K]
         p = probs.mean(axis=1)
-        coverage = metrics.interval_coverage(probs, truth, levels=(0.95,))["0.95"]
+        coverage = against_truth.interval_coverage(probs, truth, levels=(0.95,))["0.95"]
         best_step = json.loads((export.parent / "best.json").read_text())["step"]
         out.append({"model": "rank1_normal", "n": n_train, "repeat": seed, "chosen": "", "p": p, "samples": args.samples,
                     "max_steps": steps, "best_step": best_step,
@@ -155,7 +156,7 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
                     "coverage_95": coverage, "train_seconds": seconds})
     # Paired on the same cases: the seed-averaged LSTM against the logistic fit on the same split.
     mean_p = np.mean([r["p"] for r in out], axis=0)
-    paired = metrics.paired_bootstrap(p_logistic, mean_p, y_test, truth, n=2000)
+    paired = metrics_report.paired_bootstrap(p_logistic, mean_p, y_test, truth, n=2000)
     for r in out:
         r["paired_vs_logistic"] = paired
     return out

@@ -149,10 +149,11 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
 
     from ehr_pipeline import seqex_tf, spec
     from ehr_pipeline.config import PipelineConfig
-    from model import export_writer, inputs
-    from model.config import load_config
-    from model.ehr_model import build_model
-    from model.predict import Predictor
+    from model.export import write as export_writer
+    from model.export.predict import Predictor
+    from model.training import inputs
+    from model.training.config import load_config
+    from model.training.ehr_model import build_model
     from tests.serving_fixtures import DEFAULT_VOCABULARY
 
     config = load_config(TABLE7_CONFIG).model
@@ -227,8 +228,8 @@ def edward2_cell_pass(units: int, input_dim: int, k: int, rows: int, steps: int,
     """ms of edward2's LSTMCellRank1 unrolled over `steps` in a plain tf.function (rows = S*K sequences)."""
     import tensorflow as tf
 
-    from model import rank1
-    from model.config import load_config
+    from model.layers import rank1
+    from model.training.config import load_config
 
     cell = rank1.lstm_cell(units, load_config(TABLE7_CONFIG).model.posterior.model_copy(update={"ensemble_size": k}))
     x = tf.random.normal([steps, rows, input_dim])
@@ -249,8 +250,8 @@ def lstm_layer_pass(units: int, input_dim: int, k: int, rows: int, steps: int, r
     """ms of our Rank1LSTM alone (noise included) per matmul precision, and the bfloat16 matmul floor."""
     import tensorflow as tf
 
-    from model import rank1
-    from model.config import load_config
+    from model.layers import rank1
+    from model.training.config import load_config
 
     layer = rank1.lstm(units, load_config(TABLE7_CONFIG).model.posterior.model_copy(update={"ensemble_size": k}))
     x = tf.random.normal([rows, steps, input_dim])
@@ -495,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     from serving.cli import set_tf_threads
 
     set_tf_threads(args.inter_op_threads)  # before any TensorFlow op, as ehr-serve does
-    from model.export import read_export
+    from model.export.load import read_export
     from serving.server_process import ServerProcess
     from tests.serving_fixtures import write_tiny_model_export
 
@@ -548,9 +549,9 @@ def main(argv: list[str] | None = None) -> int:
         print({k: v for k, v in timings.items() if k != "bags"}, flush=True)
         card_model = export.card_raw.get("config", {}).get("model", {})
         units = int(card_model.get("rnn_dim", 8))
-        from model.config import ModelConfig
-        from model.ehr_model import bag_vector_dim
-        from model.inputs import CONTEXT_DIM
+        from model.training.config import ModelConfig
+        from model.training.ehr_model import bag_vector_dim
+        from model.training.inputs import CONTEXT_DIM
 
         input_dim = bag_vector_dim(ModelConfig.model_validate(card_model))
         rows = args.num_samples * export.ensemble_size

@@ -32,7 +32,7 @@ MODEL = {"embedding_dim": 16, "rnn_dim": 32, "hidden_layer_dim": 32, "pooling": 
 TRAIN = {"batch_size": 32, "learning_rate": 3e-3, "lr_schedule": "cosine", "eval_every_steps": 250,
          "early_stopping_patience": 4, "checkpoint_every_steps": 500, "log_every_steps": 100,
          "shuffle_buffer": 4096, "kl_annealing_steps": 1000, "kl_scale": 0.3}
-OTHER_SLOT = "UNKNOWN"  # a string outside model.inputs.ADMISSION_TYPES: the untrained "other" slot
+OTHER_SLOT = "UNKNOWN"  # a string outside model.training.inputs.ADMISSION_TYPES: the untrained "other" slot
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,8 +54,8 @@ def _prepare(seed: int, args: argparse.Namespace, work: pathlib.Path) -> tuple[p
     from ehr_pipeline.config import PipelineConfig
     from ehr_pipeline.job import run_job
     from ehr_pipeline.synth import SynthConfig, write_release
-    from model.config import load_config
-    from model.train import train
+    from model.training.config import load_config
+    from model.training.train import train
 
     release, data, run = work / f"release_{seed}", work / f"data_{seed}", work / f"run_{seed}"
     if not (release / "SYNTH_TRUTH.csv").exists():
@@ -91,10 +91,10 @@ def measure(release: pathlib.Path, data: pathlib.Path, export_dir: pathlib.Path,
             seed: int) -> dict[str, np.ndarray]:
     """Per test case: the recorded type, P_DEATH and the sampled probabilities [N, S*K] of each answer."""
     from ehr_pipeline import spec
-    from model.evaluate import load_truth
-    from model.export import load_export
-    from model.inputs import load_data_files, read_split
-    from model.predict import predict_probs
+    from model.evaluation.evaluate import load_truth
+    from model.export.load import load_export
+    from model.export.predict import predict_probs
+    from model.training.inputs import load_data_files, read_split
     from serving import admission_type
 
     export = load_export(export_dir)
@@ -123,7 +123,7 @@ def _mean_sem(values) -> str:
 
 def report(results: list[dict[str, np.ndarray]], command: str, seeds: list[int], samples: int) -> str:
     """The markdown section: per answer, distance to the known-type answer and to P_DEATH (mean ± SEM over seeds)."""
-    from model.metrics import uncertainties
+    from model.evaluation.metrics import uncertainties
 
     answers = [k for k in results[0] if k not in ("kind", "truth", "known", "counts", "allocation")]
     kinds = sorted({k for r in results for k in r["kind"].tolist()})

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     for chatty in ("ehr_pipeline.synth", "httpx"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
     from ehr_pipeline import cli as pipeline_cli
-    from model import eval_cli, train_cli
+    from model.cli import ehr_eval, ehr_train
     from serving import demo as serving_demo
 
     truth: list[str] = []
@@ -93,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     steps = [] if args.steps is None else ["--steps", str(args.steps)]
     _step(f"2. Train {config.name} on the training split", "ehr-train",
           ["--config", str(config), "--data", str(data), "--out", str(run), *steps, *truth, "--no-progress"],
-          train_cli.main)
+          ehr_train.main)
     _step(f"3. Evaluate on the test split with {args.samples} samples per ensemble member", "ehr-eval",
           ["--model", str(run / "export"), "--data", str(data), "--split", "test", "--samples", str(args.samples),
-           "--out", str(out / "eval"), *truth, "--no-progress"], eval_cli.main)
+           "--out", str(out / "eval"), *truth, "--no-progress"], ehr_eval.main)
     _step("4. Serve the model and score one test admission from the raw tables", "python -m serving.demo",
           ["--model", str(run / "export"), "--data", str(data), "--mimic-dir", str(mimic_dir)], serving_demo.main)
     return 0

@@ -1,6 +1,6 @@
 """An admission whose type nobody gave: the risk averaged over the training admission types.
 
-The model reads the admission type as a one-hot input (``model.inputs.ADMISSION_TYPES`` and
+The model reads the admission type as a one-hot input (``model.training.inputs.ADMISSION_TYPES`` and
 an "other" slot). An adult MIMIC-III training split holds EMERGENCY, ELECTIVE and URGENT
 only, so the NEWBORN and "other" slots never moved from their initial weights: sending an
 unknown type through "other" would answer with an untrained input, and picking the most
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from model.export import ADMISSION_TYPES_FILE, Export
+from model.export.load import ADMISSION_TYPES_FILE, Export
 from serving.encoding import InputError
 from serving.schemas import PredictRequest
 
@@ -63,7 +63,7 @@ def check(request: PredictRequest, export: Export, loc: tuple[str | int, ...]) -
 def mixed(parts: Sequence[np.ndarray]) -> np.ndarray:
     """One sample-major row [..., S*K] from the per-type parts [..., S_t*K] (sum of S_t = S), in order."""
     # Each part is sample-major (column s*K + k): appending parts appends samples, and every
-    # member keeps its column k, so member means and the mixture stay as model.metrics reads them.
+    # member keeps its column k, so member means and the mixture stay as model.evaluation.metrics reads them.
     return np.concatenate(list(parts), axis=-1)
 
 

@@ -17,7 +17,7 @@ import datetime as dt
 import numpy as np
 
 from ehr_pipeline import ages, bagging, meds_codes, population, seqex, spec, units
-from model.export import Export
+from model.export.load import Export
 from serving.schemas import PredictRequest
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from ehr_pipeline import shift
 from ehr_pipeline.population import Admission, Profile
-from model.export import Export
+from model.export.load import Export
 from serving.metrics import ServiceMetrics
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """`ehr-serve --precision auto`: time the export's two signatures on this machine and serve the faster.
 
 Every export answers through float32 (exact: ehr-eval's numbers) and through bfloat16 matmul
-operands (model.export). Which is faster depends on the machine, and CPU flags do not settle it:
+operands (model.export.load). Which is faster depends on the machine, and CPU flags do not settle it:
 bench/serving.py found bfloat16's model pass faster on a 2-core Xeon with AMX (34.0 against
 66.9 ms) and on one CPU with AVX-512 bfloat16 and no AMX (62.7 against 89.2 ms), slower on
 another of that kind (76 against 62 ms) and not faster on an AVX2-only one (docs/serving.md).
@@ -11,7 +11,7 @@ the export's full history length, interleaved, and serves bfloat16 only when
   * its median pass takes at most ``SPEED_MARGIN`` of float32's (within that, timing noise on a
     shared machine decides, and float32 is exact), and
   * its answers for the same admissions and seed are within the export's tolerance
-    (``model.export.BFLOAT16_MEAN_TOLERANCE`` on predictive means, ``..._SAMPLE_TOLERANCE`` on
+    (``model.export.load.BFLOAT16_MEAN_TOLERANCE`` on predictive means, ``..._SAMPLE_TOLERANCE`` on
     single samples).
 
 Otherwise it serves float32. ``PrecisionChoice`` records what was measured and why; /v1/model and
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ehr_pipeline import spec
-from model.export import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE, Export
+from model.export.load import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE, Export
 from serving.schemas import Admission, Patient, PredictRequest
 
 AUTO = "auto"

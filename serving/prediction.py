@@ -12,7 +12,7 @@ import asyncio
 import numpy as np
 from starlette.concurrency import run_in_threadpool
 
-from model.export import Export
+from model.export.load import Export
 from serving import admission_type
 from serving.batching import Arrival, MicroBatcher
 from serving.encoding import Encoded, InputError, encode

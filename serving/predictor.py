@@ -3,9 +3,9 @@
 Start-up fails here, with a message naming the file, when the directory is missing, a file
 is absent or is not what manifest.json's SHA-256 says, the SavedModel does not load or has
 the wrong signature, or a JSON file does not hold what the service needs: all checked by the
-exporter's own reader (``model.export.load_export``), the one reader of the format.
+exporter's own reader (``model.export.load.load_export``), the one reader of the format.
 
-Every uncertainty number comes from ``model.metrics`` (never re-implemented here), so the
+Every uncertainty number comes from ``model.evaluation.metrics`` (never re-implemented here), so the
 service reports exactly the quantities the evaluation reported.
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from model import metrics as model_metrics
-from model.export import Export, ExportError, LoadedExport, load_export
+from model.evaluation import metrics as model_metrics
+from model.export.load import Export, ExportError, LoadedExport, load_export
 from serving import precision as precision_choice
 from serving.precision import PrecisionChoice
 
@@ -51,7 +51,7 @@ class ServedModel:
 
     @classmethod
     def load(cls, model_dir: str | pathlib.Path, precision: str = "float32") -> ServedModel:
-        """Verifies every checksum, validates the side files and loads the SavedModel (model.export.load_export).
+        """Verifies every checksum, validates the side files and loads the SavedModel (model.export.load.load_export).
 
         precision "bfloat16" serves the export's bfloat16 signature (probabilities within the
         tolerance docs/serving.md states), "float32" the exact one, "auto" float32 until
@@ -96,7 +96,7 @@ class ServedModel:
 
     def _forward(self, loaded: LoadedExport, examples: Sequence[bytes], num_samples: int, seed: int) -> np.ndarray:
         """forward() through the signature of `loaded`."""
-        from model.predict import predict_probs  # the same call ehr-eval makes: same numbers for a seed
+        from model.export.predict import predict_probs  # the same call ehr-eval makes: same numbers for a seed
 
         out = predict_probs(loaded, list(examples), num_samples, seed,
                             batch_size=max(len(examples), 1)).astype(np.float64)
@@ -128,14 +128,14 @@ class Summary:
 
 
 def summarise(probs: np.ndarray, export: Export, num_samples: int) -> Summary:
-    """Uncertainty summaries of sampled probabilities [N, S*K] (model.metrics definitions, nats)."""
+    """Uncertainty summaries of sampled probabilities [N, S*K] (model.evaluation.metrics definitions, nats)."""
     k = export.ensemble_size
     measures = model_metrics.uncertainties(probs)
     mean = model_metrics.predictive_mean(probs)
     tail = (1.0 - INTERVAL_LEVEL) / 2.0
     lower, upper = np.quantile(probs, [tail, 1.0 - tail], axis=1)
     threshold = export.metrics.decision_threshold
-    positive = mean > threshold  # the strict '>' of model.metrics.accuracy
+    positive = mean > threshold  # the strict '>' of model.evaluation.metrics.accuracy
     across = np.mean((probs > threshold) != positive[:, None], axis=1)
     policy = export.metrics.referral
     referral_threshold = -math.inf if policy.threshold is None else policy.threshold

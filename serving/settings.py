@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from model.export import MAX_SAMPLES
+from model.export.load import MAX_SAMPLES
 
 API_KEYS_ENV = "EHR_API_KEYS"  # comma-separated keys; merged with --api-keys-file
 MIN_API_KEY_LENGTH = 16  # shorter keys are guessable by brute force over the network
@@ -46,7 +46,7 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model_dir: pathlib.Path = Field(
-        description="Export directory written by model.export (manifest.json, saved_model/, ...).")
+        description="Export directory written by model.export.write (manifest.json, saved_model/, ...).")
     host: str = Field("127.0.0.1", description="Interface to bind; --no-auth needs a loopback one.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = any free port).")
     api_keys: tuple[SecretStr, ...] = Field(

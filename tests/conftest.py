@@ -52,8 +52,8 @@ def trained_rank1(tmp_path_factory) -> dict:
     """A tiny rank-1 run trained once per session: data, run folder, export, loss history, config."""
     from ehr_testdata import tiny_config_dict, write_data_dir
 
-    from model.config import parse_config
-    from model.train import train
+    from model.training.config import parse_config
+    from model.training.train import train
 
     base = tmp_path_factory.mktemp("trained_rank1")
     data, run = write_data_dir(base / "data"), base / "run"

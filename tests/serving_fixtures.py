@@ -8,7 +8,7 @@ SavedModel call, uncertainty summaries, checksums) without training anything. It
 card says so in its name and method.
 
 ``write_tiny_model_export`` writes the same kind of directory through the real exporter
-(``model.export_writer.write_export``) around a tiny UNTRAINED rank-1 model: the real featurizer,
+(``model.export.write.write_export``) around a tiny UNTRAINED rank-1 model: the real featurizer,
 architecture and seeded sampling, meaningless weights.
 
 ``ThreadedServer`` runs a real uvicorn server for an app built by create_app in a background
@@ -50,7 +50,7 @@ FIXTURE_LAB_LOINC = {"codes": {"2160-0": ["50912"], "2823-3": ["50971"]}}
 
 def write_manifest(directory: str | os.PathLike) -> dict[str, str]:
     """Writes manifest.json listing the SHA-256 of every other file under directory; returns the map."""
-    from model.export import write_manifest as export_manifest
+    from model.export.load import write_manifest as export_manifest
 
     return export_manifest(directory)
 
@@ -122,7 +122,7 @@ def write_fixture_export(
     """
     import tensorflow as tf
 
-    from model.export import SIGNATURES
+    from model.export.load import SIGNATURES
 
     root = pathlib.Path(directory)
     root.mkdir(parents=True, exist_ok=True)
@@ -169,7 +169,7 @@ def write_tiny_model_export(
     units: Mapping[str, Any] | None = None,
     reference: Any = None,
 ) -> pathlib.Path:
-    """Writes an export of a tiny UNTRAINED rank-1 model through the real exporter (model.export).
+    """Writes an export of a tiny UNTRAINED rank-1 model through the real exporter (model.export.write).
 
     units (a units.json document; default FIXTURE_UNITS) becomes the data folder's units.json: pass a
     job output's own to serve its codes in the units the job converted them to.
@@ -187,10 +187,11 @@ def write_tiny_model_export(
     """
     import tempfile
 
-    from model import export_writer, inputs
-    from model.config import ModelConfig
-    from model.ehr_model import build_model
-    from model.predict import Predictor
+    from model.export import write as export_writer
+    from model.export.predict import Predictor
+    from model.training import inputs
+    from model.training.config import ModelConfig
+    from model.training.ehr_model import build_model
 
     pipeline = pipeline or PipelineConfig()
     vocab = DEFAULT_VOCABULARY if vocabulary is None else vocabulary

@@ -15,6 +15,19 @@ from collections.abc import Mapping
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYERS = ("ehr_base", "ehr_pipeline", "model", "serving")  # each may import only the ones before it
+# Parts of model that may import only the parts of model named here (ehr_base is always allowed).
+MODEL_PARTS = {
+    # the building blocks know nothing of training, evaluation, export or the command lines
+    "model.layers": ("model.layers",),
+    # the numbers: pure numpy, shared by the trainer, ehr-eval and the service
+    "model.evaluation.metrics": (),
+    "model.evaluation.against_truth": ("model.evaluation.metrics",),
+    "model.evaluation.multiclass": ("model.evaluation.metrics",),
+    "model.evaluation.formatting": ("model.evaluation.metrics",),
+    "model.evaluation.metrics_report": ("model.evaluation.metrics", "model.evaluation.against_truth"),
+    # the export contract the service reads: names of the uncertainty measures, nothing more
+    "model.export.load": ("model.evaluation.metrics",),
+}
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -122,8 +135,8 @@ def test_strongly_connected_finds_a_planted_circle_and_nothing_else():
 
 def test_import_graph_reads_lazy_imports_and_skips_type_checking_ones():
     graph = import_graph()
-    assert "model.export" in graph["model.predict"]  # module-level
-    assert "model.predict" in graph["serving.predictor"]  # inside ServedModel.forward
+    assert "model.export.load" in graph["model.export.predict"]  # module-level
+    assert "model.export.predict" in graph["serving.predictor"]  # inside ServedModel.forward
     assert "ehr_pipeline.spec" in graph["ehr_pipeline.bagging"]  # `from ehr_pipeline import spec`
     planted = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ehr_pipeline import bagging\n"
                         "from ehr_pipeline import spec\n")
@@ -148,10 +161,28 @@ def test_nothing_imports_upward():
     assert not upward, f"imports against ehr_pipeline <- model <- serving: {upward}"
 
 
+def _is_under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_model_parts_import_only_what_lies_below_them():
+    wrong = sorted(f"{m} -> {t}" for m, targets in import_graph().items() for part, allowed in MODEL_PARTS.items()
+                   if _is_under(m, part) for t in targets
+                   if _is_under(t, "model") and t != "model" and not any(_is_under(t, a) for a in (part, *allowed)))
+    assert not wrong, f"imports against the parts of model: {wrong}"
+
+
+def test_only_command_lines_import_the_command_lines():
+    wrong = sorted(f"{m} -> {t}" for m, targets in import_graph().items() for t in targets
+                   if _is_under(t, "model.cli") and not _is_under(m, "model.cli"))
+    assert not wrong, f"modules that call into a command line: {wrong}"
+
+
 def test_the_service_and_the_export_reader_start_without_tensorflow():
     # The service loads TensorFlow only with the SavedModel; importing its modules (and the
     # export contract they read) must stay cheap for --help and for the app factory.
-    code = ("import sys, serving.app, serving.cli, serving.settings, model.export, model.config; "
+    code = ("import sys, serving.app, serving.cli, serving.settings, model.export.load, model.training.config, "
+            "model.layers, model.training, model.evaluation, model.export, model.cli; "
             "print(sorted(m for m in ('tensorflow', 'tf_keras', 'edward2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": ""})

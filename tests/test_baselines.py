@@ -1,4 +1,4 @@
-"""model.baselines on real TFRecords: the aggregates against a plain-Python loop over each
+"""model.training.baselines on real TFRecords: the aggregates against a plain-Python loop over each
 SequenceExample, the fitted models against scikit-learn fitted directly."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from ehr_pipeline import seqex, spec
-from model import baselines, inputs
+from model.training import baselines, inputs
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,10 @@ import pytest
 import tensorflow as tf
 from ehr_testdata import read_json, tiny_config_dict
 
-from model import bella, inputs, svgd
-from model.posterior import PosteriorConfig
-from model.rank1_lstm import Rank1LSTM
+from model.layers import bella, svgd
+from model.layers.posterior import PosteriorConfig
+from model.layers.rank1_lstm import Rank1LSTM
+from model.training import inputs
 
 # --------------------------------------------------------------------------- SVGD
 
@@ -190,8 +191,8 @@ def test_bella_needs_a_zero_prior_mean_and_a_shared_batch_norm():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, synthetic_data):
-    from model.config import parse_config
-    from model.train import train
+    from model.training.config import parse_config
+    from model.training.train import train
 
     base = tmp_path_factory.mktemp("bella")
     data = synthetic_data
@@ -207,8 +208,8 @@ def runs(tmp_path_factory, synthetic_data):
 
 @pytest.mark.slow
 def test_training_moves_only_the_adapters_and_records_the_base(runs):
-    from model.train import load_run
-    from model.training_loop import model_checkpoint
+    from model.training.train import load_run
+    from model.training.training_loop import model_checkpoint
 
     _, det_model, _, _ = load_run(runs["det"], runs["data"])
     _, model, _, step = load_run(runs["bella"], runs["data"])
@@ -229,7 +230,7 @@ def test_training_moves_only_the_adapters_and_records_the_base(runs):
 
 @pytest.mark.slow
 def test_export_serves_what_ehr_eval_reports(runs, tmp_path):
-    from model.eval_cli import main as eval_main
+    from model.cli.ehr_eval import main as eval_main
     from serving.predictor import ServedModel, summarise
 
     out = tmp_path / "eval"

@@ -1,15 +1,15 @@
 """ehr-train / ehr-eval send task: image configs to the image models and the rest to the EHR model."""
 import json
 
-from model import eval_cli, train_cli
+from model.cli import ehr_eval, ehr_train
 
 
 def test_image_config_goes_through_ehr_train_and_ehr_eval(tmp_path):
     run = tmp_path / "run"
-    assert train_cli.main(["--config", "configs/image_digits_deterministic.yaml", "--out", str(run),
+    assert ehr_train.main(["--config", "configs/image_digits_deterministic.yaml", "--out", str(run),
                            "--steps", "20", "--no-eval", "--no-progress"]) == 0
     assert json.loads((run / "config.json").read_text())["task"] == "image"
-    assert eval_cli.main(["--model", str(run), "--samples", "1", "--no-corruptions", "--no-progress"]) == 0
+    assert ehr_eval.main(["--model", str(run), "--samples", "1", "--no-corruptions", "--no-progress"]) == 0
 
 
 def test_ehr_config_is_not_taken_for_an_image_one():

@@ -12,11 +12,11 @@ from conftest import REPO_ROOT
 from ehr_pipeline import cli as pipeline_cli
 from ehr_base.cli_args import one_line
 from ehr_testdata import write_data_dir
-from model import analyze_cli, eval_cli, train_cli
+from model.cli import ehr_analyze, ehr_eval, ehr_train
 from serving import cli as serve_cli
 
-MAINS = {"ehr-pipeline": pipeline_cli.main, "ehr-train": train_cli.main, "ehr-eval": eval_cli.main,
-         "ehr-serve": serve_cli.main, "ehr-analyze": analyze_cli.main}
+MAINS = {"ehr-pipeline": pipeline_cli.main, "ehr-train": ehr_train.main, "ehr-eval": ehr_eval.main,
+         "ehr-serve": serve_cli.main, "ehr-analyze": ehr_analyze.main}
 
 
 @pytest.fixture(scope="module")

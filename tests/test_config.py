@@ -129,8 +129,8 @@ def test_configs_are_frozen():
      "invalid image config: model.posterior: ensemble_size must be 1 for method 'mean_field'"),
 ])
 def test_every_yaml_config_reports_the_file_and_fields_on_one_line(tmp_path, loader, text, want):
-    from model import config as experiment
     from model.image import config as image
+    from model.training import config as experiment
 
     load = {"pipeline": load_pipeline_config, "experiment": experiment.load_config, "image": image.load_config}
     path = write(tmp_path, text)

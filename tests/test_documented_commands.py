@@ -353,19 +353,19 @@ def _parsers(program: str, argv: list[str]) -> list:
         choices = next(a for a in parser._actions if a.dest == "command").choices
         return [parser, choices[sub]] if sub in choices else [parser]
     if program == "ehr-train":
-        from model import train_cli
+        from model.cli import ehr_train
         from model.image import cli as image_cli
 
-        return [train_cli.build_parser(), image_cli.build_train_parser()]
+        return [ehr_train.build_parser(), image_cli.build_train_parser()]
     if program == "ehr-eval":
-        from model import eval_cli
+        from model.cli import ehr_eval
         from model.image import cli as image_cli
 
-        return [eval_cli.build_parser(), image_cli.build_eval_parser()]
+        return [ehr_eval.build_parser(), image_cli.build_eval_parser()]
     if program == "ehr-analyze":
-        from model import analyze_cli
+        from model.cli import ehr_analyze
 
-        parser = analyze_cli.build_parser()
+        parser = ehr_analyze.build_parser()
         choices = next(a for a in parser._actions if getattr(a, "choices", None) and isinstance(a.choices, dict))
         return [parser, *choices.choices.values()]
     if program == "ehr-serve":
@@ -458,9 +458,9 @@ def test_documented_ehr_serve_settings_are_accepted(tmp_path):
 
 def test_documented_training_configs_and_overrides_load():
     from ehr_base.yaml_config import read_yaml
-    from model.config import load_config
+    from model.cli.ehr_train import parse_overrides
     from model.image.config import is_image_config, load_config as load_image_config
-    from model.train_cli import parse_overrides
+    from model.training.config import load_config
 
     checked = 0
     for command in all_commands():

@@ -10,13 +10,15 @@ from ehr_testdata import tiny_config_dict, write_data_dir
 
 from ehr_pipeline import bagging, seqex, seqex_tf, spec
 from ehr_pipeline.config import PipelineConfig
-from model import inputs, losses, metrics, rank1
-from model import train as train_module
-from model.noise import Noise
-from model.config import parse_config
-from model.ehr_model import bag_vector_dim, build_model
-from model.predict import Predictor, predict_probs, stateful_random_ops
-from model.training_loop import fast_weight_refs
+from model.evaluation import metrics
+from model.export.predict import Predictor, predict_probs, stateful_random_ops
+from model.layers import rank1
+from model.layers.noise import Noise
+from model.training import inputs, losses
+from model.training import train as train_module
+from model.training.config import parse_config
+from model.training.ehr_model import bag_vector_dim, build_model
+from model.training.training_loop import fast_weight_refs
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model import rank1
-from model.embeddings import EmbeddingConfig, StochasticEmbedding
+from model.layers import rank1
+from model.layers.embeddings import EmbeddingConfig, StochasticEmbedding
 
 V, DIM = 50, 4
 

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from ehr_testdata import read_json
 
-from model import baselines, eval_cli, evaluate, inputs, metrics
-from model.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
-from model.predict import predict_probs
+from model.cli import ehr_eval
+from model.evaluation import against_truth, evaluate, metrics, metrics_report
+from model.evaluation.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
+from model.export.predict import predict_probs
+from model.training import baselines, inputs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -22,7 +24,7 @@ def trained(trained_rank1):
 
 def test_eval_writes_report_plots_and_error_vs_truth(trained, tmp_path, capsys):
     out = tmp_path / "eval"
-    code = eval_cli.main(["--model", str(trained["run"]), "--data", str(trained["data"]), "--split", "test",
+    code = ehr_eval.main(["--model", str(trained["run"]), "--data", str(trained["data"]), "--split", "test",
                           "--samples", "4", "--seed", "3", "--out", str(out), "--truth",
                           str(trained["data"] / "SYNTH_TRUTH.csv"), "--bootstrap", "30", "--no-progress"])
     assert code == 0
@@ -51,8 +53,8 @@ def test_eval_writes_report_plots_and_error_vs_truth(trained, tmp_path, capsys):
     np.testing.assert_allclose([float(r["Q0.025"]) for r in rows], lo, atol=2e-6)
     inside = np.mean([float(r["Q0.025"]) <= t <= float(r["Q0.975"]) for r, t in zip(rows, truth)])
     assert report["truth"]["coverage"]["0.95"] == pytest.approx(inside)
-    assert set(report["truth"]["uncertainty_vs_error"]) == set(metrics.TRUTH_MEASURES)
-    assert {"mutual_information", *metrics.REFERRAL_BASELINES} <= set(report["truth"]["selective"])
+    assert set(report["truth"]["uncertainty_vs_error"]) == set(against_truth.TRUTH_MEASURES)
+    assert {"mutual_information", *against_truth.REFERRAL_BASELINES} <= set(report["truth"]["selective"])
     assert (out / TRUTH_PLOT_FILE).read_bytes()[:8] == PNG_MAGIC
 
 
@@ -60,7 +62,7 @@ def test_deep_ensemble_of_exports_and_its_export(trained, tmp_path, capsys):
     ens = tmp_path / "ensemble"
     args = ["--model", str(trained["export"]), "--model", str(trained["export"]), "--data", str(trained["data"]),
             "--samples", "2", "--bootstrap", "10", "--no-progress"]
-    assert eval_cli.main(args + ["--out", str(tmp_path / "eval"), "--export-ensemble", str(ens)]) == 0
+    assert ehr_eval.main(args + ["--out", str(tmp_path / "eval"), "--export-ensemble", str(ens)]) == 0
     report = read_json(tmp_path / "eval" / "metrics.json")
     assert report["K"] == 4 and len(report["members"]) == 4
     # Both halves are the same model with the same seed: member k and member k + 2 agree.
@@ -79,8 +81,8 @@ def test_deep_ensemble_of_exports_and_its_export(trained, tmp_path, capsys):
 
 
 def test_bad_arguments_fail_with_a_message(trained, tmp_path, capsys):
-    assert eval_cli.main(["--model", str(trained["export"]), "--data", str(trained["data"]), "--samples", "0"]) == 2
-    assert eval_cli.main(["--model", str(tmp_path), "--data", str(trained["data"])]) == 2
+    assert ehr_eval.main(["--model", str(trained["export"]), "--data", str(trained["data"]), "--samples", "0"]) == 2
+    assert ehr_eval.main(["--model", str(tmp_path), "--data", str(trained["data"])]) == 2
     assert "neither an export directory" in capsys.readouterr().err
 
 
@@ -94,27 +96,27 @@ def test_compare_two_prediction_files(tmp_path, capsys):
     evaluate.write_predictions(tmp_path / "a.csv", probs_a, y, ids, 2, 2, truth)
     order = rng.permutation(n)  # B's file lists the cases in another order
     evaluate.write_predictions(tmp_path / "b.csv", probs_b[order], y[order], ids[order], 1, 1)
-    code = eval_cli.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--bootstrap", "200",
+    code = ehr_eval.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--bootstrap", "200",
                           "--seed", "1", "--out", str(tmp_path / "cmp")])
     assert code == 0
     assert "truth_mae" in capsys.readouterr().out
     doc = read_json(tmp_path / "cmp" / evaluate.COMPARISON_FILE)
     p_a = np.round(probs_a.mean(axis=1), 6)
     p_b = np.round(probs_b[:, 0], 6)
-    expected = metrics.paired_bootstrap(p_a, p_b, y, np.round(truth, 6), n=200, seed=1)
+    expected = metrics_report.paired_bootstrap(p_a, p_b, y, np.round(truth, 6), n=200, seed=1)
     for name, row in expected.items():
         assert doc["metrics"][name]["difference"] == pytest.approx(row["difference"], abs=1e-9)
         assert doc["metrics"][name]["lower"] == pytest.approx(row["lower"], abs=1e-9)
     assert doc["metrics"]["truth_mae"]["upper"] < 0  # B is closer to the truth
     # Files of different admissions cannot be paired.
     evaluate.write_predictions(tmp_path / "c.csv", probs_b[:10], y[:10], ids[:10], 1, 1)
-    assert eval_cli.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "c.csv")]) == 2
+    assert ehr_eval.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "c.csv")]) == 2
     assert "not the admissions" in capsys.readouterr().err
 
 
 def test_baseline_is_evaluated_like_a_model(trained, tmp_path, capsys):
     out = tmp_path / "logistic"
-    code = eval_cli.main(["--baseline", "logistic", "--data", str(trained["data"]), "--truth",
+    code = ehr_eval.main(["--baseline", "logistic", "--data", str(trained["data"]), "--truth",
                           str(trained["data"] / "SYNTH_TRUTH.csv"), "--bootstrap", "20", "--out", str(out)])
     assert code == 0
     assert "logistic baseline" in capsys.readouterr().out

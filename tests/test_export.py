@@ -11,11 +11,11 @@ import tensorflow as tf
 from ehr_testdata import read_json, tiny_config_dict
 
 from ehr_pipeline import seqex, spec, tfrecord
-from model import inputs
-from model.config import parse_config
-from model.export import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE, ExportError, load_export
-from model.predict import Predictor, predict_probs
-from model.train import load_run, train
+from model.export.load import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE, ExportError, load_export
+from model.export.predict import Predictor, predict_probs
+from model.training import inputs
+from model.training.config import parse_config
+from model.training.train import load_run, train
 
 REQUIRED = {"saved_model/saved_model.pb", "model_card.json", "pipeline_config.json", "vocabulary.json",
             "numeric_stats.json", "metrics.json"}
@@ -58,7 +58,7 @@ def test_export_holds_the_contract_files(trained):
 
 
 def test_bad_admission_types_file_is_named(trained, tmp_path):
-    from model.export import read_export
+    from model.export.load import read_export
 
     copy = tmp_path / "export"
     shutil.copytree(trained["export"], copy)
@@ -146,7 +146,7 @@ def test_unknown_format_version_is_refused(trained, tmp_path):
 
 def test_range_warnings_need_a_training_distribution(tmp_path):
     """Codes with fewer than RANGE_MIN_VALUES training values get no range check (the demo has codes with 3)."""
-    from model import export
+    from model.export import load as export
 
     stats, clip_z = export._value_stats({"clip_z": 10.0, "codes": {
         "lab:1": {"mean": 1.0, "std": 0.1, "n": 3}, "lab:2": {"mean": 2.0, "std": 0.2, "n": export.RANGE_MIN_VALUES},

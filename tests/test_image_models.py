@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model import rank1
-from model._edward2 import ed
 from model.image.config import ImageModelConfig
 from model.image.models import EnsembleBatchNorm, ImageModel, build_model, count_parameters
-from model.posterior import PosteriorConfig
+from model.layers import rank1
+from model.layers._edward2 import ed
+from model.layers.posterior import PosteriorConfig
 
 K, E = 3, 2  # members, examples per member
 

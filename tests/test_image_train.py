@@ -10,13 +10,14 @@ import tensorflow as tf
 import yaml
 
 from ehr_base.yaml_config import ConfigError
-from model import metrics, training_loop
+from model.evaluation import multiclass
 from model.image import cli
 from model.image import evaluate as evaluation
 from model.image import train as image_train
 from model.image.config import ImageExperimentConfig, ImageTrainConfig, load_config, parse_config
 from model.image.data import load_digits_data
 from model.image.models import build_model
+from model.training import training_loop
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # A tiny rank-1 WRN-10-1 (K = 2) that fits digits in a few hundred steps on a CPU.
@@ -125,7 +126,7 @@ def test_classification_metrics_are_those_of_the_mixture():
     p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
     assert out["nll"] == pytest.approx(-np.mean(np.log(p.mean(1)[np.arange(40), y])), rel=1e-9)
     assert out["accuracy"] == pytest.approx(np.mean(p.mean(1).argmax(1) == y))
-    assert out["ece"] == pytest.approx(metrics.categorical_ece(p.mean(1), y, 10))
+    assert out["ece"] == pytest.approx(multiclass.categorical_ece(p.mean(1), y, 10))
     assert out["per_component_nll"] >= out["nll"]
 
 

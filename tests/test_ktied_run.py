@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 from ehr_testdata import read_json, tiny_config_dict
 
-from model import analyze_cli, eval_cli, inputs
+from model.cli import ehr_analyze, ehr_eval
+from model.training import inputs
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, synthetic_data):
-    from model.config import parse_config
-    from model.train import train
+    from model.training.config import parse_config
+    from model.training.train import train
 
     base = tmp_path_factory.mktemp("ktied_run")
     data, run = synthetic_data, base / "run"
@@ -23,7 +24,7 @@ def trained(tmp_path_factory, synthetic_data):
     raw["model"].update(prior_stddev=1.0, ktied_rank=2)
     train(parse_config(raw), data, run, progress=False, truth_path=data / "SYNTH_TRUTH.csv")
     # ehr-eval on the test split, S = 4, seed 3: the numbers everything else must reproduce.
-    assert eval_cli.main(["--model", str(run), "--data", str(data), "--split", "test", "--samples", "4",
+    assert ehr_eval.main(["--model", str(run), "--data", str(data), "--split", "test", "--samples", "4",
                           "--seed", "3", "--out", str(base / "eval"), "--bootstrap", "20", "--no-progress"]) == 0
     return {"data": data, "run": run, "export": run / "export", "eval": base / "eval"}
 
@@ -46,7 +47,7 @@ def test_service_gives_ehr_eval_numbers(trained):
 @pytest.mark.slow
 def test_posterior_rank_of_an_ehr_run(trained, tmp_path):
     out = tmp_path / "rank"
-    assert analyze_cli.main(["posterior-rank", "--model", str(trained["run"]), "--data", str(trained["data"]),
+    assert ehr_analyze.main(["posterior-rank", "--model", str(trained["run"]), "--data", str(trained["data"]),
                              "--split", "test", "--samples", "4", "--seed", "3", "--out", str(out)]) == 0
     report = json.loads((out / "posterior_rank.json").read_text())
     families = {row["site"]: row["family"] for row in report["sites"]}

@@ -120,9 +120,9 @@ REQUESTS = {
 def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
     from ehr_testdata import tiny_config_dict
 
-    from model.config import parse_config
-    from model.evaluate import MEDS_PREDICTIONS_FILE, run_evaluation
-    from model.train import train
+    from model.evaluation.evaluate import MEDS_PREDICTIONS_FILE, run_evaluation
+    from model.training.config import parse_config
+    from model.training.train import train
     from serving.app import create_app
     from serving.predictor import ServedModel
     from serving.settings import make_settings
@@ -159,7 +159,7 @@ def test_meds_evaluation_scores_ehr_evals_predictions_alike(trained_rank1, tmp_p
     import polars as pl
     from meds_evaluation.evaluate import evaluate_binary_classification
 
-    from model.evaluate import MEDS_PREDICTIONS_FILE, MEDS_UNCERTAINTY_FILE, run_evaluation
+    from model.evaluation.evaluate import MEDS_PREDICTIONS_FILE, MEDS_UNCERTAINTY_FILE, run_evaluation
 
     report, _ = run_evaluation([trained_rank1["export"]], trained_rank1["data"], "test", num_samples=4,
                                n_bootstrap=20, out_dir=tmp_path)

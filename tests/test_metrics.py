@@ -1,4 +1,4 @@
-"""model.metrics against direct float64 computations, scikit-learn and hand-worked cases."""
+"""model.evaluation.metrics against direct float64 computations, scikit-learn and hand-worked cases."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 
-from model import metrics as m
+from model.evaluation import formatting, metrics as m, metrics_report, multiclass
 
 
 def _sigmoid(z):
@@ -285,7 +285,7 @@ def test_selective_prediction_entropy_referral_lowers_nll(synthetic):
 
 def test_evaluate_report(synthetic):
     probs, y, k, s, truth = synthetic
-    report = m.evaluate(probs, y, k, s, truth=truth, n_bootstrap=200)
+    report = metrics_report.evaluate(probs, y, k, s, truth=truth, n_bootstrap=200)
     json.dumps(report, allow_nan=False)
     p = probs.mean(axis=1)
     assert report["overall"]["auc_roc"] == pytest.approx(roc_auc_score(y, p))
@@ -303,16 +303,16 @@ def test_evaluate_report(synthetic):
     for name in m.SCALAR_METRICS:
         ci = report["ci"][name]
         assert ci["lower"] <= ci["upper"]
-    table = m.format_table(report)
+    table = formatting.format_table(report)
     assert "auc_pr" in table and "member" in table and "nll_truth" in table
 
 
 def test_evaluate_undefined_metrics_become_null():
     probs = np.full((6, 2), 0.3)
-    report = m.evaluate(probs, np.zeros(6), K=2, S=1, n_bootstrap=20)
+    report = metrics_report.evaluate(probs, np.zeros(6), K=2, S=1, n_bootstrap=20)
     assert report["overall"]["auc_roc"] is None
     json.dumps(report, allow_nan=False)
-    assert "n/a" in m.format_table(report)
+    assert "n/a" in formatting.format_table(report)
 
 
 def test_labels_validated():
@@ -336,29 +336,29 @@ def test_categorical_mixture_nll_matches_direct_float64_and_logits():
     y = rng.integers(0, 4, 50)
     probs = _softmax(logits)
     direct = -np.mean(np.log(probs.mean(axis=1)[np.arange(50), y]))
-    assert m.categorical_mixture_nll(probs, y) == pytest.approx(direct, rel=1e-10)
-    assert m.categorical_mixture_nll(logits, y, from_logits=True) == pytest.approx(direct, rel=1e-10)
+    assert multiclass.categorical_mixture_nll(probs, y) == pytest.approx(direct, rel=1e-10)
+    assert multiclass.categorical_mixture_nll(logits, y, from_logits=True) == pytest.approx(direct, rel=1e-10)
     per_comp = -np.mean(np.log(probs[np.arange(50), :, y]))
-    assert m.categorical_per_component_nll(probs, y) == pytest.approx(per_comp, rel=1e-10)
-    assert m.categorical_per_component_nll(probs, y) >= m.categorical_mixture_nll(probs, y)
+    assert multiclass.categorical_per_component_nll(probs, y) == pytest.approx(per_comp, rel=1e-10)
+    assert multiclass.categorical_per_component_nll(probs, y) >= multiclass.categorical_mixture_nll(probs, y)
     # An [N, C] input is a one-component mixture: plain cross-entropy.
-    assert m.categorical_mixture_nll(probs[:, 0], y) == pytest.approx(-np.mean(np.log(probs[np.arange(50), 0, y])))
+    assert multiclass.categorical_mixture_nll(probs[:, 0], y) == pytest.approx(-np.mean(np.log(probs[np.arange(50), 0, y])))
 
 
 def test_categorical_nll_extreme_logits_stay_finite():
     logits = np.array([[[1e4, -1e4, 0.0], [0.0, 0.0, 0.0]]])  # one component is certain of the wrong class
-    value = m.categorical_mixture_nll(logits, [1], from_logits=True)
+    value = multiclass.categorical_mixture_nll(logits, [1], from_logits=True)
     assert value == pytest.approx(-np.log(0.5 * (1 / 3)), rel=1e-9)
 
 
 def test_categorical_accuracy_and_ece_hand_computed():
     p = np.array([[0.7, 0.2, 0.1], [0.4, 0.35, 0.25], [0.1, 0.1, 0.8], [0.5, 0.5, 0.0]])
     y = np.array([0, 1, 2, 1])
-    assert m.categorical_accuracy(p, y) == pytest.approx(0.5)  # the tie at row 3 goes to class 0
+    assert multiclass.categorical_accuracy(p, y) == pytest.approx(0.5)  # the tie at row 3 goes to class 0
     # 10 bins: conf 0.7 (bin 7, correct), 0.4 (bin 4, wrong), 0.8 (bin 8, correct), 0.5 (bin 5, wrong).
     expected = (abs(1 - 0.7) + abs(0 - 0.4) + abs(1 - 0.8) + abs(0 - 0.5)) / 4
-    assert m.categorical_ece(p, y, num_bins=10) == pytest.approx(expected)
-    assert m.categorical_ece(np.eye(3)[[0, 1, 2]], [0, 1, 2]) == pytest.approx(0.0)
+    assert multiclass.categorical_ece(p, y, num_bins=10) == pytest.approx(expected)
+    assert multiclass.categorical_ece(np.eye(3)[[0, 1, 2]], [0, 1, 2]) == pytest.approx(0.0)
 
 
 def test_categorical_ece_equals_binary_ece_for_two_classes():
@@ -367,14 +367,14 @@ def test_categorical_ece_equals_binary_ece_for_two_classes():
     y = (rng.random(300) < p1).astype(int)
     two = np.stack([1 - p1, p1], axis=1)
     # Ties at exactly 0.5 differ by convention (argmax vs p > 0.5); random floats have none.
-    assert m.categorical_ece(two, y) == pytest.approx(m.ece(p1, y), rel=1e-12)
-    assert m.categorical_accuracy(two, y) == pytest.approx(m.accuracy(p1, y))
+    assert multiclass.categorical_ece(two, y) == pytest.approx(m.ece(p1, y), rel=1e-12)
+    assert multiclass.categorical_accuracy(two, y) == pytest.approx(m.accuracy(p1, y))
 
 
 def test_categorical_labels_validated():
     p = np.full((2, 3), 1 / 3)
     for bad in ([0, 3], [0, -1], [0.5, 1], [0]):
         with pytest.raises(ValueError):
-            m.categorical_accuracy(p, bad)
+            multiclass.categorical_accuracy(p, bad)
     with pytest.raises(ValueError):
-        m.categorical_mixture_nll(np.full((2, 1), 1.0), [0, 0])
+        multiclass.categorical_mixture_nll(np.full((2, 1), 1.0), [0, 0])

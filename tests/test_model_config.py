@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from ehr_base.yaml_config import ConfigError
-from model.config import ExperimentConfig, load_config, parse_config
+from model.training.config import ExperimentConfig, load_config, parse_config
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 METHOD_FILES = {

@@ -1,4 +1,4 @@
-"""Explicit noise (model.noise): per-example streams, and every sampling layer's noise path against
+"""Explicit noise (model.layers.noise): per-example streams, and every sampling layer's noise path against
 a manual computation from the layer's own variables and the same draws."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from scipy import stats
 import tensorflow as tf
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from model import rank1
-from model._edward2 import ed
-from model.embeddings import StochasticEmbedding
-from model.noise import BOX_MULLER_MIN_U, Noise, standard_draw, stateless_standard_normal
-from model.posterior import PosteriorConfig
-from model.rank1_lstm import Rank1LSTM
+from model.layers import rank1
+from model.layers._edward2 import ed
+from model.layers.embeddings import StochasticEmbedding
+from model.layers.noise import BOX_MULLER_MIN_U, Noise, standard_draw, stateless_standard_normal
+from model.layers.posterior import PosteriorConfig
+from model.layers.rank1_lstm import Rank1LSTM
 
 FINGERPRINTS = [11, 22, 33]
 

@@ -1,10 +1,10 @@
-"""model.plots writes real, non-empty PNG files and returns their paths."""
+"""model.evaluation.plots writes real, non-empty PNG files and returns their paths."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from model import metrics, plots
+from model.evaluation import against_truth, metrics, metrics_report, plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -43,7 +43,7 @@ def test_uncertainty_vs_error(tmp_path, prediction):
 
 def test_risk_coverage_plot_accepts_evaluate_report(tmp_path, prediction):
     probs, y = prediction
-    report = metrics.evaluate(probs, y, K=2, S=3, n_bootstrap=10)
+    report = metrics_report.evaluate(probs, y, K=2, S=3, n_bootstrap=10)
     target = tmp_path / "rc.png"
     _assert_png(plots.risk_coverage_plot(report["selective"], path=target), target)
 
@@ -61,6 +61,6 @@ def test_uncertainty_histogram_split_and_plain(tmp_path, prediction):
 def test_referral_vs_truth_plot_accepts_truth_report(tmp_path, prediction):
     probs, y = prediction
     truth = np.clip(probs[:, 0] + 0.01, 0.0, 1.0)
-    tables = metrics.truth_report(probs, y, truth, K=2, S=3)["selective"]
+    tables = against_truth.truth_report(probs, y, truth, K=2, S=3)["selective"]
     target = tmp_path / "rvt.png"
     _assert_png(plots.referral_vs_truth_plot(tables, path=target), target)

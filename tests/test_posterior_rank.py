@@ -10,9 +10,10 @@ import pytest
 import tensorflow as tf
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from model import analyze_cli, rank1
-from model import posterior_rank as pr
-from model.posterior import PosteriorConfig
+from model.cli import ehr_analyze
+from model.evaluation import posterior_rank as pr
+from model.layers import rank1
+from model.layers.posterior import PosteriorConfig
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -88,7 +89,7 @@ def image_run(tmp_path_factory):
 
 def test_ehr_analyze_posterior_rank_on_an_image_run(image_run, tmp_path, capsys):
     out = tmp_path / "analysis"
-    code = analyze_cli.main(["posterior-rank", "--model", str(image_run), "--split", "validation",
+    code = ehr_analyze.main(["posterior-rank", "--model", str(image_run), "--split", "validation",
                              "--ranks", "1", "2", "--seed", "5", "--out", str(out)])
     assert code == 0
     report = json.loads((out / "posterior_rank.json").read_text())
@@ -110,5 +111,5 @@ def test_ehr_analyze_posterior_rank_on_an_image_run(image_run, tmp_path, capsys)
 
 
 def test_ehr_analyze_refuses_runs_without_gaussian_stddevs_and_ehr_runs_without_data(tmp_path, capsys):
-    assert analyze_cli.main(["posterior-rank", "--model", str(tmp_path)]) == 2
+    assert ehr_analyze.main(["posterior-rank", "--model", str(tmp_path)]) == 2
     assert "--data" in capsys.readouterr().err

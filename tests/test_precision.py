@@ -1,5 +1,5 @@
 """Mixed precision on the CPU: a bfloat16 gradient step stays within a tolerance of float32's, while the
-loss terms stay float32; float16 goes through a loss-scale optimizer (model.precision)."""
+loss terms stay float32; float16 goes through a loss-scale optimizer (model.training.precision)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,10 +7,10 @@ import pytest
 import tensorflow as tf
 from ehr_testdata import tiny_config_dict
 
-from model import inputs, losses, precision
-from model.config import parse_config
-from model.ehr_model import build_model
-from model.train import train
+from model.training import inputs, losses, precision
+from model.training.config import parse_config
+from model.training.ehr_model import build_model
+from model.training.train import train
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import pytest
 import tensorflow as tf
 from ehr_testdata import write_data_dir
 
-from model import inputs
-from model.config import ModelConfig
-from model.ehr_model import build_model
-from model.predict import Predictor, predict_probs, stateful_random_ops
+from model.export.predict import Predictor, predict_probs, stateful_random_ops
+from model.training import inputs
+from model.training.config import ModelConfig
+from model.training.ehr_model import build_model
 
 
 @pytest.fixture(scope="module", params=["rank1", "fully_bayesian"])

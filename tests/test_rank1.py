@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model import posterior, rank1
-from model._edward2 import ed
-from model.posterior import PosteriorConfig
+from model.layers import posterior, rank1
+from model.layers._edward2 import ed
+from model.layers.posterior import PosteriorConfig
 
 K, E, D, U = 3, 2, 4, 5  # members, examples per member, input dim, units
 
@@ -276,5 +276,5 @@ def test_softplus_inverse_roundtrip():
 
 
 def test_edward2_loaded_through_one_module():
-    # model.rank1.DenseRank1 only adds the explicit-noise path to the one edward2 class.
+    # model.layers.rank1.DenseRank1 only adds the explicit-noise path to the one edward2 class.
     assert type(rank1.dense(1, PosteriorConfig())).__bases__ == (ed.layers.DenseRank1,)

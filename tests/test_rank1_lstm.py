@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model import rank1
-from model.posterior import PosteriorConfig
-from model.rank1_lstm import Rank1LSTM
+from model.layers import rank1
+from model.layers.posterior import PosteriorConfig
+from model.layers.rank1_lstm import Rank1LSTM
 
 K, E, T, D, U = 2, 3, 5, 4, 6
 

@@ -13,7 +13,8 @@ import pytest
 from browser import render_check
 from ehr_testdata import read_json
 
-from model import clinical_stats, eval_cli, evaluate, report_html
+from model.cli import ehr_eval
+from model.evaluation import clinical_stats, evaluate, report_html
 
 TRIPOD_ORDER = ("20a-c", "21", "22", "23a", "23b", "24")
 
@@ -26,7 +27,7 @@ def _no_network(page: str) -> None:
 def model_report(trained_rank1, tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "eval"
     data = trained_rank1["data"]
-    code = eval_cli.main(["--model", str(trained_rank1["run"]), "--data", str(data), "--samples", "3",
+    code = ehr_eval.main(["--model", str(trained_rank1["run"]), "--data", str(data), "--samples", "3",
                           "--truth", str(data / "SYNTH_TRUTH.csv"), "--bootstrap", "30", "--out", str(out),
                           "--no-progress"])
     assert code == 0
@@ -84,7 +85,7 @@ def test_compare_report_renders_both_models(tmp_path, capsys):
     evaluate.write_predictions(tmp_path / "a.csv", probs_a, y, ids, 2, 2, truth, attributes, referred)
     evaluate.write_predictions(tmp_path / "b.csv", probs_b, y, ids, 2, 2, truth, attributes, referred)
     out = tmp_path / "cmp"
-    assert eval_cli.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--bootstrap", "50",
+    assert ehr_eval.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--bootstrap", "50",
                           "--out", str(out)]) == 0
     assert "AURC B - A" in capsys.readouterr().out
     doc = read_json(out / evaluate.COMPARISON_FILE)
@@ -114,7 +115,7 @@ def test_report_names_the_subgroup_planted_in_a_synthetic_release(tmp_path):
     config = PipelineConfig.model_validate({"splits": {"train": 0.4, "validation": 0.1, "test": 0.5}})
     run_job(str(release), str(data), config, ["--runner=FnApiRunner"])
     # A linear model of everyone cannot follow the reversed relation in one admission type.
-    assert eval_cli.main(["--baseline", "logistic", "--data", str(data), "--truth", str(release / "SYNTH_TRUTH.csv"),
+    assert ehr_eval.main(["--baseline", "logistic", "--data", str(data), "--truth", str(release / "SYNTH_TRUTH.csv"),
                           "--bootstrap", "200", "--out", str(out)]) == 0
     subgroups = read_json(out / "metrics.json")["clinical"]["subgroups"]
     print([(g["attribute"], g["group"], g["metric"], round(g["z"], 2)) for g in subgroups["gaps"]])

@@ -27,8 +27,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # types (admission_type), which also average an unknown one.
 DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/ages.py", "ehr_pipeline/units.py",
                 "ehr_pipeline/bagging.py", "ehr_pipeline/spec.py", "ehr_pipeline/seqex.py",
-                "serving/predictor.py", "model/predict.py", "model/export.py",
-                "model/metrics.py", "serving/prediction.py", "serving/routes.py", "serving/admission_type.py"}
+                "serving/predictor.py", "model/export/predict.py", "model/export/load.py",
+                "model/evaluation/metrics.py", "serving/prediction.py", "serving/routes.py",
+                "serving/admission_type.py"}
 # The population monitor keeps a summary of each answered admission (the job's own summary of its
 # records) for the shift report; it reads the bags, it changes nothing the model sees.
 MONITOR = {"ehr_pipeline/population.py", "serving/monitor.py"}
@@ -85,6 +86,6 @@ def test_the_service_bags_with_the_jobs_bagging_function_and_spec(road):
     assert "bag_events" in road["ehr_pipeline/bagging.py"]
     assert "__post_init__" in road["ehr_pipeline/spec.py"]  # AdmissionContext checks the context
     assert "serialize" in road["ehr_pipeline/seqex.py"]
-    assert "predict_probs" in road["model/predict.py"]
+    assert "predict_probs" in road["model/export/predict.py"]
     # The monitor summarises the admission with the function that summarises the job's records.
     assert "admission_from_entries" in road["ehr_pipeline/population.py"]

@@ -1,6 +1,6 @@
 """The prediction service over real HTTP: a real uvicorn server on 127.0.0.1, no mocks.
 
-The model is a real export written by model.export_writer around a tiny UNTRAINED rank-1 model
+The model is a real export written by model.export.write around a tiny UNTRAINED rank-1 model
 (tests/serving_fixtures.write_tiny_model_export): the real featurizer, architecture, seeded
 stateless sampling and SavedModel, with meaningless random weights.
 """
@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings as hyp_settings, strategies 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline import ages, bagging, seqex, spec, units
 from ehr_pipeline.config import PipelineConfig
-from model import metrics as model_metrics
-from model.export import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
+from model.evaluation import metrics as model_metrics
+from model.export.load import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
 from serving import precision
 from serving.app import create_app
 from serving.encoding import encode
@@ -491,7 +491,7 @@ def test_sample_allocation_keeps_the_budget_and_the_training_shares(counts, num_
 
 def test_an_export_without_training_types_needs_the_type(fixture_export):
     """Exports made before admission_types.json: a known type is used as before, an unknown one refused."""
-    from model.export import read_export
+    from model.export.load import read_export
     from serving import admission_type
     from serving.encoding import InputError
     from serving.schemas import PredictRequest

@@ -32,7 +32,7 @@ def demo_export(demo_dir, tmp_path_factory):
 
 
 def test_service_scores_raw_events_like_the_job_record(demo_export, demo_dir, tmp_path):
-    from model.predict import predict_probs
+    from model.export.predict import predict_probs
 
     data, export = demo_export
     subject_id, hadm_id = first_test_admission(data)

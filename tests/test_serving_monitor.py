@@ -24,8 +24,8 @@ PARAMS = {"num_samples": 2, "seed": 0}
 
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory):
-    from model import shift_report
-    from model.inputs import load_data_files
+    from model.evaluation import shift_report
+    from model.training.inputs import load_data_files
 
     base = tmp_path_factory.mktemp("monitor")
     files = load_data_files(write_data_dir(base / "data", units={CREATININE: "mg/dL", "lab:50813": "mmol/L"}))

@@ -15,10 +15,12 @@ import pytest
 from ehr_testdata import read_json, write_data_dir
 
 from ehr_pipeline import population
-from model import analyze_cli, eval_cli, inputs, metrics
-from model.export import REFERENCE_PROFILE, ExportError, read_export, write_manifest
-from model.predict import predict_probs
-from model.shift_report import EXIT_SHIFT, SHIFT_JSON, SHIFT_MD, SHIFT_PNG
+from model.cli import ehr_analyze, ehr_eval
+from model.evaluation import metrics
+from model.evaluation.shift_report import EXIT_SHIFT, SHIFT_JSON, SHIFT_MD, SHIFT_PNG
+from model.export.load import REFERENCE_PROFILE, ExportError, read_export, write_manifest
+from model.export.predict import predict_probs
+from model.training import inputs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SIZES = (("train", 120), ("validation", 40), ("test", 100))
@@ -60,7 +62,7 @@ def test_a_damaged_reference_is_refused_naming_its_file(trained_rank1, tmp_path)
 def test_shift_on_fresh_data_of_the_same_population_finds_nothing(trained_rank1, new_data, tmp_path, capsys):
     out = tmp_path / "shift"
     # The train split: the generator puts a rare lab (out of the vocabulary) only into the other splits.
-    code = analyze_cli.main(["shift", "--model", str(trained_rank1["run"]), "--data", str(new_data["same"]),
+    code = ehr_analyze.main(["shift", "--model", str(trained_rank1["run"]), "--data", str(new_data["same"]),
                              "--splits", "train", "--out", str(out), "--no-progress"])
     printed = capsys.readouterr().out
     assert code == 0, printed
@@ -74,13 +76,13 @@ def test_shift_on_fresh_data_of_the_same_population_finds_nothing(trained_rank1,
 
 def test_shift_names_creatinine_88_times_the_training_median_and_fails(trained_rank1, new_data, tmp_path, capsys):
     args = ["shift", "--model", str(trained_rank1["export"]), "--data", str(new_data["umol"]), "--no-progress"]
-    assert analyze_cli.main(args + ["--out", str(tmp_path / "shift")]) == EXIT_SHIFT
+    assert ehr_analyze.main(args + ["--out", str(tmp_path / "shift")]) == EXIT_SHIFT
     printed = capsys.readouterr().out
     assert printed.startswith("shift: severe")
     assert re.search(r"\[severe\] lab:50912 values are ~(8[5-9]|9[0-2])x the training median", printed), printed
     [finding] = [f for f in read_json(tmp_path / "shift" / SHIFT_JSON)["findings"] if f["subject"] == "lab:50912"]
     assert finding["numbers"]["ratio_low"] < 88.4 < finding["numbers"]["ratio_high"]
-    assert analyze_cli.main(args + ["--fail-on", "never", "--no-model"]) == 0
+    assert ehr_analyze.main(args + ["--fail-on", "never", "--no-model"]) == 0
     capsys.readouterr()
 
 
@@ -91,10 +93,10 @@ def test_an_export_without_a_reference_needs_its_training_data(trained_rank1, ne
     (old / REFERENCE_PROFILE).unlink()
     write_manifest(old)
     args = ["shift", "--model", str(old), "--data", str(new_data["umol"]), "--no-progress"]
-    assert analyze_cli.main(args) == 2
+    assert ehr_analyze.main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--reference-data" in err
-    assert analyze_cli.main(args + ["--reference-data", str(trained_rank1["data"])]) == EXIT_SHIFT
+    assert ehr_analyze.main(args + ["--reference-data", str(trained_rank1["data"])]) == EXIT_SHIFT
     assert re.search(r"lab:50912 values are ~(8[5-9]|9[0-2])x", capsys.readouterr().out)
 
 
@@ -103,15 +105,15 @@ def test_eval_on_other_data_writes_the_shift_report_and_fails_only_when_asked(tr
                                                                              capsys):
     args = ["--model", str(trained_rank1["export"]), "--data", str(new_data["umol"]), "--samples", "3",
             "--bootstrap", "10", "--no-progress"]
-    assert eval_cli.main(args + ["--out", str(tmp_path / "eval")]) == 0
+    assert ehr_eval.main(args + ["--out", str(tmp_path / "eval")]) == 0
     assert "shift: severe" in capsys.readouterr().out
     assert read_json(tmp_path / "eval" / "metrics.json")["shift"]["level"] == "severe"
     shifted = read_json(tmp_path / "eval" / SHIFT_JSON)
     assert shifted["summary"]["n_current"] == 100 and shifted["summary"]["mi_compared"]
     assert (tmp_path / "eval" / SHIFT_PNG).read_bytes()[:8] == PNG_MAGIC
-    assert eval_cli.main(args + ["--fail-on-shift", "moderate"]) == EXIT_SHIFT
+    assert ehr_eval.main(args + ["--fail-on-shift", "moderate"]) == EXIT_SHIFT
     capsys.readouterr()
     # On the training data itself there is nothing to compare.
-    assert eval_cli.main(["--model", str(trained_rank1["export"]), "--data", str(trained_rank1["data"]),
+    assert ehr_eval.main(["--model", str(trained_rank1["export"]), "--data", str(trained_rank1["data"]),
                           "--samples", "2", "--bootstrap", "10", "--no-progress", "--fail-on-shift", "moderate"]) == 0
     assert "shift:" not in capsys.readouterr().out

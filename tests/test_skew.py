@@ -21,7 +21,7 @@ from ehr_pipeline import events as ev
 from ehr_pipeline import chunks as chunks_mod
 from ehr_pipeline import seqex, spec, transforms
 from ehr_pipeline.config import PipelineConfig
-from model.export import read_export
+from model.export.load import read_export
 from serving.encoding import encode
 from serving.schemas import PredictRequest
 from tests.serving_fixtures import write_fixture_export

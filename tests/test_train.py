@@ -17,10 +17,10 @@ import yaml
 from ehr_testdata import read_json, tiny_config_dict, write_data_dir
 
 from ehr_base.yaml_config import ConfigError
-from model.config import parse_config
-from model.train import EXPORT_DIR, load_run, train
-from model.training_loop import BEST_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError
-from model.train_cli import parse_overrides
+from model.cli.ehr_train import parse_overrides
+from model.training.config import parse_config
+from model.training.train import EXPORT_DIR, load_run, train
+from model.training.training_loop import BEST_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -139,7 +139,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     config["eval"].update(num_samples=1, n_bootstrap=20)
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config))
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "model.train_cli", "--config", str(tmp_path / "tiny.yaml"), "--data", str(data),
+    cmd = [sys.executable, "-m", "model.cli.ehr_train", "--config", str(tmp_path / "tiny.yaml"), "--data", str(data),
            "--out", str(run), "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     first = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -163,7 +163,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
 
 
 def test_cached_featurized_batches_replay_an_epoch_in_a_new_order(tmp_path):
-    from model import inputs
+    from model.training import inputs
 
     data = write_data_dir(tmp_path / "data", sizes=(("train", 40), ("validation", 4), ("test", 4)))
     files = inputs.load_data_files(data)

@@ -1,4 +1,4 @@
-"""model.metrics against a known truth, paired comparisons and the ECE interval, checked against
+"""model.evaluation.metrics against a known truth, paired comparisons and the ECE interval, checked against
 scipy, scikit-learn and naive loops."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from model import metrics as m
+from model.evaluation import against_truth, formatting, metrics as m, metrics_report
 
 
 @pytest.fixture(scope="module")
@@ -28,27 +28,27 @@ def test_rank_and_spearman_match_scipy_with_ties():
     rng = np.random.default_rng(0)
     a = rng.integers(0, 6, 80).astype(float)  # many ties
     b = a + rng.integers(0, 4, 80)
-    np.testing.assert_allclose(m.rank(a), stats.rankdata(a))
-    assert m.spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic, rel=1e-12)
-    assert np.isnan(m.spearman(np.ones(5), np.arange(5.0)))
+    np.testing.assert_allclose(against_truth.rank(a), stats.rankdata(a))
+    assert against_truth.spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic, rel=1e-12)
+    assert np.isnan(against_truth.spearman(np.ones(5), np.arange(5.0)))
 
 
 def test_interval_coverage_matches_a_loop(ensemble):
     probs, _, _, _, truth = ensemble
-    cov = m.interval_coverage(probs, truth)
-    for level in m.COVERAGE_LEVELS:
+    cov = against_truth.interval_coverage(probs, truth)
+    for level in against_truth.COVERAGE_LEVELS:
         inside = [np.percentile(row, 50 * (1 - level)) <= t <= np.percentile(row, 50 * (1 + level))
                   for row, t in zip(probs, truth)]
         assert cov[f"{level:g}"] == pytest.approx(np.mean(inside))
     assert cov["0.5"] <= cov["0.8"] <= cov["0.95"]
     # One sample per case has no interval: coverage is undefined, not 0.
-    assert all(np.isnan(v) for v in m.interval_coverage(probs[:, :1], truth).values())
+    assert all(np.isnan(v) for v in against_truth.interval_coverage(probs[:, :1], truth).values())
 
 
 def test_all_uncertainties(ensemble):
     probs, _, k, s, _ = ensemble
-    u = m.all_uncertainties(probs, k, s)
-    assert set(u) == set(m.TRUTH_MEASURES)
+    u = against_truth.all_uncertainties(probs, k, s)
+    assert set(u) == set(against_truth.TRUTH_MEASURES)
     np.testing.assert_allclose(u["predictive_entropy"], u["expected_entropy"] + u["mutual_information"], atol=1e-12)
     lo, hi = np.percentile(probs, [2.5, 97.5], axis=1)
     np.testing.assert_allclose(u["interval_width_95"], hi - lo)
@@ -58,7 +58,7 @@ def test_uncertainty_error_correlation_overall_and_within_p_groups(ensemble):
     probs, _, _, _, truth = ensemble
     p = probs.mean(axis=1)
     u = {"std": probs.std(axis=1), "constant": np.zeros(len(p))}
-    out = m.uncertainty_error_correlation(p, truth, u, num_groups=5)
+    out = against_truth.uncertainty_error_correlation(p, truth, u, num_groups=5)
     err = np.abs(p - truth)
     assert out["std"]["overall"] == pytest.approx(stats.spearmanr(u["std"], err).statistic)
     groups = np.array_split(np.argsort(p, kind="stable"), 5)
@@ -73,17 +73,17 @@ def test_kl_bernoulli_matches_scipy_entropy():
     t = np.array([0.0, 0.1, 0.5, 0.9, 1.0])
     q = np.array([0.2, 0.3, 0.5, 0.6, 0.7])
     expected = [stats.entropy([ti, 1 - ti], [qi, 1 - qi]) for ti, qi in zip(t, q)]
-    np.testing.assert_allclose(m.kl_bernoulli(t, q), expected, rtol=1e-12)
+    np.testing.assert_allclose(against_truth.kl_bernoulli(t, q), expected, rtol=1e-12)
 
 
 def test_selective_vs_truth_matches_naive_referral(ensemble):
     probs, y, k, s, truth = ensemble
     p = probs.mean(axis=1)
-    u = m.all_uncertainties(probs, k, s)
+    u = against_truth.all_uncertainties(probs, k, s)
     rates = (0.0, 0.1, 0.3)
-    tables = m.selective_vs_truth(p, y, truth, {"mutual_information": u["mutual_information"]}, rates,
+    tables = against_truth.selective_vs_truth(p, y, truth, {"mutual_information": u["mutual_information"]}, rates,
                                   n_random=200, seed=1)
-    assert set(tables) == {"mutual_information", *m.REFERRAL_BASELINES}
+    assert set(tables) == {"mutual_information", *against_truth.REFERRAL_BASELINES}
     full_mae = np.mean(np.abs(p - truth))
     for name, score in (("mutual_information", u["mutual_information"]), ("risk", p),
                         ("oracle", np.abs(p - truth))):
@@ -92,7 +92,7 @@ def test_selective_vs_truth_matches_naive_referral(ensemble):
             assert row["n_kept"] == keep.size
             assert row["mae_truth"] == pytest.approx(np.mean(np.abs(p[keep] - truth[keep])))
             assert row["auc_roc"] == pytest.approx(roc_auc_score(y[keep], p[keep]))
-            assert row["kl_truth"] == pytest.approx(np.mean(m.kl_bernoulli(truth[keep], p[keep])))
+            assert row["kl_truth"] == pytest.approx(np.mean(against_truth.kl_bernoulli(truth[keep], p[keep])))
     # The oracle removes the most error; random referral removes none on average.
     for rate_i in range(1, len(rates)):
         best = tables["oracle"][rate_i]["mae_truth"]
@@ -103,14 +103,14 @@ def test_selective_vs_truth_matches_naive_referral(ensemble):
 
 def test_truth_report_in_evaluate(ensemble):
     probs, y, k, s, truth = ensemble
-    report = m.evaluate(probs, y, k, s, truth=truth, n_bootstrap=50)
+    report = metrics_report.evaluate(probs, y, k, s, truth=truth, n_bootstrap=50)
     json.dumps(report, allow_nan=False)
     t = report["truth"]
     assert t["mae"] == pytest.approx(np.mean(np.abs(probs.mean(axis=1) - truth)))
-    assert t["coverage"] == pytest.approx(m.interval_coverage(probs, truth))
-    assert set(t["uncertainty_vs_error"]) == set(m.TRUTH_MEASURES)
+    assert t["coverage"] == pytest.approx(against_truth.interval_coverage(probs, truth))
+    assert set(t["uncertainty_vs_error"]) == set(against_truth.TRUTH_MEASURES)
     assert t["auc_roc_truth"] == pytest.approx(roc_auc_score(y, truth))
-    assert "coverage of truth" in m.format_table(report)
+    assert "coverage of truth" in formatting.format_table(report)
 
 
 def test_paired_bootstrap_matches_a_loop_and_cancels_shared_noise(ensemble):
@@ -118,8 +118,8 @@ def test_paired_bootstrap_matches_a_loop_and_cancels_shared_noise(ensemble):
     rng = np.random.default_rng(3)
     p_a = np.clip(truth + rng.normal(0, 0.05, truth.size), 0.001, 0.999)
     p_b = np.clip(truth + rng.normal(0, 0.02, truth.size), 0.001, 0.999)
-    out = m.paired_bootstrap(p_a, p_b, y, truth, n=300, seed=4)
-    assert set(out) == set(m.PAIRED_METRICS)
+    out = metrics_report.paired_bootstrap(p_a, p_b, y, truth, n=300, seed=4)
+    assert set(out) == set(metrics_report.PAIRED_METRICS)
     assert out["auc_roc"]["difference"] == pytest.approx(roc_auc_score(y, p_b) - roc_auc_score(y, p_a))
     # The same resamples, drawn the same way, one at a time.
     idx = np.random.default_rng(4).integers(0, y.size, size=(300, y.size))
@@ -130,7 +130,7 @@ def test_paired_bootstrap_matches_a_loop_and_cancels_shared_noise(ensemble):
     nll_diffs = [m.nll(p_b[i], y[i]) - m.nll(p_a[i], y[i]) for i in idx]
     assert out["nll"]["lower"] == pytest.approx(np.quantile(nll_diffs, 0.025))
     # A model compared with itself differs by exactly 0 on every resample.
-    same = m.paired_bootstrap(p_a, p_a, y, n=50)
+    same = metrics_report.paired_bootstrap(p_a, p_a, y, n=50)
     assert "truth_mae" not in same
     assert all(row["lower"] == row["upper"] == row["difference"] == 0 for row in same.values())
 
@@ -184,7 +184,7 @@ def test_ece_interval_covers_the_population_ece_where_the_percentile_interval_do
 
 def test_evaluate_uses_the_basic_interval_for_ece(ensemble):
     probs, y, k, s, _ = ensemble
-    report = m.evaluate(probs, y, k, s, n_bootstrap=100, seed=2)
+    report = metrics_report.evaluate(probs, y, k, s, n_bootstrap=100, seed=2)
     p = probs.mean(axis=1)
     expected = m.bootstrap_ci(lambda q, lab: m.ece(q, lab), p, y, n=100, seed=2, method="basic", bounds=(0.0, 1.0))
     assert report["ci"]["ece"] == pytest.approx(expected)

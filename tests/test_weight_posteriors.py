@@ -13,9 +13,10 @@ import pytest
 import tensorflow as tf
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from model import losses, rank1
-from model import weight_posteriors as wp
-from model.posterior import PosteriorConfig
+from model.layers import rank1
+from model.layers import weight_posteriors as wp
+from model.layers.posterior import PosteriorConfig
+from model.training import losses
 
 
 def _config(method="ktied_normal", k=2, prior_stddev=0.3, dropout_rate=1e-3) -> PosteriorConfig:

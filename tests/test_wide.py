@@ -1,13 +1,13 @@
-"""model.wide: the fitted logistic regression's Laplace posterior on raw columns, and the layer that samples it."""
+"""model.training.wide: the fitted logistic regression's Laplace posterior on raw columns, and the layer that samples it."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from model import baselines
-from model.noise import Noise
-from model.wide import PRIOR_PRECISION, GaussianLinear, fit_laplace, laplace_posterior
+from model.layers.noise import Noise
+from model.training import baselines
+from model.training.wide import PRIOR_PRECISION, GaussianLinear, fit_laplace, laplace_posterior
 
 
 @pytest.fixture(scope="module")

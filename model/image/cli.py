@@ -18,7 +18,7 @@ import sys
 
 from ehr_base import console
 from ehr_base.cli_args import OneLineParser, setup_logging, usage_error
-from model.export import MAX_SAMPLES
+from model.export.load import MAX_SAMPLES
 
 log = logging.getLogger("model.image")
 
@@ -82,7 +82,7 @@ def build_train_parser() -> argparse.ArgumentParser:
                         "required for bella, refused otherwise)")
     p.add_argument("--devices", default="auto",
                    help="where to train: auto, cpu, cpu:N (the CPU split into N logical devices, mirrored), gpu, "
-                        "gpu:N (model.devices)")
+                        "gpu:N (model.training.devices)")
     p.add_argument("--no-eval", action="store_true", help="stop after training")
     p.add_argument("--no-corruptions", action="store_true", help="evaluate the clean test set only")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
@@ -104,16 +104,16 @@ def train_main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return usage_error("ehr-train", err)
 
-    from model import devices
     from model.image.evaluate import format_report
+    from model.training import devices
 
     try:
-        devices.configure(args.devices)  # before any TensorFlow work (model.devices)
+        devices.configure(args.devices)  # before any TensorFlow work (model.training.devices)
     except (ValueError, RuntimeError) as err:
         print(f"ehr-train: {err}", file=sys.stderr)
         return 2
     from model.image.train import train
-    from model.training_loop import ConfigMismatchError
+    from model.training.training_loop import ConfigMismatchError
 
     try:
         result = train(config, args.out, data_dir=args.data, progress=not args.no_progress,

@@ -2,7 +2,7 @@
 
 Predictions are S samples x K members of every image in one vectorised forward pass
 (``ImageModel(images, num_samples=S)``). Every metric is of the predictive mixture over
-those M = S*K components, from ``model.metrics``: the mixture NLL (App. D.5), and accuracy
+those M = S*K components, from ``model.evaluation.metrics``: the mixture NLL (App. D.5), and accuracy
 and top-label ECE of the mean probability. The paper's cNLL / cA / cECE are the means over
 all (corruption, intensity) pairs; ``by_severity`` gives the curves of its Figure 8.
 """
@@ -18,8 +18,8 @@ import numpy as np
 import tensorflow as tf
 from tqdm.auto import tqdm
 
-from model import metrics
-from model.export import MAX_SAMPLES
+from model.evaluation import metrics, metrics_report, multiclass
+from model.export.load import MAX_SAMPLES
 from model.image import corruptions
 from model.image.config import ImageExperimentConfig
 from model.image.data import ImageData
@@ -50,12 +50,12 @@ def classification_metrics(logits: np.ndarray, labels: np.ndarray, num_bins: int
     probs /= probs.sum(axis=-1, keepdims=True)
     p_mean = probs.mean(axis=1)
     return {
-        "nll": metrics.categorical_mixture_nll(logits, labels, from_logits=True),
-        "accuracy": metrics.categorical_accuracy(p_mean, labels),
-        "ece": metrics.categorical_ece(p_mean, labels, num_bins),
-        "per_component_nll": metrics.categorical_per_component_nll(logits, labels, from_logits=True),
+        "nll": multiclass.categorical_mixture_nll(logits, labels, from_logits=True),
+        "accuracy": multiclass.categorical_accuracy(p_mean, labels),
+        "ece": multiclass.categorical_ece(p_mean, labels, num_bins),
+        "per_component_nll": multiclass.categorical_per_component_nll(logits, labels, from_logits=True),
         # Epistemic part of the predictive entropy (0 for a single network): expected to grow under shift.
-        "mutual_information": float(metrics.categorical_mutual_information(probs).mean()),
+        "mutual_information": float(multiclass.categorical_mutual_information(probs).mean()),
     }
 
 
@@ -149,6 +149,6 @@ def write_report(directory: str | os.PathLike[str], report: dict[str, Any]) -> p
     """Writes metrics.json and summary.md into `directory`; returns it."""
     out = pathlib.Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    (out / REPORT_FILE).write_text(json.dumps(metrics.json_ready(report), indent=2, allow_nan=False) + "\n")
+    (out / REPORT_FILE).write_text(json.dumps(metrics_report.json_ready(report), indent=2, allow_nan=False) + "\n")
     (out / SUMMARY_FILE).write_text(format_report(report) + "\n")
     return out

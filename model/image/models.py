@@ -1,10 +1,10 @@
-"""Rank-1 Wide ResNet, ResNet-style and MLP image classifiers, every conv and dense layer from ``model.rank1``.
+"""Rank-1 Wide ResNet, ResNet-style and MLP image classifiers, every conv and dense layer from ``model.layers.rank1``.
 
 Batch layout (the same as the EHR model and edward2's rank-1 layers): the model tiles the
 input batch of B images S*K times; row block k (S*B rows) belongs to ensemble member k and
 every row draws its own rank-1 factors, so one forward pass yields S samples of each of the
 K members. ``ImageModel(images, num_samples=S)`` returns logits [B, S*K, C] laid out
-sample-major (column m = s*K + k), the layout of ``model.metrics``.
+sample-major (column m = s*K + k), the layout of ``model.evaluation.metrics``.
 
 Batch norm is never rank-1 (the paper's Appendix B); it is either shared by all members
 (statistics over the whole tiled batch) or per member (a separate batch norm, with its own
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from model import rank1
-from model.ehr_model import count_parameters
 from model.image.config import RESNET_BLOCKS, ImageModelConfig
+from model.layers import rank1
+from model.training.ehr_model import count_parameters
 
 __all__ = ["EnsembleBatchNorm", "ImageModel", "build_model", "count_parameters"]
 

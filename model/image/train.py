@@ -1,4 +1,4 @@
-"""Training of the image models: their data, model and validation in the shared loop (model.training_loop).
+"""Training of the image models: their data, model and validation in the shared loop (model.training.training_loop).
 
 Run folder OUT/: the loop's (config.json, checkpoints/, best/, best.json, tensorboard/), and
   eval/         metrics.json + summary.md: clean and corrupted test metrics
@@ -22,12 +22,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from model import bella, training_loop
 from model.image import evaluate as evaluation
 from model.image.config import ImageExperimentConfig, ImageTrainConfig, parse_config
 from model.image.data import ImageData, load_data, train_dataset
 from model.image.models import ImageModel, build_model
-from model.training_loop import CHECKPOINT_DIR, CONFIG_FILE, model_checkpoint
+from model.layers import bella
+from model.training import training_loop
+from model.training.training_loop import CHECKPOINT_DIR, CONFIG_FILE, model_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
           data_dir: str | os.PathLike[str] | None = None, progress: bool = True, evaluate: bool = True,
           corrupted: bool = True, base_dir: str | os.PathLike[str] | None = None,
           devices: str | None = None) -> ImageTrainResult:
-    """Trains (or resumes) a run on `devices` (model.devices), then evaluates it on clean and corrupted test sets.
+    """Trains (or resumes) a run on `devices` (model.training.devices), then evaluates it on clean and corrupted test sets.
 
     base_dir: the trained deterministic run a "bella" run adapts (required for it, refused otherwise).
     """
@@ -159,7 +160,7 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
 
 @dataclasses.dataclass(frozen=True)
 class CategoricalLikelihood:
-    """The image models' likelihood (model.training_loop.Likelihood): softmax NLL of logits [B, K, C]."""
+    """The image models' likelihood (model.training.training_loop.Likelihood): softmax NLL of logits [B, K, C]."""
 
     ensemble_size: int
 

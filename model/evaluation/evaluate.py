@@ -1,0 +1,528 @@
+"""Evaluation of predictions [N, S*K]: metrics (model.evaluation.metrics), referral at a stored threshold, plots.
+
+Shared by ``ehr-eval`` and by the trainer's final evaluation. Every number comes from
+``model.evaluation.metrics``; this module only gathers predictions, picks the referral threshold on
+validation and writes the report files.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from model.evaluation import against_truth, clinical_stats, metrics, metrics_report, plots
+from model.evaluation.metrics_report import json_ready
+from model.export.load import DECISION_THRESHOLD
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "metrics.json"
+PLOT_FILES = {"reliability": "reliability.png", "uncertainty_vs_error": "uncertainty_vs_error.png",
+              "risk_coverage": "risk_coverage.png", "uncertainty_histogram": "uncertainty_histogram.png"}
+# Written only with a known truth: kept cases' error vs truth against the referral rate.
+TRUTH_PLOT_FILE = "referral_vs_truth.png"
+PREDICTIONS_FILE = "predictions.csv"
+# The same cases in meds-evaluation's prediction schema (MEDS label columns + predicted_boolean_*):
+# `meds-evaluation-cli predictions_path=...`. That schema refuses extra columns, so the uncertainty
+# measures and hadm_id go beside it, row for row, keyed by the same subject_id and prediction_time.
+MEDS_PREDICTIONS_FILE = "predictions.meds.parquet"
+MEDS_UNCERTAINTY_FILE = "predictions.meds_uncertainty.parquet"
+COMPARISON_FILE = "comparison.json"
+# The one page a clinical reviewer reads (model.evaluation.report_html renders metrics.json / comparison.json).
+REPORT_HTML = "report.html"
+# predictions.csv columns of who each case is (from its SequenceExample), for --compare's subgroups.
+ATTRIBUTE_COLUMNS = {"gender": "GENDER", "age_years": "AGE_YEARS", "admission_type": "ADMISSION_TYPE",
+                     "ethnicity": "ETHNICITY", "insurance": "INSURANCE"}
+REFERRED_COLUMN = "REFERRED"
+# Quantiles of the S x K sampled probabilities kept per case in predictions.csv: the ends of
+# the central 50 / 80 / 95 % intervals, so coverage can be recomputed from the file.
+PREDICTION_QUANTILES: tuple[float, ...] = tuple(
+    q for level in against_truth.COVERAGE_LEVELS for q in ((1.0 - level) / 2.0, (1.0 + level) / 2.0))
+# Headline numbers of the truth report that go into summaries and export metrics.json.
+TRUTH_SUMMARY_KEYS = ("mae", "rmse", "nll_truth", "nll_excess", "kl_truth", "coverage")
+
+
+def load_truth(path: str | os.PathLike[str], hadm_ids: Sequence[int]) -> np.ndarray:
+    """P_DEATH per admission from a known-truth CSV (HADM_ID,P_DEATH,...), in the order of hadm_ids."""
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing_cols = {"HADM_ID", "P_DEATH"} - set(reader.fieldnames or ())
+        if missing_cols:
+            raise ValueError(f"{path}: truth CSV lacks columns {sorted(missing_cols)}")
+        truth = {int(row["HADM_ID"]): float(row["P_DEATH"]) for row in reader}
+    absent = [h for h in hadm_ids if int(h) not in truth]
+    if absent:
+        raise ValueError(f"{path}: no P_DEATH for {len(absent)} admissions, e.g. HADM_ID {absent[:3]}")
+    return np.array([truth[int(h)] for h in hadm_ids], dtype=np.float64)
+
+
+def referral_threshold(probs: np.ndarray, rate: float, measure: str) -> float:
+    """Uncertainty threshold (measure in metrics.UNCERTAINTY_MEASURES) referring at most `rate` of these cases."""
+    return float(metrics.referral_threshold(metrics.uncertainties(probs)[measure], rate))
+
+
+def referral_report(probs: np.ndarray, labels: np.ndarray, threshold: float, measure: str, rate: float,
+                    num_bins: int = metrics.NUM_BINS) -> dict[str, Any]:
+    """What a stored validation threshold does on these cases: fraction referred, metrics of the kept ones."""
+    u = metrics.uncertainties(probs)[measure]
+    referred = metrics.refer(u, threshold)
+    kept = ~referred
+    p = metrics.predictive_mean(probs)
+    return json_ready({
+        "measure": measure, "rate": rate, "threshold": threshold,
+        "referred_fraction": float(referred.mean()) if referred.size else 0.0,
+        "kept": metrics.scalar_metrics(p[kept], labels[kept], num_bins),
+    })
+
+
+def evaluate_predictions(probs: np.ndarray, labels: Sequence[int], ensemble_size: int, num_samples: int, *,
+                         threshold: float, measure: str, rate: float, truth: np.ndarray | None = None,
+                         num_bins: int = metrics.NUM_BINS, n_bootstrap: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """metrics_report.evaluate's report plus "referral" at the given (validation-chosen) threshold."""
+    y = np.asarray(labels)
+    if np.any((y != 0) & (y != 1)):
+        raise ValueError("labels must be 0/1 for evaluation (unknown labels, -1, are serving-only)")
+    report = metrics_report.evaluate(probs, y, ensemble_size, num_samples, truth, num_bins=num_bins,
+                              n_bootstrap=n_bootstrap, seed=seed)
+    report["referral"] = referral_report(probs, y, threshold, measure, rate, num_bins)
+    return report
+
+
+def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], probs: np.ndarray,
+                 labels: Sequence[int], hadm_ids: Sequence[int], measure: str, num_bins: int = metrics.NUM_BINS,
+                 extra: Mapping[str, Any] | None = None, truth: np.ndarray | None = None,
+                 attributes: Mapping[str, np.ndarray] | None = None, referred: np.ndarray | None = None,
+                 html: bool = False) -> dict[str, pathlib.Path]:
+    """Writes metrics.json, the PNG plots, predictions.csv (one row per case) and with html report.html; returns paths."""
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    y = np.asarray(labels, dtype=np.float64)
+    p = metrics.predictive_mean(probs)
+    u = metrics.uncertainties(probs)
+    doc = dict(report)
+    if extra:
+        doc.update(extra)
+    paths = {"metrics": out / REPORT_FILE}
+    with open(paths["metrics"], "w", encoding="utf-8") as f:
+        json.dump(json_ready(doc), f, indent=2, sort_keys=True, allow_nan=False)
+        f.write("\n")
+    paths["reliability"] = plots.reliability_diagram(p, y, num_bins, path=out / PLOT_FILES["reliability"])
+    paths["uncertainty_vs_error"] = plots.uncertainty_vs_error(
+        p, y, u[measure], path=out / PLOT_FILES["uncertainty_vs_error"], name=measure)
+    paths["risk_coverage"] = plots.risk_coverage_plot(report["selective"], path=out / PLOT_FILES["risk_coverage"])
+    correct = (p > 0.5) == (y > 0.5)
+    paths["uncertainty_histogram"] = plots.uncertainty_histogram(
+        u[measure], correct, path=out / PLOT_FILES["uncertainty_histogram"], name=measure)
+    if report.get("truth"):
+        paths["referral_vs_truth"] = plots.referral_vs_truth_plot(report["truth"]["selective"],
+                                                                  path=out / TRUTH_PLOT_FILE)
+    paths["predictions"] = write_predictions(out / PREDICTIONS_FILE, probs, labels, hadm_ids, report["K"],
+                                             report["S"], truth, attributes, referred)
+    if html:
+        from model.evaluation import report_html
+
+        paths["report"] = report_html.write(out / REPORT_HTML, json_ready(doc))
+    return paths
+
+
+def write_meds_predictions(path: str | os.PathLike[str], probs: np.ndarray, labels: Sequence[int],
+                           hadm_ids: Sequence[int], subject_ids: Sequence[int], trigger_times: Sequence[int],
+                           ensemble_size: int, num_samples: int) -> pathlib.Path:
+    """predictions.meds.parquet: subject_id, prediction_time (the trigger, s -> us), boolean_value, the predictive
+    mean as predicted_boolean_probability, p > DECISION_THRESHOLD as predicted_boolean_value; every uncertainty
+    measure in MEDS_UNCERTAINTY_FILE beside it, row for row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = metrics.predictive_mean(probs)
+    columns = {
+        "subject_id": pa.array(subject_ids, pa.int64()),
+        "prediction_time": pa.array(np.asarray(trigger_times, dtype=np.int64) * 1_000_000, pa.timestamp("us")),
+        "boolean_value": pa.array(np.asarray(labels, dtype=np.int64) == 1, pa.bool_()),
+        "predicted_boolean_value": pa.array(p > DECISION_THRESHOLD, pa.bool_()),
+        "predicted_boolean_probability": pa.array(p, pa.float64()),
+    }
+    path = pathlib.Path(path)
+    pq.write_table(pa.table(columns), path)
+    beside = {"subject_id": columns["subject_id"], "prediction_time": columns["prediction_time"],
+              "hadm_id": pa.array(hadm_ids, pa.int64())}
+    for name, values in against_truth.all_uncertainties(probs, ensemble_size, num_samples).items():
+        beside[name] = pa.array(values, pa.float64())
+    pq.write_table(pa.table(beside), path.with_name(MEDS_UNCERTAINTY_FILE))
+    return path
+
+
+def write_predictions(path: str | os.PathLike[str], probs: np.ndarray, labels: Sequence[int],
+                      hadm_ids: Sequence[int], ensemble_size: int, num_samples: int,
+                      truth: np.ndarray | None = None, attributes: Mapping[str, np.ndarray] | None = None,
+                      referred: np.ndarray | None = None) -> pathlib.Path:
+    """predictions.csv: HADM_ID, LABEL, P_MEAN, [P_TRUTH], sample quantiles Q<q>, every uncertainty measure,
+    [REFERRED (1 = referred by the validation-chosen rule)] and [who the case is: ATTRIBUTE_COLUMNS]."""
+    measures = against_truth.all_uncertainties(probs, ensemble_size, num_samples)
+    quantiles = np.quantile(probs, PREDICTION_QUANTILES, axis=1)
+    p = metrics.predictive_mean(probs)
+    who = [(ATTRIBUTE_COLUMNS[k], attributes[k]) for k in ATTRIBUTE_COLUMNS if attributes and k in attributes]
+    columns = ["HADM_ID", "LABEL", "P_MEAN"] + (["P_TRUTH"] if truth is not None else [])
+    columns += [f"Q{q:g}" for q in PREDICTION_QUANTILES] + list(measures)
+    columns += ([REFERRED_COLUMN] if referred is not None else []) + [name for name, _ in who]
+    path = pathlib.Path(path)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for i, h in enumerate(hadm_ids):
+            row = [int(h), int(labels[i]), f"{p[i]:.6f}"] + ([f"{truth[i]:.6f}"] if truth is not None else [])
+            row += [f"{v:.6f}" for v in quantiles[:, i]] + [f"{measures[name][i]:.6f}" for name in measures]
+            row += [int(referred[i])] if referred is not None else []
+            row += [f"{v[i]:.4f}" if isinstance(v[i], (float, np.floating)) else v[i] for _, v in who]
+            writer.writerow(row)
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class Predictions:
+    """One predictions.csv: per case id, label, predictive mean and (when written) the truth."""
+
+    path: str
+    hadm_ids: np.ndarray  # int64 [N]
+    labels: np.ndarray  # int64 [N]
+    p: np.ndarray  # float64 [N]
+    truth: np.ndarray | None  # float64 [N], from the P_TRUTH column
+    # Uncertainty measures (metrics.UNCERTAINTY_MEASURES columns the file has), float64 [N] each.
+    uncertainties: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    referred: np.ndarray | None = None  # bool [N], from the REFERRED column
+    attributes: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # ATTRIBUTE_COLUMNS present
+
+
+def read_predictions(path: str | os.PathLike[str]) -> Predictions:
+    """Reads a predictions.csv written by ehr-eval, the trainer or a baseline; errors name the file and row."""
+    path = os.fspath(path)
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = {"HADM_ID", "LABEL", "P_MEAN"} - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{path}: not a predictions file, missing columns {sorted(missing)}")
+        fields = set(reader.fieldnames or ())
+        has_truth = "P_TRUTH" in fields
+        measures = [m for m in metrics.UNCERTAINTY_MEASURES if m in fields]
+        who = {k: c for k, c in ATTRIBUTE_COLUMNS.items() if c in fields}
+        has_referred = REFERRED_COLUMN in fields
+        rows, extra = [], []
+        for line, row in enumerate(reader, start=2):
+            try:
+                rows.append((int(row["HADM_ID"]), int(row["LABEL"]), float(row["P_MEAN"]),
+                             float(row["P_TRUTH"]) if has_truth else float("nan")))
+                extra.append(([float(row[m]) for m in measures], int(row[REFERRED_COLUMN]) if has_referred else 0,
+                              {k: float(row[c]) if k == "age_years" else row[c] for k, c in who.items()}))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{path}, row {line}: {err}") from None
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    if len(set(ids.tolist())) != ids.size:
+        raise ValueError(f"{path}: HADM_ID repeated")
+    return Predictions(
+        path=path, hadm_ids=ids, labels=np.array([r[1] for r in rows], dtype=np.int64),
+        p=np.array([r[2] for r in rows]), truth=np.array([r[3] for r in rows]) if has_truth else None,
+        uncertainties={m: np.array([e[0][j] for e in extra]) for j, m in enumerate(measures)},
+        referred=np.array([e[1] == 1 for e in extra]) if has_referred else None,
+        attributes={k: np.array([e[2][k] for e in extra], dtype=np.float64 if k == "age_years" else object)
+                    for k in who})
+
+
+def _reordered(pred: Predictions, order: np.ndarray) -> Predictions:
+    """The same predictions with every per-case array taken in `order`."""
+    return dataclasses.replace(
+        pred, hadm_ids=pred.hadm_ids[order], labels=pred.labels[order], p=pred.p[order],
+        truth=None if pred.truth is None else pred.truth[order],
+        uncertainties={k: v[order] for k, v in pred.uncertainties.items()},
+        referred=None if pred.referred is None else pred.referred[order],
+        attributes={k: v[order] for k, v in pred.attributes.items()})
+
+
+def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], *,
+                        truth_path: str | os.PathLike[str] | None = None, n_bootstrap: int = 1000, seed: int = 0,
+                        num_bins: int = metrics.NUM_BINS, target_coverage: float = clinical_stats.TARGET_COVERAGE,
+                        target_risk: float = clinical_stats.TARGET_RISK) -> dict[str, Any]:
+    """Paired bootstrap of model B minus model A (metrics_report.paired_bootstrap) on the cases both files hold.
+
+    The two files must hold the same admissions with the same labels (order may differ). The
+    truth comes from ``truth_path`` or else from A's P_TRUTH column; without either,
+    "truth_mae" is left out.
+    """
+    a, b = read_predictions(path_a), read_predictions(path_b)
+    if set(a.hadm_ids.tolist()) != set(b.hadm_ids.tolist()):
+        only_a = sorted(set(a.hadm_ids.tolist()) - set(b.hadm_ids.tolist()))[:3]
+        only_b = sorted(set(b.hadm_ids.tolist()) - set(a.hadm_ids.tolist()))[:3]
+        raise ValueError(f"{b.path}: not the admissions of {a.path} (only in A e.g. {only_a}, only in B e.g. {only_b})")
+    order = np.argsort(b.hadm_ids)[np.searchsorted(np.sort(b.hadm_ids), a.hadm_ids)]
+    if not np.array_equal(a.labels, b.labels[order]):
+        raise ValueError(f"{b.path}: labels differ from {a.path} for the same HADM_IDs")
+    truth = load_truth(truth_path, a.hadm_ids.tolist()) if truth_path is not None else a.truth
+    b = _reordered(b, order)
+    diffs = metrics_report.paired_bootstrap(a.p, b.p, a.labels, truth, n=n_bootstrap, seed=seed, num_bins=num_bins)
+    settings = dict(truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins,
+                    target_coverage=target_coverage, target_risk=target_risk)
+    clinical = {"a": clinical_stats.clinical_report(a.p, a.labels, a.uncertainties, referred=a.referred,
+                                                    attributes=a.attributes or None, **settings),
+                "b": clinical_stats.clinical_report(b.p, b.labels, b.uncertainties, referred=b.referred,
+                                                    attributes=b.attributes or None, **settings),
+                "selective_difference": clinical_stats.paired_selective(
+                    clinical_stats.error_loss(a.p, a.labels), {**a.uncertainties, clinical_stats.RISK_SCORE: a.p},
+                    clinical_stats.error_loss(b.p, b.labels), {**b.uncertainties, clinical_stats.RISK_SCORE: b.p},
+                    target_coverage=target_coverage, target_risk=target_risk, n_bootstrap=n_bootstrap, seed=seed)}
+    return json_ready({"a": a.path, "b": b.path, "n": int(a.labels.size), "n_bootstrap": n_bootstrap, "seed": seed,
+                       "difference": "b - a", "metrics": diffs, "truth_known": truth is not None,
+                       "clinical": clinical})
+
+
+def case_attributes(cases, hadm_ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """inputs.SplitCases' attributes in the order of hadm_ids (report keys: gender, age_years, ...)."""
+    position = {int(h): i for i, h in enumerate(cases.hadm_ids.tolist())}
+    missing = [h for h in hadm_ids if int(h) not in position]
+    if missing:
+        raise ValueError(f"no SequenceExample for {len(missing)} evaluated admissions, e.g. HADM_ID {missing[:3]}")
+    rows = np.array([position[int(h)] for h in hadm_ids], dtype=np.int64)
+    return {key: values[rows] for key, values in cases.attributes.items()}
+
+
+def population(files, cases_by_split: Mapping[str, Any]) -> dict[str, Any]:
+    """clinical_stats.population_profile of a data folder: its manifest and every split's cases."""
+    return clinical_stats.population_profile(files.manifest, {
+        name: clinical_stats.split_characteristics(c.labels, c.attributes, c.trigger_time, c.num_bags,
+                                                   c.sources_present)
+        for name, c in cases_by_split.items()})
+
+
+def read_cases(files) -> dict[str, Any]:
+    """inputs.SplitCases of every split the data folder has."""
+    from ehr_pipeline.config import SPLIT_NAMES
+    from model.training.inputs import read_split_cases
+
+    out = {}
+    for name in SPLIT_NAMES:
+        try:
+            out[name] = read_split_cases(files, name)
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def model_description(cards: Sequence[Mapping[str, Any]], metrics_docs: Sequence[Mapping[str, Any]]) -> dict:
+    """What the report says about the model(s): each member's card (method, size, config) and stored referral rule."""
+    keep = ("name", "method", "ensemble_size", "num_parameters", "version", "created", "data_manifest_sha256",
+            "intended_use", "limitations", "config")
+    return {"members": [{k: card[k] for k in keep if k in card} for card in cards],
+            "referral_rules": [dict(m.get("referral") or {}) for m in metrics_docs]}
+
+
+def add_clinical(report: dict[str, Any], probs: np.ndarray, labels: Sequence[int], *, measure: str,
+                 threshold: float, attributes: Mapping[str, np.ndarray] | None, truth: np.ndarray | None,
+                 n_bootstrap: int, seed: int, num_bins: int, target_coverage: float,
+                 target_risk: float) -> np.ndarray:
+    """Puts clinical_stats.clinical_report into report["clinical"]; returns the referred mask it used."""
+    u = metrics.uncertainties(probs)
+    referred = metrics.refer(u[measure], threshold)
+    report["clinical"] = clinical_stats.clinical_report(
+        metrics.predictive_mean(probs), np.asarray(labels), u, referred=referred, attributes=attributes,
+        truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins, target_coverage=target_coverage,
+        target_risk=target_risk)
+    return referred
+
+
+def summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The headline numbers of a report (for model cards and tables)."""
+    keys = ("ece", "nll", "auc_pr", "auc_roc", "brier", "accuracy")
+    out = {k: report["overall"].get(k) for k in keys}
+    out["per_component_nll"] = report["overall"].get("per_component_nll")
+    out["n"] = report["n"]
+    out["prevalence"] = report["prevalence"]
+    if "truth" in report:
+        out["truth"] = {k: report["truth"][k] for k in TRUTH_SUMMARY_KEYS if k in report["truth"]}
+    return out
+
+
+def metrics_document(test_report: Mapping[str, Any], *, measure: str, rate: float, threshold: float) -> dict:
+    """An export's metrics.json: the test summary, the referral rule chosen on validation, the decision threshold."""
+    return {"test": summary(test_report), "referral": {"measure": measure, "rate": rate, "threshold": threshold},
+            "decision_threshold": DECISION_THRESHOLD}
+
+
+def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str | os.PathLike[str], split: str, *,
+                   num_samples: int, seed: int = 0, batch_size: int = 64,
+                   truth_path: str | os.PathLike[str] | None = None, referral_rate: float | None = None,
+                   referral_measure: str | None = None, n_bootstrap: int = 1000, num_bins: int = metrics.NUM_BINS,
+                   out_dir: str | os.PathLike[str] | None = None, export_ensemble: str | os.PathLike[str] | None = None,
+                   progress: bool = False, target_coverage: float = clinical_stats.TARGET_COVERAGE,
+                   target_risk: float = clinical_stats.TARGET_RISK) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Evaluates exports (several = a deep ensemble) on a split; returns (report, {"export_dir": ...}).
+
+    The report holds model.evaluation.metrics' numbers, the clinical statistics (report["clinical"]), who the
+    model was built on (report["population"], from the data folder) and the model cards; with
+    out_dir, report.html renders them.
+    """
+    from model.export import write as export_writer
+    from model.export.load import load_export
+    from model.export.predict import predict_probs
+    from model.training.inputs import load_data_files, read_split
+
+    exports = [load_export(d) for d in model_dirs]
+    files = load_data_files(data_dir)
+    data_sha = export_writer.data_manifest_sha256(files.data_dir)
+    other_data = [e for e in exports if e.model_card.get("data_manifest_sha256") != data_sha]
+    for e in other_data:
+        log.warning("%s was trained on other data (data manifest checksum differs): evaluating anyway, with a "
+                    "shift report of this data against the model's training population", e.path)
+    k = sum(e.ensemble_size for e in exports)
+
+    ids: dict[str, tuple[list[int], list[int]]] = {}
+
+    def predict(split_name: str) -> tuple[np.ndarray, list[int], list[int], list[bytes]]:
+        from model.training.inputs import example_ids
+
+        records, labels, hadm_ids = read_split(files, split_name)
+        ids[split_name] = example_ids(records)
+        probs = predict_probs(exports, records, num_samples, seed, batch_size=batch_size, progress=progress)
+        return probs, labels, hadm_ids, records
+
+    # The referral rule: a single model's stored one, unless the caller changes it; an ensemble
+    # has none stored, so it is chosen on this data's validation split, as training does.
+    stored = exports[0].metrics.get("referral") if len(exports) == 1 else None
+    measure = referral_measure or (stored["measure"] if stored else metrics.DEFAULT_REFERRAL_MEASURE)
+    rate = referral_rate if referral_rate is not None else (stored["rate"] if stored else 0.1)
+    cache: dict[str, tuple] = {}
+    if stored and referral_rate is None and referral_measure is None:
+        threshold = float("-inf") if stored["threshold"] is None else float(stored["threshold"])
+    else:
+        cache["validation"] = predict("validation")
+        threshold = referral_threshold(cache["validation"][0], rate, measure)
+
+    def report_for(split_name: str) -> tuple[dict, np.ndarray, list[int], list[int], list[bytes]]:
+        probs, labels, hadm_ids, records = cache.get(split_name) or predict(split_name)
+        truth = load_truth(truth_path, hadm_ids) if truth_path is not None else None
+        rep = evaluate_predictions(probs, labels, k, num_samples, threshold=threshold, measure=measure, rate=rate,
+                                   truth=truth, num_bins=num_bins, n_bootstrap=n_bootstrap, seed=seed)
+        return rep, probs, labels, hadm_ids, records
+
+    report, probs, labels, hadm_ids, records = report_for(split)
+    truth = load_truth(truth_path, hadm_ids) if truth_path is not None else None
+    cases = read_cases(files)
+    attributes = case_attributes(cases[split], hadm_ids)
+    referred = add_clinical(report, probs, labels, measure=measure, threshold=threshold, attributes=attributes,
+                            truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins,
+                            target_coverage=target_coverage, target_risk=target_risk)
+    report["population"] = population(files, cases)
+    report["model"] = model_description([e.model_card for e in exports], [e.metrics for e in exports])
+    extra: dict[str, Any] = {}
+    if other_data:
+        extra["shift"] = _shift_of_split(exports, files.data_dir, split, records, probs, num_samples)
+    if out_dir is not None:
+        _write_outputs(out_dir, report, probs, labels, hadm_ids, ids[split], shifted=extra.get("shift"),
+                       models=[str(e.path) for e in exports], split=split, seed=seed, data_sha=data_sha,
+                       measure=measure, num_bins=num_bins, truth=truth, attributes=attributes, referred=referred,
+                       ensemble_size=k, num_samples=num_samples)
+    if export_ensemble is not None:
+        test_report = report if split == "test" else report_for("test")[0]
+        validation_probs = cache["validation"][0] if "validation" in cache else None
+        extra["export_dir"] = _export_ensemble(export_ensemble, exports, test_report, validation_probs,
+                                               measure=measure, rate=rate, threshold=threshold,
+                                               num_samples=num_samples, data_sha=data_sha)
+    return report, extra
+
+
+def _write_outputs(out_dir: str | os.PathLike[str], report: dict, probs: np.ndarray, labels: Sequence[int],
+                   hadm_ids: Sequence[int], example_ids: tuple[list[int], list[int]], *, shifted: Any, models: list[str],
+                   split: str, seed: int, data_sha: str, measure: str, num_bins: int, truth: np.ndarray | None,
+                   attributes: Mapping[str, np.ndarray], referred: np.ndarray, ensemble_size: int,
+                   num_samples: int) -> None:
+    """The report files of one evaluated split, its MEDS predictions and, on other data, its shift report."""
+    shift = {"shift": {"level": shifted.report.level, "counts": shifted.report.counts()}} if shifted is not None else {}
+    write_report(out_dir, report, probs, labels, hadm_ids, measure, num_bins,
+                 extra={"models": models, "split": split, "seed": seed, "data_manifest_sha256": data_sha, **shift},
+                 truth=truth, attributes=attributes, referred=referred, html=True)
+    write_meds_predictions(pathlib.Path(out_dir) / MEDS_PREDICTIONS_FILE, probs, labels, hadm_ids, *example_ids,
+                           ensemble_size, num_samples)
+    if shifted is not None:
+        from model.evaluation import shift_report
+
+        shift_report.write_outputs(out_dir, shifted)
+
+
+def _export_ensemble(out: str | os.PathLike[str], exports: Sequence[Any], test_report: Mapping[str, Any],
+                     validation_probs: np.ndarray | None, *, measure: str, rate: float, threshold: float,
+                     num_samples: int, data_sha: str) -> pathlib.Path:
+    """Joins the evaluated exports into one deep-ensemble export at `out`, with this evaluation as its metrics."""
+    from model.export import write as export_writer
+
+    metrics_doc = metrics_document(test_report, measure=measure, rate=rate, threshold=threshold)
+    methods = sorted({e.model_card.get("method", "?") for e in exports})
+    card = export_writer.model_card(
+        name=f"deep_ensemble_{len(exports)}", method="deep_ensemble",
+        ensemble_size=sum(e.ensemble_size for e in exports),
+        data_sha256=exports[0].model_card.get("data_manifest_sha256", data_sha), metrics_doc=metrics_doc,
+        members=[f"{e.model_card.get('name')} ({', '.join(methods)}) {e.path}" for e in exports])
+    # The members' training population, with the ensemble's own validation mutual information.
+    reference = exports[0].files.reference
+    if reference is not None and validation_probs is not None:
+        reference = reference.with_mutual_information(metrics.mutual_information(validation_probs), num_samples)
+    return export_writer.write_ensemble_export(out, [e.path for e in exports], card=card, metrics_doc=metrics_doc,
+                                               reference=reference)
+
+
+def _shift_of_split(exports: Sequence[Any], data_dir: str, split: str, records: Sequence[bytes], probs: np.ndarray,
+                    num_samples: int) -> Any:
+    """The shift report of the evaluated split against the (first) export's reference; None when it has none."""
+    from model.evaluation import shift_report
+
+    export = exports[0].files
+    if export.reference is None:
+        log.warning("%s has no reference profile (exported before the shift report existed): no shift report; "
+                    "`ehr-analyze shift --model %s --data %s --reference-data TRAINING_DATA` makes one",
+                    export.directory, export.directory, data_dir)
+        return None
+    # The reference's mutual information is one export's: an ensemble's is not comparable with it.
+    mi = metrics.mutual_information(probs) if len(exports) == 1 else None
+    current = shift_report.current_profile(export, export.reference, records, data_dir, mutual_information=mi,
+                                           samples=num_samples, description=f"{split} split of {data_dir}")
+    return shift_report.ShiftResult(shift_report.compare(export, export.reference, current), export.reference, current)
+
+
+def run_baseline_evaluation(kind: str, data_dir: str | os.PathLike[str], split: str, *, seed: int = 0,
+                            truth_path: str | os.PathLike[str] | None = None, referral_rate: float | None = None,
+                            referral_measure: str | None = None, n_bootstrap: int = 1000,
+                            num_bins: int = metrics.NUM_BINS,
+                            out_dir: str | os.PathLike[str] | None = None,
+                            target_coverage: float = clinical_stats.TARGET_COVERAGE,
+                            target_risk: float = clinical_stats.TARGET_RISK) -> dict[str, Any]:
+    """Fits a model.training.baselines baseline and reports it like a model (S = K = 1), same files; returns the report."""
+    from model.training.baselines import fit_baseline
+    from model.training.config import EvalConfig
+    from model.training.inputs import load_data_files
+
+    result = fit_baseline(data_dir, kind, seed, splits=tuple(dict.fromkeys(("validation", split))))
+    # One probability per case: mutual information is 0, so entropy is the default measure here.
+    measure = referral_measure or "predictive_entropy"
+    rate = EvalConfig().referral_rate if referral_rate is None else referral_rate
+    threshold = referral_threshold(result.predictions["validation"].probs, rate, measure)
+    pred = result.predictions[split]
+    truth = load_truth(truth_path, pred.hadm_ids.tolist()) if truth_path is not None else None
+    report = evaluate_predictions(pred.probs, pred.labels, 1, 1, threshold=threshold, measure=measure, rate=rate,
+                                  truth=truth, num_bins=num_bins, n_bootstrap=n_bootstrap, seed=seed)
+    report["baseline"] = {"kind": kind, "seed": seed, "params": result.params,
+                          "validation_nll": result.validation_nll, "num_features": len(result.feature_names)}
+    files = load_data_files(data_dir)
+    cases = read_cases(files)
+    attributes = case_attributes(cases[split], pred.hadm_ids.tolist())
+    referred = add_clinical(report, pred.probs, pred.labels, measure=measure, threshold=threshold,
+                            attributes=attributes, truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins,
+                            target_coverage=target_coverage, target_risk=target_risk)
+    report["population"] = population(files, cases)
+    if out_dir is not None:
+        write_report(out_dir, report, pred.probs, pred.labels.tolist(), pred.hadm_ids.tolist(), measure, num_bins,
+                     extra={"split": split, "data": os.fspath(data_dir)}, truth=truth, attributes=attributes,
+                     referred=referred, html=True)
+    return report

@@ -1,0 +1,180 @@
+"""Writes the export directory MODEL_DIR/ (its layout and reader: model.export.load).
+
+``write_export`` saves an in-memory model, ``write_ensemble_export`` joins several exports of
+one data folder into a deep ensemble; both write the side files and the manifest last, and
+replace a previous export only once the new one is complete.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import shutil
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+import ehr_base
+from ehr_pipeline import outputs
+from ehr_pipeline.population import Profile
+from model.export.load import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
+                          SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, ExportError, load_export, write_manifest)
+from model.evaluation.metrics_report import json_ready
+from model.export.predict import INPUT_SIGNATURE, Predictor, assert_stateless
+from model.training.inputs import admission_type_counts
+
+INTENDED_USE = (
+    "Research on predictive uncertainty: in-hospital mortality risk of adult ICU admissions from the "
+    "first 24 hours of MIMIC-III-style records, with per-case uncertainty to refer uncertain cases to a "
+    "clinician. Not a medical device; not for clinical decisions.")
+LIMITATIONS = (
+    "Trained on one hospital's retrospective data (or a synthetic release): expect calibration and "
+    "discrimination to degrade on other populations, coding practices or time periods. Codes unseen in "
+    "training share per-source out-of-vocabulary vectors. Uncertainty estimates are approximate "
+    "(variational posterior, S Monte-Carlo samples); referral thresholds were chosen on the validation split.")
+
+
+def _write_json(path: pathlib.Path, obj: Any) -> None:
+    path.write_text(json.dumps(json_ready(obj), indent=2, sort_keys=True, allow_nan=False) + "\n", encoding="utf-8")
+
+
+def _finish(tmp: pathlib.Path, export_dir: pathlib.Path, source_dir: str | os.PathLike[str], card: dict,
+            metrics_doc: dict, pipeline_config: Mapping[str, Any], reference: Profile | None = None) -> pathlib.Path:
+    """Writes the side files (vocabulary/statistics copied from source_dir) and the manifest, then moves tmp."""
+    for name in (outputs.VOCABULARY, outputs.NUMERIC_STATS):
+        shutil.copyfile(os.path.join(source_dir, name), tmp / name)
+    # The LOINC lab bridge and the training units travel with the model (data folders made
+    # before they existed have none: FHIR labs then need local codes, and units go unchecked).
+    # A model trained on MEDS data also carries the code map its codes were read with: the
+    # service reads the MEDS codes of its requests with it.
+    for name in (outputs.LAB_LOINC, outputs.UNITS, outputs.MEDS_CODES):
+        if os.path.exists(os.path.join(source_dir, name)):
+            shutil.copyfile(os.path.join(source_dir, name), tmp / name)
+    # The training split's admission types: the service averages the model over them when a
+    # request does not know its type. An ensemble's source is an export that carries them.
+    if os.path.exists(os.path.join(source_dir, ADMISSION_TYPES_FILE)):
+        shutil.copyfile(os.path.join(source_dir, ADMISSION_TYPES_FILE), tmp / ADMISSION_TYPES_FILE)
+    elif counts := admission_type_counts(source_dir, "train"):
+        _write_json(tmp / ADMISSION_TYPES_FILE, {"split": "train", "counts": counts})
+    if reference is not None:
+        _write_json(tmp / REFERENCE_PROFILE, reference.to_json())
+    _write_json(tmp / PIPELINE_CONFIG, dict(pipeline_config))
+    _write_json(tmp / METRICS, metrics_doc)
+    _write_json(tmp / MODEL_CARD, card)
+    write_manifest(tmp)
+    # Replace a previous export only once the new one is complete.
+    if export_dir.exists():
+        shutil.rmtree(export_dir)
+    tmp.rename(export_dir)
+    return export_dir
+
+
+def _new_tmp(export_dir: pathlib.Path) -> pathlib.Path:
+    tmp = export_dir.with_name(export_dir.name + ".inprogress")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def data_manifest_sha256(data_dir: str | os.PathLike[str]) -> str:
+    """SHA-256 of a data folder's manifest.json: identifies the data a model was trained on."""
+    return outputs.sha256_of(os.path.join(os.fspath(data_dir), outputs.MANIFEST))
+
+
+def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, metrics_doc: Mapping[str, Any],
+               config: Mapping[str, Any] | None = None, num_parameters: int | None = None,
+               members: Sequence[str] | None = None, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The model card dict (fields: model.export.load's docstring); base: the adapted run of a Bella model (its checksum)."""
+    card = {
+        "name": name,
+        "version": ehr_base.__version__,
+        "format_version": FORMAT_VERSION,
+        "method": method,
+        "ensemble_size": int(ensemble_size),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "data_manifest_sha256": data_sha256,
+        "intended_use": INTENDED_USE,
+        "limitations": LIMITATIONS,
+        "metrics_summary": metrics_doc.get("test", {}),
+        "signature": {"name": SIGNATURE, "precisions": dict(SIGNATURES),
+                      "inputs": {"examples": "string [N]", "num_samples": "int32 []", "seed": "int64 []"},
+                      "outputs": {"probs": "float32 [N, num_samples * ensemble_size], column s*K + k"}},
+    }
+    if config is not None:
+        card["config"] = dict(config)
+    if num_parameters is not None:
+        card["num_parameters"] = int(num_parameters)
+    if members is not None:
+        card["members"] = list(members)
+    if base is not None:
+        card["base"] = dict(base)
+    return card
+
+
+def write_export(export_dir: str | os.PathLike[str], predictor: Predictor, *, data_dir: str,
+                 pipeline_config: Mapping[str, Any], card: dict, metrics_doc: dict,
+                 reference: Profile | None = None) -> pathlib.Path:
+    """Writes MODEL_DIR/ for an in-memory predictor; reference: the training population (model.evaluation.shift_report)."""
+    export_dir = pathlib.Path(export_dir)
+    tmp = _new_tmp(export_dir)
+    module = predictor.module
+    tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=module.signatures())
+    return _finish(tmp, export_dir, data_dir, card, metrics_doc, pipeline_config, reference)
+
+
+class _EnsembleModule(tf.Module):
+    """Several exported models behind one signature: members side by side along K."""
+
+    def __init__(self, members: Sequence[Any], sizes: Sequence[int]):
+        super().__init__(name="ehr_ensemble")
+        self.members = list(members)  # loaded SavedModels: tracked, so their variables are re-saved
+        self.sizes = [int(k) for k in sizes]
+        self.ensemble_size = int(sum(self.sizes))
+
+    def _serve(self, examples, num_samples, seed, signature: str):
+        n = tf.shape(examples)[0]
+        parts = []
+        for member, k in zip(self.members, self.sizes):
+            probs = member.signatures[signature](examples=examples, num_samples=num_samples, seed=seed)["probs"]
+            parts.append(tf.reshape(probs, [n, num_samples, k]))
+        return {"probs": tf.reshape(tf.concat(parts, axis=2), [n, num_samples * self.ensemble_size])}
+
+    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
+    def serve(self, examples, num_samples, seed):
+        """{"probs": [N, S*K_total]}: each member's [N, S, K_m] joined along K."""
+        return self._serve(examples, num_samples, seed, SIGNATURES["float32"])
+
+    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
+    def serve_bfloat16(self, examples, num_samples, seed):
+        """As serve, through each member's bfloat16 signature."""
+        return self._serve(examples, num_samples, seed, SIGNATURES["bfloat16"])
+
+
+def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Sequence[str | os.PathLike[str]], *,
+                          card: dict, metrics_doc: dict, reference: Profile | None = None) -> pathlib.Path:
+    """Writes MODEL_DIR/ for a deep ensemble of exports made on the same data (same vocabulary/statistics).
+
+    reference: the ensemble's reference profile (the members' population with the ensemble's own
+    validation mutual information); None writes none.
+    """
+    loaded = [load_export(d) for d in member_dirs]
+    digests = {(e.manifest["files"][outputs.VOCABULARY], e.manifest["files"][outputs.NUMERIC_STATS]) for e in loaded}
+    if len(digests) != 1:
+        raise ExportError("ensemble members were trained on different vocabularies/statistics")
+    export_dir = pathlib.Path(export_dir)
+    tmp = _new_tmp(export_dir)
+    missing = sorted({str(e.path) for e in loaded for name in SIGNATURES.values()
+                      if name not in e.saved_model.signatures})
+    if missing:
+        raise ExportError(f"ensemble members {missing} lack a signature of {sorted(SIGNATURES.values())}: "
+                          "re-export them with this version")
+    module = _EnsembleModule([e.saved_model for e in loaded], [e.ensemble_size for e in loaded])
+    signatures = {}
+    for fn, name in ((module.serve, SIGNATURES["float32"]), (module.serve_bfloat16, SIGNATURES["bfloat16"])):
+        signatures[name] = fn.get_concrete_function()
+        assert_stateless(signatures[name])
+    tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=signatures)
+    return _finish(tmp, export_dir, loaded[0].path, card, metrics_doc, loaded[0].files.pipeline_raw, reference)

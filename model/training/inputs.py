@@ -1,0 +1,401 @@
+"""DATA_DIR -> model tensors: vocabulary lookup, z-scored numeric values, log counts, bag times.
+
+The same ``Featurizer`` runs in the training input pipeline (tf.data) and inside the exported
+SavedModel, so serving sees exactly the transformation training saw (no train/serve skew).
+Its lookup tables are TensorFlow resources tracked by the module, so ``tf.saved_model.save``
+carries them along.
+
+Per code entry of a bag (a "token") the model gets:
+  * an id: vocabulary codes get their own id; an unknown code gets the out-of-vocabulary
+    (OOV) id of its source ("lab", "chart", ...), and a code of an unknown source the
+    shared unknown-source id, so rare labs and rare drugs do not share one vector;
+  * NUM_VALUE_FEATURES floats: z(mean), z(last), z(min), z(max) of the bag's values (z-scores
+    from the training split's statistics, clipped to +-clip_z), has_value, log(1 + events of
+    the code). The extremes are what severity scores (SAPS-II, APACHE) score: the worst value.
+Per bag: log(1 + hours before the trigger) / 10, log(1 + distinct codes) / 10 (both ~O(1)),
+1 if the bag lies in the current admission (its newest event at or after admission), 0 for
+older history (earlier admissions' diagnoses, say), and log(1 + events) / 10 of each source:
+how often labs are drawn and vitals charted is itself a strong signal of acuity in ICU data,
+and a pooled token vector keeps it only diluted.
+Per admission: age / 90, one-hot gender, one-hot admission type.
+
+With ``window_hours`` set, the Featurizer also writes "window_aggregates", the input of the
+model's linear ("wide") part: per admission, one dense row of
+  * log(1 + events) of each code id in the window (bags whose newest event lies at most
+    window_hours before the trigger), then the same over older history (ids as above, so a
+    rare code counts in its source's OOV column);
+  * per code with training statistics (sorted): over the window's valued tokens, min z of the
+    bags' minima, max z of their maxima, the count-weighted mean z, the newest bag's last z,
+    and 1 when the window has no value (its z columns are then 0);
+  * the context above.
+A severity score is a sum of such per-analyte terms of the worst value in a window; a
+recurrent network has to learn to carry each running extreme across bags, a linear layer on
+these columns gets them for free. Columns: ``window_aggregate_names``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from ehr_pipeline import outputs, seqex_tf, spec
+from ehr_pipeline.config import parse_pipeline_config
+
+# MIMIC-III ADMISSIONS.ADMISSION_TYPE values; anything else maps to one extra "other" slot.
+# TODO(spec owner): this list belongs in ehr_pipeline.spec next to GENDERS.
+ADMISSION_TYPES = ("ELECTIVE", "EMERGENCY", "NEWBORN", "URGENT")
+NUM_VALUE_FEATURES = 6  # z_mean, z_last, z_min, z_max, has_value, log1p(count)
+WINDOW_VALUE_STATS = ("z_min", "z_max", "z_mean", "z_last", "no_value")  # per value code, window_aggregates
+# log1p(hours before trigger) / 10, log1p(codes in bag) / 10, in current admission, log1p(events) / 10 per source
+NUM_BAG_FEATURES = 3 + len(spec.SOURCES)
+CONTEXT_DIM = 1 + len(spec.GENDERS) + len(ADMISSION_TYPES) + 1
+DEFAULT_CLIP_Z = 10.0  # the pipeline's numeric.clip_z default, for a Featurizer built without a data folder (docs/model.md, Inputs)
+_LOG_SCALE = 10.0  # log1p(hours) reaches ~11 for ten years of history: /10 keeps features ~O(1)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFiles:
+    """The side files of a Beam job output folder, read once."""
+
+    data_dir: str
+    vocabulary: dict[str, list[str]]  # source -> codes, most frequent first
+    numeric_stats: dict[str, dict[str, float]]  # code -> {mean, std, n}
+    clip_z: float
+    manifest: dict[str, Any]
+    pipeline_config: dict[str, Any]  # the manifest's "config": the settings the data was made with
+
+    def path(self, name: str) -> str:
+        """Path of a file in the data folder."""
+        return os.path.join(self.data_dir, name)
+
+    def split_pattern(self, split: str) -> str:
+        """Glob of one split's TFRecord shards."""
+        return self.path(spec.split_file_pattern(split))
+
+    def num_examples(self, split: str) -> int | None:
+        """Examples in a split according to the manifest (None if it does not say)."""
+        return (self.manifest.get("splits", {}).get(split) or {}).get("examples")
+
+
+def load_data_files(data_dir: str | os.PathLike[str]) -> DataFiles:
+    """Reads vocabulary.json, numeric_stats.json and manifest.json of a Beam job output folder."""
+    data_dir = os.fspath(data_dir)
+    missing = [n for n in (outputs.VOCABULARY, outputs.NUMERIC_STATS, outputs.MANIFEST)
+               if not os.path.exists(os.path.join(data_dir, n))]
+    if missing:
+        raise FileNotFoundError(f"{data_dir}: not a pipeline output folder, missing {missing}")
+    vocab_doc = outputs.read_json(os.path.join(data_dir, outputs.VOCABULARY))
+    stats_doc = outputs.read_json(os.path.join(data_dir, outputs.NUMERIC_STATS))
+    manifest = outputs.read_json(os.path.join(data_dir, outputs.MANIFEST))
+    vocabulary = vocab_doc.get("sources")
+    codes = stats_doc.get("codes")
+    if not isinstance(vocabulary, dict) or not isinstance(codes, dict):
+        raise ValueError(f"{data_dir}: {outputs.VOCABULARY} needs a 'sources' mapping and "
+                         f"{outputs.NUMERIC_STATS} a 'codes' mapping")
+    # clip_z is a pipeline setting: the manifest's config is its one source of truth
+    # (validated, so a hand-edited manifest with a bad value fails here, not in training).
+    pipeline_cfg = manifest.get("config") or {}
+    clip_z = parse_pipeline_config(pipeline_cfg, source=f"{data_dir}/manifest.json").numeric.clip_z
+    return DataFiles(data_dir=data_dir, vocabulary=vocabulary, numeric_stats=codes, clip_z=float(clip_z),
+                     manifest=manifest, pipeline_config=pipeline_cfg)
+
+
+class Featurizer(tf.Module):
+    """Parsed SequenceExample batch (seqex_tf.parse_sequence_examples) -> model tensors."""
+
+    def __init__(self, vocabulary: Mapping[str, list[str]], numeric_stats: Mapping[str, Mapping[str, float]],
+                 clip_z: float = DEFAULT_CLIP_Z, window_hours: float | None = None, name: str | None = None):
+        super().__init__(name=name)
+        if not clip_z > 0:
+            raise ValueError(f"clip_z must be > 0, got {clip_z}")
+        if window_hours is not None and not window_hours > 0:
+            raise ValueError(f"window_hours must be > 0, got {window_hours}")
+        self.window_hours = None if window_hours is None else float(window_hours)
+        unknown = sorted(set(vocabulary) - set(spec.SOURCES))
+        if unknown:
+            raise ValueError(f"vocabulary has unknown sources {unknown}; known: {spec.SOURCES}")
+        self.clip_z = float(clip_z)
+        # Ids: [0, len(SOURCES)) per-source OOV, len(SOURCES) unknown source, then the codes.
+        self.num_oov = len(spec.SOURCES) + 1
+        codes = [c for source in sorted(vocabulary) for c in vocabulary[source]]
+        if len(set(codes)) != len(codes):
+            raise ValueError("vocabulary lists a code twice")
+        self.vocab_size = self.num_oov + len(codes)
+        self._code_table = _table(codes, range(self.num_oov, self.vocab_size), tf.int64)
+        self._source_table = _table(list(spec.SOURCES), range(len(spec.SOURCES)), tf.int64)
+        stat_codes = sorted(numeric_stats)
+        self._stat_table = _table(stat_codes, range(len(stat_codes)), tf.int64)
+        # One extra row (mean 0, std 1) is the target of "no statistics": index -1 -> last row.
+        self.value_codes = tuple(stat_codes)
+        self._mean = tf.constant([float(numeric_stats[c]["mean"]) for c in stat_codes] + [0.0], tf.float32)
+        self._std = tf.constant([float(numeric_stats[c]["std"]) for c in stat_codes] + [1.0], tf.float32)
+        self._genders = _table(list(spec.GENDERS), range(len(spec.GENDERS)), tf.int64)
+        self._admission_types = _table(list(ADMISSION_TYPES), range(len(ADMISSION_TYPES)), tf.int64)
+
+        self._id_names = ([f"{source}{spec.CODE_SEPARATOR}<oov>" for source in spec.SOURCES] + ["<unknown source>"]
+                          + codes)
+
+    @classmethod
+    def from_data_files(cls, files: DataFiles, window_hours: float | None = None) -> Featurizer:
+        """The featurizer of a data folder (its vocabulary, statistics and clip_z); window_hours: see the module."""
+        return cls(files.vocabulary, files.numeric_stats, files.clip_z, window_hours)
+
+    @property
+    def window_aggregate_dim(self) -> int:
+        """Width of a "window_aggregates" row: 2 per code id, 5 per code with statistics, the context."""
+        return 2 * self.vocab_size + len(WINDOW_VALUE_STATS) * len(self.value_codes) + CONTEXT_DIM
+
+    def window_aggregate_names(self) -> list[str]:
+        """One name per "window_aggregates" column, in column order."""
+        names = [f"window_log_count[{c}]" for c in self._id_names]
+        names += [f"history_log_count[{c}]" for c in self._id_names]
+        names += [f"{stat}[{c}]" for stat in WINDOW_VALUE_STATS for c in self.value_codes]
+        names += ["age_years/90"] + [f"gender={g}" for g in spec.GENDERS]
+        return names + [f"admission_type={t}" for t in ADMISSION_TYPES] + ["admission_type=other"]
+
+    def code_ids(self, codes: tf.Tensor) -> tf.Tensor:
+        """int64 ids of 'source:code' strings (any shape); unknown codes get their source's OOV id."""
+        ids = self._code_table.lookup(codes)
+        oov = self.source_ids(codes)
+        return tf.where(ids >= 0, ids, oov)
+
+    def source_ids(self, codes: tf.Tensor) -> tf.Tensor:
+        """int64 index in spec.SOURCES of each 'source:code' string; len(SOURCES) for an unknown source."""
+        # The source is everything before the first separator (spec.CODE_SEPARATOR).
+        source = tf.strings.regex_replace(codes, spec.CODE_SEPARATOR + ".*", "", replace_global=False)
+        source_id = self._source_table.lookup(source)
+        return tf.where(source_id >= 0, source_id, len(spec.SOURCES))
+
+    def __call__(self, parsed: Mapping[str, Any]) -> dict[str, Any]:
+        """Model features of one parsed batch: ragged code ids/values and bag features, dense context."""
+        codes = parsed[spec.BAG_CODES]  # ragged [B, (bags), (codes)] of bytes
+        flat_codes = codes.flat_values
+        ids = self.code_ids(flat_codes)
+        stat = self._stat_table.lookup(flat_codes)
+        has_stats = stat >= 0
+        stat = tf.where(has_stats, stat, tf.cast(tf.shape(self._mean)[0] - 1, tf.int64))
+        mean, std = tf.gather(self._mean, stat), tf.gather(self._std, stat)
+        value_count = parsed[spec.BAG_VALUE_COUNT].flat_values
+        has_value = value_count > 0
+        usable = tf.logical_and(has_value, has_stats)
+
+        def z(values: tf.Tensor) -> tf.Tensor:
+            # A code without training statistics has no meaningful scale: its z is 0, and
+            # has_value still tells the model a value was measured.
+            zv = tf.clip_by_value((values - mean) / std, -self.clip_z, self.clip_z)
+            return tf.where(usable, zv, tf.zeros_like(zv))
+
+        counts = tf.cast(parsed[spec.BAG_COUNTS].flat_values, tf.float32)
+        values = tf.stack([
+            *(z(parsed[key].flat_values)
+              for key in (spec.BAG_VALUE_MEAN, spec.BAG_VALUE_LAST, spec.BAG_VALUE_MIN, spec.BAG_VALUE_MAX)),
+            tf.cast(has_value, tf.float32),
+            tf.math.log1p(counts),
+        ], axis=-1)
+
+        offsets = parsed[spec.BAG_OFFSET]  # ragged [B, (bags)] seconds
+        codes_per_bag = tf.cast(codes.values.row_lengths(), tf.float32)
+        hours = tf.maximum(offsets.flat_values, 0.0) / 3600.0
+        admit_offset = tf.cast(parsed[spec.ADMIT_OFFSET], tf.float32)  # [B] seconds
+        in_admission = offsets <= admit_offset[:, None]  # ragged [B, (bags)]
+        # Events per (bag, source): one segment per pair; an unknown source (never written by
+        # the job, refused by the service) lands in a slot that is cut off.
+        n_sources = len(spec.SOURCES) + 1
+        token_bag = codes.values.value_rowids()  # [tokens] index into the batch's flat bags
+        pair = token_bag * n_sources + self.source_ids(flat_codes)
+        n_flat_bags = codes.values.nrows()
+        per_source = tf.reshape(tf.math.unsorted_segment_sum(counts, pair, n_flat_bags * n_sources),
+                                [-1, n_sources])[:, :len(spec.SOURCES)]
+        bag = tf.concat([
+            tf.stack([tf.math.log1p(hours) / _LOG_SCALE, tf.math.log1p(codes_per_bag) / _LOG_SCALE,
+                      tf.cast(in_admission.flat_values, tf.float32)], axis=-1),
+            tf.math.log1p(per_source) / _LOG_SCALE,
+        ], axis=-1)
+
+        gender = self._genders.lookup(parsed[spec.GENDER])
+        adm = self._admission_types.lookup(parsed[spec.ADMISSION_TYPE])
+        adm = tf.where(adm >= 0, adm, len(ADMISSION_TYPES))  # unknown type -> the "other" slot
+        context = tf.concat([
+            parsed[spec.AGE_YEARS][:, None] / spec.AGE_CAP_YEARS,
+            tf.one_hot(gender, len(spec.GENDERS)),  # an unknown gender (-1) one-hots to zeros
+            tf.one_hot(adm, len(ADMISSION_TYPES) + 1),
+        ], axis=-1)
+        features = {
+            "code_ids": codes.with_flat_values(ids),
+            "code_values": codes.with_flat_values(values),
+            "bag_features": offsets.with_flat_values(bag),
+            "num_bags": tf.cast(parsed[spec.NUM_BAGS], tf.int32),
+            "context": context,
+            "label": parsed[spec.LABEL],
+            "hadm_id": parsed[spec.HADM_ID],
+        }
+        if self.window_hours is not None:
+            token_example = tf.gather(codes.value_rowids(), token_bag)
+            in_window = tf.gather(offsets.flat_values <= self.window_hours * 3600.0, token_bag)
+            weight = tf.cast(parsed[spec.BAG_VALUE_COUNT].flat_values, tf.float32)
+            features["window_aggregates"] = tf.concat([
+                self._window_counts(ids, counts, token_example, in_window, codes.nrows()),
+                self._window_values(values, weight, stat, usable, token_example, in_window, codes.nrows()),
+                context], axis=-1)
+        return features
+
+    def _window_counts(self, ids, counts, token_example, in_window, batch) -> tf.Tensor:
+        """[B, 2 * vocab_size]: log(1 + events) of each id in the window, then in older history."""
+        pair = token_example * self.vocab_size + ids
+        n = batch * self.vocab_size
+
+        def per_id(weights):
+            return tf.math.log1p(tf.reshape(tf.math.unsorted_segment_sum(weights, pair, n), [-1, self.vocab_size]))
+
+        zeros = tf.zeros_like(counts)
+        return tf.concat([per_id(tf.where(in_window, counts, zeros)), per_id(tf.where(in_window, zeros, counts))],
+                         axis=-1)
+
+    def _window_values(self, values, weight, stat, usable, token_example, in_window, batch) -> tf.Tensor:
+        """[B, 5 * value codes]: WINDOW_VALUE_STATS blocks over the window's valued tokens.
+
+        values: the tokens' value features (z_mean, z_last, z_min, z_max first); weight: their value counts.
+        """
+        n_codes = len(self.value_codes)
+        if not n_codes:
+            return tf.zeros([batch, 0])
+        use = tf.logical_and(usable, in_window)
+        # Tokens that do not count go to one extra segment, cut off below.
+        n = batch * n_codes
+        pair = tf.where(use, token_example * n_codes + stat, n)
+        weight = tf.where(use, weight, 0.0)
+        z_mean, z_last, z_min, z_max = tf.unstack(values[:, :4], axis=-1)
+
+        def per_code(reduce, data):
+            return tf.reshape(reduce(data, pair, n + 1)[:n], [-1, n_codes])
+
+        total = per_code(tf.math.unsorted_segment_sum, weight)
+        seen = total > 0
+        zero = tf.zeros_like(total)
+        window_min = tf.where(seen, per_code(tf.math.unsorted_segment_min, z_min), zero)
+        window_max = tf.where(seen, per_code(tf.math.unsorted_segment_max, z_max), zero)
+        window_mean = tf.math.divide_no_nan(per_code(tf.math.unsorted_segment_sum, weight * z_mean), total)
+        # Bags run oldest first, so a code's newest value is its valued token of highest flat index.
+        position = tf.range(tf.shape(pair, out_type=tf.int64)[0])
+        newest = tf.math.unsorted_segment_max(tf.where(use, position, -1), pair, n + 1)[:n]
+        window_last = tf.reshape(tf.where(newest >= 0, tf.gather(z_last, tf.maximum(newest, 0)), 0.0), [-1, n_codes])
+        return tf.concat([window_min, window_max, window_mean, window_last, 1.0 - tf.cast(seen, tf.float32)], axis=-1)
+
+
+def _table(keys: list[str], values, dtype) -> tf.lookup.StaticHashTable:
+    """A string -> id hash table; missing keys give -1."""
+    values = list(values)
+    if not keys:
+        # Tables cannot be empty: map "" (never a code, bag_events refuses empty codes) to "missing".
+        keys, values = [""], [-1]
+    init = tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.string), tf.constant(values, dtype))
+    return tf.lookup.StaticHashTable(init, default_value=tf.constant(-1, dtype))
+
+
+def dataset(files: DataFiles, featurizer: Featurizer, split: str, batch_size: int, *, training: bool = False,
+            seed: int | None = None, shuffle_buffer: int = 4096, cache: bool = False) -> tf.data.Dataset:
+    """Batches of (features, labels float32 [B]) for one split; training: shuffled, repeated, full batches.
+
+    cache (training): the first epoch's featurized batches are kept in memory and replayed in a
+    fresh order every epoch; a batch's members stay together (they are not reshuffled across
+    batches). It removes reading, parsing and featurizing from every later step.
+    """
+    def to_model(parsed):
+        feats = featurizer(parsed)
+        return feats, tf.cast(feats["label"], tf.float32)
+
+    if training and cache:
+        ds = seqex_tf.make_dataset(files.split_pattern(split), batch_size, shuffle=True, seed=seed,
+                               shuffle_buffer=shuffle_buffer, drop_remainder=True)
+        ds = ds.map(to_model, num_parallel_calls=tf.data.AUTOTUNE).cache()
+        batches = max(1, int(files.num_examples(split) or 0) // batch_size)
+        ds = ds.shuffle(batches, seed=seed, reshuffle_each_iteration=True).repeat()
+        return ds.prefetch(tf.data.AUTOTUNE)
+    ds = seqex_tf.make_dataset(files.split_pattern(split), batch_size, shuffle=training, seed=seed,
+                           shuffle_buffer=shuffle_buffer, repeat=training, drop_remainder=training)
+    return ds.map(to_model, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def admission_type_counts(data_dir: str | os.PathLike[str], split: str = "train") -> dict[str, int]:
+    """Examples per admission_type (as the examples carry it) in a split's TFRecords; {} without any."""
+    paths = sorted(tf.io.gfile.glob(os.path.join(os.fspath(data_dir), spec.split_file_pattern(split))))
+    counts: dict[str, int] = {}
+    if not paths:
+        return counts
+    wanted = {spec.ADMISSION_TYPE: tf.io.FixedLenFeature([], tf.string)}
+    # Only the one context feature is parsed: a full-size training split passes in seconds.
+    for batch in tf.data.TFRecordDataset(paths, compression_type=spec.COMPRESSION).batch(4096):
+        context, _, _ = tf.io.parse_sequence_example(batch, context_features=wanted)
+        for value in context[spec.ADMISSION_TYPE].numpy().tolist():
+            name = value.decode("utf-8")
+            counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def example_ids(records: list[bytes]) -> tuple[list[int], list[int]]:
+    """(subject ids, trigger times in s) of serialized examples: a MEDS label row's (subject_id, prediction_time)."""
+    if not records:
+        return [], []
+    parsed = seqex_tf.parse_sequence_examples(tf.constant(records))
+    return parsed[spec.SUBJECT_ID].numpy().tolist(), parsed[spec.TRIGGER_TIME].numpy().tolist()
+
+
+def read_split(files: DataFiles, split: str) -> tuple[list[bytes], list[int], list[int]]:
+    """All serialized examples of a split with their labels and hadm_ids (file order)."""
+    paths = sorted(tf.io.gfile.glob(files.split_pattern(split)))
+    if not paths:
+        raise FileNotFoundError(f"no TFRecord files for split {split!r} in {files.data_dir}")
+    records: list[bytes] = []
+    for record in tf.data.TFRecordDataset(paths, compression_type=spec.COMPRESSION):
+        records.append(bytes(record.numpy()))
+    if not records:
+        return [], [], []
+    parsed = seqex_tf.parse_sequence_examples(tf.constant(records))
+    return records, parsed[spec.LABEL].numpy().tolist(), parsed[spec.HADM_ID].numpy().tolist()
+
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitCases:
+    """Who the cases of one split are, as their SequenceExamples record it (for reports, never model inputs)."""
+
+    hadm_ids: np.ndarray  # int64 [N], file order
+    labels: np.ndarray  # int64 [N]
+    attributes: dict[str, np.ndarray]  # spec.GENDER, AGE_YEARS, ADMISSION_TYPE, ETHNICITY, INSURANCE -> [N]
+    trigger_time: np.ndarray  # int64 [N], seconds since 1970 (shifted MIMIC dates)
+    num_bags: np.ndarray  # int64 [N]
+    sources_present: dict[str, np.ndarray]  # spec.SOURCES -> bool [N]: any event of that source before the trigger
+
+
+# The context features a report groups cases by.
+CASE_ATTRIBUTES = (spec.GENDER, spec.AGE_YEARS, spec.ADMISSION_TYPE, spec.ETHNICITY, spec.INSURANCE)
+
+
+def read_split_cases(files: DataFiles, split: str) -> SplitCases:
+    """Per case of a split: id, label, CASE_ATTRIBUTES, trigger time (s), bags and which sources it has."""
+    paths = sorted(tf.io.gfile.glob(files.split_pattern(split)))
+    if not paths:
+        raise FileNotFoundError(f"no TFRecord files for split {split!r} in {files.data_dir}")
+    records = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(paths, compression_type=spec.COMPRESSION)]
+    if not records:
+        empty = np.zeros(0, np.int64)
+        return SplitCases(empty, empty, {k: np.zeros(0, object) for k in CASE_ATTRIBUTES}, empty, empty,
+                          {s: np.zeros(0, bool) for s in spec.SOURCES})
+    parsed = seqex_tf.parse_sequence_examples(tf.constant(records))
+    attributes = {}
+    for key in CASE_ATTRIBUTES:
+        values = parsed[key].numpy()
+        attributes[key] = (np.array([v.decode("utf-8") for v in values], dtype=object) if values.dtype == object
+                           else values.astype(np.float64))
+    codes = parsed[spec.BAG_CODES].merge_dims(1, 2)  # [N, (codes of all bags)]
+    owner = codes.value_rowids().numpy()
+    source = tf.strings.regex_replace(codes.flat_values, spec.CODE_SEPARATOR + ".*$", "").numpy()
+    n = len(records)
+    present = {s: np.bincount(owner[source == s.encode()], minlength=n) > 0 for s in spec.SOURCES}
+    return SplitCases(hadm_ids=parsed[spec.HADM_ID].numpy(), labels=parsed[spec.LABEL].numpy(),
+                      attributes=attributes, trigger_time=parsed[spec.TRIGGER_TIME].numpy(),
+                      num_bags=parsed[spec.NUM_BAGS].numpy(), sources_present=present)
