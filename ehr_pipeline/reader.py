@@ -300,6 +300,14 @@ class _RawWindow:
         """A file-like object for one Arrow reader; it reads nothing once feeds are retired."""
         return _Feed(self, self._generation)
 
+    def read_for_feed(self, generation: int, nbytes: int = -1) -> pa.Buffer:
+        """What a feed handed out at ``generation`` reads: up to ``nbytes`` bytes, none once it is retired."""
+        # One step under _io: a retirement cannot slip in between the check and the read.
+        with self._io:
+            if generation != self._generation:
+                return pa.py_buffer(b"")
+            return self.read(nbytes)
+
     def retire_feeds(self) -> None:
         """Makes every feed handed out so far read nothing more (the end of its reader)."""
         with self._io:
@@ -529,10 +537,7 @@ class _Feed:
         self.closed = False
 
     def read(self, nbytes: int = -1) -> pa.Buffer:
-        with self._window._io:
-            if self._generation != self._window._generation:
-                return pa.py_buffer(b"")
-            return self._window.read(nbytes)
+        return self._window.read_for_feed(self._generation, nbytes)
 
     def readable(self) -> bool:
         return True
