@@ -30,11 +30,11 @@ from ehr_pipeline.reader import (
     ReaderError,
     SchemaMismatchError,
     TableReader,
-    _RawWindow,
     arrow_schema,
     locate_table,
     read_table,
 )
+from ehr_pipeline.reader.window import Feed, RawWindow
 
 DEMO_TABLES = sorted(n for n in schemas.TABLES if n != "CHARTEVENTS")  # CHARTEVENTS: not in the demo
 LAB_HEADER = ["ROW_ID", "SUBJECT_ID", "HADM_ID", "ITEMID", "CHARTTIME", "VALUE", "VALUENUM", "VALUEUOM", "FLAG"]
@@ -170,15 +170,15 @@ def test_read_table_and_small_blocks_agree_with_one_block(demo_dir):
 def test_no_arrow_reader_outlives_the_iteration(demo_dir, monkeypatch):
     """Arrow's read-ahead has let go of the file feed when iteration ends: released later, at interpreter exit, it aborts."""
     def live_feeds() -> int:
-        return sum(type(o) is reader_module._Feed for o in gc.get_objects())
+        return sum(type(o) is Feed for o in gc.get_objects())
 
-    read = _RawWindow.read
+    read = RawWindow.read
 
     def slow_read(self, nbytes=-1):  # a slow disk: the read-ahead is still in flight when the consumer stops
         time.sleep(0.05)
         return read(self, nbytes)
 
-    monkeypatch.setattr(_RawWindow, "read", slow_read)
+    monkeypatch.setattr(RawWindow, "read", slow_read)
     before = live_feeds()
     batches = iter(TableReader(locate_table(demo_dir, "LABEVENTS"), "LABEVENTS", block_size_bytes=64 * 1024))
     next(batches)
@@ -562,7 +562,7 @@ def test_what_a_fresh_reader_gets_does_not_depend_on_the_old_readers_read_ahead(
     size = 1024
     seen = set()
     for ahead in (0, 1, 2, 3, 5, 8, 13, 21, 34):
-        with _RawWindow.open(path, size) as window:
+        with RawWindow.open(path, size) as window:
             window.probe()  # the header, as the reader reads it first
             old = window.feed()
             for _ in range(ahead):
@@ -591,7 +591,7 @@ def test_read_ahead_racing_the_reader_keeps_the_window_in_file_order(tmp_path, m
     path = tmp_path / "race.csv.gz"
     path.write_bytes(gzip.compress(b"".join(lines)))
     io_thread_cut, reader_recorded = threading.Event(), threading.Event()
-    cut, read_new = _RawWindow._cut, _RawWindow._read_new
+    cut, read_new = RawWindow._cut, RawWindow._read_new
 
     def gated_cut(self):
         out = cut(self)
@@ -606,9 +606,9 @@ def test_read_ahead_racing_the_reader_keeps_the_window_in_file_order(tmp_path, m
             reader_recorded.set()
         return out
 
-    monkeypatch.setattr(_RawWindow, "_cut", gated_cut)
-    monkeypatch.setattr(_RawWindow, "_read_new", signalling_read_new)
-    with _RawWindow.open(path, 4096) as window:
+    monkeypatch.setattr(RawWindow, "_cut", gated_cut)
+    monkeypatch.setattr(RawWindow, "_read_new", signalling_read_new)
+    with RawWindow.open(path, 4096) as window:
         feed = window.feed()
         drain = threading.Thread(target=lambda: list(iter(lambda: len(feed.read(4096)), 0)), name="arrow-io")
         drain.start()
