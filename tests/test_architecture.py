@@ -46,13 +46,14 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imported_names(tree: ast.AST, module: str, is_package: bool, modules: Mapping[str, pathlib.Path]) -> set[str]:
-    """Dotted names an import statement in tree names (relative imports resolved)."""
+def _imported_names(tree: ast.AST, module: str, is_package: bool, modules: Mapping[str, pathlib.Path],
+                    type_only: bool = False) -> set[str]:
+    """Dotted names an import statement in tree names (relative imports resolved); type-only ones if asked."""
     names = set()
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_only:
             stack.extend(node.orelse)
             continue
         if isinstance(node, ast.Import):
@@ -69,14 +70,14 @@ def _imported_names(tree: ast.AST, module: str, is_package: bool, modules: Mappi
     return names
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Project module -> the project modules it imports."""
+def import_graph(type_only: bool = False) -> dict[str, set[str]]:
+    """Project module -> the project modules it imports (with type_only: those under TYPE_CHECKING too)."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets = set()
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        for imported in _imported_names(tree, name, path.name == "__init__.py", modules):
+        for imported in _imported_names(tree, name, path.name == "__init__.py", modules, type_only):
             while imported and imported not in modules:  # `import a.b.c` of a name inside a module
                 imported = imported.rpartition(".")[0]
             if imported:
@@ -141,10 +142,12 @@ def test_import_graph_reads_lazy_imports_and_skips_type_checking_ones():
     planted = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ehr_pipeline import bagging\n"
                         "from ehr_pipeline import spec\n")
     assert _imported_names(planted, "x", False, _modules()) == {"typing", "ehr_pipeline.spec"}
+    assert "ehr_pipeline.bagging" in _imported_names(planted, "x", False, _modules(), type_only=True)
 
 
 def test_no_import_cycles_between_project_modules():
-    cycles = [sorted(c) for c in strongly_connected(import_graph())]
+    # Type-only imports count: a circle that only annotations close still ties two modules together.
+    cycles = [sorted(c) for c in strongly_connected(import_graph(type_only=True))]
     assert not cycles, f"import circles between project modules: {cycles}"
 
 
@@ -222,3 +225,29 @@ def test_serving_functions_and_modules_stay_short():
                 if node.end_lineno - start + 1 > MAX_FUNCTION_LINES:
                     too_long.append(f"{name}.{node.name}: {node.end_lineno - start + 1} lines")
     assert not too_long, f"over {MAX_FUNCTION_LINES} lines a function or {MAX_MODULE_LINES} a module: {too_long}"
+
+
+def _architecture_page() -> str:
+    return (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+
+
+def test_the_architecture_page_names_every_package_and_only_those():
+    listed = {}
+    for line in _architecture_page().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[1].isdigit():
+            listed[cells[0].strip("`")] = int(cells[1])
+    packages = {".".join(p.parent.relative_to(ROOT).parts) for layer in LAYERS
+                for p in (ROOT / layer).rglob("__init__.py")}
+    assert set(listed) == packages, f"docs/architecture.md lists {sorted(set(listed) - packages)} that do not " \
+                                    f"exist and misses {sorted(packages - set(listed))}"
+    assert all(listed[name] == LAYERS.index(name.split(".")[0]) for name in listed), listed
+
+
+def test_the_roads_on_the_architecture_page_pass_through_modules_that_exist():
+    import re
+
+    named = set(re.findall(r"`((?:ehr_base|ehr_pipeline|model|serving)/[\w/]+\.py)`", _architecture_page()))
+    assert len(named) > 20  # the two roads name their modules
+    missing = sorted(path for path in named if not (ROOT / path).is_file())
+    assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"

@@ -12,26 +12,49 @@ import collections
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Iterator
+import dataclasses
+import pathlib
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ehr_pipeline.deadletter import BAD_QUOTING, LINE_TOO_LONG, DeadLetter
+from ehr_pipeline.deadletter import BAD_QUOTING, LINE_TOO_LONG, DeadLetter, DeadLetterSink
 from ehr_pipeline.reader import dead_rows
 from ehr_pipeline.reader.columns import Problem, string_newlines, type_block
 from ehr_pipeline.reader.errors import CorruptFileError, ReaderError
 from ehr_pipeline.reader.window import RawWindow
-
-if TYPE_CHECKING:
-    from ehr_pipeline.reader.table import TableReader
-
 # The package's logger, not this module's: what the reader logs keeps one name for filters.
 logger = logging.getLogger(__package__)
 
 # Longest wait (seconds) for Arrow's I/O thread to let go of a closed reader: one block read.
 _READ_AHEAD_RELEASE_S = 30.0
+
+
+@dataclasses.dataclass
+class ReadStats:
+    """Row accounting of one pass: rows_read == rows_parsed + sum(dead_lettered.values())."""
+
+    rows_read: int = 0
+    rows_parsed: int = 0
+    dead_lettered: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def rows_dead(self) -> int:
+        """Rows dead-lettered, all reasons together."""
+        return sum(self.dead_lettered.values())
+
+
+class ScanSource(Protocol):
+    """What a scan reads of the TableReader that starts it: declared here so the two modules form no circle."""
+
+    path: pathlib.Path
+    columns: Sequence
+    arrow_schema: pa.Schema
+    block_size_bytes: int
+    stats: ReadStats
+    on_dead_letter: DeadLetterSink | None
 
 
 class _Straddled(Exception):
@@ -41,7 +64,7 @@ class _Straddled(Exception):
 class Scan:
     """One pass over a file: typing, dead-lettering and the line cursor."""
 
-    def __init__(self, reader: TableReader, window: RawWindow, header: list[str], positions: dict[str, int]):
+    def __init__(self, reader: ScanSource, window: RawWindow, header: list[str], positions: dict[str, int]):
         self.reader = reader
         self.window = window
         self.header = header

@@ -1,9 +1,8 @@
 """Reading one table file: ``TableReader`` iterates it as typed Arrow blocks and keeps the row
-accounting of the pass in ``ReadStats``; ``read_table`` reads a small table whole.
+accounting of the pass in ``ReadStats`` (scan.py); ``read_table`` reads a small table whole.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import pathlib
 from typing import Iterator, Sequence
@@ -15,25 +14,11 @@ from ehr_pipeline.deadletter import DeadLetterSink
 from ehr_pipeline.reader.columns import ARROW_TYPES, as_schema, requested
 from ehr_pipeline.reader.errors import CorruptFileError
 from ehr_pipeline.reader.header import match_header, read_header
-from ehr_pipeline.reader.scan import Scan
+from ehr_pipeline.reader.scan import ReadStats, Scan
 from ehr_pipeline.reader.window import DEFAULT_BLOCK_SIZE, RawWindow
 
 # The package's logger, not this module's: what the reader logs keeps one name for filters.
 logger = logging.getLogger(__package__)
-
-
-@dataclasses.dataclass
-class ReadStats:
-    """Row accounting of one pass: rows_read == rows_parsed + sum(dead_lettered.values())."""
-
-    rows_read: int = 0
-    rows_parsed: int = 0
-    dead_lettered: dict[str, int] = dataclasses.field(default_factory=dict)
-
-    @property
-    def rows_dead(self) -> int:
-        """Rows dead-lettered, all reasons together."""
-        return sum(self.dead_lettered.values())
 
 
 class TableReader:
