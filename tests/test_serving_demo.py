@@ -24,10 +24,12 @@ def demo_export(demo_dir, tmp_path_factory):
     run_job(str(demo_dir), str(data), config)
     vocab = outputs.read_json(str(data / outputs.VOCABULARY))["sources"]
     raw_codes = {s: [c.split(":", 1)[1] for c in codes] for s, codes in vocab.items()}
-    # The job's own units, as a model trained on this data carries them: values the job converted
-    # (fentanyl in mg to the demo's more common mcg) are converted by the service alike.
+    # The job's own units and lab LOINC codes, as a model trained on this data carries them: values
+    # the job converted (fentanyl in mg to the demo's more common mcg; urobilinogen in Ehrlich units,
+    # which its LOINC code makes mg) are converted by the service alike.
     export = write_tiny_model_export(base / "export", ensemble_size=2, vocabulary=raw_codes, pipeline=config,
-                                     units=outputs.read_json(str(data / outputs.UNITS)))
+                                     units=outputs.read_json(str(data / outputs.UNITS)),
+                                     lab_loinc=outputs.read_json(str(data / outputs.LAB_LOINC))["codes"])
     return data, export
 
 
