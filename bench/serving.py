@@ -314,10 +314,30 @@ def units_of(t: dict) -> int:
 
 def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespace) -> str:
     """The benchmark's markdown section, with the issue's targets checked on ratios of this run."""
+    lines = [*_targets(model, levels, t, args), *_threads_table(t, args), *_model_work_table(model, t, args),
+             *_http_table(levels)]
+    lines += [
+        "",
+        f"Run on {dt.date.today().isoformat()} with `python bench/serving.py{args.cmdline}` "
+        f"(1-minute load average at start: {args.load_at_start:.1f}; other work on the same cores inflates "
+        f"every number, which is why the targets are checked as ratios within one run):",
+        "",
+        report.machine_info(),
+    ]
+    return "\n".join(lines)
+
+
+def _faster_floor(t: dict) -> str:
+    """The precision whose recurrent-matmul floor is the faster here."""
+    return "bfloat16" if t["floor_bfloat16"] < t["floor_float32"] else "float32"
+
+
+def _targets(model: dict, levels: list[dict], t: dict, args: argparse.Namespace) -> list[str]:
+    """What was served and how, then the issue's targets checked on ratios of this run."""
     per_patient_8 = 8000.0 / t["pass_8"]  # patients/s of an 8-patient pass: the batched model's own limit
     by_c = {lv["concurrency"]: lv for lv in levels}
     served = args.served_precision
-    faster_floor = "bfloat16" if t["floor_bfloat16"] < t["floor_float32"] else "float32"
+    faster_floor = _faster_floor(t)
     checks = [(f"model pass ({served}) >= 2.5x faster than edward2's LSTMCellRank1",
                t["ed2_cell"] / t["pass_1"], 2.5, ">="),
               (f"model pass ({served}) <= 2x the recurrent-matmul floor (the faster one here: {faster_floor})",
@@ -345,7 +365,12 @@ def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespa
     for name, value, bound, op in checks:
         met = value >= bound if op == ">=" else value <= bound
         lines.append(f"| {name} | {value:.2f} | {'yes' if met else '**no**'} |")
-    lines += [
+    return lines
+
+
+def _threads_table(t: dict, args: argparse.Namespace) -> list[str]:
+    """The model pass and the floor per TensorFlow inter-op thread setting."""
+    lines = [
         "",
         f"TensorFlow inter-op threads, in process as in the server (`ehr-serve --inter-op-threads`): the model "
         f"pass and the floor below, each setting in its own process on the same export "
@@ -358,7 +383,15 @@ def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespa
         label = f"{threads}" + (" (TensorFlow's default: one per core)" if threads == 0 else "")
         label += " - this run" if threads == args.inter_op_threads else ""
         lines.append(f"| {label} | {row['pass_1']:.1f} | {row['floor']:.1f} | {row['pass_1'] / row['floor']:.2f} |")
-    lines += [
+    return lines
+
+
+def _model_work_table(model: dict, t: dict, args: argparse.Namespace) -> list[str]:
+    """The in-process timings of the model's parts against edward2's cell, and the FLOP rates (ms, GFLOP/s)."""
+    served = args.served_precision
+    faster_floor = _faster_floor(t)
+    per_patient_8 = 8000.0 / t["pass_8"]  # patients/s of an 8-patient pass: the batched model's own limit
+    return [
         "",
         "| model work (in process, median ms) | ms | note |",
         "|---|---:|---|",
@@ -389,6 +422,12 @@ def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespa
         f"{t['flops'] / t['pass_1'] / 1e6:.1f} GFLOP/s ({100 * t['flops'] / t['pass_1'] / 1e6 / t['matmul_gflops']:.0f} % "
         f"of that) and the 8-patient pass at {8 * t['flops'] / t['pass_8'] / 1e6:.1f} GFLOP/s. "
         f"Patient 0 alone vs among 8 (same seed): max |diff| {t['batch_max_diff']:.1e}.",
+    ]
+
+
+def _http_table(levels: list[dict]) -> list[str]:
+    """End-to-end latency and throughput per concurrency level."""
+    lines = [
         "",
         "End to end over HTTP ('server mean' is the server's own time per request from /metrics; 'model busy' "
         "the share of wall time in forward passes):",
@@ -401,15 +440,7 @@ def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespa
         lines.append(f"| {lv['concurrency']} | {lv['requests']} | {lv['errors']} | {lv['throughput']:.2f} | "
                      f"{lv['p50']:.1f} | {lv['p95']:.1f} | {lv['p99']:.1f} | {lv['server_mean']:.1f} | "
                      f"{lv['mean_batch']:.1f} | {100 * lv['forward_share']:.0f} % |")
-    lines += [
-        "",
-        f"Run on {dt.date.today().isoformat()} with `python bench/serving.py{args.cmdline}` "
-        f"(1-minute load average at start: {args.load_at_start:.1f}; other work on the same cores inflates "
-        f"every number, which is why the targets are checked as ratios within one run):",
-        "",
-        report.machine_info(),
-    ]
-    return "\n".join(lines)
+    return lines
 
 
 def _serve_default(name: str):
