@@ -135,7 +135,7 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
 
     if args.lstm_seeds <= 0:
         return []
-    from bench.compare_methods import SCALES
+    from bench.compare_setup import SCALES
 
     steps = args.lstm_steps or math.ceil(SCALES["medium"]["steps"] * n_train / MEDIUM_TRAIN_ADMISSIONS)
     grid_args = argparse.Namespace(scale="medium", steps=steps, samples=args.samples)
@@ -190,7 +190,7 @@ def power_law(ns: np.ndarray, errors: np.ndarray) -> tuple[float, float]:
 
 def report(results: list[dict], info: dict, command: str, seconds: float) -> str:
     """Markdown: the curve per size, the fitted power law and the size it predicts for the target."""
-    from bench.compare_methods import _fmt, _mean_sem
+    from bench.compare_report import _fmt, _mean_sem
 
     lines = [
         "## Learning curve against the known truth",

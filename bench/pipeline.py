@@ -204,6 +204,14 @@ def measure_sources(size: int, patients: int, workdir: pathlib.Path, repeat: int
     return out
 
 
+CHECK_HEAD = ["", "| check | value | target | met |", "|---|---:|---:|---|"]
+
+
+def _check(check: str, value: str, target: str, met: bool) -> str:
+    """One row of a checks table."""
+    return f"| {check} | {value} | {target} | {'yes' if met else 'NO'} |"
+
+
 def render_sources(results: list[dict], command: str, repeat: int) -> tuple[str, bool]:
     """Markdown section of --sources and whether its targets were met."""
     lines = [
@@ -232,20 +240,21 @@ def render_sources(results: list[dict], command: str, repeat: int) -> tuple[str,
                      f"| {m['eps'] / c['eps']:.2f} | {m['eps_cpu'] / c['eps_cpu']:.2f} "
                      f"| {max(c['load'], m['load']):.1f} |")
     ok = True
-    lines += ["", "| check | value | target | met |", "|---|---:|---:|---|"]
+    lines += CHECK_HEAD
     for r in results:
         ratio = r["meds"]["eps_cpu"] / r["csv"]["eps_cpu"]
         ok &= ratio >= 1.0
-        lines.append(f"| MEDS / CSV rows per CPU-second at {r['events']:,} events | {ratio:.2f} | >= 1.00 "
-                     f"| {'yes' if ratio >= 1.0 else 'NO'} |")
+        lines.append(_check(f"MEDS / CSV rows per CPU-second at {r['events']:,} events", f"{ratio:.2f}", ">= 1.00",
+                            ratio >= 1.0))
     if len(results) > 1:
         small, large = results[0]["meds"], results[-1]["meds"]
         growth = large["delta_mb"] - small["delta_mb"]
         met = growth <= max(50.0, 0.25 * max(small["delta_mb"], 1.0))
         ok &= met
-        lines.append(f"| MEDS source RSS delta, {results[0]['events']:,} -> {results[-1]['events']:,} events "
-                     f"({results[-1]['events'] / results[0]['events']:.0f}x) | {small['delta_mb']:,.0f} -> "
-                     f"{large['delta_mb']:,.0f} MiB | flat (+<= 50 MiB or 25%) | {'yes' if met else 'NO'} |")
+        lines.append(_check(f"MEDS source RSS delta, {results[0]['events']:,} -> {results[-1]['events']:,} events "
+                            f"({results[-1]['events'] / results[0]['events']:.0f}x)",
+                            f"{small['delta_mb']:,.0f} -> {large['delta_mb']:,.0f} MiB", "flat (+<= 50 MiB or 25%)",
+                            met))
     lines += ["", "Machine:", "", machine_info(), ""]
     return "\n".join(lines), ok
 
@@ -352,7 +361,15 @@ def _minutes(seconds: float) -> str:
 
 def render(results: list[dict], command: str, calibration: float, repeat: int) -> tuple[str, bool]:
     """Markdown section and whether every target was met."""
-    lines = [
+    checks, ok = _job_checks(results)
+    lines = [*_job_intro(command, calibration, repeat), *(_job_row(r) for r in results), *checks,
+             *_projection_text(results), "", "Machine:", "", machine_info(), ""]
+    return "\n".join(lines), ok
+
+
+def _job_intro(command: str, calibration: float, repeat: int) -> list[str]:
+    """The section's heading, what each column measures, and the results table's head."""
+    return [
         "## Beam job end to end (`bench/pipeline.py`)",
         "",
         f"Command: `{command}`  ",
@@ -384,27 +401,33 @@ def render(results: list[dict], command: str, calibration: float, repeat: int) -
         "| bytes / kept event | load avg |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in results:
-        lines.append(
-            f"| {r['events']:,} | {r['patients']:,} | {r['input_mb']:.0f} | {r['used']:,} | {r['kept']:,} "
+
+
+def _job_row(r: dict) -> str:
+    """One size's row of the results table."""
+    return (f"| {r['events']:,} | {r['patients']:,} | {r['input_mb']:.0f} | {r['used']:,} | {r['kept']:,} "
             f"| {r['examples']:,} "
             f"| {r['job_wall_s']:.1f} | {r['job_eps']:,.0f} | {r['job_eps_cpu']:,.0f} | {r['bare_wall_s']:.1f} "
             f"| {r['bare_eps']:,.0f} | {r['bare_eps_cpu']:,.0f} | {r['job_eps'] / r['bare_eps']:.0%} "
             f"| {r['job_eps_cpu'] / r['bare_eps_cpu']:.0%} | {r['delta_mb']:,.0f} | {r['bytes_per_kept']:,.0f} "
             f"| {r['load']:.1f} |")
+
+
+def _job_checks(results: list[dict]) -> tuple[list[str], bool]:
+    """The checks table (speed, memory per kept event, the full-release projection) and whether all were met."""
     ok = True
-    lines += ["", "| check | value | target | met |", "|---|---:|---:|---|"]
+    lines = list(CHECK_HEAD)
     for r in results:
         ratio = r["job_eps"] / r["bare_eps"]
         met = ratio >= SPEED_TARGET
         ok &= met
-        lines.append(f"| job / bare events/s (wall) at {r['events']:,} events | {ratio:.0%} | >= {SPEED_TARGET:.0%} "
-                     f"| {'yes' if met else 'NO'} |")
+        lines.append(_check(f"job / bare events/s (wall) at {r['events']:,} events", f"{ratio:.0%}",
+                            f">= {SPEED_TARGET:.0%}", met))
     for r in results:
         met = r["bytes_per_kept"] <= BYTES_PER_EVENT_TARGET
         ok &= met
-        lines.append(f"| peak RSS delta per kept event at {r['events']:,} events | {r['bytes_per_kept']:,.0f} B "
-                     f"| <= {BYTES_PER_EVENT_TARGET} B | {'yes' if met else 'NO'} |")
+        lines.append(_check(f"peak RSS delta per kept event at {r['events']:,} events",
+                            f"{r['bytes_per_kept']:,.0f} B", f"<= {BYTES_PER_EVENT_TARGET} B", met))
     largest = results[-1]
     if len(results) > 1 and largest["kept"] > results[0]["kept"]:
         # The slope separates what grows with the data from fixed costs (Arrow's read-ahead,
@@ -420,11 +443,17 @@ def render(results: list[dict], command: str, calibration: float, repeat: int) -
         met = wall[p] <= FULL_RUN_TARGET_S
         if p != "bound_s":
             ok &= met
-        lines.append(f"| full MIMIC-III at {PROJECTION_WORKERS} workers, {label}, wall rate "
-                     f"(CPU rate) | {_minutes(wall[p])} ({_minutes(cpu[p])}) | <= {FULL_RUN_TARGET_S // 60} min "
-                     f"| {'yes' if met else 'NO'} |")
+        lines.append(_check(f"full MIMIC-III at {PROJECTION_WORKERS} workers, {label}, wall rate (CPU rate)",
+                            f"{_minutes(wall[p])} ({_minutes(cpu[p])})", f"<= {FULL_RUN_TARGET_S // 60} min", met))
+    return lines, ok
+
+
+def _projection_text(results: list[dict]) -> list[str]:
+    """How the full-release projection is made, and how long generating the inputs took."""
+    largest = results[-1]
+    wall = projection(largest["job_eps"])
     chart = MIMIC_III_ROWS["CHARTEVENTS"]
-    lines += [
+    return [
         "",
         f"Projection model: MIMIC-III v1.4 has {wall['total'] / 1e6:,.0f} M event rows "
         f"(CHARTEVENTS {chart / 1e6:,.0f} M, LABEVENTS {MIMIC_III_ROWS['LABEVENTS'] / 1e6:,.1f} M, "
@@ -440,9 +469,8 @@ def render(results: list[dict], command: str, calibration: float, repeat: int) -
         "and the shuffle's network cost on a cluster.",
         "",
         "Generating the inputs took " + ", ".join(f"{r['events']:,} events: {r['gen_s']:.0f} s" for r in results)
-        + " (not part of the measurement).", "", "Machine:", "", machine_info(), "",
+        + " (not part of the measurement).",
     ]
-    return "\n".join(lines), ok
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,11 @@ def _setup_logging(verbose: bool) -> None:
     setup_logging(verbose)
 
 
+def _command(sub: argparse._SubParsersAction, name: str, help: str) -> argparse.ArgumentParser:
+    """A sub-command whose --help shows its defaults, as the top-level one does."""
+    return sub.add_parser(name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-pipeline` with every sub-command."""
     parser = OneLineParser(
@@ -38,11 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines, Beam's)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser(
-        "summarize",
-        help="read every table of a release; count rows parsed and dead-lettered",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = _command(sub, "summarize", "read every table of a release; count rows parsed and dead-lettered")
     p.add_argument("--mimic-dir", required=True, type=existing_dir, help="folder with TABLE.csv.gz or TABLE.csv files")
     p.add_argument("--dead-letter-dir", default=None, type=output_dir,
                    help="write bad rows of every table to DIR/dead_letters.jsonl, one JSON object per line; "
@@ -50,37 +51,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ehr_pipeline.synth import cli as synth_cli
 
-    p = sub.add_parser(
-        "synth",
-        help="write a synthetic MIMIC-III release with known death probabilities",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = _command(sub, "synth", "write a synthetic MIMIC-III release with known death probabilities")
     synth_cli.add_arguments(p)
 
     from ehr_pipeline import job_cli
 
-    p = sub.add_parser(
-        "run",
-        help="the Beam job: bag each admission into a SequenceExample (extra args go to Beam)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = _command(sub, "run", "the Beam job: bag each admission into a SequenceExample (extra args go to Beam)")
     job_cli.add_arguments(p)
 
-    p = sub.add_parser(
-        "to-meds",
-        help="convert a MIMIC-III release to a MEDS 0.4 dataset, as a Beam job (extra args go to Beam)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = _command(sub, "to-meds",
+                 "convert a MIMIC-III release to a MEDS 0.4 dataset, as a Beam job (extra args go to Beam)")
     p.add_argument("--mimic-dir", required=True, type=existing_dir, help="folder with the MIMIC-III v1.4 tables")
     p.add_argument("--out", required=True, type=output_dir, help="the MEDS dataset folder to write")
     p.add_argument("--config", default=None, type=existing_file,
                    help="pipeline YAML: its splits, split_salt and num_shards place the subjects; default: built-in")
 
-    p = sub.add_parser(
-        "shard",
-        help="split one big table (e.g. CHARTEVENTS) into parts workers read in parallel",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = _command(sub, "shard", "split one big table (e.g. CHARTEVENTS) into parts workers read in parallel")
     from ehr_pipeline import schemas
 
     p.add_argument("--mimic-dir", required=True, type=existing_dir, help="release folder holding the table")
@@ -91,11 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for the parts (default: the release folder; then move the whole "
                         "file away, since whole and parts together are refused)")
 
-    p = sub.add_parser(
-        "to-fhir",
-        help="write one admission (and the patient's history up to its discharge) as a FHIR R4 Bundle",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = _command(sub, "to-fhir",
+                 "write one admission (and the patient's history up to its discharge) as a FHIR R4 Bundle")
     p.add_argument("--mimic-dir", required=True, type=existing_dir,
                    help="release folder (ADMISSIONS, PATIENTS, event tables, "
                                                       "D_LABITEMS for LOINC codings)")
@@ -105,11 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="code labs that have a LOINC code with LOINC only (default: LOINC and the local "
                         "MIMIC ITEMID coding)")
 
-    p = sub.add_parser(
-        "demo",
-        help="run the job end to end on the MIMIC-III demo and print the manifest summary",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = _command(sub, "demo", "run the job end to end on the MIMIC-III demo and print the manifest summary")
     p.add_argument("--mimic-dir", default="../shared/mimic-iii-demo", type=existing_dir, help="the demo release")
     p.add_argument("--out", default="out/demo", type=output_dir, help="output folder")
     return parser

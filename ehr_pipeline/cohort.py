@@ -166,6 +166,60 @@ def _prior_lists(
     return ids, times
 
 
+def _first_reasons(conditions: list[np.ndarray]) -> tuple[np.ndarray, dict[str, int]]:
+    """Per admission 0 (kept) or 1 + the index of the first condition that holds; and the count of each outcome."""
+    reason = np.select(conditions, np.arange(1, len(REASONS) + 1), default=0)
+    counts = {KEPT: int(np.count_nonzero(reason == 0))}
+    for i, name in enumerate(REASONS, start=1):
+        counts[name] = int(np.count_nonzero(reason == i))
+    return reason, counts
+
+
+def _discharge_map(subject: np.ndarray, hadm: np.ndarray, discharged: np.ndarray
+                   ) -> tuple[pa.Table, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The discharges (DISCHARGES_SCHEMA, sorted by HADM_ID) and their subject, HADM_ID, time (s) arrays."""
+    d_order = np.argsort(hadm, kind="stable")
+    d_subject = subject[d_order]
+    d_hadm = hadm[d_order]
+    d_time = discharged[d_order]
+    discharges = pa.table(
+        [pa.array(d_subject, pa.int64()), pa.array(d_hadm, pa.int64()), pa.array(d_time, pa.int64())],
+        schema=DISCHARGES_SCHEMA,
+    )
+    return discharges, (d_subject, d_hadm, d_time)
+
+
+def _cohort_table(adm: pa.Table, pat: pa.Table, keep: np.ndarray, p_row: np.ndarray,
+                  numbers: dict[str, np.ndarray], discharged: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
+    """COHORT_SCHEMA rows of the admissions `keep` (in its order): `numbers` by column, then text and prior stays."""
+    prior_ids, prior_times = _prior_lists(numbers["SUBJECT_ID"], numbers["HADM_ID"], numbers["trigger_time"],
+                                          *discharged)
+    # The spec allows M / F / U; anything else (or null) says "unknown", not a new category.
+    p_gender = pc.utf8_upper(pc.utf8_trim_whitespace(pc.cast(pat.column("GENDER"), pa.string())))
+    p_gender = pc.if_else(pc.is_in(p_gender, pa.array(["M", "F"])), p_gender, "U")
+    gender = pc.fill_null(p_gender, "U").take(pa.array(p_row[keep], pa.int64()))
+    adm_type = pc.fill_null(pc.cast(adm.column("ADMISSION_TYPE"), pa.string()), "UNKNOWN").take(
+        pa.array(keep, pa.int64())
+    )
+    return pa.table(
+        [
+            pa.array(numbers["SUBJECT_ID"], pa.int64()),
+            pa.array(numbers["HADM_ID"], pa.int64()),
+            pa.array(numbers["ADMITTIME"], pa.int64()),
+            pa.array(numbers["DISCHTIME"], pa.int64()),
+            pa.array(numbers["trigger_time"], pa.int64()),
+            pa.array(numbers["label"], pa.int64()),
+            pa.array(numbers["age_years"], pa.float64()),
+            gender,
+            adm_type,
+            *(_recorded_text(adm, column, keep) for column in RECORDED_AS_WRITTEN),
+            prior_ids,
+            prior_times,
+        ],
+        schema=COHORT_SCHEMA,
+    )
+
+
 def build_cohort(
     admissions: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch],
     patients: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch],
@@ -218,10 +272,7 @@ def build_cohort(
         died_before,
         discharged_before,
     ]
-    reason = np.select(conditions, np.arange(1, len(REASONS) + 1), default=0)
-    counts = {KEPT: int(np.count_nonzero(reason == 0))}
-    for i, name in enumerate(REASONS, start=1):
-        counts[name] = int(np.count_nonzero(reason == i))
+    reason, counts = _first_reasons(conditions)
 
     # Discharge map: every admission placeable in time, kept or not (an earlier admission
     # excluded from the cohort still contributes its diagnoses to later ones). The
@@ -229,44 +280,14 @@ def build_cohort(
     # codes can never appear before its own trigger.
     placeable = ~(missing_required | duplicate_hadm)
     eff_disch = np.where(death_ok, np.maximum(disch, death), disch)
-    d_order = np.argsort(hadm[placeable], kind="stable")
-    d_subject = subject[placeable][d_order]
-    d_hadm = hadm[placeable][d_order]
-    d_time = eff_disch[placeable][d_order]
-    discharges = pa.table(
-        [pa.array(d_subject, pa.int64()), pa.array(d_hadm, pa.int64()), pa.array(d_time, pa.int64())],
-        schema=DISCHARGES_SCHEMA,
-    )
+    discharges, discharged = _discharge_map(subject[placeable], hadm[placeable], eff_disch[placeable])
 
     keep = np.flatnonzero(reason == 0)
     keep = keep[np.lexsort((hadm[keep], admit[keep], subject[keep]))]
-    prior_ids, prior_times = _prior_lists(
-        subject[keep], hadm[keep], trigger[keep], d_subject, d_hadm, d_time
-    )
-    # The spec allows M / F / U; anything else (or null) says "unknown", not a new category.
-    p_gender = pc.utf8_upper(pc.utf8_trim_whitespace(pc.cast(pat.column("GENDER"), pa.string())))
-    p_gender = pc.if_else(pc.is_in(p_gender, pa.array(["M", "F"])), p_gender, "U")
-    gender = pc.fill_null(p_gender, "U").take(pa.array(p_row[keep], pa.int64()))
-    adm_type = pc.fill_null(pc.cast(adm.column("ADMISSION_TYPE"), pa.string()), "UNKNOWN").take(
-        pa.array(keep, pa.int64())
-    )
-    table = pa.table(
-        [
-            pa.array(subject[keep], pa.int64()),
-            pa.array(hadm[keep], pa.int64()),
-            pa.array(admit[keep], pa.int64()),
-            pa.array(disch[keep], pa.int64()),
-            pa.array(trigger[keep], pa.int64()),
-            pa.array(died[keep].astype(np.int64), pa.int64()),
-            pa.array(ages.cap_age(raw_age[keep]), pa.float64()),
-            gender,
-            adm_type,
-            *(_recorded_text(adm, column, keep) for column in RECORDED_AS_WRITTEN),
-            prior_ids,
-            prior_times,
-        ],
-        schema=COHORT_SCHEMA,
-    )
+    numbers = {"SUBJECT_ID": subject[keep], "HADM_ID": hadm[keep], "ADMITTIME": admit[keep],
+               "DISCHTIME": disch[keep], "trigger_time": trigger[keep], "label": died[keep].astype(np.int64),
+               "age_years": ages.cap_age(raw_age[keep])}
+    table = _cohort_table(adm, pat, keep, p_row, numbers, discharged)
     # DEBUG: the job's closing summary reports the cohort (manifest.summary_lines).
     logger.debug("cohort: %d of %d admissions kept; %s", counts[KEPT], n,
                 {k: v for k, v in counts.items() if k != KEPT and v})

@@ -23,12 +23,14 @@ every kept event under ``events/MEDS/cohort/<reason>``; every label row under ``
 
 The prediction-time boundary: MEDS says data up to AND including ``prediction_time`` may be used.
 This job uses events strictly BEFORE it, as it does for MIMIC-III (docs/meds.md says why).
+
+A block's rows, read through the code map, and the task rows rebuilt from them are
+``ehr_pipeline.meds_rows``.
 """
 from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -39,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ehr_pipeline import ages, bagging, cohort, events, meds_codes, spec
+from ehr_pipeline.meds_rows import KIND, MedsError, Rows, TaskRows, seconds, synthetic_key, task_rows
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +54,6 @@ SPLITS_FILE = "subject_splits.parquet"
 SPLITS = {"train": "train", "tuning": "validation", "held_out": "test"}
 REQUIRED_COLUMNS = ("subject_id", "time", "code", "numeric_value")
 BLOCK_ROWS = 1 << 16  # rows per parquet batch: about 4 MB of MEDS rows
-# Synthetic example keys (no admission id) live above every real HADM_ID: [2^62, 2^63).
-_SYNTHETIC_KEY_BASE = 1 << 62
 
 # events/MEDS/extract/<reason>: every row, exactly once.
 KEPT = events.KEPT
@@ -72,10 +73,6 @@ LABEL_NULL = "null_value"  # boolean_value null
 LABEL_NULL_TIME = "null_prediction_time"
 LABEL_REASONS = (LABEL_EXAMPLE, LABEL_NO_DATA, LABEL_NO_BIRTH, LABEL_BEFORE_BIRTH, LABEL_DUPLICATE, LABEL_NULL,
                  LABEL_NULL_TIME)
-
-
-class MedsError(ValueError):
-    """A MEDS dataset or label file this job cannot read; the message names the file and the problem."""
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -203,24 +200,6 @@ def label_accounting(labels: Labels, counts: Mapping[str, int]) -> dict[str, Any
             "problems": problems}
 
 
-def seconds(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """Whole seconds since 1970 (floor) of a timestamp column of any unit; nulls stay null."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if not pa.types.is_timestamp(column.type):
-        raise MedsError(f"time column has type {column.type}, expected a timestamp")
-    micros = pc.cast(pc.cast(column, pa.timestamp("us", tz=column.type.tz)), pa.int64())
-    valid = np.asarray(pc.is_valid(micros).to_numpy(zero_copy_only=False), dtype=bool)
-    raw = np.asarray(pc.fill_null(micros, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
-    return pa.array(np.floor_divide(raw, 1_000_000), pa.int64(), mask=~valid)
-
-
-def synthetic_key(subject_id: int, prediction_time: int) -> int:
-    """A stable example key for a label row without an admission id, in [2^62, 2^63)."""
-    digest = hashlib.sha256(f"{int(subject_id)}:{int(prediction_time)}".encode()).digest()
-    return _SYNTHETIC_KEY_BASE + (int.from_bytes(digest[:8], "big") % _SYNTHETIC_KEY_BASE)
-
-
 # ----------------------------------------------------------------------------- worker side
 
 
@@ -319,8 +298,8 @@ class MedsReader:
             table = table.filter(pc.is_valid(table.column("subject_id")))
             add(f"rows/{TABLE}/dead_letter/null_subject_id", null_subject)
         add(f"rows/{TABLE}/parsed", table.num_rows)
-        rows = _Rows.of(table, self._mapper, self.codes.unit_column)
-        task = _task_rows(rows)
+        rows = Rows.of(table, self._mapper, self.codes.unit_column)
+        task = task_rows(rows)
         ev_table, extract_counts = self._events(rows, task)
         for reason, k in extract_counts.items():
             add(f"events/{TABLE}/extract/{reason}", k)
@@ -336,10 +315,10 @@ class MedsReader:
         examples = [(key, meta, *chunks.get(key, empty)) for key, meta in metas]
         return SubjectsOut(examples=examples, units=events.unit_counts(ev_table), counts=counts)
 
-    def _events(self, rows: _Rows, task: _TaskRows) -> tuple[pa.Table, dict[str, int]]:
+    def _events(self, rows: Rows, task: TaskRows) -> tuple[pa.Table, dict[str, int]]:
         """The rows that are events (EVENT_SCHEMA, timed when known) and every row's reason."""
         kind = rows.kind
-        is_event = kind == _KIND[meds_codes.EVENT]
+        is_event = kind == KIND[meds_codes.EVENT]
         enabled = np.isin(rows.source, [spec.SOURCES.index(s) for s in self.sources])
         time = rows.time.copy()
         # Billing codes: known at the subject's next discharge (at or after the recorded time).
@@ -350,9 +329,9 @@ class MedsReader:
                                                           task.disch_subject, task.disch_time)
         reasons = {
             MISSING_CODE: rows.code_null,
-            UNMAPPED: ~rows.code_null & (kind == _KIND[meds_codes.UNMAPPED]),
-            TASK_CODE: ~rows.code_null & ~is_event & (kind != _KIND[meds_codes.UNMAPPED]) & (
-                rows.time_ok | (kind == _KIND[meds_codes.GENDER])),
+            UNMAPPED: ~rows.code_null & (kind == KIND[meds_codes.UNMAPPED]),
+            TASK_CODE: ~rows.code_null & ~is_event & (kind != KIND[meds_codes.UNMAPPED]) & (
+                rows.time_ok | (kind == KIND[meds_codes.GENDER])),
             SOURCE_OFF: is_event & ~enabled,
             MISSING_TIME: ~rows.time_ok,
             NO_DISCHARGE_AFTER: wants & ~found,
@@ -378,7 +357,7 @@ class MedsReader:
         ], schema=events.EVENT_SCHEMA)
         return table, counts
 
-    def _built_in(self, task: _TaskRows, add) -> tuple[pa.Table, list]:
+    def _built_in(self, task: TaskRows, add) -> tuple[pa.Table, list]:
         """The built-in task: cohort.build_cohort over ADMISSIONS / PATIENTS rebuilt from the task codes."""
         adm, pat = task.admissions_and_patients()
         coh = cohort.build_cohort(adm, pat, trigger_offset_seconds=self.trigger_offset_seconds,
@@ -396,7 +375,7 @@ class MedsReader:
     def _split(self, subject_id: int) -> str | None:
         return None if self.splits is None else self.splits.get(int(subject_id))
 
-    def _labelled(self, task: _TaskRows, rows: _Rows, add) -> tuple[pa.Table, list]:
+    def _labelled(self, task: TaskRows, rows: Rows, add) -> tuple[pa.Table, list]:
         """One example per label row of the block's subjects: its admission (if any), age, gender."""
         subjects = np.unique(rows.subject).tolist()
         adm = task.admission_table()
@@ -470,193 +449,3 @@ def _next_at_or_after(subject: np.ndarray, time: np.ndarray, d_subject: np.ndarr
         if j < hi[i]:
             found[i], out[i] = True, d_time[j]
     return found, out
-
-
-_KIND = {k: i for i, k in enumerate((meds_codes.EVENT, meds_codes.ADMISSION, meds_codes.DISCHARGE, meds_codes.DEATH,
-                                     meds_codes.BIRTH, meds_codes.GENDER, meds_codes.UNMAPPED))}
-
-
-@dataclasses.dataclass
-class _Rows:
-    """A block's rows as numpy arrays, each code read once through the code map."""
-
-    subject: np.ndarray
-    time: np.ndarray  # int64 s (0 where null)
-    time_ok: np.ndarray
-    code_null: np.ndarray
-    kind: np.ndarray  # _KIND index
-    source: np.ndarray  # int8: index into spec.SOURCES, -1 unless an event
-    event_code: pa.Array  # 'source:code', '' unless an event
-    detail: np.ndarray  # object: admission type, 'died', gender
-    next_discharge: np.ndarray
-    value: np.ndarray  # float64, NaN = none
-    unit: pa.Array  # string, null = none
-    hadm: np.ndarray
-    hadm_ok: np.ndarray
-    attributes: dict[str, np.ndarray]  # 'ethnicity' / 'insurance' -> object [n] as written (None = not recorded)
-
-    @classmethod
-    def of(cls, table: pa.Table, mapper: meds_codes.CodeMapper, unit_column: str) -> _Rows:
-        n = table.num_rows
-        code = table.column("code").combine_chunks() if n else pa.array([], pa.string())
-        code = pc.cast(code, pa.string())
-        encoded = pc.dictionary_encode(code)
-        words = encoded.dictionary.to_pylist()
-        # Each distinct code is read once; per-row columns are gathered from the per-code answers in C.
-        mapped = [mapper(w) for w in words] + [meds_codes.MappedCode(meds_codes.UNMAPPED)]
-        idx = np.asarray(pc.fill_null(encoded.indices, len(words)).to_numpy(zero_copy_only=False), dtype=np.int64)
-        take = pa.array(idx, pa.int64())
-        kinds = np.asarray([_KIND[m.kind] for m in mapped], dtype=np.int8)[idx]
-        source_id = np.asarray([spec.SOURCES.index(m.code.split(":", 1)[0]) if m.code else -1 for m in mapped],
-                               dtype=np.int8)[idx]
-        event_code = pa.array([m.code or "" for m in mapped], pa.string()).take(take)
-        unit = pa.array([m.unit for m in mapped], pa.string()).take(take)
-        from_column = np.asarray([m.unit_from_column for m in mapped], dtype=bool)[idx]
-        if from_column.any() and unit_column in table.column_names:
-            written = pc.utf8_trim_whitespace(pc.cast(table.column(unit_column), pa.string()))
-            if isinstance(written, pa.ChunkedArray):
-                written = written.combine_chunks()
-            none = pc.or_(pc.equal(written, ""), pc.is_in(written, pa.array(list(mapper.config.unknown_parts),
-                                                                               pa.string())))
-            written = pc.if_else(pc.fill_null(none, True), pa.scalar(None, pa.string()), written)
-            unit = pc.if_else(pa.array(from_column), written, unit)
-        elif from_column.any():
-            unit = pc.if_else(pa.array(from_column), pa.scalar(None, pa.string()), unit)
-        t = seconds(table.column("time"))
-        time_ok = np.asarray(pc.is_valid(t).to_numpy(zero_copy_only=False), dtype=bool)
-        value = np.asarray(pc.fill_null(pc.cast(table.column("numeric_value"), pa.float64()), np.nan)
-                           .to_numpy(zero_copy_only=False), dtype=np.float64)
-        if "hadm_id" in table.column_names:
-            hadm_col = pc.cast(table.column("hadm_id"), pa.int64())
-            hadm_ok = np.asarray(pc.is_valid(hadm_col).to_numpy(zero_copy_only=False), dtype=bool)
-            hadm = np.asarray(pc.fill_null(hadm_col, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
-        else:
-            hadm, hadm_ok = np.zeros(n, np.int64), np.zeros(n, bool)
-        return cls(
-            subject=np.asarray(table.column("subject_id").to_numpy(), dtype=np.int64),
-            time=np.asarray(pc.fill_null(t, 0).to_numpy(zero_copy_only=False), dtype=np.int64), time_ok=time_ok,
-            code_null=np.asarray(pc.is_null(code).to_numpy(zero_copy_only=False), dtype=bool), kind=kinds,
-            source=source_id, event_code=event_code,
-            detail=np.asarray([m.detail for m in mapped], dtype=object)[idx],
-            next_discharge=np.asarray([m.next_discharge for m in mapped], dtype=bool)[idx],
-            value=value, unit=unit, hadm=hadm, hadm_ok=hadm_ok,
-            attributes=_attributes(table, mapper.config.admission_attributes))
-
-
-def _attributes(table: pa.Table, columns: dict[str, tuple[str, ...]]) -> dict[str, np.ndarray]:
-    """Per attribute, the first of its columns the table has, as written (trimmed; None where null or blank)."""
-    out = {}
-    for name, candidates in columns.items():
-        column = next((c for c in candidates if c in table.column_names), None)
-        if column is None:
-            out[name] = np.full(table.num_rows, None, dtype=object)
-            continue
-        text = [None if v is None else (str(v).strip() or None) for v in table.column(column).to_pylist()]
-        out[name] = np.asarray(text, dtype=object)
-    return out
-
-
-@dataclasses.dataclass
-class _TaskRows:
-    """The task's codes of a block: admissions, discharges, deaths, births and genders."""
-
-    adm_subject: np.ndarray
-    adm_time: np.ndarray
-    adm_type: np.ndarray
-    adm_hadm: np.ndarray  # -1 = no admission id
-    adm_attributes: dict[str, np.ndarray]  # 'ethnicity' / 'insurance' of each admission (None = not recorded)
-    disch_subject: np.ndarray
-    disch_time: np.ndarray
-    disch_died: np.ndarray
-    death_subject: np.ndarray
-    death_time: np.ndarray
-    birth: dict[int, int]
-    gender: dict[int, str]
-    _discharge_of: np.ndarray | None = None
-
-    def discharge_of(self) -> np.ndarray:
-        """Per admission, the index of its discharge (the subject's first at or after it), or -1."""
-        if self._discharge_of is None:
-            out = np.full(self.adm_subject.size, -1, dtype=np.int64)
-            order = np.lexsort((self.disch_time, self.disch_subject))
-            ds, dt = self.disch_subject[order], self.disch_time[order]
-            lo = np.searchsorted(ds, self.adm_subject, "left")
-            hi = np.searchsorted(ds, self.adm_subject, "right")
-            for i in np.flatnonzero(hi > lo):
-                j = lo[i] + np.searchsorted(dt[lo[i]:hi[i]], self.adm_time[i], "left")
-                if j < hi[i]:
-                    out[i] = order[j]
-            self._discharge_of = out
-        return self._discharge_of
-
-    def admission_table(self) -> np.ndarray:
-        """[n, 4] int64: subject, admit s, discharge s (-1 = none), admission id (-1 = none)."""
-        d = self.discharge_of()
-        disch = np.where(d >= 0, self.disch_time[np.maximum(d, 0)], -1) if d.size else np.zeros(0, np.int64)
-        return np.stack([self.adm_subject, self.adm_time, disch, self.adm_hadm], axis=1) if d.size \
-            else np.zeros((0, 4), np.int64)
-
-    def admission_type_of(self, subject: int, admit: int) -> str:
-        """The type of the subject's admission at `admit`."""
-        at = np.flatnonzero((self.adm_subject == subject) & (self.adm_time == admit))
-        return str(self.adm_type[at[0]]) if at.size else "UNKNOWN"
-
-    def attributes_of(self, subject: int, admit: int) -> dict[str, str]:
-        """Ethnicity and insurance of the subject's admission at `admit` (spec.NOT_RECORDED when absent)."""
-        at = np.flatnonzero((self.adm_subject == subject) & (self.adm_time == admit))
-        return {name: (values[at[0]] if at.size and values[at[0]] is not None else spec.NOT_RECORDED)
-                for name, values in self.adm_attributes.items()}
-
-    def admissions_and_patients(self) -> tuple[pa.Table, pa.Table]:
-        """MIMIC-III-shaped ADMISSIONS and PATIENTS (cohort.ADMISSION_COLUMNS / PATIENT_COLUMNS), times in s."""
-        d = self.discharge_of()
-        has = d >= 0
-        disch = np.where(has, self.disch_time[np.maximum(d, 0)], 0)
-        died = np.where(has, self.disch_died[np.maximum(d, 0)], False)
-        # A death code within the stay gives the death time; a 'died' discharge without one dies at discharge.
-        death = np.full(d.size, -1, dtype=np.int64)
-        for i in np.flatnonzero(has):
-            mine = self.death_time[(self.death_subject == self.adm_subject[i]) & (self.death_time >= self.adm_time[i])
-                                   & (self.death_time <= disch[i])]
-            if mine.size:
-                death[i] = mine.min()
-        hadm = np.where(self.adm_hadm >= 0, self.adm_hadm,
-                        [synthetic_key(s, t) for s, t in zip(self.adm_subject.tolist(), self.adm_time.tolist())]
-                        if d.size else np.zeros(0, np.int64)).astype(np.int64)
-        adm = pa.table({
-            "SUBJECT_ID": pa.array(self.adm_subject, pa.int64()), "HADM_ID": pa.array(hadm, pa.int64()),
-            "ADMITTIME": pa.array(self.adm_time, pa.int64()),
-            "DISCHTIME": pa.array(disch, pa.int64(), mask=~has),
-            "DEATHTIME": pa.array(death, pa.int64(), mask=death < 0),
-            "ADMISSION_TYPE": pa.array(self.adm_type.astype(object), pa.string()),
-            "HOSPITAL_EXPIRE_FLAG": pa.array(died.astype(np.int64), pa.int64()),
-            **{name.upper(): pa.array(values, pa.string()) for name, values in self.adm_attributes.items()},
-        })
-        subjects = sorted(set(self.adm_subject.tolist()))
-        pat = pa.table({
-            "SUBJECT_ID": pa.array(subjects, pa.int64()),
-            "GENDER": pa.array([self.gender.get(s, "U") for s in subjects], pa.string()),
-            "DOB": pa.array([self.birth.get(s) for s in subjects], pa.int64()),
-        })
-        return adm, pat
-
-
-def _task_rows(rows: _Rows) -> _TaskRows:
-    def of(kind: str, timed: bool = True) -> np.ndarray:
-        return np.flatnonzero((rows.kind == _KIND[kind]) & (rows.time_ok if timed else True))
-
-    adm, dis, dth, bir, gen = (of(meds_codes.ADMISSION), of(meds_codes.DISCHARGE), of(meds_codes.DEATH),
-                               of(meds_codes.BIRTH), of(meds_codes.GENDER, timed=False))
-    birth: dict[int, int] = {}
-    for i in bir[np.argsort(rows.time[bir], kind="stable")]:  # the earliest birth code counts
-        birth.setdefault(int(rows.subject[i]), int(rows.time[i]))
-    gender: dict[int, str] = {}
-    for i in gen:
-        gender.setdefault(int(rows.subject[i]), str(rows.detail[i]))
-    return _TaskRows(
-        adm_subject=rows.subject[adm], adm_time=rows.time[adm], adm_type=rows.detail[adm].astype(str),
-        adm_hadm=np.where(rows.hadm_ok[adm], rows.hadm[adm], -1),
-        adm_attributes={name: values[adm] for name, values in rows.attributes.items()},
-        disch_subject=rows.subject[dis], disch_time=rows.time[dis],
-        disch_died=np.asarray([d == "died" for d in rows.detail[dis]], dtype=bool),
-        death_subject=rows.subject[dth], death_time=rows.time[dth], birth=birth, gender=gender)

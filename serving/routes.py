@@ -136,6 +136,8 @@ async def predict(
                            request_id=request.state.request_id)
 
 
+# The same parameters as /predict on purpose: each endpoint declares its own query and body for
+# the OpenAPI schema; the work they share is predict_admissions.
 @v1_router.post("/predict/batch", response_model=BatchResponse, summary="Predict several admissions")
 async def predict_batch(
     body: BatchRequest,

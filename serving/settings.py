@@ -45,6 +45,7 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # One declaration per setting, alike in shape: each becomes a flag with its own help.
     model_dir: pathlib.Path = Field(
         description="Export directory written by model.export.write (manifest.json, saved_model/, ...).")
     host: str = Field("127.0.0.1", description="Interface to bind; --no-auth needs a loopback one.")

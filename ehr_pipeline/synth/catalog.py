@@ -161,7 +161,8 @@ def _cc(*args, **kw) -> ChartConcept:
     return ChartConcept(*args, **kw)
 
 
-# Order matters: the vital-sign round emits these columns in this order.
+# Order matters: the vital-sign round emits these columns in this order. One declaration per concept,
+# alike in shape: the catalog is data.
 HR = _cc("hr", 211, "Heart Rate", "BPM", 220045, "Heart Rate", "HR", "Routine Vital Signs", "bpm",
          85, 12, 9, 30, 200, 0, neonate_offset=50)
 ABP_SYS = _cc("abp_sys", 51, "Arterial BP [Systolic]", "mmHg", 220050, "Arterial Blood Pressure systolic",

@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Shaped like ehr_base.cli_args.positive_int; a range of floats with its own message, used only here.
 def _fraction(text: str) -> float:
     """A number in (0, 1], for argparse."""
     try:

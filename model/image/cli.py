@@ -127,6 +127,8 @@ def train_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# Flags alike in shape to build_train_parser's and model.cli's: each command's --help reads as a
+# flat list of its own flags.
 def build_eval_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-eval` for image runs."""
     p = OneLineParser(
