@@ -219,7 +219,7 @@ def model_timings(model_dir: pathlib.Path, bodies: list[dict], num_samples: int,
     out["batch_max_diff"] = float(np.abs(alone - among).max())
     import tensorflow as tf
 
-    from ehr_pipeline import spec
+    from ehr_pipeline import seqex_tf, spec
 
     offsets = seqex_tf.parse_sequence_examples(tf.constant(examples))[spec.BAG_OFFSET]
     out["bags"] = [int(n) for n in offsets.row_lengths().numpy()]
@@ -330,7 +330,7 @@ def pass_and_floor(model_dir: pathlib.Path, bodies: list[dict], args: argparse.N
     out = {"pass_1": _median_time(lambda: predictor.forward([one], args.num_samples, 1), args.repeats)}
     import tensorflow as tf
 
-    from ehr_pipeline import spec
+    from ehr_pipeline import seqex_tf, spec
 
     steps = int(seqex_tf.parse_sequence_examples(tf.constant([one]))[spec.BAG_OFFSET].row_lengths()[0])
     out.update(matmul_floors(units, rows, steps, args.repeats))

@@ -73,13 +73,11 @@ def _prepare(seed: int, args: argparse.Namespace, work: pathlib.Path) -> tuple[p
 
 
 def _with_type(records: list[bytes], kind: str) -> list[bytes]:
-    import tensorflow as tf
-
-    from ehr_pipeline import seqex, spec
+    from ehr_pipeline import example_protos, spec
 
     out = []
     for record in records:
-        example = tf.train.SequenceExample.FromString(record)
+        example = example_protos.SequenceExample.FromString(record)
         feature = example.context.feature[spec.ADMISSION_TYPE].bytes_list
         del feature.value[:]
         feature.value.append(kind.encode())
@@ -90,7 +88,7 @@ def _with_type(records: list[bytes], kind: str) -> list[bytes]:
 def measure(release: pathlib.Path, data: pathlib.Path, export_dir: pathlib.Path, samples: int,
             seed: int) -> dict[str, np.ndarray]:
     """Per test case: the recorded type, P_DEATH and the sampled probabilities [N, S*K] of each answer."""
-    from ehr_pipeline import spec
+    from ehr_pipeline import seqex, spec
     from model.evaluation.evaluate import load_truth
     from model.export.load import load_export
     from model.export.predict import predict_probs
