@@ -172,7 +172,7 @@ COMMANDS: list[Run | Skip] = [
          document="docs/results.md"),
     Skip(r"^ehr-eval +--run runs/c10 ", "needs CIFAR-10, CIFAR-10-C and a WRN-28-10 run (a GPU)"),
     # ---- ehr-analyze
-    Run(r"^ehr-analyze shift --model runs/site-a/export --data out/site-b-data ", check="shift:",
+    Run(r"^ehr-analyze shift --model runs/site-a/export --data out/data-c ", check="shift:",
         exit_codes=(0, 3)),
     Skip(r"^ehr-analyze posterior-rank --model runs/fully_bayesian --data (out/data|DATA_DIR) --split validation$",
          "needs a trained fully_bayesian run (training is skipped); tests/test_posterior_rank.py runs the command"),
