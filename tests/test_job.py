@@ -345,23 +345,8 @@ def test_another_sites_units_are_converted_to_the_models(demo_run, demo_dir, tmp
     assert units_doc["canonical"]["lab:50912"] == "umol/L" and units_doc["canonical_from"] == "this release"
 
 
-# Run as `python -c ONLY_THE_JOB_GROUP ALLOWED_JSON ARGS...`: importing a module that belongs to
-# installed distributions none of which the `job` group of pyproject.toml brings in (TensorFlow,
-# Keras, edward2, scikit-learn, ...) raises, as on a Beam worker built from that group alone.
-_ONLY_THE_JOB_GROUP = """
-import importlib.abc, importlib.metadata, json, runpy, sys
-allowed = set(json.loads(sys.argv[1]))
-owners = importlib.metadata.packages_distributions()
-class OnlyTheJobGroup(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        top = name.partition(".")[0]
-        dists = {d.lower().replace("_", "-") for d in owners.get(top, ())}
-        if dists and not dists & allowed and top not in sys.stdlib_module_names:
-            raise ImportError(f"{name} ({sorted(dists)}) is not installed on this worker")
-sys.meta_path.insert(0, OnlyTheJobGroup())
-sys.argv = ["ehr-pipeline", *sys.argv[2:]]
-runpy.run_module("ehr_pipeline.cli", run_name="__main__")
-"""
+def _norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def _job_group_closure() -> set[str]:
@@ -371,8 +356,7 @@ def _job_group_closure() -> set[str]:
 
     from packaging.requirements import Requirement
 
-    def norm(name: str) -> str:
-        return name.lower().replace("_", "-").replace(".", "-")
+    norm = _norm
 
     root = pathlib.Path(__file__).resolve().parents[1]
     todo = [(Requirement(r), "") for r in tomllib.loads((root / "pyproject.toml").read_text())[
@@ -392,8 +376,24 @@ def _job_group_closure() -> set[str]:
         except importlib.metadata.PackageNotFoundError:
             continue
         todo.extend((Requirement(r), e) for r in requires for e in extras)
-    # The project itself: the worker installs it with --no-deps.
-    return {key.partition("[")[0] for key in seen} | {"ehr-uncertainty"}
+    return {key.partition("[")[0] for key in seen}
+
+
+def _job_group_site(target: pathlib.Path) -> pathlib.Path:
+    """A site-packages holding only the job group's installed distributions (as links): a worker's."""
+    import importlib.metadata
+
+    allowed = _job_group_closure()
+    target.mkdir()
+    for dist in importlib.metadata.distributions():
+        if _norm(dist.metadata["Name"]) not in allowed:
+            continue
+        for top in {f.parts[0] for f in dist.files or ()}:
+            source = pathlib.Path(dist.locate_file(top))
+            # '..' leads to scripts outside site-packages; .pth files only extend paths we do not want.
+            if top != ".." and not top.endswith(".pth") and source.exists() and not (target / top).exists():
+                (target / top).symlink_to(source)
+    return target
 
 
 def test_the_job_group_holds_no_tensorflow():
@@ -403,17 +403,22 @@ def test_the_job_group_holds_no_tensorflow():
 
 
 def test_the_job_runs_with_only_the_job_group_installed(demo_run, demo_dir, tmp_path):
-    """Writing SequenceExamples needs protobuf only: the job's records are the same without TensorFlow."""
+    """Writing SequenceExamples needs protobuf only: with nothing but the `job` group importable, the same records."""
     import subprocess
     import sys
 
+    root = pathlib.Path(__file__).resolve().parents[1]
+    site = _job_group_site(tmp_path / "site-packages")
     config = tmp_path / "job.yaml"
     config.write_text(json.dumps(CONFIG))  # JSON is YAML
     out = tmp_path / "out"
-    allowed = json.dumps(sorted(_job_group_closure()))
-    done = subprocess.run([sys.executable, "-c", _ONLY_THE_JOB_GROUP, allowed, "run", "--mimic-dir", str(demo_dir),
-                           "--out", str(out), "--config", str(config)],
-                          cwd=pathlib.Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    # -S: no site-packages but the worker's; the project from its checkout, as --no-deps installs it.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(site)])}
+    probe = subprocess.run([sys.executable, "-S", "-c", "import tensorflow"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "No module named 'tensorflow'" in probe.stderr
+    done = subprocess.run([sys.executable, "-S", "-m", "ehr_pipeline.cli", "run", "--mimic-dir", str(demo_dir),
+                           "--out", str(out), "--config", str(config)], cwd=root, env=env, capture_output=True,
+                          text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     _, expected, examples = demo_run
     assert {h: ex["raw"] for h, ex in read_examples(out).items()} == {h: ex["raw"] for h, ex in examples.items()}
