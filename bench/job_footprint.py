@@ -2,9 +2,10 @@
 
     python bench/job_footprint.py [--mimic-dir ../shared/mimic-iii-demo] [--repeat 5] [--no-write]
 
-Two sides, measured in one run, each in fresh processes: "with TensorFlow" imports TensorFlow
-first, as the job did when it built its SequenceExample protos with ``tf.train``; "without"
-is the job as it is (protobuf alone, ``ehr_pipeline/example_protos.py``). Import + start-up is
+Two sides, measured in one run, each in fresh processes: "before" imports TensorFlow first, as
+the job did when it built its SequenceExample protos with ``tf.train``, and keeps Arrow's default
+allocator (mimalloc); "now" is the job as it is (protobuf alone, ``ehr_pipeline/example_protos.py``;
+the system allocator that ``ehr_base`` picks). Import + start-up is
 the wall time of a process that imports everything the job's driver and its in-process workers
 import (the CLI, the job, its transforms, Beam's local runner) and exits; the job's peak RSS is
 that of ``ehr-pipeline run`` on the demo. Medians over --repeat runs; the table goes to
@@ -13,6 +14,7 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import statistics
 import sys
@@ -33,15 +35,16 @@ _RUN = "import runpy, sys; {pre}sys.argv = ['ehr-pipeline', *sys.argv[1:]]; runp
 def measure(mimic_dir: pathlib.Path, with_tf: bool, repeat: int) -> dict[str, float]:
     """Median import + start-up (s) and the job's peak RSS on the demo (MiB) for one side."""
     pre = _WITH_TF if with_tf else ""
+    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"} if with_tf else None
     starts, peaks = [], []
     for _ in range(repeat):
-        start = run_child([sys.executable, "-c", pre + _JOB_IMPORTS], cwd=ROOT)
+        start = run_child([sys.executable, "-c", pre + _JOB_IMPORTS], env=env, cwd=ROOT)
         if start.returncode:
             raise RuntimeError(start.stderr[-2000:])
         starts.append(start.wall_s)
         with tempfile.TemporaryDirectory(prefix="ehr-footprint-") as out:
             job = run_child([sys.executable, "-c", _RUN.format(pre=pre), "run", "--mimic-dir", str(mimic_dir),
-                             "--out", out], cwd=ROOT)
+                             "--out", out], env=env, cwd=ROOT)
         if job.returncode:
             raise RuntimeError(job.stderr[-2000:])
         peaks.append(job.peak_rss_mb)
@@ -68,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=5, help="fresh processes per side; the median is kept")
     p.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = p.parse_args(argv)
-    rows = {"with TensorFlow (before)": measure(args.mimic_dir, True, args.repeat),
-            "without TensorFlow (now)": measure(args.mimic_dir, False, args.repeat)}
+    rows = {"before: TensorFlow imported, Arrow's mimalloc": measure(args.mimic_dir, True, args.repeat),
+            "now: no TensorFlow, the system allocator": measure(args.mimic_dir, False, args.repeat)}
     publish("job_footprint", to_markdown(rows, command_line(__file__, argv), args.repeat), write=not args.no_write)
     return 0
 
