@@ -216,7 +216,7 @@ def test_local_paths_are_made_absolute_and_urls_kept():
     assert outputs.absolute("out/data") == os.path.join(os.getcwd(), "out", "data")
     assert outputs.absolute(pathlib.Path("../x/./y")) == os.path.normpath(os.path.join(os.getcwd(), "..", "x", "y"))
     assert outputs.absolute("/data/mimic/") == "/data/mimic"
-    for url in ("gs://bucket/seqex", "s3://b/k", "file:///tmp/x"):
+    for url in ("gs://bucket/seqex", "s3://b/k", "hdfs://namenode/seqex"):
         assert outputs.absolute(url) == url
 
 
