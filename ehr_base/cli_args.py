@@ -65,6 +65,17 @@ def output_dir(value: str) -> str:
     return value
 
 
+def fraction(value: str) -> float:
+    """argparse type: a number in (0, 1] (a coverage, a risk)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value!r}") from None
+    if not 0.0 < number <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value!r}")
+    return number
+
+
 def positive_int(value: str) -> int:
     """argparse type: an integer >= 1."""
     try:

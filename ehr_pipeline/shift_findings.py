@@ -286,7 +286,7 @@ def unit_mismatches(reference: Profile, current: Profile, conv: units.Converter,
         if conversion is not None and conversion.identity:
             continue  # two names of one unit (mEq/L and mmol/L of a monovalent ion)
         out[code] = data_unit
-        how = (f"prepare the data with `ehr-pipeline run --units-from MODEL_DIR` to convert them"
+        how = ("prepare the data with `ehr-pipeline run --units-from MODEL_DIR` to convert them"
                if conversion is not None else f"they cannot be converted ({why})")
         findings.append(Finding("unit_mismatch", SEVERE, code,
                                 f"{code}: the data's values are in {data_unit}, the model's in {model_unit}: {how}",

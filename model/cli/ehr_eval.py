@@ -18,7 +18,8 @@ import pathlib
 import sys
 
 from ehr_base import console
-from ehr_base.cli_args import OneLineParser, existing_dir, existing_file, output_dir, setup_logging, usage_error
+from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, fraction, output_dir, setup_logging,
+                               usage_error)
 
 log = logging.getLogger("model.eval")
 
@@ -73,10 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "predictive_entropy for a baseline, whose mutual information is 0)")
     parser.add_argument("--bootstrap", type=int, default=d.n_bootstrap, help="bootstrap resamples for the CIs")
     parser.add_argument("--num-bins", type=int, default=d.num_bins, help="ECE bins")
-    parser.add_argument("--target-coverage", type=_fraction, default=clinical_stats.TARGET_COVERAGE,
+    parser.add_argument("--target-coverage", type=fraction, default=clinical_stats.TARGET_COVERAGE,
                         help="selective prediction: report the error rate of the cases kept at this coverage "
                              "(fraction of cases the model decides alone)")
-    parser.add_argument("--target-risk", type=_fraction, default=clinical_stats.TARGET_RISK,
+    parser.add_argument("--target-risk", type=fraction, default=clinical_stats.TARGET_RISK,
                         help="selective prediction: report the largest coverage whose kept cases' error rate "
                              "(p > 0.5 against the label) is at most this")
     parser.add_argument("--export-ensemble", default=None, metavar="DIR", type=output_dir,
@@ -89,18 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true",
                    help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
     return parser
-
-
-# Shaped like ehr_base.cli_args.positive_int; a range of floats with its own message, used only here.
-def _fraction(text: str) -> float:
-    """A number in (0, 1], for argparse."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
 
 
 def resolve_model_dir(path: str) -> pathlib.Path:
