@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sites = "; ".join(f"{name}: {site.description}" for name, site in SITES.items())
     parser.add_argument("--site", choices=tuple(SITES), default="A",
                         help=f"hospital the release comes from ({sites}); P_DEATH is the same function of the "
-                             "physiology at every site (see docs/synthetic.md, 'Sites') (default: %(default)s)")
+                             "physiology at sites A, B and C, and differs at D and E (see docs/synthetic.md, "
+                             "'Sites') (default: %(default)s)")
     parser.add_argument("--truth", choices=TRUTH_FAMILIES, default="linear",
                         help="the mortality truth: 'linear' in per-code aggregates of the first day (the "
                              "releases as they always were), or 'temporal', which adds a pre-admission clinic "

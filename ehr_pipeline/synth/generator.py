@@ -70,9 +70,10 @@ COURSE_STREAM = 0  # chunk_rng child of the temporal family's clinic course
 
 
 def release_model(cfg: SynthConfig) -> MortalityModel | TemporalModel:
-    """The truth of a release: its family's model for its events_scale."""
-    return (temporal.temporal_model(cfg.events_scale) if cfg.truth == "temporal"
-            else MortalityModel(lab_volume_scale=cfg.events_scale))
+    """The truth of a release: its family's model for its events_scale, with its site's truth."""
+    model = (temporal.temporal_model(cfg.events_scale) if cfg.truth == "temporal"
+             else MortalityModel(lab_volume_scale=cfg.events_scale))
+    return SITES[cfg.site].truth_model(model)
 
 
 def _group_reduce(owner: np.ndarray, values: np.ndarray, n: int, how: str) -> np.ndarray:

@@ -147,7 +147,8 @@ def _write_manifest(path: pathlib.Path, cfg: SynthConfig, site: Site, model: Mor
         "trigger_offset_seconds": cfg.trigger_offset_seconds, "dialect": cfg.dialect, "gzip": cfg.gzip,
         "events_scale": cfg.events_scale, "compresslevel": cfg.compresslevel,
         "dictionary_enriched": cfg.dictionary_dir is not None,
-        # The coefficients this release's truth used (the temporal family's: its linear part).
+        # The coefficients this release's truth used: the site's truth applied (sites D and E
+        # differ from site A's), the temporal family's linear part.
         "site": site.describe(), "mortality_model": dataclasses.asdict(linear), "rows": rows,
     }
     if cfg.plant_subgroup is not None:  # absent otherwise, so default manifests keep their bytes
