@@ -113,6 +113,8 @@ def test_trajectory_terms_carry_most_of_the_signal_and_are_defined_for_most_admi
     trajectory_part = (traj @ np.array([t["creatinine_trend"], t["readmission"]]))[cohort]
     linear_part = (design @ coef)[cohort]
     share = trajectory_part.var() / (trajectory_part.var() + linear_part.var())
+    print(f"{cohort.sum()} adult stays reaching the trigger: var(trajectory part) {trajectory_part.var():.2f}, "
+          f"var(linear part) {linear_part.var():.2f}, share {share:.2f}")
     assert share > 0.5, share
     assert abs(np.corrcoef(trajectory_part, linear_part)[0, 1]) < 0.1
     _, feats = recompute.trajectory_features(temporal)
@@ -144,6 +146,8 @@ def test_trajectory_terms_are_nearly_uncorrelated_with_every_first_day_aggregate
     aggs = aggs.loc[:, aggs.notna().mean() > 0.5]  # codes most admissions have
     traj = pd.DataFrame(_trajectory_terms(temporal, manifest, ids), index=ids)
     r = aggs.corrwith(traj[0]).abs().max(), aggs.corrwith(traj[1]).abs().max()
+    print(f"{len(ids)} admissions, {aggs.shape[1]} first-day aggregates: largest |r| with the trend {r[0]:.3f}, "
+          f"with the readmission term {r[1]:.3f}")
     # ~2,000 admissions and ~100 columns: chance alone gives a largest |r| of about 0.08.
     assert max(r) < 0.15, r
     # The check can fail: the linear part of the same truth is carried by these aggregates.
@@ -268,6 +272,14 @@ def test_temporal_truth_with_site_b_a_planted_subgroup_and_the_physionet_dialect
                            t["truth"].P_DEATH.reindex(ids).to_numpy(), rtol=1e-9, atol=1e-12)
 
 
+def test_temporal_truth_at_a_site_whose_truth_differs(tmp_path):
+    t = _release(tmp_path / "e", site="E", **{**TEMPORAL, "patients": 400})
+    # The site's factors apply to the temporal family's linear part (0.7 of site A's strength).
+    assert t["manifest"]["mortality_model"]["age"] == pytest.approx(0.7 * 0.03 * 2.0, abs=1e-12)
+    assert t["manifest"]["truth"]["trajectory"]["creatinine_trend"] == 10.0
+    _assert_matches(_temporal_probability(t), t["truth"].P_DEATH)
+
+
 # ----------------------------------------------------------------------------- sites D and E
 def test_sites_d_and_e_record_as_site_a_and_state_their_truth_in_the_manifest(sites):
     a = sites["A"]["manifest"]
@@ -331,6 +343,8 @@ def test_the_updating_ladder_finds_site_d_with_an_intercept_and_site_e_only_by_r
     logit_a, p_e, died_e, design = _site_a_logit_and_truth(sites["E"], site_a)
     slope, intercept = np.polyfit(logit_a, np.log(p_e / (1 - p_e)), 1)
     residual = np.log(p_e / (1 - p_e)) - (intercept + slope * logit_a)
+    print(f"site E, {len(p_e)} adult stays reaching the trigger: logit_E = {intercept:+.3f} + {slope:.3f} logit_A, "
+          f"residual SD {residual.std():.3f}")
     assert residual.std() > 0.4, "no intercept and slope on site A's logit gives site E's"
     # On local outcomes (half the stays to fit, the other half to score against P_DEATH):
     half = len(died_e) // 2
