@@ -95,6 +95,8 @@ def read_labels(path: str | os.PathLike[str]) -> Labels:
 def _read_label_file(file: str) -> pa.Table:
     """One label file's subject_id (int64), prediction_time and boolean_value, checked against the label schema."""
     schema = meds_schema.read_schema(file)
+    if "boolean_value" not in schema.names and {"subject_id", "prediction_time"} <= set(schema.names):
+        raise MedsError(f"{file}: no column 'boolean_value': this job's tasks are binary (MEDS boolean_value labels)")
     meds_schema.check(file, schema, meds_schema.LABELS)
     others = [c for c in meds_schema.LABEL_VALUES if c in schema.names]
     table = meds_schema.read_table(file, [*_COLUMNS, *others])

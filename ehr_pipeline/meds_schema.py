@@ -19,8 +19,9 @@ turns into it without changing what the job reads:
 * a column MEDS lets be null may also be all-null (pyarrow's null type).
 
 Stricter than ``align``, on purpose (``align`` would change a value or guess a meaning):
-* numbers, booleans, timestamps or decimals where MEDS wants text (a code 50912 read as '50912'),
+* numbers, booleans, timestamps, dates or bytes where MEDS wants text (a code 50912 read as '50912'),
   and text, booleans, timestamps or decimals where it wants an integer ('17' parsed as 17);
+* text or booleans where it wants a number (numeric_value '1.2' is a text value, not a measurement);
 * integers and dates where it wants a timestamp (an integer's unit is unknown; a date is no time of day,
   and reading it as midnight would place a day's events before they happened);
 * anything but bool where a label is boolean: ``align`` reads 'False' as false but 0.3 as true, and the

@@ -67,8 +67,12 @@ SOURCE_OFF = "source_not_enabled"  # an event of a source the pipeline config le
 MISSING_TIME = events.MISSING_TIME  # an event or task row without a time
 MISSING_CODE = events.MISSING_CODE
 NO_DISCHARGE_AFTER = "no_discharge_after"  # known at the next discharge, and there is none
-# rows/MEDS/dead_letter/<reason>: a row with a null subject_id belongs to no subject (MEDS: never null).
+# rows/MEDS/dead_letter/<reason>: a row with a null subject_id belongs to no subject (MEDS: never null);
+# a numeric_value of NaN or +-inf is no measurement (the CSV reader dead-letters them alike), nor is one beyond
+# float32, MEDS' type (a float64 column can hold one; past ~1e154 it would overflow the code's sum of squares).
 NULL_SUBJECT = deadletter.MISSING_REQUIRED
+BAD_NUMBER = deadletter.BAD_NUMBER
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -242,7 +246,8 @@ class MedsReader:
     def read_file(self, path: str) -> Iterator[SubjectsOut]:
         """Every block of whole subjects of one data file, in file order; memory is one block.
 
-        Rows without a subject_id come out as dead letters (a SubjectsOut with no examples), wherever they lie.
+        Rows without a subject_id, or with a non-finite value, come out as dead letters (a SubjectsOut with no
+        examples), wherever they lie.
         """
         try:
             pf = pq.ParquetFile(path)
@@ -257,7 +262,7 @@ class MedsReader:
         done: set[int] = set()
         first_row = 0
         for table in self._tables(pf, path, columns):
-            table, dead = self._without_null_subjects(table, path, first_row)
+            table, dead = self._without_dead_rows(table, path, first_row)
             first_row += table.num_rows + len(dead.dead if dead else ())
             if dead is not None:
                 yield dead
@@ -293,20 +298,31 @@ class MedsReader:
             yield table
 
     @staticmethod
-    def _without_null_subjects(table: pa.Table, path: str, first_row: int) -> tuple[pa.Table, SubjectsOut | None]:
-        """The rows with a subject_id, and the others as dead letters (row numbers from 1 in the file)."""
-        valid = np.asarray(pc.is_valid(table.column("subject_id")).to_numpy(zero_copy_only=False), dtype=bool)
-        if valid.all():
+    def _without_dead_rows(table: pa.Table, path: str, first_row: int) -> tuple[pa.Table, SubjectsOut | None]:
+        """The readable rows, and the others as dead letters (row numbers from 1 in the file): a null subject_id
+        (MEDS: never null) belongs to no subject; a numeric_value that is no finite float32 is no measurement."""
+        null_subject = np.asarray(pc.is_null(table.column("subject_id")).to_numpy(zero_copy_only=False), dtype=bool)
+        bad_number = np.zeros(table.num_rows, dtype=bool)
+        if "numeric_value" in table.column_names and not pa.types.is_null(table.schema.field("numeric_value").type):
+            value = pc.cast(table.column("numeric_value"), pa.float64())
+            readable = pc.and_(pc.is_finite(value), pc.less_equal(pc.abs(value), FLOAT32_MAX))
+            bad_number = ~np.asarray(pc.fill_null(readable, True).to_numpy(zero_copy_only=False), dtype=bool)
+            bad_number &= ~null_subject
+        dead = null_subject | bad_number
+        if not dead.any():
             return table, None
-        at = np.flatnonzero(~valid)
-        letters = [deadletter.DeadLetter(file=path, line=first_row + int(i) + 1, reason=NULL_SUBJECT,
-                                         raw=json.dumps(row, default=str, sort_keys=True),
-                                         detail="subject_id is null (MEDS: never null)")
-                   for i, row in zip(at.tolist(), table.take(pa.array(at)).to_pylist())]
-        n = len(letters)
-        dead = SubjectsOut(examples=[], units={}, counts={f"rows/{TABLE}/read": n,
-                                                          f"rows/{TABLE}/dead_letter/{NULL_SUBJECT}": n}, dead=letters)
-        return table.filter(pa.array(valid)), dead
+        at = np.flatnonzero(dead)
+        letters = []
+        for i, row in zip(at.tolist(), table.take(pa.array(at)).to_pylist()):
+            reason, detail = ((NULL_SUBJECT, "subject_id is null (MEDS: never null)") if null_subject[i] else
+                              (BAD_NUMBER, f"numeric_value is {row['numeric_value']} (MEDS values are finite float32)"))
+            letters.append(deadletter.DeadLetter(file=path, line=first_row + i + 1, reason=reason, detail=detail,
+                                                 raw=json.dumps(row, default=str, sort_keys=True)))
+        counts = {f"rows/{TABLE}/read": len(letters)}
+        for reason, mask in ((NULL_SUBJECT, null_subject), (BAD_NUMBER, bad_number)):
+            if mask.any():
+                counts[f"rows/{TABLE}/dead_letter/{reason}"] = int(np.count_nonzero(mask))
+        return table.filter(pa.array(~dead)), SubjectsOut(examples=[], units={}, counts=counts, dead=letters)
 
     def _block(self, table: pa.Table, subject: np.ndarray, done: set[int], path: str) -> SubjectsOut:
         starts = np.flatnonzero(np.r_[True, subject[1:] != subject[:-1]])
