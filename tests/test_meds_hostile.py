@@ -108,3 +108,27 @@ def test_label_times_under_a_second_apart_keep_their_microseconds(tmp_path, caps
     assert (T0 + 4 * 86400) * 1_000_000 + 500_000 in got.tolist()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["labels"]["prediction_times"]["file"] == meds_labels.PREDICTION_TIMES
+
+
+def test_the_meds_path_runs_with_only_the_job_group_installed(unfaulted, tmp_path):
+    """The schema checks are pyarrow's: with nothing but the `job` group importable (no `meds`), the same records."""
+    import os
+    import subprocess
+    import sys
+
+    from test_job import _job_group_site
+    from tests.conftest import REPO_ROOT
+
+    meds = write_base(tmp_path / "meds")
+    site = _job_group_site(tmp_path / "site-packages")
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(CONFIG)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(site)])}
+    probe = subprocess.run([sys.executable, "-S", "-c", "import meds"], env=env, capture_output=True, text=True)
+    assert probe.returncode != 0 and "No module named 'meds'" in probe.stderr
+    done = subprocess.run([sys.executable, "-S", "-m", "ehr_pipeline.cli", "run", "--meds-dir", str(meds),
+                           "--labels", str(meds / LABELS), "--out", str(tmp_path / "out"), "--config", str(config)],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = read_examples(tmp_path / "out")
+    assert {k: e["raw"] for k, e in got.items()} == {k: e["raw"] for k, e in unfaulted[True].items()}
