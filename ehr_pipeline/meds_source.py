@@ -18,8 +18,12 @@ the dataset:
 4. Events are cut to the examples by ``events.filter_to_cohort`` (strictly before the prediction time)
    and split per example, exactly as the CSV source does.
 
-Every row read is counted once, under ``rows/MEDS/*`` and ``events/MEDS/extract/<reason>``, and
-every kept event under ``events/MEDS/cohort/<reason>``; every label row under ``labels/<reason>``.
+Every file is checked against MEDS' data schema first (``meds_schema``: one line naming the file and
+the column). Every row read is counted once, under ``rows/MEDS/*`` (a row without a subject_id or with
+a value no float32 holds is a dead letter) and ``events/MEDS/extract/<reason>``, and every kept event
+under ``events/MEDS/cohort/<reason>``; every label row (``meds_labels``) under ``labels/<reason>``.
+A subject's rows must lie together in one file: apart in a file, or in two files
+(``subjects_in_two_files``), they are refused naming the subject.
 
 The prediction-time boundary: MEDS says data up to AND including ``prediction_time`` may be used.
 This job uses events strictly BEFORE it, as it does for MIMIC-III (docs/meds.md says why).

@@ -387,7 +387,7 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
         from model.training.inputs import example_ids
 
         records, labels, hadm_ids = read_split(files, split_name)
-        ids[split_name] = example_ids(records)
+        ids[split_name] = _meds_ids(files.data_dir, example_ids(records), hadm_ids)
         probs = predict_probs(exports, records, num_samples, seed, batch_size=batch_size, progress=progress)
         return probs, labels, hadm_ids, records
 
@@ -423,8 +423,7 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
     if other_data:
         extra["shift"] = _shift_of_split(exports, files.data_dir, split, records, probs, num_samples)
     if out_dir is not None:
-        meds_ids = (ids[split][0], meds_labels.exact_prediction_times(files.data_dir, hadm_ids, ids[split][1]))
-        _write_outputs(out_dir, report, probs, labels, hadm_ids, meds_ids, shifted=extra.get("shift"),
+        _write_outputs(out_dir, report, probs, labels, hadm_ids, ids[split], shifted=extra.get("shift"),
                        models=[str(e.path) for e in exports], split=split, seed=seed, data_sha=data_sha,
                        measure=measure, num_bins=num_bins, truth=truth, attributes=attributes, referred=referred,
                        ensemble_size=k, num_samples=num_samples)
@@ -435,6 +434,13 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
                                                measure=measure, rate=rate, threshold=threshold,
                                                num_samples=num_samples, data_sha=data_sha)
     return report, extra
+
+
+def _meds_ids(data_dir: str, ids: tuple[list[int], list[int]], hadm_ids: Sequence[int]
+              ) -> tuple[list[int], np.ndarray]:
+    """(subject_id, trigger time s) per example -> (subject_id, prediction time in microseconds): the label row's
+    own where the data was made from MEDS labels (meds_labels.PREDICTION_TIMES), so predictions join back to them."""
+    return ids[0], meds_labels.exact_prediction_times(data_dir, hadm_ids, ids[1])
 
 
 def _write_outputs(out_dir: str | os.PathLike[str], report: dict, probs: np.ndarray, labels: Sequence[int],
