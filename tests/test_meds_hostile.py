@@ -9,13 +9,20 @@ for byte.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from ehr_pipeline import cli, meds_labels
+from ehr_pipeline.config import PipelineConfig
 from ehr_pipeline.deadletter import read_dead_letters
-from test_job import read_examples
+from ehr_pipeline.job import run_meds_job
+from test_job import _job_group_site, read_examples
+from tests.conftest import REPO_ROOT
 from tests.hostile_meds import DATA0, FAULTS, LABELS, T0, faulted_meds, write_base
 
 CONFIG = "num_shards: {train: 1, validation: 1, test: 1}\nvocab: {min_count: 1}\n"
@@ -37,10 +44,6 @@ def _entry(manifest: dict, path: str) -> int:
 @pytest.fixture(scope="module")
 def unfaulted(tmp_path_factory) -> dict[bool, dict]:
     """The unfaulted dataset's examples, without and with its label file."""
-    from ehr_pipeline.config import PipelineConfig
-    from ehr_pipeline.job import run_meds_job
-    import yaml
-
     base = write_base(tmp_path_factory.mktemp("meds") / "base")
     config = PipelineConfig.model_validate(yaml.safe_load(CONFIG))
     out = {}
@@ -112,13 +115,6 @@ def test_label_times_under_a_second_apart_keep_their_microseconds(tmp_path, caps
 
 def test_the_meds_path_runs_with_only_the_job_group_installed(unfaulted, tmp_path):
     """The schema checks are pyarrow's: with nothing but the `job` group importable (no `meds`), the same records."""
-    import os
-    import subprocess
-    import sys
-
-    from test_job import _job_group_site
-    from tests.conftest import REPO_ROOT
-
     meds = write_base(tmp_path / "meds")
     site = _job_group_site(tmp_path / "site-packages")
     config = tmp_path / "pipeline.yaml"
