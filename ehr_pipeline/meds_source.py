@@ -208,7 +208,7 @@ class SubjectsOut:
     """What one block of whole subjects gives: examples, unit census and counts."""
 
     examples: list  # (key, cohort row dict, times s, codes, values, units)
-    units: dict[tuple[str, str], int]
+    units: dict[tuple[str, str], tuple[int, dict[int, int]]]  # events.unit_counts: (rows, magnitude sketch)
     counts: dict[str, int]
 
 
