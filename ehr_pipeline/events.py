@@ -302,15 +302,21 @@ def unit_counts(events: pa.Table) -> dict[tuple[str, str], magnitudes.Tally]:
     kept = events.filter(valid)
     if kept.num_rows == 0:
         return {}
-    bins = magnitudes.magnitude_bins(kept.column("value").to_numpy(zero_copy_only=False))
-    pairs = pa.table({"code": kept.column("code"), "unit": kept.column("unit"), "bin": bins})
-    grouped = pairs.group_by(["code", "unit", "bin"]).aggregate([([], "count_all")])
+    # Integer keys and one np.unique: grouping by three columns in arrow cost 3x the rest of the census.
+    codes = pc.dictionary_encode(kept.column("code")).combine_chunks()
+    units = pc.dictionary_encode(kept.column("unit")).combine_chunks()
+    bins = magnitudes.magnitude_bins(kept.column("value").to_numpy(zero_copy_only=False)) - magnitudes.ZERO_BIN
+    n_units, n_bins = len(units.dictionary), magnitudes.INFINITE_BIN - magnitudes.ZERO_BIN + 1
+    keys = (codes.indices.to_numpy().astype(np.int64) * n_units + units.indices.to_numpy()) * n_bins + bins
+    found, counts = np.unique(keys, return_counts=True)
+    code_names, unit_names = codes.dictionary.to_pylist(), units.dictionary.to_pylist()
     out: dict[tuple[str, str], magnitudes.Tally] = {}
-    for c, u, b, n in zip(grouped.column("code").to_pylist(), grouped.column("unit").to_pylist(),
-                          grouped.column("bin").to_pylist(), grouped.column("count_all").to_pylist()):
-        rows, sketch = out.setdefault((c, u), (0, {}))
-        sketch[b] = int(n)
-        out[(c, u)] = (rows + int(n), sketch)
+    for key, n in zip(found.tolist(), counts.tolist()):
+        pair_key, b = divmod(key, n_bins)
+        pair = (code_names[pair_key // n_units], unit_names[pair_key % n_units])
+        rows, sketch = out.get(pair, (0, {}))
+        sketch[b + magnitudes.ZERO_BIN] = n
+        out[pair] = (rows + n, sketch)
     return out
 
 

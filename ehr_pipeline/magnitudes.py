@@ -32,29 +32,30 @@ import numpy as np
 
 BOUND = 1e3  # converted values must land within [1/BOUND, BOUND] x the training median
 BINS_PER_DECADE = 20
-ZERO_BIN = -(2 ** 31)  # the bin of |value| == 0 (below every other bin)
+# |value| == 0 and infinities get bins of their own, just outside the finite floats' (log10 of the
+# smallest subnormal is -323.3, of the largest 308.3): every bin fits in [ZERO_BIN, INFINITE_BIN].
+ZERO_BIN = -325 * BINS_PER_DECADE
+INFINITE_BIN = 310 * BINS_PER_DECADE
 # A census entry: (rows with a value, {bin: values}), summed over files by merge_tallies.
 Tally = tuple[int, dict[int, int]]
 
 
 def magnitude_bins(values: np.ndarray) -> np.ndarray:
-    """The bin of each |value| (int64): floor(BINS_PER_DECADE * log10|v|), ZERO_BIN for 0; no NaN.
+    """The bin of each |value| (int64): floor(BINS_PER_DECADE * log10|v|), ZERO_BIN for 0, INFINITE_BIN for inf.
 
-    An infinity gets a bin above every finite one, so a census that counts it stays total.
+    No NaN: a census counts values, and NaN is no value.
     """
     magnitude = np.abs(np.asarray(values, dtype=np.float64))
     out = np.full(magnitude.shape, ZERO_BIN, dtype=np.int64)
     positive = magnitude > 0
-    with np.errstate(over="ignore"):
-        scaled = BINS_PER_DECADE * np.log10(magnitude[positive])
-    out[positive] = np.floor(np.clip(scaled, -1e9, 1e9)).astype(np.int64)
+    out[positive] = np.floor(np.minimum(BINS_PER_DECADE * np.log10(magnitude[positive]), INFINITE_BIN))
     return out
 
 
 def sketch(values: np.ndarray) -> dict[int, int]:
-    """{bin: values} of finite values (NaN and infinities left out)."""
+    """{bin: values} of the values that are not NaN, as the job's census counts them (events.unit_counts)."""
     values = np.asarray(values, dtype=np.float64)
-    bins, counts = np.unique(magnitude_bins(values[np.isfinite(values)]), return_counts=True)
+    bins, counts = np.unique(magnitude_bins(values[~np.isnan(values)]), return_counts=True)
     return {int(b): int(n) for b, n in zip(bins, counts)}
 
 
@@ -74,7 +75,7 @@ def merge_tallies(tallies: Iterable[Tally]) -> Tally:
 
 
 def typical(sketch_: Mapping[int, int] | None) -> float | None:
-    """The median |value| of a sketch (its bin's geometric centre; 0.0 when it is a zero); None when empty."""
+    """The median |value| of a sketch (its bin's geometric centre; 0.0 or inf for those bins); None when empty."""
     if not sketch_:
         return None
     total = sum(sketch_.values())
@@ -83,7 +84,9 @@ def typical(sketch_: Mapping[int, int] | None) -> float | None:
         seen += sketch_[b]
         if 2 * seen >= total:  # the lower median: the same bin for the job's census and the service's request
             # Four digits: the bin is 12% wide, and units.json stays readable.
-            return 0.0 if b == ZERO_BIN else float(f"{10 ** ((b + 0.5) / BINS_PER_DECADE):.4g}")
+            if b in (ZERO_BIN, INFINITE_BIN):
+                return 0.0 if b == ZERO_BIN else math.inf
+            return float(f"{10 ** ((b + 0.5) / BINS_PER_DECADE):.4g}")
     raise AssertionError("unreachable: the loop ends at the last bin")
 
 

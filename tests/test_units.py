@@ -12,10 +12,11 @@ import pathlib
 import re
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ehr_pipeline import magnitudes, outputs, seqex, spec, tfrecord, unit_strings, units
+from ehr_pipeline import events, magnitudes, outputs, seqex, spec, tfrecord, unit_strings, units
 from ehr_pipeline import manifest as manifest_mod
 from ehr_pipeline.config import PipelineConfig
 from ehr_pipeline.job import run_job
@@ -357,6 +358,25 @@ def test_census_entries_of_two_files_add_up_to_the_census_of_both(a, b):
     parts = [(len(part), magnitudes.sketch(np.array(part))) for part in (a, b)]
     tally = magnitudes.merge_tallies(parts)
     assert tally == (len(a) + len(b), magnitudes.sketch(np.array(a + b)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["lab:1", "lab:2"]), st.sampled_from([None, "mg/dL", "MG/DL", "N/A"]),
+                          st.one_of(st.just(math.nan), st.just(0.0), st.just(-0.0),
+                                    st.floats(-1e300, 1e300, allow_nan=False, allow_infinity=False))), max_size=40))
+def test_the_census_counts_each_value_once_in_its_magnitude_bin(rows):
+    """events.unit_counts against a loop over the rows: rows per (code, unit as written) and their |value| bins."""
+    table = pa.table({"code": [c for c, _, _ in rows], "unit": pa.array([u for _, u, _ in rows], pa.string()),
+                      "value": pa.array([v for _, _, v in rows], pa.float64())})
+    expected: dict = {}
+    for code, unit, value in rows:
+        if unit is None or math.isnan(value):
+            continue
+        b = magnitudes.ZERO_BIN if value == 0 else math.floor(magnitudes.BINS_PER_DECADE * np.log10(abs(value)))
+        n, sketch = expected.get((code, unit), (0, {}))
+        sketch[b] = sketch.get(b, 0) + 1
+        expected[(code, unit)] = (n + 1, sketch)
+    assert events.unit_counts(table) == expected
 
 
 def test_the_bound_is_a_factor_of_a_thousand_either_way():
