@@ -32,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pipeline YAML (see configs/pipeline.yaml); default: built-in defaults")
     parser.add_argument("--units-from", default=None, metavar="DIR_OR_FILE", type=reference_units,
                         help="convert every value to the units of this model export or data folder (its "
-                             "units.json) instead of this release's most common unit per code: use it to "
-                             "prepare another site's data for a model trained elsewhere; default: none")
+                             "units.json) instead of this release's most common unit per code, and judge each "
+                             "conversion against its training medians (docs/units.md): use it to prepare another "
+                             "site's data for a model trained elsewhere; default: none")
     parser.epilog = (
         "Any other flag is passed to Beam, e.g. --runner=FlinkRunner --flink_master=HOST:8081, "
         "--runner=SparkRunner --spark_master_url=spark://HOST:7077, or --runner=DataflowRunner "

@@ -7,8 +7,8 @@
 
 A source yields, on ONE PCollection, ``(kind, payload)`` pairs: ``EXAMPLE`` (example key, [its
 cohort row (a dict), its event chunks (bytes)]), ``UNITS`` ((code, unit), (rows, magnitude
-sketch)) for the unit census, ``COUNTS`` (name, n), ``DEAD`` (file, dead letter) and ``FATAL`` (a one-line error). Both
-sources emit the same examples, so everything after them is shared. One output with kinds rather
+sketch)) for the unit census, ``COUNTS`` (name, n), ``DEAD`` (file, dead letter) and ``FATAL``
+(a one-line error). Both sources emit the same examples, so everything after them is shared. One output with kinds rather
 than Beam's tagged outputs: the Dask runner does not route tagged outputs (all tags reach every
 consumer).
 
@@ -22,7 +22,8 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from ehr_pipeline import magnitudes, units
+from ehr_pipeline import magnitudes
+from ehr_pipeline import units as units_mod  # 'units' names the events' unit arrays here
 from ehr_pipeline.chunks import concat_chunks, pack_chunk
 
 NAMESPACE = "ehr_pipeline"
@@ -231,13 +232,13 @@ class BagExample(beam.DoFn):
         from ehr_pipeline.config import PipelineConfig
 
         self._config = PipelineConfig.model_validate(self._config_dict)
-        self._converter = units.Converter()  # one per worker: its cache outlives bundles
+        self._converter = units_mod.Converter()  # one per worker: its cache outlives bundles
         self._plan_seen, self._harmoniser = None, None
 
     def _harmoniser_for(self, plan: dict):
         if plan is not self._plan_seen:
             self._plan_seen = plan
-            self._harmoniser = units.Harmoniser(plan["canonical"], plan["loinc"], self._converter,
+            self._harmoniser = units_mod.Harmoniser(plan["canonical"], plan["loinc"], self._converter,
                                                 medians=plan.get("medians"), unit_medians=plan.get("unit_medians"))
         return self._harmoniser
 
@@ -293,7 +294,7 @@ def _dead_value(meta: dict, hadm: int, times, codes, values, problem):
     i = problem.index
     return DeadValue(subject_id=int(meta["SUBJECT_ID"]), hadm_id=int(hadm), time=int(times[i]), code=str(codes[i]),
                      value=float(values[i]), unit=problem.unit, canonical_unit=problem.canonical, detail=problem.why,
-                     reason=units.NOT_USED[problem.outcome])
+                     reason=units_mod.NOT_USED[problem.outcome])
 
 
 def unit_plan(census: list, loinc: dict, reference: dict | None, reference_medians: dict | None = None) -> dict:
@@ -303,7 +304,7 @@ def unit_plan(census: list, loinc: dict, reference: dict | None, reference_media
     reference's where it gives one, else this release's values recorded in that unit) and the
     typical |value| of every other unit of the code: what the plausibility bound judges.
     """
-    converter = units.Converter()
+    converter = units_mod.Converter()
     counts: dict[str, dict[str, int]] = {}
     sketches: dict[str, dict[str, list]] = {}  # code -> unit key -> sketches of its spellings
     for (code, unit), (rows, sketch) in census:
@@ -311,7 +312,7 @@ def unit_plan(census: list, loinc: dict, reference: dict | None, reference_media
         key = converter.key(unit)
         if key is not None:
             sketches.setdefault(code, {}).setdefault(key, []).append(sketch)
-    canonical = units.canonical_units(counts, converter, reference)
+    canonical = units_mod.canonical_units(counts, converter, reference)
     medians: dict[str, float] = {}
     unit_medians: dict[str, dict[str, float]] = {}
     for code, by_key in sorted(sketches.items()):
