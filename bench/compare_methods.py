@@ -102,11 +102,11 @@ def _make_data(release: pathlib.Path, data: pathlib.Path, units_from: pathlib.Pa
     """The Beam job on a release; with units_from (a data folder), values in that folder's units."""
     if (data / "manifest.json").exists():
         return
-    from ehr_pipeline import outputs
-    from ehr_pipeline.config import PipelineConfig
+    from ehr_pipeline.contract import layout
+    from ehr_pipeline.contract import PipelineConfig
     from ehr_pipeline.job import run_job
 
-    reference = outputs.read_json(str(units_from / outputs.UNITS))["canonical"] if units_from else None
+    reference = layout.read_json(str(units_from / layout.UNITS))["canonical"] if units_from else None
     log.info("Beam job: %s -> %s%s", release, data, f" (units of {units_from})" if units_from else "")
     run_job(str(release), str(data), PipelineConfig(), ["--runner=FnApiRunner"], reference_units=reference)
 

@@ -4,7 +4,7 @@
 
 Two sides, measured in one run, each in fresh processes: "before" imports TensorFlow first, as
 the job did when it built its SequenceExample protos with ``tf.train``, and keeps Arrow's default
-allocator (mimalloc); "now" is the job as it is (protobuf alone, ``ehr_pipeline/example_protos.py``;
+allocator (mimalloc); "now" is the job as it is (protobuf alone, ``ehr_pipeline/contract/protos.py``;
 the system allocator that ``ehr_base`` picks). Import + start-up is
 the wall time of a process that imports everything the job's driver and its in-process workers
 import (the CLI, the job, its transforms, Beam's local runner) and exits; the job's peak RSS is
@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.report import command_line, machine_info, publish, run_child  # noqa: E402
 
-_JOB_IMPORTS = ("import ehr_pipeline.cli, ehr_pipeline.job, ehr_pipeline.transforms, ehr_pipeline.seqex; "
+_JOB_IMPORTS = ("import ehr_pipeline.cli, ehr_pipeline.job, ehr_pipeline.job.transforms, ehr_pipeline.encode.seqex; "
                 "import apache_beam.runners.portability.fn_api_runner")
 _WITH_TF = "import tensorflow; "
 # The job's CLI, with TensorFlow imported first on the "with" side.

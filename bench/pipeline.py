@@ -13,7 +13,7 @@ in a fresh process pinned to one core:
 
 ``--sources`` measures the job's two sources alone on the same release: the MIMIC-III CSV source
 (``transforms.ReadMimicTable`` over every event file, cohort built first) and the MEDS source
-(``meds_source.MedsReader`` over the release converted by ``ehr-pipeline to-meds``), each packing
+(``meds.MedsReader`` over the release converted by ``ehr-pipeline to-meds``), each packing
 its examples' chunks as in the job. Targets: MEDS source events/s >= CSV source events/s, and the MEDS
 source's peak RSS flat as the release grows (subjects are streamed by file, a block at a time).
 
@@ -92,9 +92,12 @@ def child_job(mimic_dir: str, out_dir: str) -> dict:
     import apache_beam  # noqa: F401
     from apache_beam.runners.portability import fn_api_runner  # noqa: F401
 
-    from ehr_pipeline import (bagging, cohort, events, manifest, outputs, reader, seqex, spec,  # noqa: F401
-                              splits, tfrecord, vocab)
-    from ehr_pipeline.config import PipelineConfig
+    from ehr_pipeline import reader
+    from ehr_pipeline.contract import layout, spec, splits, tfrecord
+    from ehr_pipeline.encode import bagging, seqex
+    from ehr_pipeline.job import manifest, vocab
+    from ehr_pipeline.mimic import cohort, events
+    from ehr_pipeline.contract import PipelineConfig
     from ehr_pipeline.job import run_job
 
     config = PipelineConfig.model_validate({})
@@ -142,8 +145,12 @@ def child_source(kind: str, path: str) -> dict:
     pa.set_io_thread_count(1)
     import apache_beam  # noqa: F401
 
-    from ehr_pipeline import cohort, events, meds_codes, meds_source, reader, transforms  # noqa: F401
-    from ehr_pipeline.job import _read_cohort_tables
+    from ehr_pipeline import meds
+    from ehr_pipeline import reader
+    from ehr_pipeline.job import transforms
+    from ehr_pipeline.meds import code_map
+    from ehr_pipeline.mimic import cohort, events  # noqa: F401
+    from ehr_pipeline.job.run import _read_cohort_tables
 
     baseline = peak_rss_mb()
     cpu0, started = _cpu_s(), time.perf_counter()
@@ -160,9 +167,9 @@ def child_source(kind: str, path: str) -> dict:
                         rows += payload[1]
         examples = coh.table.num_rows
     else:
-        src = meds_source.MedsReader(codes=meds_codes.MedsCodes(), trigger_offset_seconds=86400, min_age_years=18.0,
-                                     splits=meds_source.read_subject_splits(path))
-        for file in meds_source.data_files(path):
+        src = meds.MedsReader(codes=code_map.MedsCodes(), trigger_offset_seconds=86400, min_age_years=18.0,
+                                     splits=meds.read_subject_splits(path))
+        for file in meds.data_files(path):
             for out in src.read_file(file):
                 for kind_, payload in transforms._meds_items(out):
                     if kind_ == transforms.COUNTS and payload[0] == "rows/MEDS/read":
@@ -175,8 +182,8 @@ def child_source(kind: str, path: str) -> dict:
 
 def measure_sources(size: int, patients: int, workdir: pathlib.Path, repeat: int) -> dict:
     """One release and its MEDS conversion; each source ``repeat`` times, interleaved, in fresh processes."""
-    from ehr_pipeline.config import PipelineConfig
-    from ehr_pipeline.to_meds import run_to_meds
+    from ehr_pipeline.contract import PipelineConfig
+    from ehr_pipeline.job import run_to_meds
 
     mimic, meds = workdir / f"release_{size}", workdir / f"meds_{size}"
     summary = _release(mimic, patients)
@@ -223,7 +230,7 @@ def render_sources(results: list[dict], command: str, repeat: int) -> tuple[str,
         "",
         "- **CSV source**: the cohort from ADMISSIONS + PATIENTS, then `transforms.ReadMimicTable` over every "
         "event file (read, extract, unit census, cut to the cohort, pack chunks). *Rows* = event-table rows.",
-        "- **MEDS source**: `meds_source.MedsReader` over every MEDS data file (read a block of whole subjects, "
+        "- **MEDS source**: `meds.MedsReader` over every MEDS data file (read a block of whole subjects, "
         "read codes, compute the built-in task, cut, pack chunks). *Rows* = MEDS data rows (the events plus "
         "the admission, discharge, death, birth and gender rows).",
         "- **RSS delta**: peak RSS minus the peak after imports. Both make the same examples (checked).", "",
@@ -278,7 +285,7 @@ def calibrate(workdir: pathlib.Path) -> float:
 
 def event_files(mimic_dir: pathlib.Path) -> list[str]:
     """The event-table files the job reads, as it locates them."""
-    from ehr_pipeline.events import TABLE_SOURCE
+    from ehr_pipeline.mimic.events import TABLE_SOURCE
     from ehr_pipeline.reader import locate_table
 
     return [str(p) for t in TABLE_SOURCE if (p := locate_table(mimic_dir, t)) is not None]

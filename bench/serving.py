@@ -149,8 +149,8 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
     import json
     import tempfile
 
-    from ehr_pipeline import seqex_tf, spec
-    from ehr_pipeline.config import PipelineConfig
+    from ehr_pipeline.contract import spec, tf_parse
+    from ehr_pipeline.contract import PipelineConfig
     from model.export import write as export_writer
     from model.export.predict import Predictor
     from model.training import inputs
@@ -219,9 +219,9 @@ def model_timings(model_dir: pathlib.Path, bodies: list[dict], num_samples: int,
     out["batch_max_diff"] = float(np.abs(alone - among).max())
     import tensorflow as tf
 
-    from ehr_pipeline import seqex_tf, spec
+    from ehr_pipeline.contract import spec, tf_parse
 
-    offsets = seqex_tf.parse_sequence_examples(tf.constant(examples))[spec.BAG_OFFSET]
+    offsets = tf_parse.parse_sequence_examples(tf.constant(examples))[spec.BAG_OFFSET]
     out["bags"] = [int(n) for n in offsets.row_lengths().numpy()]
     return out
 
@@ -330,9 +330,9 @@ def pass_and_floor(model_dir: pathlib.Path, bodies: list[dict], args: argparse.N
     out = {"pass_1": _median_time(lambda: predictor.forward([one], args.num_samples, 1), args.repeats)}
     import tensorflow as tf
 
-    from ehr_pipeline import seqex_tf, spec
+    from ehr_pipeline.contract import spec, tf_parse
 
-    steps = int(seqex_tf.parse_sequence_examples(tf.constant([one]))[spec.BAG_OFFSET].row_lengths()[0])
+    steps = int(tf_parse.parse_sequence_examples(tf.constant([one]))[spec.BAG_OFFSET].row_lengths()[0])
     out.update(matmul_floors(units, rows, steps, args.repeats))
     return out
 

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _prepare(seed: int, args: argparse.Namespace, work: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
     """(release, data folder, export) of one seed, each made if missing."""
-    from ehr_pipeline.config import PipelineConfig
+    from ehr_pipeline.contract import PipelineConfig
     from ehr_pipeline.job import run_job
     from ehr_pipeline.synth import SynthConfig, write_release
     from model.training.config import load_config
@@ -73,11 +73,11 @@ def _prepare(seed: int, args: argparse.Namespace, work: pathlib.Path) -> tuple[p
 
 
 def _with_type(records: list[bytes], kind: str) -> list[bytes]:
-    from ehr_pipeline import example_protos, spec
+    from ehr_pipeline.contract import protos, spec
 
     out = []
     for record in records:
-        example = example_protos.SequenceExample.FromString(record)
+        example = protos.SequenceExample.FromString(record)
         feature = example.context.feature[spec.ADMISSION_TYPE].bytes_list
         del feature.value[:]
         feature.value.append(kind.encode())
@@ -88,7 +88,8 @@ def _with_type(records: list[bytes], kind: str) -> list[bytes]:
 def measure(release: pathlib.Path, data: pathlib.Path, export_dir: pathlib.Path, samples: int,
             seed: int) -> dict[str, np.ndarray]:
     """Per test case: the recorded type, P_DEATH and the sampled probabilities [N, S*K] of each answer."""
-    from ehr_pipeline import seqex, spec
+    from ehr_pipeline.contract import spec
+    from ehr_pipeline.encode import seqex
     from model.evaluation.evaluate import load_truth
     from model.export.load import load_export
     from model.export.predict import predict_probs

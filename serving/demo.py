@@ -21,7 +21,8 @@ def _iso(seconds: int) -> str:
 
 def first_test_admission(data_dir: pathlib.Path) -> tuple[int, int]:
     """(SUBJECT_ID, HADM_ID) of the first example of the test split."""
-    from ehr_pipeline import seqex, spec, tfrecord
+    from ehr_pipeline.contract import spec, tfrecord
+    from ehr_pipeline.encode import seqex
 
     for path in sorted(data_dir.glob(spec.split_file_pattern("test"))):
         with open(path, "rb") as f:
@@ -35,8 +36,8 @@ def build_request(mimic_dir: pathlib.Path, subject_id: int, hadm_id: int, after_
     """A /v1/predict body for one admission from the raw tables, with events up to trigger + after_hours."""
     import pyarrow.compute as pc
 
-    from ehr_pipeline import events as ev
-    from ehr_pipeline.cohort import build_cohort
+    from ehr_pipeline.mimic import events as ev
+    from ehr_pipeline.mimic import build_cohort
     from ehr_pipeline.reader import TableReader, locate_table, read_table
 
     adm, _ = read_table(locate_table(mimic_dir, "ADMISSIONS"), "ADMISSIONS")

@@ -1,13 +1,13 @@
 """Request -> serialized SequenceExample, through the very functions that built the training data.
 
 Training/serving skew is the bug this module exists to prevent: codes are normalised by
-``ehr_pipeline.spec.format_code``, values are moved to the units the model was trained in by
-``ehr_pipeline.units.Harmoniser`` (the export's canonical units), events are bagged by ``ehr_pipeline.bagging.bag_events``
-(which applies each source's known-time rule and does not depend on the event order) with the
-export's own bagging config, the age is
-computed by ``ehr_pipeline.ages`` at the admission time (as the cohort builder does), and the
-record is written by ``ehr_pipeline.seqex.serialize`` from a ``spec.AdmissionContext``, as the job writes it. Nothing here re-implements
-any of them.
+``ehr_pipeline.contract.spec.format_code``, the age is computed by ``ehr_pipeline.encode.ages``
+at the admission time (as the cohort builder does), and the admission goes through
+``ehr_pipeline.encode.encode_admission``, the hop the Beam job's bagging step takes too: values
+move to the units the model was trained in (``units.Harmoniser`` with the export's canonical
+units), events are bagged with the export's own bagging config (each source's known-time rule
+applied, the event order irrelevant) and the record is written from a ``spec.AdmissionContext``.
+Nothing here re-implements any of them.
 """
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ import datetime as dt
 
 import numpy as np
 
-from ehr_pipeline import ages, bagging, meds_codes, population, seqex, spec, units
+from ehr_pipeline.contract import spec
+from ehr_pipeline.encode import ages, encode_admission, units
+from ehr_pipeline.meds import code_map
+from ehr_pipeline.shift import population
 from model.export.load import Export
 from serving.schemas import PredictRequest
 
@@ -111,18 +114,17 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
     values = np.fromiter((np.nan if e.value is None else e.value for e, _, _ in events), dtype=np.float64,
                          count=len(events))
     written = [unit for _, _, unit in events]
-    harmonised = export.harmoniser.harmonise(codes, written, values)
-    unit_rows = _unit_rows(codes, written, values)
-    values = harmonised.values
-    bags = bagging.bag_events(times, codes, values, trigger, pipeline.bagging)
-
     # Ethnicity and insurance stay NOT_RECORDED: a request does not carry them (they serve the
     # training data's subgroup reports, never the model).
     context = spec.AdmissionContext(
         subject_id=_SERVING_ID, hadm_id=_SERVING_ID, label=spec.LABEL_UNKNOWN, trigger_time=trigger,
         admit_offset_seconds=trigger - admit, age_years=age, gender=patient.gender,
         admission_type=request.admission.admission_type)
-    example = seqex.serialize(context, bags)  # the job's writer: the same admission gives the same bytes
+    # The job's own hop: the same admission gives the same bytes.
+    encoded = encode_admission(times, codes, values, written, context, export.harmoniser, pipeline.bagging)
+    harmonised, bags = encoded.harmonised, encoded.bags
+    unit_rows = _unit_rows(codes, written, values)
+    values = harmonised.values  # per request event, in the request's order (as codes)
 
     # Only codes the model actually sees (kept bags) can be out of its vocabulary.
     unknown = sorted(set(bags.codes.tolist()) - export.vocabulary)
@@ -147,7 +149,7 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
                       f"{export.harmoniser.canonical.get(code, '')}".rstrip() + "); the model caps them there"))
     warnings, kinds = ranked(found)
     return Encoded(
-        example=example,
+        example=encoded.record,
         prediction_time=EPOCH + dt.timedelta(seconds=trigger),
         age_years=age,
         events_received=len(request.events),
@@ -194,7 +196,7 @@ def _model_events(events, export: Export, loc: tuple[str | int, ...]) -> tuple[l
     """(event, 'source:code', unit) per request event the model reads, and the MEDS codes it does not read.
 
     A model trained on MIMIC-III tables reads 'source' + 'code'; one trained on MEDS data reads the MEDS
-    code with its code map (ehr_pipeline.meds_codes), the very map the job read its training codes with:
+    code with its code map (ehr_pipeline.meds.code_map), the very map the job read its training codes with:
     'LAB//50912//mg/dL' is 'lab:50912' in mg/dL (a unit given in the event wins over the code's).
     """
     mapper = export.meds_mapper
@@ -210,7 +212,7 @@ def _model_events(events, export: Export, loc: tuple[str | int, ...]) -> tuple[l
             raise InputError(loc + ("events", i, "source"), "this model was trained on MEDS data: give the MEDS code "
                              "(e.g. 'LAB//50912//mg/dL') in 'code' and leave 'source' out")
         mapped = mapper(e.code)
-        if mapped.kind != meds_codes.EVENT:
+        if mapped.kind != code_map.EVENT:
             skipped.append(e.code)
             continue
         out.append((e, mapped.code, e.unit if e.unit is not None else mapped.unit))

@@ -4,7 +4,7 @@ A deployed model sees its new population one request at a time, and no single re
 that creatinine now arrives in umol/L without a unit, or that a site's local codes fill a
 third of the chart. The monitor keeps the last ``Settings.monitor_window`` admissions it
 answered, each summarised by the very function that summarises the training data
-(``ehr_pipeline.population.admission_from_bags``, with the model's mutual information), plus
+(``ehr_pipeline.shift.population.admission_from_bags``, with the model's mutual information), plus
 the units their values came in, and compares them with the export's reference
 (``ehr_pipeline.shift.compare``): ``GET /v1/monitor`` answers the findings, and the gauges of
 ``serving.metrics`` carry the level and the main numbers for alerting.
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Mapping
 
 from ehr_pipeline import shift
-from ehr_pipeline.population import Admission, Profile
+from ehr_pipeline.shift import Admission, Profile
 from model.export.load import Export
 from serving.metrics import ServiceMetrics
 

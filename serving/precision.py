@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ehr_pipeline import spec
+from ehr_pipeline.contract import spec
 from model.export.load import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE, Export
 from serving.schemas import Admission, Patient, PredictRequest
 

@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from ehr_pipeline import bagging, spec, units
+from ehr_pipeline.contract import spec
+from ehr_pipeline.encode import bagging, units
 
 MAX_TEXT = 128  # longest code / admission type / unit / id accepted, characters
 

@@ -14,9 +14,11 @@ import pathlib
 
 import numpy as np
 
-from ehr_pipeline import bagging, outputs, seqex, spec, vocab
-from ehr_pipeline.config import PipelineConfig
-from ehr_pipeline.tfrecord import write_records
+from ehr_pipeline.contract import layout, spec
+from ehr_pipeline.encode import bagging, seqex
+from ehr_pipeline.job import vocab
+from ehr_pipeline.contract import PipelineConfig
+from ehr_pipeline.contract.tfrecord import write_records
 
 CODES = ["lab:50813", "lab:50912", "chart:211", "chart:220045", "input:30018", "prescription:ASPIRIN",
          "diagnosis:4019", "procedure:9604", "output:40055", "diagnosis:RISK"]
@@ -97,15 +99,15 @@ def write_data_dir(out: str | os.PathLike[str], sizes=(("train", 160), ("validat
                 write_records(f, records[shard::shards])
         splits[split] = {"examples": n, "positives": positives, "label_rate": positives / n}
     vocabulary = vocab.build_vocabulary(stats, config.vocab.min_count, config.vocab.max_size_per_source)
-    outputs.write_json(str(out / outputs.VOCABULARY), {"schema_version": spec.SCHEMA_VERSION, "sources": vocabulary,
+    layout.write_json(str(out / layout.VOCABULARY), {"schema_version": spec.SCHEMA_VERSION, "sources": vocabulary,
                                                        "min_count": config.vocab.min_count, "built_on": "train"})
-    outputs.write_json(str(out / outputs.NUMERIC_STATS), {
+    layout.write_json(str(out / layout.NUMERIC_STATS), {
         "schema_version": spec.SCHEMA_VERSION, "clip_z": config.numeric.clip_z,
         "codes": vocab.normalisation_stats(stats), "built_on": "train"})
-    outputs.write_json(str(out / outputs.MANIFEST), {"manifest_version": 1, "schema_version": spec.SCHEMA_VERSION,
+    layout.write_json(str(out / layout.MANIFEST), {"manifest_version": 1, "schema_version": spec.SCHEMA_VERSION,
                                                      "config": config.to_dict(), "splits": splits})
     if units:
-        outputs.write_json(str(out / outputs.UNITS), {
+        layout.write_json(str(out / layout.UNITS), {
             "schema_version": spec.SCHEMA_VERSION, "codes": {c: {u: unit_rows.get(c, 0)} for c, u in units.items()},
             "canonical": dict(units), "canonical_from": "this release"})
     with open(out / "SYNTH_TRUTH.csv", "w", newline="") as f:

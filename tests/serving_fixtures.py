@@ -24,8 +24,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ehr_pipeline import seqex, seqex_tf, spec
-from ehr_pipeline.config import PipelineConfig
+from ehr_pipeline.contract import spec, tf_parse
+from ehr_pipeline.encode import seqex
+from ehr_pipeline.contract import PipelineConfig
 
 FIXTURE_NAME = "TEST-FIXTURE-not-a-clinical-model"
 FIXTURE_METHOD = "test-fixture: seeded noise around a function of event counts"
@@ -74,7 +75,7 @@ def _fixture_module(ensemble_size: int, output_scale: float, bfloat16_offset: fl
             tf.TensorSpec([], tf.int64, name="seed"),
         ])
         def serve(self, examples, num_samples, seed):
-            parsed = seqex_tf.parse_sequence_examples(examples)
+            parsed = tf_parse.parse_sequence_examples(examples)
             counts = tf.cast(parsed[spec.BAG_COUNTS], tf.float32)
             total = tf.reduce_sum(tf.reduce_sum(counts, axis=-1), axis=-1)  # events per admission
             age = parsed[spec.AGE_YEARS]
@@ -233,7 +234,8 @@ def _write_train_split(data_dir: pathlib.Path, admission_types: Mapping[str, int
     """A one-shard train split of event-less examples, `admission_types[t]` of type t."""
     import numpy as np
 
-    from ehr_pipeline import bagging, tfrecord
+    from ehr_pipeline.contract import tfrecord
+    from ehr_pipeline.encode import bagging
 
     bags = bagging.bag_events(np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0), 86_400,
                               PipelineConfig().bagging)

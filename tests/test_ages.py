@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ehr_pipeline import ages
+from ehr_pipeline.encode import ages
 
 
 def secs(text: str) -> int:

@@ -138,11 +138,11 @@ def test_import_graph_reads_lazy_imports_and_skips_type_checking_ones():
     graph = import_graph()
     assert "model.export.load" in graph["model.export.predict"]  # module-level
     assert "model.export.predict" in graph["serving.predictor"]  # inside ServedModel.forward
-    assert "ehr_pipeline.spec" in graph["ehr_pipeline.bagging"]  # `from ehr_pipeline import spec`
+    assert "ehr_pipeline.contract.spec" in graph["ehr_pipeline.encode.bagging"]  # `from ehr_pipeline import spec`
     planted = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ehr_pipeline import bagging\n"
                         "from ehr_pipeline import spec\n")
-    assert _imported_names(planted, "x", False, _modules()) == {"typing", "ehr_pipeline.spec"}
-    assert "ehr_pipeline.bagging" in _imported_names(planted, "x", False, _modules(), type_only=True)
+    assert _imported_names(planted, "x", False, _modules()) == {"typing", "ehr_pipeline.contract.spec"}
+    assert "ehr_pipeline.encode.bagging" in _imported_names(planted, "x", False, _modules(), type_only=True)
 
 
 def test_no_import_cycles_between_project_modules():
@@ -154,7 +154,7 @@ def test_no_import_cycles_between_project_modules():
 def test_the_spec_is_the_bottom_of_the_data_layer():
     # The contract every other module reads: it may import nothing of the project, so no
     # circle can pass through it (bagging -> config -> spec -> bagging was one).
-    assert not import_graph()["ehr_pipeline.spec"]
+    assert not import_graph()["ehr_pipeline.contract.spec"]
 
 
 def test_nothing_imports_upward():

@@ -10,7 +10,8 @@ from sklearn.metrics import log_loss, roc_auc_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from ehr_pipeline import seqex, spec
+from ehr_pipeline.contract import spec
+from ehr_pipeline.encode import seqex
 from model.training import baselines, inputs
 
 

@@ -8,7 +8,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from ehr_pipeline import cohort, spec
+from ehr_pipeline.contract import spec
+from ehr_pipeline.mimic import cohort
 from ehr_pipeline.reader import TableReader, locate_table
 from tests.arrow_rows import batch
 

@@ -8,8 +8,9 @@ import pytest
 import tensorflow as tf
 from ehr_testdata import tiny_config_dict, write_data_dir
 
-from ehr_pipeline import bagging, seqex, seqex_tf, spec
-from ehr_pipeline.config import PipelineConfig
+from ehr_pipeline.contract import spec, tf_parse
+from ehr_pipeline.encode import bagging, seqex
+from ehr_pipeline.contract import PipelineConfig
 from model.evaluation import metrics
 from model.export.predict import Predictor, predict_probs, stateful_random_ops
 from model.layers import rank1
@@ -32,7 +33,7 @@ def data(tmp_path_factory):
 
 
 def _features(featurizer, records):
-    return featurizer(seqex_tf.parse_sequence_examples(tf.constant(records)))
+    return featurizer(tf_parse.parse_sequence_examples(tf.constant(records)))
 
 
 def _model(featurizer, method, **model):
@@ -260,7 +261,7 @@ def test_featurizer_gives_extremes_and_the_admission_window(data):
 
 def test_only_a_featurizer_with_a_window_writes_window_aggregates(data):
     files, plain, records, _ = data
-    parsed = seqex_tf.parse_sequence_examples(tf.constant(records))
+    parsed = tf_parse.parse_sequence_examples(tf.constant(records))
     assert "window_aggregates" not in plain(parsed)
     windowed = inputs.Featurizer.from_data_files(files, window_hours=48.0)(parsed)["window_aggregates"]
     assert windowed.shape == (len(records), inputs.Featurizer.from_data_files(files).window_aggregate_dim)

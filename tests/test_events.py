@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ehr_pipeline import bagging, cohort, events, schemas
+from ehr_pipeline.encode import bagging
+from ehr_pipeline.mimic import cohort, events
+from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.reader import TableReader, locate_table
 from tests.arrow_rows import batch
 
@@ -146,9 +148,9 @@ def test_diagnoses_and_procedures_known_at_discharge():
 
 def test_extract_dispatch_and_declared_columns_suffice():
     for table, (fn, columns) in events.EXTRACTORS.items():
-        sch = schemas.get(table)
+        sch = table_schemas.get(table)
         assert set(columns) <= set(sch.column_names), table
-        row = {c: (1 if sch.column(c).type is not schemas.ColType.STR else "x") for c in columns}
+        row = {c: (1 if sch.column(c).type is not table_schemas.ColType.STR else "x") for c in columns}
         row.update({c: 0 for c in ("ERROR", "ISERROR") if c in row})  # error flags off
         b = batch(table, [row])  # exactly the declared columns: nothing else may be read
         ev, counts = events.extract(table.lower(), b, {1: T0})

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 from ehr_testdata import read_json, tiny_config_dict
 
-from ehr_pipeline import seqex, spec, tfrecord
+from ehr_pipeline.contract import spec, tfrecord
+from ehr_pipeline.encode import seqex
 from model.export.load import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE, ExportError, load_export
 from model.export.predict import Predictor, predict_probs
 from model.training import inputs

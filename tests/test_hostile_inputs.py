@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from ehr_pipeline import cli
-from ehr_pipeline.deadletter import read_dead_letters
+from ehr_pipeline.reader.dead_letters import read_dead_letters
 from tests.conftest import REPO_ROOT
 from tests.hostile_data import FAULTS, faulted_copy
 

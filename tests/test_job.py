@@ -10,8 +10,9 @@ import pathlib
 
 import pytest
 
-from ehr_pipeline import outputs, seqex, spec, tfrecord, units
-from ehr_pipeline.config import PipelineConfig
+from ehr_pipeline.contract import layout, spec, tfrecord
+from ehr_pipeline.encode import seqex, units
+from ehr_pipeline.contract import PipelineConfig
 from ehr_pipeline.job import run_job
 
 # Huge max_bags so no event is dropped for age: every pre-trigger event must then appear.
@@ -125,8 +126,8 @@ def test_every_row_is_accounted_for(demo_run, demo_dir):
 
 def test_outputs_vocabulary_stats_and_checksums(demo_run):
     out, manifest, examples = demo_run
-    vocab = outputs.read_json(str(out / outputs.VOCABULARY))
-    stats = outputs.read_json(str(out / outputs.NUMERIC_STATS))
+    vocab = layout.read_json(str(out / layout.VOCABULARY))
+    stats = layout.read_json(str(out / layout.NUMERIC_STATS))
     train_codes = {c for ex in examples.values() if ex["split"] == "train"
                    for codes in ex[spec.BAG_CODES] for c in codes}
     vocab_codes = {c for codes in vocab["sources"].values() for c in codes}
@@ -136,12 +137,12 @@ def test_outputs_vocabulary_stats_and_checksums(demo_run):
     assert total == len(examples)
     for split, s in manifest["splits"].items():
         for name, f in s["files"].items():
-            assert outputs.sha256_of(str(out / name)) == f["sha256"]
+            assert layout.sha256_of(str(out / name)) == f["sha256"]
 
 
 def test_rerun_on_synthetic_release_is_byte_identical(tmp_path):
     """Twice on the same release: identical bytes; with CHARTEVENTS in parts: identical records."""
-    from ehr_pipeline import table_parts
+    from ehr_pipeline.mimic import table_parts
     from ehr_pipeline.synth import SynthConfig, write_release
 
     release = tmp_path / "release"
@@ -213,17 +214,17 @@ def test_dask_cluster_produces_the_same_records(demo_run, demo_dir, tmp_path, mo
 
 
 def test_local_paths_are_made_absolute_and_urls_kept():
-    assert outputs.absolute("out/data") == os.path.join(os.getcwd(), "out", "data")
-    assert outputs.absolute(pathlib.Path("../x/./y")) == os.path.normpath(os.path.join(os.getcwd(), "..", "x", "y"))
-    assert outputs.absolute("/data/mimic/") == "/data/mimic"
+    assert layout.absolute("out/data") == os.path.join(os.getcwd(), "out", "data")
+    assert layout.absolute(pathlib.Path("../x/./y")) == os.path.normpath(os.path.join(os.getcwd(), "..", "x", "y"))
+    assert layout.absolute("/data/mimic/") == "/data/mimic"
     for url in ("gs://bucket/seqex", "s3://b/k", "hdfs://namenode/seqex"):
-        assert outputs.absolute(url) == url
+        assert layout.absolute(url) == url
 
 
 def test_event_chunks_round_trip_exactly():
     import numpy as np
 
-    from ehr_pipeline.chunks import pack_chunk, unpack_chunk
+    from ehr_pipeline.job.chunks import pack_chunk, unpack_chunk
 
     times = np.array([5_000_000_000, 4_000_000_000, 5_000_000_001], dtype=np.int64)
     codes = np.array(["lab:1", "chart:2", "lab:1"], dtype=object)
@@ -247,13 +248,13 @@ def test_units_and_lab_loinc_side_files_equal_a_plain_read(demo_run, demo_dir):
         if row["VALUENUM"].strip() and unit:
             per = expected.setdefault(f"lab:{row['ITEMID']}", {})
             per[unit] = per.get(unit, 0) + 1
-    units = outputs.read_json(str(out / outputs.UNITS))["codes"]
+    units = layout.read_json(str(out / layout.UNITS))["codes"]
     assert {c: u for c, u in units.items() if c.startswith("lab:")} == expected
-    loinc = outputs.read_json(str(out / outputs.LAB_LOINC))["codes"]
+    loinc = layout.read_json(str(out / layout.LAB_LOINC))["codes"]
     pairs = {(r["LOINC_CODE"].strip(), r["ITEMID"]) for r in _rows(demo_dir, "D_LABITEMS") if r["LOINC_CODE"].strip()}
     assert {(k, i) for k, items in loinc.items() for i in items} == pairs
-    for name, key in ((outputs.UNITS, "units"), (outputs.LAB_LOINC, "lab_loinc")):
-        assert manifest[key]["sha256"] == outputs.sha256_of(str(out / name))
+    for name, key in ((layout.UNITS, "units"), (layout.LAB_LOINC, "lab_loinc")):
+        assert manifest[key]["sha256"] == layout.sha256_of(str(out / name))
 
 
 def test_every_value_bagged_is_counted_by_what_its_unit_needed(demo_run, demo_dir):
@@ -271,7 +272,7 @@ def test_every_value_bagged_is_counted_by_what_its_unit_needed(demo_run, demo_di
     assert sum(values["lab"].values()) == pairs
     dead = [json.loads(line) for line in (out / "dead_letter" / "values_not_convertible.jsonl").read_text().splitlines()]
     assert len(dead) == sum(v.get("not_convertible", 0) for v in values.values()) > 0
-    canonical = outputs.read_json(str(out / outputs.UNITS))["canonical"]
+    canonical = layout.read_json(str(out / layout.UNITS))["canonical"]
     for d in dead:
         assert d["canonical_unit"] == canonical[d["code"]] and d["unit"] and d["detail"]
     # Fentanyl (MetaVision 221744) comes in mcg and mg: among the rows the job keeps mcg is the more
@@ -325,7 +326,7 @@ def test_another_sites_units_are_converted_to_the_models(demo_run, demo_dir, tmp
     release = tmp_path / "si"
     assert _si_copy(demo_dir, release, 10000 / 113.12, "umol/L") > 100
     config = PipelineConfig.model_validate(CONFIG)
-    model_units = outputs.read_json(str(reference_dir / outputs.UNITS))
+    model_units = layout.read_json(str(reference_dir / layout.UNITS))
     converted = tmp_path / "converted"
     # As `--units-from` passes them: the canonical units, and the training medians the conversions must land near.
     manifest = run_job(str(release), str(converted), config, reference_units=model_units["canonical"],
@@ -338,7 +339,7 @@ def test_another_sites_units_are_converted_to_the_models(demo_run, demo_dir, tmp
         assert len(got[hadm]) == len(want[hadm])
         for a, b in zip(got[hadm], want[hadm]):
             assert all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9) for x, y in zip(a, b)), hadm
-    written = outputs.read_json(str(converted / outputs.UNITS))
+    written = layout.read_json(str(converted / layout.UNITS))
     assert written["canonical"]["lab:50912"] == "mg/dL"
     assert written["medians"]["lab:50912"] == model_units["medians"]["lab:50912"]
     assert manifest["units"]["values"]["lab"]["converted"] > 100
@@ -346,7 +347,7 @@ def test_another_sites_units_are_converted_to_the_models(demo_run, demo_dir, tmp
 
     own = tmp_path / "own"
     run_job(str(release), str(own), config)
-    units_doc = outputs.read_json(str(own / outputs.UNITS))
+    units_doc = layout.read_json(str(own / layout.UNITS))
     assert units_doc["canonical"]["lab:50912"] == "umol/L" and units_doc["canonical_from"] == "this release"
 
 

@@ -22,8 +22,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ehr_pipeline import meds_codes, meds_source, spec
-from ehr_pipeline.config import PipelineConfig
+from ehr_pipeline.contract import PipelineConfig, spec
+from ehr_pipeline.meds import code_map, standard
+from ehr_pipeline.meds.source import LABEL_EXAMPLE, TABLE, MedsReader, data_files, read_subject_splits
 from ehr_pipeline.job import run_job, run_meds_job
 from test_job import CONFIG, independent_cohort, read_examples
 
@@ -32,7 +33,7 @@ VALUES = (spec.BAG_VALUE_MEAN, spec.BAG_VALUE_LAST, spec.BAG_VALUE_MIN, spec.BAG
 
 @pytest.fixture(scope="module")
 def demo_meds(demo_dir, tmp_path_factory):
-    from ehr_pipeline.to_meds import run_to_meds
+    from ehr_pipeline.job import run_to_meds
 
     out = tmp_path_factory.mktemp("meds") / "demo"
     manifest = run_to_meds(str(demo_dir), str(out), PipelineConfig.model_validate(CONFIG))
@@ -66,7 +67,7 @@ def assert_same_examples(got: dict, want: dict) -> int:
 
 
 def test_code_map_reads_the_mimic_iv_etl_and_to_meds_codes():
-    read = meds_codes.CodeMapper(meds_codes.MedsCodes())
+    read = code_map.CodeMapper(code_map.MedsCodes())
     cases = {
         "LAB//50912//mg/dL": ("event", "lab:50912", "mg/dL"),
         "LAB//50912//UNK": ("event", "lab:50912", None),  # MEDS-Transforms' null unit
@@ -87,7 +88,7 @@ def test_code_map_reads_the_mimic_iv_etl_and_to_meds_codes():
     assert read("HOSPITAL_ADMISSION//EMERGENCY//ER").detail == "EMERGENCY"
     assert read("HOSPITAL_ADMISSION//UNK//ER").detail == "UNKNOWN"
     # The converter's templates are read back to the very code they came from.
-    for source, template in meds_codes.MIMIC_III_TEMPLATES.items():
+    for source, template in code_map.MIMIC_III_TEMPLATES.items():
         item = "50912" if source == "lab" else "211"
         got = read(template.format(code=item, unit="mg/dL"))
         assert got.code == f"{source}:{item}", source
@@ -95,7 +96,7 @@ def test_code_map_reads_the_mimic_iv_etl_and_to_meds_codes():
 
 def test_the_shipped_code_map_yaml_is_the_default():
     root = pathlib.Path(__file__).resolve().parents[1]
-    assert meds_codes.load_meds_codes(root / "configs" / "meds_codes.yaml") == meds_codes.MedsCodes()
+    assert code_map.load_meds_codes(root / "configs" / "meds_codes.yaml") == code_map.MedsCodes()
 
 
 def test_to_meds_output_passes_the_meds_schemas_and_accounts_for_every_row(demo_meds, demo_dir):
@@ -154,7 +155,7 @@ def test_round_trip_built_in_task_equals_the_csv_run(demo_meds, mimic_examples, 
     assert {h: e["split"] for h, e in examples.items()} == {h: e["split"] for h, e in mimic_examples.items()}
     assert manifest["balanced"] and manifest["cohort"]["counts"]["kept"] == 117
     assert manifest["cohort"]["counts"]["under_age"] == 1 and manifest["cohort"]["counts"]["died_before_trigger"] == 9
-    meds_rows = manifest["tables"][meds_source.TABLE]
+    meds_rows = manifest["tables"][TABLE]
     assert meds_rows["rows_read"] == sum(pq.read_metadata(f).num_rows for f in glob.glob(str(meds_dir / "data/*/*")))
     assert (tmp_path / "meds_codes.json").is_file() and manifest["meds_codes"]["sha256"]
 
@@ -173,7 +174,7 @@ def test_round_trip_with_aces_labels_equals_the_csv_run(demo_meds, mimic_example
     (young,) = extra
     assert examples[young][spec.AGE_YEARS] < 18
     assert_same_examples({h: e for h, e in examples.items() if h != young}, mimic_examples)
-    assert manifest["labels"]["outcome"][meds_source.LABEL_EXAMPLE] == manifest["labels"]["rows"] == 118
+    assert manifest["labels"]["outcome"][LABEL_EXAMPLE] == manifest["labels"]["rows"] == 118
     assert manifest["balanced"]
 
 
@@ -222,7 +223,7 @@ def test_prediction_time_boundary_events_strictly_before_are_used(tmp_path):
     assert ex[spec.BAG_CODES] == [["lab:50912"]] and ex[spec.BAG_VALUE_LAST] == [[1.0]]  # not the 9.0 at T
     assert ex[spec.BAG_OFFSET] == [1.0]
     assert ex[spec.ADMIT_OFFSET] == DAY and ex[spec.ADMISSION_TYPE] == "EMERGENCY" and ex[spec.GENDER] == "F"
-    assert manifest["tables"][meds_source.TABLE]["cohort_filter"] == {"at_or_after_trigger": 2, "not_in_cohort": 0,
+    assert manifest["tables"][TABLE]["cohort_filter"] == {"at_or_after_trigger": 2, "not_in_cohort": 0,
                                                                       "used": 1}
 
 
@@ -251,11 +252,11 @@ def test_subjects_stream_by_block_with_the_same_result(demo_meds):
     """A block of 1,000 rows (subjects carried over block ends) gives what one block per file gives."""
     meds_dir, _ = demo_meds
     def read(block_rows):
-        reader = meds_source.MedsReader(codes=meds_codes.MedsCodes(), trigger_offset_seconds=86400,
-                                        min_age_years=18.0, splits=meds_source.read_subject_splits(meds_dir),
+        reader = MedsReader(codes=code_map.MedsCodes(), trigger_offset_seconds=86400,
+                                        min_age_years=18.0, splits=read_subject_splits(meds_dir),
                                         block_rows=block_rows)
         examples, counts = {}, {}
-        for path in meds_source.data_files(meds_dir):
+        for path in data_files(meds_dir):
             for out in reader.read_file(path):
                 for key, meta, times, codes, values, units in out.examples:
                     examples[key] = (meta, times.tolist(), codes.tolist(), np.nan_to_num(values, nan=-1).tolist())
@@ -270,9 +271,9 @@ def test_subjects_stream_by_block_with_the_same_result(demo_meds):
 def test_rows_of_one_subject_apart_in_a_file_are_refused(tmp_path):
     meds_dir = _tiny_meds(tmp_path / "meds", [(1, T, "MEDS_BIRTH", None), (2, T, "MEDS_BIRTH", None),
                                                (1, T + 1, "LAB//50912//mg/dL", 1.0)])
-    reader = meds_source.MedsReader(codes=meds_codes.MedsCodes(), trigger_offset_seconds=86400, min_age_years=18.0,
+    reader = MedsReader(codes=code_map.MedsCodes(), trigger_offset_seconds=86400, min_age_years=18.0,
                                     block_rows=1)
-    with pytest.raises(meds_source.MedsError, match="subject 1 are not together"):
+    with pytest.raises(standard.MedsError, match="subject 1 are not together"):
         for _ in reader.read_file(str(meds_dir / "data" / "0.parquet")):
             pass
 
@@ -281,8 +282,8 @@ def test_the_meds_path_needs_no_meds_package_and_the_mimic_path_imports_none_of_
     import subprocess
     import sys
 
-    code = ("import sys; import ehr_pipeline.job, ehr_pipeline.meds_source, ehr_pipeline.meds_labels, "
-            "ehr_pipeline.meds_schema, ehr_pipeline.transforms, ehr_pipeline.to_meds, ehr_pipeline.cli; "
+    code = ("import sys; import ehr_pipeline.job, ehr_pipeline.meds.source, ehr_pipeline.meds.labels, "
+            "ehr_pipeline.meds.standard, ehr_pipeline.job.transforms, ehr_pipeline.job.to_meds, ehr_pipeline.cli; "
             "print(sorted(m for m in ('meds', 'aces', 'polars', 'meds_evaluation') if m in sys.modules))")
     root = pathlib.Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)

@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from ehr_pipeline import meds_codes, spec
-from ehr_pipeline.config import PipelineConfig
+from ehr_pipeline.contract import spec
+from ehr_pipeline.meds import code_map
+from ehr_pipeline.contract import PipelineConfig
 from ehr_pipeline.job import run_meds_job
 from test_job import read_examples
 
@@ -48,7 +49,7 @@ def generated_run(tmp_path_factory):
     labels = aces_labels(base / "meds", HERE / "data" / "generated_task.yaml", base / "labels")
     manifest = run_meds_job(str(base / "meds"), str(base / "data"), PipelineConfig.model_validate(
         {**CONFIG, "bagging": {"bagging_time_precision": 365 * 86400}}), labels_dir=str(labels),
-        codes=meds_codes.parse_meds_codes(GENERATED_CODES))
+        codes=code_map.parse_meds_codes(GENERATED_CODES))
     return base, labels, manifest
 
 
@@ -74,7 +75,7 @@ def sample_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("static_sample")
     MEDSDataset.from_yaml(SIMPLE_STATIC_SHARDED_BY_SPLIT).write(base / "meds")
     labels = aces_labels(base / "meds", HERE / "data" / "static_sample_task.yaml", base / "labels")
-    codes = meds_codes.parse_meds_codes(SAMPLE_CODES)
+    codes = code_map.parse_meds_codes(SAMPLE_CODES)
     manifest = run_meds_job(str(base / "meds"), str(base / "data"), PipelineConfig.model_validate(CONFIG),
                             labels_dir=str(labels), codes=codes)
     return base, labels, manifest

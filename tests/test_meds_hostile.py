@@ -17,9 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from ehr_pipeline import cli, meds_labels
-from ehr_pipeline.config import PipelineConfig
-from ehr_pipeline.deadletter import read_dead_letters
+from ehr_pipeline import cli
+from ehr_pipeline.contract import PipelineConfig
+from ehr_pipeline.meds.labels import PREDICTION_TIMES, exact_prediction_times
+from ehr_pipeline.reader import read_dead_letters
 from ehr_pipeline.job import run_meds_job
 from test_job import _job_group_site, read_examples
 from tests.conftest import REPO_ROOT
@@ -100,17 +101,17 @@ def test_label_times_under_a_second_apart_keep_their_microseconds(tmp_path, caps
     labels = pq.read_table(meds / LABELS)
     want = sorted(zip(labels.column("subject_id").to_pylist(),
                       labels.column("prediction_time").cast("int64").to_pylist()))
-    times = pq.read_table(out / meds_labels.PREDICTION_TIMES)
+    times = pq.read_table(out / PREDICTION_TIMES)
     assert sorted(zip(times.column("subject_id").to_pylist(),
                       times.column("prediction_time").cast("int64").to_pylist())) == want
     examples = read_examples(out)
     keys = times.column("key").to_pylist()
     assert sorted(keys) == sorted(examples) and len(set(keys)) == 7
-    got = meds_labels.exact_prediction_times(out, keys, [examples[k]["trigger_time"] for k in keys])
+    got = exact_prediction_times(out, keys, [examples[k]["trigger_time"] for k in keys])
     assert sorted(zip(times.column("subject_id").to_pylist(), got.tolist())) == want
     assert (T0 + 4 * 86400) * 1_000_000 + 500_000 in got.tolist()
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["labels"]["prediction_times"]["file"] == meds_labels.PREDICTION_TIMES
+    assert manifest["labels"]["prediction_times"]["file"] == PREDICTION_TIMES
 
 
 def test_the_meds_path_runs_with_only_the_job_group_installed(unfaulted, tmp_path):

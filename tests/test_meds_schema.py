@@ -1,4 +1,4 @@
-"""The job's pyarrow statement of the MEDS schemas (ehr_pipeline/meds_schema.py) against the `meds` package's own.
+"""The job's pyarrow statement of the MEDS schemas (ehr_pipeline/meds/standard.py) against the `meds` package's own.
 
 The job cannot import `meds` (its dependency group has no such package), so the schemas are written twice;
 these tests keep them one: the same columns, types, required and nullable flags, and, over a table of Arrow
@@ -15,10 +15,10 @@ import pyarrow as pa
 import pytest
 from flexible_schema.columns import Nullability
 
-from ehr_pipeline import meds_schema
+from ehr_pipeline.meds import standard
 
-PAIRS = [(meds.DataSchema, meds_schema.DATA), (meds.LabelSchema, meds_schema.LABELS),
-         (meds.CodeMetadataSchema, meds_schema.CODES), (meds.SubjectSplitSchema, meds_schema.SPLITS)]
+PAIRS = [(meds.DataSchema, standard.DATA), (meds.LabelSchema, standard.LABELS),
+         (meds.CodeMetadataSchema, standard.CODES), (meds.SubjectSplitSchema, standard.SPLITS)]
 # Where the job's schema departs from MEDS' on purpose: its tasks are binary, so labels need boolean_value.
 REQUIRED_HERE = {("label", "boolean_value")}
 
@@ -48,7 +48,7 @@ def _kind(t: pa.DataType) -> str:
                        ("decimal", pa.types.is_decimal), ("bool", pa.types.is_boolean),
                        ("timestamp", pa.types.is_timestamp), ("date", pa.types.is_date), ("null", pa.types.is_null),
                        ("list", lambda x: pa.types.is_list(x) or pa.types.is_large_list(x)),
-                       ("text", meds_schema.is_text), ("binary", pa.types.is_binary)):
+                       ("text", standard.is_text), ("binary", pa.types.is_binary)):
         if test(t):
             return name
     return "other"
@@ -119,10 +119,10 @@ def test_accepted_types_lie_between_meds_validate_and_align():
 
 def test_check_names_the_file_and_the_column_in_one_line():
     schema = pa.schema([("subject_id", pa.string()), ("time", pa.timestamp("us")), ("code", pa.string())])
-    with pytest.raises(meds_schema.MedsError) as err:
-        meds_schema.check("d/0.parquet", schema, meds_schema.DATA)
+    with pytest.raises(standard.MedsError) as err:
+        standard.check("d/0.parquet", schema, standard.DATA)
     assert str(err.value) == "d/0.parquet: column 'subject_id' is string, MEDS data files want int64"
-    with pytest.raises(meds_schema.MedsError) as err:
-        meds_schema.check("l.parquet", pa.schema([("subject_id", pa.int64())]), meds_schema.LABELS)
+    with pytest.raises(standard.MedsError) as err:
+        standard.check("l.parquet", pa.schema([("subject_id", pa.int64())]), standard.LABELS)
     assert str(err.value) == "l.parquet: not a MEDS label file: no columns 'prediction_time', 'boolean_value'"
-    meds_schema.check("d/0.parquet", meds.DataSchema.schema(), meds_schema.DATA)  # MEDS' own schema passes
+    standard.check("d/0.parquet", meds.DataSchema.schema(), standard.DATA)  # MEDS' own schema passes

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ehr_pipeline import reader as reader_module
-from ehr_pipeline import schemas
-from ehr_pipeline.deadletter import DeadLetter, JsonlDeadLetterWriter, read_dead_letters
+from ehr_pipeline.reader import table_schemas
+from ehr_pipeline.reader.dead_letters import DeadLetter, JsonlDeadLetterWriter, read_dead_letters
 from ehr_pipeline.reader import (
     CorruptFileError,
     EmptyFileError,
@@ -36,7 +36,7 @@ from ehr_pipeline.reader import (
 )
 from ehr_pipeline.reader.window import Feed, RawWindow
 
-DEMO_TABLES = sorted(n for n in schemas.TABLES if n != "CHARTEVENTS")  # CHARTEVENTS: not in the demo
+DEMO_TABLES = sorted(n for n in table_schemas.TABLES if n != "CHARTEVENTS")  # CHARTEVENTS: not in the demo
 LAB_HEADER = ["ROW_ID", "SUBJECT_ID", "HADM_ID", "ITEMID", "CHARTTIME", "VALUE", "VALUENUM", "VALUEUOM", "FLAG"]
 LAB_STR = {"VALUE", "VALUEUOM", "FLAG"}
 
@@ -50,14 +50,14 @@ def _demo_records(path) -> tuple[list[str], list[list[str]]]:
     return rows[0], rows[1:]
 
 
-def _expected(value: str, typ: schemas.ColType):
+def _expected(value: str, typ: table_schemas.ColType):
     if value == "":
         return None
-    if typ is schemas.ColType.INT:
+    if typ is table_schemas.ColType.INT:
         return int(value)
-    if typ is schemas.ColType.FLOAT:
+    if typ is table_schemas.ColType.FLOAT:
         return float(value)
-    if typ is schemas.ColType.TIMESTAMP:
+    if typ is table_schemas.ColType.TIMESTAMP:
         return calendar.timegm(dt.datetime.strptime(value, "%Y-%m-%d %H:%M:%S").timetuple())
     return value
 
@@ -103,7 +103,7 @@ def test_demo_table_reads_every_row_with_independently_checked_values(demo_dir, 
     result, stats, letters = _read(path, table)
     assert letters == [] and stats.dead_lettered == {}
     assert stats.rows_read == stats.rows_parsed == len(records)
-    schema = schemas.TABLES[table]
+    schema = table_schemas.TABLES[table]
     assert result.schema == arrow_schema(table)
     for i, col in enumerate(schema.columns):
         assert header[i].upper() == col.name
@@ -189,9 +189,9 @@ def test_no_arrow_reader_outlives_the_iteration(demo_dir, monkeypatch):
 # ------------------------------------------------------------------ dialects
 
 
-def _physionet_lines(header: list[str], records: list[list[str]], schema: schemas.TableSchema) -> list[str]:
+def _physionet_lines(header: list[str], records: list[list[str]], schema: table_schemas.TableSchema) -> list[str]:
     """The current PhysioNet dialect: lowercase bare header, minimal quoting, 0.207."""
-    floats = {i for i, c in enumerate(schema.columns) if c.type is schemas.ColType.FLOAT}
+    floats = {i for i, c in enumerate(schema.columns) if c.type is table_schemas.ColType.FLOAT}
     out = io.StringIO()
     writer = csv.writer(out, quoting=csv.QUOTE_MINIMAL, lineterminator="\n")
     writer.writerow([h.lower() for h in header])
@@ -208,7 +208,7 @@ def test_both_dialects_gz_or_plain_lf_or_crlf_read_identically(demo_dir, tmp_pat
     records = records[:3000]
     with gzip.open(path, "rt", newline="") as fh:  # the demo's own bytes, cut to the same rows
         demo_text = "".join(fh.readline() for _ in range(len(records) + 1))
-    texts = {"demo": demo_text, "physionet": _physionet_lines(header, records, schemas.TABLES[table])}
+    texts = {"demo": demo_text, "physionet": _physionet_lines(header, records, table_schemas.TABLES[table])}
     assert texts["demo"] != texts["physionet"]
     results = {}
     for dialect, text in texts.items():

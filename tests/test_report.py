@@ -105,7 +105,7 @@ def test_compare_report_renders_both_models(tmp_path, capsys):
 @pytest.mark.slow
 def test_report_names_the_subgroup_planted_in_a_synthetic_release(tmp_path):
     """A release whose URGENT admissions die by another physiology: the report names that group."""
-    from ehr_pipeline.config import PipelineConfig
+    from ehr_pipeline.contract import PipelineConfig
     from ehr_pipeline.job import run_job
     from ehr_pipeline.synth import generate_release
 

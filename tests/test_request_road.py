@@ -26,14 +26,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # predict, export) -> uncertainty summary (metrics) -> prediction (prediction, the use case every
 # predict route calls) -> response (routes); the admission type is checked against the training
 # types (admission_type), which also average an unknown one.
-DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/ages.py", "ehr_pipeline/units.py",
-                "ehr_pipeline/unit_strings.py", "ehr_pipeline/bagging.py", "ehr_pipeline/spec.py", "ehr_pipeline/seqex.py",
+DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/encode/ages.py", "ehr_pipeline/encode/units.py",
+                "ehr_pipeline/encode/unit_strings.py", "ehr_pipeline/encode/bagging.py", "ehr_pipeline/contract/spec.py", "ehr_pipeline/encode/seqex.py",
                 "serving/predictor.py", "model/export/predict.py", "model/export/load.py",
                 "model/evaluation/metrics.py", "serving/prediction.py", "serving/routes.py",
                 "serving/admission_type.py"}
 # The population monitor keeps a summary of each answered admission (the job's own summary of its
 # records) for the shift report; it reads the bags, it changes nothing the model sees.
-MONITOR = {"ehr_pipeline/population.py", "serving/monitor.py"}
+MONITOR = {"ehr_pipeline/shift/population.py", "serving/monitor.py"}
 # Plumbing that never touches the data: middleware, API keys, dependency injection, micro-batching.
 PLUMBING = {"serving/middleware.py", "serving/auth.py", "serving/dependencies.py", "serving/batching.py"}
 
@@ -84,9 +84,9 @@ def test_a_lab_event_reaches_the_answer_through_the_modules_that_convert_it(road
 def test_the_service_bags_with_the_jobs_bagging_function_and_spec(road):
     # One source of truth for training and serving: the request is bagged and serialized by the
     # same functions the Beam job calls.
-    assert "bag_events" in road["ehr_pipeline/bagging.py"]
-    assert "__post_init__" in road["ehr_pipeline/spec.py"]  # AdmissionContext checks the context
-    assert "serialize" in road["ehr_pipeline/seqex.py"]
+    assert "bag_events" in road["ehr_pipeline/encode/bagging.py"]
+    assert "__post_init__" in road["ehr_pipeline/contract/spec.py"]  # AdmissionContext checks the context
+    assert "serialize" in road["ehr_pipeline/encode/seqex.py"]
     assert "predict_probs" in road["model/export/predict.py"]
     # The monitor summarises the admission with the function that summarises the job's records.
-    assert "admission_from_entries" in road["ehr_pipeline/population.py"]
+    assert "admission_from_entries" in road["ehr_pipeline/shift/population.py"]

@@ -7,8 +7,9 @@ import httpx
 import numpy as np
 import pytest
 
-from ehr_pipeline import outputs, seqex, spec, tfrecord
-from ehr_pipeline.config import PipelineConfig
+from ehr_pipeline.contract import layout, spec, tfrecord
+from ehr_pipeline.encode import seqex
+from ehr_pipeline.contract import PipelineConfig
 from ehr_pipeline.job import run_job
 from serving.demo import build_request, first_test_admission
 from serving.server_process import ServerProcess
@@ -22,14 +23,14 @@ def demo_export(demo_dir, tmp_path_factory):
     config = PipelineConfig.model_validate({"num_shards": {"train": 1, "validation": 1, "test": 1},
                                             "vocab": {"min_count": 1}})
     run_job(str(demo_dir), str(data), config)
-    vocab = outputs.read_json(str(data / outputs.VOCABULARY))["sources"]
+    vocab = layout.read_json(str(data / layout.VOCABULARY))["sources"]
     raw_codes = {s: [c.split(":", 1)[1] for c in codes] for s, codes in vocab.items()}
     # The job's own units and lab LOINC codes, as a model trained on this data carries them: values
     # the job converted (fentanyl in mg to the demo's more common mcg; urobilinogen in Ehrlich units,
     # which its LOINC code makes mg) are converted by the service alike.
     export = write_tiny_model_export(base / "export", ensemble_size=2, vocabulary=raw_codes, pipeline=config,
-                                     units=outputs.read_json(str(data / outputs.UNITS)),
-                                     lab_loinc=outputs.read_json(str(data / outputs.LAB_LOINC))["codes"])
+                                     units=layout.read_json(str(data / layout.UNITS)),
+                                     lab_loinc=layout.read_json(str(data / layout.LAB_LOINC))["codes"])
     return data, export
 
 

@@ -1,4 +1,4 @@
-"""The shift statistics (ehr_pipeline.population, shift_stats, shift) against independent computations.
+"""The shift statistics (ehr_pipeline.shift.population, shift_stats, shift) against independent computations.
 
 Admissions are summarised from parsed SequenceExamples by a plain loop; the chi-square test is
 checked against scipy's contingency test, Holm against its textbook loop, PSI against its
@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ehr_pipeline import population as pop
-from ehr_pipeline import seqex, shift, shift_findings, shift_stats, spec, units
-from ehr_pipeline.population import Admission, Distribution, Profile
+from ehr_pipeline.shift import population as pop
+from ehr_pipeline import shift
+from ehr_pipeline.contract import spec
+from ehr_pipeline.encode import seqex, units
+from ehr_pipeline.shift import findings, stats
+from ehr_pipeline.shift import Admission, Distribution, Profile
 
 CREATININE = "lab:50912"
 LOINC = {CREATININE: "2160-0", "lab:50931": "2345-7", "lab:51222": "718-7"}
@@ -54,8 +57,8 @@ def test_admissions_from_the_jobs_records_equal_a_loop_over_the_parsed_protos(sy
 
 
 def test_an_admission_from_bags_equals_the_same_admission_from_its_proto():
-    from ehr_pipeline import bagging
-    from ehr_pipeline.config import PipelineConfig
+    from ehr_pipeline.encode import bagging
+    from ehr_pipeline.contract import PipelineConfig
 
     times = np.array([100, 200, 90_000, 90_100, 170_000], dtype=np.int64)
     codes = np.array(["lab:50912", "lab:50912", "lab:50912", "chart:211", "diagnosis:4019"], dtype=object)
@@ -100,7 +103,7 @@ def test_bins_keep_a_converted_value_with_the_tie_it_came_from():
     round_trip = np.array([float(f"{v * 10 / 24.305:.4g}") * 24.305 / 10 for v in values])
     assert np.max(np.abs(round_trip - values)) > 1e-5  # not the same numbers ...
     assert Distribution.of(round_trip, d.edges).counts == d.counts  # ... in the same bins
-    assert shift_stats.psi(d.counts, Distribution.of(round_trip, d.edges).counts) < 1e-9
+    assert stats.psi(d.counts, Distribution.of(round_trip, d.edges).counts) < 1e-9
 
 
 def test_psi_chi_square_and_holm_against_their_definitions():
@@ -108,33 +111,33 @@ def test_psi_chi_square_and_holm_against_their_definitions():
 
     r, c = np.array([120, 80, 100, 100]), np.array([60, 70, 90, 180])
     rs, cs = (r + 0.5) / (r + 0.5).sum(), (c + 0.5) / (c + 0.5).sum()
-    assert shift_stats.psi(r, c) == pytest.approx(float(np.sum((cs - rs) * np.log(cs / rs))))
-    assert shift_stats.psi(r, r * 3) == pytest.approx(0.0, abs=1e-3)
+    assert stats.psi(r, c) == pytest.approx(float(np.sum((cs - rs) * np.log(cs / rs))))
+    assert stats.psi(r, r * 3) == pytest.approx(0.0, abs=1e-3)
     # Every bin expects >= 5: no merging, exactly the contingency test (without continuity correction).
-    assert shift_stats.homogeneity_p(r, c) == pytest.approx(chi2_contingency(np.array([r, c]), correction=False)[1])
-    assert shift_stats.homogeneity_p([10, 0], [0, 0]) == 1.0
+    assert stats.homogeneity_p(r, c) == pytest.approx(chi2_contingency(np.array([r, c]), correction=False)[1])
+    assert stats.homogeneity_p([10, 0], [0, 0]) == 1.0
     # The rank test on counts is the Mann-Whitney test of the values with each bin's values tied.
     from scipy.stats import mannwhitneyu
 
     x, y = np.repeat(np.arange(4), r), np.repeat(np.arange(4), c)
     want = mannwhitneyu(y, x, use_continuity=False, method="asymptotic").pvalue
-    assert shift_stats.rank_p(r, c) == pytest.approx(want, rel=1e-9)
-    assert shift_stats.distribution_p(r, c, ordered=True) == pytest.approx(
-        min(1.0, 2 * min(want, shift_stats.homogeneity_p(r, c))))
+    assert stats.rank_p(r, c) == pytest.approx(want, rel=1e-9)
+    assert stats.distribution_p(r, c, ordered=True) == pytest.approx(
+        min(1.0, 2 * min(want, stats.homogeneity_p(r, c))))
     p = np.array([0.01, 0.04, 0.03, 0.2, 0.001])
     m, order = len(p), np.argsort(p)
     want, running = np.empty(m), 0.0
     for rank, i in enumerate(order):
         running = max(running, min(1.0, (m - rank) * p[i]))
         want[i] = running
-    np.testing.assert_allclose(shift_stats.holm(p), want)
+    np.testing.assert_allclose(stats.holm(p), want)
 
 
 def test_small_samples_merge_bins_so_chance_is_not_significant():
     rng = np.random.default_rng(1)
     draws = [(rng.multinomial(2000, [0.1] * 10), rng.multinomial(25, [0.1] * 10)) for _ in range(400)]
     # A valid test rejects about alpha of true nulls.
-    for test in (shift_stats.homogeneity_p, shift_stats.rank_p, lambda r, c: shift_stats.distribution_p(r, c, True)):
+    for test in (stats.homogeneity_p, stats.rank_p, lambda r, c: stats.distribution_p(r, c, True)):
         assert np.mean(np.array([test(r, c) for r, c in draws]) < 0.05) < 0.09
 
 
@@ -289,7 +292,7 @@ def test_unit_hints_find_the_unit_a_shifted_median_is_in(model_unit, data_unit, 
     median = 37.0 if model_unit == "Cel" else 1.0
     reading = 98.6 if model_unit == "Cel" else median * factor  # the same quantity, read in the other unit
     ref, cur = (Distribution(100, m, m, m * 0.98, m * 1.02, (), (100,)) for m in (median, reading))
-    hint = shift_findings.unit_hint("x", ref, cur, model_unit, loinc, conv, shift.Thresholds())
+    hint = findings.unit_hint("x", ref, cur, model_unit, loinc, conv, shift.Thresholds())
     assert hint is not None and conv.key(hint[0]) == conv.key(data_unit)
     biased = Distribution(100, 1.15, 1.15, 1.1, 1.2, (), (100,))
-    assert shift_findings.unit_hint("x", ref, biased, model_unit, loinc, conv, shift.Thresholds()) is None
+    assert findings.unit_hint("x", ref, biased, model_unit, loinc, conv, shift.Thresholds()) is None

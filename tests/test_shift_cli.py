@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from ehr_testdata import read_json, write_data_dir
 
-from ehr_pipeline import population
+from ehr_pipeline.shift import population
 from model.cli import ehr_analyze, ehr_eval
 from model.evaluation import metrics
 from model.evaluation.shift_report import EXIT_SHIFT, SHIFT_JSON, SHIFT_MD, SHIFT_PNG

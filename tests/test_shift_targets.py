@@ -14,8 +14,10 @@ import gzip
 
 import pytest
 
-from ehr_pipeline import outputs, population, shift
-from ehr_pipeline.config import PipelineConfig
+from ehr_pipeline import shift
+from ehr_pipeline.contract import layout
+from ehr_pipeline.shift import population
+from ehr_pipeline.contract import PipelineConfig
 from ehr_pipeline.job import run_job
 from ehr_pipeline.synth import generate_release
 
@@ -70,10 +72,10 @@ def reports(tmp_path_factory):
     for name, release in releases.items():
         data[name] = base / f"{release.name}-data"
         run_job(str(release), str(data[name]), config)
-    vocabulary = {c for codes in outputs.read_json(str(data["reference"] / outputs.VOCABULARY))["sources"].values()
+    vocabulary = {c for codes in layout.read_json(str(data["reference"] / layout.VOCABULARY))["sources"].values()
                   for c in codes}
     loinc = {f"lab:{i}": code for code, items in
-             outputs.read_json(str(data["reference"] / outputs.LAB_LOINC))["codes"].items() for i in items}
+             layout.read_json(str(data["reference"] / layout.LAB_LOINC))["codes"].items() for i in items}
     reference = population.profile_of_data(data.pop("reference"), ["train"], vocabulary=vocabulary, keep=vocabulary)
     out = {}
     for name, folder in data.items():

@@ -17,10 +17,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from ehr_pipeline import events as ev
-from ehr_pipeline import chunks as chunks_mod
-from ehr_pipeline import magnitudes, seqex, spec, transforms
-from ehr_pipeline.config import PipelineConfig
+from ehr_pipeline.mimic import events as ev
+from ehr_pipeline.job import chunks as chunks_mod
+from ehr_pipeline.contract import spec
+from ehr_pipeline.encode import magnitudes, seqex
+from ehr_pipeline.job import transforms
+from ehr_pipeline.contract import PipelineConfig
 from model.export.load import read_export
 from serving.encoding import encode
 from serving.schemas import PredictRequest

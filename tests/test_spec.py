@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ehr_pipeline import seqex, seqex_tf, spec
-from ehr_pipeline.bagging import bag_events
-from ehr_pipeline.config import SPLIT_NAMES, BaggingConfig
+from ehr_pipeline.contract import spec, tf_parse
+from ehr_pipeline.encode import seqex
+from ehr_pipeline.encode.bagging import bag_events
+from ehr_pipeline.contract import SPLIT_NAMES, BaggingConfig
 
 T = 1_600_000_000
 DAY = 86400
@@ -53,7 +54,7 @@ def test_round_trip_bags_to_gzip_tfrecords_to_dataset(tmp_path):
     with open(paths[0], "rb") as f:
         assert f.read(2) == b"\x1f\x8b"  # really GZIP on disk
 
-    ds = seqex_tf.make_dataset(str(tmp_path / spec.split_file_pattern("train")), batch_size=2)
+    ds = tf_parse.make_dataset(str(tmp_path / spec.split_file_pattern("train")), batch_size=2)
     seen = set()
     for batch in ds:
         assert isinstance(batch[spec.BAG_CODES], tf.RaggedTensor) and batch[spec.BAG_CODES].ragged_rank == 2
@@ -88,7 +89,7 @@ def test_round_trip_bags_to_gzip_tfrecords_to_dataset(tmp_path):
 def test_shuffled_repeated_dataset_serves_every_example(tmp_path):
     examples = [seqex.make_sequence_example(context(h), random_bags(h, 20)) for h in range(1, 8)]
     write_shards(tmp_path, "validation", examples, num_shards=3)
-    ds = seqex_tf.make_dataset(str(tmp_path / spec.split_file_pattern("validation")), batch_size=3,
+    ds = tf_parse.make_dataset(str(tmp_path / spec.split_file_pattern("validation")), batch_size=3,
                            shuffle=True, seed=7, repeat=True, drop_remainder=True)
     ids = [int(h) for batch in ds.take(7) for h in batch[spec.HADM_ID]]  # 21 = 3 epochs
     assert sorted(ids) == sorted(list(range(1, 8)) * 3)
@@ -100,7 +101,7 @@ def test_zero_bags_make_a_valid_example():
     d = seqex.sequence_example_to_dict(ex.SerializeToString())
     assert d[spec.NUM_BAGS] == 0
     assert all(d[key] == [] for key in spec.SEQUENCE_KEYS)  # feature lists present, empty
-    out = seqex_tf.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+    out = tf_parse.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
     assert out[spec.NUM_BAGS].numpy().tolist() == [0]
     assert out[spec.BAG_CODES].shape.as_list()[0] == 1
     assert out[spec.BAG_CODES].flat_values.shape[0] == 0
@@ -159,7 +160,7 @@ def test_parser_rejects_num_bags_that_disagrees_with_the_sequence(tmp_path):
     ex = seqex.make_sequence_example(context(1), random_bags(1, 50))
     ex.context.feature[spec.NUM_BAGS].int64_list.value[0] += 1
     write_shards(tmp_path, "test", [ex], num_shards=1)
-    ds = seqex_tf.make_dataset(str(tmp_path / spec.split_file_pattern("test")), batch_size=1)
+    ds = tf_parse.make_dataset(str(tmp_path / spec.split_file_pattern("test")), batch_size=1)
     with pytest.raises(tf.errors.InvalidArgumentError, match=spec.NUM_BAGS):
         next(iter(ds))
 
@@ -170,14 +171,14 @@ def test_parser_rejects_per_code_steps_beyond_num_bags():
     for key in PER_CODE:  # one extra, internally consistent bag that num_bags does not count
         lists[key].feature.append(lists[key].feature[0])
     with pytest.raises(tf.errors.InvalidArgumentError, match=spec.NUM_BAGS):
-        seqex_tf.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+        tf_parse.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
 
 
 def test_parser_rejects_per_code_lists_not_aligned_with_codes():
     ex = seqex.make_sequence_example(context(1), random_bags(1, 50))
     ex.feature_lists.feature_list[spec.BAG_VALUE_MEAN].feature[0].float_list.value.append(1.0)
     with pytest.raises(tf.errors.InvalidArgumentError, match=spec.BAG_VALUE_MEAN):
-        seqex_tf.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+        tf_parse.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
 
 
 def test_shard_names_match_the_split_pattern_and_only_it():
@@ -193,7 +194,7 @@ def test_shard_names_match_the_split_pattern_and_only_it():
 
 def test_make_dataset_names_a_pattern_with_no_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing-here"):
-        seqex_tf.make_dataset(str(tmp_path / "nothing-here-*.tfrecord.gz"), batch_size=4)
+        tf_parse.make_dataset(str(tmp_path / "nothing-here-*.tfrecord.gz"), batch_size=4)
 
 
 def test_format_code():
@@ -222,7 +223,7 @@ def test_code_whitespace_is_what_str_strip_and_the_jobs_arrow_trim_take():
 
 
 def test_feature_spec_covers_every_declared_feature():
-    context_spec, sequence_spec = feature_spec = seqex_tf.feature_spec()
+    context_spec, sequence_spec = feature_spec = tf_parse.feature_spec()
     assert set(context_spec) == set(spec.CONTEXT_INT + spec.CONTEXT_FLOAT + spec.CONTEXT_BYTES)
     assert set(sequence_spec) == set(spec.SEQUENCE_KEYS)
     assert not set(context_spec) & set(sequence_spec)  # one flat output dict needs unique names
@@ -230,7 +231,7 @@ def test_feature_spec_covers_every_declared_feature():
 
 
 def test_importing_spec_bagging_config_loads_no_tensorflow_beam_or_keras():
-    code = ("import sys, ehr_pipeline.spec, ehr_pipeline.bagging, ehr_pipeline.config; "
+    code = ("import sys, ehr_pipeline.contract.spec, ehr_pipeline.encode.bagging, ehr_pipeline.contract.config; "
             "print(sorted(m for m in ('tensorflow', 'apache_beam', 'keras', 'tf_keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
@@ -240,7 +241,7 @@ def test_records_written_before_schema_3_parse_with_ethnicity_and_insurance_not_
     ex = seqex.make_sequence_example(context(3), random_bags(3, 10))
     del ex.context.feature[spec.ETHNICITY]
     del ex.context.feature[spec.INSURANCE]
-    parsed = seqex_tf.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
+    parsed = tf_parse.parse_sequence_examples(tf.constant([ex.SerializeToString()]))
     assert parsed[spec.ETHNICITY].numpy().tolist() == [spec.NOT_RECORDED.encode()]
     assert parsed[spec.INSURANCE].numpy().tolist() == [spec.NOT_RECORDED.encode()]
     assert parsed[spec.HADM_ID].numpy().tolist() == [3]
@@ -261,10 +262,10 @@ def _fields(descriptor, seen=None) -> dict:
 
 
 def test_the_protobuf_protos_declare_what_tensorflows_declare():
-    from ehr_pipeline import example_protos
+    from ehr_pipeline.contract import protos
 
-    for ours, theirs in ((example_protos.SequenceExample, tf.train.SequenceExample),
-                         (example_protos.Example, tf.train.Example)):
+    for ours, theirs in ((protos.SequenceExample, tf.train.SequenceExample),
+                         (protos.Example, tf.train.Example)):
         assert _fields(ours.DESCRIPTOR) == _fields(theirs.DESCRIPTOR)
 
 

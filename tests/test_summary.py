@@ -5,9 +5,9 @@ import gzip
 
 import pytest
 
-from ehr_pipeline import schemas
-from ehr_pipeline.deadletter import read_dead_letters
-from ehr_pipeline.summary import DEAD_LETTER_FILE, format_release_summary, summarize_command, summarize_release
+from ehr_pipeline.reader import table_schemas
+from ehr_pipeline.reader.dead_letters import read_dead_letters
+from ehr_pipeline.mimic.summary import DEAD_LETTER_FILE, format_release_summary, summarize_command, summarize_release
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def _release_copy(demo_dir, target, replace: dict[str, bytes] | None = None, dro
 
 def test_demo_summary_counts_every_table(demo_summary, demo_dir):
     by_name = {t.table: t for t in demo_summary.tables}
-    assert set(by_name) == set(schemas.TABLES) - {"CHARTEVENTS"}
+    assert set(by_name) == set(table_schemas.TABLES) - {"CHARTEVENTS"}
     assert demo_summary.absent == ("CHARTEVENTS",)
     assert by_name["LABEVENTS"].rows_read == 76_074
     assert by_name["ADMISSIONS"].rows_read == 129

@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ehr_pipeline import reader, schemas
+from ehr_pipeline import reader
+from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.synth import SynthConfig, add_arguments, catalog, generate_release, recompute, run
 from ehr_pipeline.synth.site import SITES
 from ehr_pipeline.synth.truth import SECONDS_PER_YEAR, MortalityModel
@@ -77,8 +78,8 @@ def test_same_seed_gives_byte_identical_files_and_another_seed_differs(tmp_path)
 def test_every_table_is_written_with_its_schema_header(fixture, suffix, request):
     out, summary = request.getfixturevalue(fixture)
     names = {p.name for p in out.iterdir()}
-    assert names == {f"{t}{suffix}" for t in schemas.TABLES} | {"SYNTH_TRUTH.csv", "SYNTH_MANIFEST.json"}
-    for table, schema in schemas.TABLES.items():
+    assert names == {f"{t}{suffix}" for t in table_schemas.TABLES} | {"SYNTH_TRUTH.csv", "SYNTH_MANIFEST.json"}
+    for table, schema in table_schemas.TABLES.items():
         path = out / f"{table}{suffix}"
         opener = gzip.open if suffix.endswith(".gz") else open
         with opener(path, "rt", newline="") as fh:
@@ -103,7 +104,7 @@ def _raw_fields(line: str) -> list[str]:
 @pytest.mark.parametrize("table", ["ADMISSIONS", "LABEVENTS", "CHARTEVENTS", "PRESCRIPTIONS", "INPUTEVENTS_MV"])
 def test_quoting_follows_the_dialect(fixture, table, request):
     out, _ = request.getfixturevalue(fixture)
-    schema = schemas.TABLES[table]
+    schema = table_schemas.TABLES[table]
     path = reader.locate_table(out, table)
     opener = gzip.open if path.name.endswith(".gz") else open
     seen_quoted = 0
@@ -112,7 +113,7 @@ def test_quoting_follows_the_dialect(fixture, table, request):
         for _, line in zip(range(3000), fh):
             for col, raw in zip(schema.columns, _raw_fields(line), strict=True):
                 quoted = raw.startswith('"')
-                if col.type is not schemas.ColType.STR or raw == "":
+                if col.type is not table_schemas.ColType.STR or raw == "":
                     assert not quoted, f"{table}.{col.name}: {raw!r} must be bare"
                 elif fixture == "small":  # the demo quotes every string
                     assert quoted, f"{table}.{col.name}: {raw!r} must be quoted"
@@ -127,7 +128,7 @@ def test_quoting_follows_the_dialect(fixture, table, request):
 def test_reader_reads_every_row_without_dead_letters(fixture, request):
     out, summary = request.getfixturevalue(fixture)
     manifest = json.loads((out / "SYNTH_MANIFEST.json").read_text())
-    for table in schemas.TABLES:
+    for table in table_schemas.TABLES:
         tab, stats = reader.read_table(reader.locate_table(out, table), table)
         assert stats.dead_lettered == {}, f"{table}: {stats.dead_lettered}"
         assert tab.num_rows == stats.rows_read == summary.rows[table] == manifest["rows"][table]
@@ -149,7 +150,7 @@ def test_ids_are_unique_consistent_and_rows_ordered_by_patient(small):
     owner = dict(zip(adm.HADM_ID, adm.SUBJECT_ID))
     assert set(adm.SUBJECT_ID) == set(pats.SUBJECT_ID)
     assert (icu.HADM_ID.map(owner) == icu.SUBJECT_ID).all()
-    for table in schemas.TABLES:
+    for table in table_schemas.TABLES:
         if table.startswith("D_"):
             continue
         df = _read(out, table)
@@ -574,7 +575,7 @@ def test_site_c_truth_is_the_site_a_formula_of_the_values_converted_back(sites):
 
 @pytest.mark.parametrize("site_name", ["B", "C"])
 def test_beam_job_runs_on_another_sites_release(tmp_path, site_name):
-    from ehr_pipeline.config import PipelineConfig
+    from ehr_pipeline.contract import PipelineConfig
     from ehr_pipeline.job import run_job
 
     release = tmp_path / "release"

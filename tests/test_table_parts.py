@@ -3,7 +3,8 @@ import gzip
 
 import pytest
 
-from ehr_pipeline import reader, table_parts
+from ehr_pipeline import reader
+from ehr_pipeline.mimic import table_parts
 
 
 def test_parts_hold_every_row_once(demo_dir, tmp_path, monkeypatch):

@@ -3,7 +3,7 @@ import io
 
 import pytest
 
-from ehr_pipeline import tfrecord
+from ehr_pipeline.contract import tfrecord
 
 
 def _write(records):

@@ -1,4 +1,4 @@
-"""ehr_pipeline.units against independent numbers: published SI conversion factors, not its own maths."""
+"""ehr_pipeline.encode.units against independent numbers: published SI conversion factors, not its own maths."""
 from __future__ import annotations
 
 import collections
@@ -16,9 +16,11 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ehr_pipeline import events, magnitudes, outputs, seqex, spec, tfrecord, unit_strings, units
-from ehr_pipeline import manifest as manifest_mod
-from ehr_pipeline.config import PipelineConfig
+from ehr_pipeline.contract import layout, spec, tfrecord
+from ehr_pipeline.encode import magnitudes, seqex, unit_strings, units
+from ehr_pipeline.mimic import events
+from ehr_pipeline.job import manifest as manifest_mod
+from ehr_pipeline.contract import PipelineConfig
 from ehr_pipeline.job import run_job
 
 # Conventional -> SI factors as printed in clinical reference tables (e.g. the AMA Manual of Style's
@@ -546,7 +548,7 @@ def test_the_job_counts_and_dead_letters_every_value_its_unit_refuses(demo_dir, 
             "from the training median once converted (not used; dead_letter/values_not_convertible.jsonl)"
             ) in summary.splitlines()
     assert manifest["balanced"]
-    written = outputs.read_json(str(out / outputs.UNITS))
+    written = layout.read_json(str(out / layout.UNITS))
     assert written["canonical"][f"lab:{TSH}"] == "u[IU]/mL"
     assert written["medians"][f"lab:{CREATININE}"] == pytest.approx(training, rel=5e-3)  # the detail's 3 digits
 

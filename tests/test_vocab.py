@@ -4,7 +4,7 @@ import functools
 import numpy as np
 import pytest
 
-from ehr_pipeline import vocab
+from ehr_pipeline.job import vocab
 
 
 def test_example_stats_match_direct_computation():

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
+from ehr_pipeline.encode import units
+
 LOINC = "http://loinc.org"
 SNOMED = "http://snomed.info/sct"
 UCUM = "http://unitsofmeasure.org"
@@ -101,8 +103,6 @@ def lab_items(loinc: str, bridge: Mapping[str, Sequence[str]]) -> tuple[str, ...
     MIMIC's dictionary says 2160-0 (mass concentration): both name one analyte
     (units.ANALYTES), so the value reaches the model's creatinine and is converted there.
     """
-    from ehr_pipeline import units
-
     if loinc in bridge:
         return tuple(bridge[loinc])
     analyte = units.ANALYTE_BY_LOINC.get(loinc)

@@ -25,8 +25,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ehr_pipeline import cohort as cohort_mod
-from ehr_pipeline import units
+from ehr_pipeline.mimic import cohort as cohort_mod
+from ehr_pipeline.encode import units
 from ehr_pipeline.fhir import codes
 from ehr_pipeline.fhir.mapping import iso_utc
 from ehr_pipeline.reader import TableReader, locate_table, read_table

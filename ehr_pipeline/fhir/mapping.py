@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pydantic
 
-from ehr_pipeline import bagging
+from ehr_pipeline.encode import bagging
 from ehr_pipeline.fhir import codes
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

@@ -13,39 +13,39 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ehr_pipeline import schemas
-from ehr_pipeline.deadletter import BAD_ENCODING, BAD_NUMBER, BAD_TIMESTAMP, MISSING_REQUIRED, NUL_CHARACTER
+from ehr_pipeline.reader import table_schemas
+from ehr_pipeline.reader.dead_letters import BAD_ENCODING, BAD_NUMBER, BAD_TIMESTAMP, MISSING_REQUIRED, NUL_CHARACTER
 from ehr_pipeline.reader.window import NEWLINE
 
-ARROW_TYPES: dict[schemas.ColType, pa.DataType] = {
-    schemas.ColType.INT: pa.int64(),
-    schemas.ColType.FLOAT: pa.float64(),
+ARROW_TYPES: dict[table_schemas.ColType, pa.DataType] = {
+    table_schemas.ColType.INT: pa.int64(),
+    table_schemas.ColType.FLOAT: pa.float64(),
     # Seconds, never nanoseconds: DOBs of patients over 89 sit ~300 years before the other
     # shifted dates and would overflow int64 nanoseconds in age arithmetic.
-    schemas.ColType.TIMESTAMP: pa.int64(),
-    schemas.ColType.STR: pa.string(),
+    table_schemas.ColType.TIMESTAMP: pa.int64(),
+    table_schemas.ColType.STR: pa.string(),
 }
 
 
-def arrow_schema(table: str | schemas.TableSchema, columns: Sequence[str] | None = None) -> pa.Schema:
+def arrow_schema(table: str | table_schemas.TableSchema, columns: Sequence[str] | None = None) -> pa.Schema:
     """The Arrow schema TableReader yields for ``table`` restricted to ``columns``."""
     schema = as_schema(table)
     return pa.schema([pa.field(c.name, ARROW_TYPES[c.type]) for c in requested(schema, columns)])
 
 
-def as_schema(table: str | schemas.TableSchema) -> schemas.TableSchema:
+def as_schema(table: str | table_schemas.TableSchema) -> table_schemas.TableSchema:
     """The schema of ``table``, given by name or as a schema."""
-    return table if isinstance(table, schemas.TableSchema) else schemas.get(table)
+    return table if isinstance(table, table_schemas.TableSchema) else table_schemas.get(table)
 
 
-def requested(schema: schemas.TableSchema, columns: Sequence[str] | None) -> tuple[schemas.Column, ...]:
+def requested(schema: table_schemas.TableSchema, columns: Sequence[str] | None) -> tuple[table_schemas.Column, ...]:
     """Requested columns in the caller's order; names match the schema case-insensitively."""
     if columns is None:
         return schema.columns
     if isinstance(columns, str):
         raise TypeError("columns must be a sequence of column names, not one string")
     by_upper = {c.name: c for c in schema.columns}
-    out: list[schemas.Column] = []
+    out: list[table_schemas.Column] = []
     for name in columns:
         col = by_upper.get(str(name).upper())
         if col is None:
@@ -125,10 +125,10 @@ def _checked_utf8(raw: pa.Array) -> pa.Array:
 
 
 _CONVERTERS = {
-    schemas.ColType.INT: (_to_int, BAD_NUMBER, "is not an integer"),
-    schemas.ColType.FLOAT: (_to_float, BAD_NUMBER, "is not a finite number"),
-    schemas.ColType.TIMESTAMP: (_to_seconds, BAD_TIMESTAMP, "is not a YYYY-MM-DD[ HH:MM:SS] timestamp"),
-    schemas.ColType.STR: (_checked_utf8, BAD_ENCODING, "is not valid UTF-8"),
+    table_schemas.ColType.INT: (_to_int, BAD_NUMBER, "is not an integer"),
+    table_schemas.ColType.FLOAT: (_to_float, BAD_NUMBER, "is not a finite number"),
+    table_schemas.ColType.TIMESTAMP: (_to_seconds, BAD_TIMESTAMP, "is not a YYYY-MM-DD[ HH:MM:SS] timestamp"),
+    table_schemas.ColType.STR: (_checked_utf8, BAD_ENCODING, "is not valid UTF-8"),
 }
 
 
@@ -144,7 +144,7 @@ class Problem:
 
 
 def type_block(
-    batch: pa.RecordBatch, wanted: Sequence[tuple[schemas.Column, int]], untyped: Sequence[int],
+    batch: pa.RecordBatch, wanted: Sequence[tuple[table_schemas.Column, int]], untyped: Sequence[int],
 ) -> tuple[list[pa.Array], list[Problem], list[pa.Array]]:
     """Typed ``wanted`` (column, position) pairs, their problems, and the string columns that may hold newlines."""
     n = batch.num_rows
@@ -159,13 +159,13 @@ def type_block(
         except pa.ArrowInvalid:
             bad = failures(raw, convert)
             # Invalid UTF-8 cannot be quoted back as text; the raw line still carries it.
-            quote = raw if col.type is not schemas.ColType.STR else None
+            quote = raw if col.type is not table_schemas.ColType.STR else None
             problems.append(Problem(col.name, reason, bad, message, quote))
             value = convert(pc.if_else(pa.array(bad), pa.nulls(n, raw.type), raw))
             # Unparseable values may hide quoted newlines; parsed numbers never do.
             nl_columns.append(raw)
         else:
-            if col.type is schemas.ColType.STR:
+            if col.type is table_schemas.ColType.STR:
                 nl_columns.append(raw)
                 if value.null_count < n and pc.any(pc.match_substring(value, "\0")).as_py():
                     # NUL ends C strings: a code "50912\0x" would become "50912" downstream.

@@ -9,7 +9,7 @@ import io
 import logging
 import pathlib
 
-from ehr_pipeline import schemas
+from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.reader.columns import as_schema
 from ehr_pipeline.reader.errors import CorruptFileError, EmptyFileError, ReaderError, SchemaMismatchError
 from ehr_pipeline.reader.stream import GZIP_MAGIC
@@ -22,7 +22,7 @@ _HEADER_PROBE_BYTES = 1 << 16
 _MAX_HEADER_BYTES = 1 << 20
 
 
-def check_header(path: str | pathlib.Path, table: str | schemas.TableSchema) -> None:
+def check_header(path: str | pathlib.Path, table: str | table_schemas.TableSchema) -> None:
     """Reads only the header of a table file; raises the ReaderError a full read would raise first."""
     path = pathlib.Path(path)
     with RawWindow.open(path, _HEADER_PROBE_BYTES) as window:  # no Arrow reader: any size will do
@@ -59,7 +59,7 @@ def read_header(window: RawWindow, path: pathlib.Path) -> list[str]:
     return next(csv.reader(io.StringIO(text)))
 
 
-def match_header(names: list[str], schema: schemas.TableSchema, path: pathlib.Path) -> dict[str, int]:
+def match_header(names: list[str], schema: table_schemas.TableSchema, path: pathlib.Path) -> dict[str, int]:
     """Maps each schema column to its position in the header (names match case-insensitively)."""
     positions: dict[str, int] = {}
     extras: list[str] = []

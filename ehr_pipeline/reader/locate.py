@@ -10,7 +10,7 @@ import collections
 import logging
 import pathlib
 
-from ehr_pipeline import schemas
+from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.reader.errors import MissingTableError, ReaderError
 
 # The package's logger, not this module's: what the reader logs keeps one name for filters.
@@ -19,7 +19,7 @@ logger = logging.getLogger(__package__)
 
 def locate_table(mimic_dir: str | pathlib.Path, table: str) -> pathlib.Path | None:
     """Finds TABLE.csv.gz or TABLE.csv (any case) in mimic_dir; None if an optional table is absent."""
-    schema = schemas.get(table)
+    schema = table_schemas.get(table)
     directory = _release_dir(mimic_dir)
     files_by_name: dict[str, list[pathlib.Path]] = collections.defaultdict(list)
     for p in directory.iterdir():
@@ -47,7 +47,7 @@ def locate_table_files(mimic_dir: str | pathlib.Path, table: str) -> list[pathli
     file can only be read from its start, so one file is one unit of work. Each part is a
     complete CSV with its own header (``ehr-pipeline shard`` writes them).
     """
-    schema = schemas.get(table)
+    schema = table_schemas.get(table)
     directory = _release_dir(mimic_dir)
     parts = _parts(directory, schema)
     if not parts:
@@ -69,7 +69,7 @@ def _release_dir(mimic_dir: str | pathlib.Path) -> pathlib.Path:
     return directory
 
 
-def _parts(directory: pathlib.Path, schema: schemas.TableSchema) -> list[pathlib.Path]:
+def _parts(directory: pathlib.Path, schema: table_schemas.TableSchema) -> list[pathlib.Path]:
     """The part files of a table in name order; ReaderError when one part has two files."""
     prefix = schema.name.lower() + "-"
     parts = sorted(

@@ -9,8 +9,8 @@ from typing import Iterator, Sequence
 
 import pyarrow as pa
 
-from ehr_pipeline import schemas
-from ehr_pipeline.deadletter import DeadLetterSink
+from ehr_pipeline.reader import table_schemas
+from ehr_pipeline.reader.dead_letters import DeadLetterSink
 from ehr_pipeline.reader.columns import ARROW_TYPES, as_schema, requested
 from ehr_pipeline.reader.errors import CorruptFileError
 from ehr_pipeline.reader.header import match_header, read_header
@@ -31,7 +31,7 @@ class TableReader:
     def __init__(
         self,
         path: str | pathlib.Path,
-        table: str | schemas.TableSchema,
+        table: str | table_schemas.TableSchema,
         columns: Sequence[str] | None = None,
         on_dead_letter: DeadLetterSink | None = None,
         block_size_bytes: int = DEFAULT_BLOCK_SIZE,
@@ -68,7 +68,7 @@ class TableReader:
 
 def read_table(
     path: str | pathlib.Path,
-    table: str | schemas.TableSchema,
+    table: str | table_schemas.TableSchema,
     columns: Sequence[str] | None = None,
     on_dead_letter: DeadLetterSink | None = None,
 ) -> tuple[pa.Table, ReadStats]:

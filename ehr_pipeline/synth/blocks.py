@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from ehr_pipeline import schemas
+from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.synth.catalog import arrow_type
 
 NULL = np.iinfo(np.int64).min
@@ -72,7 +72,7 @@ def size(block: Block) -> int:
     return int(block["owner"].size) if block else 0
 
 
-def to_arrow(value, col: schemas.Column) -> pa.Array:
+def to_arrow(value, col: table_schemas.Column) -> pa.Array:
     """One generator column as the Arrow array of a schema column."""
     typ = arrow_type(col.type)
     if isinstance(value, Cat):
@@ -80,9 +80,9 @@ def to_arrow(value, col: schemas.Column) -> pa.Array:
     if isinstance(value, pa.Array):
         return value if value.type == typ else value.cast(typ)
     arr = np.asarray(value)
-    if col.type is schemas.ColType.FLOAT:
+    if col.type is table_schemas.ColType.FLOAT:
         return pa.array(arr.astype(np.float64), mask=np.isnan(arr) if arr.dtype.kind == "f" else None)
-    if col.type in (schemas.ColType.INT, schemas.ColType.TIMESTAMP):
+    if col.type in (table_schemas.ColType.INT, table_schemas.ColType.TIMESTAMP):
         arr = arr.astype(np.int64)
         mask = arr == NULL
         return pa.array(arr, type=typ, mask=mask if mask.any() else None)
@@ -91,7 +91,7 @@ def to_arrow(value, col: schemas.Column) -> pa.Array:
 
 def to_table(table: str, columns: dict, n_rows: int) -> pa.Table:
     """Arrow table of ``table``'s schema columns except ROW_ID; absent columns are NULL."""
-    schema = schemas.TABLES[table]
+    schema = table_schemas.TABLES[table]
     arrays, names = [], []
     for col in schema.columns:
         if col.name == "ROW_ID":

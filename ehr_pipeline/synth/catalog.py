@@ -15,7 +15,8 @@ import pathlib
 
 import pyarrow as pa
 
-from ehr_pipeline import reader, schemas
+from ehr_pipeline import reader
+from ehr_pipeline.reader import table_schemas
 
 log = logging.getLogger(__name__)
 
@@ -405,11 +406,11 @@ def load_dictionaries(dictionary_dir: pathlib.Path) -> dict[str, pa.Table]:
     return out
 
 
-def arrow_type(t: schemas.ColType) -> pa.DataType:
+def arrow_type(t: table_schemas.ColType) -> pa.DataType:
     """The Arrow type the generator writes a schema column type as."""
     return {
-        schemas.ColType.INT: pa.int64(),
-        schemas.ColType.FLOAT: pa.float64(),
-        schemas.ColType.TIMESTAMP: pa.timestamp("s"),
-        schemas.ColType.STR: pa.string(),
+        table_schemas.ColType.INT: pa.int64(),
+        table_schemas.ColType.FLOAT: pa.float64(),
+        table_schemas.ColType.TIMESTAMP: pa.timestamp("s"),
+        table_schemas.ColType.STR: pa.string(),
     }[t]

@@ -1,6 +1,6 @@
 """`ehr-pipeline synth`: argument definitions and the command body.
 
-Wiring in ehr_pipeline/cli.py is one line per hook:
+Wiring in ehr_pipeline/cli/main.py is one line per hook:
 ``synth.add_arguments(sub.add_parser("synth", help=...))`` and dispatch to ``synth.run(args)``.
 """
 from __future__ import annotations

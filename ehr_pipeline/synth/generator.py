@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ehr_pipeline import schemas
+from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.synth import blocks as bl
 from ehr_pipeline.synth import catalog as cat
 from ehr_pipeline.synth import coding, cohort, events, temporal
@@ -212,7 +212,7 @@ def _event_table(table: str, b: Block, keys: dict, pat: np.ndarray, time_col: st
         b = bl.take(b, order)
         owner = b["owner"]
     cols = {k: v for k, v in b.items() if k not in ("owner", "HADM_NULL", "ICU")}
-    names = schemas.TABLES[table].column_names
+    names = table_schemas.TABLES[table].column_names
     cols["SUBJECT_ID"] = keys["SUBJECT_ID"][owner]
     cols["HADM_ID"] = keys["HADM_ID"][owner]
     if "HADM_NULL" in b:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ehr_pipeline import reader
 from ehr_pipeline.synth import catalog
 from ehr_pipeline.synth.temporal import COURSE_WINDOW_DAYS, TrajectoryFeatures
 from ehr_pipeline.synth.truth import AGE_CAP_YEARS, SECONDS_PER_YEAR, PreTriggerFeatures
@@ -91,8 +92,6 @@ def trajectory_features(tables: dict[str, pd.DataFrame]) -> tuple[pd.Index, Traj
 
 def read_tables(release) -> dict[str, pd.DataFrame]:
     """TABLES of a release as typed pandas frames, through the project's reader (a dead letter is an error)."""
-    from ehr_pipeline import reader
-
     out = {}
     for table in TABLES:
         frame, stats = reader.read_table(reader.locate_table(release, table), table)

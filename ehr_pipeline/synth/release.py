@@ -12,7 +12,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 import ehr_base
-from ehr_pipeline import schemas
+from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.synth import catalog
 from ehr_pipeline.synth.config import (CHUNK_PATIENTS, HADM_ID_BASE, ICUSTAY_ID_BASE, SUBJECT_ID_BASE,
                                        SynthConfig)
@@ -109,7 +109,7 @@ def write_release(cfg: SynthConfig, out_dir: pathlib.Path, show_progress: bool =
     summary = SynthSummary(
         out_dir=out_dir, patients=cfg.patients, admissions=admissions, deaths=deaths,
         long_admissions=long_adm, long_deaths=long_deaths,
-        rows={t: rows.get(t, 0) for t in [*schemas.TABLES, TRUTH_FILE]},
+        rows={t: rows.get(t, 0) for t in [*table_schemas.TABLES, TRUTH_FILE]},
         events=sum(rows.get(t, 0) for t in EVENT_TABLES), seconds=time.perf_counter() - t0)
     log.info("%s", summary.format())
     return summary
@@ -121,7 +121,7 @@ def dictionaries(dictionary_dir: pathlib.Path | None, site: Site) -> dict[str, p
     real = catalog.load_dictionaries(dictionary_dir) if dictionary_dir is not None else {}
     out = {}
     for name, cols in builtin.items():
-        schema = schemas.TABLES[name]
+        schema = table_schemas.TABLES[name]
         n = len(cols["ITEMID"])
         table = pa.table({c.name: pa.array(cols[c.name], catalog.arrow_type(c.type)) if c.name in cols
                           else pa.nulls(n, catalog.arrow_type(c.type))

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from ehr_pipeline import schemas
+from ehr_pipeline.reader import table_schemas
 
 _MAX_PENDING = 12  # queued writes before the producer waits: about one chunk's tables
 _OWN_LANE = frozenset({"CHARTEVENTS"})
@@ -128,9 +128,9 @@ class ReleaseWriter:
 
     def _stream(self, table: str) -> _Stream:
         if table not in self._streams:
-            gz, plain = schemas.TABLES[table].file_names
+            gz, plain = table_schemas.TABLES[table].file_names
             name, stale = (gz, plain) if self.use_gzip else (plain, gz)
-            head = header(schemas.TABLES[table].column_names, self.dialect)
+            head = header(table_schemas.TABLES[table].column_names, self.dialect)
             self._streams[table] = _Stream(self.out_dir / name, head, self.use_gzip, self.compresslevel,
                                            self.out_dir / stale)
         return self._streams[table]
@@ -143,7 +143,7 @@ class ReleaseWriter:
     def append(self, table: str, rows: pa.Table) -> None:
         """Appends rows (schema columns minus ROW_ID, in order) and numbers their ROW_IDs from 1."""
         s = self._stream(table)
-        names = schemas.TABLES[table].column_names
+        names = table_schemas.TABLES[table].column_names
         if tuple(["ROW_ID", *rows.column_names]) != names:
             raise ValueError(f"{table}: columns {rows.column_names} do not follow the schema {names}")
         row_id = pa.array(np.arange(s.rows + 1, s.rows + 1 + rows.num_rows, dtype=np.int64))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ehr_pipeline import meds_labels
+from ehr_pipeline.meds import labels as meds_labels
 from model.evaluation import against_truth, clinical_stats, metrics, metrics_report, plots
 from model.evaluation.metrics_report import json_ready
 from model.export.load import DECISION_THRESHOLD
@@ -302,7 +302,7 @@ def population(files, cases_by_split: Mapping[str, Any]) -> dict[str, Any]:
 
 def read_cases(files) -> dict[str, Any]:
     """inputs.SplitCases of every split the data folder has."""
-    from ehr_pipeline.config import SPLIT_NAMES
+    from ehr_pipeline.contract import SPLIT_NAMES
     from model.training.inputs import read_split_cases
 
     out = {}

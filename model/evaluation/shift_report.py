@@ -1,6 +1,6 @@
 """New data against the population a model learnt from: the reference an export carries, and the report.
 
-The statistics and their comparison live in the data layer (``ehr_pipeline.population``,
+The statistics and their comparison live in the data layer (``ehr_pipeline.shift.population``,
 ``ehr_pipeline.shift``); this module ties them to models:
 
 * ``reference_profile``: the training split of a data folder, with the model's mutual
@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ehr_pipeline import population, shift
-from ehr_pipeline.population import Profile
+from ehr_pipeline import shift
+from ehr_pipeline.shift import population
+from ehr_pipeline.shift import Profile
 
 log = logging.getLogger(__name__)
 

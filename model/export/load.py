@@ -21,7 +21,7 @@ Layout (the contract with serving/):
   admission_types.json  (optional) {"split": "train", "counts": {admission_type: examples}}: the training
                         split's admission types, which the service averages over when a request's is unknown
   meds_codes.json       (optional) the MEDS code map of a model trained on MEDS data: requests speak MEDS codes
-  reference_profile.json (optional) the training population in numbers (ehr_pipeline.population.Profile:
+  reference_profile.json (optional) the training population in numbers (ehr_pipeline.shift.population.Profile:
                         case mix, per-code value distributions, out-of-vocabulary shares, units, the
                         validation split's mutual information): what the shift report and the service's
                         monitor compare new data with
@@ -48,11 +48,11 @@ import numpy as np
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from ehr_pipeline import config as pipeline_config
-from ehr_pipeline import outputs, spec
-from ehr_pipeline import meds_codes as meds_codes_mod
-from ehr_pipeline import units as units_mod
-from ehr_pipeline.population import Profile
+from ehr_pipeline.contract import config as pipeline_config
+from ehr_pipeline.contract import layout, spec
+from ehr_pipeline.meds import code_map as meds_codes_mod
+from ehr_pipeline.encode import units as units_mod
+from ehr_pipeline.shift import Profile
 from ehr_base.yaml_config import ConfigError
 from model.evaluation import metrics as model_metrics
 
@@ -151,12 +151,12 @@ class Export:
     # 'source:code' -> its position in vocabulary.json's list (most frequent in training first).
     vocabulary_rank: Mapping[str, int] = dataclasses.field(default_factory=dict)
     # 'source:code' -> the unit its training values were converted to (units.json "canonical"):
-    # request values in another unit are converted to it, or not used (ehr_pipeline.units).
+    # request values in another unit are converted to it, or not used (ehr_pipeline.encode.units).
     units: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # 'source:code' -> the units its training values were written in (units.json "codes"), convertible or not.
     unit_census: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     # 'source:code' -> training median |value| in its canonical unit (units.json "medians"): a request's
-    # conversion that lands values far from it is not used (ehr_pipeline.magnitudes). {} before medians existed.
+    # conversion that lands values far from it is not used (ehr_pipeline.encode.magnitudes). {} before medians existed.
     unit_medians: Mapping[str, float] = dataclasses.field(default_factory=dict)
     # Training mean and standard deviation per numeric code, and the |z| where the model caps
     # values: a request value beyond it is answered with a warning.
@@ -224,14 +224,14 @@ def vocabulary_ranks(data: Any, where: pathlib.Path | str) -> dict[str, int]:
 
 def _lab_loinc(directory: pathlib.Path) -> dict[str, tuple[str, ...]]:
     """LOINC -> lab ITEMIDs from lab_loinc.json ({"codes": {loinc: [itemids]}}); {} when the export has none."""
-    if not (directory / outputs.LAB_LOINC).exists():
-        logger.info("%s has no %s: FHIR lab Observations need local MIMIC codes", directory, outputs.LAB_LOINC)
+    if not (directory / layout.LAB_LOINC).exists():
+        logger.info("%s has no %s: FHIR lab Observations need local MIMIC codes", directory, layout.LAB_LOINC)
         return {}
-    data = _read_json(directory, outputs.LAB_LOINC)
+    data = _read_json(directory, layout.LAB_LOINC)
     bridge = data.get("codes") if isinstance(data, dict) else None
     if not isinstance(bridge, dict) or not all(
             isinstance(v, list) and all(isinstance(c, str) for c in v) for v in bridge.values()):
-        raise ExportError(f"{directory / outputs.LAB_LOINC}: expected {{\"codes\": {{loinc: [itemid strings]}}}}")
+        raise ExportError(f"{directory / layout.LAB_LOINC}: expected {{\"codes\": {{loinc: [itemid strings]}}}}")
     return {str(k): tuple(v) for k, v in bridge.items()}
 
 
@@ -240,12 +240,12 @@ def _units(directory: pathlib.Path) -> tuple[dict[str, str], dict[str, tuple[str
 
     Without one, values go unchecked.
     """
-    if not (directory / outputs.UNITS).exists():
+    if not (directory / layout.UNITS).exists():
         return {}, {}, {}
-    data = _read_json(directory, outputs.UNITS)
+    data = _read_json(directory, layout.UNITS)
     by_code = data.get("codes") if isinstance(data, dict) else None
     if not isinstance(by_code, dict) or not all(isinstance(v, dict) for v in by_code.values()):
-        raise ExportError(f"{directory / outputs.UNITS}: expected {{\"codes\": {{code: {{unit: rows}}}}}}")
+        raise ExportError(f"{directory / layout.UNITS}: expected {{\"codes\": {{code: {{unit: rows}}}}}}")
     counts, canonical = units_mod.read_units_file(data)
     census = {code: tuple(sorted(written)) for code, written in counts.items()}
     # Data folders made before values were harmonised have no "canonical": their values were
@@ -253,7 +253,7 @@ def _units(directory: pathlib.Path) -> tuple[dict[str, str], dict[str, tuple[str
     try:
         medians = units_mod.read_medians(data)
     except (AttributeError, TypeError, ValueError):
-        raise ExportError(f"{directory / outputs.UNITS}: expected \"medians\": {{code: number}}") from None
+        raise ExportError(f"{directory / layout.UNITS}: expected \"medians\": {{code: number}}") from None
     return canonical or units_mod.canonical_units(counts, units_mod.Converter()), census, medians
 
 
@@ -305,7 +305,7 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
     directory = pathlib.Path(export_dir)
     if not directory.is_dir():
         raise ExportError(f"{directory}: model directory does not exist or is not a directory")
-    checksum = outputs.sha256_of(str(directory / MANIFEST))
+    checksum = layout.sha256_of(str(directory / MANIFEST))
     card_raw = _read_json(directory, MODEL_CARD)
     card = _validate(ModelCard, card_raw, directory / MODEL_CARD)
     pipeline_raw = _read_json(directory, PIPELINE_CONFIG)
@@ -313,11 +313,11 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
         pipeline = pipeline_config.parse_pipeline_config(pipeline_raw, str(directory / PIPELINE_CONFIG))
     except ConfigError as err:
         raise ExportError(str(err)) from None
-    ranks = vocabulary_ranks(_read_json(directory, outputs.VOCABULARY), directory / outputs.VOCABULARY)
+    ranks = vocabulary_ranks(_read_json(directory, layout.VOCABULARY), directory / layout.VOCABULARY)
     metrics_raw = _read_json(directory, METRICS)
     metrics = _validate(ExportMetrics, metrics_raw, directory / METRICS)
-    value_stats, clip_z = _value_stats(_read_json(directory, outputs.NUMERIC_STATS),
-                                       directory / outputs.NUMERIC_STATS)
+    value_stats, clip_z = _value_stats(_read_json(directory, layout.NUMERIC_STATS),
+                                       directory / layout.NUMERIC_STATS)
     canonical, census, medians = _units(directory)
     return Export(directory=directory, checksum=checksum, card=card, card_raw=card_raw, pipeline=pipeline,
                   pipeline_raw=pipeline_raw, vocabulary=frozenset(ranks), metrics=metrics, metrics_raw=metrics_raw,
@@ -329,11 +329,11 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
 
 def _meds_codes(directory: pathlib.Path) -> meds_codes_mod.MedsCodes | None:
     """The MEDS code map of meds_codes.json, or None for a model trained on MIMIC-III CSVs."""
-    if not (directory / outputs.MEDS_CODES).exists():
+    if not (directory / layout.MEDS_CODES).exists():
         return None
     try:
-        return meds_codes_mod.parse_meds_codes(_read_json(directory, outputs.MEDS_CODES).get("codes"),
-                                               str(directory / outputs.MEDS_CODES))
+        return meds_codes_mod.parse_meds_codes(_read_json(directory, layout.MEDS_CODES).get("codes"),
+                                               str(directory / layout.MEDS_CODES))
     except (ConfigError, AttributeError) as err:
         raise ExportError(str(err)) from None
 
@@ -344,7 +344,7 @@ def _meds_codes(directory: pathlib.Path) -> meds_codes_mod.MedsCodes | None:
 def write_manifest(root: str | os.PathLike[str]) -> dict[str, str]:
     """Writes manifest.json with the SHA-256 of every other file under root; returns that map."""
     root = pathlib.Path(root)
-    files = {p.relative_to(root).as_posix(): outputs.sha256_of(str(p))
+    files = {p.relative_to(root).as_posix(): layout.sha256_of(str(p))
              for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
     document = {"files": files, "format_version": FORMAT_VERSION}
     (root / MANIFEST).write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -365,7 +365,7 @@ def verify_export(export_dir: str | os.PathLike[str]) -> dict:
         raise ExportError(f"{manifest_path}: format_version {manifest.get('format_version')!r}, "
                           f"this code reads {FORMAT_VERSION}")
     files = manifest.get("files") or {}
-    for required in (MODEL_CARD, METRICS, PIPELINE_CONFIG, outputs.VOCABULARY, outputs.NUMERIC_STATS,
+    for required in (MODEL_CARD, METRICS, PIPELINE_CONFIG, layout.VOCABULARY, layout.NUMERIC_STATS,
                      f"{SAVED_MODEL_DIR}/saved_model.pb"):
         if required not in files:
             raise ExportError(f"{root}: {MANIFEST} does not list {required}")
@@ -373,7 +373,7 @@ def verify_export(export_dir: str | os.PathLike[str]) -> dict:
         path = root / rel
         if not path.is_file():
             raise ExportError(f"{root}: {rel} is missing")
-        if outputs.sha256_of(str(path)) != digest:
+        if layout.sha256_of(str(path)) != digest:
             raise ExportError(f"{root}: {rel} does not match its checksum in {MANIFEST} (altered or corrupt)")
     extra = [p.relative_to(root).as_posix() for p in root.rglob("*")
              if p.is_file() and p.name != MANIFEST and p.relative_to(root).as_posix() not in files]

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 from tqdm.auto import tqdm
 
-from ehr_pipeline import seqex_tf, spec
+from ehr_pipeline.contract import spec, tf_parse
 from model.export.load import MAX_SAMPLES, PRECISIONS, SIGNATURES, load_export
 from model.layers.noise import Noise
 
@@ -137,7 +137,7 @@ class ServingModule(tf.Module):
 
     def _serve(self, examples, num_samples, seed, precision: str):
         num_samples = _check_samples(num_samples)
-        parsed = seqex_tf.parse_sequence_examples(examples)  # once: the noise keys and the featurizer share it
+        parsed = tf_parse.parse_sequence_examples(examples)  # once: the noise keys and the featurizer share it
         probs = self.probs_batch(parsed, _example_noise(parsed, seed), num_samples, precision)
         width = num_samples * self.ensemble_size
         return {"probs": tf.reshape(probs, [tf.shape(examples)[0], width])}

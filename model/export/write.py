@@ -17,8 +17,8 @@ from typing import Any
 import tensorflow as tf
 
 import ehr_base
-from ehr_pipeline import outputs
-from ehr_pipeline.population import Profile
+from ehr_pipeline.contract import layout
+from ehr_pipeline.shift import Profile
 from model.export.load import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
                           SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, ExportError, load_export, write_manifest)
 from model.evaluation.metrics_report import json_ready
@@ -43,13 +43,13 @@ def _write_json(path: pathlib.Path, obj: Any) -> None:
 def _finish(tmp: pathlib.Path, export_dir: pathlib.Path, source_dir: str | os.PathLike[str], card: dict,
             metrics_doc: dict, pipeline_config: Mapping[str, Any], reference: Profile | None = None) -> pathlib.Path:
     """Writes the side files (vocabulary/statistics copied from source_dir) and the manifest, then moves tmp."""
-    for name in (outputs.VOCABULARY, outputs.NUMERIC_STATS):
+    for name in (layout.VOCABULARY, layout.NUMERIC_STATS):
         shutil.copyfile(os.path.join(source_dir, name), tmp / name)
     # The LOINC lab bridge and the training units travel with the model (data folders made
     # before they existed have none: FHIR labs then need local codes, and units go unchecked).
     # A model trained on MEDS data also carries the code map its codes were read with: the
     # service reads the MEDS codes of its requests with it.
-    for name in (outputs.LAB_LOINC, outputs.UNITS, outputs.MEDS_CODES):
+    for name in (layout.LAB_LOINC, layout.UNITS, layout.MEDS_CODES):
         if os.path.exists(os.path.join(source_dir, name)):
             shutil.copyfile(os.path.join(source_dir, name), tmp / name)
     # The training split's admission types: the service averages the model over them when a
@@ -81,7 +81,7 @@ def _new_tmp(export_dir: pathlib.Path) -> pathlib.Path:
 
 def data_manifest_sha256(data_dir: str | os.PathLike[str]) -> str:
     """SHA-256 of a data folder's manifest.json: identifies the data a model was trained on."""
-    return outputs.sha256_of(os.path.join(os.fspath(data_dir), outputs.MANIFEST))
+    return layout.sha256_of(os.path.join(os.fspath(data_dir), layout.MANIFEST))
 
 
 def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, metrics_doc: Mapping[str, Any],
@@ -161,7 +161,7 @@ def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Seque
     validation mutual information); None writes none.
     """
     loaded = [load_export(d) for d in member_dirs]
-    digests = {(e.manifest["files"][outputs.VOCABULARY], e.manifest["files"][outputs.NUMERIC_STATS]) for e in loaded}
+    digests = {(e.manifest["files"][layout.VOCABULARY], e.manifest["files"][layout.NUMERIC_STATS]) for e in loaded}
     if len(digests) != 1:
         raise ExportError("ensemble members were trained on different vocabularies/statistics")
     export_dir = pathlib.Path(export_dir)

@@ -1,6 +1,6 @@
 """Scikit-learn baselines on bag aggregates: logistic regression and gradient boosting.
 
-The examples come from the pipeline's TFRecords through ``ehr_pipeline.spec``'s parser (the
+The examples come from the pipeline's TFRecords through ``ehr_pipeline.contract.spec``'s parser (the
 parser the trainer and the service use), and the predictions go through ``model.evaluation.metrics``
 and the same report files as the LSTMs, so a baseline sits in the same tables.
 
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from ehr_pipeline import seqex_tf, spec
+from ehr_pipeline.contract import spec, tf_parse
 from model.evaluation import metrics
 from model.training.inputs import DataFiles, Featurizer, load_data_files, read_split
 
@@ -111,7 +111,7 @@ def read_features(files: DataFiles, split: str, featurizer: Featurizer | None = 
 
     featurizer = featurizer or Featurizer.from_data_files(files, window_hours)
     records, labels, hadm_ids = read_split(files, split)
-    blocks = [featurizer(seqex_tf.parse_sequence_examples(tf.constant(records[start:start + _PARSE_BATCH])))
+    blocks = [featurizer(tf_parse.parse_sequence_examples(tf.constant(records[start:start + _PARSE_BATCH])))
               ["window_aggregates"].numpy() for start in range(0, len(records), _PARSE_BATCH)]
     x = np.concatenate(blocks) if blocks else np.zeros((0, featurizer.window_aggregate_dim), np.float32)
     return SplitFeatures(np.asarray(hadm_ids, np.int64), np.asarray(labels, np.int64), x)

@@ -42,11 +42,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ehr_pipeline import outputs, seqex_tf, spec
-from ehr_pipeline.config import parse_pipeline_config
+from ehr_pipeline.contract import layout, spec, tf_parse
+from ehr_pipeline.contract import parse_pipeline_config
 
 # MIMIC-III ADMISSIONS.ADMISSION_TYPE values; anything else maps to one extra "other" slot.
-# TODO(spec owner): this list belongs in ehr_pipeline.spec next to GENDERS.
+# TODO(spec owner): this list belongs in ehr_pipeline.contract.spec next to GENDERS.
 ADMISSION_TYPES = ("ELECTIVE", "EMERGENCY", "NEWBORN", "URGENT")
 NUM_VALUE_FEATURES = 6  # z_mean, z_last, z_min, z_max, has_value, log1p(count)
 WINDOW_VALUE_STATS = ("z_min", "z_max", "z_mean", "z_last", "no_value")  # per value code, window_aggregates
@@ -84,18 +84,18 @@ class DataFiles:
 def load_data_files(data_dir: str | os.PathLike[str]) -> DataFiles:
     """Reads vocabulary.json, numeric_stats.json and manifest.json of a Beam job output folder."""
     data_dir = os.fspath(data_dir)
-    missing = [n for n in (outputs.VOCABULARY, outputs.NUMERIC_STATS, outputs.MANIFEST)
+    missing = [n for n in (layout.VOCABULARY, layout.NUMERIC_STATS, layout.MANIFEST)
                if not os.path.exists(os.path.join(data_dir, n))]
     if missing:
         raise FileNotFoundError(f"{data_dir}: not a pipeline output folder, missing {missing}")
-    vocab_doc = outputs.read_json(os.path.join(data_dir, outputs.VOCABULARY))
-    stats_doc = outputs.read_json(os.path.join(data_dir, outputs.NUMERIC_STATS))
-    manifest = outputs.read_json(os.path.join(data_dir, outputs.MANIFEST))
+    vocab_doc = layout.read_json(os.path.join(data_dir, layout.VOCABULARY))
+    stats_doc = layout.read_json(os.path.join(data_dir, layout.NUMERIC_STATS))
+    manifest = layout.read_json(os.path.join(data_dir, layout.MANIFEST))
     vocabulary = vocab_doc.get("sources")
     codes = stats_doc.get("codes")
     if not isinstance(vocabulary, dict) or not isinstance(codes, dict):
-        raise ValueError(f"{data_dir}: {outputs.VOCABULARY} needs a 'sources' mapping and "
-                         f"{outputs.NUMERIC_STATS} a 'codes' mapping")
+        raise ValueError(f"{data_dir}: {layout.VOCABULARY} needs a 'sources' mapping and "
+                         f"{layout.NUMERIC_STATS} a 'codes' mapping")
     # clip_z is a pipeline setting: the manifest's config is its one source of truth
     # (validated, so a hand-edited manifest with a bad value fails here, not in training).
     pipeline_cfg = manifest.get("config") or {}
@@ -105,7 +105,7 @@ def load_data_files(data_dir: str | os.PathLike[str]) -> DataFiles:
 
 
 class Featurizer(tf.Module):
-    """Parsed SequenceExample batch (seqex_tf.parse_sequence_examples) -> model tensors."""
+    """Parsed SequenceExample batch (tf_parse.parse_sequence_examples) -> model tensors."""
 
     def __init__(self, vocabulary: Mapping[str, list[str]], numeric_stats: Mapping[str, Mapping[str, float]],
                  clip_z: float = DEFAULT_CLIP_Z, window_hours: float | None = None, name: str | None = None):
@@ -309,13 +309,13 @@ def dataset(files: DataFiles, featurizer: Featurizer, split: str, batch_size: in
         return feats, tf.cast(feats["label"], tf.float32)
 
     if training and cache:
-        ds = seqex_tf.make_dataset(files.split_pattern(split), batch_size, shuffle=True, seed=seed,
+        ds = tf_parse.make_dataset(files.split_pattern(split), batch_size, shuffle=True, seed=seed,
                                shuffle_buffer=shuffle_buffer, drop_remainder=True)
         ds = ds.map(to_model, num_parallel_calls=tf.data.AUTOTUNE).cache()
         batches = max(1, int(files.num_examples(split) or 0) // batch_size)
         ds = ds.shuffle(batches, seed=seed, reshuffle_each_iteration=True).repeat()
         return ds.prefetch(tf.data.AUTOTUNE)
-    ds = seqex_tf.make_dataset(files.split_pattern(split), batch_size, shuffle=training, seed=seed,
+    ds = tf_parse.make_dataset(files.split_pattern(split), batch_size, shuffle=training, seed=seed,
                            shuffle_buffer=shuffle_buffer, repeat=training, drop_remainder=training)
     return ds.map(to_model, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
@@ -340,7 +340,7 @@ def example_ids(records: list[bytes]) -> tuple[list[int], list[int]]:
     """(subject ids, trigger times in s) of serialized examples: a MEDS label row's (subject_id, prediction_time)."""
     if not records:
         return [], []
-    parsed = seqex_tf.parse_sequence_examples(tf.constant(records))
+    parsed = tf_parse.parse_sequence_examples(tf.constant(records))
     return parsed[spec.SUBJECT_ID].numpy().tolist(), parsed[spec.TRIGGER_TIME].numpy().tolist()
 
 
@@ -354,7 +354,7 @@ def read_split(files: DataFiles, split: str) -> tuple[list[bytes], list[int], li
         records.append(bytes(record.numpy()))
     if not records:
         return [], [], []
-    parsed = seqex_tf.parse_sequence_examples(tf.constant(records))
+    parsed = tf_parse.parse_sequence_examples(tf.constant(records))
     return records, parsed[spec.LABEL].numpy().tolist(), parsed[spec.HADM_ID].numpy().tolist()
 
 
@@ -385,7 +385,7 @@ def read_split_cases(files: DataFiles, split: str) -> SplitCases:
         empty = np.zeros(0, np.int64)
         return SplitCases(empty, empty, {k: np.zeros(0, object) for k in CASE_ATTRIBUTES}, empty, empty,
                           {s: np.zeros(0, bool) for s in spec.SOURCES})
-    parsed = seqex_tf.parse_sequence_examples(tf.constant(records))
+    parsed = tf_parse.parse_sequence_examples(tf.constant(records))
     attributes = {}
     for key in CASE_ATTRIBUTES:
         values = parsed[key].numpy()

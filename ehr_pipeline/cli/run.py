@@ -1,0 +1,97 @@
+"""`ehr-pipeline run`: flags of the Beam job (anything unrecognised is a Beam pipeline option)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+
+from ehr_base.cli_args import existing_dir, existing_file, output_dir
+from ehr_pipeline.contract import layout, load_pipeline_config
+from ehr_pipeline.encode import units
+from ehr_pipeline.meds import load_meds_codes
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the job's flags to `parser`."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--mimic-dir", type=existing_dir,
+                       help="folder with the MIMIC-III v1.4 tables (TABLE.csv.gz or TABLE.csv)")
+    where.add_argument("--meds-dir", type=existing_dir,
+                       help="a MEDS 0.4 dataset (data/**/*.parquet, metadata/), e.g. the MIMIC-IV MEDS ETL's output "
+                            "or `ehr-pipeline to-meds`'s (docs/meds.md)")
+    parser.add_argument("--labels", default=None, metavar="FILE_OR_DIR",
+                        help="with --meds-dir: MEDS label files (subject_id, prediction_time, boolean_value as "
+                             "bool; e.g. ACES output): one example per row, events strictly before prediction_time; "
+                             "default: the built-in task (in-hospital death at admission + trigger_offset_seconds)")
+    parser.add_argument("--meds-codes", default=None, type=existing_file, metavar="YAML",
+                        help="with --meds-dir: the MEDS code -> source map (see configs/meds_codes.yaml); default: "
+                             "the MIMIC-IV MEDS ETL's and to-meds' codes")
+    parser.add_argument("--out", required=True, type=output_dir,
+                        help="output folder (local path or a Beam filesystem URL)")
+    parser.add_argument("--config", default=None, type=existing_file,
+                        help="pipeline YAML (see configs/pipeline.yaml); default: built-in defaults")
+    parser.add_argument("--units-from", default=None, metavar="DIR_OR_FILE", type=reference_units,
+                        help="convert every value to the units of this model export or data folder (its "
+                             "units.json) instead of this release's most common unit per code, and judge each "
+                             "conversion against its training medians (docs/units.md): use it to prepare another "
+                             "site's data for a model trained elsewhere; default: none")
+    parser.epilog = (
+        "Any other flag is passed to Beam, e.g. --runner=FlinkRunner --flink_master=HOST:8081, "
+        "--runner=SparkRunner --spark_master_url=spark://HOST:7077, or --runner=DataflowRunner "
+        "--project=P --region=R --temp_location=gs://B/tmp. Default runner: FnApiRunner (local, "
+        "in-process; add --direct_num_workers=N --direct_running_mode=multi_processing for cores).")
+
+
+def run(args: argparse.Namespace, beam_args: list[str]) -> int:
+    """Runs the job from parsed flags; returns the exit code."""
+    # Beam (~1 s to import) loads only when a job runs: --help and the misuse checks stay quick.
+    from ehr_pipeline.job import format_manifest_summary, run_job, run_meds_job
+
+    config = load_pipeline_config(args.config)
+    started = time.time()
+    if args.meds_dir is not None:
+        manifest = run_meds_job(args.meds_dir, args.out, config, beam_args, labels_dir=args.labels,
+                                codes=load_meds_codes(args.meds_codes), **_reference(args.units_from))
+    else:
+        manifest = run_job(args.mimic_dir, args.out, config, beam_args, **_reference(args.units_from))
+    seconds = time.time() - started
+    layout.write_json(layout.join(args.out, "run_info.json"),
+                      {"seconds": round(seconds, 3), "beam_args": beam_args})
+    print(format_manifest_summary(manifest))
+    print(f"\nwrote {args.out} in {seconds:.1f} s")
+    if not manifest["balanced"]:
+        for table, t in manifest["tables"].items():
+            for problem in t["problems"]:
+                log.error("%s: %s", table, problem)
+        for problem in manifest.get("labels", {}).get("problems", []):
+            log.error("labels: %s", problem)
+        return 1
+    return 0
+
+
+def _reference(found) -> dict:
+    """The job's keyword arguments for --units-from (a units.Reference or None)."""
+    if found is None:
+        return {"reference_units": None, "reference_medians": None}
+    return {"reference_units": found.canonical, "reference_medians": found.medians}
+
+
+def reference_units(path: str):
+    """argparse type: the canonical units and training medians (units.Reference) of a units.json, or its folder's."""
+    file = os.path.join(path, layout.UNITS) if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise argparse.ArgumentTypeError(f"{file} does not exist (give a model export or data folder with "
+                         f"{layout.UNITS}, or the file itself)")
+    try:
+        doc = layout.read_json(file)
+        _, canonical = units.read_units_file(doc)
+        medians = units.read_medians(doc)
+    except (ValueError, AttributeError, TypeError) as err:
+        raise argparse.ArgumentTypeError(f"{file} is not a units.json file ({err})") from None
+    if not canonical:
+        raise argparse.ArgumentTypeError(f"{file} has no canonical units (written before units were harmonised: "
+                         "re-run the job that made it)")
+    return units.Reference(canonical, medians)

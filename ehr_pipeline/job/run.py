@@ -1,0 +1,260 @@
+"""The Beam job: a source (MIMIC-III CSVs or a MEDS dataset) -> one bagged SequenceExample per example.
+
+The graph, as ``_run_pipeline`` builds it from the composite transforms of ``sources``, ``bag`` and
+``write`` (their shared items and counters: ``transforms``):
+
+  MimicSource | MedsSource     -> tagged items: EXAMPLE (key, [cohort row, event chunks]), unit census, counts
+  UnitPlan                     -> the canonical unit of each code (a side input of the bagging)
+  BagExamples                  -> (split, shard) records, train-split code statistics, counts, dead values
+  WriteExamples                -> TFRecord shards (sorted by key: byte-identical reruns)
+  WriteDeadLetters, SumCounts, code statistics -> files the driver reads back into the manifest
+
+The MIMIC-III source builds the cohort on the driver (ADMISSIONS + PATIENTS, ~60k admissions in the
+full release); each worker parses whole blocks of a CSV file with pyarrow and drops events of patients
+outside the cohort and at or after their trigger BEFORE the shuffle, so the grouped state is only
+what reaches an example. The MEDS source reads one data file per worker, subject by subject, and
+computes the task there (docs/meds.md).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+from ehr_pipeline import meds
+from ehr_pipeline.meds import labels as meds_labels
+from ehr_pipeline.meds import source as meds_source
+from ehr_pipeline.contract import layout, spec
+from ehr_pipeline.fhir import codes as fhir_codes
+from ehr_pipeline.job import manifest as manifest_mod
+from ehr_pipeline.job import transforms as tr
+from ehr_pipeline.job import vocab
+from ehr_pipeline.job.bag import BagExamples, UnitPlan
+from ehr_pipeline.job.sources import MedsSource, MimicSource
+from ehr_pipeline.job.write import WriteDeadLetters, WriteExamples, write_dead_letter_files
+from ehr_pipeline.mimic import cohort as cohort_mod
+from ehr_pipeline.mimic import events as ev
+from ehr_pipeline.reader import ReaderError, check_header, locate_table, locate_table_files, read_table
+
+log = logging.getLogger(__name__)
+
+COHORT_TABLES = ("ADMISSIONS", "PATIENTS")
+DEFAULT_RUNNER = "FnApiRunner"  # in-process and local: nothing to download (see README)
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+
+
+def pipeline_options(beam_args: list[str]):
+    """Beam options from command-line style args, defaulting to the local FnApiRunner."""
+    beam_args = list(beam_args)
+    if any("DaskRunner" in a for a in beam_args):
+        # Beam knows the Dask runner only by its full name, and parses --dask_* flags only
+        # once its options class has been imported; imported here, as the dask extra is optional.
+        from apache_beam.runners.dask import dask_runner
+
+        beam_args = [f"--runner={DASK_RUNNER}" if a in ("--runner=DaskRunner",) else a for a in beam_args]
+        del dask_runner
+    options = PipelineOptions(beam_args)
+    if not options.view_as(StandardOptions).runner:
+        options.view_as(StandardOptions).runner = DEFAULT_RUNNER
+    return options
+
+
+def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
+            reference_units: dict[str, str] | None = None,
+            reference_medians: dict[str, float] | None = None) -> dict[str, Any]:
+    """Runs the job on a MIMIC-III release and writes the manifest; returns the manifest dict.
+
+    Local mimic_dir / out_dir may be relative: they are made absolute against this process's working
+    directory before the pipeline is built, whatever the runner (the manifest records the absolute path).
+
+    ``reference_units`` ('source:code' -> unit, a model's units.json "canonical") makes values
+    of those codes convert to the model's units instead of this release's most common ones;
+    ``reference_medians`` (its "medians") are what the plausibility bound judges their
+    conversions against (docs/units.md).
+    """
+    started = time.time()
+    # Before anything reaches a runner: a worker resolves a relative path against its own working
+    # directory (a Dask worker's is where it was started), so it would read or write elsewhere.
+    mimic_dir, out_dir = layout.absolute(mimic_dir), layout.absolute(out_dir)
+    log.info("input %s, output %s", mimic_dir, out_dir)
+    # Locate every table first: a missing required table fails before any work is done.
+    enabled = set(config.sources)
+    event_inputs = []
+    for table, source in ev.TABLE_SOURCE.items():
+        if source in enabled:
+            event_inputs.extend((table, str(path)) for path in locate_table_files(mimic_dir, table))
+    for table, path in event_inputs:  # empty files and missing columns fail before any work
+        check_header(path, table)
+
+    dead_driver: list = []
+    cohort_tables, cohort_stats = _read_cohort_tables(mimic_dir, dead_driver)
+    coh = cohort_mod.build_cohort(
+        cohort_tables["ADMISSIONS"], cohort_tables["PATIENTS"],
+        trigger_offset_seconds=config.trigger_offset_seconds, min_age_years=config.min_age_years)
+    meta_cols = ("SUBJECT_ID", "HADM_ID", "ADMITTIME", "trigger_time", "label", "age_years", "gender",
+                 "admission_type", "ethnicity", "insurance")
+    metas = [(r["HADM_ID"], r) for r in coh.table.select(list(meta_cols)).to_pylist()]
+    # Only what the workers need to filter events travels with the DoFn.
+    cohort_index = coh.table.select(["SUBJECT_ID", "HADM_ID", "trigger_time"])
+    # The lab LOINC codes name each lab code's analyte: mass <-> substance conversions need it.
+    lab_bridge = release_lab_loinc(mimic_dir, dead_driver)
+    loinc = {f"lab:{item}": code for item, code in fhir_codes.itemid_loinc(lab_bridge).items()}
+
+    source = MimicSource(event_inputs, cohort_index, coh.discharges, metas)
+    counts, options = _run_pipeline(source, out_dir, config, loinc, (reference_units, reference_medians), beam_args)
+    _write_lab_loinc(out_dir, lab_bridge)
+    write_dead_letter_files(out_dir, dead_driver)
+    tables = {t: manifest_mod.table_accounting(counts, t) for t in sorted({t for t, _ in event_inputs})}
+    for name, st in sorted(cohort_stats.items()):
+        tables[name] = {"rows_read": st.rows_read, "rows_parsed": st.rows_parsed,
+                        "dead_lettered": dict(sorted(st.dead_lettered.items())), "balanced": True, "problems": []}
+    return _finish(out_dir, config, counts, options, started, tables=tables, cohort_counts=coh.counts,
+                   input_doc={"mimic_dir": mimic_dir, "event_tables": sorted({t for t, _ in event_inputs})})
+
+
+def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
+                 reference_units: dict[str, str] | None = None, labels_dir: str | None = None,
+                 codes=None, reference_medians: dict[str, float] | None = None) -> dict[str, Any]:
+    """Runs the job on a MEDS dataset (built-in task, or one example per row of the label files in labels_dir).
+
+    ``codes`` is the MEDS code map (meds.MedsCodes; default: the MIMIC-IV ETL's and to-meds' codes).
+    Returns the manifest; meds_codes.json beside it records the code map for the trainer and the service.
+    """
+    started = time.time()
+    meds_dir, out_dir = layout.absolute(meds_dir), layout.absolute(out_dir)  # as run_job, for every runner
+    codes = codes or meds.MedsCodes()
+    files = meds_source.data_files(meds_dir, codes)
+    labels = meds_labels.read_labels(labels_dir) if labels_dir is not None else None
+    subject_splits = meds_source.read_subject_splits(meds_dir)
+    lab_bridge = meds_source.lab_loinc_bridge(meds_dir, codes)
+    loinc = {f"lab:{item}": code for item, code in fhir_codes.itemid_loinc(lab_bridge).items()}
+    reader = meds_source.MedsReader(codes=codes, trigger_offset_seconds=config.trigger_offset_seconds,
+                                    min_age_years=config.min_age_years, sources=tuple(config.sources),
+                                    labels=labels.by_subject if labels else None, splits=subject_splits)
+    times_path = layout.join(out_dir, meds_labels.PREDICTION_TIMES)
+    if labels is None:  # a labelled run's, left in this folder: not these examples'
+        layout.remove(times_path)
+    counts, options = _run_pipeline(MedsSource(files, reader.to_dict(), times_path if labels else None), out_dir,
+                                    config, loinc, (reference_units, reference_medians), beam_args)
+    layout.write_json(layout.join(out_dir, layout.MEDS_CODES), {"codes": codes.to_dict()})
+    _write_lab_loinc(out_dir, lab_bridge)
+    cohort_counts = manifest_mod.group(counts, "cohort")
+    label_doc = None
+    if labels:
+        label_doc = {**meds_labels.label_accounting(labels, counts), "prediction_times": {
+            "file": meds_labels.PREDICTION_TIMES, "sha256": layout.sha256_of(times_path)}}
+    return _finish(out_dir, config, counts, options, started, tables={meds_source.TABLE: manifest_mod.table_accounting(
+        counts, meds_source.TABLE)}, cohort_counts=cohort_counts, labels=label_doc,
+        input_doc={"meds_dir": meds_dir, "data_files": len(files), "labels_dir": labels_dir,
+                   "task": "labels" if labels else "built-in", "splits_from": "subject_splits.parquet"
+                   if subject_splits else "hash"})
+
+
+def _run_pipeline(source, out_dir: str, config, loinc: dict, reference: tuple[dict | None, dict | None],
+                  beam_args: list[str] | None) -> tuple[dict[str, int], Any]:
+    """Source -> bagging -> writing; runs it, writes vocabulary, statistics and units; returns (counts, options).
+
+    ``reference`` is (canonical units, training medians) of a model's units.json, or (None, None).
+    """
+    cfg = config.to_dict()
+    tmp = layout.join(out_dir, layout.TMP_DIR)
+    options = pipeline_options(beam_args or [])
+    p = beam.Pipeline(options=options)
+    items = p | "Source" >> source
+    # Each code's canonical unit is known only once every file has been read.
+    reference_units, reference_medians = reference
+    plan = items | "UnitPlan" >> UnitPlan(loinc, reference_units, reference_medians)
+    bagged = items | "BagExamples" >> BagExamples(cfg, plan)
+    written = bagged | "WriteExamples" >> WriteExamples(out_dir, cfg)
+    dead = (items, bagged) | "WriteDeadLetters" >> WriteDeadLetters(out_dir)
+    counts = (
+        (items | "SourceCounts" >> tr.Select(tr.COUNTS), bagged | "BagCounts" >> tr.Select(tr.COUNTS), written, dead)
+        | "SumCounts" >> tr.SumCounts()
+        | "WriteCounts" >> tr.ToJsonFile(layout.join(tmp, "counts.json"))
+    )
+    stats = (
+        bagged
+        | "Stats" >> tr.Select(tr.STATS)
+        | "SumStats" >> beam.CombinePerKey(vocab.combine_stats)
+        | "WriteStats" >> tr.ToJsonFile(layout.join(tmp, "code_stats.json"))
+    )
+    plan_done = plan | "WriteUnitPlan" >> tr.ToJsonFile(layout.join(tmp, "unit_plan.json"), single=True)
+    errors = items | "Fatal" >> beam.FlatMap(tr.select(tr.FATAL)) | "WriteErrors" >> tr.ToJsonFile(
+        layout.join(tmp, "errors.json"))
+    # One final sink that depends on every branch: the Dask runner computes only the
+    # last transform's graph, so a branch left dangling would silently never run.
+    _ = (counts, stats, plan_done, errors) | "Finish" >> beam.Flatten()
+    result = p.run()
+    result.wait_until_finish()
+    # The Dask runner opens its own client and never closes it; left open, it keeps trying
+    # to reconnect after the cluster is gone and floods the log.
+    client = getattr(result, "client", None)
+    if client is not None:
+        client.close()
+
+    errors_found = layout.read_json(layout.join(tmp, "errors.json"))
+    if errors_found:
+        raise ReaderError(errors_found[0] if len(errors_found) == 1
+                          else f"{errors_found[0]} (and {len(errors_found) - 1} more file(s))")
+    counts_found = dict(layout.read_json(layout.join(tmp, "counts.json")))
+    code_stats = {code: tuple(st) for code, st in layout.read_json(layout.join(tmp, "code_stats.json"))}
+    vocabulary = vocab.build_vocabulary(code_stats, config.vocab.min_count, config.vocab.max_size_per_source)
+    layout.write_json(layout.join(out_dir, layout.VOCABULARY), {
+        "schema_version": spec.SCHEMA_VERSION, "sources": vocabulary,
+        "min_count": config.vocab.min_count, "built_on": "train"})
+    layout.write_json(layout.join(out_dir, layout.NUMERIC_STATS), {
+        "schema_version": spec.SCHEMA_VERSION, "clip_z": config.numeric.clip_z,
+        "codes": vocab.normalisation_stats(code_stats), "built_on": "train"})
+    plan_doc = layout.read_json(layout.join(tmp, "unit_plan.json"))
+    layout.write_json(layout.join(out_dir, layout.UNITS), {
+        "schema_version": spec.SCHEMA_VERSION,
+        "codes": {code: dict(sorted(u.items())) for code, u in sorted(plan_doc["counts"].items())},
+        "canonical": plan_doc["canonical"],
+        "canonical_from": "reference" if reference_units is not None else "this release",
+        "medians": plan_doc["medians"],
+        # Part of units.json's bytes, which the manifest pins: the note keeps the plausibility bound's
+        # module path from before the data layer had packages (now ehr_pipeline.encode.magnitudes).
+        "note": "codes: rows with a numeric value per unit as written in the release; canonical: the unit "
+                "every value of the code was converted to (units.Harmoniser) before bagging; medians: the "
+                "training median |value| in the canonical unit that conversions are judged against "
+                "(ehr_pipeline.magnitudes)"})
+    return counts_found, options
+
+
+def _finish(out_dir: str, config, counts: dict, options, started: float, **manifest_parts) -> dict[str, Any]:
+    """Writes and returns the manifest."""
+    vocabulary = layout.read_json(layout.join(out_dir, layout.VOCABULARY))["sources"]
+    manifest = manifest_mod.build_manifest(out_dir=out_dir, config=config, counts=counts, vocabulary=vocabulary,
+                                           seconds=time.time() - started,
+                                           runner=str(options.get_all_options().get("runner")), **manifest_parts)
+    layout.write_json(layout.join(out_dir, layout.MANIFEST), manifest)
+    return manifest
+
+
+def _read_cohort_tables(mimic_dir: str, dead: list) -> tuple[dict, dict]:
+    tables, stats = {}, {}
+    for name, columns in (("ADMISSIONS", cohort_mod.ADMISSION_COLUMNS), ("PATIENTS", cohort_mod.PATIENT_COLUMNS)):
+        path = locate_table(mimic_dir, name)
+        tables[name], stats[name] = read_table(
+            path, name, columns=columns, on_dead_letter=lambda d, n=name: dead.append((n, d)))
+    return tables, stats
+
+
+def release_lab_loinc(mimic_dir: str, dead: list) -> dict[str, list[str]]:
+    """LOINC -> lab ITEMIDs from a MIMIC-III release's D_LABITEMS ({} without it); its dead letters into `dead`."""
+    path = locate_table(mimic_dir, "D_LABITEMS")
+    if path is None:
+        return {}
+    table, _ = read_table(path, "D_LABITEMS", columns=("ITEMID", "LOINC_CODE"),
+                          on_dead_letter=lambda d: dead.append(("D_LABITEMS", d)))
+    return fhir_codes.lab_loinc_bridge(table.to_pylist())
+
+
+def _write_lab_loinc(out_dir: str, bridge: dict[str, list[str]]) -> None:
+    """lab_loinc.json: LOINC -> lab ITEMIDs from D_LABITEMS (empty without it), shipped with every export."""
+    layout.write_json(layout.join(out_dir, layout.LAB_LOINC), {
+        "schema_version": spec.SCHEMA_VERSION, "system": fhir_codes.LOINC, "source": "D_LABITEMS.LOINC_CODE",
+        "codes": bridge})

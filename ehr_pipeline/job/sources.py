@@ -1,0 +1,217 @@
+"""The job's two sources: MIMIC-III CSV tables or a MEDS dataset -> the same tagged items (``transforms``).
+
+Each source ends with one EXAMPLE item per example: its cohort row (a dict) and its event
+chunks (``chunks``), plus the unit census, counts, dead letters and one-line FATAL errors. The
+MIMIC-III source builds its cohort on the driver and filters events on the workers before the
+shuffle; the MEDS source computes the task per subject on the worker that reads its file
+(docs/meds.md), so its examples need no shuffle.
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+
+from ehr_pipeline.meds import labels as meds_labels
+from ehr_pipeline.meds import source as meds_source
+from ehr_pipeline.meds.standard import MedsError
+from ehr_pipeline.contract import layout
+from ehr_pipeline.job.chunks import pack_chunk
+from ehr_pipeline.job.transforms import (
+    COUNTS,
+    DEAD,
+    EVENTS,
+    EXAMPLE,
+    FATAL,
+    KV,
+    UNITS,
+    Select,
+    Tagged,
+    count,
+    counted,
+    select,
+)
+from ehr_pipeline.mimic import events as ev
+from ehr_pipeline.reader import ReaderError, TableReader
+
+
+# ----------------------------------------------------------------------------- the MIMIC-III source
+
+
+@beam.typehints.with_input_types(tuple[str, str])
+@beam.typehints.with_output_types(Tagged)
+class ReadMimicTable(beam.DoFn):
+    """(table, file) -> the events of cohort admissions before their trigger, as chunks; counts and dead letters."""
+
+    def __init__(self, cohort_index, discharges, block_size_bytes: int):
+        self._cohort = cohort_index
+        self._discharges = discharges
+        self._block = block_size_bytes
+
+    def process(self, element):
+        table, path = element
+        try:
+            yield from self._read(table, path)
+        except ReaderError as e:
+            # Raised here it would reach the driver as a runner-specific traceback (or not at
+            # all); as an output it becomes the driver's one-line error.
+            yield FATAL, str(e)
+
+    def _read(self, table: str, path: str):
+        dead: list = []
+        _, columns = ev.EXTRACTORS[table]
+        reader = TableReader(path, table, columns=columns, on_dead_letter=dead.append, block_size_bytes=self._block)
+        for batch in reader:
+            events, extract_counts = ev.extract(table, batch, self._discharges)
+            for pair, tally in ev.unit_counts(events).items():
+                yield UNITS, (pair, tally)
+            kept, cohort_counts = ev.filter_to_cohort(events, self._cohort)
+            for hadm, times, codes, values, units in ev.split_by_admission(kept):
+                yield EVENTS, (hadm, pack_chunk(times, codes, values, units))
+            yield from counted(f"events/{table}/extract", extract_counts)
+            yield from counted(f"events/{table}/cohort", cohort_counts)
+            for letter in dead:
+                yield DEAD, (table, letter)
+            dead.clear()
+        # Rows rejected after the last block (the file's last lines) come after the loop.
+        for letter in dead:
+            yield DEAD, (table, letter)
+        stats = reader.stats
+        yield COUNTS, count(f"rows/{table}/read", stats.rows_read)
+        yield COUNTS, count(f"rows/{table}/parsed", stats.rows_parsed)
+        yield from counted(f"rows/{table}/dead_letter", stats.dead_lettered)
+
+
+class MimicSource(beam.PTransform):
+    """MIMIC-III event files -> tagged items: each cohort admission's row and chunks grouped as one EXAMPLE.
+
+    The cohort (ADMISSIONS, PATIENTS) is built by the driver; each worker reads whole files, keeps
+    the events of cohort admissions before their trigger and packs them, so the shuffle carries only
+    what reaches an example.
+    """
+
+    def __init__(self, event_inputs: list[tuple[str, str]], cohort_index, discharges, metas: list,
+                 block_size_bytes: int = 4 << 20):
+        super().__init__()
+        self._inputs = sorted(event_inputs)
+        self._cohort, self._discharges, self._metas = cohort_index, discharges, metas
+        self._block = block_size_bytes
+
+    def expand(self, p):
+        extracted = (
+            p
+            | "EventFiles" >> beam.Create(self._inputs)
+            # One file is one unit of work: gzip cannot be split, and a reshuffle spreads files.
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "ReadTables" >> beam.ParDo(ReadMimicTable(self._cohort, self._discharges, self._block))
+        )
+        examples = (
+            (extracted | "Chunks" >> Select(EVENTS), p | "CohortRows" >> beam.Create(self._metas).with_output_types(KV))
+            | "JoinAdmission" >> beam.Flatten()
+            | "GroupByAdmission" >> beam.GroupByKey()
+            | "TagExamples" >> beam.Map(lambda kv: (EXAMPLE, kv)).with_output_types(Tagged)
+        )
+        others = extracted | "NotChunks" >> beam.Filter(lambda item: item[0] != EVENTS).with_output_types(Tagged)
+        return (examples, others) | "SourceItems" >> beam.Flatten()
+
+
+# ----------------------------------------------------------------------------- the MEDS source
+
+
+# The MEDS source's own kinds, consumed inside MedsSource: a data file's distinct subjects (path, ids) and
+# a labelled example's (key, subject, prediction time in microseconds).
+SUBJECTS = "subjects"
+PREDICTION_TIME = "prediction_time"
+
+
+@beam.typehints.with_input_types(str)
+@beam.typehints.with_output_types(Tagged)
+class ReadMedsFile(beam.DoFn):
+    """One MEDS data file -> its subjects' examples (cohort row and chunk together), unit census, counts,
+    dead letters, prediction times, and the file's distinct subjects."""
+
+    def __init__(self, reader_config: dict):
+        self._config_dict = reader_config
+
+    def setup(self):
+        self._reader = meds_source.MedsReader.from_dict(self._config_dict)
+
+    def process(self, path: str):
+        try:
+            subjects = []
+            for out in self._reader.read_file(path):
+                subjects.append(out.subjects)
+                yield from meds_items(out)
+            yield SUBJECTS, (path, np.unique(np.concatenate(subjects)) if subjects else np.zeros(0, np.int64))
+        except MedsError as e:
+            yield FATAL, str(e)
+
+
+def meds_items(out):
+    """The tagged items of one meds_source.SubjectsOut (but its subjects)."""
+    for key, meta, times, codes, values, units in out.examples:
+        items = [meta] + ([pack_chunk(times, codes, values, units)] if times.size else [])
+        yield EXAMPLE, (key, items)
+    for pair, tally in out.units.items():
+        yield UNITS, (pair, tally)
+    for name, n in out.counts.items():
+        yield COUNTS, count(name, n)
+    for letter in out.dead:
+        yield DEAD, (meds_source.TABLE, letter)
+    for row in out.prediction_times:
+        yield PREDICTION_TIME, row
+
+
+def _split_subject_errors(per_file):
+    """(FATAL, one line) when a subject's rows lie in two data files (meds_source.subjects_in_two_files)."""
+    problem = meds_source.subjects_in_two_files(per_file)
+    if problem:
+        yield FATAL, problem
+
+
+class MedsSource(beam.PTransform):
+    """MEDS data files -> tagged items like MimicSource's; a subject's rows are in one file, read whole.
+
+    The task (built in, or label rows) is computed per subject by the worker that reads its file, so
+    examples leave the source complete: no shuffle is needed to join them. Each file's distinct subject
+    ids meet in one list (one id per subject, not per row), where a subject found in two files is a
+    FATAL error; with `prediction_times` (a path), the labelled examples' exact prediction times are
+    written there (meds_labels.PREDICTION_TIMES) and counted as labels/prediction_times_written. Both
+    come back as items of the source, so every branch ends in the job's one final sink.
+    """
+
+    def __init__(self, files: list[str], reader_config: dict, prediction_times: str | None = None):
+        super().__init__()
+        self._files = sorted(files)
+        self._config = reader_config
+        self._prediction_times = prediction_times
+
+    def expand(self, p):
+        read = (
+            p
+            | "MedsFiles" >> beam.Create(self._files)
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "ReadMedsFiles" >> beam.ParDo(ReadMedsFile(self._config))
+        )
+        own = (SUBJECTS, PREDICTION_TIME)
+        rest = read | "SourceItems" >> beam.Filter(lambda item: item[0] not in own).with_output_types(Tagged)
+        split = (
+            read
+            | "SubjectsOfFiles" >> beam.FlatMap(select(SUBJECTS))
+            | "AllFiles" >> beam.combiners.ToList()
+            | "OneFilePerSubject" >> beam.FlatMap(_split_subject_errors).with_output_types(Tagged)
+        )
+        if self._prediction_times is None:
+            return (rest, split) | "MedsItems" >> beam.Flatten()
+        path = self._prediction_times
+
+        def write(rows):
+            layout.write_bytes(path, meds_labels.prediction_times_table(rows))
+            return COUNTS, count("labels/prediction_times_written", len(rows))
+
+        times = (
+            read
+            | "PredictionTimes" >> beam.FlatMap(select(PREDICTION_TIME))
+            | "AllPredictionTimes" >> beam.combiners.ToList()
+            | "WritePredictionTimes" >> beam.Map(write).with_output_types(Tagged)
+        )
+        return (rest, split, times) | "MedsItems" >> beam.Flatten()
