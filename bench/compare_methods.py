@@ -102,8 +102,7 @@ def _make_data(release: pathlib.Path, data: pathlib.Path, units_from: pathlib.Pa
     """The Beam job on a release; with units_from (a data folder), values in that folder's units."""
     if (data / "manifest.json").exists():
         return
-    from ehr_pipeline.contract import layout
-    from ehr_pipeline.contract import PipelineConfig
+    from ehr_pipeline.contract import PipelineConfig, layout
     from ehr_pipeline.job import run_job
 
     reference = layout.read_json(str(units_from / layout.UNITS))["canonical"] if units_from else None

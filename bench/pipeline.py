@@ -93,12 +93,10 @@ def child_job(mimic_dir: str, out_dir: str) -> dict:
     from apache_beam.runners.portability import fn_api_runner  # noqa: F401
 
     from ehr_pipeline import reader
-    from ehr_pipeline.contract import layout, spec, splits, tfrecord
+    from ehr_pipeline.contract import PipelineConfig, layout, spec, splits, tfrecord
     from ehr_pipeline.encode import bagging, seqex
-    from ehr_pipeline.job import manifest, vocab
+    from ehr_pipeline.job import manifest, run_job, vocab
     from ehr_pipeline.mimic import cohort, events
-    from ehr_pipeline.contract import PipelineConfig
-    from ehr_pipeline.job import run_job
 
     config = PipelineConfig.model_validate({})
     baseline = peak_rss_mb()
@@ -145,8 +143,7 @@ def child_source(kind: str, path: str) -> dict:
     pa.set_io_thread_count(1)
     import apache_beam  # noqa: F401
 
-    from ehr_pipeline import meds
-    from ehr_pipeline import reader
+    from ehr_pipeline import meds, reader
     from ehr_pipeline.job import transforms
     from ehr_pipeline.meds import code_map
     from ehr_pipeline.mimic import cohort, events  # noqa: F401

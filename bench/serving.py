@@ -149,8 +149,7 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
     import json
     import tempfile
 
-    from ehr_pipeline.contract import spec, tf_parse
-    from ehr_pipeline.contract import PipelineConfig
+    from ehr_pipeline.contract import PipelineConfig, spec, tf_parse
     from model.export import write as export_writer
     from model.export.predict import Predictor
     from model.training import inputs

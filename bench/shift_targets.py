@@ -156,10 +156,9 @@ def release_requests(mimic_dir: pathlib.Path, n: int, units: bool = True) -> lis
     import numpy as np
     import pyarrow as pa
 
+    from ehr_pipeline.contract import PipelineConfig, splits
     from ehr_pipeline.mimic import cohort as cohort_mod
     from ehr_pipeline.mimic import events as ev
-    from ehr_pipeline.contract import splits
-    from ehr_pipeline.contract import PipelineConfig
     from ehr_pipeline.reader import locate_table, read_table
 
     cfg = PipelineConfig()

@@ -14,11 +14,10 @@ import pathlib
 
 import numpy as np
 
-from ehr_pipeline.contract import layout, spec
+from ehr_pipeline.contract import PipelineConfig, layout, spec
+from ehr_pipeline.contract.tfrecord import write_records
 from ehr_pipeline.encode import bagging, seqex
 from ehr_pipeline.job import vocab
-from ehr_pipeline.contract import PipelineConfig
-from ehr_pipeline.contract.tfrecord import write_records
 
 CODES = ["lab:50813", "lab:50912", "chart:211", "chart:220045", "input:30018", "prescription:ASPIRIN",
          "diagnosis:4019", "procedure:9604", "output:40055", "diagnosis:RISK"]

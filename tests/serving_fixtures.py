@@ -24,9 +24,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ehr_pipeline.contract import spec, tf_parse
+from ehr_pipeline.contract import PipelineConfig, spec, tf_parse
 from ehr_pipeline.encode import seqex
-from ehr_pipeline.contract import PipelineConfig
 
 FIXTURE_NAME = "TEST-FIXTURE-not-a-clinical-model"
 FIXTURE_METHOD = "test-fixture: seeded noise around a function of event counts"

@@ -138,9 +138,10 @@ def test_import_graph_reads_lazy_imports_and_skips_type_checking_ones():
     graph = import_graph()
     assert "model.export.load" in graph["model.export.predict"]  # module-level
     assert "model.export.predict" in graph["serving.predictor"]  # inside ServedModel.forward
-    assert "ehr_pipeline.contract.spec" in graph["ehr_pipeline.encode.bagging"]  # `from ehr_pipeline import spec`
-    planted = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ehr_pipeline import bagging\n"
-                        "from ehr_pipeline import spec\n")
+    # `from ehr_pipeline.contract import BaggingConfig, spec`: a module, and a name of the package's front door
+    assert {"ehr_pipeline.contract.spec", "ehr_pipeline.contract"} <= graph["ehr_pipeline.encode.bagging"]
+    planted = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ehr_pipeline.encode import bagging\n"
+                        "from ehr_pipeline.contract import spec\n")
     assert _imported_names(planted, "x", False, _modules()) == {"typing", "ehr_pipeline.contract.spec"}
     assert "ehr_pipeline.encode.bagging" in _imported_names(planted, "x", False, _modules(), type_only=True)
 
@@ -251,3 +252,174 @@ def test_the_roads_on_the_architecture_page_pass_through_modules_that_exist():
     assert len(named) > 20  # the two roads name their modules
     missing = sorted(path for path in named if not (ROOT / path).is_file())
     assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
+
+
+# ----------------------------------------------------------------------------- the rooms of ehr_pipeline
+
+MAX_PIPELINE_ROOMS, MAX_PIPELINE_ARROWS = 12, 40
+PROJECT = ("ehr_base", "ehr_pipeline", "model", "serving")
+# Module names that each package may have for its own thing: a package's config, command line, errors, demo.
+SHARED_MODULE_NAMES = {"__init__", "__main__", "config", "cli", "errors", "demo"}
+
+
+def _pipeline_rooms() -> dict[str, tuple[int, set[str]]]:
+    """Room -> (floor, its modules) as the rooms table of docs/architecture.md declares them (the one declaration)."""
+    rooms = {}
+    for line in _architecture_page().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`ehr_pipeline.") and cells[1].isdigit():
+            rooms[cells[0].strip("`")] = (int(cells[1]), {m.strip() for m in cells[2].split(",") if m.strip()})
+    return rooms
+
+
+def _room_of(module: str) -> str | None:
+    """'ehr_pipeline.encode.bagging' -> 'ehr_pipeline.encode'; None for the package itself and other packages."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "ehr_pipeline" and len(parts) > 1 else None
+
+
+def _room_arrows() -> list[tuple[str, str, str, str]]:
+    """(room, room it imports, module, module it imports) for every import between two rooms of ehr_pipeline."""
+    arrows = []
+    for module, targets in import_graph(type_only=True).items():
+        for target in targets:
+            source_room, target_room = _room_of(module), _room_of(target)
+            if module.startswith("ehr_pipeline") and target.startswith("ehr_pipeline") and source_room != target_room:
+                arrows.append((str(source_room), str(target_room), module, target))
+    return arrows
+
+
+def test_the_rooms_table_lists_every_room_of_ehr_pipeline_with_its_modules():
+    rooms = _pipeline_rooms()
+    found = {}
+    for path in (ROOT / "ehr_pipeline").iterdir():
+        if path.is_dir() and (path / "__init__.py").is_file():
+            found[f"ehr_pipeline.{path.name}"] = {p.stem for p in path.glob("*.py")} - {"__init__", "__main__"}
+        elif path.suffix == ".py" and path.name != "__init__.py":
+            found[f"ehr_pipeline.{path.stem}"] = set()  # a loose module is a room of its own
+    assert len(found) <= MAX_PIPELINE_ROOMS, f"ehr_pipeline has {len(found)} top-level modules or packages"
+    assert set(rooms) == set(found), f"the rooms table lists {sorted(set(rooms) - set(found))} that do not exist " \
+                                     f"and misses {sorted(set(found) - set(rooms))}"
+    wrong = {room: (sorted(modules), sorted(found[room])) for room, (_, modules) in rooms.items()
+             if modules != found[room]}
+    assert not wrong, f"rooms whose modules the table lists otherwise (listed, in the folder): {wrong}"
+
+
+def test_the_rooms_table_catches_a_planted_upward_import():
+    # The check below reads the graph; this pins that an import against the floors is one it sees.
+    floors = {room: floor for room, (floor, _) in _pipeline_rooms().items()}
+    assert floors["ehr_pipeline.contract"] < floors["ehr_pipeline.encode"] < floors["ehr_pipeline.job"]
+    planted = ast.parse("from ehr_pipeline.job import run_job\n")
+    targets = _imported_names(planted, "ehr_pipeline.encode.bagging", False, _modules())
+    assert {_room_of(t) for t in targets} == {"ehr_pipeline.job"}
+
+
+def test_no_module_of_ehr_pipeline_imports_upward_or_sideways():
+    floors = {room: floor for room, (floor, _) in _pipeline_rooms().items()}
+    wrong = sorted(f"{module} -> {target}" for source, target_room, module, target in _room_arrows()
+                   if module == "ehr_pipeline" or target == "ehr_pipeline"  # the package face stands apart
+                   or floors[target_room] >= floors[source])
+    assert not wrong, f"imports against the floors of docs/architecture.md's rooms table: {wrong}"
+
+
+def test_the_rooms_of_ehr_pipeline_are_tied_by_at_most_forty_arrows():
+    arrows = {(source, target) for source, target, _, _ in _room_arrows()}
+    assert len(arrows) <= MAX_PIPELINE_ARROWS, sorted(arrows)
+
+
+def test_every_room_has_a_front_door_that_names_its_modules_and_exports_its_api():
+    problems = []
+    for room, (_, modules) in _pipeline_rooms().items():
+        init = ROOT / room.replace(".", "/") / "__init__.py"
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        doc = ast.get_docstring(tree) or ""
+        unnamed = sorted(m for m in modules if f"``{m}``" not in doc)
+        if unnamed:
+            problems.append(f"{room}: the docstring does not name {unnamed}")
+        exported = [node for node in tree.body if isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)]
+        if not exported:
+            problems.append(f"{room}: no __all__")
+            continue
+        bound = {alias.asname or alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                 for alias in node.names}
+        unbound = sorted(set(ast.literal_eval(exported[0].value)) - bound)
+        if unbound:
+            problems.append(f"{room}: __all__ names what it does not import: {unbound}")
+    assert not problems, problems
+
+
+def _function_level_imports(tree: ast.AST):
+    """Import statements inside functions (nested ones included), outside `if TYPE_CHECKING:`."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            stack = list(node.body)
+            while stack:
+                child = stack.pop()
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    yield child
+                elif isinstance(child, ast.If) and _is_type_checking(child):
+                    stack.extend(child.orelse)
+                elif not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):  # walked on their own
+                    stack.extend(ast.iter_child_nodes(child))
+
+
+def _says_why(lines: list[str], node: ast.stmt) -> bool:
+    """A comment on the import's line, or on the line above its run of imports (blank lines between are fine)."""
+    if "#" in lines[node.lineno - 1]:
+        return True
+    row = node.lineno - 2
+    while row >= 0 and (not lines[row].strip() or lines[row].lstrip().startswith(("import ", "from "))):
+        row -= 1
+    return row >= 0 and lines[row].lstrip().startswith("#")
+
+
+def lazy_imports_without_a_reason(source: str) -> list[int]:
+    """Lines of function-level imports of the project's own code that no comment explains."""
+    lines = source.splitlines()
+    found = []
+    for node in _function_level_imports(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        if getattr(node, "level", 0) == 0 and any(n.split(".")[0] in PROJECT for n in names) and not _says_why(lines, node):
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def test_the_lazy_import_check_wants_a_comment_and_ignores_other_imports():
+    bare = "def f():\n    from ehr_pipeline.job import run_job\n    return run_job\n"
+    above = "def f():\n    # Beam only when a job runs\n    from ehr_pipeline.job import run_job\n    import os\n"
+    inline = "def f():\n    from ehr_pipeline.job import run_job  # Beam only here\n"
+    other = "def f():\n    import tensorflow as tf\n    from scipy.stats import norm\n"
+    nested = "def f():\n    def g():\n        from model.cli import ehr_train\n    return g\n"
+    assert lazy_imports_without_a_reason(bare) == [2]
+    assert lazy_imports_without_a_reason(above) == lazy_imports_without_a_reason(inline) == []
+    assert lazy_imports_without_a_reason(other) == []
+    assert lazy_imports_without_a_reason(nested) == [3]
+
+
+def test_function_level_imports_of_the_project_in_ehr_pipeline_say_why():
+    found = {name: lines for name, path in _modules().items() if name.startswith("ehr_pipeline")
+             if (lines := lazy_imports_without_a_reason(path.read_text(encoding="utf-8")))}
+    assert not found, f"function-level imports of the project's own code without a comment saying why: {found}"
+
+
+def test_a_module_name_of_ehr_pipeline_names_one_thing_across_the_layers():
+    # `schemas`, `outputs` and `shift` once named two things; a module of the data layer shares its name
+    # with no module of model or serving, but for the names every package may have for its own thing.
+    names: dict[str, set[str]] = {}
+    for name in _modules():
+        top, _, rest = name.partition(".")
+        names.setdefault(name.rsplit(".", 1)[-1], set()).add(top)
+    shared = sorted(n for n, tops in names.items() if "ehr_pipeline" in tops and tops & {"model", "serving"}
+                    and n not in SHARED_MODULE_NAMES)
+    assert not shared, f"module names of ehr_pipeline that model or serving use for another thing: {shared}"
+
+
+def test_the_service_road_loads_neither_beam_nor_tensorflow_nor_pyarrow():
+    # A request's road: the contract, the encoding hop, the MEDS code map, the population monitor.
+    code = ("import sys, ehr_pipeline.contract, ehr_pipeline.encode, ehr_pipeline.meds, ehr_pipeline.shift, "
+            "ehr_pipeline.fhir, serving.encoding, serving.app; "
+            "print(sorted(m for m in ('apache_beam', 'tensorflow', 'pyarrow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert out.stdout.strip() == "[]", out.stderr

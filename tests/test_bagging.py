@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ehr_pipeline.contract import BaggingConfig
 from ehr_pipeline.encode import bagging
 from ehr_pipeline.encode.bagging import DROP_AT_OR_AFTER_TRIGGER, DROP_OLDER_THAN_MAX_BAGS, bag_events
-from ehr_pipeline.contract import BaggingConfig
 
 T = 1_600_000_000  # a trigger time, seconds since 1970 (12:26:40 UTC)
 HOUR = 3600

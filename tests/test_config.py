@@ -9,9 +9,15 @@ import pydantic
 import pytest
 import yaml
 
-from ehr_pipeline.contract import spec
-from ehr_pipeline.contract import SPLIT_NAMES, BaggingConfig, PipelineConfig, load_pipeline_config, parse_pipeline_config
 from ehr_base.yaml_config import ConfigError
+from ehr_pipeline.contract import (
+    SPLIT_NAMES,
+    BaggingConfig,
+    PipelineConfig,
+    load_pipeline_config,
+    parse_pipeline_config,
+    spec,
+)
 
 SHIPPED = pathlib.Path(__file__).resolve().parents[1] / "configs" / "pipeline.yaml"
 

@@ -8,15 +8,14 @@ import pytest
 import tensorflow as tf
 from ehr_testdata import tiny_config_dict, write_data_dir
 
-from ehr_pipeline.contract import spec, tf_parse
+from ehr_pipeline.contract import PipelineConfig, spec, tf_parse
 from ehr_pipeline.encode import bagging, seqex
-from ehr_pipeline.contract import PipelineConfig
 from model.evaluation import metrics
 from model.export.predict import Predictor, predict_probs, stateful_random_ops
 from model.layers import rank1
 from model.layers.noise import Noise
-from model.training import inputs, losses
 from model.training import train as train_module
+from model.training import inputs, losses
 from model.training.config import parse_config
 from model.training.ehr_model import bag_vector_dim, build_model
 from model.training.training_loop import fast_weight_refs

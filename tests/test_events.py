@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from ehr_pipeline.encode import bagging
 from ehr_pipeline.mimic import cohort, events
-from ehr_pipeline.reader import table_schemas
-from ehr_pipeline.reader import TableReader, locate_table
+from ehr_pipeline.reader import TableReader, locate_table, table_schemas
 from tests.arrow_rows import batch
 
 DAY = 86400

@@ -19,12 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
+from ehr_pipeline.contract import PipelineConfig, splits
+from ehr_pipeline.encode.bagging import canonical_permutation
+from ehr_pipeline.fhir import codes, convert
 from ehr_pipeline.mimic import cohort as cohort_mod
 from ehr_pipeline.mimic import events as ev
-from ehr_pipeline.contract import splits
-from ehr_pipeline.contract import PipelineConfig
-from ehr_pipeline.fhir import codes, convert
-from ehr_pipeline.encode.bagging import canonical_permutation
 from ehr_pipeline.reader import locate_table, read_table
 from serving.app import create_app
 from serving.fhir_answers import EXTENSION

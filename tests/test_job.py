@@ -10,9 +10,8 @@ import pathlib
 
 import pytest
 
-from ehr_pipeline.contract import layout, spec, tfrecord
+from ehr_pipeline.contract import PipelineConfig, layout, spec, tfrecord
 from ehr_pipeline.encode import seqex, units
-from ehr_pipeline.contract import PipelineConfig
 from ehr_pipeline.job import run_job
 
 # Huge max_bags so no event is dropped for age: every pre-trigger event must then appear.

@@ -23,9 +23,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from ehr_pipeline.contract import PipelineConfig, spec
+from ehr_pipeline.job import run_job, run_meds_job
 from ehr_pipeline.meds import code_map, standard
 from ehr_pipeline.meds.source import LABEL_EXAMPLE, TABLE, MedsReader, data_files, read_subject_splits
-from ehr_pipeline.job import run_job, run_meds_job
 from test_job import CONFIG, independent_cohort, read_examples
 
 VALUES = (spec.BAG_VALUE_MEAN, spec.BAG_VALUE_LAST, spec.BAG_VALUE_MIN, spec.BAG_VALUE_MAX)

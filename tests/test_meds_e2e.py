@@ -11,10 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from ehr_pipeline.contract import spec
-from ehr_pipeline.meds import code_map
-from ehr_pipeline.contract import PipelineConfig
+from ehr_pipeline.contract import PipelineConfig, spec
 from ehr_pipeline.job import run_meds_job
+from ehr_pipeline.meds import code_map
 from test_job import read_examples
 
 HERE = pathlib.Path(__file__).resolve().parent

@@ -19,9 +19,9 @@ import yaml
 
 from ehr_pipeline import cli
 from ehr_pipeline.contract import PipelineConfig
+from ehr_pipeline.job import run_meds_job
 from ehr_pipeline.meds.labels import PREDICTION_TIMES, exact_prediction_times
 from ehr_pipeline.reader import read_dead_letters
-from ehr_pipeline.job import run_meds_job
 from test_job import _job_group_site, read_examples
 from tests.conftest import REPO_ROOT
 from tests.hostile_meds import DATA0, FAULTS, LABELS, T0, faulted_meds, write_base

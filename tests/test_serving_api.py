@@ -22,9 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hyp_settings, strategies as st
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from ehr_pipeline.contract import spec
+from ehr_pipeline.contract import PipelineConfig, spec
 from ehr_pipeline.encode import ages, bagging, seqex, units
-from ehr_pipeline.contract import PipelineConfig
 from model.evaluation import metrics as model_metrics
 from model.export.load import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
 from serving import precision

@@ -7,9 +7,8 @@ import httpx
 import numpy as np
 import pytest
 
-from ehr_pipeline.contract import layout, spec, tfrecord
+from ehr_pipeline.contract import PipelineConfig, layout, spec, tfrecord
 from ehr_pipeline.encode import seqex
-from ehr_pipeline.contract import PipelineConfig
 from ehr_pipeline.job import run_job
 from serving.demo import build_request, first_test_admission
 from serving.server_process import ServerProcess

@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ehr_pipeline.shift import population as pop
 from ehr_pipeline import shift
 from ehr_pipeline.contract import spec
 from ehr_pipeline.encode import seqex, units
-from ehr_pipeline.shift import findings, stats
-from ehr_pipeline.shift import Admission, Distribution, Profile
+from ehr_pipeline.shift import population as pop
+from ehr_pipeline.shift import Admission, Distribution, Profile, findings, stats
 
 CREATININE = "lab:50912"
 LOINC = {CREATININE: "2160-0", "lab:50931": "2345-7", "lab:51222": "718-7"}
@@ -57,8 +56,8 @@ def test_admissions_from_the_jobs_records_equal_a_loop_over_the_parsed_protos(sy
 
 
 def test_an_admission_from_bags_equals_the_same_admission_from_its_proto():
-    from ehr_pipeline.encode import bagging
     from ehr_pipeline.contract import PipelineConfig
+    from ehr_pipeline.encode import bagging
 
     times = np.array([100, 200, 90_000, 90_100, 170_000], dtype=np.int64)
     codes = np.array(["lab:50912", "lab:50912", "lab:50912", "chart:211", "diagnosis:4019"], dtype=object)

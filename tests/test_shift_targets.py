@@ -15,10 +15,9 @@ import gzip
 import pytest
 
 from ehr_pipeline import shift
-from ehr_pipeline.contract import layout
-from ehr_pipeline.shift import population
-from ehr_pipeline.contract import PipelineConfig
+from ehr_pipeline.contract import PipelineConfig, layout
 from ehr_pipeline.job import run_job
+from ehr_pipeline.shift import population
 from ehr_pipeline.synth import generate_release
 
 pytestmark = pytest.mark.slow

@@ -17,17 +17,16 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from ehr_pipeline.mimic import events as ev
-from ehr_pipeline.job import chunks as chunks_mod
-from ehr_pipeline.contract import spec
+from ehr_pipeline.contract import PipelineConfig, spec
 from ehr_pipeline.encode import magnitudes, seqex
+from ehr_pipeline.job import chunks as chunks_mod
 from ehr_pipeline.job import transforms
-from ehr_pipeline.contract import PipelineConfig
+from ehr_pipeline.mimic import events as ev
 from model.export.load import read_export
 from serving.encoding import encode
 from serving.schemas import PredictRequest
-from tests.serving_fixtures import write_fixture_export
 from tests.arrow_rows import batch
+from tests.serving_fixtures import write_fixture_export
 
 DAY = 86400
 CONFIG = PipelineConfig()

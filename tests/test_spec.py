@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from ehr_pipeline.contract import spec, tf_parse
+from ehr_pipeline.contract import SPLIT_NAMES, BaggingConfig, spec, tf_parse
 from ehr_pipeline.encode import seqex
 from ehr_pipeline.encode.bagging import bag_events
-from ehr_pipeline.contract import SPLIT_NAMES, BaggingConfig
 
 T = 1_600_000_000
 DAY = 86400

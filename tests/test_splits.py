@@ -1,6 +1,5 @@
 """Split assignment is stable, patient-level and follows the fractions."""
-from ehr_pipeline.contract import splits
-from ehr_pipeline.contract import SPLIT_NAMES
+from ehr_pipeline.contract import SPLIT_NAMES, splits
 
 FRACTIONS = {"train": 0.8, "validation": 0.1, "test": 0.1}
 

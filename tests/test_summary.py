@@ -5,9 +5,9 @@ import gzip
 
 import pytest
 
+from ehr_pipeline.mimic.summary import DEAD_LETTER_FILE, format_release_summary, summarize_command, summarize_release
 from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.reader.dead_letters import read_dead_letters
-from ehr_pipeline.mimic.summary import DEAD_LETTER_FILE, format_release_summary, summarize_command, summarize_release
 
 
 @pytest.fixture(scope="module")

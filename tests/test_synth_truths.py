@@ -16,9 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ehr_pipeline.contract import spec, tfrecord
+from ehr_pipeline.contract import BaggingConfig, PipelineConfig, spec, tfrecord
 from ehr_pipeline.encode import bagging, seqex
-from ehr_pipeline.contract import BaggingConfig, PipelineConfig
 from ehr_pipeline.job import run_job
 from ehr_pipeline.synth import SynthConfig, add_arguments, catalog, generate_release, recompute, run
 from ehr_pipeline.synth.site import SITES

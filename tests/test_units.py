@@ -16,12 +16,11 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ehr_pipeline.contract import layout, spec, tfrecord
+from ehr_pipeline.contract import PipelineConfig, layout, spec, tfrecord
 from ehr_pipeline.encode import magnitudes, seqex, unit_strings, units
-from ehr_pipeline.mimic import events
 from ehr_pipeline.job import manifest as manifest_mod
-from ehr_pipeline.contract import PipelineConfig
 from ehr_pipeline.job import run_job
+from ehr_pipeline.mimic import events
 
 # Conventional -> SI factors as printed in clinical reference tables (e.g. the AMA Manual of Style's
 # SI conversion table; Young, Ann Intern Med 1987;106:114-129), rounded there to 3-4 digits: each

@@ -27,10 +27,10 @@ from ehr_base.cli_args import (
 )
 from ehr_base.yaml_config import ConfigError
 from ehr_pipeline import meds
+from ehr_pipeline.cli import run_command
+from ehr_pipeline.contract import load_pipeline_config
 from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.meds.standard import MedsError
-from ehr_pipeline.cli import run
-from ehr_pipeline.contract import load_pipeline_config
 from ehr_pipeline.mimic import summarize_command, write_table_parts
 from ehr_pipeline.reader import MissingTableError, ReaderError, locate_table, table_schemas
 from ehr_pipeline.synth import cli as synth_cli
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     synth_cli.add_arguments(p)
 
     p = _command(sub, "run", "the Beam job: bag each admission into a SequenceExample (extra args go to Beam)")
-    run.add_arguments(p)
+    run_command.add_arguments(p)
 
     p = _command(sub, "to-meds",
                  "convert a MIMIC-III release to a MEDS 0.4 dataset, as a Beam job (extra args go to Beam)")
@@ -80,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "shard", "split one big table (e.g. CHARTEVENTS) into parts workers read in parallel")
     p.add_argument("--mimic-dir", required=True, type=existing_dir, help="release folder holding the table")
-    p.add_argument("--table", default="CHARTEVENTS", type=str.upper, choices=sorted(table_schemas.TABLES), metavar="TABLE",
-                   help="table to split")
+    p.add_argument("--table", default="CHARTEVENTS", type=str.upper, choices=sorted(table_schemas.TABLES),
+                   metavar="TABLE", help="table to split")
     p.add_argument("--parts", type=positive_int, default=16, help="number of parts (about one per worker)")
     p.add_argument("--out", default=None, type=output_dir,
                    help="folder for the parts (default: the release folder; then move the whole "
@@ -131,7 +131,7 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: 
     if args.command == "synth":
         return synth_cli.run(args)
     if args.command == "run":
-        return run.run(args, extra)
+        return run_command.run(args, extra)
     if args.command == "to-meds":
         # Beam (~1 s to import) loads only for the commands that run a job: --help stays quick.
         from ehr_pipeline.job import run_to_meds
@@ -197,10 +197,10 @@ def _misuse(args: argparse.Namespace, beam_args: list[str]) -> str | None:
 
 def _unknown_runner(beam_args: list[str]) -> str | None:
     """Why Beam would refuse the --runner among beam_args, or None."""
-    # Beam logs optional-dependency chatter while it imports; the answer to a misuse is one line,
-    # so Beam is first imported here, with the chatter silenced (and never for --help).
+    # Beam logs optional-dependency chatter while it imports; the answer to a misuse is one line.
     logging.disable(logging.WARNING)
     try:
+        # Beam is first imported here, with its chatter silenced (and never for --help).
         from apache_beam.options.pipeline_options import StandardOptions
         from apache_beam.runners.runner import create_runner
 

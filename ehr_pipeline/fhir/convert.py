@@ -25,10 +25,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ehr_pipeline.mimic import cohort as cohort_mod
 from ehr_pipeline.encode import units
 from ehr_pipeline.fhir import codes
 from ehr_pipeline.fhir.mapping import iso_utc
+from ehr_pipeline.mimic import cohort as cohort_mod
 from ehr_pipeline.reader import TableReader, locate_table, read_table
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)

@@ -3,7 +3,7 @@
 The modules: ``run`` builds and runs the bagging job (``run_job``, ``run_meds_job``) and writes
 the data folder's side files and manifest (``manifest``); its named composite transforms are the
 two sources (``sources``), the bagging step (``bag``, which calls ``encode.encode_admission``),
-and what is written (``write``: TFRecord shards and dead-letter files), all speaking the items
+and what is written (``sinks``: TFRecord shards and dead-letter files), all speaking the items
 and counters of ``transforms``; ``chunks`` packs an example's events for the shuffle; ``vocab``
 builds the vocabulary and the numeric statistics from the train split; ``to_meds`` runs the
 MIMIC-III -> MEDS conversion (``run_to_meds``) on the rows ``meds.from_mimic`` makes.

@@ -4,7 +4,7 @@
 training medians), known only once every file is read; ``BagExamples`` hands it to every worker
 as a side input, and ``BagExample`` encodes each example with ``encode.encode_admission``, the
 function the service calls too. What it yields besides the record: counts, the values set aside
-for their unit (dead letters, ``write.DeadValue``) and the train split's code statistics.
+for their unit (dead letters, ``sinks.DeadValue``) and the train split's code statistics.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from ehr_pipeline.encode import encode_admission, magnitudes
 from ehr_pipeline.encode import units as units_mod  # 'units' names the events' unit arrays here
 from ehr_pipeline.job import vocab
 from ehr_pipeline.job.chunks import concat_chunks
+from ehr_pipeline.job.sinks import DEAD_VALUES, DeadValue
 from ehr_pipeline.job.transforms import COUNTS, DEAD, EXAMPLE, KV, RECORDS, STATS, UNITS, Select, Tagged, count, counted
-from ehr_pipeline.job.write import DEAD_VALUES, DeadValue
 
 
 @beam.typehints.with_input_types(KV, dict)  # the example, then the unit plan (a side input)

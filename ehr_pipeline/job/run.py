@@ -1,7 +1,7 @@
 """The Beam job: a source (MIMIC-III CSVs or a MEDS dataset) -> one bagged SequenceExample per example.
 
 The graph, as ``_run_pipeline`` builds it from the composite transforms of ``sources``, ``bag`` and
-``write`` (their shared items and counters: ``transforms``):
+``sinks`` (their shared items and counters: ``transforms``):
 
   MimicSource | MedsSource     -> tagged items: EXAMPLE (key, [cohort row, event chunks]), unit census, counts
   UnitPlan                     -> the canonical unit of each code (a side input of the bagging)
@@ -25,16 +25,16 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from ehr_pipeline import meds
-from ehr_pipeline.meds import labels as meds_labels
-from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.contract import layout, spec
 from ehr_pipeline.fhir import codes as fhir_codes
 from ehr_pipeline.job import manifest as manifest_mod
 from ehr_pipeline.job import transforms as tr
 from ehr_pipeline.job import vocab
 from ehr_pipeline.job.bag import BagExamples, UnitPlan
+from ehr_pipeline.job.sinks import WriteDeadLetters, WriteExamples, write_dead_letter_files
 from ehr_pipeline.job.sources import MedsSource, MimicSource
-from ehr_pipeline.job.write import WriteDeadLetters, WriteExamples, write_dead_letter_files
+from ehr_pipeline.meds import labels as meds_labels
+from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.mimic import cohort as cohort_mod
 from ehr_pipeline.mimic import events as ev
 from ehr_pipeline.reader import ReaderError, check_header, locate_table, locate_table_files, read_table

@@ -11,11 +11,11 @@ from __future__ import annotations
 import apache_beam as beam
 import numpy as np
 
+from ehr_pipeline.contract import layout
+from ehr_pipeline.job.chunks import pack_chunk
 from ehr_pipeline.meds import labels as meds_labels
 from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.meds.standard import MedsError
-from ehr_pipeline.contract import layout
-from ehr_pipeline.job.chunks import pack_chunk
 from ehr_pipeline.job.transforms import (
     COUNTS,
     DEAD,

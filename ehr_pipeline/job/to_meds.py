@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 from ehr_pipeline.contract import PipelineConfig, layout
 from ehr_pipeline.job import manifest as manifest_mod
 from ehr_pipeline.job.run import pipeline_options, release_lab_loinc
+from ehr_pipeline.job.sinks import WriteDeadLetters, write_dead_letter_files
 from ehr_pipeline.job.transforms import COUNTS, DEAD, FATAL, KV, Select, Tagged, count, select
-from ehr_pipeline.job.write import WriteDeadLetters, write_dead_letter_files
 from ehr_pipeline.meds.from_mimic import (
     MANIFEST,
     MEDS_SPLITS,

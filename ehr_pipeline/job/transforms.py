@@ -1,6 +1,6 @@
 """The Beam job's vocabulary: the kinds of its items, its counters, and the small transforms every stage uses.
 
-The job is composed of named composite PTransforms (``sources``, ``bag``, ``write``); ``run``
+The job is composed of named composite PTransforms (``sources``, ``bag``, ``sinks``); ``run``
 wires them:
 
     items    = p | MimicSource(...)  or  p | MedsSource(...)   # tagged (kind, payload) items

@@ -49,11 +49,11 @@ import pyarrow.parquet as pq
 from ehr_pipeline.contract import spec
 from ehr_pipeline.encode import ages, bagging
 from ehr_pipeline.meds import code_map, standard
-from ehr_pipeline.mimic import cohort, events
-from ehr_pipeline.reader import dead_letters
 from ehr_pipeline.meds.labels import LABEL_BEFORE_BIRTH, LABEL_DUPLICATE, LABEL_EXAMPLE, LABEL_NO_BIRTH
 from ehr_pipeline.meds.rows import KIND, Rows, TaskRows, synthetic_key, task_rows
 from ehr_pipeline.meds.standard import MedsError
+from ehr_pipeline.mimic import cohort, events
+from ehr_pipeline.reader import dead_letters
 
 logger = logging.getLogger(__name__)
 

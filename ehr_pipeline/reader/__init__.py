@@ -14,7 +14,8 @@ The modules: ``table_schemas`` types the columns of every table the job reads (t
 ``locate`` finds a table's files, ``stream`` decompresses one, ``window`` keeps its recent bytes
 for Arrow's thread and the reader, ``header`` checks its header, ``columns`` types blocks,
 ``scan`` walks the line cursor, ``dead_rows`` sets bad rows aside as ``dead_letters`` and
-``table`` puts them together as ``TableReader``. Everything other code uses is imported from here.
+``table`` puts them together as ``TableReader``; ``errors`` names what can go wrong with a file.
+Everything other code uses is imported from here.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A dead letter is never an error for the run: the reader counts it by reason, hands it to a
 sink and goes on. The sink decides where it lives; ``JsonlDeadLetterWriter`` keeps one JSON
 object per line so a dead-letter file can be grepped, counted and replayed (the Beam job
-writes its files whole and sorted instead: ``ehr_pipeline.job.write``).
+writes its files whole and sorted instead: ``ehr_pipeline.job.sinks``).
 """
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from ehr_pipeline.reader.dead_letters import BAD_QUOTING, BLANK_LINE, FIELD_COUNT, DeadLetter
 from ehr_pipeline.reader.columns import Problem, per_row_newlines
+from ehr_pipeline.reader.dead_letters import BAD_QUOTING, BLANK_LINE, FIELD_COUNT, DeadLetter
 
 _MAX_RAW = 1 << 16  # characters of a dead letter's raw text kept for a huge line
 

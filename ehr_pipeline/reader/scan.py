@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ehr_pipeline.reader.dead_letters import BAD_QUOTING, LINE_TOO_LONG, DeadLetter, DeadLetterSink
 from ehr_pipeline.reader import dead_rows
 from ehr_pipeline.reader.columns import Problem, string_newlines, type_block
+from ehr_pipeline.reader.dead_letters import BAD_QUOTING, LINE_TOO_LONG, DeadLetter, DeadLetterSink
 from ehr_pipeline.reader.errors import CorruptFileError, ReaderError
 from ehr_pipeline.reader.window import RawWindow
 # The package's logger, not this module's: what the reader logs keeps one name for filters.

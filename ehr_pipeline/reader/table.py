@@ -10,8 +10,8 @@ from typing import Iterator, Sequence
 import pyarrow as pa
 
 from ehr_pipeline.reader import table_schemas
-from ehr_pipeline.reader.dead_letters import DeadLetterSink
 from ehr_pipeline.reader.columns import ARROW_TYPES, as_schema, requested
+from ehr_pipeline.reader.dead_letters import DeadLetterSink
 from ehr_pipeline.reader.errors import CorruptFileError
 from ehr_pipeline.reader.header import match_header, read_header
 from ehr_pipeline.reader.scan import ReadStats, Scan

@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 
 from ehr_pipeline import shift
-from ehr_pipeline.shift import population
-from ehr_pipeline.shift import Profile
+from ehr_pipeline.shift import Profile, population
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ehr_pipeline.contract import layout, spec, tf_parse
-from ehr_pipeline.contract import parse_pipeline_config
+from ehr_pipeline.contract import layout, parse_pipeline_config, spec, tf_parse
 
 # MIMIC-III ADMISSIONS.ADMISSION_TYPE values; anything else maps to one extra "other" slot.
 # TODO(spec owner): this list belongs in ehr_pipeline.contract.spec next to GENDERS.

@@ -1,4 +1,4 @@
-"""What the job writes besides the manifest: the TFRecord shards of every split, and the dead-letter files.
+"""The job's sinks, what it writes besides the manifest: the TFRecord shards of every split and the dead-letter files.
 
 Both are written whole and sorted (records by example key, dead letters by file and line or by
 admission and time), so a rerun on the same input gives byte-identical files on any runner.
