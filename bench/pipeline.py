@@ -12,8 +12,8 @@ in a fresh process pinned to one core:
     python bench/pipeline.py --sources [--sizes 500000 1000000 2000000]
 
 ``--sources`` measures the job's two sources alone on the same release: the MIMIC-III CSV source
-(``transforms.ReadMimicTable`` over every event file, cohort built first) and the MEDS source
-(``meds.MedsReader`` over the release converted by ``ehr-pipeline to-meds``), each packing
+(``sources.ReadMimicTable`` over every event file, cohort built first) and the MEDS source
+(``meds.source.MedsReader`` over the release converted by ``ehr-pipeline to-meds``), each packing
 its examples' chunks as in the job. Targets: MEDS source events/s >= CSV source events/s, and the MEDS
 source's peak RSS flat as the release grows (subjects are streamed by file, a block at a time).
 
@@ -92,11 +92,9 @@ def child_job(mimic_dir: str, out_dir: str) -> dict:
     import apache_beam  # noqa: F401
     from apache_beam.runners.portability import fn_api_runner  # noqa: F401
 
-    from ehr_pipeline import reader
-    from ehr_pipeline.contract import PipelineConfig, layout, spec, splits, tfrecord
-    from ehr_pipeline.encode import bagging, seqex
-    from ehr_pipeline.job import manifest, run_job, vocab
-    from ehr_pipeline.mimic import cohort, events
+    # The job's front door imports every module the job runs (sources, bagging, sinks, manifest).
+    from ehr_pipeline.contract import PipelineConfig
+    from ehr_pipeline.job import run_job
 
     config = PipelineConfig.model_validate({})
     baseline = peak_rss_mb()
@@ -144,10 +142,10 @@ def child_source(kind: str, path: str) -> dict:
     import apache_beam  # noqa: F401
 
     from ehr_pipeline import meds, reader
-    from ehr_pipeline.job import transforms
-    from ehr_pipeline.meds import code_map
-    from ehr_pipeline.mimic import cohort, events  # noqa: F401
+    from ehr_pipeline.job import sources, transforms
     from ehr_pipeline.job.run import _read_cohort_tables
+    from ehr_pipeline.meds import source as meds_source
+    from ehr_pipeline.mimic import cohort, events
 
     baseline = peak_rss_mb()
     cpu0, started = _cpu_s(), time.perf_counter()
@@ -155,7 +153,7 @@ def child_source(kind: str, path: str) -> dict:
     if kind == "csv":
         tables, _ = _read_cohort_tables(path, [])
         coh = cohort.build_cohort(tables["ADMISSIONS"], tables["PATIENTS"])
-        dofn = transforms.ReadMimicTable(coh.table.select(["SUBJECT_ID", "HADM_ID", "trigger_time"]), coh.discharges,
+        dofn = sources.ReadMimicTable(coh.table.select(["SUBJECT_ID", "HADM_ID", "trigger_time"]), coh.discharges,
                                          JOB_BLOCK_SIZE)
         for table in events.TABLE_SOURCE:
             for file in reader.locate_table_files(path, table):
@@ -164,11 +162,11 @@ def child_source(kind: str, path: str) -> dict:
                         rows += payload[1]
         examples = coh.table.num_rows
     else:
-        src = meds.MedsReader(codes=code_map.MedsCodes(), trigger_offset_seconds=86400, min_age_years=18.0,
-                                     splits=meds.read_subject_splits(path))
-        for file in meds.data_files(path):
+        src = meds_source.MedsReader(codes=meds.MedsCodes(), trigger_offset_seconds=86400, min_age_years=18.0,
+                                     splits=meds_source.read_subject_splits(path))
+        for file in meds_source.data_files(path):
             for out in src.read_file(file):
-                for kind_, payload in transforms._meds_items(out):
+                for kind_, payload in sources.meds_items(out):
                     if kind_ == transforms.COUNTS and payload[0] == "rows/MEDS/read":
                         rows += payload[1]
                     elif kind_ == transforms.EXAMPLE:
@@ -225,9 +223,9 @@ def render_sources(results: list[dict], command: str, repeat: int) -> tuple[str,
         "Each source runs alone in a fresh process pinned to one core, "
         + (f"median of {repeat} interleaved runs" if repeat > 1 else "one run each") + ":",
         "",
-        "- **CSV source**: the cohort from ADMISSIONS + PATIENTS, then `transforms.ReadMimicTable` over every "
+        "- **CSV source**: the cohort from ADMISSIONS + PATIENTS, then `sources.ReadMimicTable` over every "
         "event file (read, extract, unit census, cut to the cohort, pack chunks). *Rows* = event-table rows.",
-        "- **MEDS source**: `meds.MedsReader` over every MEDS data file (read a block of whole subjects, "
+        "- **MEDS source**: `meds.source.MedsReader` over every MEDS data file (read a block of whole subjects, "
         "read codes, compute the built-in task, cut, pack chunks). *Rows* = MEDS data rows (the events plus "
         "the admission, discharge, death, birth and gender rows).",
         "- **RSS delta**: peak RSS minus the peak after imports. Both make the same examples (checked).", "",

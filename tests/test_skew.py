@@ -19,8 +19,9 @@ from hypothesis import given, settings, strategies as st
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline.contract import PipelineConfig, spec
 from ehr_pipeline.encode import magnitudes, seqex
+from ehr_pipeline.job import bag
 from ehr_pipeline.job import chunks as chunks_mod
-from ehr_pipeline.job import transforms
+from ehr_pipeline.job.transforms import RECORDS
 from ehr_pipeline.mimic import events as ev
 from model.export.load import read_export
 from serving.encoding import encode
@@ -120,14 +121,14 @@ def job_record(rows, chunk_order, export) -> bytes:
             "label": spec.LABEL_UNKNOWN, "age_years": AGE, "gender": "F", "admission_type": "EMERGENCY",
             # What the service writes, as for the ids: a request does not carry them.
             "ethnicity": spec.NOT_RECORDED, "insurance": spec.NOT_RECORDED}
-    dofn = transforms.BagExample(CONFIG.to_dict())
+    dofn = bag.BagExample(CONFIG.to_dict())
     dofn.setup()
     ordered = [chunks[i] for i in chunk_order(len(chunks))]
     # The job's unit plan for this model (--units-from the export) on a release of this one admission:
     # its canonical units, its labs' LOINC codes, its training medians and the admission's census.
-    plan = {**transforms.unit_plan(list(census.items()), dict(export.harmoniser.loinc), dict(export.units),
+    plan = {**bag.unit_plan(list(census.items()), dict(export.harmoniser.loinc), dict(export.units),
                                    dict(export.unit_medians)), "canonical": dict(export.units)}
-    records = [payload for kind, payload in dofn.process((HADM, [*ordered, meta]), plan) if kind == transforms.RECORDS]
+    records = [payload for kind, payload in dofn.process((HADM, [*ordered, meta]), plan) if kind == RECORDS]
     (_, (_, record)), = records
     return record
 
