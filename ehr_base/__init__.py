@@ -24,6 +24,7 @@ from ehr_base import console as _console
 
 _console.pin_keras()
 _console.quiet_native_logs()
+_console.quiet_tensorflow_import()
 _os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 # The package's one version: CHANGELOG.md has a section for it.

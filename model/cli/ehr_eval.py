@@ -30,8 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     from model.evaluation.metrics import UNCERTAINTY_MEASURES
     from model.evaluation.shift_report import FAIL_ON
     from model.export.load import MAX_SAMPLES
-    from model.training.baselines import KINDS
-    from model.training.config import EvalConfig
+    from model.training.config import BASELINE_KINDS, EvalConfig
 
     d = EvalConfig()
     parser = OneLineParser(
@@ -44,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", action="append", metavar="DIR",
                       help="export directory (MODEL_DIR) or run folder holding export/; repeat for an ensemble")
-    what.add_argument("--baseline", choices=KINDS, default=None,
+    what.add_argument("--baseline", choices=BASELINE_KINDS, default=None,
                       help="fit a scikit-learn baseline on --data's train split (settings chosen on validation) "
                            "and evaluate it like a model")
     what.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None, type=existing_file,
