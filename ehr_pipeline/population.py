@@ -23,14 +23,16 @@ the protos.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
 import os
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ehr_pipeline import spec
+from ehr_pipeline import spec, tfrecord
 
 FORMAT = "ehr-population-profile"
 FORMAT_VERSION = 1
@@ -127,18 +129,20 @@ def admissions_from_examples(records: Sequence[bytes], mutual_information: Seque
 
 
 def read_records(data_dir: str | os.PathLike[str], split: str) -> list[bytes]:
-    """Every serialized example of one split of a data folder (file order), read without TensorFlow."""
-    import glob
+    """Every serialized example of one split of a data folder (file order), read without TensorFlow.
 
-    from ehr_pipeline import tfrecord
-
+    A damaged file (truncated, a bad CRC, not gzip) is a ValueError naming it.
+    """
     paths = sorted(glob.glob(os.path.join(os.fspath(data_dir), spec.split_file_pattern(split))))
     if not paths:
         raise FileNotFoundError(f"{data_dir}: no TFRecord files for split {split!r}")
     records: list[bytes] = []
     for path in paths:
-        with open(path, "rb") as f:
-            records.extend(tfrecord.read_records(f))
+        try:
+            with open(path, "rb") as f:
+                records.extend(tfrecord.read_records(f))
+        except (ValueError, EOFError, OSError, zlib.error) as err:  # gzip raises all of these on a cut file
+            raise ValueError(f"{path}: not a readable TFRecord file ({type(err).__name__}: {err})") from None
     return records
 
 

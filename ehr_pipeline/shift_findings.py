@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ehr_pipeline import spec, units
+from ehr_pipeline import spec, unit_mismatch, units
 from ehr_pipeline.population import Distribution, Profile
 from ehr_pipeline.shift_stats import median_ratio
 
@@ -294,21 +294,18 @@ def unit_mismatches(reference: Profile, current: Profile, conv: units.Converter,
                      findings: list[Finding]) -> dict[str, str]:
     """code -> the data's unit, for codes whose values were converted to another unit than the model's."""
     out = {}
-    for code, model_unit in sorted(reference.canonical.items()):
-        data_unit = current.canonical.get(code)
-        stats = current.codes.get(code)
-        if not data_unit or stats is None or stats.values is None or conv.key(data_unit) == conv.key(model_unit):
+    for m in unit_mismatch.mismatches(reference.canonical, current.canonical, conv, loinc):
+        stats = current.codes.get(m.code)
+        if stats is None or stats.values is None:
             continue
-        conversion, why = conv.conversion(data_unit, model_unit, loinc.get(code))
-        if conversion is not None and conversion.identity:
-            continue  # two names of one unit (mEq/L and mmol/L of a monovalent ion)
-        out[code] = data_unit
+        out[m.code] = m.data_unit
         how = ("prepare the data with `ehr-pipeline run --units-from MODEL_DIR` to convert them"
-               if conversion is not None else f"they cannot be converted ({why})")
-        findings.append(Finding("unit_mismatch", SEVERE, code,
-                                f"{code}: the data's values are in {data_unit}, the model's in {model_unit}: {how}",
-                                {"data_unit": data_unit, "model_unit": model_unit,
-                                 "factor": conversion.scale if conversion is not None else None,
+               if m.conversion is not None else f"they cannot be converted ({m.why})")
+        findings.append(Finding("unit_mismatch", SEVERE, m.code,
+                                f"{m.code}: the data's values are in {m.data_unit}, the model's in {m.model_unit}: "
+                                f"{how}",
+                                {"data_unit": m.data_unit, "model_unit": m.model_unit,
+                                 "factor": m.conversion.scale if m.conversion is not None else None,
                                  "admissions": stats.values.n}))
     return out
 

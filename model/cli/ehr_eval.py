@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="when the data is not the model's training data, a shift report (shift.json, shift.md, "
                              "shift.png in --out) compares it with the model's training population; exit with code "
                              "3 when its level reaches this (never: the exit code does not depend on it)")
+    parser.add_argument("--force", action="store_true",
+                        help="score data whose values are in other units than the model's as they are (by default "
+                             "they are converted to the model's units before scoring, or refused when they cannot "
+                             "be: prepare such data with `ehr-pipeline run --units-from MODEL_DIR`)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("-v", "--verbose", action="store_true",
                    help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             truth_path=args.truth, referral_rate=args.referral_rate, referral_measure=args.referral_measure,
             n_bootstrap=args.bootstrap, num_bins=args.num_bins, out_dir=args.out,
             export_ensemble=args.export_ensemble, progress=not args.no_progress,
-            target_coverage=args.target_coverage, target_risk=args.target_risk)
+            target_coverage=args.target_coverage, target_risk=args.target_risk, force_units=args.force)
     except (ExportError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
     print(formatting.format_table(report))
