@@ -366,38 +366,25 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
 
     The report holds model.evaluation.metrics' numbers, the clinical statistics (report["clinical"]), who the
     model was built on (report["population"], from the data folder) and the model cards; with
-    out_dir, report.html renders them. Before anything is scored the data folder is checked against
-    its manifest and the models' schema version (ehr_pipeline.integrity), and its values are put in
-    the models' units or refused (unit_check.plan_units; force_units: scored as they are).
+    out_dir, report.html renders them. First: ehr_pipeline.integrity, then unit_check.plan_units (force_units).
     """
     from model.export import write as export_writer
     from model.export.load import load_export
     from model.export.predict import predict_probs
-    from model.training.inputs import load_data_files, read_split
+    from model.training.inputs import example_ids, load_data_files
 
     exports = [load_export(d) for d in model_dirs]
     integrity.verify_folder(data_dir, SPLIT_NAMES, models={str(e.path): e.files.schema_version for e in exports})
     units_plan = unit_check.plan_units(exports, data_dir, force=force_units)
     files = load_data_files(data_dir)
     data_sha = export_writer.data_manifest_sha256(files.data_dir)
-    other_data = [e for e in exports if e.model_card.get("data_manifest_sha256") != data_sha]
-    for e in other_data:
-        log.warning("%s was trained on other data (data manifest checksum differs): evaluating anyway, with a "
-                    "shift report of this data against the model's training population", e.path)
+    other_data = _trained_on_other_data(exports, data_sha)
     k = sum(e.ensemble_size for e in exports)
 
     ids: dict[str, tuple[list[int], list[int]]] = {}
 
     def predict(split_name: str) -> tuple[np.ndarray, list[int], list[int], list[bytes]]:
-        from model.training.inputs import example_ids
-
-        records, labels, hadm_ids = read_split(files, split_name)
-        if not records:
-            raise ValueError(f"{files.data_dir}: the {split_name} split has no examples"
-                             + (": nothing to evaluate" if split_name == split else
-                                ", and the referral threshold is chosen on it (an ensemble, or a referral rate "
-                                "or measure other than the model's stored rule)"))
-        records = units_plan.convert(records)
+        records, labels, hadm_ids = _split_records(files, split_name, split, units_plan)
         ids[split_name] = example_ids(records)
         probs = predict_probs(exports, records, num_samples, seed, batch_size=batch_size, progress=progress)
         return probs, labels, hadm_ids, records
@@ -446,6 +433,29 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
                                                measure=measure, rate=rate, threshold=threshold,
                                                num_samples=num_samples, data_sha=data_sha)
     return report, extra
+
+
+def _trained_on_other_data(exports: Sequence[Any], data_sha: str) -> list[Any]:
+    """The exports whose training data is not this folder (each said in the log)."""
+    other = [e for e in exports if e.model_card.get("data_manifest_sha256") != data_sha]
+    for e in other:
+        log.warning("%s was trained on other data (data manifest checksum differs): evaluating anyway, with a "
+                    "shift report of this data against the model's training population", e.path)
+    return other
+
+
+def _split_records(files: Any, split_name: str, evaluated: str,
+                   units_plan: unit_check.UnitPlan) -> tuple[list[bytes], list[int], list[int]]:
+    """(records in the model's units, labels, hadm_ids) of a split; an empty split is a one-line ValueError."""
+    from model.training.inputs import read_split
+
+    records, labels, hadm_ids = read_split(files, split_name)
+    if not records:
+        raise ValueError(f"{files.data_dir}: the {split_name} split has no examples"
+                         + (": nothing to evaluate" if split_name == evaluated else
+                            ", and the referral threshold is chosen on it (an ensemble, or a referral rate or "
+                            "measure other than the model's stored rule)"))
+    return units_plan.convert(records), labels, hadm_ids
 
 
 def _write_outputs(out_dir: str | os.PathLike[str], report: dict, probs: np.ndarray, labels: Sequence[int],
