@@ -15,7 +15,8 @@ turns both into one line naming the file, before the first record is parsed:
   must match theirs.
 
 Hashing streams each file in 1 MiB blocks (``outputs.sha256_of``): memory stays flat whatever the
-size of a split, and a folder is read once more from disk, ~1-2 s per GB.
+size of a split, and the folder is read once more: 290-330 MB/s on this project's 2-core machine
+(a 500 MB file in the page cache, three runs), about 3 s per GB of TFRecords.
 """
 from __future__ import annotations
 
