@@ -6,7 +6,10 @@
   ehr-eval --compare eval/logistic/predictions.csv eval/rank1/predictions.csv --out eval/rank1_vs_logistic
 
 All S samples x K members of an example are one vectorised pass inside the export; the
-probabilities are the ones the service computes for the same example and seed. On data that is
+probabilities are the ones the service computes for the same example and seed. Before anything is
+scored, the data folder is checked against its manifest and the model's schema version, and values
+in other units than the model's are converted (or refused with the fix; --force scores them as they
+are): one line and exit code 2 for each problem, before any metric. On data that is
 not the model's training data, the shift report (docs/shift.md) of the evaluated split against
 the model's training population is printed and, with --out, written beside the metrics.
 """
