@@ -186,12 +186,13 @@ def _misuse(args: argparse.Namespace, beam_args: list[str]) -> str | None:
         from ehr_pipeline import meds_codes, meds_source
 
         try:
-            meds_source.data_files(args.meds_dir)
-            meds_codes.load_meds_codes(args.meds_codes)
-        except meds_source.MedsError as err:
-            return f"--meds-dir: {err}"
+            codes = meds_codes.load_meds_codes(args.meds_codes)
         except ConfigError as err:
             return f"--meds-codes: {err}"
+        try:
+            meds_source.data_files(args.meds_dir, codes)
+        except meds_source.MedsError as err:
+            return f"--meds-dir: {err}"
         if args.labels is not None and not os.path.exists(args.labels):
             return f"--labels: {args.labels} does not exist"
     if args.command in ("run", "to-meds"):

@@ -11,8 +11,9 @@ turns both into one line naming the file, before the first record is parsed:
   when a model reads the data, the one that model was trained on;
 * every TFRecord file of the splits read must be listed in the manifest and match its SHA-256, and
   every file the manifest lists for them must exist;
-* the side files the manifest lists (vocabulary, numeric statistics, units, LOINC codes, MEDS codes)
-  must match theirs.
+* every other file the manifest names with its checksum (``{"file": ..., "sha256": ...}`` anywhere in
+  it: vocabulary, numeric statistics, units, LOINC codes, MEDS codes, the labels' prediction times)
+  must match it.
 
 Hashing streams each file in 1 MiB blocks (``outputs.sha256_of``): memory stays flat whatever the
 size of a split, and the folder is read once more: 290-330 MB/s on this project's 2-core machine
@@ -27,8 +28,6 @@ from typing import Any
 
 from ehr_pipeline import outputs, spec
 
-# The manifest's sections that name one side file with its checksum ({"file": ..., "sha256": ...}).
-SIDE_FILES = ("vocabulary", "numeric_stats", "units", "lab_loinc", "meds_codes")
 REWRITE = "re-run `ehr-pipeline run` on the source data to rewrite the folder"
 
 
@@ -59,11 +58,19 @@ def verify_folder(data_dir: str | os.PathLike[str], splits: Sequence[str], *,
         check_schema(manifest, path, trained_on, model)
     for split in splits:
         _check_split(data_dir, path, manifest, split)
-    for section in SIDE_FILES:
-        entry = manifest.get(section)
-        if isinstance(entry, Mapping) and entry.get("file"):
-            _check_file(data_dir, path, str(entry["file"]), entry.get("sha256"))
+    for name, digest in side_files(manifest):
+        _check_file(data_dir, path, name, digest)
     return dict(manifest)
+
+
+def side_files(doc: Any) -> list[tuple[str, Any]]:
+    """(file, sha256) of every {"file": ..., "sha256": ...} entry anywhere in a manifest, in document order."""
+    if isinstance(doc, Mapping):
+        found = [(str(doc["file"]), doc["sha256"])] if "file" in doc and "sha256" in doc else []
+        return found + [f for value in doc.values() for f in side_files(value)]
+    if isinstance(doc, list):
+        return [f for value in doc for f in side_files(value)]
+    return []
 
 
 def check_schema(manifest: Mapping[str, Any], path: str, trained_on: int | None, model: str) -> None:

@@ -112,14 +112,14 @@ def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | Non
     ``codes`` is the MEDS code map (meds_codes.MedsCodes; default: the MIMIC-IV ETL's and to-meds' codes).
     Returns the manifest; meds_codes.json beside it records the code map for the trainer and the service.
     """
-    from ehr_pipeline import meds_codes, meds_source, outputs
+    from ehr_pipeline import meds_codes, meds_labels, meds_source, outputs
     from ehr_pipeline.transforms import MedsSource
 
     started = time.time()
     meds_dir, out_dir = outputs.absolute(meds_dir), outputs.absolute(out_dir)  # as run_job, for every runner
     codes = codes or meds_codes.MedsCodes()
-    files = meds_source.data_files(meds_dir)
-    labels = meds_source.read_labels(labels_dir) if labels_dir is not None else None
+    files = meds_source.data_files(meds_dir, codes)
+    labels = meds_labels.read_labels(labels_dir) if labels_dir is not None else None
     subject_splits = meds_source.read_subject_splits(meds_dir)
     from ehr_pipeline.fhir import codes as fhir_codes
 
@@ -128,12 +128,20 @@ def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | Non
     reader = meds_source.MedsReader(codes=codes, trigger_offset_seconds=config.trigger_offset_seconds,
                                     min_age_years=config.min_age_years, sources=tuple(config.sources),
                                     labels=labels.by_subject if labels else None, splits=subject_splits)
-    counts, options = _run_pipeline(MedsSource(files, reader.to_dict()), out_dir, config, loinc, reference_units,
-                                    beam_args)
+    times_path = outputs.join(out_dir, meds_labels.PREDICTION_TIMES)
+    if labels is None and outputs.exists(times_path):  # a labelled run's, left in this folder: not these examples'
+        from apache_beam.io.filesystems import FileSystems
+
+        FileSystems.delete([times_path])
+    counts, options = _run_pipeline(MedsSource(files, reader.to_dict(), times_path if labels else None), out_dir,
+                                    config, loinc, reference_units, beam_args)
     outputs.write_json(outputs.join(out_dir, outputs.MEDS_CODES), {"codes": codes.to_dict()})
     _write_lab_loinc(out_dir, lab_bridge)
     cohort_counts = manifest_group(counts, "cohort")
-    label_doc = meds_source.label_accounting(labels, counts) if labels else None
+    label_doc = None
+    if labels:
+        label_doc = {**meds_labels.label_accounting(labels, counts), "prediction_times": {
+            "file": meds_labels.PREDICTION_TIMES, "sha256": outputs.sha256_of(times_path)}}
     return _finish(out_dir, config, counts, options, started, tables={meds_source.TABLE: manifest_table(
         counts, meds_source.TABLE)}, cohort_counts=cohort_counts, labels=label_doc,
         input_doc={"meds_dir": meds_dir, "data_files": len(files), "labels_dir": labels_dir,

@@ -20,9 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="a MEDS 0.4 dataset (data/**/*.parquet, metadata/), e.g. the MIMIC-IV MEDS ETL's output "
                             "or `ehr-pipeline to-meds`'s (docs/meds.md)")
     parser.add_argument("--labels", default=None, metavar="FILE_OR_DIR",
-                        help="with --meds-dir: MEDS label files (subject_id, prediction_time, boolean_value; e.g. "
-                             "ACES output): one example per row, events strictly before prediction_time; default: "
-                             "the built-in task (in-hospital death at admission + trigger_offset_seconds)")
+                        help="with --meds-dir: MEDS label files (subject_id, prediction_time, boolean_value as "
+                             "bool; e.g. ACES output): one example per row, events strictly before prediction_time; "
+                             "default: the built-in task (in-hospital death at admission + trigger_offset_seconds)")
     parser.add_argument("--meds-codes", default=None, type=existing_file, metavar="YAML",
                         help="with --meds-dir: the MEDS code -> source map (see configs/meds_codes.yaml); default: "
                              "the MIMIC-IV MEDS ETL's and to-meds' codes")

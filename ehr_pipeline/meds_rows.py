@@ -16,30 +16,59 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ehr_pipeline import meds_codes, spec
+from ehr_pipeline.meds_schema import MedsError
 
 # Synthetic example keys (no admission id) live above every real HADM_ID: [2^62, 2^63).
 _SYNTHETIC_KEY_BASE = 1 << 62
 
 
-class MedsError(ValueError):
-    """A MEDS dataset or label file this job cannot read; the message names the file and the problem."""
+# Units per second of Arrow's timestamp units.
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
 
-def seconds(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """Whole seconds since 1970 (floor) of a timestamp column of any unit; nulls stay null."""
+def _raw_times(column: pa.ChunkedArray | pa.Array, where: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """(int64 values in the column's unit, 0 where null; valid mask; units per second) of a timestamp column."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
+    if pa.types.is_null(column.type):  # an all-null column (pandas writes one when no row has a time)
+        return np.zeros(len(column), np.int64), np.zeros(len(column), bool), 1
     if not pa.types.is_timestamp(column.type):
-        raise MedsError(f"time column has type {column.type}, expected a timestamp")
-    micros = pc.cast(pc.cast(column, pa.timestamp("us", tz=column.type.tz)), pa.int64())
-    valid = np.asarray(pc.is_valid(micros).to_numpy(zero_copy_only=False), dtype=bool)
-    raw = np.asarray(pc.fill_null(micros, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
-    return pa.array(np.floor_divide(raw, 1_000_000), pa.int64(), mask=~valid)
+        raise MedsError(f"{where} is {column.type}, expected a timestamp")
+    # A timestamp is int64 in its unit from 1970 UTC whatever its time zone: reinterpret, never convert.
+    raw = pc.cast(column, pa.int64())
+    valid = np.asarray(pc.is_valid(raw).to_numpy(zero_copy_only=False), dtype=bool)
+    values = np.asarray(pc.fill_null(raw, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return values, valid, _PER_SECOND[column.type.unit]
 
 
-def synthetic_key(subject_id: int, prediction_time: int) -> int:
-    """A stable example key for a label row without an admission id, in [2^62, 2^63)."""
-    digest = hashlib.sha256(f"{int(subject_id)}:{int(prediction_time)}".encode()).digest()
+def seconds(column: pa.ChunkedArray | pa.Array, where: str = "time column") -> pa.Array:
+    """Whole seconds since 1970 (floor) of a timestamp column of any unit or time zone; nulls stay null."""
+    values, valid, per_second = _raw_times(column, where)
+    return pa.array(np.floor_divide(values, per_second), pa.int64(), mask=~valid)
+
+
+def micros(column: pa.ChunkedArray | pa.Array, where: str = "time column") -> pa.Array:
+    """Microseconds since 1970 (MEDS' unit) of a timestamp column; MedsError for a time finer than that."""
+    values, valid, per_second = _raw_times(column, where)
+    if per_second > 1_000_000:
+        factor = per_second // 1_000_000
+        finer = valid & (values % factor != 0)
+        if finer.any():
+            row = int(np.flatnonzero(finer)[0])
+            raise MedsError(f"{where}: row {row + 1} is finer than a microsecond (MEDS times are microseconds)")
+        out = values // factor
+    else:
+        factor = 1_000_000 // per_second
+        if valid.any() and np.abs(values[valid]).max() > np.iinfo(np.int64).max // factor:
+            raise MedsError(f"{where}: a time beyond the year 294,000 (out of range in microseconds)")
+        out = values * factor
+    return pa.array(out, pa.int64(), mask=~valid)
+
+
+def synthetic_key(subject_id: int, time: int) -> int:
+    """A stable example key in [2^62, 2^63) from a subject and a time: an admission's (s) without an admission id,
+    or a label row's (its prediction time in microseconds, so rows a fraction of a second apart differ)."""
+    digest = hashlib.sha256(f"{int(subject_id)}:{int(time)}".encode()).digest()
     return _SYNTHETIC_KEY_BASE + (int.from_bytes(digest[:8], "big") % _SYNTHETIC_KEY_BASE)
 
 
@@ -97,8 +126,11 @@ class Rows:
             unit = pc.if_else(pa.array(from_column), pa.scalar(None, pa.string()), unit)
         t = seconds(table.column("time"))
         time_ok = np.asarray(pc.is_valid(t).to_numpy(zero_copy_only=False), dtype=bool)
-        value = np.asarray(pc.fill_null(pc.cast(table.column("numeric_value"), pa.float64()), np.nan)
-                           .to_numpy(zero_copy_only=False), dtype=np.float64)
+        if "numeric_value" in table.column_names:  # optional in MEDS: without it no row has a value
+            value = np.asarray(pc.fill_null(pc.cast(table.column("numeric_value"), pa.float64()), np.nan)
+                               .to_numpy(zero_copy_only=False), dtype=np.float64)
+        else:
+            value = np.full(n, np.nan)
         if "hadm_id" in table.column_names:
             hadm_col = pc.cast(table.column("hadm_id"), pa.int64())
             hadm_ok = np.asarray(pc.is_valid(hadm_col).to_numpy(zero_copy_only=False), dtype=bool)
@@ -106,7 +138,7 @@ class Rows:
         else:
             hadm, hadm_ok = np.zeros(n, np.int64), np.zeros(n, bool)
         return cls(
-            subject=np.asarray(table.column("subject_id").to_numpy(), dtype=np.int64),
+            subject=np.asarray(pc.cast(table.column("subject_id"), pa.int64()).to_numpy(), dtype=np.int64),
             time=np.asarray(pc.fill_null(t, 0).to_numpy(zero_copy_only=False), dtype=np.int64), time_ok=time_ok,
             code_null=np.asarray(pc.is_null(code).to_numpy(zero_copy_only=False), dtype=bool), kind=kinds,
             source=source_id, event_code=event_code,

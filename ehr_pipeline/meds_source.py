@@ -18,8 +18,12 @@ the dataset:
 4. Events are cut to the examples by ``events.filter_to_cohort`` (strictly before the prediction time)
    and split per example, exactly as the CSV source does.
 
-Every row read is counted once, under ``rows/MEDS/*`` and ``events/MEDS/extract/<reason>``, and
-every kept event under ``events/MEDS/cohort/<reason>``; every label row under ``labels/<reason>``.
+Every file is checked against MEDS' data schema first (``meds_schema``: one line naming the file and
+the column). Every row read is counted once, under ``rows/MEDS/*`` (a row without a subject_id or with
+a value no float32 holds is a dead letter) and ``events/MEDS/extract/<reason>``, and every kept event
+under ``events/MEDS/cohort/<reason>``; every label row (``meds_labels``) under ``labels/<reason>``.
+A subject's rows must lie together in one file: apart in a file, or in two files
+(``subjects_in_two_files``), they are refused naming the subject.
 
 The prediction-time boundary: MEDS says data up to AND including ``prediction_time`` may be used.
 This job uses events strictly BEFORE it, as it does for MIMIC-III (docs/meds.md says why).
@@ -31,17 +35,21 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from ehr_pipeline import ages, bagging, cohort, events, meds_codes, spec
-from ehr_pipeline.meds_rows import KIND, MedsError, Rows, TaskRows, seconds, synthetic_key, task_rows
+from ehr_pipeline import ages, bagging, cohort, deadletter, events, meds_codes, meds_schema, spec
+from ehr_pipeline.meds_labels import (LABEL_BEFORE_BIRTH, LABEL_DUPLICATE, LABEL_EXAMPLE, LABEL_NO_BIRTH)
+from ehr_pipeline.meds_rows import KIND, Rows, TaskRows, synthetic_key, task_rows
+from ehr_pipeline.meds_schema import MedsError
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +60,7 @@ CODES_FILE = "codes.parquet"
 SPLITS_FILE = "subject_splits.parquet"
 # MEDS split names -> the project's (config.SPLIT_NAMES).
 SPLITS = {"train": "train", "tuning": "validation", "held_out": "test"}
-REQUIRED_COLUMNS = ("subject_id", "time", "code", "numeric_value")
+REQUIRED_COLUMNS = tuple(c.name for c in meds_schema.DATA.columns if c.required)  # subject_id, time, code
 BLOCK_ROWS = 1 << 16  # rows per parquet batch: about 4 MB of MEDS rows
 
 # events/MEDS/extract/<reason>: every row, exactly once.
@@ -63,76 +71,102 @@ SOURCE_OFF = "source_not_enabled"  # an event of a source the pipeline config le
 MISSING_TIME = events.MISSING_TIME  # an event or task row without a time
 MISSING_CODE = events.MISSING_CODE
 NO_DISCHARGE_AFTER = "no_discharge_after"  # known at the next discharge, and there is none
-# labels/<reason>: every label row, exactly once.
-LABEL_EXAMPLE = "example"
-LABEL_NO_DATA = "no_subject_rows"  # its subject has no rows in the data
-LABEL_NO_BIRTH = "no_birth"  # no birth code: the age, which every example carries, is unknown
-LABEL_BEFORE_BIRTH = "before_birth"  # prediction time before the birth
-LABEL_DUPLICATE = "duplicate"  # (subject, prediction_time) seen before: one example each
-LABEL_NULL = "null_value"  # boolean_value null
-LABEL_NULL_TIME = "null_prediction_time"
-LABEL_REASONS = (LABEL_EXAMPLE, LABEL_NO_DATA, LABEL_NO_BIRTH, LABEL_BEFORE_BIRTH, LABEL_DUPLICATE, LABEL_NULL,
-                 LABEL_NULL_TIME)
+# rows/MEDS/dead_letter/<reason>: a row with a null subject_id belongs to no subject (MEDS: never null);
+# a numeric_value of NaN or +-inf is no measurement (the CSV reader dead-letters them alike), nor is one beyond
+# float32, MEDS' type (a float64 column can hold one; past ~1e154 it would overflow the code's sum of squares).
+NULL_SUBJECT = deadletter.MISSING_REQUIRED
+BAD_NUMBER = deadletter.BAD_NUMBER
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 # ----------------------------------------------------------------------------- driver side
 
 
-def data_files(meds_dir: str | os.PathLike[str]) -> list[str]:
-    """Every data/**/*.parquet file of a MEDS dataset, sorted; MedsError when there is none."""
+def data_files(meds_dir: str | os.PathLike[str], codes: meds_codes.MedsCodes | None = None) -> list[str]:
+    """Every data/**/*.parquet file of a MEDS dataset, sorted, each checked against the MEDS data schema and
+    the extra columns `codes` reads (default: the default code map); MedsError naming the first that fails."""
     root = os.path.join(os.fspath(meds_dir), DATA_DIR)
     files = sorted(glob.glob(os.path.join(root, "**", "*.parquet"), recursive=True))
     if not files:
         raise MedsError(f"{root}: no MEDS data files (data/**/*.parquet)")
+    codes = codes or meds_codes.MedsCodes()
     for path in files:
-        names = _schema_names(path)
-        missing = [c for c in REQUIRED_COLUMNS if c not in names]
-        if missing:
-            raise MedsError(f"{path}: not a MEDS data file, missing columns {missing}")
+        check_data_schema(path, meds_schema.read_schema(path), codes)
     return files
 
 
-def _schema_names(path: str) -> list[str]:
-    import pyarrow.parquet as pq
+def _extra_columns(codes: meds_codes.MedsCodes) -> dict[str, tuple[Any, str]]:
+    """Columns beyond MEDS' that the job reads when present: name -> (type test, what it must be)."""
+    out = {"hadm_id": (meds_schema.is_integer, "an integer admission id"),
+           codes.unit_column: (meds_schema.is_text, "text (a unit)")}
+    for columns in codes.admission_attributes.values():
+        out.update(dict.fromkeys(columns, (meds_schema.is_text, "text")))
+    return out
 
-    try:
-        return pq.read_schema(path).names
-    except (OSError, pa.ArrowInvalid) as err:
-        raise MedsError(f"{path}: cannot read as parquet ({err})") from None
+
+def check_data_schema(path: str, schema: pa.Schema, codes: meds_codes.MedsCodes) -> None:
+    """MedsError unless `schema` is MEDS data with the extra columns the job reads (hadm_id, unit, ...) readable."""
+    meds_schema.check(path, schema, meds_schema.DATA)
+    for name, (accepts, want) in _extra_columns(codes).items():
+        if name in schema.names:
+            got = schema.field(name).type
+            if not (accepts(got) or pa.types.is_null(got)):
+                raise MedsError(f"{path}: column '{name}' is {got}, the job reads it as {want}")
 
 
 def read_subject_splits(meds_dir: str | os.PathLike[str]) -> dict[int, str] | None:
     """subject_id -> the project's split name from metadata/subject_splits.parquet; None without the file.
 
-    Subjects absent from it (or in a split MEDS does not name) get the hashed split (splits.assign_split).
+    Subjects absent from it, or in a split other than train / tuning / held_out (logged with their number),
+    get the hashed split (splits.assign_split). A subject in two splits is a MedsError.
     """
-    import pyarrow.parquet as pq
-
     path = os.path.join(os.fspath(meds_dir), METADATA_DIR, SPLITS_FILE)
     if not os.path.isfile(path):
         logger.warning("%s not found: splits are assigned by a hash of subject_id", path)
         return None
-    table = pq.read_table(path, columns=["subject_id", "split"])
-    out = {}
-    for sid, split in zip(table.column("subject_id").to_pylist(), table.column("split").to_pylist()):
-        if sid is not None and split in SPLITS:
-            out[int(sid)] = SPLITS[split]
-    return out
+    meds_schema.check(path, meds_schema.read_schema(path), meds_schema.SPLITS)
+    table = meds_schema.read_table(path, ["subject_id", "split"])
+    for name in ("subject_id", "split"):
+        _no_nulls(path, table.column(name), name)
+    ids = meds_schema.as_int64(table.column("subject_id"), f"{path}: column 'subject_id'").to_pylist()
+    split_of: dict[int, str] = {}
+    for sid, split in zip(ids, table.column("split").to_pylist()):
+        before = split_of.setdefault(sid, split)
+        if before != split:
+            raise MedsError(f"{path}: subject {sid} is in two splits, '{before}' and '{split}'")
+    other: dict[str, int] = {}
+    for split in split_of.values():
+        if split not in SPLITS:
+            other[split] = other.get(split, 0) + 1
+    if other:
+        logger.warning("%s: %d subjects in splits other than %s (%s): their split is a hash of subject_id", path,
+                       sum(other.values()), ", ".join(SPLITS), ", ".join(f"{k}: {v}" for k, v in sorted(other.items())))
+    return {sid: SPLITS[split] for sid, split in split_of.items() if split in SPLITS}
+
+
+def _no_nulls(path: str, column: pa.ChunkedArray, name: str) -> None:
+    if column.null_count:
+        row = int(np.flatnonzero(pc.is_null(column).to_numpy(zero_copy_only=False))[0])
+        raise MedsError(f"{path}: row {row + 1}: {name} is null (MEDS: never null)")
 
 
 def lab_loinc_bridge(meds_dir: str | os.PathLike[str], codes: meds_codes.MedsCodes) -> dict[str, list[str]]:
-    """LOINC -> lab item codes from metadata/codes.parquet's parent_codes ('LOINC/2160-0'); {} without it."""
-    import pyarrow.parquet as pq
-
+    """LOINC -> lab item codes from metadata/codes.parquet's parent_codes ('LOINC/2160-0'); {} without them."""
     path = os.path.join(os.fspath(meds_dir), METADATA_DIR, CODES_FILE)
-    if not os.path.isfile(path) or "parent_codes" not in pq.read_schema(path).names:
+    if not os.path.isfile(path):
         return {}
-    table = pq.read_table(path, columns=["code", "parent_codes"])
+    schema = meds_schema.read_schema(path)
+    meds_schema.check(path, schema, meds_schema.CODES)
+    if "parent_codes" not in schema.names:
+        logger.info("%s has no parent_codes: no LOINC codes for the lab codes", path)
+        return {}
+    table = meds_schema.read_table(path, ["code", "parent_codes"])
+    _no_nulls(path, table.column("code"), "code")
     mapper = meds_codes.CodeMapper(codes)
     bridge: dict[str, set[str]] = {}
     for code, parents in zip(table.column("code").to_pylist(), table.column("parent_codes").to_pylist()):
-        mapped = mapper(code) if code else None
-        if mapped is None or mapped.kind != meds_codes.EVENT or not mapped.code.startswith("lab:"):
+        mapped = mapper(code)
+        if mapped.kind != meds_codes.EVENT or not mapped.code.startswith("lab:"):
             continue
         for parent in parents or []:
             if parent and parent.upper().startswith("LOINC/"):
@@ -140,64 +174,28 @@ def lab_loinc_bridge(meds_dir: str | os.PathLike[str], codes: meds_codes.MedsCod
     return {loinc: sorted(items) for loinc, items in sorted(bridge.items())}
 
 
-@dataclasses.dataclass(frozen=True)
-class Labels:
-    """Label rows by subject: (prediction_time s, label 0/1) in file order; driver-side drops by reason."""
+def subjects_in_two_files(per_file: Sequence[tuple[str, np.ndarray]]) -> str | None:
+    """One line naming the first subject whose rows lie in two data files, and both files; None when none does.
 
-    by_subject: dict[int, list[tuple[int, int]]]
-    rows: int
-    dropped: dict[str, int]  # LABEL_NULL, LABEL_NULL_TIME (found before any worker sees a row)
-    files: tuple[str, ...]
-
-
-def read_labels(path: str | os.PathLike[str]) -> Labels:
-    """MEDS label files (a parquet file, or every *.parquet under a folder): subject_id, prediction_time, boolean_value."""
-    import pyarrow.parquet as pq
-
-    path = os.fspath(path)
-    files = [path] if os.path.isfile(path) else sorted(glob.glob(os.path.join(path, "**", "*.parquet"),
-                                                                 recursive=True))
-    if not files:
-        raise MedsError(f"{path}: no label files (*.parquet)")
-    by_subject: dict[int, list[tuple[int, int]]] = {}
-    dropped = {LABEL_NULL: 0, LABEL_NULL_TIME: 0}
-    rows = 0
-    for file in files:
-        names = _schema_names(file)
-        missing = [c for c in ("subject_id", "prediction_time", "boolean_value") if c not in names]
-        if missing:
-            raise MedsError(f"{file}: not a MEDS label file with boolean labels, missing columns {missing}")
-        table = pq.read_table(file, columns=["subject_id", "prediction_time", "boolean_value"])
-        if table.column("subject_id").null_count:
-            raise MedsError(f"{file}: subject_id must not be null")
-        rows += table.num_rows
-        times = seconds(table.column("prediction_time"))
-        values = table.column("boolean_value").to_pylist()
-        for sid, t, v in zip(table.column("subject_id").to_pylist(), times.to_pylist(), values):
-            if t is None:
-                dropped[LABEL_NULL_TIME] += 1
-            elif v is None:
-                dropped[LABEL_NULL] += 1
-            else:
-                by_subject.setdefault(int(sid), []).append((int(t), int(bool(v))))
-    return Labels(by_subject=by_subject, rows=rows, dropped=dropped, files=tuple(files))
-
-
-def label_accounting(labels: Labels, counts: Mapping[str, int]) -> dict[str, Any]:
-    """The manifest's labels section: every label row as an example or a reason; balanced when they add up."""
-    found = {r: int(counts.get(f"labels/{r}", 0)) for r in LABEL_REASONS}
-    for reason, n in labels.dropped.items():
-        found[reason] += n
-    seen = int(counts.get("labels/seen", 0))
-    queued = sum(len(v) for v in labels.by_subject.values())
-    found[LABEL_NO_DATA] = queued - seen
-    problems = []
-    if sum(found.values()) != labels.rows:
-        problems.append(f"label rows {labels.rows} != examples + reasons {sum(found.values())}")
-    if seen > queued:
-        problems.append(f"{seen} label rows matched but {queued} queued: a subject's rows are in more than one file")
-    return {"files": list(labels.files), "rows": labels.rows, "outcome": found, "balanced": not problems,
-            "problems": problems}
+    `per_file`: (path, the file's distinct subject ids). MEDS keeps a subject's rows in one file, and the job
+    reads a file per worker: a subject in two would be read as two (two examples of one admission, or an
+    admission without its discharge). The cost is one id per subject, not per row.
+    """
+    per_file = sorted(per_file, key=lambda item: item[0])
+    if not per_file:
+        return None
+    ids = np.concatenate([np.asarray(a, dtype=np.int64) for _, a in per_file])
+    owner = np.concatenate([np.full(len(a), i) for i, (_, a) in enumerate(per_file)])
+    order = np.lexsort((owner, ids))
+    ids, owner = ids[order], owner[order]
+    again = np.flatnonzero(ids[1:] == ids[:-1])
+    if not again.size:
+        return None
+    first = int(again[0])
+    shared = int(np.unique(ids[again]).size)
+    more = f"; {shared - 1} more subject(s) likewise" if shared > 1 else ""
+    return (f"subject {int(ids[first])}: rows in two MEDS data files, {per_file[owner[first]][0]} and "
+            f"{per_file[owner[first + 1]][0]} (MEDS keeps each subject's rows in one file){more}")
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -205,15 +203,22 @@ def label_accounting(labels: Labels, counts: Mapping[str, int]) -> dict[str, Any
 
 @dataclasses.dataclass
 class SubjectsOut:
-    """What one block of whole subjects gives: examples, unit census and counts."""
+    """What one block of a data file gives: examples, unit census, counts, dead letters, its subjects."""
 
     examples: list  # (key, cohort row dict, times s, codes, values, units)
     units: dict[tuple[str, str], int]
     counts: dict[str, int]
+    subjects: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))  # distinct ids
+    dead: list = dataclasses.field(default_factory=list)  # deadletter.DeadLetter of rows without a subject
+    prediction_times: list = dataclasses.field(default_factory=list)  # (example key, subject, prediction time us)
 
 
 class MedsReader:
-    """Reads MEDS data files into examples; pickled to every worker (a plain-dict round trip)."""
+    """Reads MEDS data files into examples; pickled to every worker (a plain-dict round trip).
+
+    `labels`: subject -> [(prediction time in microseconds, label 0/1)] (meds_labels.Labels.by_subject), or None
+    for the built-in task.
+    """
 
     def __init__(self, *, codes: meds_codes.MedsCodes, trigger_offset_seconds: int, min_age_years: float,
                  sources: tuple[str, ...] = spec.SOURCES, labels: dict[int, list[tuple[int, int]]] | None = None,
@@ -243,34 +248,85 @@ class MedsReader:
     # --- streaming a file
 
     def read_file(self, path: str) -> Iterator[SubjectsOut]:
-        """Every block of whole subjects of one data file, in file order; memory is one block."""
-        import pyarrow.parquet as pq
+        """Every block of whole subjects of one data file, in file order; memory is one block.
 
+        Rows without a subject_id, or with a non-finite value, come out as dead letters (a SubjectsOut with no
+        examples), wherever they lie.
+        """
         try:
             pf = pq.ParquetFile(path)
         except (OSError, pa.ArrowInvalid) as err:
-            raise MedsError(f"{path}: cannot read as parquet ({err})") from None
+            raise MedsError(f"{path}: cannot read as parquet ({' '.join(str(err).split())})") from None
         names = pf.schema_arrow.names
-        missing = [c for c in REQUIRED_COLUMNS if c not in names]
-        if missing:
-            raise MedsError(f"{path}: not a MEDS data file, missing columns {missing}")
-        wanted = ("hadm_id", self.codes.unit_column, *(c for cs in self.codes.admission_attributes.values() for c in cs))
+        check_data_schema(path, pf.schema_arrow, self.codes)
+        wanted = ("numeric_value", "hadm_id", self.codes.unit_column,
+                  *(c for cs in self.codes.admission_attributes.values() for c in cs))
         columns = list(REQUIRED_COLUMNS) + [c for c in dict.fromkeys(wanted) if c in names]
         pending: pa.Table | None = None
         done: set[int] = set()
-        for batch in pf.iter_batches(batch_size=self.block_rows, columns=columns):
-            table = pa.Table.from_batches([batch])
+        first_row = 0
+        for table in self._tables(pf, path, columns):
+            table, dead = self._without_dead_rows(table, path, first_row)
+            first_row += table.num_rows + len(dead.dead if dead else ())
+            if dead is not None:
+                yield dead
             if pending is not None and pending.num_rows:
                 table = pa.concat_tables([pending, table])
-            subject = np.asarray(pc.fill_null(table.column("subject_id"), -1).to_numpy(), dtype=np.int64)
+            if not table.num_rows:
+                continue
+            subject = np.asarray(table.column("subject_id").to_numpy(), dtype=np.int64)
             # The last subject may go on in the next batch: keep it back.
             cut = int(np.flatnonzero(subject != subject[-1])[-1]) + 1 if np.any(subject != subject[-1]) else 0
             complete, pending = table.slice(0, cut), table.slice(cut)
             if complete.num_rows:
                 yield self._block(complete, subject[:cut], done, path)
         if pending is not None and pending.num_rows:
-            yield self._block(pending, np.asarray(pc.fill_null(pending.column("subject_id"), -1).to_numpy(),
-                                                  dtype=np.int64), done, path)
+            yield self._block(pending, np.asarray(pending.column("subject_id").to_numpy(), dtype=np.int64), done, path)
+
+    def _tables(self, pf: pq.ParquetFile, path: str, columns: list[str]) -> Iterator[pa.Table]:
+        """The file's batches as tables, subject_id and hadm_id as int64; MedsError naming the file on a bad page."""
+        batches = pf.iter_batches(batch_size=self.block_rows, columns=columns)
+        while True:
+            try:
+                batch = next(batches, None)
+            except (OSError, pa.ArrowInvalid) as err:
+                raise MedsError(f"{path}: cannot read as parquet ({' '.join(str(err).split())})") from None
+            if batch is None:
+                return
+            table = pa.Table.from_batches([batch])
+            for name in ("subject_id", "hadm_id"):
+                if name in table.column_names and not pa.types.is_null(table.schema.field(name).type):
+                    at = table.column_names.index(name)
+                    table = table.set_column(at, name, meds_schema.as_int64(table.column(name),
+                                                                            f"{path}: column '{name}'"))
+            yield table
+
+    @staticmethod
+    def _without_dead_rows(table: pa.Table, path: str, first_row: int) -> tuple[pa.Table, SubjectsOut | None]:
+        """The readable rows, and the others as dead letters (row numbers from 1 in the file): a null subject_id
+        (MEDS: never null) belongs to no subject; a numeric_value that is no finite float32 is no measurement."""
+        null_subject = np.asarray(pc.is_null(table.column("subject_id")).to_numpy(zero_copy_only=False), dtype=bool)
+        bad_number = np.zeros(table.num_rows, dtype=bool)
+        if "numeric_value" in table.column_names and not pa.types.is_null(table.schema.field("numeric_value").type):
+            value = pc.cast(table.column("numeric_value"), pa.float64())
+            readable = pc.and_(pc.is_finite(value), pc.less_equal(pc.abs(value), FLOAT32_MAX))
+            bad_number = ~np.asarray(pc.fill_null(readable, True).to_numpy(zero_copy_only=False), dtype=bool)
+            bad_number &= ~null_subject
+        dead = null_subject | bad_number
+        if not dead.any():
+            return table, None
+        at = np.flatnonzero(dead)
+        letters = []
+        for i, row in zip(at.tolist(), table.take(pa.array(at)).to_pylist()):
+            reason, detail = ((NULL_SUBJECT, "subject_id is null (MEDS: never null)") if null_subject[i] else
+                              (BAD_NUMBER, f"numeric_value is {row['numeric_value']} (MEDS values are finite float32)"))
+            letters.append(deadletter.DeadLetter(file=path, line=first_row + i + 1, reason=reason, detail=detail,
+                                                 raw=json.dumps(row, default=str, sort_keys=True)))
+        counts = {f"rows/{TABLE}/read": len(letters)}
+        for reason, mask in ((NULL_SUBJECT, null_subject), (BAD_NUMBER, bad_number)):
+            if mask.any():
+                counts[f"rows/{TABLE}/dead_letter/{reason}"] = int(np.count_nonzero(mask))
+        return table.filter(pa.array(~dead)), SubjectsOut(examples=[], units={}, counts=counts, dead=letters)
 
     def _block(self, table: pa.Table, subject: np.ndarray, done: set[int], path: str) -> SubjectsOut:
         starts = np.flatnonzero(np.r_[True, subject[1:] != subject[:-1]])
@@ -280,40 +336,39 @@ class MedsReader:
             raise MedsError(f"{path}: the rows of subject {again} are not together (MEDS keeps a subject's rows "
                             "together, sorted by time)")
         done.update(runs.tolist())
-        return self.process(table)
+        out = self.process(table)
+        out.subjects = np.sort(runs)
+        return out
 
     # --- one block of whole subjects
 
     def process(self, table: pa.Table) -> SubjectsOut:
-        """Examples, unit census and counts of a table holding whole subjects (MEDS columns)."""
+        """Examples, unit census and counts of a table holding whole subjects (MEDS columns, subject_id not null)."""
         counts: dict[str, int] = {}
 
         def add(name: str, n: int) -> None:
             counts[name] = counts.get(name, 0) + int(n)
 
-        n = table.num_rows
-        add(f"rows/{TABLE}/read", n)
-        null_subject = table.column("subject_id").null_count
-        if null_subject:  # NOT NULL in MEDS: set aside as a dead row, never guessed
-            table = table.filter(pc.is_valid(table.column("subject_id")))
-            add(f"rows/{TABLE}/dead_letter/null_subject_id", null_subject)
+        add(f"rows/{TABLE}/read", table.num_rows)
         add(f"rows/{TABLE}/parsed", table.num_rows)
         rows = Rows.of(table, self._mapper, self.codes.unit_column)
         task = task_rows(rows)
         ev_table, extract_counts = self._events(rows, task)
         for reason, k in extract_counts.items():
             add(f"events/{TABLE}/extract/{reason}", k)
+        times: list[tuple[int, int, int]] = []
         if self.labels is None:
             cohort_index, metas = self._built_in(task, add)
         else:
-            cohort_index, metas = self._labelled(task, rows, add)
+            cohort_index, metas, times = self._labelled(task, rows, add)
         kept, cohort_counts = events.filter_to_cohort(ev_table, cohort_index)
         for reason, k in cohort_counts.items():
             add(f"events/{TABLE}/cohort/{reason}", k)
         chunks = {key: rest for key, *rest in events.split_by_admission(kept)}
         empty = (np.zeros(0, np.int64), np.zeros(0, np.str_), np.zeros(0), np.zeros(0, object))
         examples = [(key, meta, *chunks.get(key, empty)) for key, meta in metas]
-        return SubjectsOut(examples=examples, units=events.unit_counts(ev_table), counts=counts)
+        return SubjectsOut(examples=examples, units=events.unit_counts(ev_table), counts=counts,
+                           prediction_times=times)
 
     def _events(self, rows: Rows, task: TaskRows) -> tuple[pa.Table, dict[str, int]]:
         """The rows that are events (EVENT_SCHEMA, timed when known) and every row's reason."""
@@ -375,11 +430,16 @@ class MedsReader:
     def _split(self, subject_id: int) -> str | None:
         return None if self.splits is None else self.splits.get(int(subject_id))
 
-    def _labelled(self, task: TaskRows, rows: Rows, add) -> tuple[pa.Table, list]:
-        """One example per label row of the block's subjects: its admission (if any), age, gender."""
+    def _labelled(self, task: TaskRows, rows: Rows, add) -> tuple[pa.Table, list, list]:
+        """One example per label row of the block's subjects: its admission (if any), age, gender; and each
+        example's (key, subject, prediction time in microseconds).
+
+        A label row's prediction time is microseconds; its trigger time (and the admission it falls in) is the
+        whole second it lies in, as data times are read.
+        """
         subjects = np.unique(rows.subject).tolist()
         adm = task.admission_table()
-        metas, seen_keys = [], set()
+        metas, seen_keys, times = [], set(), []
         for sid in subjects:
             wanted = self.labels.get(int(sid))
             if not wanted:
@@ -390,16 +450,17 @@ class MedsReader:
             mine = adm[adm[:, 0] == sid] if adm.size else adm
             per_admission: dict[int, int] = {}
             placed = []
-            for t, value in wanted:
+            for t_us, value in wanted:
+                t = t_us // 1_000_000
                 row = _admission_at(mine, t)
-                placed.append((t, value, row))
+                placed.append((t_us, t, value, row))
                 if row is not None:
                     per_admission[row] = per_admission.get(row, 0) + 1
-            for t, value, row in placed:
-                if (sid, t) in seen_keys:
+            for t_us, t, value, row in placed:
+                if (sid, t_us) in seen_keys:
                     add(f"labels/{LABEL_DUPLICATE}", 1)
                     continue
-                seen_keys.add((sid, t))
+                seen_keys.add((sid, t_us))
                 if dob is None:
                     add(f"labels/{LABEL_NO_BIRTH}", 1)
                     continue
@@ -411,18 +472,19 @@ class MedsReader:
                 hadm = int(mine[row, 3]) if row is not None else -1
                 # An admission with one label row keeps its id (the round trip compares them); any
                 # other row gets a key from (subject, prediction time).
-                key = hadm if row is not None and hadm >= 0 and per_admission[row] == 1 else synthetic_key(sid, t)
+                key = hadm if row is not None and hadm >= 0 and per_admission[row] == 1 else synthetic_key(sid, t_us)
                 admission_type = task.admission_type_of(sid, int(mine[row, 1])) if row is not None else "UNKNOWN"
                 attributes = task.attributes_of(sid, int(mine[row, 1])) if row is not None else \
                     dict.fromkeys(("ethnicity", "insurance"), spec.NOT_RECORDED)
                 metas.append((key, {"SUBJECT_ID": int(sid), "HADM_ID": key, "ADMITTIME": admit, "trigger_time": t,
                                     "label": value, "age_years": float(ages.cap_age(raw_age)), "gender": gender,
                                     "admission_type": admission_type, **attributes, "split": self._split(sid)}))
+                times.append((key, int(sid), t_us))
                 add(f"labels/{LABEL_EXAMPLE}", 1)
         index = pa.table({"SUBJECT_ID": pa.array([m["SUBJECT_ID"] for _, m in metas], pa.int64()),
                           "HADM_ID": pa.array([k for k, _ in metas], pa.int64()),
                           "trigger_time": pa.array([m["trigger_time"] for _, m in metas], pa.int64())})
-        return index, metas
+        return index, metas, times
 
 
 def _admission_at(mine: np.ndarray, t: int) -> int | None:

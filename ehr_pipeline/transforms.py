@@ -20,8 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.metrics import Metrics
 
+from ehr_pipeline import meds_labels, meds_source, outputs
 from ehr_pipeline.chunks import concat_chunks, pack_chunk
 
 NAMESPACE = "ehr_pipeline"
@@ -159,31 +161,37 @@ class MimicSource(beam.PTransform):
 # ----------------------------------------------------------------------------- the MEDS source
 
 
+# The MEDS source's own kinds, consumed inside MedsSource: a data file's distinct subjects (path, ids) and
+# a labelled example's (key, subject, prediction time in microseconds).
+SUBJECTS = "subjects"
+PREDICTION_TIME = "prediction_time"
+
+
 @beam.typehints.with_input_types(str)
 @beam.typehints.with_output_types(Tagged)
 class ReadMedsFile(beam.DoFn):
-    """One MEDS data file -> its subjects' examples (cohort row and chunk together), unit census, counts."""
+    """One MEDS data file -> its subjects' examples (cohort row and chunk together), unit census, counts,
+    dead letters, prediction times, and the file's distinct subjects."""
 
     def __init__(self, reader_config: dict):
         self._config_dict = reader_config
 
     def setup(self):
-        from ehr_pipeline import meds_source
-
         self._reader = meds_source.MedsReader.from_dict(self._config_dict)
 
     def process(self, path: str):
-        from ehr_pipeline import meds_source
-
         try:
+            subjects = []
             for out in self._reader.read_file(path):
+                subjects.append(out.subjects)
                 yield from _meds_items(out)
+            yield SUBJECTS, (path, np.unique(np.concatenate(subjects)) if subjects else np.zeros(0, np.int64))
         except meds_source.MedsError as e:
             yield FATAL, str(e)
 
 
 def _meds_items(out):
-    """The tagged items of one meds_source.SubjectsOut."""
+    """The tagged items of one meds_source.SubjectsOut (but its subjects)."""
     for key, meta, times, codes, values, units in out.examples:
         items = [meta] + ([pack_chunk(times, codes, values, units)] if times.size else [])
         yield EXAMPLE, (key, items)
@@ -191,27 +199,66 @@ def _meds_items(out):
         yield UNITS, (pair, n)
     for name, n in out.counts.items():
         yield COUNTS, count(name, n)
+    for letter in out.dead:
+        yield DEAD, (meds_source.TABLE, letter)
+    for row in out.prediction_times:
+        yield PREDICTION_TIME, row
+
+
+def _split_subject_errors(per_file):
+    """(FATAL, one line) when a subject's rows lie in two data files (meds_source.subjects_in_two_files)."""
+    problem = meds_source.subjects_in_two_files(per_file)
+    if problem:
+        yield FATAL, problem
 
 
 class MedsSource(beam.PTransform):
     """MEDS data files -> tagged items like MimicSource's; a subject's rows are in one file, read whole.
 
     The task (built in, or label rows) is computed per subject by the worker that reads its file, so
-    examples leave the source complete: no shuffle is needed to join them.
+    examples leave the source complete: no shuffle is needed to join them. Each file's distinct subject
+    ids meet in one list (one id per subject, not per row), where a subject found in two files is a
+    FATAL error; with `prediction_times` (a path), the labelled examples' exact prediction times are
+    written there (meds_labels.PREDICTION_TIMES) and counted as labels/prediction_times_written. Both
+    come back as items of the source, so every branch ends in the job's one final sink.
     """
 
-    def __init__(self, files: list[str], reader_config: dict):
+    def __init__(self, files: list[str], reader_config: dict, prediction_times: str | None = None):
         super().__init__()
         self._files = sorted(files)
         self._config = reader_config
+        self._prediction_times = prediction_times
 
     def expand(self, p):
-        return (
+        read = (
             p
             | "MedsFiles" >> beam.Create(self._files)
             | "SpreadFiles" >> beam.Reshuffle()
             | "ReadMedsFiles" >> beam.ParDo(ReadMedsFile(self._config))
         )
+        own = (SUBJECTS, PREDICTION_TIME)
+        rest = read | "SourceItems" >> beam.Filter(lambda item: item[0] not in own).with_output_types(Tagged)
+        split = (
+            read
+            | "SubjectsOfFiles" >> beam.FlatMap(select(SUBJECTS))
+            | "AllFiles" >> beam.combiners.ToList()
+            | "OneFilePerSubject" >> beam.FlatMap(_split_subject_errors).with_output_types(Tagged)
+        )
+        if self._prediction_times is None:
+            return (rest, split) | "MedsItems" >> beam.Flatten()
+        path = self._prediction_times
+
+        def write(rows):
+            outputs.write_bytes(path, meds_labels.prediction_times_table(rows))
+            return COUNTS, count("labels/prediction_times_written", len(rows))
+
+        times = (
+            read
+            | "PredictionTimes" >> beam.FlatMap(select(PREDICTION_TIME))
+            | "AllPredictionTimes" >> beam.combiners.ToList()
+            | "WritePredictionTimes" >> beam.Map(write).with_output_types(Tagged)
+        )
+        return (rest, split, times) | "MedsItems" >> beam.Flatten()
 
 
 # ----------------------------------------------------------------------------- bagging

@@ -281,7 +281,8 @@ def test_the_meds_path_needs_no_meds_package_and_the_mimic_path_imports_none_of_
     import subprocess
     import sys
 
-    code = ("import sys; import ehr_pipeline.job, ehr_pipeline.meds_source, ehr_pipeline.to_meds, ehr_pipeline.cli; "
+    code = ("import sys; import ehr_pipeline.job, ehr_pipeline.meds_source, ehr_pipeline.meds_labels, "
+            "ehr_pipeline.meds_schema, ehr_pipeline.transforms, ehr_pipeline.to_meds, ehr_pipeline.cli; "
             "print(sorted(m for m in ('meds', 'aces', 'polars', 'meds_evaluation') if m in sys.modules))")
     root = pathlib.Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)

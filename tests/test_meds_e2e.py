@@ -6,6 +6,7 @@ import pathlib
 
 import httpx
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -98,6 +99,12 @@ def test_static_sample_with_aces_labels_becomes_one_example_per_label_row(sample
     assert manifest["tables"]["MEDS"]["extract"]["unmapped_code"] > 0  # EYE_COLOR, HEIGHT: counted, not events
 
 
+def _join_keys(table) -> set[tuple[int, int]]:
+    """(subject_id, prediction_time in microseconds) of a label or prediction table."""
+    times = table.column("prediction_time").cast(pa.timestamp("us")).cast(pa.int64())
+    return set(zip(table.column("subject_id").to_pylist(), times.to_pylist()))
+
+
 # One request per dataset, in its own MEDS codes (plus a code its map does not read as an event).
 REQUESTS = {
     "sample_run": {"patient": {"gender": "F", "date_of_birth": "1986-07-20"},
@@ -128,7 +135,7 @@ def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
     from serving.settings import make_settings
     from tests.serving_fixtures import ThreadedServer
 
-    base, _, _ = request.getfixturevalue(dataset)
+    base, labels, _ = request.getfixturevalue(dataset)
     config = parse_config(tiny_config_dict("rank1", steps=10, kl_scale=0.05, checkpoint_every_steps=10))
     train(config, base / "data", tmp_path / "run", progress=False)
     export = tmp_path / "run" / "export"
@@ -137,6 +144,10 @@ def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
                                out_dir=tmp_path / "eval")
     predictions = pq.read_table(tmp_path / "eval" / MEDS_PREDICTIONS_FILE)
     assert predictions.num_rows == report["n"] > 0
+    # Every prediction joins its label row on (subject_id, prediction_time), to the microsecond.
+    label_rows = pq.read_table(labels)
+    assert _join_keys(predictions) <= _join_keys(label_rows)
+    assert any(t % 1_000_000 for _, t in _join_keys(label_rows)) or dataset == "sample_run"  # sub-second times
 
     key = "test-key-meds-0123456789abcdef"
     body = REQUESTS[dataset]

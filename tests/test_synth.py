@@ -21,18 +21,13 @@ from ehr_pipeline import reader, schemas
 from ehr_pipeline.synth import SynthConfig, add_arguments, catalog, generate_release, recompute, run
 from ehr_pipeline.synth.site import SITES
 from ehr_pipeline.synth.truth import SECONDS_PER_YEAR, MortalityModel
+from synth_records import as_site_a_records
+from synth_records import read as _read
 
 DAY = 86_400
 SMALL = dict(patients=120, seed=11, events_scale=0.5, show_progress=False)
 # ~2,100 admissions: enough for a calibration check; sparse events keep it fast.
 BIG = dict(patients=1500, seed=2024, events_scale=0.2, show_progress=False)
-
-
-def _read(release: pathlib.Path, table: str, columns=None) -> pd.DataFrame:
-    path = reader.locate_table(release, table)
-    tab, stats = reader.read_table(path, table, columns=columns)
-    assert stats.rows_dead == 0, f"{table}: dead letters {stats.dead_lettered}"
-    return tab.to_pandas()
 
 
 @pytest.fixture(scope="module")
@@ -332,7 +327,7 @@ def test_cli_flags_have_help_with_defaults_and_run_writes_a_release(tmp_path, ca
 # generator before sites existed: site A must keep writing exactly these bytes. If a change
 # to the generator is meant to alter site A's data, update them and say so in the change.
 # SYNTH_TRUTH.csv's changed once: P_DEATH is now computed with the C library's log and exp
-# (truth._libm), because numpy's rounded the last bit differently on AVX-512 and AVX2 machines.
+# (truth.libm), because numpy's rounded the last bit differently on AVX-512 and AVX2 machines.
 SITE_A_DIGESTS = {
     "ADMISSIONS.csv": "c1f2dbb2046c0ef6",
     "CHARTEVENTS.csv": "105865bcfc04b77f",
@@ -354,14 +349,17 @@ SITE_TABLES = ("ADMISSIONS", "PATIENTS", "ICUSTAYS", "LABEVENTS", "CHARTEVENTS",
                "DIAGNOSES_ICD", "D_ITEMS", "D_LABITEMS")
 
 
-def test_site_a_writes_the_bytes_it_always_wrote(tmp_path):
-    generate_release(tmp_path, patients=20, seed=1, events_scale=0.1, gzip=False, show_progress=False)
+# The default truth family, by default and when named: the linear family's releases keep their bytes.
+@pytest.mark.parametrize("truth", [{}, {"truth": "linear"}])
+def test_site_a_writes_the_bytes_it_always_wrote(tmp_path, truth):
+    generate_release(tmp_path, patients=20, seed=1, events_scale=0.1, gzip=False, show_progress=False, **truth)
     digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16]
                for p in sorted(tmp_path.iterdir()) if p.name != "SYNTH_MANIFEST.json"}
     assert digests == SITE_A_DIGESTS
     manifest = json.loads((tmp_path / "SYNTH_MANIFEST.json").read_text())
     assert manifest["site"]["name"] == "A" and manifest["site"]["lab_bias"] == {}
     assert manifest["site"]["chart_rate"] == 1.0 and manifest["site"]["id_offset"] == 0
+    assert "truth" not in manifest and "truth" not in manifest["site"]  # absent: the linear family, site A's truth
 
 
 @pytest.fixture(scope="module")
@@ -475,32 +473,11 @@ def test_site_b_charts_at_its_documented_rate(sites):
     assert rate["B_labs"] / rate["A_labs"] == pytest.approx(1.0, rel=0.2), rate
 
 
-def _as_site_a_records(t: dict) -> dict[str, pd.DataFrame]:
-    """A site's tables with its recording undone, from the manifest alone: codes mapped
-    back, values in another unit divided by its factor, biased lab values divided by their
-    bias, each rounded as the item prints."""
-    site = t["manifest"]["site"]
-    decimals = {i.itemid: i.decimals for i in catalog.LAB_ITEMS}
-    labs = t["LABEVENTS"].copy()
-    for itemid, unit in site.get("lab_units", {}).items():
-        hit = labs.ITEMID == int(itemid)
-        assert (labs.VALUEUOM[hit] == unit["unit"]).all(), itemid
-        labs.loc[hit, "VALUENUM"] = (labs.VALUENUM[hit] / unit["factor"]).round(decimals[int(itemid)])
-        labs.loc[hit, "VALUEUOM"] = next(i.unit for i in catalog.LAB_ITEMS if i.itemid == int(itemid))
-    for itemid, factor in site["lab_bias"].items():
-        hit = labs.ITEMID == int(itemid)
-        labs.loc[hit, "VALUENUM"] = (labs.VALUENUM[hit] / factor).round(decimals[int(itemid)])
-    labs["ITEMID"] = labs.ITEMID.replace({v: int(k) for k, v in site["lab_codes"].items()})
-    charts = t["CHARTEVENTS"].copy()
-    charts["ITEMID"] = charts.ITEMID.replace({v: int(k) for k, v in site["chart_codes"].items()})
-    return {**t, "LABEVENTS": labs, "CHARTEVENTS": charts}
-
-
 def test_site_b_truth_is_the_same_formula_of_the_true_values(sites):
     a, b = sites["A"][2], sites["B"][2]
     assert a["manifest"]["mortality_model"] == b["manifest"]["mortality_model"]
     written = b["truth"].set_index("HADM_ID").P_DEATH
-    p = _recomputed_probability(_as_site_a_records(b), DAY, SITES_ARGS["events_scale"])
+    p = _recomputed_probability(as_site_a_records(b), DAY, SITES_ARGS["events_scale"])
     assert np.allclose(p.to_numpy(), written.reindex(p.index).to_numpy(), rtol=1e-9, atol=1e-12), \
         f"max |diff| {np.abs(p - written.reindex(p.index)).max():.3g}"
     # The recorded values are not the truth's inputs: read as written, lactate and
@@ -586,7 +563,7 @@ def test_site_c_truth_is_the_site_a_formula_of_the_values_converted_back(sites):
     a, c = sites["A"][2], sites["C"][2]
     assert a["manifest"]["mortality_model"] == c["manifest"]["mortality_model"]
     written = c["truth"].set_index("HADM_ID").P_DEATH
-    p = _recomputed_probability(_as_site_a_records(c), DAY, SITES_ARGS["events_scale"])
+    p = _recomputed_probability(as_site_a_records(c), DAY, SITES_ARGS["events_scale"])
     assert np.allclose(p.to_numpy(), written.reindex(p.index).to_numpy(), rtol=1e-9, atol=1e-12), \
         f"max |diff| {np.abs(p - written.reindex(p.index)).max():.3g}"
     # Creatinine in umol/L read as if it were mg/dL: the formula's ln(creatinine) term adds

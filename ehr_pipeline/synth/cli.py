@@ -9,7 +9,7 @@ import argparse
 import pathlib
 
 from ehr_base.cli_args import output_dir, usage_error
-from ehr_pipeline.synth.config import DIALECTS, PLANTABLE_TYPES, SynthConfig
+from ehr_pipeline.synth.config import DIALECTS, PLANTABLE_TYPES, TRUTH_FAMILIES, SynthConfig
 from ehr_pipeline.synth.release import write_release
 from ehr_pipeline.synth.site import SITES
 
@@ -41,7 +41,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sites = "; ".join(f"{name}: {site.description}" for name, site in SITES.items())
     parser.add_argument("--site", choices=tuple(SITES), default="A",
                         help=f"hospital the release comes from ({sites}); P_DEATH is the same function of the "
-                             "physiology at every site (see docs/synthetic.md, 'Sites') (default: %(default)s)")
+                             "physiology at sites A, B and C, and differs at D and E (see docs/synthetic.md, "
+                             "'Sites') (default: %(default)s)")
+    parser.add_argument("--truth", choices=TRUTH_FAMILIES, default="linear",
+                        help="the mortality truth: 'linear' in per-code aggregates of the first day (the "
+                             "releases as they always were), or 'temporal', which adds a pre-admission clinic "
+                             "course (outpatient creatinine on 2-4 days) and makes P_DEATH depend on its trend and "
+                             "on the days since the previous discharge, which no window aggregate expresses (see "
+                             "docs/synthetic.md, 'The temporal truth') (default: %(default)s)")
     parser.add_argument("--plant-subgroup", choices=PLANTABLE_TYPES, default=None, metavar="ADMISSION_TYPE",
                         help="admissions of this type die by a reversed physiology (lactate, creatinine, heart "
                              "rate and low blood pressure lower the risk, twice as strongly as they raise it "
@@ -58,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = SynthConfig(patients=args.patients, seed=args.seed,
                           trigger_offset_seconds=args.trigger_offset_seconds, dialect=args.dialect,
                           gzip=args.gzip, events_scale=args.events_scale, compresslevel=args.compresslevel,
-                          dictionary_dir=args.dictionary_dir, site=args.site, plant_subgroup=args.plant_subgroup)
+                          dictionary_dir=args.dictionary_dir, site=args.site, plant_subgroup=args.plant_subgroup,
+                          truth=args.truth)
     except ValueError as e:
         return usage_error("ehr-pipeline synth", e)
     if cfg.dictionary_dir is not None and not cfg.dictionary_dir.is_dir():

@@ -7,6 +7,9 @@ import pathlib
 from ehr_pipeline.synth.site import SITES
 
 DIALECTS = ("demo", "physionet")
+# The mortality truth's family: "linear" in window aggregates (truth.MortalityModel, the default)
+# or "temporal" (temporal.TemporalModel: plus trajectory terms no window aggregate expresses).
+TRUTH_FAMILIES = ("linear", "temporal")
 # Admission types a subgroup can be planted in (newborns are excluded from the cohort anyway).
 PLANTABLE_TYPES = ("EMERGENCY", "ELECTIVE", "URGENT")
 
@@ -38,6 +41,7 @@ class SynthConfig:
     # An admission type whose admissions die by another physiology (truth.PLANTED_TERMS reversed):
     # a subgroup a model fitted to everyone serves worse. None (the default) changes nothing.
     plant_subgroup: str | None = None
+    truth: str = "linear"  # TRUTH_FAMILIES; "linear" releases are the bytes they always were
 
     def __post_init__(self) -> None:
         if self.patients < 1:
@@ -56,5 +60,7 @@ class SynthConfig:
             raise ValueError(f"site must be one of {tuple(SITES)}, got {self.site!r}")
         if self.plant_subgroup is not None and self.plant_subgroup not in PLANTABLE_TYPES:
             raise ValueError(f"plant_subgroup must be one of {PLANTABLE_TYPES}, got {self.plant_subgroup!r}")
+        if self.truth not in TRUTH_FAMILIES:
+            raise ValueError(f"truth must be one of {TRUTH_FAMILIES}, got {self.truth!r}")
         if not 0 <= self.compresslevel <= 9:
             raise ValueError(f"compresslevel must be in 0..9, got {self.compresslevel}")

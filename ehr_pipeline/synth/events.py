@@ -94,15 +94,22 @@ _L_UOM = np.array([_L_UOM_VOCAB.index(i.unit) if i.unit else -1 for i in _LAB])
 LAB_TEXT_VALUES = ("HEMOLYZED", "UNABLE TO REPORT", "SPECIMEN CLOTTED")
 
 
-def _lab_rows(rng: np.random.Generator, owner: np.ndarray, t: np.ndarray, s: np.ndarray,
-              panel_p: np.ndarray) -> Block:
-    """Lab rows of the given draws; panel_p[i, k] = P(draw i orders panel k)."""
+def lab_rows(rng: np.random.Generator, owner: np.ndarray, t: np.ndarray, s: np.ndarray,
+             panel_p: np.ndarray, fixed: dict[int, np.ndarray] | None = None) -> Block:
+    """Lab rows of the given draws; panel_p[i, k] = P(draw i orders panel k).
+
+    ``fixed`` (ITEMID -> value per draw, in the item's unit) replaces the severity-drawn value of
+    those items before clipping and rounding; the draws happen all the same, so the stream of
+    random numbers does not depend on it.
+    """
     ordered = rng.random(panel_p.shape) < panel_p
     present = ordered[:, _L_PANEL] & (rng.random((owner.size, _L_ITEMID.size)) >= MISSING_ITEM_P / 2)
     d, j = np.nonzero(present)
     s = s[d]
     x = _L_CENTRE[j] + _L_SHIFT[j] * s + _L_SD[j] * rng.standard_normal(d.size)
     x = np.where(_L_LOG[j], np.exp(np.minimum(x, 12.0)), x)
+    for itemid, per_draw in (fixed or {}).items():
+        x = np.where(_L_ITEMID[j] == itemid, per_draw[d], x)
     x = round_decimals(np.clip(x, _L_LO[j], _L_HI[j]), _L_DEC[j])
     bad = rng.random(d.size) < NON_NUMERIC_LAB_P
     x = np.where(bad, np.nan, x)
@@ -189,7 +196,7 @@ def labs(rng: np.random.Generator, adm: Admissions, w: Window, scale: float,
     s = severity_at(adm, owner, t, w)
     p = _panel_p(s)
     p[forced, 0] = p[forced, 1] = 1.0
-    return _lab_rows(rng, owner, t, s, p)
+    return lab_rows(rng, owner, t, s, p)
 
 
 def outpatient_labs(rng: np.random.Generator, adm: Admissions, scale: float) -> Block:
@@ -200,7 +207,7 @@ def outpatient_labs(rng: np.random.Generator, adm: Admissions, scale: float) -> 
     s = rng.normal(-0.5, 0.5, owner.size)
     p = np.zeros((owner.size, len(cat.LAB_PANELS)))
     p[:, 0], p[:, 1], p[:, 4] = 1.0, 0.6, 0.2
-    rows = _lab_rows(rng, owner, t, s, p)
+    rows = lab_rows(rng, owner, t, s, p)
     rows["HADM_NULL"] = np.ones(rows["owner"].size, bool)
     return rows
 

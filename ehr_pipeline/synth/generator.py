@@ -4,7 +4,10 @@ Order of draws within a chunk (fixed, so a seed gives the same data):
 patients -> admissions -> events before the trigger -> P(death) from those events ->
 death draw -> drop admissions after a death -> discharge/death times -> events after
 the trigger -> outpatient labs -> prescriptions -> diagnoses -> procedures -> labels.
-The site's recording of labs and charts (assay bias, local codes) draws nothing.
+The site's recording of labs and charts (assay bias, local codes) draws nothing. The temporal
+truth family draws its clinic course (its outpatient labs) before P(death), from a stream of its
+own, and the outpatient-labs draw is skipped: everything up to the death draw is as in the
+linear family.
 """
 from __future__ import annotations
 
@@ -17,11 +20,12 @@ import pyarrow.compute as pc
 from ehr_pipeline import schemas
 from ehr_pipeline.synth import blocks as bl
 from ehr_pipeline.synth import catalog as cat
-from ehr_pipeline.synth import coding, cohort, events
+from ehr_pipeline.synth import coding, cohort, events, temporal
 from ehr_pipeline.synth.blocks import NULL, Block, Cat
 from ehr_pipeline.synth.cohort import DAY, HOUR, MINUTE, Admissions, Outcome, Patients
 from ehr_pipeline.synth.config import SynthConfig
 from ehr_pipeline.synth.site import SITES
+from ehr_pipeline.synth.temporal import TemporalModel
 from ehr_pipeline.synth.truth import MortalityModel, PreTriggerFeatures
 
 EVENT_TABLES = ("LABEVENTS", "CHARTEVENTS", "OUTPUTEVENTS", "INPUTEVENTS_CV", "INPUTEVENTS_MV")
@@ -50,9 +54,26 @@ class Chunk:
     n_long_deaths: int
 
 
-def chunk_rng(seed: int, chunk_index: int, stream: tuple[int, ...]) -> np.random.Generator:
-    """The generator of one chunk: independent streams per (seed, chunk, site stream)."""
-    return np.random.default_rng(np.random.SeedSequence([seed, chunk_index, *stream]))
+def chunk_rng(seed: int, chunk_index: int, stream: tuple[int, ...], child: int | None = None
+              ) -> np.random.Generator:
+    """The generator of one chunk: independent streams per (seed, chunk, site stream).
+
+    ``child`` names an independent sub-stream of the chunk's (a spawn key): draws that only
+    one truth family makes come from there and leave the chunk's main stream as it was.
+    """
+    entropy = [seed, chunk_index, *stream]
+    seq = np.random.SeedSequence(entropy) if child is None else np.random.SeedSequence(entropy, spawn_key=(child,))
+    return np.random.default_rng(seq)
+
+
+COURSE_STREAM = 0  # chunk_rng child of the temporal family's clinic course
+
+
+def release_model(cfg: SynthConfig) -> MortalityModel | TemporalModel:
+    """The truth of a release: its family's model for its events_scale, with its site's truth."""
+    model = (temporal.temporal_model(cfg.events_scale) if cfg.truth == "temporal"
+             else MortalityModel(lab_volume_scale=cfg.events_scale))
+    return SITES[cfg.site].truth_model(model)
 
 
 def _group_reduce(owner: np.ndarray, values: np.ndarray, n: int, how: str) -> np.ndarray:
@@ -92,27 +113,27 @@ def pre_trigger_features(adm: Admissions, labs: Block, charts: Block) -> PreTrig
 
 
 def generate_chunk(cfg: SynthConfig, chunk_index: int, n_patients: int, ids: IdBase,
-                   model: MortalityModel | None = None) -> Chunk:
+                   model: MortalityModel | TemporalModel | None = None) -> Chunk:
     """Generates n_patients patients with all their rows; deterministic in (cfg, chunk_index).
 
     Events are generated with their true values and site A's codes; P(death) is computed
     from those, and only then does the site record them (assay bias, local codes).
     """
-    model = model or MortalityModel(lab_volume_scale=cfg.events_scale)
+    model = model or release_model(cfg)
     site = SITES[cfg.site]
     rng = chunk_rng(cfg.seed, chunk_index, site.stream)
     trig = cfg.trigger_offset_seconds
     pats, first_admit, _ = cohort.draw_patients(rng, n_patients, ids.subject, site.case_mix)
     adm = cohort.draw_admissions(rng, pats, first_admit, trig, site.case_mix)
 
-    # --- before the trigger: these events alone decide P(death)
+    # --- before the trigger: these events (and the temporal family's clinic course) alone decide P(death)
     pre_w = events.Window(
         lab_start=adm.admit, lab_end=np.where(adm.short, adm.disch_alive, adm.trigger),
         icu_start=adm.intime, icu_end=np.where(adm.short, adm.icu_out_short, adm.trigger))
     pre = events.window_events(rng, adm, pre_w, cfg.events_scale, first_pass=True, chart_rate=site.chart_rate)
-    planted = (None if cfg.plant_subgroup is None
-               else adm.adm_type == cohort.ADMISSION_TYPES.index(cfg.plant_subgroup))
-    p_death = model.probability(pre_trigger_features(adm, pre["LABEVENTS"], pre["CHARTEVENTS"]), planted)
+    course = (temporal.clinic_course(chunk_rng(cfg.seed, chunk_index, site.stream, COURSE_STREAM), adm,
+                                     model.course) if isinstance(model, TemporalModel) else None)
+    p_death = death_probability(cfg, model, adm, pre, course)
     died = rng.random(len(adm)) < p_death
 
     # A patient who dies in hospital has no later admissions.
@@ -120,6 +141,7 @@ def generate_chunk(cfg: SynthConfig, chunk_index: int, n_patients: int, ids: IdB
     remap = np.cumsum(keep) - 1
     adm, p_death, died = adm.take(keep), p_death[keep], died[keep]
     pre = {t: _reown(b, keep, remap) for t, b in pre.items()}
+    course = None if course is None else _reown(course, keep, remap)
     out = cohort.settle(rng, adm, died)
 
     # --- after the trigger (stays that reach it); the dying deteriorate towards death
@@ -134,8 +156,8 @@ def generate_chunk(cfg: SynthConfig, chunk_index: int, n_patients: int, ids: IdB
     for b in (pre["LABEVENTS"], post["LABEVENTS"]):
         b["HADM_NULL"] = np.zeros(bl.size(b), bool)
     ev = {t: bl.concat([pre[t], post[t]]) for t in EVENT_TABLES}
-    ev["LABEVENTS"] = site.observe_labs(
-        bl.concat([ev["LABEVENTS"], events.outpatient_labs(rng, adm, cfg.events_scale)]))
+    outpatient = events.outpatient_labs(rng, adm, cfg.events_scale) if course is None else course
+    ev["LABEVENTS"] = site.observe_labs(bl.concat([ev["LABEVENTS"], outpatient]))
     ev["CHARTEVENTS"] = site.observe_charts(ev["CHARTEVENTS"])
     rx = coding.prescriptions(rng, adm, out, cfg.events_scale, site.drugs())
     dx = coding.diagnoses(rng, adm, out)
@@ -163,6 +185,17 @@ def generate_chunk(cfg: SynthConfig, chunk_index: int, n_patients: int, ids: IdB
     })
     return Chunk(tables, truth, n_patients, len(adm), int(died.sum()), int((~adm.short).sum()),
                  int(dying.sum()))
+
+
+def death_probability(cfg: SynthConfig, model: MortalityModel | TemporalModel, adm: Admissions,
+                      pre: dict[str, Block], course: Block | None) -> np.ndarray:
+    """P(death) per admission from its pre-trigger events (and, temporal family, its course and history)."""
+    planted = (None if cfg.plant_subgroup is None
+               else adm.adm_type == cohort.ADMISSION_TYPES.index(cfg.plant_subgroup))
+    features = pre_trigger_features(adm, pre["LABEVENTS"], pre["CHARTEVENTS"])
+    if course is None:
+        return model.probability(features, planted)
+    return model.probability(features, temporal.trajectory_features(adm, course), planted)
 
 
 def _reown(b: Block, keep: np.ndarray, remap: np.ndarray) -> Block:

@@ -5,6 +5,7 @@ written tables back and recomputes the same ``PreTriggerFeatures`` by the docume
 (docs/synthetic.md). Tests use it to prove P_DEATH is a function of pre-trigger events only,
 and bench/compare_methods.py to fit the well-specified logistic model (the truth's own
 design, coefficients learned) that bounds what any model can reach at a training-set size.
+``trajectory_features`` does the same for the temporal family's trajectory terms.
 """
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import numpy as np
 import pandas as pd
 
 from ehr_pipeline.synth import catalog
+from ehr_pipeline.synth.temporal import COURSE_WINDOW_DAYS, TrajectoryFeatures
 from ehr_pipeline.synth.truth import AGE_CAP_YEARS, SECONDS_PER_YEAR, PreTriggerFeatures
+
+DAY = 86_400
 
 # The tables the features are read from.
 TABLES = ("ADMISSIONS", "PATIENTS", "LABEVENTS", "CHARTEVENTS", "DIAGNOSES_ICD")
@@ -55,6 +59,33 @@ def pre_trigger_features(tables: dict[str, pd.DataFrame], trigger_offset_seconds
         prior_admissions=order.to_numpy(dtype=float),
         prior_chronic=np.nan_to_num(by_adm(prior_chronic)),
     )
+    return adm.index, feats
+
+
+def trajectory_features(tables: dict[str, pd.DataFrame]) -> tuple[pd.Index, TrajectoryFeatures]:
+    """(HADM_IDs in ADMISSIONS order, the temporal family's trajectory inputs) from typed TABLES.
+
+    The course: numeric creatinine rows without HADM_ID of the same patient in the
+    COURSE_WINDOW_DAYS before ADMITTIME; its trend is the least-squares slope of ln(value) on
+    days, per week. The gap: days from the patient's previous DISCHTIME to this ADMITTIME.
+    """
+    adm = tables["ADMISSIONS"].set_index("HADM_ID")
+    labs = tables["LABEVENTS"]
+    cre = labs[labs.HADM_ID.isna() & (labs.ITEMID == catalog.CREATININE_ITEMID) & labs.VALUENUM.notna()]
+    pairs = adm.reset_index()[["HADM_ID", "SUBJECT_ID", "ADMITTIME"]].merge(
+        cre[["SUBJECT_ID", "CHARTTIME", "VALUENUM"]], on="SUBJECT_ID")
+    before = pairs.ADMITTIME - pairs.CHARTTIME
+    pairs = pairs[(before > 0) & (before <= COURSE_WINDOW_DAYS * DAY)].assign(
+        x=lambda d: (d.CHARTTIME - d.ADMITTIME) / DAY, y=lambda d: np.log(d.VALUENUM))
+    centred = pairs.assign(dx=pairs.x - pairs.groupby("HADM_ID").x.transform("mean"),
+                           dy=pairs.y - pairs.groupby("HADM_ID").y.transform("mean"))
+    sums = centred.assign(sxx=centred.dx ** 2, sxy=centred.dx * centred.dy).groupby("HADM_ID")[["sxx", "sxy"]].sum()
+    trend = (sums.sxy / sums.sxx.where(sums.sxx > 0)) * 7.0
+    ordered = adm.reset_index().sort_values(["SUBJECT_ID", "ADMITTIME"])
+    gap = (ordered.ADMITTIME - ordered.groupby("SUBJECT_ID").DISCHTIME.shift()) / DAY
+    gap = gap.set_axis(ordered.HADM_ID).reindex(adm.index)
+    feats = TrajectoryFeatures(creatinine_trend=trend.reindex(adm.index).to_numpy(dtype=float),
+                               discharge_gap_days=gap.to_numpy(dtype=float))
     return adm.index, feats
 
 

@@ -16,8 +16,9 @@ from ehr_pipeline import schemas
 from ehr_pipeline.synth import catalog
 from ehr_pipeline.synth.config import (CHUNK_PATIENTS, HADM_ID_BASE, ICUSTAY_ID_BASE, SUBJECT_ID_BASE,
                                        SynthConfig)
-from ehr_pipeline.synth.generator import IdBase, generate_chunk
+from ehr_pipeline.synth.generator import IdBase, generate_chunk, release_model
 from ehr_pipeline.synth.site import SITES, Site
+from ehr_pipeline.synth.temporal import TemporalModel
 from ehr_pipeline.synth.truth import PLANTED_FACTOR, PLANTED_TERMS, MortalityModel
 from ehr_pipeline.synth.writer import ReleaseWriter
 
@@ -68,19 +69,19 @@ def generate_release(out_dir: str | pathlib.Path, patients: int, seed: int,
                      trigger_offset_seconds: int = 86_400, dialect: str = "demo", gzip: bool = True,
                      show_progress: bool = True, *, events_scale: float = 1.0, compresslevel: int = 1,
                      dictionary_dir: str | pathlib.Path | None = None, site: str = "A",
-                     plant_subgroup: str | None = None) -> SynthSummary:
+                     plant_subgroup: str | None = None, truth: str = "linear") -> SynthSummary:
     """Writes a synthetic MIMIC-III release (13 tables + SYNTH_TRUTH.csv) to out_dir; seconds in the summary."""
     cfg = SynthConfig(patients=patients, seed=seed, trigger_offset_seconds=trigger_offset_seconds,
                       dialect=dialect, gzip=gzip, events_scale=events_scale, compresslevel=compresslevel,
                       dictionary_dir=pathlib.Path(dictionary_dir) if dictionary_dir else None, site=site,
-                      plant_subgroup=plant_subgroup)
+                      plant_subgroup=plant_subgroup, truth=truth)
     return write_release(cfg, pathlib.Path(out_dir), show_progress)
 
 
 def write_release(cfg: SynthConfig, out_dir: pathlib.Path, show_progress: bool = True) -> SynthSummary:
     """Writes the release a config describes; byte-identical for equal configs."""
     t0 = time.perf_counter()
-    model = MortalityModel(lab_volume_scale=cfg.events_scale)
+    model = release_model(cfg)
     site = SITES[cfg.site]
     ids = IdBase(SUBJECT_ID_BASE + site.id_offset, HADM_ID_BASE + site.id_offset,
                  ICUSTAY_ID_BASE + site.id_offset)
@@ -135,18 +136,24 @@ def dictionaries(dictionary_dir: pathlib.Path | None, site: Site) -> dict[str, p
     return out
 
 
-def _write_manifest(path: pathlib.Path, cfg: SynthConfig, site: Site, model: MortalityModel, rows: dict) -> None:
+def _write_manifest(path: pathlib.Path, cfg: SynthConfig, site: Site, model: MortalityModel | TemporalModel,
+                    rows: dict) -> None:
     # Only inputs that determine the bytes go in (no timings, no paths): the manifest is
     # itself byte-identical for equal configs.
+    linear = model.linear if isinstance(model, TemporalModel) else model
     doc = {
         "generator": "ehr_pipeline.synth", "version": ehr_base.__version__,
         "patients": cfg.patients, "seed": cfg.seed, "chunk_patients": CHUNK_PATIENTS,
         "trigger_offset_seconds": cfg.trigger_offset_seconds, "dialect": cfg.dialect, "gzip": cfg.gzip,
         "events_scale": cfg.events_scale, "compresslevel": cfg.compresslevel,
         "dictionary_enriched": cfg.dictionary_dir is not None,
-        "site": site.describe(), "mortality_model": dataclasses.asdict(model), "rows": rows,
+        # The coefficients this release's truth used: the site's truth applied (sites D and E
+        # differ from site A's), the temporal family's linear part.
+        "site": site.describe(), "mortality_model": dataclasses.asdict(linear), "rows": rows,
     }
     if cfg.plant_subgroup is not None:  # absent otherwise, so default manifests keep their bytes
         doc["planted_subgroup"] = {"admission_type": cfg.plant_subgroup, "terms": list(PLANTED_TERMS),
                                    "factor": PLANTED_FACTOR}
+    if isinstance(model, TemporalModel):  # likewise: no "truth" entry means the linear family
+        doc["truth"] = {"family": cfg.truth, **model.describe()}
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

@@ -3,12 +3,16 @@
 A site sets who is admitted (``CaseMix``), how often the ICU charts, and how the record
 reads what was measured: a lab assay bias, lab units and local item / drug codes. The mortality
 truth is computed from the true values before any of the recording differences apply,
-so P_DEATH is the same function of the physiology at every site (docs/synthetic.md,
-"Sites"). Site A is the generator as it always was; its releases do not change.
+so at sites A, B and C P_DEATH is the same function of the physiology (docs/synthetic.md,
+"Sites"). Sites D and E are site A's hospital whose truth differs: a higher baseline risk
+(intercept) at D, other effects of some predictors (coefficients) at E, the shifts the classic
+model-updating ladder is built to find. Site A is the generator as it always was; its releases
+do not change.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -16,6 +20,8 @@ from ehr_pipeline.synth import catalog as cat
 from ehr_pipeline.synth import events
 from ehr_pipeline.synth.blocks import Block
 from ehr_pipeline.synth.cohort import CaseMix
+from ehr_pipeline.synth.temporal import TemporalModel
+from ehr_pipeline.synth.truth import MortalityModel
 
 # Site B's own codes are site A's code plus this: far above every MIMIC-III v1.4 ITEMID
 # (D_ITEMS ends near 230,000), so they never collide with a real dictionary's rows.
@@ -39,6 +45,28 @@ class Site:
     # (site A LABEVENTS ITEMID, unit written, recorded value per site-A unit, decimals): one
     # line per analyte the site reports in another unit (catalog.SI_LAB_UNITS: SI units).
     lab_units: tuple[tuple[int, str, float, int], ...] = ()
+    # The site's own truth: added to the logit's intercept, and (MortalityModel term, factor)
+    # multiplying that term's coefficient. Both default to site A's truth.
+    truth_intercept_shift: float = 0.0
+    truth_factors: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = sorted({term for term, _ in self.truth_factors} - set(MortalityModel.TERMS))
+        if unknown:
+            raise ValueError(f"site {self.name}: truth_factors name unknown terms {unknown}; "
+                             f"known: {MortalityModel.TERMS}")
+
+    def truth_model(self, model: MortalityModel | TemporalModel) -> MortalityModel | TemporalModel:
+        """The model with this site's truth: intercept shifted, factored coefficients multiplied.
+
+        A temporal model's linear part changes; its trajectory terms are the same at every site.
+        """
+        if not (self.truth_intercept_shift or self.truth_factors):
+            return model  # the same object: site A's P_DEATH keeps its bits
+        if isinstance(model, TemporalModel):
+            return dataclasses.replace(model, linear=self.truth_model(model.linear))
+        factored = {term: getattr(model, term) * factor for term, factor in self.truth_factors}
+        return dataclasses.replace(model, intercept=model.intercept + self.truth_intercept_shift, **factored)
 
     def observe_labs(self, b: Block) -> Block:
         """LABEVENTS rows of true values as this site records them (assay bias, units, local codes)."""
@@ -87,6 +115,9 @@ class Site:
         }
         if self.lab_units:  # only where used: the manifests of sites A and B keep their bytes
             out["lab_units"] = {str(i): {"unit": u, "factor": f, "decimals": d} for i, u, f, d in self.lab_units}
+        if self.truth_intercept_shift or self.truth_factors:  # likewise: sites A, B and C keep theirs
+            out["truth"] = {"intercept_shift": self.truth_intercept_shift,
+                            "coefficient_factors": dict(self.truth_factors)}
         return out
 
 
@@ -143,4 +174,26 @@ SITE_C = Site(
     stream=(2,), id_offset=20_000_000, case_mix=CaseMix(), chart_rate=1.0, lab_units=cat.SI_LAB_UNITS,
 )
 
-SITES = {s.name: s for s in (SITE_A, SITE_B, SITE_C)}
+# Site A's patients, charting and records (its own patients: stream 3) in a hospital whose
+# patients die more often at the same physiology: the intercept + ln 2, twice the odds of death
+# for everyone. Recalibration in the large (a new intercept) recovers its truth exactly.
+SITE_D = Site(
+    name="D", description="site A's patients, charting and records; twice the odds of death at the same "
+                         "physiology (the truth's intercept + ln 2)",
+    stream=(3,), id_offset=30_000_000, case_mix=CaseMix(), chart_rate=1.0, truth_intercept_shift=math.log(2.0),
+)
+
+# Site A's patients, charting and records (stream 4) in a hospital where the physiology weighs
+# less and age more: the lactate, creatinine, heart-rate and systolic terms count half (a unit
+# that treats shock early blunts what the first day's physiology says), age twice. The intercept
+# + 0.7 keeps the share of deaths at site A's (11% of adult stays reaching the trigger, measured):
+# the shift is in the effects, not the base rate. No intercept and slope on site A's logit
+# reproduces it; revision (refitting the coefficients) does.
+SITE_E = Site(
+    name="E", description="site A's patients, charting and records; lactate, creatinine, heart rate and low "
+                         "blood pressure weigh half as much in the truth, age twice as much, the same share of deaths",
+    stream=(4,), id_offset=40_000_000, case_mix=CaseMix(), chart_rate=1.0, truth_intercept_shift=0.7,
+    truth_factors=(("lactate", 0.5), ("creatinine", 0.5), ("heart_rate", 0.5), ("systolic", 0.5), ("age", 2.0)),
+)
+
+SITES = {s.name: s for s in (SITE_A, SITE_B, SITE_C, SITE_D, SITE_E)}

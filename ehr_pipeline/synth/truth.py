@@ -65,11 +65,11 @@ class MortalityModel:
         # Unmeasured -> the reference value, i.e. a zero contribution: missing labs are
         # (weakly) reassuring, as clinicians skip tests on stable patients.
         return np.stack([
-            _libm(math.log, np.nan_to_num(f.lactate_mean, nan=1.4) / 1.4),
-            _libm(math.log, np.nan_to_num(f.creatinine_max, nan=1.0) / 1.0),
+            libm(math.log, np.nan_to_num(f.lactate_mean, nan=1.4) / 1.4),
+            libm(math.log, np.nan_to_num(f.creatinine_max, nan=1.0) / 1.0),
             np.nan_to_num(f.hr_mean - hr_ref, nan=0.0),
             np.nan_to_num(sbp_ref - f.sbp_min, nan=0.0),
-            _libm(math.log1p, f.n_labs / self.lab_volume_scale),
+            libm(math.log1p, f.n_labs / self.lab_volume_scale),
             np.minimum(f.age_years, AGE_CAP_YEARS) - 65.0,
             np.minimum(f.prior_admissions, 3),
             np.asarray(f.prior_chronic, dtype=np.float64),
@@ -98,10 +98,10 @@ class MortalityModel:
 
     def probability(self, f: PreTriggerFeatures, planted: np.ndarray | None = None) -> np.ndarray:
         """P(in-hospital death) per admission, in [0, 1] (planted: see logit)."""
-        return 1.0 / (1.0 + _libm(math.exp, -self.logit(f, planted)))
+        return 1.0 / (1.0 + libm(math.exp, -self.logit(f, planted)))
 
 
-def _libm(fn, x) -> np.ndarray:
+def libm(fn, x) -> np.ndarray:
     """fn (math.log, math.exp, ...) element by element, as float64.
 
     numpy's vectorised log and exp take another code path on AVX-512 machines than on AVX2 ones

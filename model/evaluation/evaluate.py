@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ehr_pipeline import integrity
+from ehr_pipeline import integrity, meds_labels
 from ehr_pipeline.config import SPLIT_NAMES
 from model.evaluation import against_truth, clinical_stats, metrics, metrics_report, plots, unit_check
 from model.evaluation.metrics_report import json_ready
@@ -135,9 +135,10 @@ def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], pro
 
 
 def write_meds_predictions(path: str | os.PathLike[str], probs: np.ndarray, labels: Sequence[int],
-                           hadm_ids: Sequence[int], subject_ids: Sequence[int], trigger_times: Sequence[int],
+                           hadm_ids: Sequence[int], subject_ids: Sequence[int], prediction_times_us: Sequence[int],
                            ensemble_size: int, num_samples: int) -> pathlib.Path:
-    """predictions.meds.parquet: subject_id, prediction_time (the trigger, s -> us), boolean_value, the predictive
+    """predictions.meds.parquet: subject_id, prediction_time (microseconds: the label row's own, so rows join back
+    to their label rows; meds_labels.exact_prediction_times), boolean_value, the predictive
     mean as predicted_boolean_probability, p > DECISION_THRESHOLD as predicted_boolean_value; every uncertainty
     measure in MEDS_UNCERTAINTY_FILE beside it, row for row."""
     import pyarrow as pa
@@ -146,7 +147,7 @@ def write_meds_predictions(path: str | os.PathLike[str], probs: np.ndarray, labe
     p = metrics.predictive_mean(probs)
     columns = {
         "subject_id": pa.array(subject_ids, pa.int64()),
-        "prediction_time": pa.array(np.asarray(trigger_times, dtype=np.int64) * 1_000_000, pa.timestamp("us")),
+        "prediction_time": pa.array(np.asarray(prediction_times_us, dtype=np.int64), pa.timestamp("us")),
         "boolean_value": pa.array(np.asarray(labels, dtype=np.int64) == 1, pa.bool_()),
         "predicted_boolean_value": pa.array(p > DECISION_THRESHOLD, pa.bool_()),
         "predicted_boolean_probability": pa.array(p, pa.float64()),
@@ -385,7 +386,7 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
 
     def predict(split_name: str) -> tuple[np.ndarray, list[int], list[int], list[bytes]]:
         records, labels, hadm_ids = _split_records(files, split_name, split, units_plan)
-        ids[split_name] = example_ids(records)
+        ids[split_name] = _meds_ids(files.data_dir, example_ids(records), hadm_ids)
         probs = predict_probs(exports, records, num_samples, seed, batch_size=batch_size, progress=progress)
         return probs, labels, hadm_ids, records
 
@@ -456,6 +457,13 @@ def _split_records(files: Any, split_name: str, evaluated: str,
                             ", and the referral threshold is chosen on it (an ensemble, or a referral rate or "
                             "measure other than the model's stored rule)"))
     return units_plan.convert(records), labels, hadm_ids
+
+
+def _meds_ids(data_dir: str, ids: tuple[list[int], list[int]], hadm_ids: Sequence[int]
+              ) -> tuple[list[int], np.ndarray]:
+    """(subject_id, trigger time s) per example -> (subject_id, prediction time in microseconds): the label row's
+    own where the data was made from MEDS labels (meds_labels.PREDICTION_TIMES), so predictions join back to them."""
+    return ids[0], meds_labels.exact_prediction_times(data_dir, hadm_ids, ids[1])
 
 
 def _write_outputs(out_dir: str | os.PathLike[str], report: dict, probs: np.ndarray, labels: Sequence[int],
