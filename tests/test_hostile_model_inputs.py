@@ -121,8 +121,20 @@ def _units_altered(data: pathlib.Path) -> str:
             f"since the job wrote it): {REWRITE}, or restore the file")
 
 
+def _nested_file_altered(data: pathlib.Path) -> str:
+    # A file the manifest names deeper down (a MEDS label run's prediction times), changed after the job.
+    times = data / "prediction_times.parquet"
+    times.write_bytes(b"written by the job")
+    digest = outputs.sha256_of(str(times))
+    _edit_manifest(data, lambda doc: doc.update(labels={"prediction_times": {"file": times.name, "sha256": digest}}))
+    times.write_bytes(b"changed since")
+    return (f"{times}: does not match its sha256 in {data / outputs.MANIFEST} (truncated or altered since the job "
+            f"wrote it): {REWRITE}, or restore the file")
+
+
 FOLDER_FAULTS = {"truncated_shard": _truncated, "stray_shard": _stray_shard, "older_job": _older_job,
-                 "manifest_without_checksums": _no_checksums, "units_json_altered": _units_altered}
+                 "manifest_without_checksums": _no_checksums, "units_json_altered": _units_altered,
+                 "nested_file_altered": _nested_file_altered}
 
 
 @pytest.mark.parametrize("fault", sorted(FOLDER_FAULTS))
