@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ehr_pipeline import bagging, spec
+from ehr_pipeline import bagging, magnitudes, spec
 
 logger = logging.getLogger(__name__)
 
@@ -288,21 +288,36 @@ TABLE_SOURCE: dict[str, str] = {
     "PROCEDURES_ICD": "procedure",
 }
 NEEDS_DISCHARGES = frozenset({"DIAGNOSES_ICD", "PROCEDURES_ICD"})
-def unit_counts(events: pa.Table) -> dict[tuple[str, str], int]:
-    """(code 'source:code', unit as written) -> extracted events (EVENT_SCHEMA) with a numeric value in that unit.
+def unit_counts(events: pa.Table) -> dict[tuple[str, str], magnitudes.Tally]:
+    """(code 'source:code', unit as written) -> (events with a numeric value in that unit, their magnitude sketch).
 
-    The census of units the job picks each code's canonical unit from. It counts the events the
-    job keeps, not every row of the table: a superseded MetaVision row ('Rewritten') or a charting
-    error must not vote for a unit, and a MEDS dataset, which holds only kept events, counts alike.
+    The census of units the job picks each code's canonical unit from, and the typical
+    magnitudes its plausibility bound judges conversions by (``magnitudes``). It counts the
+    events the job keeps, not every row of the table: a superseded MetaVision row ('Rewritten')
+    or a charting error must not vote for a unit, and a MEDS dataset, which holds only kept
+    events, counts alike.
     """
     value = events.column("value")
     valid = pc.and_(pc.invert(pc.is_nan(value)), pc.is_valid(events.column("unit")))
-    pairs = pa.table({"code": events.column("code"), "unit": events.column("unit")}).filter(valid)
-    if pairs.num_rows == 0:
+    kept = events.filter(valid)
+    if kept.num_rows == 0:
         return {}
-    grouped = pairs.group_by(["code", "unit"]).aggregate([([], "count_all")])
-    return {(c, u): int(n) for c, u, n in zip(grouped.column("code").to_pylist(), grouped.column("unit").to_pylist(),
-                                               grouped.column("count_all").to_pylist())}
+    # Integer keys and one np.unique: grouping by three columns in arrow cost 3x the rest of the census.
+    codes = pc.dictionary_encode(kept.column("code")).combine_chunks()
+    units = pc.dictionary_encode(kept.column("unit")).combine_chunks()
+    bins = magnitudes.magnitude_bins(kept.column("value").to_numpy(zero_copy_only=False)) - magnitudes.ZERO_BIN
+    n_units, n_bins = len(units.dictionary), magnitudes.INFINITE_BIN - magnitudes.ZERO_BIN + 1
+    keys = (codes.indices.to_numpy().astype(np.int64) * n_units + units.indices.to_numpy()) * n_bins + bins
+    found, counts = np.unique(keys, return_counts=True)
+    code_names, unit_names = codes.dictionary.to_pylist(), units.dictionary.to_pylist()
+    out: dict[tuple[str, str], magnitudes.Tally] = {}
+    for key, n in zip(found.tolist(), counts.tolist()):
+        pair_key, b = divmod(key, n_bins)
+        pair = (code_names[pair_key // n_units], unit_names[pair_key % n_units])
+        rows, sketch = out.get(pair, (0, {}))
+        sketch[b + magnitudes.ZERO_BIN] = n
+        out[pair] = (rows + n, sketch)
+    return out
 
 
 def extract(table: str, block: Block, discharges: Discharges | None = None) -> tuple[pa.Table, dict[str, int]]:

@@ -48,14 +48,17 @@ def pipeline_options(beam_args: list[str]):
 
 
 def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
-            reference_units: dict[str, str] | None = None) -> dict[str, Any]:
+            reference_units: dict[str, str] | None = None,
+            reference_medians: dict[str, float] | None = None) -> dict[str, Any]:
     """Runs the job on a MIMIC-III release and writes the manifest; returns the manifest dict.
 
     Local mimic_dir / out_dir may be relative: they are made absolute against this process's working
     directory before the pipeline is built, whatever the runner (the manifest records the absolute path).
 
     ``reference_units`` ('source:code' -> unit, a model's units.json "canonical") makes values
-    of those codes convert to the model's units instead of this release's most common ones.
+    of those codes convert to the model's units instead of this release's most common ones;
+    ``reference_medians`` (its "medians") are what the plausibility bound judges their
+    conversions against (docs/units.md).
     """
     from ehr_pipeline import cohort as cohort_mod
     from ehr_pipeline import events as ev
@@ -93,7 +96,7 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     loinc = {f"lab:{item}": code for item, code in fhir_codes.itemid_loinc(lab_bridge).items()}
 
     source = MimicSource(event_inputs, cohort_index, coh.discharges, metas)
-    counts, options = _run_pipeline(source, out_dir, config, loinc, reference_units, beam_args)
+    counts, options = _run_pipeline(source, out_dir, config, loinc, (reference_units, reference_medians), beam_args)
     _write_lab_loinc(out_dir, lab_bridge)
     write_dead_letter_files(out_dir, dead_driver)
     tables = {t: manifest_table(counts, t) for t in sorted({t for t, _ in event_inputs})}
@@ -106,7 +109,7 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
 
 def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
                  reference_units: dict[str, str] | None = None, labels_dir: str | None = None,
-                 codes=None) -> dict[str, Any]:
+                 codes=None, reference_medians: dict[str, float] | None = None) -> dict[str, Any]:
     """Runs the job on a MEDS dataset (built-in task, or one example per row of the label files in labels_dir).
 
     ``codes`` is the MEDS code map (meds_codes.MedsCodes; default: the MIMIC-IV ETL's and to-meds' codes).
@@ -134,7 +137,7 @@ def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | Non
 
         FileSystems.delete([times_path])
     counts, options = _run_pipeline(MedsSource(files, reader.to_dict(), times_path if labels else None), out_dir,
-                                    config, loinc, reference_units, beam_args)
+                                    config, loinc, (reference_units, reference_medians), beam_args)
     outputs.write_json(outputs.join(out_dir, outputs.MEDS_CODES), {"codes": codes.to_dict()})
     _write_lab_loinc(out_dir, lab_bridge)
     cohort_counts = manifest_group(counts, "cohort")
@@ -149,9 +152,12 @@ def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | Non
                    if subject_splits else "hash"})
 
 
-def _run_pipeline(source, out_dir: str, config, loinc: dict, reference_units: dict | None,
+def _run_pipeline(source, out_dir: str, config, loinc: dict, reference: tuple[dict | None, dict | None],
                   beam_args: list[str] | None) -> tuple[dict[str, int], Any]:
-    """Source -> bagging -> writing; runs it, writes vocabulary, statistics and units; returns (counts, options)."""
+    """Source -> bagging -> writing; runs it, writes vocabulary, statistics and units; returns (counts, options).
+
+    ``reference`` is (canonical units, training medians) of a model's units.json, or (None, None).
+    """
     import apache_beam as beam
 
     from ehr_pipeline import outputs, spec, vocab
@@ -164,7 +170,8 @@ def _run_pipeline(source, out_dir: str, config, loinc: dict, reference_units: di
     p = beam.Pipeline(options=options)
     items = p | "Source" >> source
     # Each code's canonical unit is known only once every file has been read.
-    plan = items | "UnitPlan" >> tr.UnitPlan(loinc, reference_units)
+    reference_units, reference_medians = reference
+    plan = items | "UnitPlan" >> tr.UnitPlan(loinc, reference_units, reference_medians)
     bagged = items | "BagExamples" >> tr.BagExamples(cfg, plan)
     written = bagged | "WriteExamples" >> tr.WriteExamples(out_dir, cfg)
     dead = (items, bagged) | "WriteDeadLetters" >> tr.WriteDeadLetters(out_dir)
@@ -212,8 +219,11 @@ def _run_pipeline(source, out_dir: str, config, loinc: dict, reference_units: di
         "codes": {code: dict(sorted(u.items())) for code, u in sorted(plan_doc["counts"].items())},
         "canonical": plan_doc["canonical"],
         "canonical_from": "reference" if reference_units is not None else "this release",
+        "medians": plan_doc["medians"],
         "note": "codes: rows with a numeric value per unit as written in the release; canonical: the unit "
-                "every value of the code was converted to (units.Harmoniser) before bagging"})
+                "every value of the code was converted to (units.Harmoniser) before bagging; medians: the "
+                "training median |value| in the canonical unit that conversions are judged against "
+                "(ehr_pipeline.magnitudes)"})
     return counts_found, options
 
 

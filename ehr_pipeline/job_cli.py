@@ -32,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pipeline YAML (see configs/pipeline.yaml); default: built-in defaults")
     parser.add_argument("--units-from", default=None, metavar="DIR_OR_FILE", type=reference_units,
                         help="convert every value to the units of this model export or data folder (its "
-                             "units.json) instead of this release's most common unit per code: use it to "
-                             "prepare another site's data for a model trained elsewhere; default: none")
+                             "units.json) instead of this release's most common unit per code, and judge each "
+                             "conversion against its training medians (docs/units.md): use it to prepare another "
+                             "site's data for a model trained elsewhere; default: none")
     parser.epilog = (
         "Any other flag is passed to Beam, e.g. --runner=FlinkRunner --flink_master=HOST:8081, "
         "--runner=SparkRunner --spark_master_url=spark://HOST:7077, or --runner=DataflowRunner "
@@ -54,10 +55,10 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
         from ehr_pipeline.job import run_meds_job
         from ehr_pipeline.meds_codes import load_meds_codes
 
-        manifest = run_meds_job(args.meds_dir, args.out, config, beam_args, reference_units=args.units_from,
-                                labels_dir=args.labels, codes=load_meds_codes(args.meds_codes))
+        manifest = run_meds_job(args.meds_dir, args.out, config, beam_args, labels_dir=args.labels,
+                                codes=load_meds_codes(args.meds_codes), **_reference(args.units_from))
     else:
-        manifest = run_job(args.mimic_dir, args.out, config, beam_args, reference_units=args.units_from)
+        manifest = run_job(args.mimic_dir, args.out, config, beam_args, **_reference(args.units_from))
     seconds = time.time() - started
     outputs.write_json(outputs.join(args.out, "run_info.json"),
                        {"seconds": round(seconds, 3), "beam_args": beam_args})
@@ -73,8 +74,15 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     return 0
 
 
-def reference_units(path: str) -> dict[str, str]:
-    """argparse type: the canonical units of a model export or data folder (its units.json), or of the file."""
+def _reference(found) -> dict:
+    """The job's keyword arguments for --units-from (a units.Reference or None)."""
+    if found is None:
+        return {"reference_units": None, "reference_medians": None}
+    return {"reference_units": found.canonical, "reference_medians": found.medians}
+
+
+def reference_units(path: str):
+    """argparse type: the canonical units and training medians (units.Reference) of a units.json, or its folder's."""
     import os
 
     from ehr_pipeline import outputs, units
@@ -84,13 +92,15 @@ def reference_units(path: str) -> dict[str, str]:
         raise argparse.ArgumentTypeError(f"{file} does not exist (give a model export or data folder with "
                          f"{outputs.UNITS}, or the file itself)")
     try:
-        _, canonical = units.read_units_file(outputs.read_json(file))
-    except (ValueError, AttributeError) as err:
+        doc = outputs.read_json(file)
+        _, canonical = units.read_units_file(doc)
+        medians = units.read_medians(doc)
+    except (ValueError, AttributeError, TypeError) as err:
         raise argparse.ArgumentTypeError(f"{file} is not a units.json file ({err})") from None
     if not canonical:
         raise argparse.ArgumentTypeError(f"{file} has no canonical units (written before units were harmonised: "
                          "re-run the job that made it)")
-    return canonical
+    return units.Reference(canonical, medians)
 
 
 def manifest_json(out_dir: str) -> str:

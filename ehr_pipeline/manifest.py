@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ehr_pipeline import units
+
 MANIFEST_VERSION = 1
 
 
@@ -109,6 +111,21 @@ def _units_by_source(counts: Mapping[str, int]) -> dict[str, dict[str, int]]:
     return {s: dict(sorted(v.items())) for s, v in sorted(out.items())}
 
 
+# How the summary names the outcomes of values set aside for their unit, beside 'not convertible'.
+_NOT_USED_NAMES = ((units.AMBIGUOUS, "in an ambiguous unit"), (units.PLACEHOLDER, "with a placeholder for a unit"),
+                   (units.IMPLAUSIBLE, "implausibly far from the training median once converted"))
+
+
+def _unit_line(source: str, v: Mapping[str, int]) -> str:
+    """One source's converted and set-aside values, or '' when there are none."""
+    if not any(v.get(k) for k in (units.CONVERTED, *units.NOT_USED)):
+        return ""
+    others = "".join(f", {v[o]:,} {name}" for o, name in _NOT_USED_NAMES if v.get(o))
+    return (f"{source} values: {v.get(units.CONVERTED, 0):,} converted to their code's canonical unit, "
+            f"{v.get(units.NOT_CONVERTIBLE, 0):,} not convertible{others} (not used; "
+            f"dead_letter/values_not_convertible.jsonl)")
+
+
 def format_manifest_summary(manifest: Mapping[str, Any]) -> str:
     """A human-readable summary of a manifest, for the CLI and the demo."""
     lines = []
@@ -133,13 +150,10 @@ def format_manifest_summary(manifest: Mapping[str, Any]) -> str:
         rate = "" if s["label_rate"] is None else f"{s['label_rate']:.3f}"
         lines.append(f"{split:<12}{s['examples']:>10}{s['positives']:>8}{rate:>8}")
     values = manifest.get("units", {}).get("values") or {}
-    if any(v.get("converted") or v.get("not_convertible") for v in values.values()):
+    unit_lines = [_unit_line(source, v) for source, v in values.items()]
+    if any(unit_lines):
         lines.append("")
-        for source, v in values.items():
-            if v.get("converted") or v.get("not_convertible"):
-                lines.append(f"{source} values: {v.get('converted', 0):,} converted to their code's canonical unit, "
-                             f"{v.get('not_convertible', 0):,} not convertible (not used; "
-                             f"dead_letter/values_not_convertible.jsonl)")
+        lines.extend(line for line in unit_lines if line)
     sizes = manifest["vocabulary"]["sizes"]
     lines.append("")
     lines.append("vocabulary: " + ", ".join(f"{k} {v}" for k, v in sizes.items()))

@@ -206,7 +206,7 @@ class SubjectsOut:
     """What one block of a data file gives: examples, unit census, counts, dead letters, its subjects."""
 
     examples: list  # (key, cohort row dict, times s, codes, values, units)
-    units: dict[tuple[str, str], int]
+    units: dict[tuple[str, str], tuple[int, dict[int, int]]]  # events.unit_counts: (rows, magnitude sketch)
     counts: dict[str, int]
     subjects: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))  # distinct ids
     dead: list = dataclasses.field(default_factory=list)  # deadletter.DeadLetter of rows without a subject

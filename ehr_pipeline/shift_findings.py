@@ -324,7 +324,7 @@ def outcome_shares(profile: Profile, conv: units.Converter, loinc: Mapping[str, 
             outcome, _, _ = harmoniser.resolve(code, unit)
             if outcome == units.CONVERTED:
                 converted[unit] = converted.get(unit, 0) + rows
-            elif outcome == units.NOT_CONVERTIBLE:
+            elif outcome in units.NOT_USED:  # not convertible, ambiguous or a placeholder: lost alike
                 lost[unit] = lost.get(unit, 0) + rows
         out[code] = {"total": total, "converted": converted, "not_convertible": lost}
     return out

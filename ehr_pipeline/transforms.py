@@ -6,9 +6,9 @@
     ...      counts, dead letters, statistics -> files (job.run_job reads them back)
 
 A source yields, on ONE PCollection, ``(kind, payload)`` pairs: ``EXAMPLE`` (example key, [its
-cohort row (a dict), its event chunks (bytes)]), ``UNITS`` ((code, unit), rows) for the unit
-census, ``COUNTS`` (name, n), ``DEAD`` (file, dead letter) and ``FATAL`` (a one-line error). Both
-sources emit the same examples, so everything after them is shared. One output with kinds rather
+cohort row (a dict), its event chunks (bytes)]), ``UNITS`` ((code, unit), (rows, magnitude
+sketch)) for the unit census, ``COUNTS`` (name, n), ``DEAD`` (file, dead letter) and ``FATAL``
+(a one-line error). Both sources emit the same examples, so everything after them is shared. One output with kinds rather
 than Beam's tagged outputs: the Dask runner does not route tagged outputs (all tags reach every
 consumer).
 
@@ -23,7 +23,8 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from ehr_pipeline import meds_labels, meds_source, outputs
+from ehr_pipeline import magnitudes, meds_labels, meds_source, outputs
+from ehr_pipeline import units as units_mod  # 'units' names the events' unit arrays here
 from ehr_pipeline.chunks import concat_chunks, pack_chunk
 
 NAMESPACE = "ehr_pipeline"
@@ -35,7 +36,8 @@ DEAD = "dead"
 STATS = "stats"
 UNITS = "units"
 FATAL = "fatal"  # a file that cannot be read: its one-line error, raised by the driver after the run
-# Values whose unit cannot be converted to their code's canonical unit: one dead-letter file.
+# Values not used because of their unit (units.NOT_USED: not convertible, ambiguous, a placeholder,
+# an implausible conversion): one dead-letter file, each line with its reason.
 DEAD_VALUES = "values_not_convertible"
 
 Tagged = tuple[str, Any]
@@ -101,8 +103,8 @@ class ReadMimicTable(beam.DoFn):
         reader = TableReader(path, table, columns=columns, on_dead_letter=dead.append, block_size_bytes=self._block)
         for batch in reader:
             events, extract_counts = ev.extract(table, batch, self._discharges)
-            for pair, n in ev.unit_counts(events).items():
-                yield UNITS, (pair, n)
+            for pair, tally in ev.unit_counts(events).items():
+                yield UNITS, (pair, tally)
             kept, cohort_counts = ev.filter_to_cohort(events, self._cohort)
             for hadm, times, codes, values, units in ev.split_by_admission(kept):
                 yield EVENTS, (hadm, pack_chunk(times, codes, values, units))
@@ -195,8 +197,8 @@ def _meds_items(out):
     for key, meta, times, codes, values, units in out.examples:
         items = [meta] + ([pack_chunk(times, codes, values, units)] if times.size else [])
         yield EXAMPLE, (key, items)
-    for pair, n in out.units.items():
-        yield UNITS, (pair, n)
+    for pair, tally in out.units.items():
+        yield UNITS, (pair, tally)
     for name, n in out.counts.items():
         yield COUNTS, count(name, n)
     for letter in out.dead:
@@ -273,19 +275,17 @@ class BagExample(beam.DoFn):
         self._config_dict = config_dict
 
     def setup(self):
-        from ehr_pipeline import units
         from ehr_pipeline.config import PipelineConfig
 
         self._config = PipelineConfig.model_validate(self._config_dict)
-        self._converter = units.Converter()  # one per worker: its cache outlives bundles
+        self._converter = units_mod.Converter()  # one per worker: its cache outlives bundles
         self._plan_seen, self._harmoniser = None, None
 
     def _harmoniser_for(self, plan: dict):
-        from ehr_pipeline import units
-
         if plan is not self._plan_seen:
             self._plan_seen = plan
-            self._harmoniser = units.Harmoniser(plan["canonical"], plan["loinc"], self._converter)
+            self._harmoniser = units_mod.Harmoniser(plan["canonical"], plan["loinc"], self._converter,
+                                                medians=plan.get("medians"), unit_medians=plan.get("unit_medians"))
         return self._harmoniser
 
     def process(self, element, plan):
@@ -307,8 +307,8 @@ class BagExample(beam.DoFn):
         harmonised = self._harmoniser_for(plan).harmonise(codes, units, values)
         for key, n in harmonised.counts(codes).items():
             yield COUNTS, count(f"units/{key}", n)
-        for i, unit, canonical, why in harmonised.problems:
-            yield DEAD, (DEAD_VALUES, _dead_value(meta, hadm, times[i], codes[i], values[i], unit, canonical, why))
+        for problem in harmonised.problems:
+            yield DEAD, (DEAD_VALUES, _dead_value(meta, hadm, times, codes, values, problem))
         # Bags do not depend on the event order, but the code statistics sum floats over
         # events: the canonical order keeps them independent of the shuffle's chunk order.
         times, codes, values = bagging.canonical_order(times, codes, harmonised.values)
@@ -333,38 +333,65 @@ class BagExample(beam.DoFn):
                 yield STATS, (code, st)
 
 
-def _dead_value(meta: dict, hadm: int, time, code, value, unit: str, canonical: str, why: str):
+def _dead_value(meta: dict, hadm: int, times, codes, values, problem):
+    """The dead letter of one value units.Harmoniser did not use (a units.Problem), with its reason."""
     from ehr_pipeline.deadletter import DeadValue
 
-    return DeadValue(subject_id=int(meta["SUBJECT_ID"]), hadm_id=int(hadm), time=int(time), code=str(code),
-                     value=float(value), unit=unit, canonical_unit=canonical, detail=why)
+    i = problem.index
+    return DeadValue(subject_id=int(meta["SUBJECT_ID"]), hadm_id=int(hadm), time=int(times[i]), code=str(codes[i]),
+                     value=float(values[i]), unit=problem.unit, canonical_unit=problem.canonical, detail=problem.why,
+                     reason=units_mod.NOT_USED[problem.outcome])
 
 
-def unit_plan(census: list, loinc: dict, reference: dict | None) -> dict:
-    """The job's unit plan from its census [((code, unit as written), rows)]: canonical units and lab LOINCs."""
-    from ehr_pipeline import units
+def unit_plan(census: list, loinc: dict, reference: dict | None, reference_medians: dict | None = None) -> dict:
+    """The job's unit plan from its census [((code, unit as written), (rows, magnitude sketch))].
 
+    Canonical units, lab LOINCs, each code's training median |value| in its canonical unit (the
+    reference's where it gives one, else this release's values recorded in that unit) and the
+    typical |value| of every other unit of the code: what the plausibility bound judges.
+    """
+    converter = units_mod.Converter()
     counts: dict[str, dict[str, int]] = {}
-    for (code, unit), n in census:
-        counts.setdefault(code, {})[unit] = int(n)
-    canonical = units.canonical_units(counts, units.Converter(), reference)
-    return {"counts": counts, "canonical": canonical, "loinc": dict(loinc)}
+    sketches: dict[str, dict[str, list]] = {}  # code -> unit key -> sketches of its spellings
+    for (code, unit), (rows, sketch) in census:
+        counts.setdefault(code, {})[unit] = int(rows)
+        key = converter.key(unit)
+        if key is not None:
+            sketches.setdefault(code, {}).setdefault(key, []).append(sketch)
+    canonical = units_mod.canonical_units(counts, converter, reference)
+    medians: dict[str, float] = {}
+    unit_medians: dict[str, dict[str, float]] = {}
+    for code, by_key in sorted(sketches.items()):
+        canonical_key = converter.key(canonical.get(code))
+        for key, found in sorted(by_key.items()):
+            typical = magnitudes.typical(magnitudes.merge_sketches(found))
+            if typical is None:
+                continue
+            if key == canonical_key:
+                medians[code] = typical
+            else:
+                unit_medians.setdefault(code, {})[key] = typical
+    for code, median in (reference_medians or {}).items():
+        if reference is not None and code in reference:
+            medians[code] = float(median)  # the model's training data: what its values must land near
+    return {"counts": counts, "canonical": canonical, "loinc": dict(loinc), "medians": dict(sorted(medians.items())),
+            "unit_medians": unit_medians}
 
 
 class UnitPlan(beam.PTransform):
     """The census of units -> the one unit plan (canonical unit per code), known once every file is read."""
 
-    def __init__(self, loinc: dict, reference_units: dict | None):
+    def __init__(self, loinc: dict, reference_units: dict | None, reference_medians: dict | None = None):
         super().__init__()
-        self._loinc, self._reference = loinc, reference_units
+        self._loinc, self._reference, self._medians = loinc, reference_units, reference_medians
 
     def expand(self, items):
         return (
             items
             | "UnitCensus" >> Select(UNITS)
-            | "SumUnitCensus" >> beam.CombinePerKey(sum)
+            | "SumUnitCensus" >> beam.CombinePerKey(magnitudes.merge_tallies)
             | "UnitCensusList" >> beam.combiners.ToList()
-            | "Plan" >> beam.Map(unit_plan, self._loinc, self._reference)
+            | "Plan" >> beam.Map(unit_plan, self._loinc, self._reference, self._medians)
         )
 
 

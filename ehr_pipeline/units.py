@@ -5,10 +5,11 @@ differ: most of the world reports creatinine in umol/L where MIMIC-III writes mg
 model fed 88 as if it were mg/dL is confidently wrong for almost every patient. So every
 numeric value is moved to its code's **canonical unit** before it is bagged:
 
-* A unit string as written ("mg/dL", "MEQ/L", "K/uL", "?F", "umol/L") is read as UCUM
-  (``Converter.ucum``): the common non-UCUM spellings of MIMIC-III and EHR exports are mapped
-  by ``SPELLINGS``; everything else must parse with the UCUM grammar (``ucumvert``, a maintained
-  UCUM parser on ``pint``). Nothing is guessed from a string that does not parse.
+* A unit string as written ("mg/dL", "MEQ/L", "K/uL", "?F", "umol/L", "N/A", "MU/L") is read
+  by ``unit_strings.read``: blank, a placeholder, a UCUM code (known spellings, a lexicon of
+  clinical atoms for strings in one case, the UCUM grammar ``ucumvert`` for the rest),
+  ambiguous under case folding, or text. Nothing is guessed from a string that does not parse
+  or that reads two ways.
 * Each code's canonical unit is the unit most of its training rows were recorded in
   (``canonical_units``), or a reference's (a model's export) when data from another site is
   prepared for that model.
@@ -16,11 +17,13 @@ numeric value is moved to its code's **canonical unit** before it is bagged:
   quantity, with pint; between mass and substance concentrations (mg/dL <-> umol/L) it uses
   the analyte's molar mass (``ANALYTES``, keyed by LOINC), and between equivalents and moles
   its valence.
-* ``Harmoniser`` applies it to arrays of events. A value whose unit cannot be converted is NOT
-  used (its value becomes NaN: the event still counts as an occurrence) and is counted under
-  ``NOT_CONVERTIBLE``; the job dead-letters it, the service warns. A value without a unit is
-  taken to be in the canonical unit (``NO_UNIT``): MIMIC-III leaves VALUEUOM empty on ~10% of
-  lab rows of codes that are otherwise always in one unit.
+* ``Harmoniser`` applies it to arrays of events; each value gets one outcome (``OUTCOMES``). A
+  value is NOT used (NaN: the event still counts as an occurrence) when its unit cannot be
+  converted, is ambiguous, is a placeholder on a code that has a unit, or when the conversion
+  lands the values implausibly far from the code's training median (``magnitudes``); the job
+  dead-letters it, the service warns. A value without a unit is taken to be in the canonical
+  unit (``NO_UNIT``): MIMIC-III leaves VALUEUOM empty on ~10% of lab rows of codes that are
+  otherwise always in one unit.
 
 Cheap to import: pint and the UCUM grammar load on the first unit that is not spelled like its
 canonical unit, which on a release in one set of units is never.
@@ -33,9 +36,11 @@ import math
 import re
 import threading
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+
+from ehr_pipeline import magnitudes, unit_strings
 
 logger = logging.getLogger(__name__)
 
@@ -45,54 +50,15 @@ CONVERTED = "converted"  # recorded in another unit of the same quantity, conver
 NO_UNIT = "no_unit"  # recorded without a unit: taken to be in the canonical unit
 UNCHECKED = "unchecked"  # the code has no canonical unit (training never saw one): used as recorded
 NOT_CONVERTIBLE = "not_convertible"  # a unit that cannot be converted to the canonical one: value not used
-OUTCOMES = (SAME, CONVERTED, NO_UNIT, UNCHECKED, NOT_CONVERTIBLE)
+AMBIGUOUS = "ambiguous_unit"  # a unit that reads as two units under case folding ('MU/L'): value not used
+PLACEHOLDER = "placeholder_unit"  # 'N/A', 'NULL', '-' on a code that has a unit: value not used
+IMPLAUSIBLE = "implausible_conversion"  # converted, it would land beyond magnitudes.BOUND: value not used
+OUTCOMES = (SAME, CONVERTED, NO_UNIT, UNCHECKED, NOT_CONVERTIBLE, AMBIGUOUS, PLACEHOLDER, IMPLAUSIBLE)
+# The outcomes whose values are not used, and the reason each is counted under: the job's dead
+# letters (dead_letter/values_not_convertible.jsonl) and the service's warning kinds alike.
+NOT_USED: dict[str, str] = {NOT_CONVERTIBLE: "unit_not_convertible", AMBIGUOUS: "unit_ambiguous",
+                            PLACEHOLDER: "unit_placeholder", IMPLAUSIBLE: "conversion_implausible"}
 
-# Common non-UCUM spellings -> UCUM, looked up case-insensitively after whitespace is collapsed
-# and the micro signs (U+00B5, U+03BC) are read as "u". MIMIC-III writes "?" for the degree sign.
-# "IU/L" is MIMIC's spelling for enzyme activities (ALT, AST, ALP, LD, CK, lipase, amylase):
-# an enzyme's international unit IS the enzyme unit U = 1 umol/min (IUB 1961), whereas UCUM's
-# [IU] is an arbitrary unit (hormones, vitamins) that converts to nothing but itself.
-# MIMIC's bare "units" is left out on purpose: it means pH units for labs and international
-# units for drugs, so it has no one UCUM code (it still matches itself, see Converter.key).
-SPELLINGS: dict[str, str] = {
-    "meq/l": "meq/L", "meq": "meq", "meq.": "meq", "mmol/l": "mmol/L", "umol/l": "umol/L",
-    "iu/l": "U/L", "u/l": "U/L", "iu/ml": "[IU]/mL", "uiu/ml": "u[IU]/mL", "uu/ml": "u[IU]/mL",
-    "miu/ml": "m[IU]/mL", "miu/l": "m[IU]/L", "eu/dl": "[EU]/dL", "u/g/hb": "U/g{Hb}",
-    "k/ul": "10*3/uL", "k/mm3": "10*3/mm3", "thou/ul": "10*3/uL", "x10^3/ul": "10*3/uL", "10^3/ul": "10*3/uL",
-    "x10e3/ul": "10*3/uL", "m/ul": "10*6/uL", "x10^6/ul": "10*6/uL", "10^6/ul": "10*6/uL",
-    "x10^9/l": "10*9/L", "10^9/l": "10*9/L", "x10e9/l": "10*9/L", "10e9/l": "10*9/L",
-    "x10^12/l": "10*12/L", "10^12/l": "10*12/L", "x10e12/l": "10*12/L",
-    "#/ul": "/uL", "cells/ul": "/uL", "#/mm3": "/mm3", "cells/mm3": "/mm3",
-    "#/hpf": "/[HPF]", "/hpf": "/[HPF]", "#/lpf": "/[LPF]", "/lpf": "/[LPF]",
-    "mm hg": "mm[Hg]", "mmhg": "mm[Hg]", "cmh2o": "cm[H2O]", "cm h2o": "cm[H2O]",
-    "sec": "s", "secs": "s", "seconds": "s", "min": "min", "hr": "h", "hrs": "h", "hours": "h",
-    "ratio": "{ratio}", "mosm/kg": "mosm/kg", "mosm/l": "mosm/L",
-    "ml": "mL", "cc": "mL", "l": "L", "mcg": "ug", "gm": "g", "gms": "g", "grams": "g", "gram": "g",
-    "mg": "mg", "kg": "kg", "lb": "[lb_av]", "lbs": "[lb_av]", "in": "[in_i]", "inch": "[in_i]", "inches": "[in_i]",
-    "cm": "cm", "mmol": "mmol", "mol": "mol",
-    "bpm": "/min", "beats/min": "/min", "breaths/min": "/min", "insp/min": "/min", "/min": "/min",
-    "?c": "Cel", "?f": "[degF]", "°c": "Cel", "°f": "[degF]", "deg c": "Cel", "deg f": "[degF]",
-    "degc": "Cel", "degf": "[degF]", "c": "Cel", "f": "[degF]",
-    "mm/hr": "mm/h", "mg/24hr": "mg/(24.h)", "ml/hr": "mL/h", "ml/min": "mL/min", "l/min": "L/min",
-    "mcg/ml": "ug/mL", "mcg/dl": "ug/dL", "mcg/l": "ug/L", "mcg/kg/min": "ug/kg/min",
-}
-# Case-insensitive spellings of the UCUM atoms lab exports write in the wrong case ("MG/DL", "mg/dl",
-# "MMOL/L"): each part of a unit between "/" is looked up here before the whole is parsed as UCUM.
-_ATOMS: dict[str, str] = {
-    **{p + "g": p + "g" for p in ("", "m", "u", "n", "p", "k", "d")},
-    **{p + "mol": p + "mol" for p in ("", "m", "u", "n", "p")},
-    **{p + "l": p + "L" for p in ("", "d", "m", "u", "f", "c")},
-    "meq": "meq", "mosm": "mosm", "osm": "osm", "mcg": "ug", "iu": "[IU]", "miu": "m[IU]", "uiu": "u[IU]",
-    "u": "U", "ukat": "ukat", "kat": "kat", "mm3": "mm3", "cm3": "cm3", "kpa": "kPa", "pa": "Pa",
-    "s": "s", "sec": "s", "min": "min", "h": "h", "hr": "h", "d": "d", "day": "d", "24hr": "(24.h)",
-    "kg": "kg", "m2": "m2", "hpf": "[HPF]", "lpf": "[LPF]", "mm": "mm", "cm": "cm", "m": "m",
-}
-# UCUM codes common enough in lab exports to be known without loading the grammar.
-_KNOWN_UCUM = frozenset(SPELLINGS.values()) | frozenset({
-    "mg/dL", "g/dL", "ug/dL", "ng/dL", "mg/L", "g/L", "ug/L", "ng/L", "ng/mL", "pg/mL", "ug/mL", "mg/mL",
-    "U/mL", "mg/g", "fL", "pg", "%", "mmol/mol", "mosm/kg", "kPa", "/min", "L/L", "1"})
-_MICRO = str.maketrans({"\u00b5": "u", "\u03bc": "u"})
-_ANNOTATION = re.compile(r"^\{[^{}]*\}$")
 _LITRE = re.compile(r"(?<![A-Za-z\[])([munpfdc]?)l(?![A-Za-z\]])")
 # Dimensionless pint units that are plain numbers: any other dimensionless atom ([IU], [HPF],
 # [EU], annotations) is an arbitrary unit that converts to nothing but itself.
@@ -167,16 +133,6 @@ class Conversion:
 IDENTITY = Conversion(1.0)
 
 
-def _clean(text: object) -> str | None:
-    """A unit as written, trimmed, inner whitespace collapsed, micro signs read as 'u'; None when blank."""
-    if text is None:
-        return None
-    if isinstance(text, float) and math.isnan(text):
-        return None
-    cleaned = " ".join(str(text).translate(_MICRO).split())
-    return cleaned or None
-
-
 class Converter:
     """Reads unit strings as UCUM and finds conversions; loads pint on the first unit that needs it.
 
@@ -187,8 +143,9 @@ class Converter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._registry: Any = None
-        self._ucum: dict[str, str | None] = {}
+        self._readings: dict[str, unit_strings.Reading] = {}
         self._pint: dict[str, Any] = {}
+        self._meanings: dict[str, Any] = {}
         self._conversions: dict[tuple[str, str, str | None], tuple[Conversion | None, str]] = {}
 
     # --- reading unit strings
@@ -200,6 +157,7 @@ class Converter:
     def _registry_(self) -> Any:
         with self._lock:  # the service converts on several threads: build the registry once
             if self._registry is None:
+                # Imported here: pint and the grammar cost a second, paid only when a unit needs them.
                 from ucumvert import PintUcumRegistry
 
                 self._registry = PintUcumRegistry()
@@ -210,7 +168,7 @@ class Converter:
         if ucum in self._pint:
             return self._pint[ucum]
         unit = None
-        if not _ANNOTATION.match(ucum):
+        if not unit_strings.ANNOTATION.match(ucum):
             try:
                 parsed = self._registry_().from_ucum(ucum)
                 unit = getattr(parsed, "units", None)
@@ -221,37 +179,43 @@ class Converter:
         self._pint[ucum] = unit
         return unit
 
+    def _meaning(self, ucum: str) -> tuple | None:
+        """What a UCUM code means (dimension, size in base units, arbitrary atoms); None when it does not parse.
+
+        Two case variants of an atom are one reading only when they mean the same ('l', 'L').
+        """
+        if ucum not in self._meanings:
+            parsed = self._parse(ucum)
+            meaning = None
+            if parsed is not None:
+                try:
+                    base = self._registry_().Quantity(self._factor_of(parsed), self._units_of(parsed)).to_base_units()
+                    meaning = (str(base.dimensionality), float(f"{base.magnitude:.9g}"), self._arbitrary(parsed))
+                except Exception:  # noqa: BLE001  (pint refuses some offset and log units in base units)
+                    meaning = None
+            self._meanings[ucum] = meaning
+        return self._meanings[ucum]
+
+    def reading(self, text: object) -> unit_strings.Reading:
+        """What a unit as written is: blank, placeholder, UCUM (with its code), ambiguous or text (unit_strings)."""
+        cleaned = unit_strings.clean(text)
+        if cleaned is None:
+            return unit_strings.Reading(unit_strings.BLANK, None)
+        if cleaned not in self._readings:
+            self._readings[cleaned] = unit_strings.read(cleaned, self._meaning)
+        return self._readings[cleaned]
+
     def ucum(self, text: object) -> str | None:
         """The UCUM code of a unit as written ('MG/DL' -> 'mg/dL', 'K/uL' -> '10*3/uL'), None if it is not one."""
-        cleaned = _clean(text)
-        if cleaned is None:
-            return None
-        if cleaned in self._ucum:
-            return self._ucum[cleaned]
-        folded = cleaned.casefold()
-        found = cleaned if cleaned in _KNOWN_UCUM else SPELLINGS.get(folded)
-        if found is None and _ANNOTATION.match(cleaned):
-            found = cleaned  # '{ratio}', '{score}': valid UCUM, dimensionless, arbitrary
-        parts = folded.replace(" ", "").split("/")
-        candidate = "/".join(_ATOMS.get(p, p) for p in parts) \
-            if all(p in _ATOMS or p == "" for p in parts) and any(parts) else None
-        if found is None and candidate in _KNOWN_UCUM:
-            found = candidate  # 'MG/DL', 'MMOL/L': a known code in the wrong case, no grammar needed
-        if found is None and self._parse(cleaned) is not None:
-            found = cleaned
-        if found is None and candidate is not None and self._parse(candidate) is not None:
-            found = candidate
-        self._ucum[cleaned] = found
-        return found
+        return self.reading(text).ucum
 
     def key(self, text: object) -> str | None:
-        """What identifies a unit: its UCUM code, else its text as written, case-folded; None when blank."""
-        cleaned = _clean(text)
-        if cleaned is None:
+        """What identifies a unit: its UCUM code, else its text case-folded; None when blank or a placeholder."""
+        reading = self.reading(text)
+        if reading.kind in (unit_strings.BLANK, unit_strings.PLACEHOLDER):
             return None
-        found = self.ucum(cleaned)
         # UCUM has two symbols for the litre, 'l' and 'L': one key, so 'ng/ml' and 'ng/mL' count as one unit.
-        return _LITRE.sub(r"\1L", found) if found else cleaned.casefold()
+        return _LITRE.sub(r"\1L", reading.ucum) if reading.ucum else reading.text.casefold()
 
     # --- conversions
 
@@ -261,7 +225,13 @@ class Converter:
         if src is None or dst is None:
             return None, "no unit"
         if src == dst:
-            return IDENTITY, ""
+            return IDENTITY, ""  # a string no unit reader knows ('units', 'MU/L') still matches itself
+        for reading in (self.reading(unit), self.reading(canonical)):
+            if reading.kind == unit_strings.AMBIGUOUS:
+                return None, (f"{reading.text!r} reads as {' or '.join(map(repr, reading.readings))} depending on "
+                              "its letter case, which this spelling does not show")
+            if reading.kind != unit_strings.UCUM:
+                return None, f"{reading.text!r} is not a unit this converter reads (UCUM or a known spelling)"
         pair = (src, dst, loinc)
         if pair not in self._conversions:
             self._conversions[pair] = self._convert(src, dst, loinc)
@@ -272,8 +242,7 @@ class Converter:
         for atom, equal in analyte.equivalents if analyte is not None else ():
             if atom in src or atom in dst:  # an arbitrary unit this analyte defines: read it as its equal
                 return self._convert(src.replace(atom, equal), dst.replace(atom, equal), None)
-        a = self._parse(src) if self.ucum(src) else None
-        b = self._parse(dst) if self.ucum(dst) else None
+        a, b = self._parse(src), self._parse(dst)
         if a is None or b is None:
             which = src if a is None else dst
             return None, f"{which!r} is not a unit this converter reads (UCUM or a known spelling)"
@@ -364,13 +333,23 @@ def canonical_units(counts: Mapping[str, Mapping[str, int]], converter: Converte
     return dict(sorted(out.items()))
 
 
+class Problem(NamedTuple):
+    """One value not used: which event, its outcome (a key of NOT_USED), its unit, the code's canonical unit, why."""
+
+    index: int
+    outcome: str
+    unit: str
+    canonical: str
+    why: str
+
+
 @dataclasses.dataclass(frozen=True)
 class Harmonised:
     """Values in their codes' canonical units, and what happened to each."""
 
-    values: np.ndarray  # float64, NaN where there was no value or it could not be converted
+    values: np.ndarray  # float64, NaN where there was no value or it is not used
     outcomes: np.ndarray  # object [n]: one of OUTCOMES per event with a value, "" where there is no value
-    problems: tuple[tuple[int, str, str, str], ...]  # (event index, unit as written, canonical unit, why)
+    problems: tuple[Problem, ...]  # one per value not used, by event index
 
     def counts(self, codes: np.ndarray | None = None) -> dict[str, int]:
         """Events per outcome (every outcome listed); with codes, keyed 'source/outcome'."""
@@ -385,31 +364,66 @@ class Harmonised:
 
 
 class Harmoniser:
-    """Moves events' values to their codes' canonical units: the one conversion of the job and the service."""
+    """Moves events' values to their codes' canonical units: the one conversion of the job and the service.
+
+    ``medians`` ('source:code' -> training median |value| in the canonical unit) turns on the
+    plausibility bound (``magnitudes``); ``unit_medians`` (code -> unit key -> typical |value|
+    in that unit) are the job's, from its census of the whole release; without them a pair's
+    values in the call are its sample (the service: one request).
+    """
 
     def __init__(self, canonical: Mapping[str, str], loinc: Mapping[str, str] | None = None,
-                 converter: Converter | None = None, seen: Mapping[str, Iterable[str]] | None = None):
+                 converter: Converter | None = None, seen: Mapping[str, Iterable[str]] | None = None,
+                 medians: Mapping[str, float] | None = None,
+                 unit_medians: Mapping[str, Mapping[str, float]] | None = None):
         self.canonical = dict(canonical)
         self.loinc = dict(loinc or {})
         self.converter = converter or Converter()
+        self.medians = dict(medians or {})
+        self._unit_medians = {code: dict(by_unit) for code, by_unit in (unit_medians or {}).items()}
         self._seen = {code: list(written) for code, written in (seen or {}).items()}  # the training census
 
     def seen_in_training(self, code: str, unit: object) -> bool:
         """Whether the training data had values of `code` in `unit` (any spelling): unusable there as here."""
+        seen = self._seen.get(code, ())
+        if self.converter.reading(unit).kind == unit_strings.PLACEHOLDER:
+            return any(self.converter.reading(u).kind == unit_strings.PLACEHOLDER for u in seen)
         key = self.converter.key(unit)
-        return key is not None and any(self.converter.key(u) == key for u in self._seen.get(code, ()))
+        return key is not None and any(self.converter.key(u) == key for u in seen)
 
     def resolve(self, code: str, unit: object) -> tuple[str, Conversion | None, str]:
-        """(outcome, conversion or None, why not) for one code's value recorded in `unit`."""
-        if _clean(unit) is None:
+        """(outcome, conversion or None, why not) for one code's value recorded in `unit`, before plausibility."""
+        reading = self.converter.reading(unit)
+        if reading.kind == unit_strings.BLANK:
             return NO_UNIT, IDENTITY, ""
         canonical = self.canonical.get(code)
         if canonical is None:
             return UNCHECKED, IDENTITY, ""
+        if reading.kind == unit_strings.PLACEHOLDER:
+            return PLACEHOLDER, None, f"{reading.text!r} is a placeholder, not a unit; the code's values are in " \
+                                      f"{canonical!r}"
         conversion, why = self.converter.conversion(unit, canonical, self.loinc.get(code))
         if conversion is None:
-            return NOT_CONVERTIBLE, None, why
+            ambiguous = unit_strings.AMBIGUOUS in (reading.kind, self.converter.reading(canonical).kind)
+            return (AMBIGUOUS if ambiguous else NOT_CONVERTIBLE), None, why
         return (SAME if conversion.identity else CONVERTED), conversion, ""
+
+    def implausible(self, code: str, unit: object, conversion: Conversion, values: np.ndarray) -> str:
+        """Why converting `values` of `code` from `unit` breaks the plausibility bound; '' when it does not."""
+        median = self.medians.get(code)
+        if median is None:
+            return ""
+        typical = self._unit_medians.get(code, {}).get(self.converter.key(unit) or "")
+        if typical is None:
+            typical = magnitudes.typical(magnitudes.sketch(values))
+        if typical is None:
+            return ""
+        ratio = magnitudes.moved_ratio(float(conversion.apply(typical)), median)
+        if magnitudes.plausible(ratio):
+            return ""
+        return (f"once converted, its values (median about {typical:.3g}) would lie at {ratio:.3g} times the code's "
+                f"training median ({median:.3g} {self.canonical[code]}), outside the plausible "
+                f"{1 / magnitudes.BOUND:g} to {magnitudes.BOUND:g} times")
 
     def harmonise(self, codes: np.ndarray, units: Iterable[object], values: np.ndarray) -> Harmonised:
         """Values of events (codes 'source:code', units as written, NaN = no value) in canonical units."""
@@ -418,22 +432,29 @@ class Harmoniser:
         units = np.asarray(list(units) if not isinstance(units, np.ndarray) else units, dtype=object)
         outcomes = np.full(values.shape, "", dtype=object)
         has = ~np.isnan(values)
-        problems: list[tuple[int, str, str, str]] = []
+        problems: list[Problem] = []
         if not has.any():
             return Harmonised(values, outcomes, ())
         # One resolution per distinct (code, unit) pair: a block has thousands of events, tens of pairs.
         idx = np.flatnonzero(has)
         pairs: dict[tuple[str, object], list[int]] = {}
         for i in idx:
-            pairs.setdefault((str(codes[i]), _clean(units[i])), []).append(int(i))
+            pairs.setdefault((str(codes[i]), unit_strings.clean(units[i])), []).append(int(i))
+        samples: dict[tuple[str, str | None], list[int]] = {}  # spellings of one unit are one sample, as in the job
+        for (code, unit), members in pairs.items():
+            samples.setdefault((code, self.converter.key(unit)), []).extend(members)
         for (code, unit), members in pairs.items():
             outcome, conversion, why = self.resolve(code, unit)
             at = np.asarray(members, dtype=np.int64)
+            if outcome == CONVERTED:
+                why = self.implausible(code, unit, conversion, values[samples[(code, self.converter.key(unit))]])
+                if why:
+                    outcome, conversion = IMPLAUSIBLE, None
             outcomes[at] = outcome
             if conversion is None:
                 values[at] = np.nan
                 canonical = self.canonical.get(code, "")
-                problems.extend((int(i), str(unit), canonical, why) for i in at)
+                problems.extend(Problem(int(i), outcome, str(unit), canonical, why) for i in at)
             elif not conversion.identity:
                 values[at] = conversion.apply(values[at])
         problems.sort()
@@ -445,6 +466,18 @@ def read_units_file(doc: Mapping[str, Any]) -> tuple[dict[str, dict[str, int]], 
     counts = {str(c): {str(u): int(n) for u, n in units.items()} for c, units in (doc.get("codes") or {}).items()}
     canonical = {str(c): str(u) for c, u in (doc.get("canonical") or {}).items()}
     return counts, canonical
+
+
+class Reference(NamedTuple):
+    """A model's units, as `ehr-pipeline run --units-from` reads them from its units.json."""
+
+    canonical: dict[str, str]  # 'source:code' -> the unit its values were converted to
+    medians: dict[str, float]  # 'source:code' -> training median |value| in it ({} before medians existed)
+
+
+def read_medians(doc: Mapping[str, Any]) -> dict[str, float]:
+    """Training median |value| per code in its canonical unit from a units.json document; {} before they existed."""
+    return {str(c): float(m) for c, m in (doc.get("medians") or {}).items()}
 
 
 def describe(unit: str | None) -> str:

@@ -62,8 +62,21 @@ class Encoded:
 
 # Warnings most likely to mean a wrong answer come first: a value the model could not read or
 # reads far outside anything it saw, then a patient outside the cohort, then the rest.
-WARNING_RANK = ("unit_not_convertible", "value_out_of_range", "admission_type_unknown", "age_below_cohort",
+WARNING_RANK = (*units.NOT_USED.values(), "value_out_of_range", "admission_type_unknown", "age_below_cohort",
                 "prediction_time_not_trained", "no_events", "meds_code_not_event")
+
+
+# One message per reason a value is not used; {why} is units.Harmoniser's own explanation.
+_UNIT_MESSAGES = {
+    units.NOT_CONVERTIBLE: "{n} value(s) of {code} in {unit!r} cannot be converted to {canonical!r}, the unit the "
+                           "model was trained on ({why}): not used",
+    units.AMBIGUOUS: "{n} value(s) of {code} in {unit!r} were not converted to {canonical!r}, the unit the model was "
+                     "trained on: {why}: not used",
+    units.PLACEHOLDER: "{n} value(s) of {code} came with {unit!r}, a placeholder rather than a unit, where the model "
+                       "was trained on {canonical!r}: not used",
+    units.IMPLAUSIBLE: "{n} value(s) of {code} in {unit!r} were not converted to {canonical!r}, the unit the model "
+                       "was trained on: {why}: not used",
+}
 
 
 def ranked(warnings: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
@@ -113,8 +126,7 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
 
     # Only codes the model actually sees (kept bags) can be out of its vocabulary.
     unknown = sorted(set(bags.codes.tolist()) - export.vocabulary)
-    found: list[tuple[str, str]] = [("unit_not_convertible", m)
-                                    for m in _unit_problems(codes, harmonised, export.harmoniser)]
+    found: list[tuple[str, str]] = _unit_problems(codes, harmonised, export.harmoniser)
     if not_events:
         found.append(("meds_code_not_event", f"{len(not_events)} MEDS code(s) the model's code map does not read as "
                       f"events, not used (first: {not_events[0]})"))
@@ -215,21 +227,24 @@ def _unit_rows(codes: np.ndarray, written: list[str | None], values: np.ndarray)
     return rows
 
 
-def _unit_problems(codes: np.ndarray, harmonised: units.Harmonised, harmoniser: units.Harmoniser) -> list[str]:
-    """One message per (code, unit) whose values could not be converted to the model's unit.
+def _unit_problems(codes: np.ndarray, harmonised: units.Harmonised,
+                   harmoniser: units.Harmoniser) -> list[tuple[str, str]]:
+    """(kind, message) per (code, unit, reason) whose values are not used; the kind is the job's dead-letter reason.
 
     A unit the training data also had for the code is no news: its values were set aside in
     training too (MetaVision's 'dose' beside mg), so the model never learnt from them; they are
-    counted in the answer's events.values, without a warning.
+    counted in the answer's events.values, without a warning. An implausible conversion is
+    always news: training judged its values over the whole release, the service over one request.
     """
-    by_pair: dict[tuple[str, str, str, str], int] = {}
-    for i, unit, canonical, why in harmonised.problems:
-        if harmoniser.seen_in_training(str(codes[i]), unit):
+    by_pair: dict[tuple[str, str, str, str, str], int] = {}
+    for p in harmonised.problems:
+        if p.outcome != units.IMPLAUSIBLE and harmoniser.seen_in_training(str(codes[p.index]), p.unit):
             continue
-        key = (str(codes[i]), unit, canonical, why)
+        key = (p.outcome, str(codes[p.index]), p.unit, p.canonical, p.why)
         by_pair[key] = by_pair.get(key, 0) + 1
-    return [f"{n} value(s) of {code} in {unit!r} cannot be converted to {canonical!r}, the unit the model was "
-            f"trained on ({why}): not used" for (code, unit, canonical, why), n in sorted(by_pair.items())]
+    return [(units.NOT_USED[outcome], _UNIT_MESSAGES[outcome].format(n=n, code=code, unit=unit, canonical=canonical,
+                                                                     why=why))
+            for (outcome, code, unit, canonical, why), n in sorted(by_pair.items())]
 
 
 def _far_values(codes: np.ndarray, values: np.ndarray, export: Export) -> list[tuple[str, float]]:

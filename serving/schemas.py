@@ -216,7 +216,9 @@ class EventCounts(BaseModel):
     values: dict[str, int] = Field(default_factory=dict, description=(
         f"Numeric values by what their unit needed: '{units.SAME}' (the model's unit), '{units.CONVERTED}', "
         f"'{units.NO_UNIT}' (taken to be in the model's unit), '{units.UNCHECKED}' (the model saw this code "
-        f"without a unit) and '{units.NOT_CONVERTIBLE}' (not used: see warnings)."))
+        f"without a unit), and not used (see warnings): '{units.NOT_CONVERTIBLE}', '{units.AMBIGUOUS}' (a unit "
+        f"whose letter case decides its meaning, written in one case), '{units.PLACEHOLDER}' ('N/A', 'NULL', ...) "
+        f"and '{units.IMPLAUSIBLE}' (converted, the values would lie over 1000 times from the training median)."))
 
 
 class OutOfVocabulary(BaseModel):

@@ -44,6 +44,8 @@ FIXTURE_UNITS = {
               # MetaVision charts some antibiotics in doses and, now and then, in mg: not convertible.
               "input:225798": {"dose": 190, "mg": 4}},
     "canonical": {"lab:50912": "mg/dL", "lab:50971": "meq/L", "chart:220045": "/min", "input:225798": "dose"},
+    # Training median |value| in the canonical unit: conversions landing 1000x away are not used.
+    "medians": {"lab:50912": 1.0, "lab:50971": 4.0, "chart:220045": 85.0, "input:225798": 1.0},
 }
 FIXTURE_LAB_LOINC = {"codes": {"2160-0": ["50912"], "2823-3": ["50971"]}}
 

@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from ehr_pipeline import outputs, seqex, spec, tfrecord
+from ehr_pipeline import outputs, seqex, spec, tfrecord, units
 from ehr_pipeline.config import PipelineConfig
 from ehr_pipeline.job import run_job
 
@@ -325,9 +325,11 @@ def test_another_sites_units_are_converted_to_the_models(demo_run, demo_dir, tmp
     release = tmp_path / "si"
     assert _si_copy(demo_dir, release, 10000 / 113.12, "umol/L") > 100
     config = PipelineConfig.model_validate(CONFIG)
-    reference_units = outputs.read_json(str(reference_dir / outputs.UNITS))["canonical"]
+    model_units = outputs.read_json(str(reference_dir / outputs.UNITS))
     converted = tmp_path / "converted"
-    manifest = run_job(str(release), str(converted), config, reference_units=reference_units)
+    # As `--units-from` passes them: the canonical units, and the training medians the conversions must land near.
+    manifest = run_job(str(release), str(converted), config, reference_units=model_units["canonical"],
+                       reference_medians=model_units["medians"])
     examples = read_examples(converted)
     assert manifest["balanced"] and examples.keys() == reference.keys()
     got, want = _creatinine(examples), _creatinine(reference)
@@ -336,8 +338,11 @@ def test_another_sites_units_are_converted_to_the_models(demo_run, demo_dir, tmp
         assert len(got[hadm]) == len(want[hadm])
         for a, b in zip(got[hadm], want[hadm]):
             assert all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9) for x, y in zip(a, b)), hadm
-    assert outputs.read_json(str(converted / outputs.UNITS))["canonical"]["lab:50912"] == "mg/dL"
+    written = outputs.read_json(str(converted / outputs.UNITS))
+    assert written["canonical"]["lab:50912"] == "mg/dL"
+    assert written["medians"]["lab:50912"] == model_units["medians"]["lab:50912"]
     assert manifest["units"]["values"]["lab"]["converted"] > 100
+    assert not manifest["units"]["values"]["lab"].get(units.IMPLAUSIBLE)
 
     own = tmp_path / "own"
     run_job(str(release), str(own), config)

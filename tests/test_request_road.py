@@ -20,13 +20,14 @@ from tests.serving_fixtures import write_tiny_model_export
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The modules that convert the request's data, each once: JSON -> validated request (schemas) ->
-# events in seconds (encoding, ages) -> values in the training units (units) -> bags (bagging) ->
+# events in seconds (encoding, ages) -> values in the training units (units, which reads each unit
+# string with unit_strings) -> bags (bagging) ->
 # SequenceExample (the spec's AdmissionContext, written by seqex) -> SavedModel call (predictor,
 # predict, export) -> uncertainty summary (metrics) -> prediction (prediction, the use case every
 # predict route calls) -> response (routes); the admission type is checked against the training
 # types (admission_type), which also average an unknown one.
 DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/ages.py", "ehr_pipeline/units.py",
-                "ehr_pipeline/bagging.py", "ehr_pipeline/spec.py", "ehr_pipeline/seqex.py",
+                "ehr_pipeline/unit_strings.py", "ehr_pipeline/bagging.py", "ehr_pipeline/spec.py", "ehr_pipeline/seqex.py",
                 "serving/predictor.py", "model/export/predict.py", "model/export/load.py",
                 "model/evaluation/metrics.py", "serving/prediction.py", "serving/routes.py",
                 "serving/admission_type.py"}

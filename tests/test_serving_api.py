@@ -553,6 +553,37 @@ def test_a_unit_the_training_data_could_not_use_either_is_counted_without_a_warn
         assert out["events"]["values"]["not_convertible"] == (0 if unit == "dose" else 1)
 
 
+def test_ambiguous_placeholder_and_implausible_units_are_not_used_each_with_a_counted_warning(client):
+    # lab:50912 (creatinine) was trained in mg/dL with a median of 1.0 (the tiny export's units.json).
+    cases = [
+        ("MU/L", 1.2, "unit_ambiguous", "1 value(s) of lab:50912 in 'MU/L' were not converted to 'mg/dL', the unit "
+         "the model was trained on: 'MU/L' reads as 'MU/L' or 'mU/L' depending on its letter case, which this "
+         "spelling does not show: not used"),
+        ("N/A", 1.2, "unit_placeholder", "1 value(s) of lab:50912 came with 'N/A', a placeholder rather than a unit, "
+         "where the model was trained on 'mg/dL': not used"),
+        # 1.2 ng/mL is 1.2e-4 mg/dL: a unit field that does not describe its value (1.2 mg/dL).
+        ("ng/mL", 1.2, "conversion_implausible", "1 value(s) of lab:50912 in 'ng/mL' were not converted to 'mg/dL', "
+         "the unit the model was trained on: once converted, its values (median about 1.19) would lie at "
+         "0.000119 times the code's training median (1 mg/dL), outside the plausible 0.001 to 1000 times: not used"),
+    ]
+    for unit, value, kind, message in cases:
+        before = scrape(client).get(f'ehr_input_warnings_total{{kind="{kind}"}}', 0)
+        events = [{"time": iso(ADMIT + dt.timedelta(hours=1)), "source": "lab", "code": "50912", "value": value,
+                   "unit": unit}]
+        r = client.post("/v1/predict", json=body(events=events), headers=HEADERS)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["warnings"][0] == message, out["warnings"]
+        outcome = {v: k for k, v in units.NOT_USED.items()}[kind]
+        assert out["events"]["values"][outcome] == 1 and sum(out["events"]["values"].values()) == 1
+        assert scrape(client)[f'ehr_input_warnings_total{{kind="{kind}"}}'] - before == 1
+    # The same creatinine in g/L (0.012 g/L is 1.2 mg/dL) lands near the training median and is used.
+    events = [{"time": iso(ADMIT + dt.timedelta(hours=1)), "source": "lab", "code": "50912", "value": 0.012,
+               "unit": "g/L"}]
+    out = client.post("/v1/predict", json=body(events=events), headers=HEADERS).json()
+    assert out["events"]["values"][units.CONVERTED] == 1 and not [w for w in out["warnings"] if "50912" in w]
+
+
 # ------------------------------------------------------------------------------- metrics
 
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline import events as ev
 from ehr_pipeline import chunks as chunks_mod
-from ehr_pipeline import seqex, spec, transforms
+from ehr_pipeline import magnitudes, seqex, spec, transforms
 from ehr_pipeline.config import PipelineConfig
 from model.export.load import read_export
 from serving.encoding import encode
@@ -50,7 +50,10 @@ TABLES = {
 PADDING = st.sampled_from(["", " ", "  ", "\t", "\u00a0", "\u3000", " \n"])
 # Units as sites write them: the model's own (any spelling), one to convert, none, and one that
 # converts to nothing the model knows (its values must be dropped on both paths alike).
-UNITS = st.sampled_from([None, "mg/dL", "MG/DL", "umol/L", "\u00b5mol/L", "mmol/L", "bpm", "furlongs"])
+# Ambiguous ('MU/L'), placeholder ('N/A') and conversions the plausibility bound may refuse ('ng/mL',
+# 'g/L') must be decided alike too.
+UNITS = st.sampled_from([None, "mg/dL", "MG/DL", "umol/L", "\u00b5mol/L", "mmol/L", "bpm", "furlongs", "MU/L",
+                         "N/A", "ng/mL", "g/L"])
 UNIT_COLUMN = {"LABEVENTS": "VALUEUOM", "CHARTEVENTS": "VALUEUOM", "OUTPUTEVENTS": "VALUEUOM",
                "INPUTEVENTS_CV": "AMOUNTUOM", "INPUTEVENTS_MV": "AMOUNTUOM"}
 VALUES = st.one_of(st.none(), st.sampled_from([0.0, -0.0, 1.0, 2.0, 1.5]), st.floats(-1e6, 1e6))
@@ -87,7 +90,7 @@ def event_sets(draw):
 def job_record(rows, chunk_order, export) -> bytes:
     """The job's record for the admission: extraction, cohort cut and packing per table, then its DoFn."""
     cohort_index = pa.table({"SUBJECT_ID": [0], "HADM_ID": [HADM], "trigger_time": [TRIGGER]})
-    chunks = []
+    chunks, census = [], {}
     for table, (_, _, time_column, value_column) in TABLES.items():
         mine = [r for r in rows if r[0] == table]
         if not mine:
@@ -108,6 +111,8 @@ def job_record(rows, chunk_order, export) -> bytes:
             block_rows.append(row)
         extracted, counts = ev.extract(table, batch(table, block_rows), DISCHARGES)
         assert counts[ev.KEPT] == len(mine), counts
+        for pair, tally in ev.unit_counts(extracted).items():
+            census[pair] = magnitudes.merge_tallies([census.get(pair, (0, {})), tally])
         kept, _ = ev.filter_to_cohort(extracted, cohort_index)
         chunks.extend(chunks_mod.pack_chunk(t, c, v, u) for _, t, c, v, u in ev.split_by_admission(kept))
     meta = {"SUBJECT_ID": 0, "HADM_ID": HADM, "ADMITTIME": ADMIT, "trigger_time": TRIGGER,
@@ -117,8 +122,10 @@ def job_record(rows, chunk_order, export) -> bytes:
     dofn = transforms.BagExample(CONFIG.to_dict())
     dofn.setup()
     ordered = [chunks[i] for i in chunk_order(len(chunks))]
-    # The job's unit plan for this model: its canonical units and its labs' LOINC codes.
-    plan = {"canonical": dict(export.units), "loinc": dict(export.harmoniser.loinc)}
+    # The job's unit plan for this model (--units-from the export) on a release of this one admission:
+    # its canonical units, its labs' LOINC codes, its training medians and the admission's census.
+    plan = {**transforms.unit_plan(list(census.items()), dict(export.harmoniser.loinc), dict(export.units),
+                                   dict(export.unit_medians)), "canonical": dict(export.units)}
     records = [payload for kind, payload in dofn.process((HADM, [*ordered, meta]), plan) if kind == transforms.RECORDS]
     (_, (_, record)), = records
     return record

@@ -155,6 +155,9 @@ class Export:
     units: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # 'source:code' -> the units its training values were written in (units.json "codes"), convertible or not.
     unit_census: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    # 'source:code' -> training median |value| in its canonical unit (units.json "medians"): a request's
+    # conversion that lands values far from it is not used (ehr_pipeline.magnitudes). {} before medians existed.
+    unit_medians: Mapping[str, float] = dataclasses.field(default_factory=dict)
     # Training mean and standard deviation per numeric code, and the |z| where the model caps
     # values: a request value beyond it is answered with a warning.
     value_stats: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
@@ -184,7 +187,7 @@ class Export:
     def harmoniser(self) -> units_mod.Harmoniser:
         """Moves request values to the training units; one per export, so its conversion cache is shared."""
         loinc = {f"lab{spec.CODE_SEPARATOR}{item}": code for code, items in self.lab_loinc.items() for item in items}
-        return units_mod.Harmoniser(self.units, loinc, seen=self.unit_census)
+        return units_mod.Harmoniser(self.units, loinc, seen=self.unit_census, medians=self.unit_medians)
 
 
 def _read_json(directory: pathlib.Path, name: str) -> Any:
@@ -235,13 +238,13 @@ def _lab_loinc(directory: pathlib.Path) -> dict[str, tuple[str, ...]]:
     return {str(k): tuple(v) for k, v in bridge.items()}
 
 
-def _units(directory: pathlib.Path) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
-    """('source:code' -> canonical unit, 'source:code' -> units as written) from units.json; empty without one.
+def _units(directory: pathlib.Path) -> tuple[dict[str, str], dict[str, tuple[str, ...]], dict[str, float]]:
+    """(canonical unit, units as written, training median), each by 'source:code', from units.json; empty without one.
 
     Without one, values go unchecked.
     """
     if not (directory / outputs.UNITS).exists():
-        return {}, {}
+        return {}, {}, {}
     data = _read_json(directory, outputs.UNITS)
     by_code = data.get("codes") if isinstance(data, dict) else None
     if not isinstance(by_code, dict) or not all(isinstance(v, dict) for v in by_code.values()):
@@ -250,7 +253,11 @@ def _units(directory: pathlib.Path) -> tuple[dict[str, str], dict[str, tuple[str
     census = {code: tuple(sorted(written)) for code, written in counts.items()}
     # Data folders made before values were harmonised have no "canonical": their values were
     # used as written, mostly in each code's most common unit, which the same rule recovers.
-    return canonical or units_mod.canonical_units(counts, units_mod.Converter()), census
+    try:
+        medians = units_mod.read_medians(data)
+    except (AttributeError, TypeError, ValueError):
+        raise ExportError(f"{directory / outputs.UNITS}: expected \"medians\": {{code: number}}") from None
+    return canonical or units_mod.canonical_units(counts, units_mod.Converter()), census, medians
 
 
 def _admission_types(directory: pathlib.Path) -> dict[str, int]:
@@ -315,10 +322,11 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
     metrics = _validate(ExportMetrics, metrics_raw, directory / METRICS)
     value_stats, clip_z = _value_stats(_read_json(directory, outputs.NUMERIC_STATS),
                                        directory / outputs.NUMERIC_STATS)
-    canonical, census = _units(directory)
+    canonical, census, medians = _units(directory)
     return Export(directory=directory, checksum=checksum, card=card, card_raw=card_raw, pipeline=pipeline,
                   pipeline_raw=pipeline_raw, vocabulary=frozenset(ranks), metrics=metrics, metrics_raw=metrics_raw,
                   lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=canonical, unit_census=census,
+                  unit_medians=medians,
                   value_stats=value_stats, clip_z=clip_z, admission_types=_admission_types(directory),
                   meds_codes=_meds_codes(directory), reference=_reference(directory),
                   schema_version=_schema_version(vocabulary_doc, directory / outputs.VOCABULARY))
