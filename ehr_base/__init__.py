@@ -6,8 +6,9 @@ the one place that:
 * pins the Keras flavour: edward2 and TensorFlow Probability speak the Keras 2 API
   (``tf-keras``), and TensorFlow reads ``TF_USE_LEGACY_KERAS`` only once, on its first import;
 * quiets TensorFlow's C++ start-up lines (oneDNN notices, CUDA probes and a "failed call to
-  cuInit" that reads like a failure on every CPU machine): ``console.quiet`` decides, and a
-  command's ``-v`` shows them;
+  cuInit" that reads like a failure on every CPU machine), also the ones printed below Python's
+  logging while TensorFlow is first imported, whichever module imports it
+  (``console.quiet_tensorflow_import``); a command's ``-v`` shows them;
 * picks Arrow's allocator: the system's, unless ARROW_DEFAULT_MEMORY_POOL says otherwise. Arrow's
   default (mimalloc) keeps freed blocks: the Beam job on the MIMIC-III demo peaked at 360-376 MiB
   with it and 292-295 MiB with the system allocator, in the same time (bench/job_footprint.py);
@@ -24,6 +25,7 @@ from ehr_base import console as _console
 
 _console.pin_keras()
 _console.quiet_native_logs()
+_console.quiet_tensorflow_import()
 _os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 # The package's one version: CHANGELOG.md has a section for it.

@@ -51,8 +51,11 @@ class ServiceMetrics:
                                 ("name", "version", "checksum"), registry=reg)
         # The population monitor (serving.monitor): the shift report of the recent admissions.
         self.shift_level = Gauge(f"{ns}_shift_level", "Shift of the recent admissions against the training "
-                                 "population: 0 none, 1 moderate, 2 severe, -1 no reference to compare with.",
-                                 registry=reg)
+                                 "population: 0 none, 1 moderate, 2 severe, -1 no reference to compare with, "
+                                 "-2 the last report failed (ehr_monitor_errors_total).", registry=reg)
+        self.monitor_errors = Counter(f"{ns}_monitor_errors_total", "Population monitor failures (logged with "
+                                      "their traceback), by stage: record (an admission left out of the window) or "
+                                      "report (no report for that window).", ("stage",), registry=reg)
         self.shift_findings = Gauge(f"{ns}_shift_findings", "Shift findings in the monitor window, by kind and "
                                     "severity.", ("kind", "severity"), registry=reg)
         self.shift_worst_psi = Gauge(f"{ns}_shift_worst_psi", "Largest population stability index of a compared "

@@ -11,6 +11,12 @@ the units their values came in, and compares them with the export's reference
 
 The report is computed when asked for (a scrape or /v1/monitor) and only when the window
 changed since, never on a request's path: ~0.1 s for 500 admissions (docs/serving.md).
+
+The monitor summarises whatever requests send, so it must never take the service down: a report
+that raises is logged with its traceback (once per window state), counted in
+``ehr_monitor_errors_total{stage}``, shown as ``ehr_shift_level`` -2 and answered by /v1/monitor as
+level "error" with one line saying why; /metrics renders every other metric as usual. An admission
+that cannot be recorded is counted the same way and left out; its prediction is answered.
 """
 from __future__ import annotations
 
@@ -20,12 +26,25 @@ import logging
 import threading
 from collections.abc import Mapping
 
+from ehr_base.cli_args import one_line
 from ehr_pipeline import shift
 from ehr_pipeline.shift import Admission, Profile
 from model.export.load import Export
 from serving.metrics import ServiceMetrics
 
 logger = logging.getLogger(__name__)
+
+# ehr_shift_level while the last report failed (-1: nothing to compare with; 0-2: the report's level).
+LEVEL_ERROR = -2
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """What the monitor says now: the report of its window, or why there is none."""
+
+    report: shift.ShiftReport | None  # None: no reference, or the report failed (error says why)
+    admissions: int  # in the window
+    error: str | None = None  # one line: the report could not be made (logged, counted)
 
 
 class Monitor:
@@ -42,7 +61,7 @@ class Monitor:
         self._lock = threading.Lock()  # guards the window
         self._compute = threading.Lock()  # one report at a time
         self._version = 0
-        self._report: tuple[int, shift.ShiftReport | None, int] = (-1, None, 0)
+        self._reading: tuple[int, Reading] = (-1, Reading(None, 0))
         if metrics is not None and not self.available:
             metrics.shift_level.set(-1)
 
@@ -55,33 +74,55 @@ class Monitor:
         """Adds one answered admission (its unit rows: (code, unit as written) -> values) to the window."""
         if not self.available:
             return
-        item = (dataclasses.replace(admission, mutual_information=float(mutual_information)), dict(unit_rows))
+        try:
+            item = (dataclasses.replace(admission, mutual_information=float(mutual_information)), dict(unit_rows))
+        except Exception as err:  # noqa: BLE001  (never fail the prediction that is being answered)
+            self._failed("record", err)
+            return
         with self._lock:
             self._items.append(item)
             self._version += 1
 
-    def report(self) -> tuple[shift.ShiftReport | None, int]:
-        """(the report of the window, admissions in it); None without a reference. Updates the gauges."""
+    def report(self) -> Reading:
+        """The report of the window (computed when the window changed since the last call); updates the gauges."""
         if not self.available:
-            return None, 0
+            return Reading(None, 0)
         with self._compute:
             with self._lock:
                 version, items = self._version, list(self._items)
-            if self._report[0] == version:
-                return self._report[1], self._report[2]
-            reference = self.export.reference
-            units: dict[str, dict[str, int]] = {}
-            for _, rows in items:
-                for (code, unit), n in rows.items():
-                    by_unit = units.setdefault(code, {})
-                    by_unit[unit] = by_unit.get(unit, 0) + n
-            current = Profile.build([a for a, _ in items], vocabulary=self.export.vocabulary, bins_from=reference,
-                                    units=units, canonical=self.export.units,
-                                    description=f"the service's last {len(items)} admissions")
-            harmoniser = self.export.harmoniser
-            report = shift.compare(reference, current, loinc=harmoniser.loinc, thresholds=self.thresholds,
-                                   converter=harmoniser.converter)
-            self._report = (version, report, len(items))
-            if self.metrics is not None:
-                self.metrics.update_shift(report, len(items))
-            return report, len(items)
+            if self._reading[0] == version:
+                return self._reading[1]
+            try:
+                report = self._compare(items)
+                if self.metrics is not None:
+                    self.metrics.update_shift(report, len(items))
+                reading = Reading(report, len(items))
+            except Exception as err:  # noqa: BLE001  (whatever the data does to the statistics: see the docstring)
+                reading = Reading(None, len(items), self._failed("report", err))
+            self._reading = (version, reading)
+            return reading
+
+    def _compare(self, items: list[tuple[Admission, Mapping[tuple[str, str], int]]]) -> shift.ShiftReport:
+        """The shift report of `items` against the export's reference."""
+        units: dict[str, dict[str, int]] = {}
+        for _, rows in items:
+            for (code, unit), n in rows.items():
+                by_unit = units.setdefault(code, {})
+                by_unit[unit] = by_unit.get(unit, 0) + n
+        current = Profile.build([a for a, _ in items], vocabulary=self.export.vocabulary, bins_from=self.export.reference,
+                                units=units, canonical=self.export.units,
+                                description=f"the service's last {len(items)} admissions")
+        harmoniser = self.export.harmoniser
+        return shift.compare(self.export.reference, current, loinc=harmoniser.loinc, thresholds=self.thresholds,
+                             converter=harmoniser.converter)
+
+    def _failed(self, stage: str, err: BaseException) -> str:
+        """Logs (with the traceback) and counts a monitor failure; returns it in one line."""
+        line = one_line(f"the population monitor could not {stage} ({type(err).__name__}: {err}); "
+                        "predictions are unaffected")
+        logger.error("%s", line, exc_info=err)
+        if self.metrics is not None:
+            self.metrics.monitor_errors.labels(stage=stage).inc()
+            if stage == "report":
+                self.metrics.shift_level.set(LEVEL_ERROR)
+        return line

@@ -18,6 +18,7 @@ from serving.dependencies import (
     SettingsDep,
 )
 from serving.encoding import InputError
+from serving.monitor import Reading
 from serving.prediction import (
     check_event_limit,
     held_out_calibration,
@@ -195,13 +196,15 @@ async def monitor_report(settings: SettingsDep, predictor: ServedModelDep, monit
 
     Per-code value distributions in the model's units, values that arrived in other units, codes
     out of the model's vocabulary, charting frequency, case mix and the model's mutual
-    information (docs/shift.md); 'unavailable' when the export carries no reference.
+    information (docs/shift.md); 'unavailable' when the export carries no reference; 'error' (with the
+    reason in one line, logged and counted in ehr_monitor_errors_total) when the report could not be made.
     """
-    report, admissions = (await run_in_threadpool(monitor.report)) if monitor is not None else (None, 0)
-    if report is None:
-        return MonitorResponse(level="unavailable", admissions=admissions, window=settings.monitor_window,
-                               findings=[], summary={}, model=model_identity(predictor))
-    doc = report.to_json()
-    return MonitorResponse(level=report.level, admissions=admissions, window=settings.monitor_window,
+    reading = (await run_in_threadpool(monitor.report)) if monitor is not None else Reading(None, 0)
+    if reading.report is None:
+        return MonitorResponse(level="error" if reading.error else "unavailable", admissions=reading.admissions,
+                               window=settings.monitor_window, findings=[], summary={}, error=reading.error,
+                               model=model_identity(predictor))
+    doc = reading.report.to_json()
+    return MonitorResponse(level=reading.report.level, admissions=reading.admissions, window=settings.monitor_window,
                            findings=[ShiftFinding(**f) for f in doc["findings"]], summary=doc["summary"],
                            model=model_identity(predictor))

@@ -318,14 +318,17 @@ class ShiftFinding(BaseModel):
 class MonitorResponse(BaseModel):
     """GET /v1/monitor answer: the shift report of the service's recent admissions."""
 
-    level: Literal["none", "moderate", "severe", "unavailable"] = Field(
+    level: Literal["none", "moderate", "severe", "unavailable", "error"] = Field(
         description="The worst finding's severity; 'unavailable' when the export carries no reference population "
-                    "or the monitor is off.")
+                    "or the monitor is off; 'error' when the report of the window could not be made (see 'error').")
     admissions: int = Field(description="Admissions in the window now.")
     window: int = Field(description="Most recent admissions the monitor keeps (the server's --monitor-window).")
     findings: list[ShiftFinding] = Field(description="Findings above the thresholds, worst first.")
     summary: dict[str, Any] = Field(description="What was compared: sizes, tests, worst PSI, out-of-vocabulary "
                                                 "shares, converted values, mutual information, thresholds.")
+    error: str | None = Field(None, description="Why there is no report when level is 'error' (one line; the "
+                                                "server logs the traceback and counts it in "
+                                                "ehr_monitor_errors_total).")
     model: ModelIdentity
 
 

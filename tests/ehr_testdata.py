@@ -30,8 +30,9 @@ INSURANCES = ("Medicare", "Private", "Medicaid")
 
 
 def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool,
-               scale: dict[str, float] | None = None) -> tuple:
-    """(context, bags, P_DEATH, codes, values, times) of one admission; scale multiplies codes' recorded values."""
+               scale: dict[str, float] | None = None, constant: dict[str, float] | None = None) -> tuple:
+    """(context, bags, P_DEATH, codes, values, times) of one admission; scale multiplies codes' recorded values,
+    constant records each of its codes at one value."""
     trigger = T0 + hadm_id * DAY
     n = int(rng.integers(3, 14))
     pool = CODES[:-1] + (["lab:99999"] if rare_codes else [])  # an out-of-vocabulary lab
@@ -48,6 +49,8 @@ def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool,
     p_death = 0.9 if (risky or high_lactate) else 0.05
     for code, factor in (scale or {}).items():  # recorded differently, after the truth was drawn
         values = np.where(np.asarray(codes, dtype=object) == code, values * factor, values)
+    for code, value in (constant or {}).items():  # a setting charted as a value (PEEP 5): one value everywhere
+        values = np.where(np.asarray(codes, dtype=object) == code, value, values)
     bags = bagging.bag_events(np.asarray(times, np.int64), np.asarray(codes, dtype=object), values, trigger,
                               PipelineConfig().bagging)
     context = {spec.SUBJECT_ID: 10_000 + hadm_id, spec.HADM_ID: hadm_id, spec.LABEL: int(rng.random() < p_death),
@@ -63,11 +66,12 @@ def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool,
 
 def write_data_dir(out: str | os.PathLike[str], sizes=(("train", 160), ("validation", 48), ("test", 48)),
                    seed: int = 0, train_shards: int = 2, scale: dict[str, float] | None = None,
-                   units: dict[str, str] | None = None) -> pathlib.Path:
+                   units: dict[str, str] | None = None, constant: dict[str, float] | None = None) -> pathlib.Path:
     """Writes a complete pipeline output folder (shards, vocabulary, statistics, manifest, truth CSV).
 
     scale: code -> factor on its recorded values (another site's unit or assay); units: code ->
-    the unit its values are in, written to units.json as the job writes it (none without it).
+    the unit its values are in, written to units.json as the job writes it (none without it);
+    constant: code -> the one value it always records.
     """
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,7 +87,8 @@ def write_data_dir(out: str | os.PathLike[str], sizes=(("train", 160), ("validat
         records, positives = [], 0
         for _ in range(n):
             hadm += 1
-            context, bags, p_death, codes, values, _ = _admission(rng, hadm, rare_codes=split != "train", scale=scale)
+            context, bags, p_death, codes, values, _ = _admission(rng, hadm, rare_codes=split != "train", scale=scale,
+                                                                  constant=constant)
             for code in units or {}:
                 unit_rows[code] = unit_rows.get(code, 0) + int(np.count_nonzero(np.asarray(codes, dtype=object) == code))
             records.append(seqex.make_sequence_example(context, bags).SerializeToString())
@@ -93,22 +98,29 @@ def write_data_dir(out: str | os.PathLike[str], sizes=(("train", 160), ("validat
                 for code, st in vocab.example_code_stats(np.asarray(codes, dtype=object), values).items():
                     stats[code] = vocab.add_stats(stats.get(code, vocab.ZERO), st)
         shards = config.num_shards.model_dump()[split]
+        files = {}
         for shard in range(shards):
-            with open(out / spec.shard_file_name(split, shard, shards), "wb") as f:
+            name = spec.shard_file_name(split, shard, shards)
+            with open(out / name, "wb") as f:
                 write_records(f, records[shard::shards])
-        splits[split] = {"examples": n, "positives": positives, "label_rate": positives / n}
+            files[name] = {"sha256": layout.sha256_of(str(out / name))}
+        splits[split] = {"examples": n, "positives": positives, "label_rate": positives / n, "files": files}
     vocabulary = vocab.build_vocabulary(stats, config.vocab.min_count, config.vocab.max_size_per_source)
     layout.write_json(str(out / layout.VOCABULARY), {"schema_version": spec.SCHEMA_VERSION, "sources": vocabulary,
                                                        "min_count": config.vocab.min_count, "built_on": "train"})
     layout.write_json(str(out / layout.NUMERIC_STATS), {
         "schema_version": spec.SCHEMA_VERSION, "clip_z": config.numeric.clip_z,
         "codes": vocab.normalisation_stats(stats), "built_on": "train"})
-    layout.write_json(str(out / layout.MANIFEST), {"manifest_version": 1, "schema_version": spec.SCHEMA_VERSION,
-                                                     "config": config.to_dict(), "splits": splits})
     if units:
         layout.write_json(str(out / layout.UNITS), {
             "schema_version": spec.SCHEMA_VERSION, "codes": {c: {u: unit_rows.get(c, 0)} for c, u in units.items()},
             "canonical": dict(units), "canonical_from": "this release"})
+    # Last, with the checksums of what it names, as the job writes it (ehr_pipeline.job.manifest).
+    side = {key: {"file": name, "sha256": layout.sha256_of(str(out / name))}
+            for key, name in (("vocabulary", layout.VOCABULARY), ("numeric_stats", layout.NUMERIC_STATS),
+                              ("units", layout.UNITS)) if (out / name).exists()}
+    layout.write_json(str(out / layout.MANIFEST), {"manifest_version": 1, "schema_version": spec.SCHEMA_VERSION,
+                                                     "config": config.to_dict(), "splits": splits, **side})
     with open(out / "SYNTH_TRUTH.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["HADM_ID", "P_DEATH"])

@@ -4,10 +4,17 @@ The export's reference is its training folder's profile (shift_report.reference_
 streams are fresh draws of the same population sent as requests, once as recorded (site A), once
 with creatinine in umol/L and its unit, once with creatinine in umol/L as bare numbers.
 Target: the monitor flags an SI-unit stream within 200 requests and stays quiet on a site-A stream.
+A code whose training values are all one value (the demo's lab:50819, PEEP set, always 5) must
+leave /v1/monitor and /metrics answering 200, and a monitor whose report fails is logged and
+counted, never a 500.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import httpx
+import numpy as np
 import pytest
 
 from ehr_testdata import admission_requests, write_data_dir
@@ -17,6 +24,7 @@ from serving.settings import make_settings
 from tests.serving_fixtures import ThreadedServer, write_tiny_model_export
 
 CREATININE = "lab:50912"
+PEEP = "lab:50819"  # constant (5) in every training admission that has it, as on the MIMIC-III demo
 UMOL_PER_MG_DL = 88.4  # creatinine, published SI factor (umol/L per mg/dL)
 STEP = 50  # requests per batch call; the monitor is read after each
 PARAMS = {"num_samples": 2, "seed": 0}
@@ -101,3 +109,83 @@ def test_an_export_without_a_reference_answers_unavailable(fixture_export):
         answer = client.get("/v1/monitor").json()
         assert (answer["level"], answer["findings"]) == ("unavailable", [])
         assert _gauge(client.get("/metrics").text, "ehr_shift_level") == -1.0
+
+
+@pytest.fixture(scope="module")
+def constant_code_export(tmp_path_factory):
+    """An export whose training population carries PEEP = 5 in every admission (a one-value code)."""
+    from ehr_pipeline.shift import population
+    from model.training.inputs import load_data_files
+
+    base = tmp_path_factory.mktemp("monitor_constant")
+    files = load_data_files(write_data_dir(base / "data", units={CREATININE: "mg/dL"}))
+    admissions = [_with_code(a, PEEP, 5.0) for a in
+                  population.admissions_from_examples(population.read_records(files.data_dir, "train"))]
+    codes = sorted({c for codes in files.vocabulary.values() for c in codes} | {PEEP.split(":", 1)[1]})
+    vocabulary = {s: [c.split(":", 1)[1] for c in v] for s, v in files.vocabulary.items()}
+    vocabulary["lab"] = vocabulary.get("lab", []) + [PEEP.split(":", 1)[1]]
+    keep = [f"{s}:{c}" for s, v in vocabulary.items() for c in v]
+    reference = population.Profile.build(admissions, vocabulary=keep, keep=keep, canonical={CREATININE: "mg/dL"})
+    assert reference.codes[PEEP].values.median_low == reference.codes[PEEP].values.median_high == 5.0 and codes
+    return write_tiny_model_export(base / "export", vocabulary=vocabulary, reference=reference)
+
+
+def _with_code(a, code: str, value: float):
+    """The admission with one event of `code` at `value` added."""
+    codes = np.append(a.codes, code).astype(object)
+    order = np.argsort(codes.astype(str))
+    return dataclasses.replace(a, codes=codes[order], events=np.append(a.events, 1)[order],
+                               values=np.append(a.values, value)[order])
+
+
+def _with_peep(bodies: list[dict], value: float) -> list[dict]:
+    for body in bodies:
+        time = body["events"][0]["time"] if body["events"] else body["admission"]["admit_time"]
+        body["events"].append({"time": time, "source": "lab", "code": PEEP.split(":", 1)[1], "value": value})
+    return bodies
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value, level", [(5.0, "none"), (10.0, "severe")])
+def test_a_code_constant_in_training_keeps_monitor_and_metrics_answering(constant_code_export, value, level):
+    answers = _stream(constant_code_export, _with_peep(admission_requests(100, seed=31), value))
+    last = answers[-1]
+    assert last["level"] == level, last["findings"]
+    assert _gauge(last["metrics"], "ehr_shift_level") == {"none": 0.0, "severe": 2.0}[level]
+    assert "ehr_monitor_errors_total" in last["metrics"] and 'stage="report"' not in last["metrics"]
+    if value != 5.0:
+        [moved] = [f for f in last["findings"] if f["subject"] == PEEP]
+        assert moved["message"].startswith(f"{PEEP} values are ~2x the training median"), moved["message"]
+
+
+def test_a_report_that_fails_is_logged_counted_and_answered_not_a_500(fixture_export, caplog):
+    from fastapi.testclient import TestClient
+
+    from ehr_pipeline import shift
+    from ehr_pipeline.shift import Distribution, Profile
+    from serving.monitor import LEVEL_ERROR, Monitor
+
+    settings = make_settings(model_dir=fixture_export, no_auth=True, host="127.0.0.1", warmup=False)
+    app = create_app(settings, ServedModel.load(fixture_export))
+    body = {"patients": admission_requests(3, seed=1)}
+    with TestClient(app) as client:
+        # A reference whose lab events per admission have more counts than bins: a state no
+        # validated file reaches, standing in for any fault of the statistics on the window's data.
+        lab = Distribution(30, 3.0, 3.0, 3.0, 3.0, (1.0,), (10, 10, 10))
+        broken = dataclasses.replace(Profile.build([]), n=30, events={"lab": lab})
+        export = dataclasses.replace(app.state.predictor.export, reference=broken)
+        app.state.monitor = Monitor(export, 10, app.state.metrics, shift.Thresholds(min_admissions=2))
+        assert client.post("/v1/predict/batch", json=body).status_code == 200
+        with caplog.at_level(logging.ERROR, logger="serving.monitor"):
+            scrape = client.get("/metrics")
+            answer = client.get("/v1/monitor")
+        assert (scrape.status_code, answer.status_code) == (200, 200)
+        assert answer.json()["level"] == "error" and answer.json()["error"].startswith(
+            "the population monitor could not report (ValueError: ")
+        assert _gauge(scrape.text, "ehr_shift_level") == LEVEL_ERROR
+        assert _gauge(scrape.text, 'ehr_monitor_errors_total{stage="report"}') == 1.0
+        assert "ehr_http_requests_total" in scrape.text  # every other metric still there
+        # Logged once for that window (with the traceback), not once per scrape.
+        assert len([r for r in caplog.records if r.exc_info]) == 1
+        assert client.post("/v1/predict/batch", json=body).status_code == 200  # a new window state: tried again
+        assert _gauge(client.get("/metrics").text, 'ehr_monitor_errors_total{stage="report"}') == 2.0

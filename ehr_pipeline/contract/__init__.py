@@ -3,7 +3,8 @@
 The modules: ``spec`` names the SequenceExample's features, their types and allowed values
 (``AdmissionContext``) and imports nothing of the project; ``config`` is the pipeline
 configuration (pydantic, from YAML); ``layout`` names the files of a data folder and reads and
-writes them; ``splits`` says which split and shard a patient's records land in; ``protos``
+writes them; ``integrity`` checks a folder against its manifest (checksums, schema version)
+before anything reads it; ``splits`` says which split and shard a patient's records land in; ``protos``
 declares TensorFlow's Example protos with protobuf alone and ``tfrecord`` frames records
 without TensorFlow; ``tf_parse`` parses the records into tensors.
 
@@ -12,7 +13,7 @@ at module level, so it is not re-exported here: the trainer imports it by its pa
 """
 from __future__ import annotations
 
-from ehr_pipeline.contract import layout, protos, spec, tfrecord
+from ehr_pipeline.contract import integrity, layout, protos, spec, tfrecord
 from ehr_pipeline.contract.config import (
     SPLIT_NAMES,
     BaggingConfig,
@@ -20,6 +21,7 @@ from ehr_pipeline.contract.config import (
     load_pipeline_config,
     parse_pipeline_config,
 )
+from ehr_pipeline.contract.integrity import DataIntegrityError, verify_folder
 from ehr_pipeline.contract.spec import AdmissionContext
 from ehr_pipeline.contract.splits import assign_split, shard_of
 
@@ -27,8 +29,10 @@ __all__ = [
     "SPLIT_NAMES",
     "AdmissionContext",
     "BaggingConfig",
+    "DataIntegrityError",
     "PipelineConfig",
     "assign_split",
+    "integrity",
     "layout",
     "load_pipeline_config",
     "parse_pipeline_config",
@@ -36,4 +40,5 @@ __all__ = [
     "shard_of",
     "spec",
     "tfrecord",
+    "verify_folder",
 ]

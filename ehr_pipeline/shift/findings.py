@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_pipeline.contract import spec
 from ehr_pipeline.encode import units
+from ehr_pipeline.shift import unit_mismatch
 from ehr_pipeline.shift.population import Distribution, Profile
 from ehr_pipeline.shift.stats import median_ratio
 
@@ -131,9 +132,9 @@ def unit_hint(code: str, reference: Distribution, current: Distribution, canonic
         if not expected > 0:
             continue
         factor = expected / reference.median
-        if abs(math.log(factor)) < math.log(thresholds.unit_hint_min_factor):
+        if abs(log_of(factor)) < math.log(thresholds.unit_hint_min_factor):
             continue
-        miss = abs(math.log(current.median / expected))
+        miss = abs(log_of(current.median / expected))
         if miss <= math.log(thresholds.unit_hint_tolerance) and (best is None or miss < best[0]):
             best = (miss, candidate, factor)
     return None if best is None else (best[1], best[2])
@@ -163,7 +164,7 @@ def _value_finding(t, significant, th, reference, current, mismatched, loinc, co
                                "median_reference": ref.median, "median_current": cur.median, "unit": unit}
     ratio = median_ratio(ref, cur)
     before, after = f"{ref.median:.3g}{' ' + unit if unit else ''}", f"{cur.median:.3g}{' ' + data_unit if data_unit else ''}"
-    if ratio is not None and abs(math.log(ratio[0])) >= math.log(_NEAR_ONE):
+    if ratio is not None and abs(log_of(ratio[0])) >= math.log(_NEAR_ONE):
         numbers.update(ratio=ratio[0], ratio_low=ratio[1], ratio_high=ratio[2])
         interval = f", 95% interval {ratio[1]:.3g}-{ratio[2]:.3g}x" if math.isfinite(ratio[1]) else ""
         message = f"{code} values are ~{_times(ratio[0])} the training median ({before} -> {after}{interval}; PSI {t.psi:.2f})"
@@ -186,13 +187,30 @@ def _value_finding(t, significant, th, reference, current, mismatched, loinc, co
 
 
 def _moved_bin(ref: Distribution, cur: Distribution) -> str:
-    """The bin whose share changed most, in words ('values below 4.5: 10% of training admissions, 25% now')."""
+    """The bin whose share changed most, in words ('values below 4.5: 10% of training admissions, 25% now').
+
+    Any binning: no edges (one bin, an export's reference of a constant code made before its point
+    masses were closed) reads 'all values'.
+    """
     r, c = ref.proportions(), cur.proportions()
     i = int(np.argmax(np.abs(c - r)))
-    edges = ref.edges
-    where = (f"below {edges[0]:.3g}" if i == 0 else f"at or above {edges[-1]:.3g}" if i == len(edges)
-             else f"in [{edges[i - 1]:.3g}, {edges[i]:.3g})")
-    return f"values {where} are {_pct(c[i])} of admissions ({_pct(r[i])} in training)"
+    return f"values {bin_words(ref.edges, i)} are {_pct(c[i])} of admissions ({_pct(r[i])} in training)"
+
+
+def bin_words(edges: tuple[float, ...], i: int) -> str:
+    """Bin i of `edges` (population.Distribution's bins) in words: 'below 4.5', 'in [4.5, 6)', 'at or above 6'."""
+    if not edges:
+        return "(all values in one bin)"
+    if i <= 0:
+        return f"below {edges[0]:.3g}"
+    if i >= len(edges):
+        return f"at or above {edges[-1]:.3g}"
+    return f"in [{edges[i - 1]:.3g}, {edges[i]:.3g})"
+
+
+def log_of(x: float) -> float:
+    """Natural log that is total on [0, inf]: -inf at 0 (a ratio that underflowed), NaN for NaN."""
+    return -math.inf if x == 0 else math.log(x)
 
 
 def _events_finding(t, significant, th, reference, current, *_) -> Finding:
@@ -278,21 +296,18 @@ def unit_mismatches(reference: Profile, current: Profile, conv: units.Converter,
                      findings: list[Finding]) -> dict[str, str]:
     """code -> the data's unit, for codes whose values were converted to another unit than the model's."""
     out = {}
-    for code, model_unit in sorted(reference.canonical.items()):
-        data_unit = current.canonical.get(code)
-        stats = current.codes.get(code)
-        if not data_unit or stats is None or stats.values is None or conv.key(data_unit) == conv.key(model_unit):
+    for m in unit_mismatch.mismatches(reference.canonical, current.canonical, conv, loinc):
+        stats = current.codes.get(m.code)
+        if stats is None or stats.values is None:
             continue
-        conversion, why = conv.conversion(data_unit, model_unit, loinc.get(code))
-        if conversion is not None and conversion.identity:
-            continue  # two names of one unit (mEq/L and mmol/L of a monovalent ion)
-        out[code] = data_unit
+        out[m.code] = m.data_unit
         how = ("prepare the data with `ehr-pipeline run --units-from MODEL_DIR` to convert them"
-               if conversion is not None else f"they cannot be converted ({why})")
-        findings.append(Finding("unit_mismatch", SEVERE, code,
-                                f"{code}: the data's values are in {data_unit}, the model's in {model_unit}: {how}",
-                                {"data_unit": data_unit, "model_unit": model_unit,
-                                 "factor": conversion.scale if conversion is not None else None,
+               if m.conversion is not None else f"they cannot be converted ({m.why})")
+        findings.append(Finding("unit_mismatch", SEVERE, m.code,
+                                f"{m.code}: the data's values are in {m.data_unit}, the model's in {m.model_unit}: "
+                                f"{how}",
+                                {"data_unit": m.data_unit, "model_unit": m.model_unit,
+                                 "factor": m.conversion.scale if m.conversion is not None else None,
                                  "admissions": stats.values.n}))
     return out
 

@@ -26,6 +26,7 @@ import dataclasses
 import glob
 import math
 import os
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -88,7 +89,7 @@ def admission_from_entries(age_years: float, gender: str, admission_type: str, c
         starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
         sizes = np.diff(np.r_[starts, ids.size])
         lower, upper = means[starts + (sizes - 1) // 2], means[starts + sizes // 2]
-        values[ids[starts]] = (lower + upper) / 2.0  # the median of each code's bag means
+        values[ids[starts]] = midpoint(lower, upper)  # the median of each code's bag means
     return Admission(float(age_years), str(gender), str(admission_type), distinct.astype(object), events, values,
                      float(mutual_information))
 
@@ -131,14 +132,20 @@ def admissions_from_examples(records: Sequence[bytes], mutual_information: Seque
 
 
 def read_records(data_dir: str | os.PathLike[str], split: str) -> list[bytes]:
-    """Every serialized example of one split of a data folder (file order), read without TensorFlow."""
+    """Every serialized example of one split of a data folder (file order), read without TensorFlow.
+
+    A damaged file (truncated, a bad CRC, not gzip) is a ValueError naming it.
+    """
     paths = sorted(glob.glob(os.path.join(os.fspath(data_dir), spec.split_file_pattern(split))))
     if not paths:
         raise FileNotFoundError(f"{data_dir}: no TFRecord files for split {split!r}")
     records: list[bytes] = []
     for path in paths:
-        with open(path, "rb") as f:
-            records.extend(tfrecord.read_records(f))
+        try:
+            with open(path, "rb") as f:
+                records.extend(tfrecord.read_records(f))
+        except (ValueError, EOFError, OSError, zlib.error) as err:  # gzip raises all of these on a cut file
+            raise ValueError(f"{path}: not a readable TFRecord file ({type(err).__name__}: {err})") from None
     return records
 
 
@@ -174,12 +181,12 @@ class Distribution:
         counts = np.bincount(np.searchsorted(np.asarray(edges), x, side="right"), minlength=len(edges) + 1)
         if not n:
             return cls(0, math.nan, math.nan, math.nan, math.nan, edges, tuple(int(c) for c in counts))
-        median = float(np.median(x))
+        median = float(midpoint(x[(n - 1) // 2], x[n // 2]))
         # The ranks whose order statistics bracket the median with 95% confidence (normal
         # approximation to Binomial(n, 1/2)); with few values the interval is the range.
         half = _Z95 * math.sqrt(n) / 2.0
         low, high = max(int(math.floor(n / 2.0 - half)), 0), min(int(math.ceil(n / 2.0 + half)), n - 1)
-        return cls(n, float(x.mean()), median, float(x[low]), float(x[high]), edges, tuple(int(c) for c in counts))
+        return cls(n, _mean(x), median, float(x[low]), float(x[high]), edges, tuple(int(c) for c in counts))
 
     def proportions(self) -> np.ndarray:
         """The share of values per bin (zeros when empty)."""
@@ -215,19 +222,72 @@ def _edges(x: np.ndarray, quantiles: Sequence[float], merge_ties: bool) -> tuple
     whatever the rounding; values within TIE_TOLERANCE of each other (2.0 and the mean
     2.0000000000000004 of 1.9, 2.0 and 2.1) count as one. An edge at the smallest value would
     leave an empty first bin and is dropped.
+
+    A first or last bin that holds one value (a code whose training values are all one value, or
+    a lab's lowest reportable value) is closed on its open side just past that value: values
+    that move off a point mass land in a bin of their own, so a constant 5 read as 10 is a shift,
+    not more of the same bin.
     """
     if not x.size:
         return ()
-    cuts = np.quantile(x, quantiles)
+    cuts = _quantiles(x, quantiles)
     if not merge_ties:
         return tuple(float(c) for c in cuts)
     out = set()
     for cut in np.unique(cuts):
-        below = int(np.searchsorted(x, cut - TIE_TOLERANCE * abs(cut), side="left"))
+        with np.errstate(over="ignore"):  # a cut near the largest float: its tie reaches -inf, nothing below
+            below = int(np.searchsorted(x, cut - _tie(cut), side="left"))
         if below == 0:
             continue
-        out.add(float((x[below - 1] + cut) / 2.0))
-    return tuple(sorted(out))
+        out.add(float(midpoint(x[below - 1], cut)))
+    edges = sorted(out)
+    first = x[x < edges[0]] if edges else x
+    last = x[x >= edges[-1]] if edges else x
+    with np.errstate(over="ignore"):  # past the largest float: no closing edge
+        low, high = float(x[0] - _tie(x[0])), float(x[-1] + _tie(x[-1]))
+    if first.size and _one_value(first) and math.isfinite(low):
+        edges.insert(0, low)
+    if last.size and _one_value(last) and math.isfinite(high):
+        edges.append(high)
+    return tuple(edges)
+
+
+def _quantiles(x: np.ndarray, quantiles: Sequence[float]) -> np.ndarray:
+    """np.quantile of sorted finite values, without the overflow of interpolating between huge values."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        cuts = np.quantile(x, quantiles)
+    bad = ~np.isfinite(cuts)
+    if bad.any():
+        cuts[bad] = np.quantile(x, np.asarray(quantiles)[bad], method="nearest")
+    return cuts
+
+
+def _tie(value: float) -> float:
+    """How far from `value` another value is still the same value (TIE_TOLERANCE relative; > 0 at 0)."""
+    return TIE_TOLERANCE * max(abs(float(value)), np.finfo(np.float64).tiny)
+
+
+def _one_value(sorted_values: np.ndarray) -> bool:
+    return bool(sorted_values[-1] - sorted_values[0] <= _tie(max(abs(sorted_values[0]), abs(sorted_values[-1]))))
+
+
+def midpoint(a: Any, b: Any) -> Any:
+    """(a + b) / 2 that does not overflow for values near the largest float (elementwise on arrays)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        mid = (a + b) / 2.0
+        # Halving first loses the smallest subnormals (5e-324 / 2 == 0): only where the sum overflowed.
+        return np.where(np.isfinite(mid), mid, a / 2.0 + b / 2.0)
+
+
+def _mean(x: np.ndarray) -> float:
+    """The mean of finite values; scaled first when their sum would overflow."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = float(x.mean())
+    if not math.isfinite(mean):
+        scale = float(np.max(np.abs(x)))
+        mean = float((x / scale).mean() * scale)
+    return mean
 
 
 def _num(x: float) -> float | None:

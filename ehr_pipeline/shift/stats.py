@@ -15,6 +15,7 @@ from ehr_pipeline.shift.population import Distribution
 
 _SMOOTH = 0.5  # added to every bin count before PSI: an empty bin of a small sample is not infinitely far
 _MIN_EXPECTED = 5.0  # chi-square bins are merged until each expects this many admissions
+_Z95 = 1.959963984540054
 
 
 def psi(reference: Sequence[float], current: Sequence[float]) -> float:
@@ -105,12 +106,14 @@ def median_ratio(reference: Distribution, current: Distribution) -> tuple[float,
     """(current / reference median, 95% interval low, high) for positive medians; None otherwise.
 
     The interval combines each median's order-statistic interval on the log scale as if normal.
+    Total on any medians: a ratio past the largest float is inf, one below the smallest 0.
     """
     if not (reference.median > 0 and current.median > 0):
         return None
-    ratio = current.median / reference.median
-    if reference.median_low > 0 and current.median_low > 0:
-        se = math.hypot(math.log(reference.median_high / reference.median_low),
-                        math.log(current.median_high / current.median_low)) / (2 * 1.959963984540054)
-        return ratio, ratio * math.exp(-1.959963984540054 * se), ratio * math.exp(1.959963984540054 * se)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        ratio = float(np.float64(current.median) / reference.median)
+        if reference.median_low > 0 and current.median_low > 0:
+            se = float(np.hypot(np.log(np.float64(reference.median_high) / reference.median_low),
+                                np.log(np.float64(current.median_high) / current.median_low))) / (2 * _Z95)
+            return ratio, float(ratio * np.exp(-_Z95 * se)), float(ratio * np.exp(_Z95 * se))
     return ratio, math.nan, math.nan

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from ehr_base import console
 from ehr_base.cli_args import OneLineParser, existing_dir, output_dir, positive_int, setup_logging, usage_error
+from ehr_pipeline.contract import integrity
 
 log = logging.getLogger("ehr-analyze")
 
@@ -92,6 +93,7 @@ def _ehr_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
 
     if args.data is None:
         raise ValueError("an EHR run needs --data (the Beam job's output folder)")
+    integrity.verify_folder(args.data, (args.split,))  # a cut shard: one line, not a DataLossError
     config, model, featurizer, _ = load_run(args.model, args.data)
     records, labels, _ = inputs.read_split(inputs.load_data_files(args.data), args.split)
     samples = args.samples or config.eval.num_samples

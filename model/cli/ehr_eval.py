@@ -6,7 +6,10 @@
   ehr-eval --compare eval/logistic/predictions.csv eval/rank1/predictions.csv --out eval/rank1_vs_logistic
 
 All S samples x K members of an example are one vectorised pass inside the export; the
-probabilities are the ones the service computes for the same example and seed. On data that is
+probabilities are the ones the service computes for the same example and seed. Before anything is
+scored, the data folder is checked against its manifest and the model's schema version, and values
+in other units than the model's are converted (or refused with the fix; --force scores them as they
+are): one line and exit code 2 for each problem, before any metric. On data that is
 not the model's training data, the shift report (docs/shift.md) of the evaluated split against
 the model's training population is printed and, with --out, written beside the metrics.
 """
@@ -30,8 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     from model.evaluation.metrics import UNCERTAINTY_MEASURES
     from model.evaluation.shift_report import FAIL_ON
     from model.export.load import MAX_SAMPLES
-    from model.training.baselines import KINDS
-    from model.training.config import EvalConfig
+    from model.training.config import BASELINE_KINDS, EvalConfig
 
     d = EvalConfig()
     parser = OneLineParser(
@@ -44,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", action="append", metavar="DIR",
                       help="export directory (MODEL_DIR) or run folder holding export/; repeat for an ensemble")
-    what.add_argument("--baseline", choices=KINDS, default=None,
+    what.add_argument("--baseline", choices=BASELINE_KINDS, default=None,
                       help="fit a scikit-learn baseline on --data's train split (settings chosen on validation) "
                            "and evaluate it like a model")
     what.add_argument("--compare", nargs=2, metavar=("A", "B"), default=None, type=existing_file,
@@ -86,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="when the data is not the model's training data, a shift report (shift.json, shift.md, "
                              "shift.png in --out) compares it with the model's training population; exit with code "
                              "3 when its level reaches this (never: the exit code does not depend on it)")
+    parser.add_argument("--force", action="store_true",
+                        help="score data whose values are in other units than the model's as they are (by default "
+                             "they are converted to the model's units before scoring, or refused when they cannot "
+                             "be: prepare such data with `ehr-pipeline run --units-from MODEL_DIR`)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("-v", "--verbose", action="store_true",
                    help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
@@ -155,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             truth_path=args.truth, referral_rate=args.referral_rate, referral_measure=args.referral_measure,
             n_bootstrap=args.bootstrap, num_bins=args.num_bins, out_dir=args.out,
             export_ensemble=args.export_ensemble, progress=not args.no_progress,
-            target_coverage=args.target_coverage, target_risk=args.target_risk)
+            target_coverage=args.target_coverage, target_risk=args.target_risk, force_units=args.force)
     except (ExportError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
     print(formatting.format_table(report))

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from ehr_pipeline.contract import SPLIT_NAMES, integrity
 from ehr_pipeline.meds import labels as meds_labels
-from model.evaluation import against_truth, clinical_stats, metrics, metrics_report, plots
+from model.evaluation import against_truth, clinical_stats, metrics, metrics_report, plots, unit_check
 from model.evaluation.metrics_report import json_ready
 from model.export.load import DECISION_THRESHOLD
 
@@ -360,33 +361,31 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
                    referral_measure: str | None = None, n_bootstrap: int = 1000, num_bins: int = metrics.NUM_BINS,
                    out_dir: str | os.PathLike[str] | None = None, export_ensemble: str | os.PathLike[str] | None = None,
                    progress: bool = False, target_coverage: float = clinical_stats.TARGET_COVERAGE,
-                   target_risk: float = clinical_stats.TARGET_RISK) -> tuple[dict[str, Any], dict[str, Any]]:
+                   target_risk: float = clinical_stats.TARGET_RISK,
+                   force_units: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Evaluates exports (several = a deep ensemble) on a split; returns (report, {"export_dir": ...}).
 
     The report holds model.evaluation.metrics' numbers, the clinical statistics (report["clinical"]), who the
     model was built on (report["population"], from the data folder) and the model cards; with
-    out_dir, report.html renders them.
+    out_dir, report.html renders them. First: ehr_pipeline.contract.integrity, then unit_check.plan_units (force_units).
     """
     from model.export import write as export_writer
     from model.export.load import load_export
     from model.export.predict import predict_probs
-    from model.training.inputs import load_data_files, read_split
+    from model.training.inputs import example_ids, load_data_files
 
     exports = [load_export(d) for d in model_dirs]
+    integrity.verify_folder(data_dir, SPLIT_NAMES, models={str(e.path): e.files.schema_version for e in exports})
+    units_plan = unit_check.plan_units(exports, data_dir, force=force_units)
     files = load_data_files(data_dir)
     data_sha = export_writer.data_manifest_sha256(files.data_dir)
-    other_data = [e for e in exports if e.model_card.get("data_manifest_sha256") != data_sha]
-    for e in other_data:
-        log.warning("%s was trained on other data (data manifest checksum differs): evaluating anyway, with a "
-                    "shift report of this data against the model's training population", e.path)
+    other_data = _trained_on_other_data(exports, data_sha)
     k = sum(e.ensemble_size for e in exports)
 
     ids: dict[str, tuple[list[int], list[int]]] = {}
 
     def predict(split_name: str) -> tuple[np.ndarray, list[int], list[int], list[bytes]]:
-        from model.training.inputs import example_ids
-
-        records, labels, hadm_ids = read_split(files, split_name)
+        records, labels, hadm_ids = _split_records(files, split_name, split, units_plan)
         ids[split_name] = _meds_ids(files.data_dir, example_ids(records), hadm_ids)
         probs = predict_probs(exports, records, num_samples, seed, batch_size=batch_size, progress=progress)
         return probs, labels, hadm_ids, records
@@ -421,7 +420,8 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
     report["model"] = model_description([e.model_card for e in exports], [e.metrics for e in exports])
     extra: dict[str, Any] = {}
     if other_data:
-        extra["shift"] = _shift_of_split(exports, files.data_dir, split, records, probs, num_samples)
+        extra["shift"] = _shift_of_split(exports, files.data_dir, split, records, probs, num_samples,
+                                         units_plan.canonical)
     if out_dir is not None:
         _write_outputs(out_dir, report, probs, labels, hadm_ids, ids[split], shifted=extra.get("shift"),
                        models=[str(e.path) for e in exports], split=split, seed=seed, data_sha=data_sha,
@@ -434,6 +434,29 @@ def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str |
                                                measure=measure, rate=rate, threshold=threshold,
                                                num_samples=num_samples, data_sha=data_sha)
     return report, extra
+
+
+def _trained_on_other_data(exports: Sequence[Any], data_sha: str) -> list[Any]:
+    """The exports whose training data is not this folder (each said in the log)."""
+    other = [e for e in exports if e.model_card.get("data_manifest_sha256") != data_sha]
+    for e in other:
+        log.warning("%s was trained on other data (data manifest checksum differs): evaluating anyway, with a "
+                    "shift report of this data against the model's training population", e.path)
+    return other
+
+
+def _split_records(files: Any, split_name: str, evaluated: str,
+                   units_plan: unit_check.UnitPlan) -> tuple[list[bytes], list[int], list[int]]:
+    """(records in the model's units, labels, hadm_ids) of a split; an empty split is a one-line ValueError."""
+    from model.training.inputs import read_split
+
+    records, labels, hadm_ids = read_split(files, split_name)
+    if not records:
+        raise ValueError(f"{files.data_dir}: the {split_name} split has no examples"
+                         + (": nothing to evaluate" if split_name == evaluated else
+                            ", and the referral threshold is chosen on it (an ensemble, or a referral rate or "
+                            "measure other than the model's stored rule)"))
+    return units_plan.convert(records), labels, hadm_ids
 
 
 def _meds_ids(data_dir: str, ids: tuple[list[int], list[int]], hadm_ids: Sequence[int]
@@ -483,8 +506,9 @@ def _export_ensemble(out: str | os.PathLike[str], exports: Sequence[Any], test_r
 
 
 def _shift_of_split(exports: Sequence[Any], data_dir: str, split: str, records: Sequence[bytes], probs: np.ndarray,
-                    num_samples: int) -> Any:
-    """The shift report of the evaluated split against the (first) export's reference; None when it has none."""
+                    num_samples: int, canonical: Mapping[str, str]) -> Any:
+    """The shift report of the evaluated split (its values in `canonical` units) against the (first) export's
+    reference; None when it has none."""
     from model.evaluation import shift_report
 
     export = exports[0].files
@@ -496,7 +520,8 @@ def _shift_of_split(exports: Sequence[Any], data_dir: str, split: str, records: 
     # The reference's mutual information is one export's: an ensemble's is not comparable with it.
     mi = metrics.mutual_information(probs) if len(exports) == 1 else None
     current = shift_report.current_profile(export, export.reference, records, data_dir, mutual_information=mi,
-                                           samples=num_samples, description=f"{split} split of {data_dir}")
+                                           samples=num_samples, description=f"{split} split of {data_dir}",
+                                           canonical=canonical)
     return shift_report.ShiftResult(shift_report.compare(export, export.reference, current), export.reference, current)
 
 
@@ -512,6 +537,7 @@ def run_baseline_evaluation(kind: str, data_dir: str | os.PathLike[str], split: 
     from model.training.config import EvalConfig
     from model.training.inputs import load_data_files
 
+    integrity.verify_folder(data_dir, SPLIT_NAMES)
     result = fit_baseline(data_dir, kind, seed, splits=tuple(dict.fromkeys(("validation", split))))
     # One probability per case: mutual information is 0, so entropy is the default measure here.
     measure = referral_measure or "predictive_entropy"

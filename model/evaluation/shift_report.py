@@ -8,7 +8,8 @@ The statistics and their comparison live in the data layer (``ehr_pipeline.shift
   ``reference_from_data`` makes one on the fly for an export that has none (``--reference-data``).
 * ``current_profile``: new data (serialized examples, their units.json) binned on the reference,
   in the model's vocabulary, with the model's mutual information when it scored them.
-* ``run_shift``: the report of a data folder against an export, for ``ehr-analyze shift``;
+* ``run_shift``: the report of a data folder against an export, for ``ehr-analyze shift`` (the folder
+  checked against its manifest and the model's schema version first: ``ehr_pipeline.contract.integrity``);
   ``ehr-eval`` builds the current profile from the predictions it already made.
 * ``write_outputs``: shift.json, shift.md and shift.png.
 """
@@ -19,12 +20,13 @@ import json
 import logging
 import os
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ehr_pipeline import shift
+from ehr_pipeline.contract import integrity
 from ehr_pipeline.shift import Profile, population
 
 log = logging.getLogger(__name__)
@@ -89,9 +91,11 @@ def reference_from_data(data_dir: str | os.PathLike[str], model: Any | None, *, 
 
 def current_profile(export: Any, reference: Profile, records: Sequence[bytes], data_dir: str | os.PathLike[str],
                     *, mutual_information: np.ndarray | None = None, samples: int | None = None,
-                    description: str = "") -> Profile:
-    """New data's profile: `records` of `data_dir` (whose units.json says what their values were converted to)."""
-    counts, canonical = population.data_units(data_dir)
+                    description: str = "", canonical: Mapping[str, str] | None = None) -> Profile:
+    """New data's profile: `records` of `data_dir` (whose units.json says what their values were converted to;
+    `canonical` instead, when the records were converted since)."""
+    counts, written = population.data_units(data_dir)
+    canonical = written if canonical is None else canonical
     admissions = population.admissions_from_examples(records, mutual_information)
     return Profile.build(admissions, vocabulary=export.vocabulary, bins_from=reference, units=counts,
                          canonical=canonical, mi_samples=samples if mutual_information is not None else None,
@@ -116,6 +120,10 @@ def run_shift(model_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str
     if export.reference is None and reference_data is None:
         raise ValueError(f"{model_dir} has no {REFERENCE_PROFILE} (exported before the shift report existed): "
                          "pass --reference-data with the data folder it was trained on")
+    models = {str(model_dir): export.schema_version}
+    integrity.verify_folder(data_dir, splits, models=models)
+    if reference_data is not None:
+        integrity.verify_folder(reference_data, ("train", "validation"), models=models)
     loaded = load_export(model_dir) if use_model else None
     records: list[bytes] = []
     for split in splits:

@@ -174,6 +174,9 @@ class Export:
         return None if self.meds_codes is None else meds_codes_mod.CodeMapper(self.meds_codes)
     # The training population (reference_profile.json): None for exports made before it existed.
     reference: Profile | None = None
+    # The schema_version of the records the model was trained on (vocabulary.json, copied from its
+    # data folder): data of another version is refused before it is read (ehr_pipeline.contract.integrity).
+    schema_version: int | None = None
 
     @property
     def ensemble_size(self) -> int:
@@ -313,7 +316,8 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
         pipeline = pipeline_config.parse_pipeline_config(pipeline_raw, str(directory / PIPELINE_CONFIG))
     except ConfigError as err:
         raise ExportError(str(err)) from None
-    ranks = vocabulary_ranks(_read_json(directory, layout.VOCABULARY), directory / layout.VOCABULARY)
+    vocabulary_doc = _read_json(directory, layout.VOCABULARY)
+    ranks = vocabulary_ranks(vocabulary_doc, directory / layout.VOCABULARY)
     metrics_raw = _read_json(directory, METRICS)
     metrics = _validate(ExportMetrics, metrics_raw, directory / METRICS)
     value_stats, clip_z = _value_stats(_read_json(directory, layout.NUMERIC_STATS),
@@ -324,7 +328,16 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
                   lab_loinc=_lab_loinc(directory), vocabulary_rank=ranks, units=canonical, unit_census=census,
                   unit_medians=medians,
                   value_stats=value_stats, clip_z=clip_z, admission_types=_admission_types(directory),
-                  meds_codes=_meds_codes(directory), reference=_reference(directory))
+                  meds_codes=_meds_codes(directory), reference=_reference(directory),
+                  schema_version=_schema_version(vocabulary_doc, directory / layout.VOCABULARY))
+
+
+def _schema_version(doc: Any, where: pathlib.Path) -> int | None:
+    """vocabulary.json's schema_version (that of the model's training records); None when it does not say."""
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+        raise ExportError(f"{where}: schema_version must be an integer, got {version!r}")
+    return version
 
 
 def _meds_codes(directory: pathlib.Path) -> meds_codes_mod.MedsCodes | None:

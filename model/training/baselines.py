@@ -25,11 +25,12 @@ from threadpoolctl import threadpool_limits
 
 from ehr_pipeline.contract import spec, tf_parse
 from model.evaluation import metrics
+from model.training.config import BASELINE_KINDS
 from model.training.inputs import DataFiles, Featurizer, load_data_files, read_split
 
 log = logging.getLogger(__name__)
 
-KINDS = ("logistic", "gbm")
+KINDS = BASELINE_KINDS
 SPLITS = ("train", "validation", "test")
 DEFAULT_WINDOW_HOURS = 48.0
 # (penalty, inverse strength) tried for logistic regression on standardised features. L1 is in

@@ -171,6 +171,11 @@ class TrainConfig(_Model):
     seed: _Int = 0
 
 
+# The scikit-learn baselines (model.training.baselines): here, so `ehr-eval --help` lists them
+# without importing TensorFlow, which the baselines' featurizer needs.
+BASELINE_KINDS = ("logistic", "gbm")
+
+
 class EvalConfig(_Model):
     """Evaluation and export settings."""
 

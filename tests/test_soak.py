@@ -1,0 +1,45 @@
+"""bench/soak.py for a few seconds, so it cannot rot: a real ehr-serve, 8 clients, the monitored routes all 2xx."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT
+from ehr_testdata import write_data_dir
+from tests.serving_fixtures import write_tiny_model_export
+
+sys.path.insert(0, str(REPO_ROOT))  # bench/ is a folder of scripts, importable from the repo root
+
+from bench import soak  # noqa: E402
+
+
+@pytest.mark.slow
+def test_a_short_soak_answers_every_monitored_call_and_reports_its_table(tmp_path, capsys):
+    from model.evaluation import shift_report
+    from model.training.inputs import load_data_files
+
+    files = load_data_files(write_data_dir(tmp_path / "data", sizes=(("train", 60), ("validation", 8), ("test", 8)),
+                                           train_shards=1, constant={"chart:211": 5.0}))
+    vocabulary = {s: [c.split(":", 1)[1] for c in codes] for s, codes in files.vocabulary.items()}
+    export = write_tiny_model_export(tmp_path / "export", vocabulary=vocabulary,
+                                     reference=shift_report.reference_profile(files))
+    assert soak.constant_codes(export) == {"chart:211"}
+    rc = soak.main(["--model", str(export), "--mimic-dir", str(tmp_path / "no-release"), "--synthetic-patients", "15",
+                    "--duration", "6", "--rss-every", "1", "--num-samples", "2", "--no-write"])
+    out = capsys.readouterr().out
+    assert "| non-2xx answers on /metrics | 0 | 0 | yes |" in out
+    assert "| non-2xx answers on /v1/monitor | 0 | 0 | yes |" in out
+    assert "| ehr_monitor_errors_total at the end | 0 | 0 | yes |" in out
+    rows = {line.split("|")[1].strip(" `"): line for line in out.splitlines() if line.startswith("| `/")}
+    assert set(rows) == set(soak.ROUTES)
+    assert rc in (0, 1)  # 1: the RSS slope of a 6-second run (warm-up) is not a soak's
+
+
+def test_rss_summary_against_its_definition():
+    samples = [(0.0, 100.0), (30.0, 110.0), (60.0, 120.0), (90.0, 121.0), (120.0, 122.0)]
+    s = soak.rss_summary(samples)
+    assert (s["start"], s["middle"], s["end"]) == (100.0, 120.0, 122.0)
+    assert s["slope_second_half"] == pytest.approx(2.0)  # 120 -> 121 -> 122 MiB over the last minute
+    assert json.dumps(s)
