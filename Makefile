@@ -37,7 +37,7 @@ test-quick: install
 
 # schemathesis with all checks against a real ehr-serve (a fixture export) on 127.0.0.1.
 fuzz: install
-	PYTHONPATH=. $(BIN)/python tests/fuzz_api.py
+	PYTHONPATH=. $(BIN)/python tests/serving/fuzz_api.py
 
 # examples/quickstart.ipynb run top to bottom on the current code and stored with its outputs (tables,
 # plots), so a code host shows them; working files in out/quickstart. Several minutes on 2 cores.

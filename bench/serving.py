@@ -141,7 +141,7 @@ BAGS = 30  # bags per patient: the pipeline's max_bags
 def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Path:
     """An UNTRAINED export at the paper's Table-7 size (the rank1 config's model section).
 
-    Written by the real exporter like tests/serving_fixtures.py's tiny fixture; only the size differs.
+    Written by the real exporter like serving.testing's tiny export; only the size differs.
     Timing does not depend on the weights' values, so random initialisations are enough. The
     bag width is the trigger offset / `bags`, so an admission with events all over the
     window fills every bag.
@@ -155,7 +155,7 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
     from model.training import inputs
     from model.training.config import load_config
     from model.training.ehr_model import build_model
-    from tests.serving_fixtures import DEFAULT_VOCABULARY
+    from serving.testing import DEFAULT_VOCABULARY
 
     config = load_config(TABLE7_CONFIG).model
     base = PipelineConfig()
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     set_tf_threads(args.inter_op_threads)  # before any TensorFlow op, as ehr-serve does
     from model.export.load import read_export
     from serving.server_process import ServerProcess
-    from tests.serving_fixtures import write_tiny_model_export
+    from serving.testing import write_tiny_model_export
 
     with tempfile.TemporaryDirectory(prefix="ehr-bench-serving-") as tmp:
         if args.model:

@@ -6,7 +6,7 @@ from an earlier run's checkpoints otherwise), with paths relative to the checkou
 path lands in the file, and writes it back with its outputs. Log output (stderr: TensorFlow's
 start-up chatter, progress bars; TensorFlow's INFO lines on stdout) is dropped: it differs per
 machine and says nothing to a reader.
-tests/test_quickstart_notebook.py checks the stored outputs and runs the notebook again in memory.
+tests/project/test_quickstart_notebook.py checks the stored outputs and runs the notebook again in memory.
 
     python scripts/run_notebook.py            # examples/quickstart.ipynb, working files in out/quickstart
 """

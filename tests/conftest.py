@@ -1,34 +1,29 @@
-"""Shared fixtures. Importing ehr_base first pins TF_USE_LEGACY_KERAS for every test."""
+"""The suite's session fixtures, shared by every test folder. Importing ehr_base first pins TF_USE_LEGACY_KERAS.
+
+Expensive inputs are made once per session here, never in a test module: the real demo through the
+Beam job (``demo_run``), a tiny trained rank-1 run (``trained_rank1``), the service's fixture export
+and the tiny untrained export factory (``tiny_export``). The first two are built once even under
+pytest-xdist (tests/support/shared_dirs.py). Helpers that are not fixtures live in tests/support/.
+"""
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+from collections.abc import Callable
 
 import pytest
 from hypothesis import settings
 
 import ehr_base  # noqa: F401  (sets TF_USE_LEGACY_KERAS before any test imports TensorFlow)
+from tests.support.paths import DEMO_DIR, DEMO_MISSING, demo_available
+from tests.support.shared_dirs import built_once
 
 # CI replays the same generated examples on every run, so a submission's result does not depend on
 # which random inputs a run happened to draw; local runs keep exploring new ones.
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
-
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-# The real MIMIC-III demo lives beside the checkout and is never copied into it;
-# $MIMIC_DEMO_DIR points the suite at a copy somewhere else.
-DEMO_DIR = pathlib.Path(os.environ.get("MIMIC_DEMO_DIR") or REPO_ROOT.parent / "shared" / "mimic-iii-demo").resolve()
-DEMO_MISSING = (
-    f"needs the real MIMIC-III Clinical Database Demo v1.4 (open access, ODbL) at {DEMO_DIR}: download it "
-    "from PhysioNet (physionet.org/content/mimiciii-demo/1.4/) and put its tables there as TABLE.csv.gz, or "
-    "set MIMIC_DEMO_DIR (README 'Data')")
-
-
-def demo_available() -> bool:
-    """Whether the real demo's tables are where the suite looks for them."""
-    return (DEMO_DIR / "ADMISSIONS.csv.gz").is_file()
 
 
 @pytest.fixture(scope="session")
@@ -40,9 +35,24 @@ def demo_dir() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def demo_run(demo_dir, tmp_path_factory) -> tuple[pathlib.Path, dict, dict[int, dict]]:
+    """The real demo through the Beam job (job_outputs.CONFIG), once per session: (folder, manifest, examples)."""
+    # Beam is imported only by the tests that run a job; collection stays light.
+    from ehr_pipeline.contract import PipelineConfig, layout
+    from ehr_pipeline.job import run_job
+    from tests.support.job_outputs import CONFIG, read_examples
+
+    def build(folder: pathlib.Path) -> None:
+        run_job(str(demo_dir), str(folder), PipelineConfig.model_validate(CONFIG))
+
+    out = built_once(tmp_path_factory, "demo_job", build)
+    return out, layout.read_json(str(out / layout.MANIFEST)), read_examples(out)
+
+
+@pytest.fixture(scope="session")
 def synthetic_data(tmp_path_factory) -> pathlib.Path:
     """A small pipeline output folder (160 / 48 / 48 admissions, seed 0) shared read-only by the session."""
-    from ehr_testdata import write_data_dir
+    from tests.support.ehr_testdata import write_data_dir
 
     return write_data_dir(tmp_path_factory.mktemp("synthetic_data"))
 
@@ -50,25 +60,49 @@ def synthetic_data(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def trained_rank1(tmp_path_factory) -> dict:
     """A tiny rank-1 run trained once per session: data, run folder, export, loss history, config."""
-    from ehr_testdata import tiny_config_dict, write_data_dir
-
+    # TensorFlow loads only for the tests that ask for a trained model.
     from model.training.config import parse_config
     from model.training.train import train
+    from tests.support.ehr_testdata import tiny_config_dict, write_data_dir
 
-    base = tmp_path_factory.mktemp("trained_rank1")
-    data, run = write_data_dir(base / "data"), base / "run"
     # kl_scale < 1: with 160 training admissions the full KL / N_train would swamp the likelihood.
     config = parse_config(tiny_config_dict("rank1", steps=100, kl_scale=0.05, eval_every_steps=25))
-    result = train(config, data, run, progress=False, truth_path=data / "SYNTH_TRUTH.csv")
-    # Through JSON, as a test reading the run's files would see the values.
-    summary = json.loads(json.dumps({"history": result.history, "step": result.step, "validation": result.validation,
-                                     "best": result.best, "n_train": 160, "config": config.to_dict()}))
-    return {"data": data, "run": run, "export": run / "export", **summary}
+
+    def build(base: pathlib.Path) -> None:
+        data, run = write_data_dir(base / "data"), base / "run"
+        result = train(config, data, run, progress=False, truth_path=data / "SYNTH_TRUTH.csv")
+        # Through JSON, as a test reading the run's files would see the values.
+        (base / "summary.json").write_text(json.dumps({
+            "history": result.history, "step": result.step, "validation": result.validation, "best": result.best,
+            "n_train": 160, "config": config.to_dict()}))
+
+    base = built_once(tmp_path_factory, "trained_rank1", build)
+    summary = json.loads((base / "summary.json").read_text())
+    return {"data": base / "data", "run": base / "run", "export": base / "run" / "export", **summary}
 
 
 @pytest.fixture(scope="session")
 def fixture_export(tmp_path_factory) -> pathlib.Path:
     """A seeded-noise test export (K = 2, no trained model) for tests of the service itself; read-only."""
-    from tests.serving_fixtures import write_fixture_export
+    from tests.support.serving_fixtures import write_fixture_export
 
     return write_fixture_export(tmp_path_factory.mktemp("fixture_export"), ensemble_size=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory) -> Callable[..., pathlib.Path]:
+    """The one factory of tiny untrained exports: `tiny_export(**kwargs)` of write_tiny_model_export, read-only.
+
+    Equal arguments give the same folder, written once per session (per xdist worker).
+    """
+    from serving.testing import write_tiny_model_export
+
+    written: dict[str, pathlib.Path] = {}
+
+    def make(**kwargs) -> pathlib.Path:
+        key = repr(sorted(kwargs.items()))
+        if key not in written:
+            written[key] = write_tiny_model_export(tmp_path_factory.mktemp("tiny_export") / "export", **kwargs)
+        return written[key]
+
+    return make

@@ -5,7 +5,7 @@ TensorFlow for that costs ~0.9 GB and ~4 s per process (on every Flink / Spark /
 worker). The messages below declare the same fields, numbers and types as TensorFlow's
 ``tensorflow/core/example/feature.proto`` and ``example.proto`` (proto3: repeated numbers
 packed), so their wire bytes are the same: ``tf.train.SequenceExample.FromString`` reads what
-they write, and the reverse. tests/test_example_protos.py pins that byte for byte.
+they write, and the reverse. tests/ehr_pipeline/contract/test_spec.py pins that byte for byte.
 
 They live in a private descriptor pool: a process that also imports TensorFlow registers
 TensorFlow's own ``tensorflow.SequenceExample`` in the default pool, and the two must not clash.

@@ -2,7 +2,7 @@
 
 The ``meds`` package defines the schemas (``DataSchema``, ``LabelSchema``, ``CodeMetadataSchema``,
 ``SubjectSplitSchema``), but the job's dependency group has no ``meds`` (a Beam worker installs the job
-group alone), so the same checks are written here against pyarrow types; ``tests/test_meds_schema.py``
+group alone), so the same checks are written here against pyarrow types; ``tests/ehr_pipeline/meds/test_meds_schema.py``
 checks them type by type against ``meds``' own ``validate`` and ``align``.
 
 ``meds``' ``validate`` wants the exact types (subject_id int64, time timestamp[us], code string, ...), which

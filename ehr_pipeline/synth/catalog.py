@@ -121,7 +121,7 @@ def molar_mass(formula: str) -> float:
 # concentration in mg/dL is 10 mg/L: divided by the molar mass it is mmol/L, x 1000 umol/L.
 # Formulas as PubChem gives them; the factors agree with the published conversion tables
 # (creatinine 88.4, glucose 0.0555, BUN -> urea 0.357, calcium 0.2495, magnesium 0.4114,
-# phosphorus 0.3229, bilirubin 17.1; tests/test_synth.py checks them to 0.1 %).
+# phosphorus 0.3229, bilirubin 17.1; tests/ehr_pipeline/synth/test_synth.py checks them to 0.1 %).
 SI_LAB_UNITS: tuple[tuple[int, str, float, int], ...] = (
     (CREATININE_ITEMID, "umol/L", 10_000 / molar_mass("C4H7N3O"), 0),  # 113.12 g/mol: x 88.40
     (50931, "mmol/L", 10 / molar_mass("C6H12O6"), 1),  # glucose, 180.16 g/mol: x 0.0555

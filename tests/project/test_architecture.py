@@ -12,8 +12,9 @@ import pathlib
 import subprocess
 import sys
 from collections.abc import Mapping
+from tests.support.paths import REPO_ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 LAYERS = ("ehr_base", "ehr_pipeline", "model", "serving")  # each may import only the ones before it
 # Parts of model that may import only the parts of model named here (ehr_base is always allowed).
 MODEL_PARTS = {

@@ -8,10 +8,10 @@ import tomllib
 
 import pytest
 
-from conftest import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 from ehr_pipeline import cli as pipeline_cli
 from ehr_base.cli_args import one_line
-from ehr_testdata import write_data_dir
+from tests.support.ehr_testdata import write_data_dir
 from model.cli import ehr_analyze, ehr_eval, ehr_train
 from serving import cli as serve_cli
 

@@ -8,9 +8,9 @@ long function a decision someone wrote down rather than an accident.
 from __future__ import annotations
 
 import ast
-import pathlib
+from tests.support.paths import REPO_ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 PACKAGES = ("ehr_base", "ehr_pipeline", "model", "serving", "bench")
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
 LONG_MARK = "# long:"

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import os
-import pathlib
 import subprocess
 import sys
 
 import pytest
+from tests.support.paths import REPO_ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 # Start-up lines TensorFlow's C++ runtime prints on a CPU machine: absl's prefix ("I0000 ...",
 # "E0000 ... failed call to cuInit"), CUDA probes, oneDNN notices.
 _NATIVE_MARKS = ("I0000", "E0000", "W0000", "cuda", "oneDNN")

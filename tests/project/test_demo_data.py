@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import DEMO_DIR, DEMO_MISSING, REPO_ROOT, demo_available
+from tests.support.paths import DEMO_DIR, DEMO_MISSING, REPO_ROOT, demo_available
 
 
 def test_demo_tests_run_wherever_the_demo_folder_exists():
@@ -21,7 +21,7 @@ def test_demo_tests_run_wherever_the_demo_folder_exists():
 
 def test_without_the_demo_its_tests_skip_saying_where_to_get_it(tmp_path):
     env = {**os.environ, "MIMIC_DEMO_DIR": str(tmp_path / "absent"), "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/test_schemas.py", "-q", "-rs",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/ehr_pipeline/reader/test_schemas.py", "-q", "-rs",
                            "-p", "no:cacheprovider"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

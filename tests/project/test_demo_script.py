@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "demo.py"
 

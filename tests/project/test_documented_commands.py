@@ -55,7 +55,7 @@ import time
 import httpx
 import pytest
 
-from conftest import DEMO_DIR, DEMO_MISSING, REPO_ROOT, demo_available
+from tests.support.paths import DEMO_DIR, DEMO_MISSING, REPO_ROOT, demo_available
 
 DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
@@ -91,19 +91,19 @@ class Skip:
 
 DEMO = "../shared/mimic-iii-demo"
 SYNTHETIC = "../shared/synthetic-release"  # a small `ehr-pipeline synth` release, CHARTEVENTS included
-TRAINING = ("trains for minutes (the digits) to hours (Table-7 size); tests/test_train.py and "
-            "tests/test_image_train.py run the trainer at tiny size")
+TRAINING = ("trains for minutes (the digits) to hours (Table-7 size); tests/model/training/test_train.py and "
+            "tests/model/image/test_image_train.py run the trainer at tiny size")
 SYNOPSIS = "a synopsis: brackets and capitals mark optional flags and placeholders"
 
 # First match wins: specific patterns before general ones, grouped by program. A new documented command
 # goes in its group: a Run if it takes seconds here (say what its output must show), else a Skip saying why.
 COMMANDS: list[Run | Skip] = [
     # ---- make targets
-    Skip(r"^make demo$", "the whole path (bag, train, evaluate, serve), minutes; tests/test_demo_script.py runs it"),
+    Skip(r"^make demo$", "the whole path (bag, train, evaluate, serve), minutes; tests/project/test_demo_script.py runs it"),
     Skip(r"^make (test|test-quick)$", "the test suite itself"),
     Skip(r"^make bench$", "every benchmark, long; each bench script's own command is listed below"),
-    Skip(r"^make fuzz$", "minutes of schemathesis against a server (tests/fuzz_api.py)"),
-    Skip(r"^make notebook$", "minutes; tests/test_quickstart_notebook.py checks what it stored and runs the notebook"),
+    Skip(r"^make fuzz$", "minutes of schemathesis against a server (tests/serving/fuzz_api.py)"),
+    Skip(r"^make notebook$", "minutes; tests/project/test_quickstart_notebook.py checks what it stored and runs the notebook"),
     Skip(r"^make gpu-train$", "needs a GPU (CUDA build of TensorFlow)"),
     # ---- ehr-pipeline
     Run(r"^ehr-pipeline summarize --mimic-dir \.\./shared/mimic-iii-demo ", check="dead letters"),
@@ -122,7 +122,7 @@ COMMANDS: list[Run | Skip] = [
     Run(r"^ehr-pipeline run --mimic-dir out/", check="wrote out/"),
     Skip(r"--runner=(Flink|Spark|Dataflow)Runner", "needs a Flink or Spark cluster with Beam's job-server jars, "
                                                    "or Google Cloud credentials"),
-    Skip(r"--runner=DaskRunner", "needs a dask.distributed scheduler; tests/test_job.py runs the same job on a "
+    Skip(r"--runner=DaskRunner", "needs a dask.distributed scheduler; tests/ehr_pipeline/job/test_job.py runs the same job on a "
                                  "real local cluster, with relative paths from another working directory"),
     Skip(r"^ehr-pipeline run --mimic-dir DIR --out DIR \[", SYNOPSIS),
     Run(r"^ehr-pipeline shard --mimic-dir /data/mimic --table CHARTEVENTS --parts 16 --out /data/mimic-parts$",
@@ -145,13 +145,13 @@ COMMANDS: list[Run | Skip] = [
     Skip(r"^ehr-pipeline (to-meds|run --meds-dir out/meds) ", "the README's same commands run (each document "
                                                               "runs in its own folder: twice would cost ~40 s)",
          document="docs/meds.md"),
-    Skip(r"MIMIC_IV_MEDS", "a MIMIC-IV MEDS dataset needs credentialed access; tests/test_meds_e2e.py runs MEDS "
+    Skip(r"MIMIC_IV_MEDS", "a MIMIC-IV MEDS dataset needs credentialed access; tests/ehr_pipeline/meds/test_meds_e2e.py runs MEDS "
                            "data nobody here wrote (meds-testing-helpers' sample and generator)"),
-    Skip(r"^aces-cli ", "tests/meds_data.py computes the same task's labels with ACES in the test suite"),
-    Skip(r"^meds-evaluation-cli ", "tests/test_meds_e2e.py scores ehr-eval's predictions.meds.parquet with "
+    Skip(r"^aces-cli ", "tests/support/meds_data.py computes the same task's labels with ACES in the test suite"),
+    Skip(r"^meds-evaluation-cli ", "tests/ehr_pipeline/meds/test_meds_e2e.py scores ehr-eval's predictions.meds.parquet with "
                                    "meds-evaluation"),
     Skip(r"^ehr-eval --model runs/(rank1|x)/export --data out/data-meds ",
-         "tests/test_meds_e2e.py runs ehr-eval on MEDS data (~30 s here)"),
+         "tests/ehr_pipeline/meds/test_meds_e2e.py runs ehr-eval on MEDS data (~30 s here)"),
     # ---- ehr-train
     Skip(r"^ehr-train ", TRAINING),
     # ---- ehr-eval
@@ -160,7 +160,7 @@ COMMANDS: list[Run | Skip] = [
     Run(r"^ehr-eval --model runs/rank1/export --data out/data --split test --samples 25 --out runs/rank1/eval$",
         check="nll"),
     Skip(r"^ehr-eval --model runs/det-0 --model runs/det-1 --model runs/det-2 --data out/data --export-ensemble ",
-         "three runs evaluated and written as one ensemble export, ~60 s CPU; tests/test_evaluate.py runs "
+         "three runs evaluated and written as one ensemble export, ~60 s CPU; tests/model/evaluation/test_evaluate.py runs "
          "ehr-eval --model A --model B --export-ensemble on tiny runs"),
     Run(r"^ehr-eval --model runs/rank1/export --data out/synth-data --truth ", check="nll"),
     Run(r"^ehr-eval --baseline logistic --data out/synth-data ", check="nll"),
@@ -175,10 +175,10 @@ COMMANDS: list[Run | Skip] = [
     Run(r"^ehr-analyze shift --model runs/site-a/export --data out/data-c ", check="shift:",
         exit_codes=(0, 3)),
     Skip(r"^ehr-analyze posterior-rank --model runs/fully_bayesian --data (out/data|DATA_DIR) --split validation$",
-         "needs a trained fully_bayesian run (training is skipped); tests/test_posterior_rank.py runs the command"),
+         "needs a trained fully_bayesian run (training is skipped); tests/model/evaluation/test_posterior_rank.py runs the command"),
     Skip(r"^ehr-analyze posterior-rank .*\[", SYNOPSIS),
     Skip(r"^ehr-analyze posterior-rank --model runs/digits_mean_field ",
-         "needs a trained digits mean-field run; tests/test_posterior_rank.py runs the command on a tiny one"),
+         "needs a trained digits mean-field run; tests/model/evaluation/test_posterior_rank.py runs the command on a tiny one"),
     # ---- benchmarks
     Skip(r"^python bench/(compare_methods|learning_curve|coverage_bound|image_results)\.py",
          "a results benchmark: many minutes to hours on 2 cores"),
@@ -196,9 +196,9 @@ COMMANDS: list[Run | Skip] = [
         subs=(("/run/secrets/ehr_keys", "secrets/ehr_keys"),),
         why="/run/secrets is a deployment's secret mount: a key file in the working folder instead"),
     Run(r"^(EHR_API_KEYS=\S+ )?ehr-serve --model "),
-    Run(r"^python -c \"from tests\.serving_fixtures import write_tiny_model_export"),
+    Run(r"^python -c \"from serving\.testing import write_tiny_model_export"),
     Skip(r"^curl .*\{\.\.\.Patient\.\.\.\}", "abridged: {...Patient...} stands for the prefetched resources; "
-                                             "tests/test_fhir_api.py posts whole ones"),
+                                             "tests/serving/test_fhir_api.py posts whole ones"),
     Run(r"^curl .*/fhir/r4/", check='"resourceType":"RiskAssessment"', needs_demo=True),
     Run(r"^curl .*/cds-services ", check='"services":'),
     Run(r"^curl .*/v1/predict", check='"probability":'),
@@ -316,7 +316,7 @@ def test_every_documented_command_is_run_or_skipped_with_a_reason():
     assert len(commands) > 50  # the extraction finds the documents' commands at all
     unclassified = [str(c) for c in commands if classify(c) is None]
     assert not unclassified, ("documented commands neither run nor skipped: add each to COMMANDS in "
-                              "tests/test_documented_commands.py\n" + "\n".join(unclassified))
+                              "tests/project/test_documented_commands.py\n" + "\n".join(unclassified))
     used = {id(classify(c)) for c in commands}
     stale = [entry.pattern for entry in COMMANDS if id(entry) not in used]
     assert not stale, f"COMMANDS entries that match no documented command (remove them): {stale}"

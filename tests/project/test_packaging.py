@@ -19,7 +19,7 @@ import zipfile
 import pytest
 
 import ehr_base
-from conftest import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 SCRIPTS = PYPROJECT["project"]["scripts"]

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from conftest import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 
 NOTEBOOK = REPO_ROOT / "examples" / "quickstart.ipynb"
 

@@ -17,7 +17,7 @@ import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from serving.app import create_app
 from serving.predictor import ServedModel
 from serving.settings import make_settings
-from tests.serving_fixtures import ThreadedServer, write_fixture_export
+from tests.support.serving_fixtures import ThreadedServer, write_fixture_export
 
 KEY = "fuzz-key-0123456789abcdef"
 CONFIG = pathlib.Path(__file__).with_name("schemathesis.toml")

@@ -29,8 +29,8 @@ from serving.app import create_app
 from serving.fhir_answers import EXTENSION
 from serving.predictor import ServedModel
 from serving.settings import make_settings
-from tests.serving_fixtures import ThreadedServer, write_tiny_model_export
-from tests.test_serving_api import _mutate  # the /v1 fuzz's mutation: replace, delete or add one node
+from tests.support.serving_fixtures import ThreadedServer
+from tests.support.json_mutation import mutate  # replace, delete or add one node
 
 KEY = "test-key-fhir-0123456789abcdef"
 HEADERS = {"X-API-Key": KEY}
@@ -91,14 +91,13 @@ def reference(demo_dir, demo_release):
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory, reference, demo_release):
+def export_dir(tiny_export, reference, demo_release):
     vocab: dict[str, set] = {}
     for body in reference.values():
         for e in body["events"]:
             vocab.setdefault(e["source"], set()).add(e["code"])
-    return write_tiny_model_export(tmp_path_factory.mktemp("fhir") / "export", ensemble_size=K,
-                                   vocabulary={s: sorted(c) for s, c in vocab.items()},
-                                   lab_loinc=demo_release.lab_loinc)
+    return tiny_export(ensemble_size=K, vocabulary={s: sorted(c) for s, c in vocab.items()},
+                       lab_loinc=demo_release.lab_loinc)
 
 
 @pytest.fixture(scope="module")
@@ -548,12 +547,12 @@ def test_fuzz_fhir_and_cds_never_5xx(client, small_bundle):
     @given(data=st.data())
     def run(data):
         if data.draw(st.booleans()):
-            doc = _mutate(copy.deepcopy(base), data.draw)
+            doc = mutate(copy.deepcopy(base), data.draw)
             r = client.post(OPERATION, content=json.dumps(doc), headers=FHIR_HEADERS, params={"num_samples": 2})
             if r.status_code == 422:
                 OperationOutcome.model_validate(r.json())
         else:
-            doc = _mutate(copy.deepcopy(call), data.draw)
+            doc = mutate(copy.deepcopy(call), data.draw)
             r = client.post("/cds-services/mortality-risk", content=json.dumps(doc), headers=HEADERS)
         assert r.status_code < 500, (r.status_code, r.text[:300])
 

@@ -16,9 +16,9 @@ import pytest
 from serving.app import create_app
 from serving.predictor import ServedModel
 from serving.settings import make_settings
-from tests.serving_fixtures import write_tiny_model_export
+from tests.support.paths import REPO_ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 # The modules that convert the request's data, each once: JSON -> validated request (schemas) ->
 # events in seconds (encoding, ages) -> the job's own hop (admission: encode_admission) -> values in
 # the training units (units, which reads each unit string with unit_strings) -> bags (bagging) ->
@@ -41,10 +41,10 @@ PLUMBING = {"serving/middleware.py", "serving/auth.py", "serving/dependencies.py
 
 
 @pytest.fixture(scope="module")
-def road(tmp_path_factory) -> dict[str, set[str]]:
+def road(tiny_export) -> dict[str, set[str]]:
     from fastapi.testclient import TestClient
 
-    export = write_tiny_model_export(tmp_path_factory.mktemp("road") / "export")
+    export = tiny_export(ensemble_size=2)
     app = create_app(make_settings(model_dir=export, no_auth=True, host="127.0.0.1", warmup=False),
                      ServedModel.load(export))
     admit = dt.datetime(2150, 1, 1)

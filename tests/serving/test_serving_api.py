@@ -1,8 +1,8 @@
 """The prediction service over real HTTP: a real uvicorn server on 127.0.0.1, no mocks.
 
 The model is a real export written by model.export.write around a tiny UNTRAINED rank-1 model
-(tests/serving_fixtures.write_tiny_model_export): the real featurizer, architecture, seeded
-stateless sampling and SavedModel, with meaningless random weights.
+(serving.testing.write_tiny_model_export, through the session's tiny_export factory): the real
+featurizer, architecture, seeded stateless sampling and SavedModel, with meaningless random weights.
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from serving.app import create_app
 from serving.encoding import encode
 from serving.predictor import ServedModel
 from serving.settings import make_settings
-from tests.serving_fixtures import TINY_MODEL_NAME, ThreadedServer, write_fixture_export, write_tiny_model_export
+from serving.testing import TINY_MODEL_NAME
+from tests.support.serving_fixtures import ThreadedServer, write_fixture_export
 
 KEY = "test-key-serving-0123456789"
 OTHER_KEY = "second-key-serving-abcdefghij"
@@ -44,8 +45,8 @@ ADMIT = dt.datetime(2150, 3, 1, 8, 30)
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
-    return write_tiny_model_export(tmp_path_factory.mktemp("tiny") / "export", ensemble_size=K)
+def export_dir(tiny_export):
+    return tiny_export(ensemble_size=K)
 
 
 @pytest.fixture(scope="module")
@@ -653,33 +654,6 @@ def _from_schema(schema: dict, defs: dict) -> st.SearchStrategy:
     return st.nothing()
 
 
-JUNK = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=8)
-
-
-def _mutate(data, draw):
-    """Replaces, deletes or adds one node somewhere in a JSON document."""
-    path = []
-    node = data
-    while isinstance(node, (dict, list)) and node and draw(st.booleans()):
-        key = draw(st.sampled_from(sorted(node) if isinstance(node, dict) else list(range(len(node)))))
-        path.append((node, key))
-        node = node[key]
-    if not path:
-        return draw(JUNK)
-    parent, key = path[-1]
-    action = draw(st.sampled_from(["replace", "delete", "add"]))
-    if action == "replace":
-        parent[key] = draw(JUNK)
-    elif action == "delete":
-        del parent[key]
-    elif isinstance(parent, dict):
-        parent[draw(st.text(min_size=1, max_size=8))] = draw(JUNK)
-    else:
-        parent.append(draw(JUNK))
-    return data
 
 
 @pytest.fixture(scope="module")
@@ -702,7 +676,7 @@ def test_fuzz_predict_schema_never_5xx(client, request_strategy):
     def run(data):
         doc = data.draw(request_strategy)
         if data.draw(st.booleans()):
-            doc = _mutate(doc, data.draw)
+            doc = mutate(doc, data.draw)
         params = data.draw(query)
         route = data.draw(st.sampled_from(["/v1/predict", "/v1/predict/batch"]))
         payload = {"patients": [doc]} if route.endswith("batch") and data.draw(st.booleans()) else doc

@@ -12,11 +12,10 @@ from ehr_pipeline.encode import seqex
 from ehr_pipeline.job import run_job
 from serving.demo import build_request, first_test_admission
 from serving.server_process import ServerProcess
-from tests.serving_fixtures import write_tiny_model_export
 
 
 @pytest.fixture(scope="module")
-def demo_export(demo_dir, tmp_path_factory):
+def demo_export(demo_dir, tmp_path_factory, tiny_export):
     base = tmp_path_factory.mktemp("skew")
     data = base / "data"
     config = PipelineConfig.model_validate({"num_shards": {"train": 1, "validation": 1, "test": 1},
@@ -27,9 +26,9 @@ def demo_export(demo_dir, tmp_path_factory):
     # The job's own units and lab LOINC codes, as a model trained on this data carries them: values
     # the job converted (fentanyl in mg to the demo's more common mcg; urobilinogen in Ehrlich units,
     # which its LOINC code makes mg) are converted by the service alike.
-    export = write_tiny_model_export(base / "export", ensemble_size=2, vocabulary=raw_codes, pipeline=config,
-                                     units=layout.read_json(str(data / layout.UNITS)),
-                                     lab_loinc=layout.read_json(str(data / layout.LAB_LOINC))["codes"])
+    export = tiny_export(ensemble_size=2, vocabulary=raw_codes, pipeline=config,
+                         units=layout.read_json(str(data / layout.UNITS)),
+                         lab_loinc=layout.read_json(str(data / layout.LAB_LOINC))["codes"])
     return data, export
 
 

@@ -17,11 +17,11 @@ import httpx
 import numpy as np
 import pytest
 
-from ehr_testdata import admission_requests, write_data_dir
+from tests.support.ehr_testdata import admission_requests, write_data_dir
 from serving.app import create_app
 from serving.predictor import ServedModel
 from serving.settings import make_settings
-from tests.serving_fixtures import ThreadedServer, write_tiny_model_export
+from tests.support.serving_fixtures import ThreadedServer
 
 CREATININE = "lab:50912"
 PEEP = "lab:50819"  # constant (5) in every training admission that has it, as on the MIMIC-III demo
@@ -31,7 +31,7 @@ PARAMS = {"num_samples": 2, "seed": 0}
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory):
+def export_dir(tmp_path_factory, tiny_export):
     from model.evaluation import shift_report
     from model.training.inputs import load_data_files
 
@@ -39,8 +39,7 @@ def export_dir(tmp_path_factory):
     files = load_data_files(write_data_dir(base / "data", units={CREATININE: "mg/dL", "lab:50813": "mmol/L"}))
     reference = shift_report.reference_profile(files)
     vocabulary = {s: [c.split(":", 1)[1] for c in codes] for s, codes in files.vocabulary.items()}
-    return write_tiny_model_export(base / "export", vocabulary=vocabulary, reference=reference,
-                                   lab_loinc={"2160-0": ["50912"], "32693-4": ["50813"]})
+    return tiny_export(vocabulary=vocabulary, reference=reference, lab_loinc={"2160-0": ["50912"], "32693-4": ["50813"]})
 
 
 def _stream(export_dir, bodies: list[dict]) -> list[dict]:
@@ -127,7 +126,7 @@ def constant_code_export(tmp_path_factory):
     keep = [f"{s}:{c}" for s, v in vocabulary.items() for c in v]
     reference = population.Profile.build(admissions, vocabulary=keep, keep=keep, canonical={CREATININE: "mg/dL"})
     assert reference.codes[PEEP].values.median_low == reference.codes[PEEP].values.median_high == 5.0 and codes
-    return write_tiny_model_export(base / "export", vocabulary=vocabulary, reference=reference)
+    return tiny_export(vocabulary=vocabulary, reference=reference)
 
 
 def _with_code(a, code: str, value: float):

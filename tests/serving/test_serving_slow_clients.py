@@ -6,7 +6,6 @@ not hold SIGTERM beyond the shutdown timeout.
 """
 from __future__ import annotations
 
-import pathlib
 import re
 import signal
 import socket
@@ -18,8 +17,9 @@ import pytest
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from serving.server_process import ServerProcess
+from tests.support.paths import REPO_ROOT
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 KEY = "slow-clients-key-0123456789abcdef"
 HELD = 300  # slow connections held at once: bounded, so the test stays a few seconds
 BODY_TIMEOUT_S = 2.0

@@ -20,9 +20,10 @@ from serving.app import create_app
 from serving.predictor import ModelDirError, ServedModel
 from serving.settings import SettingsError, is_loopback, load_api_keys, make_settings
 from serving.server_process import ServerProcess
-from tests.serving_fixtures import ThreadedServer, write_fixture_export, write_manifest
+from tests.support.serving_fixtures import ThreadedServer, write_fixture_export, write_manifest
+from tests.support.paths import REPO_ROOT
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 KEY = "startup-key-0123456789abcdef"
 
 

@@ -26,8 +26,8 @@ from ehr_pipeline.mimic import events as ev
 from model.export.load import read_export
 from serving.encoding import encode
 from serving.schemas import PredictRequest
-from tests.arrow_rows import batch
-from tests.serving_fixtures import write_fixture_export
+from tests.support.arrow_rows import batch
+from tests.support.serving_fixtures import write_fixture_export
 
 DAY = 86400
 CONFIG = PipelineConfig()

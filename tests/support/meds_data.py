@@ -4,7 +4,7 @@ from __future__ import annotations
 import glob
 import pathlib
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO_ROOT
 TASK_CONFIG = REPO_ROOT / "configs" / "tasks" / "in_hospital_mortality_24h.yaml"
 
 

@@ -1,9 +1,9 @@
-"""Runs in its own process (tests/test_devices.py): the CPU split into 2 logical devices.
+"""Runs in its own process (tests/model/training/test_devices.py): the CPU split into 2 logical devices.
 
 Logical devices must exist before TensorFlow sets up its devices, which the pytest process
 has long done; so the comparisons run here and are written as JSON for the test to check.
 
-  python tests/multidevice_run.py ehr|image|draws OUT_DIR
+  python tests/support/multidevice_run.py ehr|image|draws OUT_DIR
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ devices.configure("cpu:2")  # first: before any TensorFlow work
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from ehr_testdata import tiny_config_dict, write_data_dir  # noqa: E402
+# Run as a script: the checkout (two folders up) is what makes `tests.support` importable.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+from tests.support.ehr_testdata import tiny_config_dict, write_data_dir  # noqa: E402
 
 # Posterior stddevs of ~1e-6 (rank-1 factors) and 1e-9 (embeddings): every draw is its mean
 # to ~1e-6, so runs that draw different noise on 1 and 2 devices take the same steps. The KL

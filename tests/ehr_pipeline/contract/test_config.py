@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import pathlib
 import re
 
 import pydantic
@@ -18,8 +17,9 @@ from ehr_pipeline.contract import (
     parse_pipeline_config,
     spec,
 )
+from tests.support.paths import REPO_ROOT
 
-SHIPPED = pathlib.Path(__file__).resolve().parents[1] / "configs" / "pipeline.yaml"
+SHIPPED = REPO_ROOT / "configs" / "pipeline.yaml"
 
 
 def write(tmp_path, text: str):

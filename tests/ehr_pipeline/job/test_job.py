@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import gzip
 import json
 import os
@@ -10,64 +9,14 @@ import pathlib
 
 import pytest
 
-from ehr_pipeline.contract import PipelineConfig, layout, spec, tfrecord
-from ehr_pipeline.encode import seqex, units
+from ehr_pipeline.contract import PipelineConfig, layout, spec
+from ehr_pipeline.encode import units
 from ehr_pipeline.job import run_job
+from tests.support.job_outputs import (CONFIG, independent_cohort, job_group_closure, job_group_site, raw_rows,
+                                       read_examples, utc_seconds)
+from tests.support.paths import REPO_ROOT
 
-# Huge max_bags so no event is dropped for age: every pre-trigger event must then appear.
-CONFIG = {"num_shards": {"train": 2, "validation": 1, "test": 1},
-          "bagging": {"max_bags": 100000}, "vocab": {"min_count": 1}}
-
-
-def _rows(demo_dir, table):
-    with gzip.open(demo_dir / f"{table}.csv.gz", "rt", newline="") as f:
-        yield from csv.DictReader(f)
-
-
-def _t(text):
-    return dt.datetime.fromisoformat(text).replace(tzinfo=dt.timezone.utc).timestamp() if text else None
-
-
-def read_examples(out_dir) -> dict[int, dict]:
-    """All examples of a job output, by HADM_ID, with their split."""
-    out = {}
-    for path in sorted(pathlib.Path(out_dir).glob(f"*{spec.TFRECORD_SUFFIX}")):
-        split = path.name.split("-")[0]
-        with open(path, "rb") as f:
-            for rec in tfrecord.read_records(f):
-                ex = seqex.sequence_example_to_dict(rec)
-                ex["split"] = split
-                ex["raw"] = rec
-                out[ex[spec.HADM_ID]] = ex
-    return out
-
-
-@pytest.fixture(scope="module")
-def demo_run(demo_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("job")
-    manifest = run_job(str(demo_dir), str(out), PipelineConfig.model_validate(CONFIG))
-    return out, manifest, read_examples(out)
-
-
-def independent_cohort(demo_dir) -> dict[int, int]:
-    """HADM_ID -> label from ADMISSIONS and PATIENTS, written without the project's code."""
-    dob = {r["SUBJECT_ID"]: _t(r["DOB"]) for r in _rows(demo_dir, "PATIENTS")}
-    cohort = {}
-    for r in _rows(demo_dir, "ADMISSIONS"):
-        admit, disch = _t(r["ADMITTIME"]), _t(r["DISCHTIME"])
-        trigger = admit + 86400
-        age = (admit - dob[r["SUBJECT_ID"]]) / (365.2425 * 86400)
-        if age < 18:
-            continue
-        death = _t(r["DEATHTIME"])
-        if death is None and r["HOSPITAL_EXPIRE_FLAG"] == "1":
-            death = disch
-        if death is not None and death <= trigger:
-            continue
-        if death is None and disch <= trigger:
-            continue
-        cohort[int(r["HADM_ID"])] = int(death is not None)
-    return cohort
+# demo_run (tests/conftest.py): the real demo through the job with CONFIG, once per session.
 
 
 def test_examples_and_labels_equal_independent_cohort(demo_run, demo_dir):
@@ -90,11 +39,11 @@ def test_no_information_at_or_after_trigger(demo_run, demo_dir):
     """Per example, the lab events bagged equal the raw lab rows strictly before the trigger."""
     _, _, examples = demo_run
     by_subject: dict[str, list[float]] = {}
-    for r in _rows(demo_dir, "LABEVENTS"):
-        by_subject.setdefault(r["SUBJECT_ID"], []).append(_t(r["CHARTTIME"]))
+    for r in raw_rows(demo_dir, "LABEVENTS"):
+        by_subject.setdefault(r["SUBJECT_ID"], []).append(utc_seconds(r["CHARTTIME"]))
     rx_by_subject: dict[str, list[float]] = {}
-    for r in _rows(demo_dir, "PRESCRIPTIONS"):
-        rx_by_subject.setdefault(r["SUBJECT_ID"], []).append(_t(r["STARTDATE"]))
+    for r in raw_rows(demo_dir, "PRESCRIPTIONS"):
+        rx_by_subject.setdefault(r["SUBJECT_ID"], []).append(utc_seconds(r["STARTDATE"]))
     for hadm, ex in examples.items():
         trigger = ex[spec.TRIGGER_TIME]
         sid = str(ex[spec.SUBJECT_ID])
@@ -242,7 +191,7 @@ def test_units_and_lab_loinc_side_files_equal_a_plain_read(demo_run, demo_dir):
     lab_loinc.json is D_LABITEMS' LOINC column; both are pinned in the manifest."""
     out, manifest, _ = demo_run
     expected: dict[str, dict[str, int]] = {}
-    for row in _rows(demo_dir, "LABEVENTS"):
+    for row in raw_rows(demo_dir, "LABEVENTS"):
         unit = row["VALUEUOM"].strip()
         if row["VALUENUM"].strip() and unit:
             per = expected.setdefault(f"lab:{row['ITEMID']}", {})
@@ -250,7 +199,7 @@ def test_units_and_lab_loinc_side_files_equal_a_plain_read(demo_run, demo_dir):
     units = layout.read_json(str(out / layout.UNITS))["codes"]
     assert {c: u for c, u in units.items() if c.startswith("lab:")} == expected
     loinc = layout.read_json(str(out / layout.LAB_LOINC))["codes"]
-    pairs = {(r["LOINC_CODE"].strip(), r["ITEMID"]) for r in _rows(demo_dir, "D_LABITEMS") if r["LOINC_CODE"].strip()}
+    pairs = {(r["LOINC_CODE"].strip(), r["ITEMID"]) for r in raw_rows(demo_dir, "D_LABITEMS") if r["LOINC_CODE"].strip()}
     assert {(k, i) for k, items in loinc.items() for i in items} == pairs
     for name, key in ((layout.UNITS, "units"), (layout.LAB_LOINC, "lab_loinc")):
         assert manifest[key]["sha256"] == layout.sha256_of(str(out / name))
@@ -266,8 +215,8 @@ def test_every_value_bagged_is_counted_by_what_its_unit_needed(demo_run, demo_di
         triggers.setdefault(str(ex[spec.SUBJECT_ID]), []).append(ex[spec.TRIGGER_TIME])
     # A lab value feeds every cohort admission of its patient whose trigger is later (one pair each).
     pairs = sum(sum(t < trig for trig in triggers.get(r["SUBJECT_ID"], []))
-                for r in _rows(demo_dir, "LABEVENTS") if r["VALUENUM"].strip()
-                for t in [_t(r["CHARTTIME"])])
+                for r in raw_rows(demo_dir, "LABEVENTS") if r["VALUENUM"].strip()
+                for t in [utc_seconds(r["CHARTTIME"])])
     assert sum(values["lab"].values()) == pairs
     dead = [json.loads(line) for line in (out / "dead_letter" / "values_not_convertible.jsonl").read_text().splitlines()]
     assert len(dead) == sum(v.get("not_convertible", 0) for v in values.values()) > 0
@@ -350,59 +299,8 @@ def test_another_sites_units_are_converted_to_the_models(demo_run, demo_dir, tmp
     assert units_doc["canonical"]["lab:50912"] == "umol/L" and units_doc["canonical_from"] == "this release"
 
 
-def _norm(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
-
-
-def _job_group_closure() -> set[str]:
-    """Normalised names of the `job` group's distributions and everything they require, recursively."""
-    import importlib.metadata
-    import tomllib
-
-    from packaging.requirements import Requirement
-
-    norm = _norm
-
-    root = pathlib.Path(__file__).resolve().parents[1]
-    todo = [(Requirement(r), "") for r in tomllib.loads((root / "pyproject.toml").read_text())[
-        "project"]["optional-dependencies"]["job"]]
-    seen: set[str] = set()
-    while todo:
-        req, extra = todo.pop()
-        if req.marker is not None and not req.marker.evaluate({"extra": extra}):
-            continue
-        name = norm(req.name)
-        extras = sorted(req.extras) or [""]
-        if all(f"{name}[{e}]" in seen for e in extras):
-            continue
-        seen.update(f"{name}[{e}]" for e in extras)
-        try:
-            requires = importlib.metadata.requires(req.name) or []
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        todo.extend((Requirement(r), e) for r in requires for e in extras)
-    return {key.partition("[")[0] for key in seen}
-
-
-def _job_group_site(target: pathlib.Path) -> pathlib.Path:
-    """A site-packages holding only the job group's installed distributions (as links): a worker's."""
-    import importlib.metadata
-
-    allowed = _job_group_closure()
-    target.mkdir()
-    for dist in importlib.metadata.distributions():
-        if _norm(dist.metadata["Name"]) not in allowed:
-            continue
-        for top in {f.parts[0] for f in dist.files or ()}:
-            source = pathlib.Path(dist.locate_file(top))
-            # '..' leads to scripts outside site-packages; .pth files only extend paths we do not want.
-            if top != ".." and not top.endswith(".pth") and source.exists() and not (target / top).exists():
-                (target / top).symlink_to(source)
-    return target
-
-
 def test_the_job_group_holds_no_tensorflow():
-    closure = _job_group_closure()
+    closure = job_group_closure()
     assert "apache-beam" in closure and "pyarrow" in closure
     assert not closure & {"tensorflow", "tf-keras", "keras", "edward2", "tensorflow-probability", "scikit-learn"}
 
@@ -412,8 +310,8 @@ def test_the_job_runs_with_only_the_job_group_installed(demo_run, demo_dir, tmp_
     import subprocess
     import sys
 
-    root = pathlib.Path(__file__).resolve().parents[1]
-    site = _job_group_site(tmp_path / "site-packages")
+    root = REPO_ROOT
+    site = job_group_site(tmp_path / "site-packages")
     config = tmp_path / "job.yaml"
     config.write_text(json.dumps(CONFIG))  # JSON is YAML
     out = tmp_path / "out"

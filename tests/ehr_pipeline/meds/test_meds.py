@@ -23,10 +23,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from ehr_pipeline.contract import PipelineConfig, spec
-from ehr_pipeline.job import run_job, run_meds_job
+from ehr_pipeline.job import run_meds_job
 from ehr_pipeline.meds import code_map, standard
 from ehr_pipeline.meds.source import LABEL_EXAMPLE, TABLE, MedsReader, data_files, read_subject_splits
-from test_job import CONFIG, independent_cohort, read_examples
+from tests.support.job_outputs import CONFIG, independent_cohort, read_examples
+from tests.support.paths import REPO_ROOT
 
 VALUES = (spec.BAG_VALUE_MEAN, spec.BAG_VALUE_LAST, spec.BAG_VALUE_MIN, spec.BAG_VALUE_MAX)
 
@@ -41,10 +42,9 @@ def demo_meds(demo_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mimic_examples(demo_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("mimic_run")
-    run_job(str(demo_dir), str(out), PipelineConfig.model_validate(CONFIG))
-    return read_examples(out)
+def mimic_examples(demo_run):
+    """The CSV path's examples: the session's demo job, run with the same CONFIG."""
+    return demo_run[2]
 
 
 def assert_same_examples(got: dict, want: dict) -> int:
@@ -95,7 +95,7 @@ def test_code_map_reads_the_mimic_iv_etl_and_to_meds_codes():
 
 
 def test_the_shipped_code_map_yaml_is_the_default():
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = REPO_ROOT
     assert code_map.load_meds_codes(root / "configs" / "meds_codes.yaml") == code_map.MedsCodes()
 
 
@@ -161,7 +161,7 @@ def test_round_trip_built_in_task_equals_the_csv_run(demo_meds, mimic_examples, 
 
 
 def test_round_trip_with_aces_labels_equals_the_csv_run(demo_meds, mimic_examples, tmp_path):
-    from meds_data import TASK_CONFIG, aces_labels
+    from tests.support.meds_data import TASK_CONFIG, aces_labels
 
     meds_dir, _ = demo_meds
     labels = aces_labels(meds_dir, TASK_CONFIG, tmp_path / "labels")
@@ -285,6 +285,6 @@ def test_the_meds_path_needs_no_meds_package_and_the_mimic_path_imports_none_of_
     code = ("import sys; import ehr_pipeline.job, ehr_pipeline.meds.source, ehr_pipeline.meds.labels, "
             "ehr_pipeline.meds.standard, ehr_pipeline.job.transforms, ehr_pipeline.job.to_meds, ehr_pipeline.cli; "
             "print(sorted(m for m in ('meds', 'aces', 'polars', 'meds_evaluation') if m in sys.modules))")
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = REPO_ROOT
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stderr

@@ -14,7 +14,7 @@ import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline.contract import PipelineConfig, spec
 from ehr_pipeline.job import run_meds_job
 from ehr_pipeline.meds import code_map
-from test_job import read_examples
+from tests.support.job_outputs import read_examples
 
 HERE = pathlib.Path(__file__).resolve().parent
 # The sample's codes: ADMISSION//<type>, DISCHARGE, HR and TEMP (chart values), MEDS_BIRTH, static EYE_COLOR.
@@ -39,7 +39,7 @@ def generated_run(tmp_path_factory):
     import subprocess
     import sys
 
-    from meds_data import aces_labels
+    from tests.support.meds_data import aces_labels
 
     base = tmp_path_factory.mktemp("generated")
     tool = pathlib.Path(sys.executable).with_name("build_sample_MEDS_dataset")
@@ -69,7 +69,7 @@ def sample_run(tmp_path_factory):
     from meds_testing_helpers.dataset import MEDSDataset
     from meds_testing_helpers.static_sample_data import SIMPLE_STATIC_SHARDED_BY_SPLIT
 
-    from meds_data import aces_labels
+    from tests.support.meds_data import aces_labels
 
     base = tmp_path_factory.mktemp("static_sample")
     MEDSDataset.from_yaml(SIMPLE_STATIC_SHARDED_BY_SPLIT).write(base / "meds")
@@ -125,7 +125,7 @@ REQUESTS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["sample_run", "generated_run"])
 def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
-    from ehr_testdata import tiny_config_dict
+    from tests.support.ehr_testdata import tiny_config_dict
 
     from model.evaluation.evaluate import MEDS_PREDICTIONS_FILE, run_evaluation
     from model.training.config import parse_config
@@ -133,7 +133,7 @@ def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
     from serving.app import create_app
     from serving.predictor import ServedModel
     from serving.settings import make_settings
-    from tests.serving_fixtures import ThreadedServer
+    from tests.support.serving_fixtures import ThreadedServer
 
     base, labels, _ = request.getfixturevalue(dataset)
     config = parse_config(tiny_config_dict("rank1", steps=10, kl_scale=0.05, checkpoint_every_steps=10))

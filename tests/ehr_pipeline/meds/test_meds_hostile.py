@@ -1,6 +1,6 @@
 """Hostile MEDS input: faulted copies of a small MEDS dataset and its label file through `ehr-pipeline run`.
 
-Every fault (tests/hostile_meds.py) ends in one of two ways, and the test says which and exactly how:
+Every fault (tests/support/hostile_meds.py) ends in one of two ways, and the test says which and exactly how:
 exit code 2 and the one exact line naming the file and column (or subject), with no traceback and no
 manifest; or exit code 0, every row and label row accounted for, the counts the fault moves where they
 belong, and, where the fault changes only how a value is stored, the unfaulted dataset's examples byte
@@ -22,9 +22,9 @@ from ehr_pipeline.contract import PipelineConfig
 from ehr_pipeline.job import run_meds_job
 from ehr_pipeline.meds.labels import PREDICTION_TIMES, exact_prediction_times
 from ehr_pipeline.reader import read_dead_letters
-from test_job import _job_group_site, read_examples
-from tests.conftest import REPO_ROOT
-from tests.hostile_meds import DATA0, FAULTS, LABELS, T0, faulted_meds, write_base
+from tests.support.job_outputs import job_group_site, read_examples
+from tests.support.paths import REPO_ROOT
+from tests.support.hostile_meds import DATA0, FAULTS, LABELS, T0, faulted_meds, write_base
 
 CONFIG = "num_shards: {train: 1, validation: 1, test: 1}\nvocab: {min_count: 1}\n"
 
@@ -117,7 +117,7 @@ def test_label_times_under_a_second_apart_keep_their_microseconds(tmp_path, caps
 def test_the_meds_path_runs_with_only_the_job_group_installed(unfaulted, tmp_path):
     """The schema checks are pyarrow's: with nothing but the `job` group importable (no `meds`), the same records."""
     meds = write_base(tmp_path / "meds")
-    site = _job_group_site(tmp_path / "site-packages")
+    site = job_group_site(tmp_path / "site-packages")
     config = tmp_path / "pipeline.yaml"
     config.write_text(CONFIG)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(site)])}

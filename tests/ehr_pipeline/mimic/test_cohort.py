@@ -11,7 +11,7 @@ import pytest
 from ehr_pipeline.contract import spec
 from ehr_pipeline.mimic import cohort
 from ehr_pipeline.reader import TableReader, locate_table
-from tests.arrow_rows import batch
+from tests.support.arrow_rows import batch
 
 DAY = 86400
 T0 = 5_000_000_000  # an admission time in the shifted MIMIC era (year 2128), seconds

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from ehr_pipeline.encode import bagging
 from ehr_pipeline.mimic import cohort, events
 from ehr_pipeline.reader import TableReader, locate_table, table_schemas
-from tests.arrow_rows import batch
+from tests.support.arrow_rows import batch
 
 DAY = 86400
 T0 = 5_000_000_000  # 2128-06-10 14:13:20 UTC, a time in the shifted MIMIC era, seconds

@@ -15,8 +15,8 @@ import pytest
 
 from ehr_pipeline import cli
 from ehr_pipeline.reader.dead_letters import read_dead_letters
-from tests.conftest import REPO_ROOT
-from tests.hostile_data import FAULTS, faulted_copy
+from tests.support.paths import REPO_ROOT
+from tests.support.hostile_data import FAULTS, faulted_copy
 
 # Two sources keep each job run short; LABEVENTS and DIAGNOSES_ICD carry the faults.
 JOB_CONFIG = """\

@@ -22,8 +22,8 @@ from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.synth import SynthConfig, add_arguments, catalog, generate_release, recompute, run
 from ehr_pipeline.synth.site import SITES
 from ehr_pipeline.synth.truth import SECONDS_PER_YEAR, MortalityModel
-from synth_records import as_site_a_records
-from synth_records import read as _read
+from tests.support.synth_records import as_site_a_records
+from tests.support.synth_records import read as _read
 
 DAY = 86_400
 SMALL = dict(patients=120, seed=11, events_scale=0.5, show_progress=False)

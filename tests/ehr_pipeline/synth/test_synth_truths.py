@@ -22,7 +22,7 @@ from ehr_pipeline.job import run_job
 from ehr_pipeline.synth import SynthConfig, add_arguments, catalog, generate_release, recompute, run
 from ehr_pipeline.synth.site import SITES
 from ehr_pipeline.synth.truth import PLANTED_FACTOR, PLANTED_TERMS, MortalityModel
-from synth_records import as_site_a_records, read
+from tests.support.synth_records import as_site_a_records, read
 
 DAY = 86_400
 TEMPORAL = dict(patients=1500, seed=35, events_scale=0.2, truth="temporal", show_progress=False)

@@ -1,6 +1,6 @@
 """Hostile inputs, the model's side: faulted data folders and exports through `ehr-eval` and `ehr-analyze shift`.
 
-The data side (tests/test_hostile_inputs.py) feeds faulted MIMIC-III tables to the Beam job; here
+The data side (tests/ehr_pipeline/reader/test_hostile_inputs.py) feeds faulted MIMIC-III tables to the Beam job; here
 its output is faulted after the job wrote it (a shard cut short, a stray shard, a manifest of an
 older job or without checksums, an empty split) or is valid but awkward (values in other units
 than the model's, a code whose training values are all one value). Every case ends in exactly
@@ -20,9 +20,9 @@ from ehr_pipeline.contract import layout, spec
 from ehr_pipeline.contract.integrity import REWRITE
 from ehr_pipeline.encode import units
 from ehr_pipeline.shift import population, unit_mismatch
-from ehr_testdata import write_data_dir
+from tests.support.ehr_testdata import write_data_dir
 from model.cli import ehr_analyze, ehr_eval
-from tests.serving_fixtures import write_manifest, write_tiny_model_export
+from tests.support.serving_fixtures import write_manifest
 
 CREATININE, LACTATE, PEEP = "lab:50912", "lab:50813", "chart:211"
 UMOL_PER_MG_DL = 88.4
@@ -33,7 +33,7 @@ EVAL = ["--split", "test", "--samples", "2", "--bootstrap", "10", "--no-progress
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory) -> pathlib.Path:
+def base(tmp_path_factory, tiny_export) -> pathlib.Path:
     """A data folder, a tiny export of its vocabulary with a reference of it, in mg/dL and mmol/L."""
     from model.evaluation import shift_report
     from model.training.inputs import load_data_files
@@ -42,9 +42,10 @@ def base(tmp_path_factory) -> pathlib.Path:
     files = load_data_files(write_data_dir(root / "data", sizes=SIZES, train_shards=1, constant={PEEP: 5.0},
                                            units=MODEL_UNITS["canonical"]))
     vocabulary = {s: [c.split(":", 1)[1] for c in codes] for s, codes in files.vocabulary.items()}
-    write_tiny_model_export(root / "export", vocabulary=vocabulary, units=MODEL_UNITS,
-                            lab_loinc={"2160-0": ["50912"], "2524-7": ["50813"]},
-                            reference=shift_report.reference_profile(files))
+    # The session's export factory writes it; the folder holds a link, as the tests read base / "export".
+    (root / "export").symlink_to(tiny_export(vocabulary=vocabulary, units=MODEL_UNITS,
+                                             lab_loinc={"2160-0": ["50912"], "2524-7": ["50813"]},
+                                             reference=shift_report.reference_profile(files)))
     return root
 
 

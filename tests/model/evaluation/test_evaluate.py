@@ -6,7 +6,7 @@ import csv
 
 import numpy as np
 import pytest
-from ehr_testdata import read_json
+from tests.support.ehr_testdata import read_json
 
 from model.cli import ehr_eval
 from model.evaluation import against_truth, evaluate, metrics, metrics_report

@@ -3,7 +3,6 @@ replacement is the truncated SVD clipped at zero, and ehr-analyze re-evaluates r
 from __future__ import annotations
 
 import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -14,8 +13,9 @@ from model.cli import ehr_analyze
 from model.evaluation import posterior_rank as pr
 from model.layers import rank1
 from model.layers.posterior import PosteriorConfig
+from tests.support.paths import REPO_ROOT
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = REPO_ROOT / "configs"
 
 
 def _planted(m, n, rank, seed=0) -> np.ndarray:

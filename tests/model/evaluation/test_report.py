@@ -10,8 +10,8 @@ import re
 
 import numpy as np
 import pytest
-from browser import render_check
-from ehr_testdata import read_json
+from tests.support.browser import render_check
+from tests.support.ehr_testdata import read_json
 
 from model.cli import ehr_eval
 from model.evaluation import clinical_stats, evaluate, report_html

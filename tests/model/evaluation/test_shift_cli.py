@@ -1,7 +1,7 @@
 """The shift report on real exports: the reference training writes, `ehr-analyze shift`, and ehr-eval on other data.
 
 The model is the session's tiny trained rank-1 run (tests/conftest.py); new data folders are
-fresh draws of its population (tests/ehr_testdata.py), once as recorded, once with creatinine
+fresh draws of its population (tests/support/ehr_testdata.py), once as recorded, once with creatinine
 (lab:50912) multiplied by 88.4, the factor from mg/dL to umol/L.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import shutil
 
 import numpy as np
 import pytest
-from ehr_testdata import read_json, write_data_dir
+from tests.support.ehr_testdata import read_json, write_data_dir
 
 from ehr_pipeline.shift import population
 from model.cli import ehr_analyze, ehr_eval

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-from ehr_testdata import read_json, tiny_config_dict
+from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 from ehr_pipeline.contract import spec, tfrecord
 from ehr_pipeline.encode import seqex

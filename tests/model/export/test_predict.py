@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
-from ehr_testdata import write_data_dir
+from tests.support.ehr_testdata import write_data_dir
 
 from model.export.predict import Predictor, predict_probs, stateful_random_ops
 from model.training import inputs

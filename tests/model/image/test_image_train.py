@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import pathlib
 
 import numpy as np
 import pytest
@@ -18,19 +17,10 @@ from model.image.config import ImageExperimentConfig, ImageTrainConfig, load_con
 from model.image.data import load_digits_data
 from model.image.models import build_model
 from model.training import training_loop
+from tests.support.paths import REPO_ROOT
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 # A tiny rank-1 WRN-10-1 (K = 2) that fits digits in a few hundred steps on a CPU.
-TINY = {
-    "task": "image", "name": "tiny",
-    "data": {"augment_flip": False, "augment_crop_padding": 1, "corruptions": ["contrast", "gaussian_noise"],
-             "severities": [1, 5]},
-    "model": {"depth": 10, "width": 1,
-              "posterior": {"method": "rank1", "ensemble_size": 2, "random_sign_init": -0.5}},
-    "train": {"batch_size": 32, "max_steps": 200, "optimizer": "adam", "learning_rate": 0.003,
-              "kl_annealing_epochs": 4, "checkpoint_every_steps": 100, "log_every_steps": 50},
-    "eval": {"num_samples": 2, "batch_size": 500},
-}
 
 
 # --------------------------------------------------------------------------- configs

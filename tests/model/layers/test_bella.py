@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 import tensorflow as tf
-from ehr_testdata import read_json, tiny_config_dict
+from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 from model.layers import bella, svgd
 from model.layers.posterior import PosteriorConfig

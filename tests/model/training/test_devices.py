@@ -1,7 +1,7 @@
 """Training on 2 logical CPU devices (MirroredStrategy) against 1, for the EHR model and an image MLP:
 same losses, gradient norms and weights from one checkpoint; different posterior draws per replica;
 a 2-device checkpoint resumes on 1 device. The 2-device work runs in a child process
-(tests/multidevice_run.py): logical devices must be set before TensorFlow initialises, which this
+(tests/support/multidevice_run.py): logical devices must be set before TensorFlow initialises, which this
 process has done."""
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_image_train import TINY
+from tests.support.image_configs import TINY
 
 from model.training import devices
+from tests.support.paths import REPO_ROOT
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Relative tolerance on logged scalars (loss, NLL, KL, gradient norm): float32 sums in another
-# order across replicas, plus posterior noise of stddev ~1e-6 (tests/multidevice_run.py).
+# order across replicas, plus posterior noise of stddev ~1e-6 (tests/support/multidevice_run.py).
 RTOL = 1e-4
 
 

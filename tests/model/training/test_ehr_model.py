@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from ehr_testdata import tiny_config_dict, write_data_dir
+from tests.support.ehr_testdata import tiny_config_dict, write_data_dir
 
 from ehr_pipeline.contract import PipelineConfig, spec, tf_parse
 from ehr_pipeline.encode import bagging, seqex

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from ehr_testdata import read_json, tiny_config_dict
+from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 from model.cli import ehr_analyze, ehr_eval
 from model.training import inputs

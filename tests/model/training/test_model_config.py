@@ -2,15 +2,15 @@
 and a bad key or value fails naming the key (no TensorFlow needed)."""
 from __future__ import annotations
 
-import pathlib
 
 import pytest
 import yaml
 
 from ehr_base.yaml_config import ConfigError
 from model.training.config import ExperimentConfig, load_config, parse_config
+from tests.support.paths import REPO_ROOT
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = REPO_ROOT / "configs"
 METHOD_FILES = {
     "ehr_deterministic.yaml": ("deterministic", "normal"),
     "ehr_batchensemble.yaml": ("batchensemble", "normal"),

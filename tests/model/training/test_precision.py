@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from ehr_testdata import tiny_config_dict
+from tests.support.ehr_testdata import tiny_config_dict
 
 from model.training import inputs, losses, precision
 from model.training.config import parse_config
