@@ -6,6 +6,10 @@ BIN    := $(VENV)/bin
 MIMIC_DIR ?= ../shared/mimic-iii-demo
 DEMO_OUT  ?= out/demo
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` / `make test-quick` (0: one process, no xdist). loadscope keeps
+# a module's tests on one worker, so its module fixtures (servers, exports, job runs) are built once.
+PYTEST_WORKERS ?= 2
+PYTEST_XDIST := -n $(PYTEST_WORKERS) $(if $(filter 0,$(PYTEST_WORKERS)),,--dist loadscope)
 
 .PHONY: install demo test test-quick bench fuzz notebook clean gpu-install gpu-train
 
@@ -26,13 +30,13 @@ demo: install
 
 # pytest exits 5 when it collects nothing; that must fail CI, so say it plainly.
 test: install
-	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; exit $$rc
 
 # The edit-test loop: everything but the tests marked slow (server processes, full training runs,
 # the notebook); `make test` and CI run them all.
 test-quick: install
-	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -m "not slow" $(PYTEST_XDIST) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; exit $$rc
 
 # schemathesis with all checks against a real ehr-serve (a fixture export) on 127.0.0.1.

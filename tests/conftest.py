@@ -7,6 +7,7 @@ pytest-xdist (tests/support/shared_dirs.py). Helpers that are not fixtures live 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -52,6 +53,7 @@ def demo_run(demo_dir, tmp_path_factory) -> tuple[pathlib.Path, dict, dict[int, 
 @pytest.fixture(scope="session")
 def synthetic_data(tmp_path_factory) -> pathlib.Path:
     """A small pipeline output folder (160 / 48 / 48 admissions, seed 0) shared read-only by the session."""
+    # Beam-free but heavy (the pipeline's writers); loaded only where a test asks for the folder.
     from tests.support.ehr_testdata import write_data_dir
 
     return write_data_dir(tmp_path_factory.mktemp("synthetic_data"))
@@ -84,25 +86,26 @@ def trained_rank1(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def fixture_export(tmp_path_factory) -> pathlib.Path:
     """A seeded-noise test export (K = 2, no trained model) for tests of the service itself; read-only."""
+    # TensorFlow loads only for the tests that ask for an export.
     from tests.support.serving_fixtures import write_fixture_export
 
-    return write_fixture_export(tmp_path_factory.mktemp("fixture_export"), ensemble_size=2)
+    return built_once(tmp_path_factory, "fixture_export", lambda base: write_fixture_export(base, ensemble_size=2))
 
 
 @pytest.fixture(scope="session")
 def tiny_export(tmp_path_factory) -> Callable[..., pathlib.Path]:
     """The one factory of tiny untrained exports: `tiny_export(**kwargs)` of write_tiny_model_export, read-only.
 
-    Equal arguments give the same folder, written once per session (per xdist worker).
+    Equal arguments (by repr) give the same folder, written once per session even under xdist: an
+    export takes tens of seconds on 2 cores (tracing and saving every signature).
     """
+    # TensorFlow loads only for the tests that ask for an export.
     from serving.testing import write_tiny_model_export
 
-    written: dict[str, pathlib.Path] = {}
-
     def make(**kwargs) -> pathlib.Path:
-        key = repr(sorted(kwargs.items()))
-        if key not in written:
-            written[key] = write_tiny_model_export(tmp_path_factory.mktemp("tiny_export") / "export", **kwargs)
-        return written[key]
+        key = hashlib.sha256(repr(sorted(kwargs.items())).encode()).hexdigest()[:16]
+        folder = built_once(tmp_path_factory, f"tiny_export_{key}",
+                            lambda base: write_tiny_model_export(base / "export", **kwargs))
+        return folder / "export"
 
     return make
