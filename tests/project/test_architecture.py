@@ -12,6 +12,7 @@ import pathlib
 import subprocess
 import sys
 from collections.abc import Mapping
+
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT

@@ -8,12 +8,12 @@ import tomllib
 
 import pytest
 
-from tests.support.paths import REPO_ROOT
 from ehr_pipeline import cli as pipeline_cli
 from ehr_base.cli_args import one_line
-from tests.support.ehr_testdata import write_data_dir
 from model.cli import ehr_analyze, ehr_eval, ehr_train
 from serving import cli as serve_cli
+from tests.support.ehr_testdata import write_data_dir
+from tests.support.paths import REPO_ROOT
 
 MAINS = {"ehr-pipeline": pipeline_cli.main, "ehr-train": ehr_train.main, "ehr-eval": ehr_eval.main,
          "ehr-serve": serve_cli.main, "ehr-analyze": ehr_analyze.main}

@@ -8,6 +8,7 @@ long function a decision someone wrote down rather than an accident.
 from __future__ import annotations
 
 import ast
+
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT

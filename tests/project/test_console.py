@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT

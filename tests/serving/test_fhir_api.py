@@ -30,7 +30,7 @@ from serving.fhir_answers import EXTENSION
 from serving.predictor import ServedModel
 from serving.settings import make_settings
 from tests.support.serving_fixtures import ThreadedServer
-from tests.support.json_mutation import mutate  # replace, delete or add one node
+from tests.support.json_mutation import mutate_json  # replace, delete or add one node
 
 KEY = "test-key-fhir-0123456789abcdef"
 HEADERS = {"X-API-Key": KEY}
@@ -547,12 +547,12 @@ def test_fuzz_fhir_and_cds_never_5xx(client, small_bundle):
     @given(data=st.data())
     def run(data):
         if data.draw(st.booleans()):
-            doc = mutate(copy.deepcopy(base), data.draw)
+            doc = mutate_json(copy.deepcopy(base), data.draw)
             r = client.post(OPERATION, content=json.dumps(doc), headers=FHIR_HEADERS, params={"num_samples": 2})
             if r.status_code == 422:
                 OperationOutcome.model_validate(r.json())
         else:
-            doc = mutate(copy.deepcopy(call), data.draw)
+            doc = mutate_json(copy.deepcopy(call), data.draw)
             r = client.post("/cds-services/mortality-risk", content=json.dumps(doc), headers=HEADERS)
         assert r.status_code < 500, (r.status_code, r.text[:300])
 

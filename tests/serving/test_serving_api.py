@@ -32,6 +32,7 @@ from serving.encoding import encode
 from serving.predictor import ServedModel
 from serving.settings import make_settings
 from serving.testing import TINY_MODEL_NAME
+from tests.support.json_mutation import mutate_json
 from tests.support.serving_fixtures import ThreadedServer, write_fixture_export
 
 KEY = "test-key-serving-0123456789"
@@ -676,7 +677,7 @@ def test_fuzz_predict_schema_never_5xx(client, request_strategy):
     def run(data):
         doc = data.draw(request_strategy)
         if data.draw(st.booleans()):
-            doc = mutate(doc, data.draw)
+            doc = mutate_json(doc, data.draw)
         params = data.draw(query)
         route = data.draw(st.sampled_from(["/v1/predict", "/v1/predict/batch"]))
         payload = {"patients": [doc]} if route.endswith("batch") and data.draw(st.booleans()) else doc

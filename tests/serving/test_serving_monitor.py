@@ -17,10 +17,10 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.support.ehr_testdata import admission_requests, write_data_dir
 from serving.app import create_app
 from serving.predictor import ServedModel
 from serving.settings import make_settings
+from tests.support.ehr_testdata import admission_requests, write_data_dir
 from tests.support.serving_fixtures import ThreadedServer
 
 CREATININE = "lab:50912"
@@ -111,7 +111,7 @@ def test_an_export_without_a_reference_answers_unavailable(fixture_export):
 
 
 @pytest.fixture(scope="module")
-def constant_code_export(tmp_path_factory):
+def constant_code_export(tmp_path_factory, tiny_export):
     """An export whose training population carries PEEP = 5 in every admission (a one-value code)."""
     from ehr_pipeline.shift import population
     from model.training.inputs import load_data_files

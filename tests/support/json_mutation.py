@@ -9,7 +9,7 @@ JUNK = st.recursive(
     max_leaves=8)
 
 
-def mutate(data, draw):
+def mutate_json(data, draw):
     """Replaces, deletes or adds one node somewhere in a JSON document."""
     path = []
     node = data

@@ -20,8 +20,8 @@ from ehr_pipeline.contract import layout, spec
 from ehr_pipeline.contract.integrity import REWRITE
 from ehr_pipeline.encode import units
 from ehr_pipeline.shift import population, unit_mismatch
-from tests.support.ehr_testdata import write_data_dir
 from model.cli import ehr_analyze, ehr_eval
+from tests.support.ehr_testdata import write_data_dir
 from tests.support.serving_fixtures import write_manifest
 
 CREATININE, LACTATE, PEEP = "lab:50912", "lab:50813", "chart:211"

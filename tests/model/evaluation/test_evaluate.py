@@ -6,13 +6,13 @@ import csv
 
 import numpy as np
 import pytest
-from tests.support.ehr_testdata import read_json
 
 from model.cli import ehr_eval
 from model.evaluation import against_truth, evaluate, metrics, metrics_report
 from model.evaluation.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
 from model.export.predict import predict_probs
 from model.training import baselines, inputs
+from tests.support.ehr_testdata import read_json
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

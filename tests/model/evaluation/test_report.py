@@ -10,11 +10,11 @@ import re
 
 import numpy as np
 import pytest
-from tests.support.browser import render_check
-from tests.support.ehr_testdata import read_json
 
 from model.cli import ehr_eval
 from model.evaluation import clinical_stats, evaluate, report_html
+from tests.support.browser import render_check
+from tests.support.ehr_testdata import read_json
 
 TRIPOD_ORDER = ("20a-c", "21", "22", "23a", "23b", "24")
 

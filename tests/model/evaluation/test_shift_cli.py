@@ -12,7 +12,6 @@ import shutil
 
 import numpy as np
 import pytest
-from tests.support.ehr_testdata import read_json, write_data_dir
 
 from ehr_pipeline.shift import population
 from model.cli import ehr_analyze, ehr_eval
@@ -21,6 +20,7 @@ from model.evaluation.shift_report import EXIT_SHIFT, SHIFT_JSON, SHIFT_MD, SHIF
 from model.export.load import REFERENCE_PROFILE, ExportError, read_export, write_manifest
 from model.export.predict import predict_probs
 from model.training import inputs
+from tests.support.ehr_testdata import read_json, write_data_dir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SIZES = (("train", 120), ("validation", 40), ("test", 100))

@@ -8,7 +8,6 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
-from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 from ehr_pipeline.contract import spec, tfrecord
 from ehr_pipeline.encode import seqex
@@ -17,6 +16,7 @@ from model.export.predict import Predictor, predict_probs
 from model.training import inputs
 from model.training.config import parse_config
 from model.training.train import load_run, train
+from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 REQUIRED = {"saved_model/saved_model.pb", "model_card.json", "pipeline_config.json", "vocabulary.json",
             "numeric_stats.json", "metrics.json"}

@@ -6,12 +6,12 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
-from tests.support.ehr_testdata import write_data_dir
 
 from model.export.predict import Predictor, predict_probs, stateful_random_ops
 from model.training import inputs
 from model.training.config import ModelConfig
 from model.training.ehr_model import build_model
+from tests.support.ehr_testdata import write_data_dir
 
 
 @pytest.fixture(scope="module", params=["rank1", "fully_bayesian"])

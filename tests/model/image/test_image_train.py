@@ -17,6 +17,7 @@ from model.image.config import ImageExperimentConfig, ImageTrainConfig, load_con
 from model.image.data import load_digits_data
 from model.image.models import build_model
 from model.training import training_loop
+from tests.support.image_configs import TINY
 from tests.support.paths import REPO_ROOT
 
 REPO = REPO_ROOT

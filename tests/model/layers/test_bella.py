@@ -8,12 +8,12 @@ import itertools
 import numpy as np
 import pytest
 import tensorflow as tf
-from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 from model.layers import bella, svgd
 from model.layers.posterior import PosteriorConfig
 from model.layers.rank1_lstm import Rank1LSTM
 from model.training import inputs
+from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 # --------------------------------------------------------------------------- SVGD
 

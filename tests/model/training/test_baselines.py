@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests.support.ehr_testdata import write_data_dir
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss, roc_auc_score
 from sklearn.pipeline import make_pipeline
@@ -13,6 +12,7 @@ from sklearn.preprocessing import StandardScaler
 from ehr_pipeline.contract import spec
 from ehr_pipeline.encode import seqex
 from model.training import baselines, inputs
+from tests.support.ehr_testdata import write_data_dir
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from tests.support.image_configs import TINY
 
 from model.training import devices
+from tests.support.image_configs import TINY
 from tests.support.paths import REPO_ROOT
 
 # Relative tolerance on logged scalars (loss, NLL, KL, gradient norm): float32 sums in another
@@ -26,7 +26,7 @@ RTOL = 1e-4
 
 def _child(mode: str, out: pathlib.Path, *extra: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "multidevice_run.py"), mode, str(out), *extra],
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "support" / "multidevice_run.py"), mode, str(out), *extra],
                           capture_output=True, text=True, env=env, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((out / "result.json").read_text())

@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from tests.support.ehr_testdata import tiny_config_dict, write_data_dir
 
 from ehr_pipeline.contract import PipelineConfig, spec, tf_parse
 from ehr_pipeline.encode import bagging, seqex
@@ -19,6 +18,7 @@ from model.training import inputs, losses
 from model.training.config import parse_config
 from model.training.ehr_model import bag_vector_dim, build_model
 from model.training.training_loop import fast_weight_refs
+from tests.support.ehr_testdata import tiny_config_dict, write_data_dir
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,10 @@ import json
 
 import numpy as np
 import pytest
-from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 from model.cli import ehr_analyze, ehr_eval
 from model.training import inputs
+from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 
 @pytest.fixture(scope="module")

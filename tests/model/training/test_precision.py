@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from tests.support.ehr_testdata import tiny_config_dict
 
 from model.training import inputs, losses, precision
 from model.training.config import parse_config
 from model.training.ehr_model import build_model
 from model.training.train import train
+from tests.support.ehr_testdata import tiny_config_dict
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
-from tests.support.ehr_testdata import read_json, tiny_config_dict, write_data_dir
 
 from ehr_base.yaml_config import ConfigError
 from model.cli.ehr_train import parse_overrides
 from model.training.config import parse_config
 from model.training.train import EXPORT_DIR, load_run, train
 from model.training.training_loop import BEST_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError
+from tests.support.ehr_testdata import read_json, tiny_config_dict, write_data_dir
 from tests.support.paths import REPO_ROOT
 
 
