@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.no_auth:
         logger.warning("serving WITHOUT authentication on %s (loopback only)", settings.host)
 
-    from serving.predictor import ModelDirError, ServedModel  # after the cheap checks: loading imports TensorFlow
+    from serving.predictor import ModelDirError, ServedModel  # why: after the cheap checks, loading imports TensorFlow
 
     # TensorFlow's C++ start-up lines (CUDA probes on a CPU machine) only at --log-level debug.
     with console.native_stderr_muted(verbose=args.log_level == "debug"):
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvicorn
 
-    from serving.app import create_app
+    from serving.app import create_app  # why: FastAPI and the app load only once the model has
 
     app = create_app(settings, predictor)
     # access_log=False: our middleware logs each request without its path or query.

@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from serving import precision as precision_choice
 from serving.batching import MicroBatcher
 from serving.encoding import encode
-from serving.metrics import ServiceMetrics
+from serving.telemetry import ServiceMetrics
 from serving.monitor import Monitor
 from serving.predictor import ServedModel
 from serving.schemas import Admission, Patient, PredictRequest

@@ -7,7 +7,7 @@ answered, each summarised by the very function that summarises the training data
 (``ehr_pipeline.shift.population.admission_from_bags``, with the model's mutual information), plus
 the units their values came in, and compares them with the export's reference
 (``ehr_pipeline.shift.compare``): ``GET /v1/monitor`` answers the findings, and the gauges of
-``serving.metrics`` carry the level and the main numbers for alerting.
+``serving.telemetry`` carry the level and the main numbers for alerting.
 
 The report is computed when asked for (a scrape or /v1/monitor) and only when the window
 changed since, never on a request's path: ~0.1 s for 500 admissions (docs/serving.md).
@@ -30,7 +30,7 @@ from ehr_base.cli_args import one_line
 from ehr_pipeline import shift
 from ehr_pipeline.shift import Admission, Profile
 from model.export.load import Export
-from serving.metrics import ServiceMetrics
+from serving.telemetry import ServiceMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from model.export.load import MAX_SAMPLES
+from ehr_base.yaml_config import describe_errors
+from model.export_contract import MAX_SAMPLES
 
 API_KEYS_ENV = "EHR_API_KEYS"  # comma-separated keys; merged with --api-keys-file
 MIN_API_KEY_LENGTH = 16  # shorter keys are guessable by brute force over the network
@@ -149,8 +150,6 @@ def load_api_keys(env: Mapping[str, str] | None = None, keys_file: str | os.Path
 def make_settings(api_keys: Iterable[str] = (), **kwargs) -> Settings:
     """Settings from plain values; raises SettingsError with one readable line per problem."""
     import pydantic
-
-    from ehr_base.yaml_config import describe_errors
 
     try:
         return Settings(api_keys=tuple(SecretStr(k) for k in api_keys), **kwargs)

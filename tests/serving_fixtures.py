@@ -124,7 +124,7 @@ def write_fixture_export(
     """
     import tensorflow as tf
 
-    from model.export.load import SIGNATURES
+    from model.export_contract import SIGNATURES
 
     root = pathlib.Path(directory)
     root.mkdir(parents=True, exist_ok=True)
@@ -191,6 +191,7 @@ def write_tiny_model_export(
 
     from model.export import write as export_writer
     from model.export.predict import Predictor
+    from model import data_folder
     from model.training import inputs
     from model.training.config import ModelConfig
     from model.training.ehr_model import build_model
@@ -210,7 +211,7 @@ def write_tiny_model_export(
             (data_dir / "lab_loinc.json").write_text(json.dumps({"codes": {k: list(v) for k, v in lab_loinc.items()}}))
         (data_dir / "units.json").write_text(json.dumps(FIXTURE_UNITS if units is None else units))
         _write_train_split(data_dir, DEFAULT_ADMISSION_TYPES if admission_types is None else admission_types)
-        files = inputs.load_data_files(data_dir)
+        files = data_folder.load_data_files(data_dir)
         featurizer = inputs.Featurizer.from_data_files(files)
         config = ModelConfig(method="rank1", ensemble_size=ensemble_size, embedding_dim=8, rnn_dim=8,
                              hidden_layer_dim=8)
@@ -222,7 +223,7 @@ def write_tiny_model_export(
         }
         card = export_writer.model_card(
             name=TINY_MODEL_NAME, method="rank1_normal (untrained test fixture)", ensemble_size=ensemble_size,
-            data_sha256=export_writer.data_manifest_sha256(data_dir), metrics_doc=metrics_doc,
+            data_sha256=data_folder.manifest_sha256(data_dir), metrics_doc=metrics_doc,
             config={"model": config.model_dump(mode="json")})
         return export_writer.write_export(directory, Predictor(featurizer, model), data_dir=str(data_dir),
                                           pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc,

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 from test_image_train import TINY
 
-from model.training import devices
+from model.fit import devices
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Relative tolerance on logged scalars (loss, NLL, KL, gradient norm): float32 sums in another

@@ -17,7 +17,7 @@ from model.image import train as image_train
 from model.image.config import ImageExperimentConfig, ImageTrainConfig, load_config, parse_config
 from model.image.data import load_digits_data
 from model.image.models import build_model
-from model.training import training_loop
+from model.fit import training_loop
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # A tiny rank-1 WRN-10-1 (K = 2) that fits digits in a few hundred steps on a CPU.

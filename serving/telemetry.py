@@ -11,6 +11,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
+from ehr_pipeline.shift import SEVERITIES
+
 # Seconds: a cached forward pass is ~ms on a CPU, a cold 100-sample batch can take seconds.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # Examples per forward pass: powers of two up to the largest --max-batch we allow.
@@ -72,8 +74,6 @@ class ServiceMetrics:
 
     def update_shift(self, report, admissions: int) -> None:
         """Sets the shift gauges from a report (ehr_pipeline.shift.ShiftReport) of `admissions` admissions."""
-        from ehr_pipeline.shift import SEVERITIES
-
         self.shift_level.set(SEVERITIES.index(report.level))
         for kind, by_severity in report.counts().items():
             for severity, n in by_severity.items():
