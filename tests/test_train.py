@@ -20,7 +20,8 @@ from ehr_base.yaml_config import ConfigError
 from model import data_folder
 from model.cli.ehr_train import parse_overrides
 from model.training.config import parse_config
-from model.training.train import EXPORT_DIR, load_run, train
+from model.export_contract import EXPORT_DIR
+from model.training.train import load_run, train
 from model.fit.training_loop import BEST_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
