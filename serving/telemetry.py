@@ -71,6 +71,9 @@ class ServiceMetrics:
                                   "converted to the model's unit, or could not be and were not used.", ("outcome",),
                                   registry=reg)
         self.shift_window = Gauge(f"{ns}_shift_window_admissions", "Admissions in the monitor window.", registry=reg)
+        self.shift_report_age = Gauge(f"{ns}_shift_report_age_seconds", "Age of the shift report the ehr_shift_* "
+                                      "gauges and /v1/monitor show, seconds (made again at most every "
+                                      "--monitor-refresh-s; NaN before the first).", registry=reg)
 
     def update_shift(self, report, admissions: int) -> None:
         """Sets the shift gauges from a report (ehr_pipeline.shift.ShiftReport) of `admissions` admissions."""

@@ -45,7 +45,9 @@ def export_dir(tmp_path_factory):
 
 def _stream(export_dir, bodies: list[dict]) -> list[dict]:
     """The /v1/monitor answers after every STEP requests of `bodies`, on a fresh server."""
-    settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", warmup=False, monitor_window=500)
+    # monitor_refresh_s 0: each answer is the report of every request sent so far.
+    settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", warmup=False, monitor_window=500,
+                             monitor_refresh_s=0)
     answers = []
     with ThreadedServer(create_app(settings, ServedModel.load(export_dir))) as server, \
             httpx.Client(base_url=server.base_url, timeout=120.0) as client:
