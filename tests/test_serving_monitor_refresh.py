@@ -24,15 +24,15 @@ PARAMS = {"num_samples": 2, "seed": 0}
 
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory):
-    from model.evaluation import shift_report
-    from model.training.inputs import load_data_files
+    from model.data_folder import load_data_files
+    from model.evaluation import against_reference
 
     base = tmp_path_factory.mktemp("monitor_refresh")
     files = load_data_files(write_data_dir(base / "data", sizes=(("train", 30), ("validation", 4), ("test", 4)),
                                            train_shards=1))
     vocabulary = {s: [c.split(":", 1)[1] for c in codes] for s, codes in files.vocabulary.items()}
     return write_tiny_model_export(base / "export", vocabulary=vocabulary,
-                                   reference=shift_report.reference_profile(files))
+                                   reference=against_reference.reference_profile(files))
 
 
 def _client(export_dir, refresh_s: float) -> TestClient:
