@@ -5,7 +5,9 @@ BIN    := $(VENV)/bin
 # The demo's default input: the real MIMIC-III demo beside this checkout (synthetic data without it).
 MIMIC_DIR ?= ../shared/mimic-iii-demo
 DEMO_OUT  ?= out/demo
-PYTEST_ARGS ?=
+# The suite on every core (at most 4 workers: each holds its own TensorFlow and session fixtures),
+# a test file per worker so its module fixtures are made once; the 25 slowest tests printed.
+PYTEST_ARGS ?= -n auto --maxprocesses=4 --dist loadfile --durations=25
 
 .PHONY: install demo test test-quick bench fuzz notebook clean gpu-install gpu-train
 
