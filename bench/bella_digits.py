@@ -96,7 +96,7 @@ def run_all(args: argparse.Namespace) -> dict[str, list[dict]]:
     from model.image.config import load_config
     from model.image.data import load_data
     from model.image.evaluate import evaluate_model
-    from model.image.models import count_parameters
+    from model.fit.training_loop import count_parameters
     from model.layers import bella
 
     work = pathlib.Path(args.work)
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from bench.report import command_line, publish
 
-    from model.evaluation.metrics_report import json_ready
+    from model.export_contract import json_ready
 
     from ehr_base.cli_args import setup_logging
 

@@ -112,9 +112,10 @@ def _make_data(release: pathlib.Path, data: pathlib.Path, units_from: pathlib.Pa
 
 def _split(data: pathlib.Path, release: pathlib.Path, name: str) -> Split:
     from model.evaluation.evaluate import load_truth
-    from model.training.inputs import load_data_files, read_split
+    from model.data_folder import load_data_files, read_split
 
-    records, labels, hadm_ids = read_split(load_data_files(data), name)
+    split_records = read_split(load_data_files(data), name)
+    records, labels, hadm_ids = split_records.records, split_records.labels, split_records.hadm_ids
     return Split(records, np.asarray(labels), np.asarray(hadm_ids), load_truth(release / "SYNTH_TRUTH.csv", hadm_ids))
 
 

@@ -155,7 +155,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     from model.evaluation import metrics, metrics_report
     from model.evaluation.evaluate import load_truth
     from model.training import baselines
-    from model.training.inputs import Featurizer, load_data_files
+    from model.training.inputs import Featurizer
+    from model.data_folder import load_data_files
 
     work = pathlib.Path(args.work)
     sites = {"A": args.seed} if args.no_shift else {"A": args.seed, "B": args.seed + 1}

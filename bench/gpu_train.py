@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patients", type=int, default=7000, help="synthetic patients (the medium release)")
     parser.add_argument("--seed", type=int, default=11, help="seed of the synthetic release")
     parser.add_argument("--config", default=str(ROOT / "configs" / "ehr_rank1_normal.yaml"), help="experiment YAML")
-    parser.add_argument("--devices", default="auto", help="auto, cpu, cpu:N, gpu, gpu:N (model.training.devices)")
+    parser.add_argument("--devices", default="auto", help="auto, cpu, cpu:N, gpu, gpu:N (model.fit.devices)")
     parser.add_argument("--precision", default="true",
                         help="train.mixed_precision: true (bfloat16 where supported, else float16), false, "
                              "mixed_bfloat16 or mixed_float16")
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                        check=True)
 
     import ehr_base  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
-    from model.training import devices
+    from model.fit import devices
 
     devices.configure(args.devices)  # before any TensorFlow work
     import tensorflow as tf

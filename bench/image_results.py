@@ -74,7 +74,8 @@ def wrn_parameter_counts() -> dict[str, int]:
     import tensorflow as tf
 
     from model.image.config import ImageModelConfig
-    from model.image.models import build_model, count_parameters
+    from model.fit.training_loop import count_parameters
+    from model.image.models import build_model
     from model.layers.posterior import PosteriorConfig
 
     counts = {}
@@ -92,7 +93,8 @@ def run_all(args: argparse.Namespace) -> tuple[dict[str, list[dict]], dict[str, 
 
     from model.image.config import load_config
     from model.image.data import load_data
-    from model.image.models import build_model, count_parameters
+    from model.fit.training_loop import count_parameters
+    from model.image.models import build_model
     from model.image.train import train
 
     reports: dict[str, list[dict]] = {}

@@ -40,9 +40,10 @@ def child(data: str, variant: str, cores: int, batch_size: int, batches: int) ->
 
     tf.config.threading.set_intra_op_parallelism_threads(cores)
     tf.config.threading.set_inter_op_parallelism_threads(cores)
+    from model import data_folder
     from model.training import inputs
 
-    files = inputs.load_data_files(data)
+    files = data_folder.load_data_files(data)
     featurizer = inputs.Featurizer.from_data_files(files)
     # cached: train.cache_featurized; the first epoch (filling the cache) is not timed.
     ds = inputs.dataset(files, featurizer, "train", batch_size, training=True, seed=0, cache=variant == "cached")

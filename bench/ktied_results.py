@@ -108,7 +108,8 @@ def run_digits(args: argparse.Namespace) -> tuple[dict, dict, dict, object]:
     import tensorflow as tf
 
     from model.image.data import load_data
-    from model.image.models import build_model, count_parameters
+    from model.fit.training_loop import count_parameters
+    from model.image.models import build_model
     from model.image.train import train
 
     reports, curves, params, config = {}, {}, {}, None
@@ -198,7 +199,7 @@ def snr_run(k: int | None, seed: int, measure_steps: list[int]) -> list[dict[str
     from model.image import evaluate as evaluation
     from model.image.data import load_data, train_dataset
     from model.image.models import build_model
-    from model.training import losses
+    from model.fit import losses
 
     config = variant_config(k, seed, kl_annealing_epochs=0.0)
     tc = config.train

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     from model.evaluation import metrics
     from model.evaluation.evaluate import load_truth
     from model.training import baselines
-    from model.training.inputs import Featurizer, load_data_files
+    from model.training.inputs import Featurizer
+    from model.data_folder import load_data_files
 
     work = pathlib.Path(args.work)
     release, data = work / f"release_{args.release_name}", work / f"data_{args.release_name}"

@@ -152,6 +152,7 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
     from ehr_pipeline.contract import PipelineConfig, spec, tf_parse
     from model.export import write as export_writer
     from model.export.predict import Predictor
+    from model import data_folder
     from model.training import inputs
     from model.training.config import load_config
     from model.training.ehr_model import build_model
@@ -168,14 +169,14 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
             {"sources": {s: [spec.format_code(s, c) for c in codes] for s, codes in DEFAULT_VOCABULARY.items()}}))
         (data_dir / "numeric_stats.json").write_text(json.dumps({"codes": {}}))
         (data_dir / "manifest.json").write_text(json.dumps({"config": pipeline.to_dict()}))
-        featurizer = inputs.Featurizer.from_data_files(inputs.load_data_files(data_dir))
+        featurizer = inputs.Featurizer.from_data_files(data_folder.load_data_files(data_dir))
         model = build_model(config, featurizer.vocab_size)
         metrics_doc = {"test": {"ece": None, "nll": None, "auc_pr": None, "auc_roc": None},
                        "referral": {"measure": "predictive_entropy", "rate": 0.1, "threshold": 0.5},
                        "decision_threshold": 0.5}
         card = export_writer.model_card(
             name="BENCH-untrained-table7-rank1", method="rank1_normal (untrained, timing only)",
-            ensemble_size=config.ensemble_size, data_sha256=export_writer.data_manifest_sha256(data_dir),
+            ensemble_size=config.ensemble_size, data_sha256=data_folder.manifest_sha256(data_dir),
             metrics_doc=metrics_doc, config={"model": config.model_dump(mode="json")})
         return export_writer.write_export(directory, Predictor(featurizer, model), data_dir=str(data_dir),
                                           pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc)

@@ -138,7 +138,8 @@ def whole_model_parameters(vocab_sizes) -> list[dict]:
     embedding has and which are not part of the rank-1 parameterisation.
     """
     from model.training.config import load_config
-    from model.training.ehr_model import build_model, count_parameters
+    from model.fit.training_loop import count_parameters
+    from model.training.ehr_model import build_model
 
     rank1_cfg = load_config(ROOT / RANK1_CONFIG).model
     det_cfg = load_config(ROOT / DETERMINISTIC_CONFIG).model

@@ -93,12 +93,13 @@ def measure(release: pathlib.Path, data: pathlib.Path, export_dir: pathlib.Path,
     from model.evaluation.evaluate import load_truth
     from model.export.load import load_export
     from model.export.predict import predict_probs
-    from model.training.inputs import load_data_files, read_split
+    from model.data_folder import load_data_files, read_split
     from serving import admission_type
 
     export = load_export(export_dir)
     counts = export.files.admission_types
-    records, _, hadm_ids = read_split(load_data_files(data), "test")
+    split_records = read_split(load_data_files(data), "test")
+    records, hadm_ids = split_records.records, split_records.hadm_ids
     kinds = np.array([seqex.sequence_example_to_dict(r)[spec.ADMISSION_TYPE] for r in records])
     allocation = admission_type.allocate(counts, samples)
     mixture = admission_type.mixed([predict_probs(export, _with_type(records, t), n, seed) for t, n in allocation])

@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from model.export.load import ADMISSION_TYPES_FILE, Export
+from model.export.load import Export
+from model.export_contract import ADMISSION_TYPES_FILE
 from serving.encoding import InputError
 from serving.schemas import PredictRequest
 

@@ -17,7 +17,7 @@ from serving import __version__
 from serving.errors import install_error_handlers
 from serving.fhir_routes import cds_router, fhir_router
 from serving.lifespan import model_lifespan
-from serving.metrics import ServiceMetrics
+from serving.telemetry import ServiceMetrics
 from serving.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from serving.predictor import ServedModel
 from serving.routes import health_router, metrics_router, v1_router

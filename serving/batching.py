@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from serving.metrics import ServiceMetrics
+from serving.telemetry import ServiceMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from ehr_base import console
 from ehr_base.cli_args import OneLineParser
+from serving import malloc
 from serving.settings import API_KEYS_ENV, Settings, SettingsError, load_api_keys, make_settings
 
 logger = logging.getLogger("serving")
@@ -131,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.no_auth:
         logger.warning("serving WITHOUT authentication on %s (loopback only)", settings.host)
 
-    from serving.predictor import ModelDirError, ServedModel  # after the cheap checks: loading imports TensorFlow
+    # Before TensorFlow starts its thread pools: an arena cap applies to arenas made after it.
+    malloc.cap_arenas(settings.malloc_arenas)
+    from serving.predictor import ModelDirError, ServedModel  # why: after the cheap checks, loading imports TensorFlow
 
     # TensorFlow's C++ start-up lines (CUDA probes on a CPU machine) only at --log-level debug.
     with console.native_stderr_muted(verbose=args.log_level == "debug"):
@@ -147,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvicorn
 
-    from serving.app import create_app
+    from serving.app import create_app  # why: FastAPI and the app load only once the model has
 
     app = create_app(settings, predictor)
     # access_log=False: our middleware logs each request without its path or query.

@@ -13,6 +13,9 @@ import sys
 import tempfile
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before anything imports TensorFlow)
+from ehr_pipeline.contract import spec, tfrecord
+from ehr_pipeline.encode import seqex
+from serving.server_process import ServerProcess
 
 
 def _iso(seconds: int) -> str:
@@ -21,9 +24,6 @@ def _iso(seconds: int) -> str:
 
 def first_test_admission(data_dir: pathlib.Path) -> tuple[int, int]:
     """(SUBJECT_ID, HADM_ID) of the first example of the test split."""
-    from ehr_pipeline.contract import spec, tfrecord
-    from ehr_pipeline.encode import seqex
-
     for path in sorted(data_dir.glob(spec.split_file_pattern("test"))):
         with open(path, "rb") as f:
             for rec in tfrecord.read_records(f):
@@ -36,8 +36,9 @@ def build_request(mimic_dir: pathlib.Path, subject_id: int, hadm_id: int, after_
     """A /v1/predict body for one admission from the raw tables, with events up to trigger + after_hours."""
     import pyarrow.compute as pc
 
-    from ehr_pipeline.mimic import events as ev
+    # why: the raw-table reader loads pyarrow, which the demo needs only here
     from ehr_pipeline.mimic import build_cohort
+    from ehr_pipeline.mimic import events as ev
     from ehr_pipeline.reader import TableReader, locate_table, read_table
 
     adm, _ = read_table(locate_table(mimic_dir, "ADMISSIONS"), "ADMISSIONS")
@@ -81,8 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import httpx
-
-    from serving.server_process import ServerProcess
 
     subject_id, hadm_id = first_test_admission(pathlib.Path(args.data))
     body = build_request(pathlib.Path(args.mimic_dir), subject_id, hadm_id)

@@ -15,7 +15,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Query, Request, status
 
 from serving.batching import Arrival, MicroBatcher
-from serving.metrics import ServiceMetrics
+from serving.telemetry import ServiceMetrics
 from serving.monitor import Monitor
 from serving.predictor import ServedModel
 from serving.settings import Settings

@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from serving import precision as precision_choice
 from serving.batching import MicroBatcher
 from serving.encoding import encode
-from serving.metrics import ServiceMetrics
+from serving.telemetry import ServiceMetrics
 from serving.monitor import Monitor
 from serving.predictor import ServedModel
 from serving.schemas import Admission, Patient, PredictRequest
@@ -110,7 +110,7 @@ def model_lifespan(settings: Settings, metrics: ServiceMetrics,
         await batcher.start()
         app.state.predictor = model
         app.state.batcher = batcher
-        app.state.monitor = Monitor(export, settings.monitor_window, metrics)
+        app.state.monitor = Monitor(export, settings.monitor_window, metrics, refresh_s=settings.monitor_refresh_s)
         if export.reference is None:
             logger.info("the export carries no reference population: /v1/monitor answers 'unavailable'")
         if settings.warmup:

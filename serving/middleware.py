@@ -19,7 +19,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.auth import API_KEY_HEADER, check_key
-from serving.metrics import ServiceMetrics
+from serving.telemetry import ServiceMetrics
 from serving.settings import Settings
 
 logger = logging.getLogger("serving.app")  # log filters and alerts select the service by this name

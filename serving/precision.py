@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ehr_pipeline.contract import spec
-from model.export.load import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE, Export
+from model.export.load import Export
+from model.export_contract import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
 from serving.schemas import Admission, Patient, PredictRequest
 
 AUTO = "auto"

@@ -16,7 +16,7 @@ from model.export.load import Export
 from serving import admission_type
 from serving.batching import Arrival, MicroBatcher
 from serving.encoding import Encoded, InputError, encode
-from serving.metrics import ServiceMetrics
+from serving.telemetry import ServiceMetrics
 from serving.monitor import Monitor
 from serving.predictor import ServedModel, Summary, summarise
 from serving.schemas import (

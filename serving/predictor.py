@@ -96,7 +96,7 @@ class ServedModel:
 
     def _forward(self, loaded: LoadedExport, examples: Sequence[bytes], num_samples: int, seed: int) -> np.ndarray:
         """forward() through the signature of `loaded`."""
-        from model.export.predict import predict_probs  # the same call ehr-eval makes: same numbers for a seed
+        from model.export.predict import predict_probs  # why: TensorFlow loads with the model; the same call as ehr-eval
 
         out = predict_probs(loaded, list(examples), num_samples, seed,
                             batch_size=max(len(examples), 1)).astype(np.float64)

@@ -84,7 +84,7 @@ async def readyz(request: Request, response: Response) -> Health:
 async def prometheus(request: Request, metrics: MetricsDep, monitor: MonitorDep) -> Response:
     """Request counts by route and status, latencies, errors, batch sizes, population shift (no patient data)."""
     # Off the event loop: a scrape takes milliseconds to render (the shift gauges are refreshed
-    # first when the monitor's window changed), and requests on the loop would wait.
+    # first when the monitor's report is due; only the first report is made while it waits).
     def render() -> tuple[bytes, str]:
         if monitor is not None:
             monitor.report()
@@ -203,8 +203,9 @@ async def monitor_report(settings: SettingsDep, predictor: ServedModelDep, monit
     if reading.report is None:
         return MonitorResponse(level="error" if reading.error else "unavailable", admissions=reading.admissions,
                                window=settings.monitor_window, findings=[], summary={}, error=reading.error,
+                               age_s=reading.age_s(),
                                model=model_identity(predictor))
     doc = reading.report.to_json()
     return MonitorResponse(level=reading.report.level, admissions=reading.admissions, window=settings.monitor_window,
                            findings=[ShiftFinding(**f) for f in doc["findings"]], summary=doc["summary"],
-                           model=model_identity(predictor))
+                           age_s=reading.age_s(), model=model_identity(predictor))

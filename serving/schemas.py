@@ -329,6 +329,9 @@ class MonitorResponse(BaseModel):
     error: str | None = Field(None, description="Why there is no report when level is 'error' (one line; the "
                                                 "server logs the traceback and counts it in "
                                                 "ehr_monitor_errors_total).")
+    age_s: float | None = Field(None, description="Seconds since this report was made (at most about "
+                                                  "--monitor-refresh-s when admissions keep coming); null when none "
+                                                  "was made.")
     model: ModelIdentity
 
 

@@ -15,7 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from model.export.load import MAX_SAMPLES
+from ehr_base.yaml_config import describe_errors
+from model.export_contract import MAX_SAMPLES
 
 API_KEYS_ENV = "EHR_API_KEYS"  # comma-separated keys; merged with --api-keys-file
 MIN_API_KEY_LENGTH = 16  # shorter keys are guessable by brute force over the network
@@ -87,6 +88,16 @@ class Settings(BaseModel):
         500, ge=0, le=100000, description="Recent admissions the population monitor compares with the model's "
                                           "training population (GET /v1/monitor, ehr_shift_* gauges; "
                                           "docs/shift.md); 0 turns it off.")
+    malloc_arenas: int = Field(
+        2, ge=0, le=1024, description="Most glibc malloc arenas (M_ARENA_MAX; 0: glibc's default, 8 per core). The "
+                                      "service's ~36 threads otherwise spread short-lived allocations over many "
+                                      "arenas whose freed memory fragments: resident memory grew ~30 MiB/min under "
+                                      "load (serving/malloc.py, docs/benchmarks.md 'soak').")
+    monitor_refresh_s: float = Field(
+        10.0, ge=0.0, le=3600.0,
+        description="Longest the monitor's report is served before it is made again, seconds, when admissions came "
+                    "since; scrapes and /v1/monitor get the last one at once while the next is made (its age: "
+                    "ehr_shift_report_age_seconds). 0 makes it again whenever the window changed.")
     warmup: bool = Field(
         True, description="Run the start-up forward passes before /readyz says 'ok'; --no-warmup skips them "
                           "(/readyz is 'ok' at once).")
@@ -149,8 +160,6 @@ def load_api_keys(env: Mapping[str, str] | None = None, keys_file: str | os.Path
 def make_settings(api_keys: Iterable[str] = (), **kwargs) -> Settings:
     """Settings from plain values; raises SettingsError with one readable line per problem."""
     import pydantic
-
-    from ehr_base.yaml_config import describe_errors
 
     try:
         return Settings(api_keys=tuple(SecretStr(k) for k in api_keys), **kwargs)

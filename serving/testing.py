@@ -19,6 +19,7 @@ import numpy as np
 
 from ehr_pipeline.contract import PipelineConfig, spec, tfrecord
 from ehr_pipeline.encode import bagging, seqex
+from model import data_folder
 from model.export import write as export_writer
 from model.export.predict import Predictor
 from model.training import inputs
@@ -90,7 +91,7 @@ def write_tiny_model_export(
             (data_dir / "lab_loinc.json").write_text(json.dumps({"codes": {k: list(v) for k, v in lab_loinc.items()}}))
         (data_dir / "units.json").write_text(json.dumps(FIXTURE_UNITS if units is None else units))
         _write_train_split(data_dir, DEFAULT_ADMISSION_TYPES if admission_types is None else admission_types)
-        files = inputs.load_data_files(data_dir)
+        files = data_folder.load_data_files(data_dir)
         featurizer = inputs.Featurizer.from_data_files(files)
         config = ModelConfig(method="rank1", ensemble_size=ensemble_size, embedding_dim=8, rnn_dim=8,
                              hidden_layer_dim=8)
@@ -102,7 +103,7 @@ def write_tiny_model_export(
         }
         card = export_writer.model_card(
             name=TINY_MODEL_NAME, method="rank1_normal (untrained test fixture)", ensemble_size=ensemble_size,
-            data_sha256=export_writer.data_manifest_sha256(data_dir), metrics_doc=metrics_doc,
+            data_sha256=data_folder.manifest_sha256(data_dir), metrics_doc=metrics_doc,
             config={"model": config.model_dump(mode="json")})
         return export_writer.write_export(directory, Predictor(featurizer, model), data_dir=str(data_dir),
                                           pipeline_config=pipeline.to_dict(), card=card, metrics_doc=metrics_doc,

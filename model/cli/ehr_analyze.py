@@ -29,7 +29,13 @@ from typing import Any, Callable
 
 from ehr_base import console
 from ehr_base.cli_args import OneLineParser, existing_dir, output_dir, positive_int, setup_logging, usage_error
-from ehr_pipeline.contract import integrity
+from ehr_pipeline.contract import SPLIT_NAMES, integrity
+from model.cli import EXIT_SHIFT, FAIL_ON
+from model.cli.ehr_eval import resolve_model_dir
+from model.export_contract import MAX_SAMPLES
+from model.evaluation import metrics
+from model.export.load import ExportError
+from model.image.cli import wants_image
 
 log = logging.getLogger("ehr-analyze")
 
@@ -55,15 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true",
                    help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
 
-    from model.evaluation.shift_report import FAIL_ON, SPLITS
-
     p = sub.add_parser("shift", help="new data against the population the model learnt from (exit 3 at --fail-on)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", required=True, metavar="EXPORT", type=existing_dir,
                    help="export directory (MODEL_DIR) or run folder holding export/")
     p.add_argument("--data", required=True, metavar="NEW_DATA", type=existing_dir,
                    help="output folder of the Beam job on the new data")
-    p.add_argument("--splits", nargs="+", default=list(SPLITS), choices=SPLITS,
+    p.add_argument("--splits", nargs="+", default=list(SPLIT_NAMES), choices=SPLIT_NAMES,
                    help="splits of --data that make the new population")
     p.add_argument("--out", default=None, type=output_dir,
                    help="write shift.json, shift.md and shift.png here; None = only print the findings")
@@ -86,16 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _ehr_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
     """(model, evaluate(), S) of an EHR run."""
-    from model.evaluation import metrics
+    # why: these import TensorFlow, which loads only once the arguments are valid
+    from model import data_folder
     from model.export.predict import Predictor, predict_probs
-    from model.training import inputs
     from model.training.train import load_run
 
     if args.data is None:
         raise ValueError("an EHR run needs --data (the Beam job's output folder)")
     integrity.verify_folder(args.data, (args.split,))  # a cut shard: one line, not a DataLossError
     config, model, featurizer, _ = load_run(args.model, args.data)
-    records, labels, _ = inputs.read_split(inputs.load_data_files(args.data), args.split)
+    split_records = data_folder.read_split(data_folder.load_data_files(args.data), args.split)
+    records, labels = split_records.records, split_records.labels
     samples = args.samples or config.eval.num_samples
     predictor = Predictor(featurizer, model)
 
@@ -112,6 +117,7 @@ def _image_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
     """(model, evaluate(), S) of an image run."""
     import tensorflow as tf
 
+    # why: these import TensorFlow, which loads only once the arguments are valid
     from model.image import evaluate as evaluation
     from model.image.train import load_run
 
@@ -133,9 +139,9 @@ def _image_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
 
 def posterior_rank(args) -> dict[str, Any]:
     """The analysis of one run as a JSON-ready dict (also written to --out)."""
+    # why: TensorFlow (posterior_rank) and matplotlib (plots) load only once the arguments are valid
     from model.evaluation import posterior_rank as pr
     from model.evaluation.plots import singular_values_plot
-    from model.image.cli import wants_image
 
     run = pathlib.Path(args.model)
     model, evaluate, samples = (_image_evaluator if wants_image(["--model", str(run)]) else _ehr_evaluator)(args)
@@ -197,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def shift(args) -> int:
     """`ehr-analyze shift`: prints the findings, writes the files, returns 0, 2 (usage) or 3 (shift at --fail-on)."""
-    from model.cli.ehr_eval import resolve_model_dir
-    from model.evaluation.shift_report import EXIT_SHIFT, run_shift, write_outputs
-    from model.export.load import MAX_SAMPLES, ExportError
+    # why: the use case imports TensorFlow, which loads only once the arguments are valid
+    from model.evaluation.against_reference import write_outputs
+    from model.evaluation.use_case import run_shift
 
     if args.samples is not None and args.samples > MAX_SAMPLES:
         return usage_error("ehr-analyze", f"--samples must be at most {MAX_SAMPLES}, got {args.samples}")

@@ -16,25 +16,28 @@ the model's training population is printed and, with --out, written beside the m
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import pathlib
 import sys
 
+import pydantic
+
 from ehr_base import console
 from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, fraction, output_dir, setup_logging,
                                usage_error)
+from model.cli import EXIT_SHIFT, FAIL_ON
+from model.export_contract import EXPORT_DIR, MANIFEST, MAX_SAMPLES, UNCERTAINTY_MEASURES
+from model.evaluation import clinical_stats
+from model.export.load import ExportError
+from model.image import cli as image_cli
+from model.training.config import BASELINE_KINDS, EvalConfig
 
 log = logging.getLogger("model.eval")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `ehr-eval`."""
-    from model.evaluation import clinical_stats
-    from model.evaluation.metrics import UNCERTAINTY_MEASURES
-    from model.evaluation.shift_report import FAIL_ON
-    from model.export.load import MAX_SAMPLES
-    from model.training.config import BASELINE_KINDS, EvalConfig
-
     d = EvalConfig()
     parser = OneLineParser(
         prog="ehr-eval",
@@ -100,9 +103,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_model_dir(path: str) -> pathlib.Path:
     """An export directory, given either itself or a run folder that holds export/."""
-    from model.export.load import MANIFEST
-    from model.training.train import EXPORT_DIR
-
     p = pathlib.Path(path)
     if (p / MANIFEST).is_file():
         return p
@@ -118,10 +118,6 @@ _EVAL_FLAGS = {"num_samples": "--samples", "batch_size": "--batch-size", "n_boot
 
 def flag_problem(args: argparse.Namespace) -> str | None:
     """The first flag value EvalConfig refuses, as 'FLAG: why', or None (checked before any prediction)."""
-    import pydantic
-
-    from model.training.config import EvalConfig
-
     values = {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in _EVAL_FLAGS.items()}
     try:
         EvalConfig(**{k: v for k, v in values.items() if v is not None})
@@ -133,8 +129,6 @@ def flag_problem(args: argparse.Namespace) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `ehr-eval`; returns the exit code."""
-    from model.image import cli as image_cli
-
     # One command for both families: a task: image config (or run folder) goes to the image models.
     if image_cli.wants_image(argv):
         return image_cli.eval_main(argv)
@@ -144,49 +138,53 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         return usage_error("ehr-eval", problem)
     console.load_tensorflow(args.verbose)
-    from model.evaluation import evaluate as evaluation
-    from model.evaluation import formatting, report_html
-    from model.export.load import ExportError
-
     if args.compare:
         return _compare(args)
     if args.data is None:
         return usage_error("ehr-eval", "--data is required with --model or --baseline")
     if args.baseline:
         return _baseline(args)
+    return _evaluate(args)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    """--model DIR...: the exports (a deep ensemble when several) on --split, printed and written to --out."""
+    # why: the use case imports TensorFlow; --help and usage errors answer before it loads
+    from model.evaluation import evaluate as evaluation
+    from model.evaluation import formatting, report_html, use_case
+
     try:
-        dirs = [resolve_model_dir(m) for m in args.model]
-        report, extra = evaluation.run_evaluation(
-            dirs, args.data, args.split, num_samples=args.samples, seed=args.seed, batch_size=args.batch_size,
-            truth_path=args.truth, referral_rate=args.referral_rate, referral_measure=args.referral_measure,
-            n_bootstrap=args.bootstrap, num_bins=args.num_bins, out_dir=args.out,
-            export_ensemble=args.export_ensemble, progress=not args.no_progress,
-            target_coverage=args.target_coverage, target_risk=args.target_risk, force_units=args.force)
+        request = use_case.EvaluationRequest(
+            model_dirs=tuple(resolve_model_dir(m) for m in args.model), data_dir=args.data, split=args.split,
+            num_samples=args.samples, seed=args.seed, batch_size=args.batch_size, truth_path=args.truth,
+            referral_rate=args.referral_rate, referral_measure=args.referral_measure, n_bootstrap=args.bootstrap,
+            num_bins=args.num_bins, out_dir=args.out, export_ensemble=args.export_ensemble,
+            progress=not args.no_progress, target_coverage=args.target_coverage, target_risk=args.target_risk,
+            force_units=args.force)
+        result = use_case.evaluate_exports(request)
     except (ExportError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
+    report = result.report
     print(formatting.format_table(report))
     r = report["referral"]
     print(f"referral ({r['measure']} > {r['threshold']}, chosen on validation for rate {r['rate']}): "
           f"{r['referred_fraction']:.3f} referred")
     print(report_html.format_clinical(report["clinical"]))
-    shifted = extra.get("shift")
+    shifted = result.shift
     if shifted is not None:
         print(shifted.report.text(limit=15))
     if args.out:
         print(f"report: {pathlib.Path(args.out) / evaluation.REPORT_HTML}")
-    if extra.get("export_dir"):
-        print(f"ensemble export: {extra['export_dir']}")
+    if result.export_dir is not None:
+        print(f"ensemble export: {result.export_dir}")
     if shifted is not None and shifted.fails(args.fail_on_shift):
-        from model.evaluation.shift_report import EXIT_SHIFT
-
         return EXIT_SHIFT
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
     """--compare A B: paired bootstrap of two predictions files, printed and written to --out."""
-    import json
-
+    # why: the report modules load matplotlib, which --help and usage errors do without
     from model.evaluation import evaluate as evaluation
     from model.evaluation import formatting, report_html
 
@@ -210,15 +208,18 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _baseline(args: argparse.Namespace) -> int:
     """--baseline KIND: fit on train, choose on validation, evaluate --split like a model."""
+    # why: the use case and the baselines' featurizer import TensorFlow; --help answers before it loads
     from model.evaluation import evaluate as evaluation
-    from model.evaluation import formatting, report_html
+    from model.evaluation import formatting, report_html, use_case
+    from model.training.baselines import fit_baseline
 
     try:
-        report = evaluation.run_baseline_evaluation(
-            args.baseline, args.data, args.split, seed=args.seed, truth_path=args.truth,
+        request = use_case.BaselineRequest(
+            kind=args.baseline, data_dir=args.data, split=args.split, seed=args.seed, truth_path=args.truth,
             referral_rate=args.referral_rate, referral_measure=args.referral_measure, n_bootstrap=args.bootstrap,
             num_bins=args.num_bins, out_dir=args.out, target_coverage=args.target_coverage,
             target_risk=args.target_risk)
+        report = use_case.evaluate_baseline(request, fit_baseline)
     except (FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
     print(f"{args.baseline} baseline, chosen on validation: {report['baseline']['params']}")

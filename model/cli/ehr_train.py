@@ -12,9 +12,15 @@ import argparse
 import logging
 import sys
 
+import yaml
+
 from ehr_base import console
 from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, output_dir, positive_int,
                                       setup_logging, usage_error)
+from ehr_base.yaml_config import ConfigError
+from model.evaluation import formatting
+from model.image import cli as image_cli
+from model.training.config import load_config
 
 log = logging.getLogger("model.training.train")
 
@@ -62,10 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, object]]:
     """['model.rnn_dim=64', ...] -> {'model': {'rnn_dim': 64}}; values read as YAML scalars."""
-    import yaml
-
-    from ehr_base.yaml_config import ConfigError
-
     sections: dict[str, dict[str, object]] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -88,17 +90,12 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, object]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `ehr-train`; returns the exit code."""
-    from model.image import cli as image_cli
-
     # One command for both families: a task: image config (or run folder) goes to the image models.
     if image_cli.wants_image(argv):
         return image_cli.train_main(argv)
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     console.load_tensorflow(args.verbose)
-    from ehr_base.yaml_config import ConfigError
-    from model.training.config import load_config
-
     try:
         config = load_config(args.config).with_overrides(**parse_overrides(args.overrides))
         config = config.with_train_overrides(max_steps=args.steps, seed=args.seed,
@@ -106,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         return usage_error("ehr-train", err)
 
-    from model.evaluation import formatting
-    from model.training import devices
+    # why: TensorFlow loads only once the arguments and the config are valid
+    from model.fit import devices
 
     try:
         # Before any TensorFlow work: logical devices cannot be changed once TensorFlow has set up its own.
@@ -115,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as err:
         print(f"ehr-train: {err}", file=sys.stderr)
         return 2
+    # why: after devices.configure, which must run before anything sets up TensorFlow's devices
+    from model.fit.training_loop import ConfigMismatchError
     from model.training.train import train
-    from model.training.training_loop import ConfigMismatchError
 
     try:
         result = train(config, args.data, args.out, progress=not args.no_progress,

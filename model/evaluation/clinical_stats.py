@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from model.evaluation import against_truth, metrics, metrics_report
+from model.export_contract import json_ready
+from model.evaluation import against_truth, metrics
 
 # Threshold probabilities of the decision curve: 1 % to 60 %. Above ~0.6 nobody would withhold
 # treatment from a patient more likely than not to die, and net benefit there is noise.
@@ -520,7 +521,7 @@ def clinical_report(p, y, scores: Mapping[str, np.ndarray], *, referred=None,
     if attributes:
         report["subgroups"] = subgroup_report(p, y, subgroup_labels(attributes), truth, n_bootstrap=n_bootstrap,
                                               alpha=alpha, seed=seed, num_bins=num_bins)
-    return metrics_report.json_ready(report)
+    return json_ready(report)
 
 
 

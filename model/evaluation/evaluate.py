@@ -13,15 +13,15 @@ import logging
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ehr_pipeline.contract import SPLIT_NAMES, integrity
-from ehr_pipeline.meds import labels as meds_labels
-from model.evaluation import against_truth, clinical_stats, metrics, metrics_report, plots, unit_check
-from model.evaluation.metrics_report import json_ready
-from model.export.load import DECISION_THRESHOLD
+from model.evaluation import against_truth, clinical_stats, metrics, metrics_report, plots, report_html
+from model.export_contract import DECISION_THRESHOLD, UNCERTAINTY_MEASURES, json_ready
+
+if TYPE_CHECKING:  # annotations only: reading a data folder needs TensorFlow, writing a report does not
+    from model.data_folder import DataFiles, SplitRecords
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def load_truth(path: str | os.PathLike[str], hadm_ids: Sequence[int]) -> np.ndar
 
 
 def referral_threshold(probs: np.ndarray, rate: float, measure: str) -> float:
-    """Uncertainty threshold (measure in metrics.UNCERTAINTY_MEASURES) referring at most `rate` of these cases."""
+    """Uncertainty threshold (measure in UNCERTAINTY_MEASURES) referring at most `rate` of these cases."""
     return float(metrics.referral_threshold(metrics.uncertainties(probs)[measure], rate))
 
 
@@ -128,8 +128,6 @@ def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], pro
     paths["predictions"] = write_predictions(out / PREDICTIONS_FILE, probs, labels, hadm_ids, report["K"],
                                              report["S"], truth, attributes, referred)
     if html:
-        from model.evaluation import report_html
-
         paths["report"] = report_html.write(out / REPORT_HTML, json_ready(doc))
     return paths
 
@@ -197,7 +195,7 @@ class Predictions:
     labels: np.ndarray  # int64 [N]
     p: np.ndarray  # float64 [N]
     truth: np.ndarray | None  # float64 [N], from the P_TRUTH column
-    # Uncertainty measures (metrics.UNCERTAINTY_MEASURES columns the file has), float64 [N] each.
+    # Uncertainty measures (UNCERTAINTY_MEASURES columns the file has), float64 [N] each.
     uncertainties: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     referred: np.ndarray | None = None  # bool [N], from the REFERRED column
     attributes: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # ATTRIBUTE_COLUMNS present
@@ -213,7 +211,7 @@ def read_predictions(path: str | os.PathLike[str]) -> Predictions:
             raise ValueError(f"{path}: not a predictions file, missing columns {sorted(missing)}")
         fields = set(reader.fieldnames or ())
         has_truth = "P_TRUTH" in fields
-        measures = [m for m in metrics.UNCERTAINTY_MEASURES if m in fields]
+        measures = [m for m in UNCERTAINTY_MEASURES if m in fields]
         who = {k: c for k, c in ATTRIBUTE_COLUMNS.items() if c in fields}
         has_referred = REFERRED_COLUMN in fields
         rows, extra = [], []
@@ -283,36 +281,23 @@ def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLik
                        "clinical": clinical})
 
 
-def case_attributes(cases, hadm_ids: Sequence[int]) -> dict[str, np.ndarray]:
-    """inputs.SplitCases' attributes in the order of hadm_ids (report keys: gender, age_years, ...)."""
-    position = {int(h): i for i, h in enumerate(cases.hadm_ids.tolist())}
+def case_attributes(split: SplitRecords, hadm_ids: Sequence[int]) -> dict[str, np.ndarray]:
+    """A split's case attributes in the order of hadm_ids (report keys: gender, age_years, ...)."""
+    position = {int(h): i for i, h in enumerate(split.hadm_ids)}
     missing = [h for h in hadm_ids if int(h) not in position]
     if missing:
         raise ValueError(f"no SequenceExample for {len(missing)} evaluated admissions, e.g. HADM_ID {missing[:3]}")
     rows = np.array([position[int(h)] for h in hadm_ids], dtype=np.int64)
-    return {key: values[rows] for key, values in cases.attributes.items()}
+    return {key: values[rows] for key, values in split.attributes.items()}
 
 
-def population(files, cases_by_split: Mapping[str, Any]) -> dict[str, Any]:
+def population(files: DataFiles, splits: Mapping[str, SplitRecords]) -> dict[str, Any]:
     """clinical_stats.population_profile of a data folder: its manifest and every split's cases."""
     return clinical_stats.population_profile(files.manifest, {
-        name: clinical_stats.split_characteristics(c.labels, c.attributes, c.trigger_time, c.num_bags,
+        name: clinical_stats.split_characteristics(np.asarray(c.labels, np.int64), c.attributes,
+                                                   np.asarray(c.trigger_times, np.int64), c.num_bags,
                                                    c.sources_present)
-        for name, c in cases_by_split.items()})
-
-
-def read_cases(files) -> dict[str, Any]:
-    """inputs.SplitCases of every split the data folder has."""
-    from ehr_pipeline.contract import SPLIT_NAMES
-    from model.training.inputs import read_split_cases
-
-    out = {}
-    for name in SPLIT_NAMES:
-        try:
-            out[name] = read_split_cases(files, name)
-        except FileNotFoundError:
-            continue
-    return out
+        for name, c in splits.items()})
 
 
 def model_description(cards: Sequence[Mapping[str, Any]], metrics_docs: Sequence[Mapping[str, Any]]) -> dict:
@@ -353,211 +338,3 @@ def metrics_document(test_report: Mapping[str, Any], *, measure: str, rate: floa
     """An export's metrics.json: the test summary, the referral rule chosen on validation, the decision threshold."""
     return {"test": summary(test_report), "referral": {"measure": measure, "rate": rate, "threshold": threshold},
             "decision_threshold": DECISION_THRESHOLD}
-
-
-def run_evaluation(model_dirs: Sequence[str | os.PathLike[str]], data_dir: str | os.PathLike[str], split: str, *,
-                   num_samples: int, seed: int = 0, batch_size: int = 64,
-                   truth_path: str | os.PathLike[str] | None = None, referral_rate: float | None = None,
-                   referral_measure: str | None = None, n_bootstrap: int = 1000, num_bins: int = metrics.NUM_BINS,
-                   out_dir: str | os.PathLike[str] | None = None, export_ensemble: str | os.PathLike[str] | None = None,
-                   progress: bool = False, target_coverage: float = clinical_stats.TARGET_COVERAGE,
-                   target_risk: float = clinical_stats.TARGET_RISK,
-                   force_units: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Evaluates exports (several = a deep ensemble) on a split; returns (report, {"export_dir": ...}).
-
-    The report holds model.evaluation.metrics' numbers, the clinical statistics (report["clinical"]), who the
-    model was built on (report["population"], from the data folder) and the model cards; with
-    out_dir, report.html renders them. First: ehr_pipeline.contract.integrity, then unit_check.plan_units (force_units).
-    """
-    from model.export import write as export_writer
-    from model.export.load import load_export
-    from model.export.predict import predict_probs
-    from model.training.inputs import example_ids, load_data_files
-
-    exports = [load_export(d) for d in model_dirs]
-    integrity.verify_folder(data_dir, SPLIT_NAMES, models={str(e.path): e.files.schema_version for e in exports})
-    units_plan = unit_check.plan_units(exports, data_dir, force=force_units)
-    files = load_data_files(data_dir)
-    data_sha = export_writer.data_manifest_sha256(files.data_dir)
-    other_data = _trained_on_other_data(exports, data_sha)
-    k = sum(e.ensemble_size for e in exports)
-
-    ids: dict[str, tuple[list[int], list[int]]] = {}
-
-    def predict(split_name: str) -> tuple[np.ndarray, list[int], list[int], list[bytes]]:
-        records, labels, hadm_ids = _split_records(files, split_name, split, units_plan)
-        ids[split_name] = _meds_ids(files.data_dir, example_ids(records), hadm_ids)
-        probs = predict_probs(exports, records, num_samples, seed, batch_size=batch_size, progress=progress)
-        return probs, labels, hadm_ids, records
-
-    # The referral rule: a single model's stored one, unless the caller changes it; an ensemble
-    # has none stored, so it is chosen on this data's validation split, as training does.
-    stored = exports[0].metrics.get("referral") if len(exports) == 1 else None
-    measure = referral_measure or (stored["measure"] if stored else metrics.DEFAULT_REFERRAL_MEASURE)
-    rate = referral_rate if referral_rate is not None else (stored["rate"] if stored else 0.1)
-    cache: dict[str, tuple] = {}
-    if stored and referral_rate is None and referral_measure is None:
-        threshold = float("-inf") if stored["threshold"] is None else float(stored["threshold"])
-    else:
-        cache["validation"] = predict("validation")
-        threshold = referral_threshold(cache["validation"][0], rate, measure)
-
-    def report_for(split_name: str) -> tuple[dict, np.ndarray, list[int], list[int], list[bytes]]:
-        probs, labels, hadm_ids, records = cache.get(split_name) or predict(split_name)
-        truth = load_truth(truth_path, hadm_ids) if truth_path is not None else None
-        rep = evaluate_predictions(probs, labels, k, num_samples, threshold=threshold, measure=measure, rate=rate,
-                                   truth=truth, num_bins=num_bins, n_bootstrap=n_bootstrap, seed=seed)
-        return rep, probs, labels, hadm_ids, records
-
-    report, probs, labels, hadm_ids, records = report_for(split)
-    truth = load_truth(truth_path, hadm_ids) if truth_path is not None else None
-    cases = read_cases(files)
-    attributes = case_attributes(cases[split], hadm_ids)
-    referred = add_clinical(report, probs, labels, measure=measure, threshold=threshold, attributes=attributes,
-                            truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins,
-                            target_coverage=target_coverage, target_risk=target_risk)
-    report["population"] = population(files, cases)
-    report["model"] = model_description([e.model_card for e in exports], [e.metrics for e in exports])
-    extra: dict[str, Any] = {}
-    if other_data:
-        extra["shift"] = _shift_of_split(exports, files.data_dir, split, records, probs, num_samples,
-                                         units_plan.canonical)
-    if out_dir is not None:
-        _write_outputs(out_dir, report, probs, labels, hadm_ids, ids[split], shifted=extra.get("shift"),
-                       models=[str(e.path) for e in exports], split=split, seed=seed, data_sha=data_sha,
-                       measure=measure, num_bins=num_bins, truth=truth, attributes=attributes, referred=referred,
-                       ensemble_size=k, num_samples=num_samples)
-    if export_ensemble is not None:
-        test_report = report if split == "test" else report_for("test")[0]
-        validation_probs = cache["validation"][0] if "validation" in cache else None
-        extra["export_dir"] = _export_ensemble(export_ensemble, exports, test_report, validation_probs,
-                                               measure=measure, rate=rate, threshold=threshold,
-                                               num_samples=num_samples, data_sha=data_sha)
-    return report, extra
-
-
-def _trained_on_other_data(exports: Sequence[Any], data_sha: str) -> list[Any]:
-    """The exports whose training data is not this folder (each said in the log)."""
-    other = [e for e in exports if e.model_card.get("data_manifest_sha256") != data_sha]
-    for e in other:
-        log.warning("%s was trained on other data (data manifest checksum differs): evaluating anyway, with a "
-                    "shift report of this data against the model's training population", e.path)
-    return other
-
-
-def _split_records(files: Any, split_name: str, evaluated: str,
-                   units_plan: unit_check.UnitPlan) -> tuple[list[bytes], list[int], list[int]]:
-    """(records in the model's units, labels, hadm_ids) of a split; an empty split is a one-line ValueError."""
-    from model.training.inputs import read_split
-
-    records, labels, hadm_ids = read_split(files, split_name)
-    if not records:
-        raise ValueError(f"{files.data_dir}: the {split_name} split has no examples"
-                         + (": nothing to evaluate" if split_name == evaluated else
-                            ", and the referral threshold is chosen on it (an ensemble, or a referral rate or "
-                            "measure other than the model's stored rule)"))
-    return units_plan.convert(records), labels, hadm_ids
-
-
-def _meds_ids(data_dir: str, ids: tuple[list[int], list[int]], hadm_ids: Sequence[int]
-              ) -> tuple[list[int], np.ndarray]:
-    """(subject_id, trigger time s) per example -> (subject_id, prediction time in microseconds): the label row's
-    own where the data was made from MEDS labels (meds_labels.PREDICTION_TIMES), so predictions join back to them."""
-    return ids[0], meds_labels.exact_prediction_times(data_dir, hadm_ids, ids[1])
-
-
-def _write_outputs(out_dir: str | os.PathLike[str], report: dict, probs: np.ndarray, labels: Sequence[int],
-                   hadm_ids: Sequence[int], example_ids: tuple[list[int], list[int]], *, shifted: Any, models: list[str],
-                   split: str, seed: int, data_sha: str, measure: str, num_bins: int, truth: np.ndarray | None,
-                   attributes: Mapping[str, np.ndarray], referred: np.ndarray, ensemble_size: int,
-                   num_samples: int) -> None:
-    """The report files of one evaluated split, its MEDS predictions and, on other data, its shift report."""
-    shift = {"shift": {"level": shifted.report.level, "counts": shifted.report.counts()}} if shifted is not None else {}
-    write_report(out_dir, report, probs, labels, hadm_ids, measure, num_bins,
-                 extra={"models": models, "split": split, "seed": seed, "data_manifest_sha256": data_sha, **shift},
-                 truth=truth, attributes=attributes, referred=referred, html=True)
-    write_meds_predictions(pathlib.Path(out_dir) / MEDS_PREDICTIONS_FILE, probs, labels, hadm_ids, *example_ids,
-                           ensemble_size, num_samples)
-    if shifted is not None:
-        from model.evaluation import shift_report
-
-        shift_report.write_outputs(out_dir, shifted)
-
-
-def _export_ensemble(out: str | os.PathLike[str], exports: Sequence[Any], test_report: Mapping[str, Any],
-                     validation_probs: np.ndarray | None, *, measure: str, rate: float, threshold: float,
-                     num_samples: int, data_sha: str) -> pathlib.Path:
-    """Joins the evaluated exports into one deep-ensemble export at `out`, with this evaluation as its metrics."""
-    from model.export import write as export_writer
-
-    metrics_doc = metrics_document(test_report, measure=measure, rate=rate, threshold=threshold)
-    methods = sorted({e.model_card.get("method", "?") for e in exports})
-    card = export_writer.model_card(
-        name=f"deep_ensemble_{len(exports)}", method="deep_ensemble",
-        ensemble_size=sum(e.ensemble_size for e in exports),
-        data_sha256=exports[0].model_card.get("data_manifest_sha256", data_sha), metrics_doc=metrics_doc,
-        members=[f"{e.model_card.get('name')} ({', '.join(methods)}) {e.path}" for e in exports])
-    # The members' training population, with the ensemble's own validation mutual information.
-    reference = exports[0].files.reference
-    if reference is not None and validation_probs is not None:
-        reference = reference.with_mutual_information(metrics.mutual_information(validation_probs), num_samples)
-    return export_writer.write_ensemble_export(out, [e.path for e in exports], card=card, metrics_doc=metrics_doc,
-                                               reference=reference)
-
-
-def _shift_of_split(exports: Sequence[Any], data_dir: str, split: str, records: Sequence[bytes], probs: np.ndarray,
-                    num_samples: int, canonical: Mapping[str, str]) -> Any:
-    """The shift report of the evaluated split (its values in `canonical` units) against the (first) export's
-    reference; None when it has none."""
-    from model.evaluation import shift_report
-
-    export = exports[0].files
-    if export.reference is None:
-        log.warning("%s has no reference profile (exported before the shift report existed): no shift report; "
-                    "`ehr-analyze shift --model %s --data %s --reference-data TRAINING_DATA` makes one",
-                    export.directory, export.directory, data_dir)
-        return None
-    # The reference's mutual information is one export's: an ensemble's is not comparable with it.
-    mi = metrics.mutual_information(probs) if len(exports) == 1 else None
-    current = shift_report.current_profile(export, export.reference, records, data_dir, mutual_information=mi,
-                                           samples=num_samples, description=f"{split} split of {data_dir}",
-                                           canonical=canonical)
-    return shift_report.ShiftResult(shift_report.compare(export, export.reference, current), export.reference, current)
-
-
-def run_baseline_evaluation(kind: str, data_dir: str | os.PathLike[str], split: str, *, seed: int = 0,
-                            truth_path: str | os.PathLike[str] | None = None, referral_rate: float | None = None,
-                            referral_measure: str | None = None, n_bootstrap: int = 1000,
-                            num_bins: int = metrics.NUM_BINS,
-                            out_dir: str | os.PathLike[str] | None = None,
-                            target_coverage: float = clinical_stats.TARGET_COVERAGE,
-                            target_risk: float = clinical_stats.TARGET_RISK) -> dict[str, Any]:
-    """Fits a model.training.baselines baseline and reports it like a model (S = K = 1), same files; returns the report."""
-    from model.training.baselines import fit_baseline
-    from model.training.config import EvalConfig
-    from model.training.inputs import load_data_files
-
-    integrity.verify_folder(data_dir, SPLIT_NAMES)
-    result = fit_baseline(data_dir, kind, seed, splits=tuple(dict.fromkeys(("validation", split))))
-    # One probability per case: mutual information is 0, so entropy is the default measure here.
-    measure = referral_measure or "predictive_entropy"
-    rate = EvalConfig().referral_rate if referral_rate is None else referral_rate
-    threshold = referral_threshold(result.predictions["validation"].probs, rate, measure)
-    pred = result.predictions[split]
-    truth = load_truth(truth_path, pred.hadm_ids.tolist()) if truth_path is not None else None
-    report = evaluate_predictions(pred.probs, pred.labels, 1, 1, threshold=threshold, measure=measure, rate=rate,
-                                  truth=truth, num_bins=num_bins, n_bootstrap=n_bootstrap, seed=seed)
-    report["baseline"] = {"kind": kind, "seed": seed, "params": result.params,
-                          "validation_nll": result.validation_nll, "num_features": len(result.feature_names)}
-    files = load_data_files(data_dir)
-    cases = read_cases(files)
-    attributes = case_attributes(cases[split], pred.hadm_ids.tolist())
-    referred = add_clinical(report, pred.probs, pred.labels, measure=measure, threshold=threshold,
-                            attributes=attributes, truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins,
-                            target_coverage=target_coverage, target_risk=target_risk)
-    report["population"] = population(files, cases)
-    if out_dir is not None:
-        write_report(out_dir, report, pred.probs, pred.labels.tolist(), pred.hadm_ids.tolist(), measure, num_bins,
-                     extra={"split": split, "data": os.fspath(data_dir)}, truth=truth, attributes=attributes,
-                     referred=referred, html=True)
-    return report

@@ -6,31 +6,17 @@ assembles them, so the report, the CLI tables (model.evaluation.formatting) and 
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from model.export_contract import UNCERTAINTY_MEASURES, json_ready
 from model.evaluation.against_truth import as_truth, truth_report
 from model.evaluation.metrics import (BOOTSTRAP_METHODS, NUM_BINS, REFERRAL_RATES, SCALAR_METRICS,
-                                      UNCERTAINTY_MEASURES, accuracy, as_labels, as_matrix, as_pair, auc_pr,
+                                      accuracy, as_labels, as_matrix, as_pair, auc_pr,
                                       auc_roc, bootstrap_ci, bootstrap_interval, brier, ece, expected_entropy,
                                       member_disagreement, member_means, nll, per_component_nll,
                                       scalar_metrics, selective_prediction, uncertainties)
-
-
-def json_ready(obj: Any) -> Any:
-    """Plain Python types for json.dumps(allow_nan=False): numpy scalars unwrapped, NaN/inf -> None."""
-    if isinstance(obj, Mapping):
-        return {str(k): json_ready(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, np.ndarray)):
-        return [json_ready(v) for v in obj]
-    if isinstance(obj, (bool, np.bool_)):
-        return bool(obj)
-    if isinstance(obj, (int, np.integer)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if np.isfinite(obj) else None
-    return obj
 
 
 def evaluate(

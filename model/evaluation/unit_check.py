@@ -9,6 +9,11 @@ units.json files before anything is scored (``ehr_pipeline.shift.unit_mismatch``
 * every mismatched code convertible (mass, substance, temperature; molar masses by LOINC): the
   records are converted to the model's units as they are read (``UnitPlan.convert``), and the
   log says which codes, from what, by what factor;
+* a conversion that would move a code's values outside the plausibility bound around the model's
+  training median (``ehr_pipeline.encode.magnitudes``) is not made: the bound is the one the job and
+  the service apply, judged by the same ``units.Harmoniser.implausible`` on the data folder's own
+  median of the code (its units.json "medians"; a folder without them is not judged), and the code
+  counts as one that cannot be converted, its reason in the line;
 * any code that cannot be converted: ``UnitMismatchError``, one line naming the codes and the fix
   (``ehr-pipeline run --units-from MODEL_DIR``);
 * ``force``: the records are scored as they are (the old behaviour), with a warning.
@@ -21,6 +26,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from ehr_pipeline.contract import layout
+from ehr_pipeline.encode import units
 from ehr_pipeline.shift import population, unit_mismatch
 from ehr_pipeline.shift.unit_mismatch import Mismatch
 
@@ -64,6 +73,7 @@ def plan_units(exports: Sequence[Any], data_dir: str | os.PathLike[str], *, forc
     _, data_canonical = population.data_units(data_dir)
     harmoniser = first.harmoniser
     found = unit_mismatch.mismatches(first.units, data_canonical, harmoniser.converter, harmoniser.loinc)
+    found = _judged(found, harmoniser, _data_medians(data_dir))
     if not found:
         return UnitPlan((), dict(data_canonical))
     fix = f"prepare the data with `ehr-pipeline run --units-from {first.directory}`"
@@ -79,6 +89,28 @@ def plan_units(exports: Sequence[Any], data_dir: str | os.PathLike[str], *, forc
     log.warning("%s holds %d code(s) in other units than the model: converted to its units before scoring (%s)",
                 data_dir, len(found), _listed(found, limit=10))
     return UnitPlan(tuple(found), {**data_canonical, **{m.code: m.model_unit for m in found}})
+
+
+def _data_medians(data_dir: str | os.PathLike[str]) -> dict[str, float]:
+    """'source:code' -> median |value| in the data's canonical unit (the data folder's units.json); {} without."""
+    path = os.path.join(os.fspath(data_dir), layout.UNITS)
+    return units.read_medians(layout.read_json(path)) if os.path.exists(path) else {}
+
+
+def _judged(found: Sequence[Mismatch], harmoniser: units.Harmoniser,
+            data_medians: Mapping[str, float]) -> list[Mismatch]:
+    """`found` with each conversion that breaks the plausibility bound made not convertible, its reason kept."""
+    # The model's training medians and the data's own median of the code in its unit: what the job's
+    # census gives the job's Harmoniser (the values themselves are bagged by now).
+    judge = units.Harmoniser(harmoniser.canonical, harmoniser.loinc, harmoniser.converter, medians=harmoniser.medians,
+                             unit_medians={m.code: {harmoniser.converter.key(m.data_unit) or "": data_medians[m.code]}
+                                           for m in found if m.code in data_medians})
+    out = []
+    for m in found:
+        why = "" if m.conversion is None else judge.implausible(m.code, m.data_unit, m.conversion, np.zeros(0))
+        out.append(dataclasses.replace(m, conversion=None, why=f"the conversion x{m.conversion.scale:.4g} is "
+                                                               f"implausible: {why}") if why else m)
+    return out
 
 
 def _listed(found: Sequence[Mismatch], limit: int = _LISTED) -> str:

@@ -54,33 +54,13 @@ from ehr_pipeline.contract import layout, spec
 from ehr_pipeline.encode import units as units_mod
 from ehr_pipeline.meds import code_map as meds_codes_mod
 from ehr_pipeline.shift import Profile
-from model.evaluation import metrics as model_metrics
+from model import export_contract
+from model.export_contract import (ADMISSION_TYPES_FILE, DECISION_THRESHOLD, FORMAT_VERSION, MANIFEST, METRICS, MODEL_CARD,
+                            OUTPUT, PIPELINE_CONFIG, PRECISIONS, REFERENCE_PROFILE, SAVED_MODEL_DIR, SIGNATURE,
+                            SIGNATURE_INPUTS, SIGNATURES)
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-SAVED_MODEL_DIR = "saved_model"
-MODEL_CARD = "model_card.json"
-PIPELINE_CONFIG = "pipeline_config.json"
-METRICS = "metrics.json"
-MANIFEST = "manifest.json"
-ADMISSION_TYPES_FILE = "admission_types.json"
-REFERENCE_PROFILE = "reference_profile.json"
-DECISION_THRESHOLD = 0.5
-# Largest S (samples per member) a signature accepts; every evaluation and request limit uses it.
-MAX_SAMPLES = 100
-SIGNATURE = "serving_default"
-# Inference precision -> exported signature. "bfloat16" runs the LSTM's matmuls with bfloat16
-# operands (model.layers.rank1_lstm); tests bound how far that moves the probabilities.
-SIGNATURES = {"float32": SIGNATURE, "bfloat16": "serving_bfloat16"}
-PRECISIONS = tuple(SIGNATURES)
-# How far the bfloat16 signature may move the float32 one's answers for the same examples and seed
-# (docs/serving.md; measured on the trained demo model: 4.0e-4 and 4.7e-3): on the predictive mean
-# (the service's "probability") and on any single sampled probability.
-BFLOAT16_MEAN_TOLERANCE = 1e-3
-BFLOAT16_SAMPLE_TOLERANCE = 1e-2
-SIGNATURE_INPUTS = ("examples", "num_samples", "seed")
-OUTPUT = "probs"
 
 
 class ExportError(RuntimeError):
@@ -121,8 +101,8 @@ class ReferralPolicy(_Loose):
     @pydantic.field_validator("measure")
     @classmethod
     def _known_measure(cls, value: str) -> str:
-        if value not in model_metrics.UNCERTAINTY_MEASURES:
-            raise ValueError(f"must be one of {model_metrics.UNCERTAINTY_MEASURES}")
+        if value not in export_contract.UNCERTAINTY_MEASURES:
+            raise ValueError(f"must be one of {export_contract.UNCERTAINTY_MEASURES}")
         return value
 
 

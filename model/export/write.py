@@ -19,11 +19,11 @@ import tensorflow as tf
 import ehr_base
 from ehr_pipeline.contract import layout
 from ehr_pipeline.shift import Profile
-from model.export.load import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
-                          SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, ExportError, load_export, write_manifest)
-from model.evaluation.metrics_report import json_ready
+from model.export_contract import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
+                            SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, json_ready)
+from model.data_folder import admission_type_counts
+from model.export.load import ExportError, load_export, write_manifest
 from model.export.predict import INPUT_SIGNATURE, Predictor, assert_stateless
-from model.training.inputs import admission_type_counts
 
 INTENDED_USE = (
     "Research on predictive uncertainty: in-hospital mortality risk of adult ICU admissions from the "
@@ -79,11 +79,6 @@ def _new_tmp(export_dir: pathlib.Path) -> pathlib.Path:
     return tmp
 
 
-def data_manifest_sha256(data_dir: str | os.PathLike[str]) -> str:
-    """SHA-256 of a data folder's manifest.json: identifies the data a model was trained on."""
-    return layout.sha256_of(os.path.join(os.fspath(data_dir), layout.MANIFEST))
-
-
 def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, metrics_doc: Mapping[str, Any],
                config: Mapping[str, Any] | None = None, num_parameters: int | None = None,
                members: Sequence[str] | None = None, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -117,7 +112,7 @@ def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, 
 def write_export(export_dir: str | os.PathLike[str], predictor: Predictor, *, data_dir: str,
                  pipeline_config: Mapping[str, Any], card: dict, metrics_doc: dict,
                  reference: Profile | None = None) -> pathlib.Path:
-    """Writes MODEL_DIR/ for an in-memory predictor; reference: the training population (model.evaluation.shift_report)."""
+    """Writes MODEL_DIR/ for an in-memory predictor; reference: the training population (model.evaluation.against_reference)."""
     export_dir = pathlib.Path(export_dir)
     tmp = _new_tmp(export_dir)
     module = predictor.module

@@ -18,7 +18,9 @@ import sys
 
 from ehr_base import console
 from ehr_base.cli_args import OneLineParser, setup_logging, usage_error
-from model.export.load import MAX_SAMPLES
+from ehr_base.yaml_config import ConfigError, read_yaml
+from model.export_contract import MAX_SAMPLES
+from model.image.config import is_image_config, load_config
 
 log = logging.getLogger("model.image")
 
@@ -36,9 +38,6 @@ def _option_values(argv: list[str], names: tuple[str, ...]) -> list[str]:
 
 def wants_image(argv: list[str] | None = None) -> bool:
     """Whether an ehr-train / ehr-eval command line is about an image model (cheap: reads YAML/JSON only)."""
-    from ehr_base.yaml_config import ConfigError, read_yaml
-    from model.image.config import is_image_config
-
     argv = sys.argv[1:] if argv is None else list(argv)
     for value in _option_values(argv, ("--config",)):
         try:
@@ -82,7 +81,7 @@ def build_train_parser() -> argparse.ArgumentParser:
                         "required for bella, refused otherwise)")
     p.add_argument("--devices", default="auto",
                    help="where to train: auto, cpu, cpu:N (the CPU split into N logical devices, mirrored), gpu, "
-                        "gpu:N (model.training.devices)")
+                        "gpu:N (model.fit.devices)")
     p.add_argument("--no-eval", action="store_true", help="stop after training")
     p.add_argument("--no-corruptions", action="store_true", help="evaluate the clean test set only")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars")
@@ -95,25 +94,24 @@ def train_main(argv: list[str] | None = None) -> int:
     """`ehr-train` for image configs; returns the exit code."""
     args = build_train_parser().parse_args(argv)
     _logging(args.verbose)
-    from ehr_base.yaml_config import ConfigError
-    from model.image.config import load_config
-
     try:
         config = load_config(args.config).with_train_overrides(
             max_steps=args.steps, seed=args.seed, early_stopping_patience=args.patience)
     except ConfigError as err:
         return usage_error("ehr-train", err)
 
+    # why: TensorFlow loads only once the arguments and the config are valid
+    from model.fit import devices
     from model.image.evaluate import format_report
-    from model.training import devices
 
     try:
-        devices.configure(args.devices)  # before any TensorFlow work (model.training.devices)
+        devices.configure(args.devices)  # before any TensorFlow work (model.fit.devices)
     except (ValueError, RuntimeError) as err:
         print(f"ehr-train: {err}", file=sys.stderr)
         return 2
+    # why: after devices.configure, which must run before anything sets up TensorFlow's devices
+    from model.fit.training_loop import ConfigMismatchError
     from model.image.train import train
-    from model.training.training_loop import ConfigMismatchError
 
     try:
         result = train(config, args.out, data_dir=args.data, progress=not args.no_progress,
@@ -160,7 +158,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     if args.samples is not None and not 1 <= args.samples <= MAX_SAMPLES:
         print(f"ehr-eval: --samples must be in [1, {MAX_SAMPLES}]", file=sys.stderr)
         return 2
-    from ehr_base.yaml_config import ConfigError
+    # why: these import TensorFlow, which loads only once the arguments are valid
     from model.image import evaluate as evaluation
     from model.image.train import load_run
 

@@ -17,10 +17,10 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_base import yaml_config
-from model.export.load import MAX_SAMPLES
+from model.export_contract import MAX_SAMPLES
 from model.image.corruptions import CIFAR_C_CORRUPTIONS, CORRUPTIONS, SEVERITIES
 from model.layers.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig
-from model.training.config import ExperimentBase
+from model.fit.experiment import ExperimentBase
 
 _Int = Annotated[int, Field(strict=True)]
 _PosInt = Annotated[int, Field(strict=True, gt=0)]

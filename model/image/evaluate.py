@@ -18,8 +18,8 @@ import numpy as np
 import tensorflow as tf
 from tqdm.auto import tqdm
 
-from model.evaluation import metrics, metrics_report, multiclass
-from model.export.load import MAX_SAMPLES
+from model.evaluation import metrics, multiclass
+from model.export_contract import MAX_SAMPLES, json_ready
 from model.image import corruptions
 from model.image.config import ImageExperimentConfig
 from model.image.data import ImageData
@@ -149,6 +149,6 @@ def write_report(directory: str | os.PathLike[str], report: dict[str, Any]) -> p
     """Writes metrics.json and summary.md into `directory`; returns it."""
     out = pathlib.Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    (out / REPORT_FILE).write_text(json.dumps(metrics_report.json_ready(report), indent=2, allow_nan=False) + "\n")
+    (out / REPORT_FILE).write_text(json.dumps(json_ready(report), indent=2, allow_nan=False) + "\n")
     (out / SUMMARY_FILE).write_text(format_report(report) + "\n")
     return out

@@ -20,7 +20,6 @@ import tensorflow as tf
 
 from model.image.config import RESNET_BLOCKS, ImageModelConfig
 from model.layers import rank1
-from model.training.ehr_model import count_parameters
 
 __all__ = ["EnsembleBatchNorm", "ImageModel", "build_model", "count_parameters"]
 

@@ -1,4 +1,4 @@
-"""Training of the image models: their data, model and validation in the shared loop (model.training.training_loop).
+"""Training of the image models: their data, model and validation in the shared loop (model.fit.training_loop).
 
 Run folder OUT/: the loop's (config.json, checkpoints/, best/, best.json, tensorboard/), and
   eval/         metrics.json + summary.md: clean and corrupted test metrics
@@ -27,8 +27,8 @@ from model.image.config import ImageExperimentConfig, ImageTrainConfig, parse_co
 from model.image.data import ImageData, load_data, train_dataset
 from model.image.models import ImageModel, build_model
 from model.layers import bella
-from model.training import training_loop
-from model.training.training_loop import CHECKPOINT_DIR, CONFIG_FILE, model_checkpoint
+from model.fit import training_loop
+from model.fit.training_loop import CHECKPOINT_DIR, CONFIG_FILE, model_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
           data_dir: str | os.PathLike[str] | None = None, progress: bool = True, evaluate: bool = True,
           corrupted: bool = True, base_dir: str | os.PathLike[str] | None = None,
           devices: str | None = None) -> ImageTrainResult:
-    """Trains (or resumes) a run on `devices` (model.training.devices), then evaluates it on clean and corrupted test sets.
+    """Trains (or resumes) a run on `devices` (model.fit.devices), then evaluates it on clean and corrupted test sets.
 
     base_dir: the trained deterministic run a "bella" run adapts (required for it, refused otherwise).
     """
@@ -160,7 +160,7 @@ def train(config: ImageExperimentConfig, out_dir: str | os.PathLike[str], *, dat
 
 @dataclasses.dataclass(frozen=True)
 class CategoricalLikelihood:
-    """The image models' likelihood (model.training.training_loop.Likelihood): softmax NLL of logits [B, K, C]."""
+    """The image models' likelihood (model.fit.training_loop.Likelihood): softmax NLL of logits [B, K, C]."""
 
     ensemble_size: int
 

@@ -26,7 +26,8 @@ from threadpoolctl import threadpool_limits
 from ehr_pipeline.contract import spec, tf_parse
 from model.evaluation import metrics
 from model.training.config import BASELINE_KINDS
-from model.training.inputs import DataFiles, Featurizer, load_data_files, read_split
+from model.data_folder import DataFiles, load_data_files, read_split
+from model.training.inputs import Featurizer
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class BaselineResult:
 
 def read_features(files: DataFiles, split: str, featurizer: Featurizer | None = None,
                   window_hours: float = DEFAULT_WINDOW_HOURS) -> SplitFeatures:
-    """The window aggregates of every example of a split (file order, as model.training.inputs.read_split).
+    """The window aggregates of every example of a split (file order, as model.data_folder.read_split).
 
     featurizer: one with a window (another folder's, to featurize with its vocabulary and
     statistics); None: this folder's, with a window of window_hours.
@@ -111,7 +112,8 @@ def read_features(files: DataFiles, split: str, featurizer: Featurizer | None = 
     import tensorflow as tf
 
     featurizer = featurizer or Featurizer.from_data_files(files, window_hours)
-    records, labels, hadm_ids = read_split(files, split)
+    split_records = read_split(files, split)
+    records, labels, hadm_ids = split_records.records, split_records.labels, split_records.hadm_ids
     blocks = [featurizer(tf_parse.parse_sequence_examples(tf.constant(records[start:start + _PARSE_BATCH])))
               ["window_aggregates"].numpy() for start in range(0, len(records), _PARSE_BATCH)]
     x = np.concatenate(blocks) if blocks else np.zeros((0, featurizer.window_aggregate_dim), np.float32)

@@ -16,8 +16,9 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_base import yaml_config
-from ehr_base.yaml_config import ConfigError
-from model.export.load import MAX_SAMPLES
+from model.export_contract import MAX_SAMPLES
+from model.evaluation.metrics import DEFAULT_REFERRAL_RATE
+from model.fit.experiment import ExperimentBase
 from model.layers.posterior import KERNEL_PENALTY_METHODS, PosteriorConfig
 
 # Strict ints: YAML `1.5` must not quietly become 1, nor `true` the integer 1.
@@ -167,7 +168,7 @@ class TrainConfig(_Model):
     mixed_precision: bool | Literal["float32", "mixed_bfloat16", "mixed_float16"] = Field(
         False, description="16-bit layer compute (variables, loss, NLL and KL stay float32): true = bfloat16 where "
                            "the hardware has it (CPUs, GPUs >= compute capability 8.0), else float16 with loss "
-                           "scaling; or a Keras policy name (model.training.precision).")
+                           "scaling; or a Keras policy name (model.training.mixed_precision).")
     seed: _Int = 0
 
 
@@ -183,40 +184,13 @@ class EvalConfig(_Model):
         25, description="S samples of every member (the paper evaluates with 25).")
     batch_size: _PosInt = Field(64, description="Examples per prediction call.")
     referral_rate: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
-        0.1, description="Fraction of cases referred to a clinician; threshold chosen on validation.")
+        DEFAULT_REFERRAL_RATE, description="Fraction of cases referred to a clinician; threshold chosen on validation.")
     referral_measure: Literal["predictive_entropy", "mutual_information", "predictive_std"] = Field(
         "mutual_information", description="Uncertainty that decides referral; mutual information is the epistemic "
         "part (0 for one deterministic network, whose configs use predictive_entropy).")
     num_bins: _PosInt = Field(15, description="ECE bins (Table 7).")
     n_bootstrap: _PosInt = Field(1000, description="Bootstrap resamples for the confidence intervals.")
     seed: _Int = Field(0, description="Sampling seed of the final evaluation.")
-
-
-class ExperimentBase(_Model):
-    """What every experiment config (EHR and image) offers: a JSON dict and validated overrides."""
-
-    @classmethod
-    def parse(cls, data: Any, source: str = "<dict>") -> ExperimentBase:
-        """Validates parsed YAML/JSON into this config class; raises ConfigError naming each bad key."""
-        raise NotImplementedError
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict of every setting (for the run folder and the model card)."""
-        return self.model_dump(mode="json")
-
-    def with_overrides(self, **sections: dict[str, Any]) -> ExperimentBase:
-        """A copy with some fields replaced, e.g. with_overrides(train={"max_steps": 10}); validated."""
-        data = self.to_dict()
-        for section, values in sections.items():
-            if section not in data or not isinstance(data[section], dict):
-                raise ConfigError(f"unknown config section {section!r}")
-            data[section].update(values)
-        return self.parse(data, source="<overrides>")
-
-    def with_train_overrides(self, **values: Any) -> ExperimentBase:
-        """A copy with the given train settings replaced; None means "keep" (CLI flags left unset)."""
-        values = {k: v for k, v in values.items() if v is not None}
-        return self.with_overrides(train=values) if values else self
 
 
 class ExperimentConfig(ExperimentBase):

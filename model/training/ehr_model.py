@@ -200,8 +200,3 @@ def build_model(config: ModelConfig, vocab_size: int, window_aggregate_dim: int 
     model = EHRModel(config, vocab_size, window_aggregate_dim, name="ehr_model")
     model.build_for_inputs()
     return model
-
-
-def count_parameters(model: tf.keras.Model) -> int:
-    """Number of trainable scalars (weights, factor posteriors, embedding table)."""
-    return int(sum(v.shape.num_elements() for v in model.trainable_variables))

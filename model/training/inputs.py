@@ -34,15 +34,13 @@ these columns gets them for free. Columns: ``window_aggregate_names``.
 """
 from __future__ import annotations
 
-import dataclasses
-import os
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
-from ehr_pipeline.contract import layout, parse_pipeline_config, spec, tf_parse
+from ehr_pipeline.contract import spec, tf_parse
+from model.data_folder import DataFiles
 
 # MIMIC-III ADMISSIONS.ADMISSION_TYPE values; anything else maps to one extra "other" slot.
 # TODO(spec owner): this list belongs in ehr_pipeline.contract.spec next to GENDERS.
@@ -55,52 +53,6 @@ CONTEXT_DIM = 1 + len(spec.GENDERS) + len(ADMISSION_TYPES) + 1
 DEFAULT_CLIP_Z = 10.0  # the pipeline's numeric.clip_z default, for a Featurizer built without a data folder (docs/model.md, Inputs)
 _LOG_SCALE = 10.0  # log1p(hours) reaches ~11 for ten years of history: /10 keeps features ~O(1)
 
-
-@dataclasses.dataclass(frozen=True)
-class DataFiles:
-    """The side files of a Beam job output folder, read once."""
-
-    data_dir: str
-    vocabulary: dict[str, list[str]]  # source -> codes, most frequent first
-    numeric_stats: dict[str, dict[str, float]]  # code -> {mean, std, n}
-    clip_z: float
-    manifest: dict[str, Any]
-    pipeline_config: dict[str, Any]  # the manifest's "config": the settings the data was made with
-
-    def path(self, name: str) -> str:
-        """Path of a file in the data folder."""
-        return os.path.join(self.data_dir, name)
-
-    def split_pattern(self, split: str) -> str:
-        """Glob of one split's TFRecord shards."""
-        return self.path(spec.split_file_pattern(split))
-
-    def num_examples(self, split: str) -> int | None:
-        """Examples in a split according to the manifest (None if it does not say)."""
-        return (self.manifest.get("splits", {}).get(split) or {}).get("examples")
-
-
-def load_data_files(data_dir: str | os.PathLike[str]) -> DataFiles:
-    """Reads vocabulary.json, numeric_stats.json and manifest.json of a Beam job output folder."""
-    data_dir = os.fspath(data_dir)
-    missing = [n for n in (layout.VOCABULARY, layout.NUMERIC_STATS, layout.MANIFEST)
-               if not os.path.exists(os.path.join(data_dir, n))]
-    if missing:
-        raise FileNotFoundError(f"{data_dir}: not a pipeline output folder, missing {missing}")
-    vocab_doc = layout.read_json(os.path.join(data_dir, layout.VOCABULARY))
-    stats_doc = layout.read_json(os.path.join(data_dir, layout.NUMERIC_STATS))
-    manifest = layout.read_json(os.path.join(data_dir, layout.MANIFEST))
-    vocabulary = vocab_doc.get("sources")
-    codes = stats_doc.get("codes")
-    if not isinstance(vocabulary, dict) or not isinstance(codes, dict):
-        raise ValueError(f"{data_dir}: {layout.VOCABULARY} needs a 'sources' mapping and "
-                         f"{layout.NUMERIC_STATS} a 'codes' mapping")
-    # clip_z is a pipeline setting: the manifest's config is its one source of truth
-    # (validated, so a hand-edited manifest with a bad value fails here, not in training).
-    pipeline_cfg = manifest.get("config") or {}
-    clip_z = parse_pipeline_config(pipeline_cfg, source=f"{data_dir}/manifest.json").numeric.clip_z
-    return DataFiles(data_dir=data_dir, vocabulary=vocabulary, numeric_stats=codes, clip_z=float(clip_z),
-                     manifest=manifest, pipeline_config=pipeline_cfg)
 
 
 class Featurizer(tf.Module):
@@ -317,84 +269,3 @@ def dataset(files: DataFiles, featurizer: Featurizer, split: str, batch_size: in
     ds = tf_parse.make_dataset(files.split_pattern(split), batch_size, shuffle=training, seed=seed,
                            shuffle_buffer=shuffle_buffer, repeat=training, drop_remainder=training)
     return ds.map(to_model, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-
-def admission_type_counts(data_dir: str | os.PathLike[str], split: str = "train") -> dict[str, int]:
-    """Examples per admission_type (as the examples carry it) in a split's TFRecords; {} without any."""
-    paths = sorted(tf.io.gfile.glob(os.path.join(os.fspath(data_dir), spec.split_file_pattern(split))))
-    counts: dict[str, int] = {}
-    if not paths:
-        return counts
-    wanted = {spec.ADMISSION_TYPE: tf.io.FixedLenFeature([], tf.string)}
-    # Only the one context feature is parsed: a full-size training split passes in seconds.
-    for batch in tf.data.TFRecordDataset(paths, compression_type=spec.COMPRESSION).batch(4096):
-        context, _, _ = tf.io.parse_sequence_example(batch, context_features=wanted)
-        for value in context[spec.ADMISSION_TYPE].numpy().tolist():
-            name = value.decode("utf-8")
-            counts[name] = counts.get(name, 0) + 1
-    return dict(sorted(counts.items()))
-
-
-def example_ids(records: list[bytes]) -> tuple[list[int], list[int]]:
-    """(subject ids, trigger times in s) of serialized examples: a MEDS label row's (subject_id, prediction_time)."""
-    if not records:
-        return [], []
-    parsed = tf_parse.parse_sequence_examples(tf.constant(records))
-    return parsed[spec.SUBJECT_ID].numpy().tolist(), parsed[spec.TRIGGER_TIME].numpy().tolist()
-
-
-def read_split(files: DataFiles, split: str) -> tuple[list[bytes], list[int], list[int]]:
-    """All serialized examples of a split with their labels and hadm_ids (file order)."""
-    paths = sorted(tf.io.gfile.glob(files.split_pattern(split)))
-    if not paths:
-        raise FileNotFoundError(f"no TFRecord files for split {split!r} in {files.data_dir}")
-    records: list[bytes] = []
-    for record in tf.data.TFRecordDataset(paths, compression_type=spec.COMPRESSION):
-        records.append(bytes(record.numpy()))
-    if not records:
-        return [], [], []
-    parsed = tf_parse.parse_sequence_examples(tf.constant(records))
-    return records, parsed[spec.LABEL].numpy().tolist(), parsed[spec.HADM_ID].numpy().tolist()
-
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitCases:
-    """Who the cases of one split are, as their SequenceExamples record it (for reports, never model inputs)."""
-
-    hadm_ids: np.ndarray  # int64 [N], file order
-    labels: np.ndarray  # int64 [N]
-    attributes: dict[str, np.ndarray]  # spec.GENDER, AGE_YEARS, ADMISSION_TYPE, ETHNICITY, INSURANCE -> [N]
-    trigger_time: np.ndarray  # int64 [N], seconds since 1970 (shifted MIMIC dates)
-    num_bags: np.ndarray  # int64 [N]
-    sources_present: dict[str, np.ndarray]  # spec.SOURCES -> bool [N]: any event of that source before the trigger
-
-
-# The context features a report groups cases by.
-CASE_ATTRIBUTES = (spec.GENDER, spec.AGE_YEARS, spec.ADMISSION_TYPE, spec.ETHNICITY, spec.INSURANCE)
-
-
-def read_split_cases(files: DataFiles, split: str) -> SplitCases:
-    """Per case of a split: id, label, CASE_ATTRIBUTES, trigger time (s), bags and which sources it has."""
-    paths = sorted(tf.io.gfile.glob(files.split_pattern(split)))
-    if not paths:
-        raise FileNotFoundError(f"no TFRecord files for split {split!r} in {files.data_dir}")
-    records = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(paths, compression_type=spec.COMPRESSION)]
-    if not records:
-        empty = np.zeros(0, np.int64)
-        return SplitCases(empty, empty, {k: np.zeros(0, object) for k in CASE_ATTRIBUTES}, empty, empty,
-                          {s: np.zeros(0, bool) for s in spec.SOURCES})
-    parsed = tf_parse.parse_sequence_examples(tf.constant(records))
-    attributes = {}
-    for key in CASE_ATTRIBUTES:
-        values = parsed[key].numpy()
-        attributes[key] = (np.array([v.decode("utf-8") for v in values], dtype=object) if values.dtype == object
-                           else values.astype(np.float64))
-    codes = parsed[spec.BAG_CODES].merge_dims(1, 2)  # [N, (codes of all bags)]
-    owner = codes.value_rowids().numpy()
-    source = tf.strings.regex_replace(codes.flat_values, spec.CODE_SEPARATOR + ".*$", "").numpy()
-    n = len(records)
-    present = {s: np.bincount(owner[source == s.encode()], minlength=n) > 0 for s in spec.SOURCES}
-    return SplitCases(hadm_ids=parsed[spec.HADM_ID].numpy(), labels=parsed[spec.LABEL].numpy(),
-                      attributes=attributes, trigger_time=parsed[spec.TRIGGER_TIME].numpy(),
-                      num_bags=parsed[spec.NUM_BAGS].numpy(), sources_present=present)

@@ -1,4 +1,4 @@
-"""Training of the EHR model: its data, model and validation in the shared loop (model.training.training_loop).
+"""Training of the EHR model: its data, model and validation in the shared loop (model.fit.training_loop).
 
 Run folder OUT/: the loop's (config.json, checkpoints/, best/, best.json, tensorboard/), and
   eval/{validation,test}/  final reports (metrics.json + plots + predictions.csv)
@@ -20,21 +20,25 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from model import data_folder
+from model.export_contract import EXPORT_DIR
+from model.evaluation import against_reference, metrics
 from model.evaluation import evaluate as evaluation
-from model.evaluation import metrics, shift_report
 from model.export import write as export_writer
 from model.export.predict import Predictor, predict_probs
+from model.fit import devices as device_layout
+from model.fit import losses, training_loop
+from model.fit.training_loop import CHECKPOINT_DIR, CONFIG_FILE, count_parameters, model_checkpoint
 from model.layers import bella
-from model.training import devices as device_layout
-from model.training import inputs, losses, precision, training_loop
+from model.training import inputs, mixed_precision
+from model.training.baselines import read_features
 from model.training.config import ExperimentConfig, ModelConfig, parse_config
-from model.training.ehr_model import build_model, count_parameters
-from model.training.training_loop import CHECKPOINT_DIR, CONFIG_FILE, model_checkpoint
+from model.training.ehr_model import build_model
+from model.training.wide import fit_laplace
 
 log = logging.getLogger(__name__)
 
 EVAL_DIR = "eval"
-EXPORT_DIR = "export"
 
 
 @dataclasses.dataclass
@@ -57,7 +61,7 @@ def learning_rate(tc, peak: float):
     return peak
 
 
-def _num_train_examples(files: inputs.DataFiles) -> int:
+def _num_train_examples(files: data_folder.DataFiles) -> int:
     n = files.num_examples("train")
     if n:
         return int(n)
@@ -94,7 +98,7 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
           progress: bool = True, export_model: bool = True,
           truth_path: str | os.PathLike[str] | None = None,
           base_dir: str | os.PathLike[str] | None = None, devices: str | None = None) -> TrainResult:
-    """Trains (or resumes) a run on `devices` (model.training.devices: auto, cpu:N, gpu:N); evaluates; exports.
+    """Trains (or resumes) a run on `devices` (model.fit.devices: auto, cpu:N, gpu:N); evaluates; exports.
 
     base_dir: the trained deterministic run a "bella" run adapts (required for it, refused otherwise).
     """
@@ -102,21 +106,21 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
         raise ValueError("method 'bella' adapts a trained deterministic run: give it (and only it) --base RUN_DIR")
     tc, ec, mc = config.train, config.eval, config.model
     out = training_loop.start_run(out_dir, config, tc.seed)
-    files = inputs.load_data_files(data_dir)
+    files = data_folder.load_data_files(data_dir)
     featurizer = featurizer_for(files, mc)
     n_train = _num_train_examples(files)
 
     strategy = training_loop.training_strategy(devices, tc.batch_size, bella=base_dir is not None)
-    policy = precision.resolve(tc.mixed_precision)
-    precision.check(policy, tc.fast_weight_lr_multiplier)
+    policy = mixed_precision.resolve(tc.mixed_precision)
+    mixed_precision.check(policy, tc.fast_weight_lr_multiplier)
     # The policy only matters while layers are created; it is not leaked to later code.
-    with precision.policy_scope(policy), strategy.scope():
+    with mixed_precision.policy_scope(policy), strategy.scope():
         model = build_model(mc, featurizer.vocab_size, featurizer.window_aggregate_dim)
     with strategy.scope():
         slow_rate = learning_rate(tc, tc.learning_rate)
         slow_opt = tf.keras.optimizers.Adam(slow_rate)
         fast_opt = tf.keras.optimizers.Adam(learning_rate(tc, tc.learning_rate * tc.fast_weight_lr_multiplier))
-        if policy == precision.FLOAT16:  # one optimizer for every weight: one loss scale (model.training.precision)
+        if policy == mixed_precision.FLOAT16:  # one optimizer for every weight: one loss scale
             slow_opt = tf.keras.mixed_precision.LossScaleOptimizer(slow_opt)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     if mc.wide and mc.wide_posterior == "laplace" and model_checkpoint(out) is None:
@@ -148,12 +152,9 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
     return TrainResult(out, loop.step, loop.history, loop.validation, loop.best.to_dict(), export_dir, test_report)
 
 
-def start_from_laplace_fit(model: tf.keras.Model, files: inputs.DataFiles, featurizer: inputs.Featurizer,
+def start_from_laplace_fit(model: tf.keras.Model, files: data_folder.DataFiles, featurizer: inputs.Featurizer,
                            seed: int) -> None:
     """Fits the wide part's logistic regression and Laplace posterior (model.training.wide); the LSTM's output starts at 0."""
-    from model.training.baselines import read_features
-    from model.training.wide import fit_laplace
-
     fit = fit_laplace(*(read_features(files, split, featurizer) for split in ("train", "validation")), seed=seed)
     log.info("wide part: logistic regression %s, validation NLL %.4f, Laplace posterior over %d columns",
              fit.params, fit.validation_nll, int(np.count_nonzero(np.abs(fit.scale).sum(axis=0))))
@@ -164,14 +165,14 @@ def start_from_laplace_fit(model: tf.keras.Model, files: inputs.DataFiles, featu
             variable.assign(tf.zeros_like(variable))
 
 
-def featurizer_for(files: inputs.DataFiles, mc: ModelConfig) -> inputs.Featurizer:
+def featurizer_for(files: data_folder.DataFiles, mc: ModelConfig) -> inputs.Featurizer:
     """The data folder's featurizer, writing the window aggregates when the model has a wide part."""
     return inputs.Featurizer.from_data_files(files, window_hours=mc.wide_window_hours if mc.wide else None)
 
 
 @dataclasses.dataclass(frozen=True)
 class BernoulliLikelihood:
-    """The EHR model's likelihood (model.training.training_loop.Likelihood): Bernoulli NLL of logits [B, K]."""
+    """The EHR model's likelihood (model.fit.training_loop.Likelihood): Bernoulli NLL of logits [B, K]."""
 
     kind: str  # train.loss: "average" (per-member, App. D.4) or "mixture" (D.5)
 
@@ -202,7 +203,7 @@ def load_run(out_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str]
     """(config, model restored from the best validated (else newest) checkpoint, featurizer, step) of a run."""
     out = pathlib.Path(out_dir)
     config = parse_config(json.loads((out / CONFIG_FILE).read_text()), source=str(out / CONFIG_FILE))
-    files = inputs.load_data_files(data_dir)
+    files = data_folder.load_data_files(data_dir)
     featurizer = featurizer_for(files, config.model)
     model = build_model(config.model, featurizer.vocab_size, featurizer.window_aggregate_dim)
     step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
@@ -215,7 +216,7 @@ def load_run(out_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str]
 
 
 def finalize(config: ExperimentConfig, model: tf.keras.Model, featurizer: inputs.Featurizer,
-             files: inputs.DataFiles, out: pathlib.Path, *, progress: bool = False,
+             files: data_folder.DataFiles, out: pathlib.Path, *, progress: bool = False,
              truth_path: str | os.PathLike[str] | None = None) -> tuple[pathlib.Path, dict]:
     """Final evaluation (seeded, S samples): referral threshold on validation, test report, export."""
     ec = config.eval
@@ -224,7 +225,8 @@ def finalize(config: ExperimentConfig, model: tf.keras.Model, featurizer: inputs
     threshold = None
     validation_mi = None
     for split in ("validation", "test"):
-        records, labels, hadm_ids = inputs.read_split(files, split)
+        split_records = data_folder.read_split(files, split)
+        records, labels, hadm_ids = split_records.records, split_records.labels, split_records.hadm_ids
         probs = predict_probs(predictor, records, ec.num_samples, ec.seed, batch_size=ec.batch_size,
                               progress=progress)
         if threshold is None:  # validation comes first: the threshold is chosen there, used everywhere
@@ -241,11 +243,11 @@ def finalize(config: ExperimentConfig, model: tf.keras.Model, featurizer: inputs
                                               threshold=threshold)
     card = export_writer.model_card(
         name=config.name, method=_method_name(config), ensemble_size=model.ensemble_size,
-        data_sha256=export_writer.data_manifest_sha256(files.data_dir), metrics_doc=metrics_doc,
+        data_sha256=data_folder.manifest_sha256(files.data_dir), metrics_doc=metrics_doc,
         config=config.to_dict(), num_parameters=count_parameters(model), base=bella.read_base_record(out))
     # The training population and the validation split's mutual information travel with the model:
     # the shift report and the service's monitor compare new data with them.
-    reference = shift_report.reference_profile(files, validation_mi=validation_mi, samples=ec.num_samples)
+    reference = against_reference.reference_profile(files, validation_mi=validation_mi, samples=ec.num_samples)
     export_dir = export_writer.write_export(out / EXPORT_DIR, predictor, data_dir=files.data_dir,
                                             pipeline_config=files.pipeline_config, card=card, metrics_doc=metrics_doc,
                                             reference=reference)

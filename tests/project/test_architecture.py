@@ -17,21 +17,6 @@ from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
 LAYERS = ("ehr_base", "ehr_pipeline", "model", "serving")  # each may import only the ones before it
-# Parts of model that may import only the parts of model named here (ehr_base is always allowed).
-MODEL_PARTS = {
-    # the building blocks know nothing of training, evaluation, export or the command lines
-    "model.layers": ("model.layers",),
-    # the numbers: pure numpy, shared by the trainer, ehr-eval and the service
-    "model.evaluation.metrics": (),
-    "model.evaluation.against_truth": ("model.evaluation.metrics",),
-    "model.evaluation.multiclass": ("model.evaluation.metrics",),
-    "model.evaluation.formatting": ("model.evaluation.metrics",),
-    "model.evaluation.metrics_report": ("model.evaluation.metrics", "model.evaluation.against_truth"),
-    # the export contract the service reads: names of the uncertainty measures, nothing more
-    "model.export.load": ("model.evaluation.metrics",),
-}
-
-
 def _modules() -> dict[str, pathlib.Path]:
     """Dotted name -> file of every module of the project packages (a package is its __init__)."""
     found = {}
@@ -171,13 +156,6 @@ def _is_under(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
-def test_model_parts_import_only_what_lies_below_them():
-    wrong = sorted(f"{m} -> {t}" for m, targets in import_graph().items() for part, allowed in MODEL_PARTS.items()
-                   if _is_under(m, part) for t in targets
-                   if _is_under(t, "model") and t != "model" and not any(_is_under(t, a) for a in (part, *allowed)))
-    assert not wrong, f"imports against the parts of model: {wrong}"
-
-
 def test_only_command_lines_import_the_command_lines():
     wrong = sorted(f"{m} -> {t}" for m, targets in import_graph().items() for t in targets
                    if _is_under(t, "model.cli") and not _is_under(m, "model.cli"))
@@ -187,7 +165,9 @@ def test_only_command_lines_import_the_command_lines():
 def test_the_service_and_the_export_reader_start_without_tensorflow():
     # The service loads TensorFlow only with the SavedModel; importing its modules (and the
     # export contract they read) must stay cheap for --help and for the app factory.
-    code = ("import sys, serving.app, serving.cli, serving.settings, model.export.load, model.training.config, "
+    code = ("import sys, serving.app, serving.cli, serving.settings, model.export_contract, model.export.load, "
+            "model.training.config, model.fit, model.fit.experiment, model.evaluation.against_reference, "
+            "model.cli.ehr_train, model.cli.ehr_eval, model.cli.ehr_analyze, model.image.cli, "
             "model.layers, model.training, model.evaluation, model.export, model.cli; "
             "print(sorted(m for m in ('tensorflow', 'tf_keras', 'edward2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
@@ -425,3 +405,114 @@ def test_the_service_road_loads_neither_beam_nor_tensorflow_nor_pyarrow():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": ""})
     assert out.stdout.strip() == "[]", out.stderr
+
+
+# ----------------------------------------------------------------------------- the floors of model
+
+WHY_MARKER = "# why:"  # the one marker a function-level import of the project's own code in model/ and serving/ carries
+
+
+def _model_floors() -> dict[str, int]:
+    """Part of model -> floor, as the floors table of docs/architecture.md declares them (the one declaration)."""
+    floors = {}
+    for line in _architecture_page().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`model.") and cells[1].startswith("floor "):
+            floors[cells[0].strip("`")] = int(cells[1].removeprefix("floor "))
+    return floors
+
+
+def _part_of(module: str) -> str | None:
+    """'model.evaluation.metrics' -> 'model.evaluation', 'model.export_contract' -> itself; None outside model's parts."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "model" and len(parts) > 1 else None
+
+
+def _part_arrows() -> set[tuple[str, str]]:
+    """(part, part it imports) for every import between two parts of model, lazy and type-only ones included."""
+    return {(_part_of(m), _part_of(t)) for m, targets in import_graph(type_only=True).items() for t in targets
+            if _part_of(m) and _part_of(t) and _part_of(m) != _part_of(t)}
+
+
+def test_the_floors_table_lists_every_part_of_model():
+    parts = {f"model.{p.stem if p.suffix == '.py' else p.name}" for p in (ROOT / "model").iterdir()
+             if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()}
+    floors = _model_floors()
+    assert set(floors) == parts, f"the floors table lists {sorted(set(floors) - parts)} that do not exist and " \
+                                 f"misses {sorted(parts - set(floors))}"
+    # the order the house asks for: the export contract at the bottom, then layers, export < evaluation < training < cli
+    assert floors["model.export_contract"] == 0
+    assert floors["model.layers"] <= floors["model.export"] < floors["model.evaluation"] < floors["model.training"] \
+        < floors["model.cli"]
+    assert floors["model.image"] == floors["model.training"]  # beside it, on the same core
+
+
+def test_no_part_of_model_imports_upward_or_sideways():
+    floors = _model_floors()
+    wrong = sorted(f"{a} -> {b}" for a, b in _part_arrows() if floors[b] >= floors[a])
+    assert not wrong, f"imports against the floors of docs/architecture.md's model table: {wrong}"
+
+
+def test_the_parts_of_model_form_no_loop():
+    # Counted with every lazy and type-only import: a loop hidden inside functions is still a loop.
+    graph: dict[str, set[str]] = {}
+    for a, b in _part_arrows():
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    assert not strongly_connected(graph), strongly_connected(graph)
+
+
+def test_the_part_check_catches_a_planted_loop():
+    planted = ast.parse("def f():\n    from model.training import train\n")
+    targets = _imported_names(planted, "model.export.write", False, _modules())
+    assert {_part_of(t) for t in targets} == {"model.training"}
+    floors = _model_floors()
+    assert floors["model.training"] >= floors["model.export"]  # so the test above would name it
+
+
+def lazy_imports_without_the_marker(source: str) -> list[int]:
+    """Lines of function-level imports of the project's own code without a `# why:` comment (inline, or above its run)."""
+    lines = source.splitlines()
+    found = []
+    for node in _function_level_imports(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+        if getattr(node, "level", 0) or not any(n.split(".")[0] in PROJECT for n in names):
+            continue
+        row = node.lineno - 1
+        if WHY_MARKER in lines[row]:
+            continue
+        row -= 1
+        while row >= 0 and (not lines[row].strip() or lines[row].lstrip().startswith(("import ", "from "))):
+            row -= 1
+        if not (row >= 0 and lines[row].lstrip().startswith(WHY_MARKER)):
+            found.append(node.lineno)
+    return found
+
+
+def test_the_marker_check_wants_why_and_ignores_other_imports():
+    bare = "def f():\n    from model.training import train\n"
+    other_comment = "def f():\n    # TensorFlow\n    from model.training import train\n"
+    above = "def f():\n    # why: TensorFlow loads only after the arguments\n    from model.training import train\n    import os\n"
+    inline = "def f():\n    from model.training import train  # why: TensorFlow\n"
+    other = "def f():\n    import tensorflow as tf\n"
+    assert lazy_imports_without_the_marker(bare) == [2]
+    assert lazy_imports_without_the_marker(other_comment) == [3]
+    assert lazy_imports_without_the_marker(above) == lazy_imports_without_the_marker(inline) == []
+    assert lazy_imports_without_the_marker(other) == []
+
+
+def test_function_level_imports_of_the_project_in_model_and_serving_say_why():
+    found = {name: lines for name, path in _modules().items() if name.startswith(("model", "serving"))
+             if (lines := lazy_imports_without_the_marker(path.read_text(encoding="utf-8")))}
+    assert not found, f"function-level imports of the project's own code without a {WHY_MARKER!r} comment: {found}"
+
+
+def test_a_module_name_of_model_or_serving_names_one_thing_across_the_layers():
+    # `metrics` (model's numbers, the service's Prometheus instruments), `precision` (mixed-precision training,
+    # the service's bfloat16 choice) and `shift_report` once named two things.
+    tops: dict[str, set[str]] = {}
+    for name in _modules():
+        tops.setdefault(name.rsplit(".", 1)[-1], set()).add(name.split(".")[0])
+    shared = sorted(n for n, where in tops.items() if len(where & {"model", "serving", "ehr_pipeline"}) > 1
+                    and n not in SHARED_MODULE_NAMES)
+    assert not shared, f"module names that two layers use for different things: {shared}"

@@ -1,6 +1,6 @@
 """The service watches its population: GET /v1/monitor and the ehr_shift_* gauges on a real server.
 
-The export's reference is its training folder's profile (shift_report.reference_profile); the
+The export's reference is its training folder's profile (against_reference.reference_profile); the
 streams are fresh draws of the same population sent as requests, once as recorded (site A), once
 with creatinine in umol/L and its unit, once with creatinine in umol/L as bare numbers.
 Target: the monitor flags an SI-unit stream within 200 requests and stays quiet on a site-A stream.
@@ -32,19 +32,21 @@ PARAMS = {"num_samples": 2, "seed": 0}
 
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory, tiny_export):
-    from model.evaluation import shift_report
-    from model.training.inputs import load_data_files
+    from model.data_folder import load_data_files
+    from model.evaluation import against_reference
 
     base = tmp_path_factory.mktemp("monitor")
     files = load_data_files(write_data_dir(base / "data", units={CREATININE: "mg/dL", "lab:50813": "mmol/L"}))
-    reference = shift_report.reference_profile(files)
+    reference = against_reference.reference_profile(files)
     vocabulary = {s: [c.split(":", 1)[1] for c in codes] for s, codes in files.vocabulary.items()}
     return tiny_export(vocabulary=vocabulary, reference=reference, lab_loinc={"2160-0": ["50912"], "32693-4": ["50813"]})
 
 
 def _stream(export_dir, bodies: list[dict]) -> list[dict]:
     """The /v1/monitor answers after every STEP requests of `bodies`, on a fresh server."""
-    settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", warmup=False, monitor_window=500)
+    # monitor_refresh_s 0: each answer is the report of every request sent so far.
+    settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", warmup=False, monitor_window=500,
+                             monitor_refresh_s=0)
     answers = []
     with ThreadedServer(create_app(settings, ServedModel.load(export_dir))) as server, \
             httpx.Client(base_url=server.base_url, timeout=120.0) as client:
@@ -114,7 +116,7 @@ def test_an_export_without_a_reference_answers_unavailable(fixture_export):
 def constant_code_export(tmp_path_factory, tiny_export):
     """An export whose training population carries PEEP = 5 in every admission (a one-value code)."""
     from ehr_pipeline.shift import population
-    from model.training.inputs import load_data_files
+    from model.data_folder import load_data_files
 
     base = tmp_path_factory.mktemp("monitor_constant")
     files = load_data_files(write_data_dir(base / "data", units={CREATININE: "mg/dL"}))

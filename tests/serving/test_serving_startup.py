@@ -14,7 +14,7 @@ import pytest
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from serving import cli
-from serving import metrics as metrics_module
+from serving import telemetry as metrics_module
 from serving.auth import key_matches
 from serving.app import create_app
 from serving.predictor import ModelDirError, ServedModel

@@ -16,13 +16,13 @@ from bench import soak  # noqa: E402
 
 @pytest.mark.slow
 def test_a_short_soak_answers_every_monitored_call_and_reports_its_table(tmp_path, capsys, tiny_export):
-    from model.evaluation import shift_report
-    from model.training.inputs import load_data_files
+    from model.data_folder import load_data_files
+    from model.evaluation import against_reference
 
     files = load_data_files(write_data_dir(tmp_path / "data", sizes=(("train", 60), ("validation", 8), ("test", 8)),
                                            train_shards=1, constant={"chart:211": 5.0}))
     vocabulary = {s: [c.split(":", 1)[1] for c in codes] for s, codes in files.vocabulary.items()}
-    export = tiny_export(vocabulary=vocabulary, reference=shift_report.reference_profile(files))
+    export = tiny_export(vocabulary=vocabulary, reference=against_reference.reference_profile(files))
     assert soak.constant_codes(export) == {"chart:211"}
     rc = soak.main(["--model", str(export), "--mimic-dir", str(tmp_path / "no-release"), "--synthetic-patients", "15",
                     "--duration", "6", "--rss-every", "1", "--num-samples", "2", "--no-write"])

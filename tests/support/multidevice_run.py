@@ -13,7 +13,8 @@ import shutil
 import sys
 
 import ehr_base  # noqa: F401  (pins TF_USE_LEGACY_KERAS before TensorFlow loads)
-from model.training import devices
+from model import data_folder
+from model.fit import devices
 
 devices.configure("cpu:2")  # first: before any TensorFlow work
 
@@ -126,7 +127,7 @@ def draws(out: pathlib.Path) -> dict:
     doc = tiny_config_dict("rank1")
     doc["model"]["dropout_rate"] = 0.1  # posterior stddev 0.33: draws differ visibly
     config = parse_config(doc)
-    files = inputs.load_data_files(data)
+    files = data_folder.load_data_files(data)
     featurizer = inputs.Featurizer.from_data_files(files)
     features, _ = next(iter(inputs.dataset(files, featurizer, "train", 8)))
     strategy = devices.strategy("cpu:2")

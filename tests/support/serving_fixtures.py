@@ -105,7 +105,7 @@ def write_fixture_export(
     """
     import tensorflow as tf
 
-    from model.export.load import SIGNATURES
+    from model.export_contract import SIGNATURES
 
     root = pathlib.Path(directory)
     root.mkdir(parents=True, exist_ok=True)

@@ -127,7 +127,8 @@ REQUESTS = {
 def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
     from tests.support.ehr_testdata import tiny_config_dict
 
-    from model.evaluation.evaluate import MEDS_PREDICTIONS_FILE, run_evaluation
+    from model.evaluation.evaluate import MEDS_PREDICTIONS_FILE
+    from model.evaluation.use_case import EvaluationRequest, evaluate_exports
     from model.training.config import parse_config
     from model.training.train import train
     from serving.app import create_app
@@ -140,8 +141,8 @@ def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
     train(config, base / "data", tmp_path / "run", progress=False)
     export = tmp_path / "run" / "export"
     assert (export / "meds_codes.json").is_file()
-    report, _ = run_evaluation([export], base / "data", "test", num_samples=3, n_bootstrap=20,
-                               out_dir=tmp_path / "eval")
+    report = evaluate_exports(EvaluationRequest(model_dirs=(export,), data_dir=base / "data", split="test",
+                                                num_samples=3, n_bootstrap=20, out_dir=tmp_path / "eval")).report
     predictions = pq.read_table(tmp_path / "eval" / MEDS_PREDICTIONS_FILE)
     assert predictions.num_rows == report["n"] > 0
     # Every prediction joins its label row on (subject_id, prediction_time), to the microsecond.
@@ -170,10 +171,11 @@ def test_meds_evaluation_scores_ehr_evals_predictions_alike(trained_rank1, tmp_p
     import polars as pl
     from meds_evaluation.evaluate import evaluate_binary_classification
 
-    from model.evaluation.evaluate import MEDS_PREDICTIONS_FILE, MEDS_UNCERTAINTY_FILE, run_evaluation
+    from model.evaluation.evaluate import MEDS_PREDICTIONS_FILE, MEDS_UNCERTAINTY_FILE
+    from model.evaluation.use_case import EvaluationRequest, evaluate_exports
 
-    report, _ = run_evaluation([trained_rank1["export"]], trained_rank1["data"], "test", num_samples=4,
-                               n_bootstrap=20, out_dir=tmp_path)
+    report = evaluate_exports(EvaluationRequest(model_dirs=(trained_rank1["export"],), data_dir=trained_rank1["data"],
+                                                split="test", num_samples=4, n_bootstrap=20, out_dir=tmp_path)).report
     predictions = pl.read_parquet(tmp_path / MEDS_PREDICTIONS_FILE)
     beside = pl.read_parquet(tmp_path / MEDS_UNCERTAINTY_FILE)
     assert {"predictive_entropy", "mutual_information", "hadm_id"} <= set(beside.columns)

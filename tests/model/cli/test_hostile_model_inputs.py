@@ -35,8 +35,8 @@ EVAL = ["--split", "test", "--samples", "2", "--bootstrap", "10", "--no-progress
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, tiny_export) -> pathlib.Path:
     """A data folder, a tiny export of its vocabulary with a reference of it, in mg/dL and mmol/L."""
-    from model.evaluation import shift_report
-    from model.training.inputs import load_data_files
+    from model.evaluation import against_reference
+    from model.data_folder import load_data_files
 
     root = tmp_path_factory.mktemp("hostile_model")
     files = load_data_files(write_data_dir(root / "data", sizes=SIZES, train_shards=1, constant={PEEP: 5.0},
@@ -45,7 +45,7 @@ def base(tmp_path_factory, tiny_export) -> pathlib.Path:
     # The session's export factory writes it; the folder holds a link, as the tests read base / "export".
     (root / "export").symlink_to(tiny_export(vocabulary=vocabulary, units=MODEL_UNITS,
                                              lab_loinc={"2160-0": ["50912"], "2524-7": ["50813"]},
-                                             reference=shift_report.reference_profile(files)))
+                                             reference=against_reference.reference_profile(files)))
     return root
 
 

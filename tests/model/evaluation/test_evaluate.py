@@ -7,11 +7,12 @@ import csv
 import numpy as np
 import pytest
 
+from model import data_folder
 from model.cli import ehr_eval
 from model.evaluation import against_truth, evaluate, metrics, metrics_report
 from model.evaluation.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
 from model.export.predict import predict_probs
-from model.training import baselines, inputs
+from model.training import baselines
 from tests.support.ehr_testdata import read_json
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -42,7 +43,8 @@ def test_eval_writes_report_plots_and_error_vs_truth(trained, tmp_path, capsys):
     with open(out / "predictions.csv") as f:
         rows = list(csv.DictReader(f))
     # ehr-eval's probabilities are the export's for the same seed (the service's numbers).
-    records, labels, hadm_ids = inputs.read_split(inputs.load_data_files(trained["data"]), "test")
+    split_records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test")
+    records, labels, hadm_ids = split_records.records, split_records.labels, split_records.hadm_ids
     probs = predict_probs(trained["export"], records, 4, seed=3)
     assert [int(r["HADM_ID"]) for r in rows] == hadm_ids and [int(r["LABEL"]) for r in rows] == labels
     np.testing.assert_allclose([float(r["P_MEAN"]) for r in rows], probs.mean(axis=1), atol=2e-6)
@@ -73,7 +75,7 @@ def test_deep_ensemble_of_exports_and_its_export(trained, tmp_path, capsys):
     reference, member = read_json(ens / "reference_profile.json"), read_json(trained["export"] / "reference_profile.json")
     assert reference["codes"] == member["codes"] and reference["mi_samples"] == 2
     assert reference["mutual_information"]["n"] == 48
-    records, _, _ = inputs.read_split(inputs.load_data_files(trained["data"]), "test")
+    records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test").records
     single = predict_probs(trained["export"], records, 2, seed=5).reshape(len(records), 2, 2)
     joined = predict_probs(ens, records, 2, seed=5).reshape(len(records), 2, 4)
     np.testing.assert_allclose(joined, np.concatenate([single, single], axis=2), atol=1e-6)

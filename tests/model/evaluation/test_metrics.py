@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 
+from model.export_contract import UNCERTAINTY_MEASURES
 from model.evaluation import formatting, metrics as m, metrics_report, multiclass
 
 
@@ -296,7 +297,7 @@ def test_evaluate_report(synthetic):
     assert len(report["members"]) == k
     u = report["uncertainty"]
     assert u["predictive_entropy"] == pytest.approx(u["expected_entropy"] + u["mutual_information"])
-    assert set(report["selective"]) == set(m.UNCERTAINTY_MEASURES)
+    assert set(report["selective"]) == set(UNCERTAINTY_MEASURES)
     assert report["truth"]["mae"] == pytest.approx(np.mean(np.abs(p - truth)))
     assert report["truth"]["rmse"] == pytest.approx(np.sqrt(np.mean((p - truth) ** 2)))
     assert report["truth"]["nll_truth"] == pytest.approx(m.nll(truth, y))

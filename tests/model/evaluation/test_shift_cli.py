@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 
 from ehr_pipeline.shift import population
-from model.cli import ehr_analyze, ehr_eval
+from model import data_folder
+from model.cli import EXIT_SHIFT, ehr_analyze, ehr_eval
 from model.evaluation import metrics
-from model.evaluation.shift_report import EXIT_SHIFT, SHIFT_JSON, SHIFT_MD, SHIFT_PNG
-from model.export.load import REFERENCE_PROFILE, ExportError, read_export, write_manifest
+from model.evaluation.against_reference import SHIFT_JSON, SHIFT_MD, SHIFT_PNG
+from model.export.load import ExportError, read_export, write_manifest
+from model.export_contract import REFERENCE_PROFILE
 from model.export.predict import predict_probs
-from model.training import inputs
 from tests.support.ehr_testdata import read_json, write_data_dir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -36,11 +37,11 @@ def new_data(tmp_path_factory):
 def test_training_exports_its_population_with_the_validation_mutual_information(trained_rank1):
     export = read_export(trained_rank1["export"])
     reference = export.reference
-    files = inputs.load_data_files(trained_rank1["data"])
+    files = data_folder.load_data_files(trained_rank1["data"])
     assert reference.n == 160 and set(reference.codes) == {c for codes in files.vocabulary.values() for c in codes}
     # Its MI quantiles are those of the validation split's predictions with the run's S and seed.
     config = trained_rank1["config"]["eval"]
-    records, _, _ = inputs.read_split(files, "validation")
+    records = data_folder.read_split(files, "validation").records
     mi = metrics.mutual_information(predict_probs(trained_rank1["export"], records, config["num_samples"],
                                                   config["seed"]))
     np.testing.assert_allclose(reference.mutual_information.edges,

@@ -11,9 +11,10 @@ import tensorflow as tf
 
 from ehr_pipeline.contract import spec, tfrecord
 from ehr_pipeline.encode import seqex
-from model.export.load import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE, ExportError, load_export
+from model import data_folder
+from model.export.load import ExportError, load_export
+from model.export_contract import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
 from model.export.predict import Predictor, predict_probs
-from model.training import inputs
 from model.training.config import parse_config
 from model.training.train import load_run, train
 from tests.support.ehr_testdata import read_json, tiny_config_dict
@@ -71,7 +72,7 @@ def test_bad_admission_types_file_is_named(trained, tmp_path):
 def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained):
     config, model, featurizer, step = load_run(trained["run"], trained["data"])
     assert step == trained["best"]["step"]  # the export holds the best validated checkpoint
-    records, _, _ = inputs.read_split(inputs.load_data_files(trained["data"]), "test")
+    records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test").records
     in_memory = predict_probs(Predictor(featurizer, model), records, 5, seed=123)
     exported = load_export(trained["export"])
     from_export = predict_probs(exported, records, 5, seed=123, batch_size=7)
@@ -91,7 +92,7 @@ def test_a_wide_run_exports_its_window_aggregates(tmp_path, synthetic_data, wide
     result = train(config, synthetic_data, tmp_path / "run", progress=False)
     _, model, featurizer, _ = load_run(tmp_path / "run", synthetic_data)
     assert featurizer.window_hours == 24.0
-    records, _, _ = inputs.read_split(inputs.load_data_files(synthetic_data), "test")
+    records = data_folder.read_split(data_folder.load_data_files(synthetic_data), "test").records
     in_memory = predict_probs(Predictor(featurizer, model), records, 3, seed=7)
     np.testing.assert_allclose(predict_probs(load_export(result.export_dir), records, 3, seed=7), in_memory,
                                rtol=0, atol=1e-6)
@@ -102,7 +103,7 @@ def test_a_wide_run_exports_its_window_aggregates(tmp_path, synthetic_data, wide
 
 def test_bfloat16_signature_draws_the_same_noise_and_stays_within_tolerance(trained):
     config, model, featurizer, _ = load_run(trained["run"], trained["data"])
-    records, _, _ = inputs.read_split(inputs.load_data_files(trained["data"]), "test")
+    records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test").records
     exact = predict_probs(load_export(trained["export"]), records, 5, seed=123)
     low = predict_probs(load_export(trained["export"], "bfloat16"), records, 5, seed=123)
     switched = load_export(trained["export"]).with_precision("bfloat16")  # what ehr-serve --precision auto does

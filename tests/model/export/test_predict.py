@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from model import data_folder
 from model.export.predict import Predictor, predict_probs, stateful_random_ops
 from model.training import inputs
 from model.training.config import ModelConfig
@@ -18,12 +19,12 @@ from tests.support.ehr_testdata import write_data_dir
 def setup(request, tmp_path_factory):
     data = write_data_dir(tmp_path_factory.mktemp(f"predict_{request.param}"),
                           sizes=(("train", 24), ("validation", 8), ("test", 16)), train_shards=1)
-    files = inputs.load_data_files(data)
+    files = data_folder.load_data_files(data)
     featurizer = inputs.Featurizer.from_data_files(files)
     k = 2 if request.param == "rank1" else 1
     config = ModelConfig(method=request.param, ensemble_size=k, embedding_dim=8, rnn_dim=8, hidden_layer_dim=8)
     model = build_model(config, featurizer.vocab_size)
-    records, _, _ = inputs.read_split(files, "test")
+    records = data_folder.read_split(files, "test").records
     return Predictor(featurizer, model), list(records), featurizer, model
 
 

@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 from model.image.config import ImageModelConfig
-from model.image.models import EnsembleBatchNorm, ImageModel, build_model, count_parameters
+from model.fit.training_loop import count_parameters
+from model.image.models import EnsembleBatchNorm, ImageModel, build_model
 from model.layers import rank1
 from model.layers._edward2 import ed
 from model.layers.posterior import PosteriorConfig

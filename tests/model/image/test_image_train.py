@@ -16,7 +16,7 @@ from model.image import train as image_train
 from model.image.config import ImageExperimentConfig, ImageTrainConfig, load_config, parse_config
 from model.image.data import load_digits_data
 from model.image.models import build_model
-from model.training import training_loop
+from model.fit import training_loop
 from tests.support.image_configs import TINY
 from tests.support.paths import REPO_ROOT
 

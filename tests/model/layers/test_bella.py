@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from model import data_folder
 from model.layers import bella, svgd
 from model.layers.posterior import PosteriorConfig
 from model.layers.rank1_lstm import Rank1LSTM
-from model.training import inputs
 from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 # --------------------------------------------------------------------------- SVGD
@@ -209,7 +209,7 @@ def runs(tmp_path_factory, synthetic_data):
 @pytest.mark.slow
 def test_training_moves_only_the_adapters_and_records_the_base(runs):
     from model.training.train import load_run
-    from model.training.training_loop import model_checkpoint
+    from model.fit.training_loop import model_checkpoint
 
     _, det_model, _, _ = load_run(runs["det"], runs["data"])
     _, model, _, step = load_run(runs["bella"], runs["data"])
@@ -238,7 +238,8 @@ def test_export_serves_what_ehr_eval_reports(runs, tmp_path):
                       "--bootstrap", "20", "--out", str(out), "--no-progress"]) == 0
     with open(out / "predictions.csv") as f:
         rows = list(csv.DictReader(f))
-    records, _, hadm_ids = inputs.read_split(inputs.load_data_files(runs["data"]), "test")
+    split_records = data_folder.read_split(data_folder.load_data_files(runs["data"]), "test")
+    records, hadm_ids = split_records.records, split_records.hadm_ids
     assert [int(r["HADM_ID"]) for r in rows] == [int(h) for h in hadm_ids]
     served = ServedModel.load(runs["export"])
     probs = served.forward(records, 1, 7)  # [N, K]: one sample per particle

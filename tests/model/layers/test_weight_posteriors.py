@@ -16,7 +16,7 @@ import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from model.layers import rank1
 from model.layers import weight_posteriors as wp
 from model.layers.posterior import PosteriorConfig
-from model.training import losses
+from model.fit import losses
 
 
 def _config(method="ktied_normal", k=2, prior_stddev=0.3, dropout_rate=1e-3) -> PosteriorConfig:

@@ -11,6 +11,7 @@ from sklearn.preprocessing import StandardScaler
 
 from ehr_pipeline.contract import spec
 from ehr_pipeline.encode import seqex
+from model import data_folder
 from model.training import baselines, inputs
 from tests.support.ehr_testdata import write_data_dir
 
@@ -20,7 +21,7 @@ def data(tmp_path_factory):
     return write_data_dir(tmp_path_factory.mktemp("baseline_data"), seed=3)
 
 
-def _naive_features(ex: dict, files: inputs.DataFiles, window_hours: float) -> dict[str, float]:
+def _naive_features(ex: dict, files: data_folder.DataFiles, window_hours: float) -> dict[str, float]:
     """The aggregates of one example by column name, one token at a time, from seqex.sequence_example_to_dict."""
     vocabulary = {c for codes in files.vocabulary.values() for c in codes}
     stats = files.numeric_stats
@@ -56,9 +57,9 @@ def _naive_features(ex: dict, files: inputs.DataFiles, window_hours: float) -> d
 
 @pytest.mark.parametrize("window_hours", [48.0, 12.0])
 def test_aggregates_match_a_per_token_loop(data, window_hours):
-    files = inputs.load_data_files(data)
+    files = data_folder.load_data_files(data)
     features = baselines.read_features(files, "test", window_hours=window_hours)  # codes outside the vocabulary
-    records, _, _ = inputs.read_split(files, "test")
+    records = data_folder.read_split(files, "test").records
     names = inputs.Featurizer.from_data_files(files, window_hours).window_aggregate_names()
     assert features.x.shape == (len(records), len(names))
     expected = np.array([[naive.get(name, 0.0) for name in names] for naive in
@@ -71,7 +72,7 @@ def test_aggregates_match_a_per_token_loop(data, window_hours):
 
 def test_logistic_baseline_is_scikit_learns_fit_at_the_validation_choice(data):
     result = baselines.fit_baseline(data, "logistic", seed=0)
-    files = inputs.load_data_files(data)
+    files = data_folder.load_data_files(data)
     train, val, test = (baselines.read_features(files, s) for s in ("train", "validation", "test"))
     def fit(penalty, c):
         solver = "liblinear" if penalty == "l1" else "lbfgs"

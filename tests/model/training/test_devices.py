@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model.training import devices
+from model.fit import devices
 from tests.support.image_configs import TINY
 from tests.support.paths import REPO_ROOT
 

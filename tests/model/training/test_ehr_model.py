@@ -9,15 +9,17 @@ import tensorflow as tf
 
 from ehr_pipeline.contract import PipelineConfig, spec, tf_parse
 from ehr_pipeline.encode import bagging, seqex
+from model import data_folder
 from model.evaluation import metrics
 from model.export.predict import Predictor, predict_probs, stateful_random_ops
 from model.layers import rank1
 from model.layers.noise import Noise
 from model.training import train as train_module
-from model.training import inputs, losses
+from model.fit import losses
+from model.training import inputs
 from model.training.config import parse_config
 from model.training.ehr_model import bag_vector_dim, build_model
-from model.training.training_loop import fast_weight_refs
+from model.fit.training_loop import fast_weight_refs
 from tests.support.ehr_testdata import tiny_config_dict, write_data_dir
 
 
@@ -25,9 +27,10 @@ from tests.support.ehr_testdata import tiny_config_dict, write_data_dir
 def data(tmp_path_factory):
     path = write_data_dir(tmp_path_factory.mktemp("ehr_model_data"), sizes=(("train", 40), ("validation", 8),
                                                                             ("test", 12)))
-    files = inputs.load_data_files(path)
+    files = data_folder.load_data_files(path)
     featurizer = inputs.Featurizer.from_data_files(files)
-    records, labels, _ = inputs.read_split(files, "test")
+    split_records = data_folder.read_split(files, "test")
+    records, labels = split_records.records, split_records.labels
     return files, featurizer, records, np.asarray(labels)
 
 
@@ -88,10 +91,10 @@ def test_featurizer_looks_up_codes_zscores_values_and_encodes_context():
 
 def test_data_files_take_clip_z_from_the_pipeline_config(tmp_path):
     path = write_data_dir(tmp_path, sizes=(("train", 6), ("validation", 2), ("test", 2)))
-    assert inputs.load_data_files(path).clip_z == PipelineConfig().numeric.clip_z
+    assert data_folder.load_data_files(path).clip_z == PipelineConfig().numeric.clip_z
     (path / "vocabulary.json").unlink()
     with pytest.raises(FileNotFoundError, match="vocabulary.json"):
-        inputs.load_data_files(path)
+        data_folder.load_data_files(path)
 
 
 def test_output_is_sample_major_with_one_column_per_member(data):

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from model import data_folder
 from model.cli import ehr_analyze, ehr_eval
-from model.training import inputs
 from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 
@@ -37,7 +37,7 @@ def test_service_gives_ehr_eval_numbers(trained):
     assert (card["method"], card["ensemble_size"]) == ("ktied_normal", 1)
     with open(trained["eval"] / "predictions.csv") as f:
         p_eval = np.array([float(r["P_MEAN"]) for r in csv.DictReader(f)])
-    records, _, _ = inputs.read_split(inputs.load_data_files(trained["data"]), "test")
+    records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test").records
     served = ServedModel.load(trained["export"]).forward(records, 4, 3)
     np.testing.assert_allclose(served.mean(axis=1), p_eval, atol=2e-6)
     # The weights are sampled: the S draws of one admission differ.

@@ -1,12 +1,14 @@
 """Mixed precision on the CPU: a bfloat16 gradient step stays within a tolerance of float32's, while the
-loss terms stay float32; float16 goes through a loss-scale optimizer (model.training.precision)."""
+loss terms stay float32; float16 goes through a loss-scale optimizer (model.training.mixed_precision)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from model.training import inputs, losses, precision
+from model import data_folder
+from model.fit import losses
+from model.training import inputs, mixed_precision
 from model.training.config import parse_config
 from model.training.ehr_model import build_model
 from model.training.train import train
@@ -19,20 +21,20 @@ def data(synthetic_data):
 
 
 def test_policy_names_and_the_float16_restriction():
-    assert precision.resolve(False) == "float32"
-    assert precision.resolve(True) == "mixed_bfloat16"  # no GPU here: the CPU has bfloat16
-    assert precision.resolve("mixed_float16") == "mixed_float16"
-    precision.check("mixed_float16", 1.0)
+    assert mixed_precision.resolve(False) == "float32"
+    assert mixed_precision.resolve(True) == "mixed_bfloat16"  # no GPU here: the CPU has bfloat16
+    assert mixed_precision.resolve("mixed_float16") == "mixed_float16"
+    mixed_precision.check("mixed_float16", 1.0)
     with pytest.raises(ValueError, match="fast_weight_lr_multiplier"):
-        precision.check("mixed_float16", 2.0)
+        mixed_precision.check("mixed_float16", 2.0)
     assert parse_config(tiny_config_dict(mixed_precision="mixed_bfloat16")).train.mixed_precision == "mixed_bfloat16"
 
 
 def test_bfloat16_layers_but_float32_likelihood_and_kl(data):
     config = parse_config(tiny_config_dict())
-    files = inputs.load_data_files(data)
+    files = data_folder.load_data_files(data)
     featurizer = inputs.Featurizer.from_data_files(files)
-    with precision.policy_scope("mixed_bfloat16"):
+    with mixed_precision.policy_scope("mixed_bfloat16"):
         model = build_model(config.model, featurizer.vocab_size)
     assert tf.keras.mixed_precision.global_policy().name == "float32"  # not leaked
     features, labels = next(iter(inputs.dataset(files, featurizer, "train", 16)))
@@ -52,13 +54,13 @@ def test_bfloat16_gradient_matches_float32_at_the_same_weights_and_noise(data):
     # validation NLL on another CPU's kernels. One step from identical weights and identical noise
     # isolates what bfloat16 changes: the layers' arithmetic.
     config = parse_config(tiny_config_dict())
-    files = inputs.load_data_files(data)
+    files = data_folder.load_data_files(data)
     featurizer = inputs.Featurizer.from_data_files(files)
     features, labels = next(iter(inputs.dataset(files, featurizer, "train", 64)))
     losses_, grads, weights = {}, {}, None
     for policy in ("float32", "mixed_bfloat16"):
         tf.keras.utils.set_random_seed(0)
-        with precision.policy_scope(policy):
+        with mixed_precision.policy_scope(policy):
             model = build_model(config.model, featurizer.vocab_size)
         model(features, num_samples=1, training=True)
         if weights is None:
@@ -99,7 +101,7 @@ def test_float16_runs_through_one_loss_scaled_optimizer(data, tmp_path):
     # One optimizer carries every weight: Adam's two slots (m, v) per trainable variable are all the
     # slow optimizer's, none the fast one's. This Keras checkpoints slots as OPT/_variables/N/...
     # (a float32 run of the same config splits them, 24 slow and 32 fast).
-    files = inputs.load_data_files(data)
+    files = data_folder.load_data_files(data)
     featurizer = inputs.Featurizer.from_data_files(files)
     model = build_model(config.model, featurizer.vocab_size)
     model(next(iter(inputs.dataset(files, featurizer, "train", 4)))[0], num_samples=1)

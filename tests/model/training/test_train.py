@@ -16,10 +16,12 @@ import tensorflow as tf
 import yaml
 
 from ehr_base.yaml_config import ConfigError
+from model import data_folder
 from model.cli.ehr_train import parse_overrides
 from model.training.config import parse_config
-from model.training.train import EXPORT_DIR, load_run, train
-from model.training.training_loop import BEST_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError
+from model.export_contract import EXPORT_DIR
+from model.fit.training_loop import BEST_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError
+from model.training.train import load_run, train
 from tests.support.ehr_testdata import read_json, tiny_config_dict, write_data_dir
 from tests.support.paths import REPO_ROOT
 
@@ -166,7 +168,7 @@ def test_cached_featurized_batches_replay_an_epoch_in_a_new_order(tmp_path):
     from model.training import inputs
 
     data = write_data_dir(tmp_path / "data", sizes=(("train", 40), ("validation", 4), ("test", 4)))
-    files = inputs.load_data_files(data)
+    files = data_folder.load_data_files(data)
     featurizer = inputs.Featurizer.from_data_files(files)
     ds = inputs.dataset(files, featurizer, "train", 8, training=True, seed=3, cache=True)
     batches = [tuple(sorted(f["hadm_id"].numpy().tolist())) for f, _ in ds.take(10)]

@@ -11,6 +11,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
+from ehr_pipeline.shift import SEVERITIES
+
 # Seconds: a cached forward pass is ~ms on a CPU, a cold 100-sample batch can take seconds.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # Examples per forward pass: powers of two up to the largest --max-batch we allow.
@@ -69,11 +71,12 @@ class ServiceMetrics:
                                   "converted to the model's unit, or could not be and were not used.", ("outcome",),
                                   registry=reg)
         self.shift_window = Gauge(f"{ns}_shift_window_admissions", "Admissions in the monitor window.", registry=reg)
+        self.shift_report_age = Gauge(f"{ns}_shift_report_age_seconds", "Age of the shift report the ehr_shift_* "
+                                      "gauges and /v1/monitor show, seconds (made again at most every "
+                                      "--monitor-refresh-s; NaN before the first).", registry=reg)
 
     def update_shift(self, report, admissions: int) -> None:
         """Sets the shift gauges from a report (ehr_pipeline.shift.ShiftReport) of `admissions` admissions."""
-        from ehr_pipeline.shift import SEVERITIES
-
         self.shift_level.set(SEVERITIES.index(report.level))
         for kind, by_severity in report.counts().items():
             for severity, n in by_severity.items():

@@ -3,7 +3,7 @@
 ``train.mixed_precision`` is false (float32), true (bfloat16 where the hardware has it: CPUs
 and GPUs of compute capability >= 8.0, else float16), or a policy name. Either way only the
 layers compute in 16 bits: variables, logits, the log-likelihood, the KL and the loss stay
-float32 (``model.training.losses`` casts), so the small probabilities NLL is made of are not rounded.
+float32 (``model.fit.losses`` casts), so the small probabilities NLL is made of are not rounded.
 bfloat16 keeps float32's exponent range and needs no loss scaling; float16 does (dynamic
 loss scaling through ``tf.keras.mixed_precision.LossScaleOptimizer``). A loss-scale
 optimizer skips a step whose gradients overflow; two of them (the fast-weight learning-rate

@@ -34,9 +34,9 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from model.layers import FACTOR_SITES
-from model.training import devices as device_layout
-from model.training import losses
-from model.training.config import ExperimentBase
+from model.fit import devices as device_layout
+from model.fit import losses
+from model.fit.experiment import ExperimentBase
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def start_run(out_dir: str | os.PathLike[str], config: ExperimentBase, seed: int
 
 
 def training_strategy(devices: str | None, batch_size: int, *, bella: bool) -> tf.distribute.Strategy:
-    """The strategy of `devices` (model.training.devices); refuses layouts this loop cannot train on."""
+    """The strategy of `devices` (model.fit.devices); refuses layouts this loop cannot train on."""
     strategy = device_layout.strategy(devices)
     replicas = strategy.num_replicas_in_sync
     if batch_size % replicas:
@@ -241,7 +241,7 @@ def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Va
     """Trains (or resumes) `model` to settings.max_steps; returns the logs and the best-checkpoint tracker.
 
     fast_opt carries the rank-1 factors and their posteriors (``fast_weight_refs``), slow_opt
-    the rest; a LossScaleOptimizer as slow_opt (float16) carries every weight (model.training.precision).
+    the rest; a LossScaleOptimizer as slow_opt (float16) carries every weight (model.training.mixed_precision).
     learning_rate: slow_opt's rate or schedule, logged. train_data(resume_step): an endless
     dataset of (inputs, labels) batches. particles: Bella's bella.ParticleUpdate, or None.
     """
@@ -311,7 +311,7 @@ def _train_step(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, ste
     s = settings
     variables = model.trainable_variables
     loss_scaled = isinstance(slow_opt, tf.keras.mixed_precision.LossScaleOptimizer)
-    # Under loss scaling every weight goes to the one (scaled) optimizer: multiplier 1 (model.training.precision).
+    # Under loss scaling every weight goes to the one (scaled) optimizer: multiplier 1 (model.training.mixed_precision).
     fast = set() if loss_scaled else fast_weight_refs(model)
     fast_mask = [v.ref() in fast for v in variables]
     with strategy.scope():
@@ -384,3 +384,8 @@ _LOSS_KEYS = ("loss", "nll", "kl", "kl_weight", "l2", "grad_norm", "learning_rat
 def _likelihood_keys(stats: dict[str, float]) -> list[str]:
     """The keys of a step's stats that the likelihood added (shown in the progress bar)."""
     return [key for key in stats if key not in _LOSS_KEYS]
+
+
+def count_parameters(model: tf.keras.Model) -> int:
+    """Number of trainable scalars (weights, factor posteriors, embedding table)."""
+    return int(sum(v.shape.num_elements() for v in model.trainable_variables))
