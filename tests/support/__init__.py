@@ -7,5 +7,5 @@
 - ``arrow_rows``, ``synth_records``, ``hostile_data``, ``hostile_meds``, ``meds_data``: inputs of the data tests.
 - ``serving_fixtures``: the seeded-noise fixture export and an in-process uvicorn server.
 - ``json_mutation``, ``image_configs``, ``browser``: a JSON fuzz step, the tiny image config, headless Chromium.
-- ``multidevice_run``: a script run in its own process by tests/model/training/test_devices.py.
+- ``multidevice_run``: a script run in its own process by tests/model/fit/test_devices.py.
 """

@@ -1,4 +1,4 @@
-"""Runs in its own process (tests/model/training/test_devices.py): the CPU split into 2 logical devices.
+"""Runs in its own process (tests/model/fit/test_devices.py): the CPU split into 2 logical devices.
 
 Logical devices must exist before TensorFlow sets up its devices, which the pytest process
 has long done; so the comparisons run here and are written as JSON for the test to check.
