@@ -156,8 +156,11 @@ def test_decomposition_hand_case_and_identity():
     np.testing.assert_allclose(m.predictive_std(probs), [0.4, 0.0], atol=1e-15)
 
 
+# No subnormal probabilities: the mean of 5e-324 and 0 underflows to 0, and the reference's KL
+# (not the metric) turns infinite; a model's sigmoid never gives such values.
 @settings(max_examples=60, deadline=None)
-@given(hnp.arrays(np.float64, st.tuples(st.integers(1, 6), st.integers(1, 6)), elements=st.floats(0, 1)))
+@given(hnp.arrays(np.float64, st.tuples(st.integers(1, 6), st.integers(1, 6)),
+                  elements=st.floats(0, 1, allow_subnormal=False)))
 def test_entropy_splits_into_aleatoric_and_epistemic_as_scipy_computes_them(probs):
     # Independent definitions: scipy's entropies (nats) and the mutual information as the mean KL
     # of each sampled Bernoulli from the mixture's, I(y; m) = E_m KL(p_m || p_bar).
