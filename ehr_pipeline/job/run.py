@@ -30,7 +30,7 @@ from ehr_pipeline.fhir import codes as fhir_codes
 from ehr_pipeline.job import manifest as manifest_mod
 from ehr_pipeline.job import transforms as tr
 from ehr_pipeline.job import vocab
-from ehr_pipeline.job.bag import BagExamples, UnitPlan
+from ehr_pipeline.job.bag import BagExamples, SumCodeStats, UnitPlan
 from ehr_pipeline.job.sinks import WriteDeadLetters, WriteExamples, write_dead_letter_files
 from ehr_pipeline.job.sources import MedsSource, MimicSource
 from ehr_pipeline.meds import labels as meds_labels
@@ -178,7 +178,7 @@ def _run_pipeline(source, out_dir: str, config, loinc: dict, reference: tuple[di
     stats = (
         bagged
         | "Stats" >> tr.Select(tr.STATS)
-        | "SumStats" >> beam.CombinePerKey(vocab.combine_stats)
+        | "SumStats" >> beam.CombinePerKey(SumCodeStats())
         | "WriteStats" >> tr.ToJsonFile(layout.join(tmp, "code_stats.json"))
     )
     plan_done = plan | "WriteUnitPlan" >> tr.ToJsonFile(layout.join(tmp, "unit_plan.json"), single=True)
