@@ -73,16 +73,31 @@ def _gunzip(path: str) -> Iterator[bytes]:
                         yield out
 
 
-def _cut(buf: bytearray, parity: int, force: bool) -> int:
-    """Bytes of buf up to its last newline outside quotes (any newline with force); 0 if none."""
-    pos = buf.rfind(b"\n")
+def _cut(buf: bytearray, parity: int, block: int, force: bool) -> int:
+    """Bytes of buf up to a newline outside quotes: the last within `block` bytes, else the first after.
+
+    ``parity`` is the number of '"' before buf, mod 2. Returns 0 when there is none yet (a quoted
+    field runs on), unless ``force``: then any newline after ``block`` bytes will do.
+    """
+    pos = buf.rfind(b"\n", 0, block)
     quotes = buf.count(b'"', 0, pos) if pos >= 0 else 0
     while pos >= 0:
-        if force or (parity + quotes) % 2 == 0:
+        if (parity + quotes) % 2 == 0:
             return pos + 1
         prev = buf.rfind(b"\n", 0, pos)
         quotes -= buf.count(b'"', prev + 1 if prev >= 0 else 0, pos)
         pos = prev
+    pos = buf.find(b"\n", block)
+    quotes = buf.count(b'"', 0, pos) if pos >= 0 else 0
+    while pos >= 0:
+        if (parity + quotes) % 2 == 0:
+            return pos + 1
+        nxt = buf.find(b"\n", pos + 1)
+        quotes += buf.count(b'"', pos, nxt) if nxt >= 0 else 0
+        pos = nxt
+    if force:
+        pos = buf.find(b"\n", block)
+        return pos + 1 if pos >= 0 else buf.rfind(b"\n") + 1
     return 0
 
 
@@ -116,7 +131,7 @@ def split_file(src: str, table: str, out_dir: str, parts: int, block: int) -> li
                 for sink in sinks:
                     sink.write(header)
             while len(buf) >= block:
-                end = _cut(buf, parity, force=len(buf) >= 4 * block)
+                end = _cut(buf, parity, block, force=len(buf) >= 4 * block)
                 if not end:
                     break
                 parity = (parity + buf.count(b'"', 0, end)) % 2
