@@ -6,7 +6,7 @@ import logging
 import os
 import time
 
-from ehr_base.cli_args import existing_dir, existing_file, output_dir
+from ehr_base.cli_args import existing_dir, existing_file, output_dir, positive_int
 from ehr_pipeline.contract import layout, load_pipeline_config
 from ehr_pipeline.encode import units
 from ehr_pipeline.meds import load_meds_codes
@@ -38,28 +38,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "units.json) instead of this release's most common unit per code, and judge each "
                              "conversion against its training medians (docs/units.md): use it to prepare another "
                              "site's data for a model trained elsewhere; default: none")
+    local = parser.add_argument_group("local run (MIMIC-III input; docs/pipeline.md, \"Bounded memory\")")
+    local.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1,
+                       help="worker processes of the local runner (multi_processing); ignored, with a log line, "
+                            "on other runners and with --meds-dir; memory ~0.3 GB + ~0.5 GB per worker; the "
+                            "default is the machine's cores")
+    local.add_argument("--temp-dir", default=None, metavar="DIR",
+                       help="where the job spills events and splits big gzip tables (local path or a Beam "
+                            "filesystem URL every worker sees); needs ~1.3x the gzip input's size free; a folder "
+                            "of its own is made in it and deleted at the end; None: OUT/_tmp/spill")
+    local.add_argument("--bucket-admissions", type=positive_int, default=1000, metavar="N",
+                       help="cohort admissions bagged together by one worker (its memory: ~1.5x their spilled "
+                            "events, ~40 MB per 1,000 synthetic admissions)")
     parser.epilog = (
         "Any other flag is passed to Beam, e.g. --runner=FlinkRunner --flink_master=HOST:8081, "
         "--runner=SparkRunner --spark_master_url=spark://HOST:7077, or --runner=DataflowRunner "
         "--project=P --region=R --temp_location=gs://B/tmp. Default runner: FnApiRunner (local, "
-        "in-process; add --direct_num_workers=N --direct_running_mode=multi_processing for cores).")
+        "with --workers processes).")
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     """Runs the job from parsed flags; returns the exit code."""
     # Beam (~1 s to import) loads only when a job runs: --help and the misuse checks stay quick.
-    from ehr_pipeline.job import format_manifest_summary, run_job, run_meds_job
+    from ehr_pipeline.job import SpillOptions, format_manifest_summary, run_job, run_meds_job
 
     config = load_pipeline_config(args.config)
     started = time.time()
     if args.meds_dir is not None:
+        log.info("--workers applies to MIMIC-III input: the MEDS job runs as Beam's flags say")
         manifest = run_meds_job(args.meds_dir, args.out, config, beam_args, labels_dir=args.labels,
                                 codes=load_meds_codes(args.meds_codes), **_reference(args.units_from))
     else:
-        manifest = run_job(args.mimic_dir, args.out, config, beam_args, **_reference(args.units_from))
+        resources = SpillOptions(workers=args.workers, temp_dir=args.temp_dir,
+                                 bucket_admissions=args.bucket_admissions)
+        manifest = run_job(args.mimic_dir, args.out, config, beam_args, resources=resources,
+                           **_reference(args.units_from))
     seconds = time.time() - started
     layout.write_json(layout.join(args.out, "run_info.json"),
-                      {"seconds": round(seconds, 3), "beam_args": beam_args})
+                      {"seconds": round(seconds, 3), "beam_args": beam_args, "workers": args.workers})
     print(format_manifest_summary(manifest))
     print(f"\nwrote {args.out} in {seconds:.1f} s")
     if not manifest["balanced"]:

@@ -125,6 +125,29 @@ def unit_plan(census: list, loinc: dict, reference: dict | None, reference_media
             "unit_medians": unit_medians}
 
 
+class SumCodeStats(beam.CombineFn):
+    """Train-split code statistics -> their sum per code, exact until the end (vocab.add_exact).
+
+    The same sum whatever the bundles and their order, so numeric_stats.json is byte-identical
+    for any number of workers.
+    """
+
+    def create_accumulator(self):
+        return vocab.EXACT_ZERO
+
+    def add_input(self, accumulator, element):
+        return vocab.add_exact(accumulator, vocab.exact_stats(element))
+
+    def merge_accumulators(self, accumulators):
+        total = vocab.EXACT_ZERO
+        for accumulator in accumulators:
+            total = vocab.add_exact(total, accumulator)
+        return total
+
+    def extract_output(self, accumulator):
+        return vocab.rounded_stats(accumulator)
+
+
 class UnitPlan(beam.PTransform):
     """The census of units -> the one unit plan (canonical unit per code), known once every file is read."""
 

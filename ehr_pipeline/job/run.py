@@ -1,24 +1,29 @@
 """The Beam job: a source (MIMIC-III CSVs or a MEDS dataset) -> one bagged SequenceExample per example.
 
-The graph, as ``_run_pipeline`` builds it from the composite transforms of ``sources``, ``bag`` and
-``sinks`` (their shared items and counters: ``transforms``):
+The graph, as ``_run_pipeline`` builds it from the composite transforms of ``sources``, ``bag``,
+``sinks`` and ``spill_stages`` (their shared items and counters: ``transforms``):
 
-  MimicSource | MedsSource     -> tagged items: EXAMPLE (key, [cohort row, event chunks]), unit census, counts
+  SpillSource | MedsSource     -> tagged items: a bucket's spill files, or EXAMPLE (key, [cohort row,
+                                  event chunks]); unit census, counts, dead rows
   UnitPlan                     -> the canonical unit of each code (a side input of the bagging)
-  BagExamples                  -> (split, shard) records, train-split code statistics, counts, dead values
-  WriteExamples                -> TFRecord shards (sorted by key: byte-identical reruns)
+  BagBuckets | BagExamples     -> (split, shard) records (sorted runs on disk, or items), code statistics
+  MergeShards | WriteExamples  -> TFRecord shards (sorted by key: byte-identical reruns), dead values
   WriteDeadLetters, SumCounts, code statistics -> files the driver reads back into the manifest
 
-The MIMIC-III source builds the cohort on the driver (ADMISSIONS + PATIENTS, ~60k admissions in the
-full release); each worker parses whole blocks of a CSV file with pyarrow and drops events of patients
-outside the cohort and at or after their trigger BEFORE the shuffle, so the grouped state is only
-what reaches an example. The MEDS source reads one data file per worker, subject by subject, and
-computes the task there (docs/meds.md).
+The MIMIC-III job builds the cohort on the driver (ADMISSIONS + PATIENTS, ~60k admissions in the
+full release); each worker parses whole blocks of a CSV file with pyarrow, drops events of patients
+outside the cohort and at or after their trigger, and spills the rest to disk by admission range
+(``spill``): its memory does not grow with the release (docs/pipeline.md, "Bounded memory"). Big
+gzip tables are first split into parts (``gzip_split``) so every worker reads a share. The MEDS
+source reads one data file per worker, subject by subject, and computes the task there (docs/meds.md).
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
+import uuid
 from typing import Any
 
 import apache_beam as beam
@@ -27,12 +32,14 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from ehr_pipeline import meds
 from ehr_pipeline.contract import layout, spec
 from ehr_pipeline.fhir import codes as fhir_codes
+from ehr_pipeline.job import gzip_split, spill
 from ehr_pipeline.job import manifest as manifest_mod
 from ehr_pipeline.job import transforms as tr
 from ehr_pipeline.job import vocab
-from ehr_pipeline.job.bag import BagExamples, UnitPlan
+from ehr_pipeline.job.bag import BagExamples, SumCodeStats, UnitPlan
 from ehr_pipeline.job.sinks import WriteDeadLetters, WriteExamples, write_dead_letter_files
-from ehr_pipeline.job.sources import MedsSource, MimicSource
+from ehr_pipeline.job.sources import MedsSource
+from ehr_pipeline.job.spill_stages import BagBuckets, MergeShards, SpillSource
 from ehr_pipeline.meds import labels as meds_labels
 from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.mimic import cohort as cohort_mod
@@ -44,6 +51,7 @@ log = logging.getLogger(__name__)
 COHORT_TABLES = ("ADMISSIONS", "PATIENTS")
 DEFAULT_RUNNER = "FnApiRunner"  # in-process and local: nothing to download (see README)
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+LOCAL_RUNNERS = (DEFAULT_RUNNER, "DirectRunner")
 
 
 def pipeline_options(beam_args: list[str]):
@@ -62,9 +70,26 @@ def pipeline_options(beam_args: list[str]):
     return options
 
 
+def with_local_workers(beam_args: list[str], workers: int) -> list[str]:
+    """beam_args with the local runner set to `workers` processes; other runners' args unchanged (logged)."""
+    runner = PipelineOptions(beam_args).view_as(StandardOptions).runner or DEFAULT_RUNNER
+    if runner not in LOCAL_RUNNERS:
+        log.info("workers=%d ignored: the %s runner places its own workers", workers, runner)
+        return list(beam_args)
+    if any(a.startswith("--direct_num_workers") for a in beam_args):
+        log.info("workers=%d ignored: --direct_num_workers is given", workers)
+        return list(beam_args)
+    if workers <= 1:
+        return list(beam_args)
+    mode = [] if any(a.startswith("--direct_running_mode") for a in beam_args) else [
+        "--direct_running_mode=multi_processing"]
+    return [*beam_args, f"--direct_num_workers={workers}", *mode]
+
+
 def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
             reference_units: dict[str, str] | None = None,
-            reference_medians: dict[str, float] | None = None) -> dict[str, Any]:
+            reference_medians: dict[str, float] | None = None,
+            resources: spill.SpillOptions | None = None) -> dict[str, Any]:
     """Runs the job on a MIMIC-III release and writes the manifest; returns the manifest dict.
 
     Local mimic_dir / out_dir may be relative: they are made absolute against this process's working
@@ -73,7 +98,8 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     ``reference_units`` ('source:code' -> unit, a model's units.json "canonical") makes values
     of those codes convert to the model's units instead of this release's most common ones;
     ``reference_medians`` (its "medians") are what the plausibility bound judges their
-    conversions against (docs/units.md).
+    conversions against (docs/units.md). ``resources``: workers (default: the machine's cores),
+    the temporary folder and the sizes that bound memory (spill.SpillOptions).
     """
     started = time.time()
     # Before anything reaches a runner: a worker resolves a relative path against its own working
@@ -103,8 +129,16 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     lab_bridge = release_lab_loinc(mimic_dir, dead_driver)
     loinc = {f"lab:{item}": code for item, code in fhir_codes.itemid_loinc(lab_bridge).items()}
 
-    source = MimicSource(event_inputs, cohort_index, coh.discharges, metas)
-    counts, options = _run_pipeline(source, out_dir, config, loinc, (reference_units, reference_medians), beam_args)
+    resources = resources or spill.SpillOptions()
+    workers = resources.worker_count()
+    spill_dir = _spill_folder(out_dir, resources.temp_dir)
+    try:
+        roads = _spill_road(event_inputs, coh, metas, cohort_index, spill_dir, resources, workers, out_dir, config)
+        counts, options = _run_pipeline(roads[0], out_dir, config, loinc, (reference_units, reference_medians),
+                                         with_local_workers(beam_args or [], workers), roads[1:])
+        _log_temp_bytes(spill_dir)
+    finally:
+        spill.remove_folder(spill_dir)
     _write_lab_loinc(out_dir, lab_bridge)
     write_dead_letter_files(out_dir, dead_driver)
     tables = {t: manifest_mod.table_accounting(counts, t) for t in sorted({t for t, _ in event_inputs})}
@@ -113,6 +147,49 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
                         "dead_lettered": dict(sorted(st.dead_lettered.items())), "balanced": True, "problems": []}
     return _finish(out_dir, config, counts, options, started, tables=tables, cohort_counts=coh.counts,
                    input_doc={"mimic_dir": mimic_dir, "event_tables": sorted({t for t, _ in event_inputs})})
+
+
+def _spill_folder(out_dir: str, temp_dir: str | None) -> str:
+    """This run's spill folder: <out>/_tmp/spill (a leftover of a crashed run removed), or a new one in temp_dir."""
+    if temp_dir is None:
+        folder = layout.join(out_dir, layout.TMP_DIR, "spill")
+        spill.remove_folder(folder)
+        return folder
+    return layout.join(layout.absolute(temp_dir), f"ehr-pipeline-spill-{uuid.uuid4().hex[:12]}")
+
+
+def _spill_road(event_inputs, coh, metas, cohort_index, spill_dir: str, resources: spill.SpillOptions,
+                workers: int, out_dir: str, config) -> tuple:
+    """(source, bagging, writing) of the spilling job: disk checked, big inputs split, buckets drawn."""
+    threshold = resources.split_threshold_bytes
+    gzip_split.check_free_space(spill_dir, event_inputs, threshold)
+    if "://" in spill_dir:  # the reader reads local files: parts of a split need a local folder
+        log.info("temporary folder %s is not local: big gzip inputs are read whole, not split", spill_dir)
+    else:
+        event_inputs = gzip_split.split_large_inputs(event_inputs, layout.join(spill_dir, "parts"), threshold)
+    n_buckets = spill.bucket_count(len(metas), workers, resources.bucket_admissions)
+    bounds = spill.bucket_bounds(cohort_index.column("HADM_ID").to_numpy(), n_buckets)
+    cohort_file = layout.join(spill_dir, "cohort.jsonl")
+    ranges = spill.write_cohort_file(cohort_file, metas, bounds)
+    slots = spill.lpt_slots(sorted(event_inputs), workers, _work_bytes)
+    log.info("%d input files, %d cohort admissions in %d buckets, %d workers; temporary files in %s",
+             len(event_inputs), len(metas), len(bounds) + 1, workers, spill_dir)
+    cfg = config.to_dict()
+    return (SpillSource(slots, cohort_index, coh.discharges, spill_dir, bounds, resources.block_size_bytes),
+            lambda plan: BagBuckets(cfg, plan, spill_dir, cohort_file, ranges), MergeShards(out_dir, cfg))
+
+
+def _work_bytes(item: tuple[str, str]) -> int:
+    """Text bytes a (table, file) input is expected to hold: gzip and zstd CSV ~5.4x their size (synthetic)."""
+    path = item[1]
+    return int(os.path.getsize(path) * (5.4 if path.endswith((".gz", ".zst")) else 1.0))
+
+
+def _log_temp_bytes(spill_dir: str) -> None:
+    """Logs the temporary disk each stage left (files are only added until the end: each is its peak)."""
+    sizes = {stage: spill.folder_bytes(layout.join(spill_dir, stage))
+             for stage in ("parts", "events", "runs", "dead")}
+    log.info("temporary bytes per stage: %s", json.dumps(sizes, sort_keys=True))
 
 
 def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
@@ -138,7 +215,9 @@ def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | Non
     if labels is None:  # a labelled run's, left in this folder: not these examples'
         layout.remove(times_path)
     counts, options = _run_pipeline(MedsSource(files, reader.to_dict(), times_path if labels else None), out_dir,
-                                    config, loinc, (reference_units, reference_medians), beam_args)
+                                    config, loinc, (reference_units, reference_medians), beam_args,
+                                    (lambda plan: BagExamples(config.to_dict(), plan),
+                                     WriteExamples(out_dir, config.to_dict())))
     layout.write_json(layout.join(out_dir, layout.MEDS_CODES), {"codes": codes.to_dict()})
     _write_lab_loinc(out_dir, lab_bridge)
     cohort_counts = manifest_mod.group(counts, "cohort")
@@ -154,10 +233,11 @@ def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | Non
 
 
 def _run_pipeline(source, out_dir: str, config, loinc: dict, reference: tuple[dict | None, dict | None],
-                  beam_args: list[str] | None) -> tuple[dict[str, int], Any]:
+                  beam_args: list[str] | None, stages: tuple) -> tuple[dict[str, int], Any]:
     """Source -> bagging -> writing; runs it, writes vocabulary, statistics and units; returns (counts, options).
 
-    ``reference`` is (canonical units, training medians) of a model's units.json, or (None, None).
+    ``reference`` is (canonical units, training medians) of a model's units.json, or (None, None);
+    ``stages`` is (unit plan -> the bagging transform, the writing transform) of the source.
     """
     cfg = config.to_dict()
     tmp = layout.join(out_dir, layout.TMP_DIR)
@@ -167,8 +247,9 @@ def _run_pipeline(source, out_dir: str, config, loinc: dict, reference: tuple[di
     # Each code's canonical unit is known only once every file has been read.
     reference_units, reference_medians = reference
     plan = items | "UnitPlan" >> UnitPlan(loinc, reference_units, reference_medians)
-    bagged = items | "BagExamples" >> BagExamples(cfg, plan)
-    written = bagged | "WriteExamples" >> WriteExamples(out_dir, cfg)
+    bag, write = stages
+    bagged = items | "Bag" >> bag(plan)
+    written = bagged | "Write" >> write
     dead = (items, bagged) | "WriteDeadLetters" >> WriteDeadLetters(out_dir)
     counts = (
         (items | "SourceCounts" >> tr.Select(tr.COUNTS), bagged | "BagCounts" >> tr.Select(tr.COUNTS), written, dead)
@@ -178,7 +259,7 @@ def _run_pipeline(source, out_dir: str, config, loinc: dict, reference: tuple[di
     stats = (
         bagged
         | "Stats" >> tr.Select(tr.STATS)
-        | "SumStats" >> beam.CombinePerKey(vocab.combine_stats)
+        | "SumStats" >> beam.CombinePerKey(SumCodeStats())
         | "WriteStats" >> tr.ToJsonFile(layout.join(tmp, "code_stats.json"))
     )
     plan_done = plan | "WriteUnitPlan" >> tr.ToJsonFile(layout.join(tmp, "unit_plan.json"), single=True)

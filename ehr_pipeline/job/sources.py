@@ -1,10 +1,10 @@
 """The job's two sources: MIMIC-III CSV tables or a MEDS dataset -> the same tagged items (``transforms``).
 
-Each source ends with one EXAMPLE item per example: its cohort row (a dict) and its event
-chunks (``chunks``), plus the unit census, counts, dead letters and one-line FATAL errors. The
-MIMIC-III source builds its cohort on the driver and filters events on the workers before the
-shuffle; the MEDS source computes the task per subject on the worker that reads its file
-(docs/meds.md), so its examples need no shuffle.
+``ReadMimicTable`` reads one MIMIC-III table file into the events of cohort admissions (as
+chunks, ``chunks``), the unit census, counts, dead letters and one-line FATAL errors; the
+MIMIC-III job's stage A (``spill_stages.SpillSource``) spills its events to disk. The MEDS source
+ends with one EXAMPLE item per example, its cohort row and event chunks together: it computes the
+task per subject on the worker that reads its file (docs/meds.md), so its examples need no shuffle.
 """
 from __future__ import annotations
 
@@ -22,9 +22,7 @@ from ehr_pipeline.job.transforms import (
     EVENTS,
     EXAMPLE,
     FATAL,
-    KV,
     UNITS,
-    Select,
     Tagged,
     count,
     counted,
@@ -79,39 +77,6 @@ class ReadMimicTable(beam.DoFn):
         yield COUNTS, count(f"rows/{table}/read", stats.rows_read)
         yield COUNTS, count(f"rows/{table}/parsed", stats.rows_parsed)
         yield from counted(f"rows/{table}/dead_letter", stats.dead_lettered)
-
-
-class MimicSource(beam.PTransform):
-    """MIMIC-III event files -> tagged items: each cohort admission's row and chunks grouped as one EXAMPLE.
-
-    The cohort (ADMISSIONS, PATIENTS) is built by the driver; each worker reads whole files, keeps
-    the events of cohort admissions before their trigger and packs them, so the shuffle carries only
-    what reaches an example.
-    """
-
-    def __init__(self, event_inputs: list[tuple[str, str]], cohort_index, discharges, metas: list,
-                 block_size_bytes: int = 4 << 20):
-        super().__init__()
-        self._inputs = sorted(event_inputs)
-        self._cohort, self._discharges, self._metas = cohort_index, discharges, metas
-        self._block = block_size_bytes
-
-    def expand(self, p):
-        extracted = (
-            p
-            | "EventFiles" >> beam.Create(self._inputs)
-            # One file is one unit of work: gzip cannot be split, and a reshuffle spreads files.
-            | "SpreadFiles" >> beam.Reshuffle()
-            | "ReadTables" >> beam.ParDo(ReadMimicTable(self._cohort, self._discharges, self._block))
-        )
-        examples = (
-            (extracted | "Chunks" >> Select(EVENTS), p | "CohortRows" >> beam.Create(self._metas).with_output_types(KV))
-            | "JoinAdmission" >> beam.Flatten()
-            | "GroupByAdmission" >> beam.GroupByKey()
-            | "TagExamples" >> beam.Map(lambda kv: (EXAMPLE, kv)).with_output_types(Tagged)
-        )
-        others = extracted | "NotChunks" >> beam.Filter(lambda item: item[0] != EVENTS).with_output_types(Tagged)
-        return (examples, others) | "SourceItems" >> beam.Flatten()
 
 
 # ----------------------------------------------------------------------------- the MEDS source
@@ -169,7 +134,7 @@ def _split_subject_errors(per_file):
 
 
 class MedsSource(beam.PTransform):
-    """MEDS data files -> tagged items like MimicSource's; a subject's rows are in one file, read whole.
+    """MEDS data files -> tagged items (EXAMPLE and the rest); a subject's rows are in one file, read whole.
 
     The task (built in, or label rows) is computed per subject by the worker that reads its file, so
     examples leave the source complete: no shuffle is needed to join them. Each file's distinct subject

@@ -1,7 +1,11 @@
 """Vocabularies and numeric normalisation statistics, built from the training split only.
 
 Statistics are kept as additive tuples so Beam can combine them per code across workers:
-(n_examples, n_events, n_values, sum, sum of squares). Everything here is pure.
+(n_examples, n_events, n_values, sum, sum of squares). Across examples the job sums them exactly
+(``exact_stats`` / ``add_exact`` / ``rounded_stats``): a float sum depends on the order of its
+terms, and the order of Beam's bundles depends on the number of workers, so plain float sums
+gave a numeric_stats.json that differed in the last digit between one worker and two. The
+exact sum, rounded once, is the same whatever the order. Everything here is pure.
 """
 from __future__ import annotations
 
@@ -23,12 +27,50 @@ def add_stats(a: CodeStats, b: CodeStats) -> CodeStats:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4])
 
 
-def combine_stats(values) -> CodeStats:
-    """Sum of code statistics tuples (a Beam CombinePerKey function)."""
-    total = ZERO
-    for v in values:
-        total = add_stats(total, v)
-    return total
+# Every finite float64 is an integer multiple of 2**-1074 (the smallest subnormal): scaled by
+# 2**1074 a sum of floats is a sum of Python integers, exact and independent of its order.
+_SCALE_BITS = 1074
+# An exact sum: (the finite terms' sum x 2**1074, the non-finite terms' float sum). Adding the
+# non-finite terms (inf, -inf, nan) as floats is order-independent too: nan absorbs, inf + -inf is nan.
+ExactSum = tuple[int, float]
+# (n_examples, n_events, n_values, exact sum, exact sum of squares)
+ExactCodeStats = tuple[int, int, int, ExactSum, ExactSum]
+EXACT_ZERO: ExactCodeStats = (0, 0, 0, (0, 0.0), (0, 0.0))
+
+
+def exact_sum(x: float) -> ExactSum:
+    """One float as an exact sum (no rounding)."""
+    if math.isfinite(x):
+        numerator, denominator = float(x).as_integer_ratio()  # the denominator is a power of two
+        return numerator << (_SCALE_BITS + 1 - denominator.bit_length()), 0.0
+    return 0, float(x)
+
+
+def rounded_sum(total: ExactSum) -> float:
+    """An exact sum rounded once to the nearest float (int / int division is correctly rounded)."""
+    scaled, special = total
+    if special != 0.0 or math.isnan(special):
+        return special
+    try:
+        return scaled / (1 << _SCALE_BITS)
+    except OverflowError:  # beyond the largest float, as a float sum would have overflowed
+        return math.inf if scaled > 0 else -math.inf
+
+
+def exact_stats(st: CodeStats) -> ExactCodeStats:
+    """A statistics tuple with its sums made exact (for add_exact)."""
+    return (st[0], st[1], st[2], exact_sum(st[3]), exact_sum(st[4]))
+
+
+def add_exact(a: ExactCodeStats, b: ExactCodeStats) -> ExactCodeStats:
+    """Sums two exact statistics tuples: associative and commutative in fact, not only up to rounding."""
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], (a[3][0] + b[3][0], a[3][1] + b[3][1]),
+            (a[4][0] + b[4][0], a[4][1] + b[4][1]))
+
+
+def rounded_stats(st: ExactCodeStats) -> CodeStats:
+    """An exact statistics tuple with its sums rounded once to floats."""
+    return (st[0], st[1], st[2], rounded_sum(st[3]), rounded_sum(st[4]))
 
 
 def example_code_stats(codes: np.ndarray, values: np.ndarray) -> dict[str, CodeStats]:

@@ -1,8 +1,9 @@
 """The decompressed bytes of a table file, whatever its name says it holds.
 
 The content decides, never the name: export tools write plain text as TABLE.csv.gz and gzip as
-TABLE.csv. Other containers are refused with a line naming what was found instead of failing
-inside a decompressor.
+TABLE.csv. zstd is read too: the job splits a big gzip table into zstd parts (job/gzip_split.py).
+Other containers are refused with a line naming what was found instead of failing inside a
+decompressor.
 """
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ from ehr_pipeline.reader.errors import ReaderError
 logger = logging.getLogger(__package__)
 
 GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # Other containers an export tool may write under a .csv or .csv.gz name: the reader reads
-# plain CSV and gzip only, and names what it found instead of failing inside a decompressor.
+# plain CSV, gzip and zstd only, and names what it found instead of failing inside a decompressor.
 _OTHER_MAGIC = (
     (b"PK\x03\x04", "a zip archive"),
     (b"BZh", "bzip2-compressed data"),
     (b"\xfd7zXZ\x00", "xz-compressed data"),
-    (b"\x28\xb5\x2f\xfd", "zstd-compressed data"),
     (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
 )
 
@@ -38,10 +39,12 @@ def open_stream(path: pathlib.Path):
         if not path.name.lower().endswith(".gz"):
             logger.info("%s holds gzip data despite its name: reading it decompressed", path)
         return GunzipStream(open(path, "rb"))
+    if magic.startswith(ZSTD_MAGIC):
+        return pa.input_stream(str(path), compression="zstd")
     for prefix, what in _OTHER_MAGIC:
         if magic.startswith(prefix):
-            raise ReaderError(f"{path}: the file holds {what}, not CSV or gzip; extract the table's CSV "
-                              "(plain or gzip-compressed, under either name)")
+            raise ReaderError(f"{path}: the file holds {what}, not CSV, gzip or zstd; extract the "
+                              "table's CSV (plain or gzip-compressed, under either name)")
     if path.name.lower().endswith(".gz"):
         logger.info("%s holds no gzip data despite its name: reading it as plain CSV", path)
     return pa.input_stream(str(path), compression=None)

@@ -3,6 +3,8 @@ recomputed from the raw tables without the project's code, and a worker's site-p
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import datetime as dt
 import gzip
 import importlib.metadata
@@ -106,3 +108,26 @@ def job_group_site(target: pathlib.Path) -> pathlib.Path:
             if top != ".." and not top.endswith(".pth") and source.exists() and not (target / top).exists():
                 (target / top).symlink_to(source)
     return target
+
+
+# The synthetic release the job's byte-identity tests run on (small, every event table present).
+SYNTH_RELEASE = {"patients": 150, "seed": 3, "events_scale": 0.5}
+
+
+def output_digests(out_dir) -> dict[str, str]:
+    """sha256 of every file of a job output folder by relative path; the manifest without its input paths.
+
+    The manifest records where the input was read from (an absolute path): that part may differ
+    between two runs on copies of one release; the rest of it, as every other file, may not.
+    """
+    out_dir = pathlib.Path(out_dir)
+    digests = {}
+    for path in sorted(p for p in out_dir.rglob("*") if p.is_file()):
+        rel = path.relative_to(out_dir).as_posix()
+        data = path.read_bytes()
+        if rel == "manifest.json":
+            doc = json.loads(data)
+            doc["input"] = {k: v for k, v in doc["input"].items() if not k.endswith("_dir")}
+            data = json.dumps(doc, sort_keys=True).encode()
+        digests[rel] = hashlib.sha256(data).hexdigest()
+    return digests

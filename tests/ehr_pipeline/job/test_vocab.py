@@ -1,5 +1,6 @@
 """Vocabulary and normalisation statistics against direct computations."""
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -45,3 +46,29 @@ def test_statistics_that_overflow_are_left_out_not_written_as_infinity(caplog):
     stats = {"lab:huge": (1, 2, 2, 2e200, 2e400), "lab:fine": (1, 2, 2, 3.0, 5.0)}
     norm = vocab.normalisation_stats(stats)
     assert list(norm) == ["lab:fine"] and "lab:huge" in caplog.text
+
+
+def test_exact_sums_equal_fsum_whatever_the_order():
+    """The job's sums across examples: math.fsum (correctly rounded, written apart) in every order and grouping."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(0.0, 1.0, 400) * 10.0 ** rng.integers(-6, 6, 400)
+    x[:2] = [5e-324, -1e-310]  # subnormals
+    stats = [(1, 1, 1, float(v), float(v) * 0.5) for v in x]
+    expected = (math.fsum(x), math.fsum(x * 0.5))
+    for order in (np.arange(x.size), rng.permutation(x.size), rng.permutation(x.size)):
+        groups = np.array_split(order, 7)  # bundles combined, then merged: as Beam's lifted combine does
+        parts = [functools.reduce(vocab.add_exact, (vocab.exact_stats(stats[i]) for i in g), vocab.EXACT_ZERO)
+                 for g in groups]
+        total = vocab.rounded_stats(functools.reduce(vocab.add_exact, parts[::-1], vocab.EXACT_ZERO))
+        assert total[:3] == (400, 400, 400) and total[3:] == expected
+    # Plain float sums in other orders are not all it: the test can tell an order-dependent sum.
+    assert {sum(x[rng.permutation(x.size)]) for _ in range(5)} - {expected[0]}
+
+
+def test_exact_sums_keep_infinities_and_overflow():
+    inf = vocab.add_exact(vocab.exact_stats((1, 1, 1, math.inf, 1.0)), vocab.exact_stats((1, 1, 1, 2.0, 1.0)))
+    assert vocab.rounded_stats(inf)[3:] == (math.inf, 2.0)
+    both = vocab.add_exact(inf, vocab.exact_stats((1, 1, 1, -math.inf, 1.0)))
+    assert math.isnan(vocab.rounded_stats(both)[3])
+    big = vocab.exact_stats((1, 1, 1, 1.7e308, 0.0))
+    assert vocab.rounded_stats(vocab.add_exact(big, big))[3] == math.inf

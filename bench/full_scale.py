@@ -1,0 +1,179 @@
+"""The Beam job at scale: rows per second, CPU seconds, peak memory and temporary disk, at several sizes.
+
+    python bench/full_scale.py [--patients 2000] [--events-scale 3] [--fractions 1] [--workers N]
+                               [--mimic-dir DIR] [--code DIR --label NAME] [--work-dir DIR] [--no-write]
+
+Each size is a synthetic release (``ehr-pipeline synth --seed 1 --events-scale S`` at
+``patients x fraction``, kept in --work-dir for the next run) or, with --mimic-dir, that release;
+the job runs in a fresh process (``ehr-pipeline run``). Measured per run: wall seconds; CPU
+seconds of the whole process tree (the runner's worker processes included: rusage of the waited
+children); peak RSS, the largest sum of the tree's RSS over samples every 0.2 s; the temporary
+disk each stage left (the job's log line), and the largest size of the output folder seen while
+sampling. ``--code DIR`` runs the job from another checkout (e.g. a git worktree of an older
+commit, to compare roads); its rows go to the table under --label. Results accumulate in
+--work-dir/results.jsonl; the table of all of them goes to docs/benchmarks.md. The machine is
+shared: the load average is printed beside every run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.report import command_line, machine_info, publish  # noqa: E402
+
+_TEMP_LINE = "temporary bytes per stage: "
+_SAMPLE_S = 0.2
+
+
+def release_for(patients: int, events_scale: float, work_dir: pathlib.Path) -> pathlib.Path:
+    """A synthetic release of this size in work_dir, generated once (seed 1)."""
+    folder = work_dir / f"release-p{patients}-x{events_scale:g}"
+    if not (folder / "SYNTH_MANIFEST.json").exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "ehr_pipeline.cli", "synth", "--patients", str(patients), "--seed", "1",
+                        "--events-scale", str(events_scale), "--out", str(folder)], cwd=ROOT, check=True)
+    return folder
+
+
+def _tree_rss(proc: psutil.Process) -> int:
+    """Bytes resident in a process and all its descendants now."""
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue  # exited between listing and reading
+    return total
+
+
+def _folder_bytes(folder: pathlib.Path) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                continue
+    return total
+
+
+def run_job(release: pathlib.Path, out: pathlib.Path, code: pathlib.Path | None, job_args: list[str]) -> dict:
+    """Runs `ehr-pipeline run` in a fresh process; returns wall s, CPU s, peak RSS and disk bytes."""
+    shutil.rmtree(out, ignore_errors=True)
+    env = dict(os.environ)
+    if code is not None:  # that checkout's package first on the path
+        env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    argv = [sys.executable, "-m", "ehr_pipeline.cli", "run", "--mimic-dir", str(release), "--out", str(out), *job_args]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started, load = time.perf_counter(), os.getloadavg()[0]
+    log = open(out.parent / f"{out.name}.log", "w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=code or ROOT)
+    peaks = {"rss": 0, "disk": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                peaks["rss"] = max(peaks["rss"], _tree_rss(root))
+            except psutil.Error:
+                pass
+            peaks["disk"] = max(peaks["disk"], _folder_bytes(out))
+            done.wait(_SAMPLE_S)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    code_rc = proc.wait()
+    done.set()
+    sampler.join()
+    log.close()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    text = (out.parent / f"{out.name}.log").read_text()
+    if code_rc:
+        raise RuntimeError(f"the job failed ({code_rc}): {text[-3000:]}")
+    temp = next((json.loads(line.split(_TEMP_LINE, 1)[1]) for line in text.splitlines() if _TEMP_LINE in line), {})
+    manifest = json.loads((out / "manifest.json").read_text())
+    event_rows = sum(t["rows_read"] for t in manifest["tables"].values() if "cohort_filter" in t)
+    return {"wall_s": time.perf_counter() - started, "load": load,
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "peak_rss_mb": peaks["rss"] / 2**20, "peak_out_mb": peaks["disk"] / 2**20, "temp_bytes": temp,
+            "event_rows": event_rows, "examples": sum(s["examples"] for s in manifest["splits"].values()),
+            "shards": {n: f["sha256"] for s in manifest["splits"].values() for n, f in s["files"].items()}}
+
+
+def to_markdown(results: list[dict], command: str) -> str:
+    """The section of docs/benchmarks.md: every run in results.jsonl, by release then job."""
+    lines = ["## The Beam job at scale (`bench/full_scale.py`)", "", f"Command (last run): `{command}`  ",
+             "Synthetic releases `ehr-pipeline synth --seed 1`; each job in a fresh process. CPU s: the whole "
+             "process tree; peak RSS: the largest sum of the tree's RSS (sampled every 0.2 s); temp MiB: the "
+             "spill folder per stage (parts / events / record runs / dead-value runs) as the job logs it; out "
+             "MiB: the output folder's largest size seen, temporary files included. Load: the 1-minute load "
+             "average when the run started (a shared machine: wall seconds are noisy, CPU s and RSS are not).", "",
+             "| release | job | event rows | wall s | load | CPU s | rows / wall s | rows / CPU s | peak RSS MiB "
+             "| temp MiB (parts / events / runs / dead) | out MiB | shards as the grouped job's |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+    reference = {r["release"]: r["shards"] for r in results if r["job"].startswith("grouped")}
+    for r in sorted(results, key=lambda r: (r["event_rows"], r["job"])):
+        t = r["temp_bytes"]
+        temp = " / ".join(f"{t.get(k, 0) / 2**20:,.0f}" for k in ("parts", "events", "runs", "dead")) if t else "-"
+        same = "-" if r["release"] not in reference or r["job"].startswith("grouped") else (
+            "yes" if r["shards"] == reference[r["release"]] else "NO")
+        lines.append(f"| {r['release']} | {r['job']} | {r['event_rows']:,} | {r['wall_s']:.0f} | {r['load']:.1f} "
+                     f"| {r['cpu_s']:.0f} | {r['event_rows'] / r['wall_s']:,.0f} | {r['event_rows'] / r['cpu_s']:,.0f} "
+                     f"| {r['peak_rss_mb']:,.0f} | {temp} | {r['peak_out_mb']:,.0f} | {same} |")
+    lines += ["", "Targets (issue 30): peak RSS <= 2 GB at every size; >= 200k rows per wall second on 2 cores.",
+              "", "Machine:", "", machine_info()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--patients", type=int, default=2000, help="patients of the synthetic release at fraction 1")
+    p.add_argument("--events-scale", type=float, default=3.0, help="synth --events-scale (3: MIMIC-III's density)")
+    p.add_argument("--fractions", default="1", help="comma-separated fractions of --patients, one run each")
+    p.add_argument("--mimic-dir", type=pathlib.Path, default=None, help="run on this release instead of synthetic ones")
+    p.add_argument("--workers", type=int, default=None, help="the job's --workers (default: the job's default)")
+    p.add_argument("--code", type=pathlib.Path, default=None,
+                   help="run the job from this checkout (e.g. a git worktree of an older commit); default: this one")
+    p.add_argument("--label", default="spilling", help="the job's name in the table")
+    p.add_argument("--work-dir", type=pathlib.Path, default=ROOT / "out" / "bench_full_scale",
+                   help="releases, outputs, logs and results.jsonl")
+    p.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = p.parse_args(argv)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    job_args = [] if args.workers is None else ["--workers", str(args.workers)]
+    results_file = args.work_dir / "results.jsonl"
+    sizes = [(args.mimic_dir.name, args.mimic_dir)] if args.mimic_dir else [
+        (f"{round(args.patients * float(f)):,} p x{args.events_scale:g}",
+         release_for(round(args.patients * float(f)), args.events_scale, args.work_dir))
+        for f in args.fractions.split(",")]
+    for name, release in sizes:
+        out = args.work_dir / f"out-{release.name}-{args.label}"
+        r = {"release": name, "job": args.label, **run_job(release, out, args.code, job_args)}
+        shutil.rmtree(out, ignore_errors=True)
+        print(f"{name} {args.label}: {r['event_rows']:,} rows, {r['wall_s']:.0f} s wall (load {r['load']:.1f}), "
+              f"{r['cpu_s']:.0f} CPU s, peak RSS {r['peak_rss_mb']:,.0f} MiB, temp {r['temp_bytes']}", flush=True)
+        with open(results_file, "a") as f:
+            f.write(json.dumps(r) + "\n")
+    results = [json.loads(line) for line in results_file.read_text().splitlines()]
+    publish("full_scale", to_markdown(results, command_line(__file__, argv)), write=not args.no_write)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The MIMIC-III job's spill folder: frame files, bucket ranges of admissions, the cohort file, its options.
+
+The job keeps its memory independent of the release's size by never shuffling events, records
+or dead values (docs/pipeline.md, "Bounded memory"): they go to files in this folder and only
+file references and counts cross a GroupByKey. A bucket is a range of the cohort's sorted
+HADM_IDs with about ``bucket_admissions`` admissions, so one bucket is what a worker holds at a
+time, and records of consecutive buckets concatenate into a shard already sorted.
+
+A frame file is a sequence of ``<q HADM_ID, I payload bytes, payload>`` frames, written by one
+writer (one bundle attempt) under a name of its own (a uuid): a retried bundle leaves orphans,
+never duplicates, because only files named in references are read. Every file goes through
+Beam's FileSystems, so the folder may be a bucket (gs://, s3://) every worker sees.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+import uuid
+from collections.abc import Callable, Hashable, Iterable, Iterator
+
+import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from pydantic import BaseModel, ConfigDict, Field
+
+from ehr_pipeline.contract import layout
+
+_FRAME = struct.Struct("<qI")  # HADM_ID, payload bytes
+# A writer keeps each file's frames in memory up to this many bytes before it writes them: a
+# stage A element writes to every bucket at once (~60 at full size), so 256 KiB each is ~15 MB,
+# and an object store gets a few large writes instead of one per admission.
+FLUSH_BYTES = 256 << 10
+_RAW = CompressionTypes.UNCOMPRESSED  # never guess a codec from a file name
+
+
+class SpillOptions(BaseModel):
+    """How the local run uses the machine: workers, the temporary folder, bucket and block sizes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workers: int | None = Field(None, ge=1, description="local workers; None: os.cpu_count()")
+    temp_dir: str | None = Field(None, description="spill folder's parent; None: <out>/_tmp")
+    bucket_admissions: int = Field(1000, ge=1, description="cohort admissions per bucket (stage C's memory)")
+    split_threshold_bytes: int = Field(64 << 20, ge=1, description="gzip inputs above this are split into parts")
+    block_size_bytes: int = Field(2 << 20, ge=1024, description="reader block (stage A's memory per worker)")
+
+    def worker_count(self) -> int:
+        """The local workers to run: the option, else the machine's cores."""
+        return self.workers or os.cpu_count() or 1
+
+
+def bucket_count(admissions: int, workers: int, per_bucket: int) -> int:
+    """Buckets for a cohort: about `per_bucket` admissions each, at least 4 per worker (balance)."""
+    return max(4 * workers, math.ceil(admissions / per_bucket))
+
+
+def bucket_bounds(hadm_ids: np.ndarray, buckets: int) -> np.ndarray:
+    """Upper-exclusive HADM_ID bounds of at most `buckets` equal-count ranges of the sorted ids."""
+    ids = np.sort(np.asarray(hadm_ids, dtype=np.int64))
+    per = max(1, -(-ids.size // buckets))
+    return ids[per::per].copy()
+
+
+def bucket_of(bounds: np.ndarray, hadm: int) -> int:
+    """The bucket (0 .. len(bounds)) holding one HADM_ID."""
+    return int(np.searchsorted(bounds, hadm, side="right"))
+
+
+class FrameWriter:
+    """Frame files, one per key, opened on first use under ``folder/<name_of(key)>/<uuid>.frames``."""
+
+    def __init__(self, folder: str, name_of: Callable[[Hashable], str]):
+        self._folder, self._name_of = folder, name_of
+        self._tag = uuid.uuid4().hex  # this attempt's: a retry writes other files
+        self._pending: dict[Hashable, bytearray] = {}
+        self._files: dict[Hashable, object] = {}
+        self._paths: dict[Hashable, str] = {}
+        self.bytes_written = 0
+
+    def write(self, key: Hashable, hadm: int, payload: bytes) -> None:
+        """Appends one frame to the key's file."""
+        buf = self._pending.setdefault(key, bytearray())
+        buf += _FRAME.pack(hadm, len(payload))
+        buf += payload
+        self.bytes_written += _FRAME.size + len(payload)
+        if len(buf) >= FLUSH_BYTES:
+            self._flush(key)
+
+    def _flush(self, key: Hashable) -> None:
+        f = self._files.get(key)
+        if f is None:
+            path = layout.join(self._folder, self._name_of(key), f"{self._tag}.frames")
+            f = self._files[key] = FileSystems.create(path, compression_type=_RAW)
+            self._paths[key] = path
+        f.write(bytes(self._pending[key]))
+        self._pending[key].clear()
+
+    def close(self) -> dict[Hashable, str]:
+        """Writes what is pending, closes every file; returns key -> path."""
+        for key in list(self._pending):
+            self._flush(key)
+        for f in self._files.values():
+            f.close()
+        return dict(self._paths)
+
+
+def read_frames(path: str) -> Iterator[tuple[int, bytes]]:
+    """(HADM_ID, payload) of a frame file, in the order written."""
+    with FileSystems.open(path, compression_type=_RAW) as f:
+        data = f.read()
+    view, pos = memoryview(data), 0
+    while pos < len(data):
+        hadm, n = _FRAME.unpack_from(data, pos)
+        pos += _FRAME.size
+        yield hadm, bytes(view[pos:pos + n])
+        pos += n
+
+
+def write_cohort_file(path: str, metas: Iterable[tuple[int, dict]], bounds: np.ndarray) -> list[tuple[int, int]]:
+    """The cohort rows as JSON lines sorted by HADM_ID; returns each bucket's (byte offset, length) in it.
+
+    One file instead of the shuffle: stage C reads its bucket's rows by offset, so the runner
+    holds no cohort row (7-11 KB each in its buffers, measured).
+    """
+    rows = sorted(metas, key=lambda hm: hm[0])
+    ranges = [[0, 0] for _ in range(len(bounds) + 1)]
+    body = bytearray()
+    for hadm, row in rows:
+        bucket = bucket_of(bounds, hadm)
+        if ranges[bucket][1] == 0:
+            ranges[bucket][0] = len(body)
+        line = (json.dumps(row, allow_nan=False) + "\n").encode("utf-8")
+        body += line
+        ranges[bucket][1] += len(line)
+    with FileSystems.create(path, compression_type=_RAW) as f:
+        f.write(bytes(body))
+    return [(offset, length) for offset, length in ranges]
+
+
+def read_cohort_rows(path: str, offset: int, length: int) -> dict[int, dict]:
+    """HADM_ID -> cohort row of one bucket's byte range of the cohort file."""
+    if length == 0:
+        return {}
+    with FileSystems.open(path, compression_type=_RAW) as f:
+        f.seek(offset)
+        data = f.read(length)
+    rows = (json.loads(line) for line in data.decode("utf-8").splitlines())
+    return {row["HADM_ID"]: row for row in rows}
+
+
+def lpt_slots(items: list, slots: int, size_of: Callable[[object], int]) -> list[tuple[int, list]]:
+    """Items in `slots` groups of similar total size, largest item first (longest processing time first).
+
+    The local runner hands key k of a grouped stage to worker k mod workers, once, without work
+    stealing: grouping files by size keeps one worker from drawing all of CHARTEVENTS.
+    """
+    load = [0] * slots
+    groups: list[list] = [[] for _ in range(slots)]
+    for item in sorted(items, key=lambda it: (-size_of(it), it)):
+        k = min(range(slots), key=load.__getitem__)
+        load[k] += size_of(item)
+        groups[k].append(item)
+    return [(k, group) for k, group in enumerate(groups) if group]
+
+
+def folder_bytes(folder: str) -> int:
+    """Bytes of every file under a folder (local or a filesystem URL); 0 when it does not exist."""
+    if "://" in folder:
+        found = FileSystems.match([layout.join(folder, "**")])[0].metadata_list
+        return sum(m.size_in_bytes for m in found)
+    total = 0
+    for root, _, files in os.walk(folder):
+        total += sum(os.path.getsize(os.path.join(root, name)) for name in files)
+    return total
+
+
+def remove_folder(folder: str) -> None:
+    """Deletes a folder and everything under it (local or a filesystem URL), if it exists."""
+    if "://" not in folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    found = FileSystems.match([layout.join(folder, "**")])[0].metadata_list
+    if found:
+        FileSystems.delete([m.path for m in found])

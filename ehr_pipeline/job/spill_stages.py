@@ -1,0 +1,248 @@
+"""The MIMIC-III job's stages around its spill folder (``spill``): read and spill, bag a bucket, merge a shard.
+
+    SpillSource   stage A: one element per input file or part, files grouped onto the workers by
+                  size; reads, extracts and cuts to the cohort exactly as ``ReadMimicTable`` does,
+                  and appends each admission's packed chunks to its bucket's frame file. Only
+                  (bucket, file) references leave it, beside the unit census, counts and dead rows.
+    BagBuckets    stage C: one element per bucket; reads the bucket's cohort rows and frames and
+                  runs ``BagExample`` (so ``encode_admission``: the same bytes) on each admission in
+                  HADM_ID order; records go to one sorted run per (split, shard), the values set
+                  aside for their unit to one sorted dead-value run.
+    MergeShards   stage D: one element per shard; its runs concatenated in bucket order through
+                  ``tfrecord.write_records``; the dead-value runs likewise into one file.
+
+No event, record or dead value crosses a GroupByKey: a worker holds one file's blocks (A), one
+bucket (C) or one bucket's run (D), whatever the release's size.
+"""
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from ehr_pipeline.contract import SPLIT_NAMES, layout, spec, tfrecord
+from ehr_pipeline.job import spill
+from ehr_pipeline.job.bag import BagExample
+from ehr_pipeline.job.sinks import DEAD_VALUES
+from ehr_pipeline.job.sources import ReadMimicTable
+from ehr_pipeline.job.transforms import COUNTS, DEAD, EVENTS, FATAL, KV, RECORDS, Select, Tagged, count
+from ehr_pipeline.reader import ReaderError
+
+# The spilling stages' own kinds of items (transforms' vocabulary):
+SPILL = "spill"  # (bucket, frame file of events)
+BUCKET = "bucket"  # (bucket, [frame files or None]): stage C's element
+RUN = "run"  # ((split, shard), (bucket, frame file of records))
+DEAD_RUN = "dead_run"  # (dead-letter file name, (bucket, JSONL run, lines))
+
+EVENTS_DIR, RUNS_DIR, DEAD_DIR = "events", "runs", "dead"
+
+
+def _bucket_folder(bucket: int) -> str:
+    return f"b{bucket:05d}"
+
+
+def _run_folder(split_shard: tuple[str, int]) -> str:
+    return f"{split_shard[0]}-{split_shard[1]:05d}"
+
+
+@beam.typehints.with_input_types(tuple[str, str])
+@beam.typehints.with_output_types(Tagged)
+class SpillTable(ReadMimicTable):
+    """(table, file) -> ReadMimicTable's items, its events appended to bucket frame files: SPILL references."""
+
+    def __init__(self, cohort_index, discharges, block_size_bytes: int, spill_dir: str, bounds: np.ndarray):
+        super().__init__(cohort_index, discharges, block_size_bytes)
+        self._spill, self._bounds = spill_dir, bounds
+
+    def process(self, element):
+        table, path = element
+        writer = spill.FrameWriter(layout.join(self._spill, EVENTS_DIR), _bucket_folder)
+        try:
+            for kind, payload in self._read(table, path):
+                if kind == EVENTS:
+                    hadm, chunk = payload
+                    writer.write(spill.bucket_of(self._bounds, hadm), hadm, chunk)
+                else:
+                    yield kind, payload
+        except ReaderError as e:
+            yield FATAL, str(e)  # the driver's one-line error, as ReadMimicTable's
+        for bucket, frames in sorted(writer.close().items()):
+            yield SPILL, (bucket, frames)
+
+
+class SpillSource(beam.PTransform):
+    """MIMIC-III event files -> tagged items: one BUCKET per bucket (its frame files), census, counts, dead rows.
+
+    ``slots`` groups of files of similar size, one key each: the local runner gives key k to
+    worker k mod workers, so the files are spread by size rather than at random.
+    """
+
+    def __init__(self, slots: list[tuple[int, list]], cohort_index, discharges, spill_dir: str, bounds: np.ndarray,
+                 block_size_bytes: int):
+        super().__init__()
+        self._slots, self._cohort, self._discharges = slots, cohort_index, discharges
+        self._spill, self._bounds, self._block = spill_dir, bounds, block_size_bytes
+
+    def expand(self, p):
+        read = (
+            p
+            | "EventSlots" >> beam.Create(self._slots).with_output_types(KV)
+            | "GroupSlots" >> beam.GroupByKey()
+            | "SlotFiles" >> beam.FlatMap(lambda kv: [f for group in kv[1] for f in group])
+            | "SpillTables" >> beam.ParDo(SpillTable(self._cohort, self._discharges, self._block, self._spill,
+                                                     self._bounds))
+        )
+        # Every bucket gets an element, one without events too: its admissions still get records.
+        every = [(bucket, None) for bucket in range(len(self._bounds) + 1)]
+        buckets = (
+            (read | "SpillRefs" >> Select(SPILL), p | "AllBuckets" >> beam.Create(every).with_output_types(KV))
+            | "JoinBuckets" >> beam.Flatten()
+            | "GroupByBucket" >> beam.GroupByKey()
+            | "TagBuckets" >> beam.Map(lambda kv: (BUCKET, kv)).with_output_types(Tagged)
+        )
+        others = read | "NotRefs" >> beam.Filter(lambda item: item[0] != SPILL).with_output_types(Tagged)
+        return (buckets, others) | "SourceItems" >> beam.Flatten()
+
+
+@beam.typehints.with_input_types(KV, dict)  # the bucket, then the unit plan (a side input)
+@beam.typehints.with_output_types(Tagged)
+class BagBucket(beam.DoFn):
+    """(bucket, frame files) -> RUN and DEAD_RUN references, and BagExample's counts and statistics."""
+
+    def __init__(self, config_dict: dict, spill_dir: str, cohort_file: str, cohort_ranges: list[tuple[int, int]]):
+        self._config_dict, self._spill = config_dict, spill_dir
+        self._cohort_file, self._ranges = cohort_file, cohort_ranges
+
+    def setup(self):
+        self._bag = BagExample(self._config_dict)
+        self._bag.setup()
+
+    def process(self, element, plan):
+        bucket, refs = element
+        rows = spill.read_cohort_rows(self._cohort_file, *self._ranges[bucket])
+        chunks: dict[int, list[bytes]] = defaultdict(list)
+        for frames in sorted(r for r in refs if r is not None):  # chunk order is irrelevant: bagging orders
+            for hadm, chunk in spill.read_frames(frames):
+                chunks[hadm].append(chunk)
+        runs = spill.FrameWriter(layout.join(self._spill, RUNS_DIR), _run_folder)
+        dead = []
+        for hadm in sorted(rows):
+            for kind, payload in self._bag.process((hadm, [rows[hadm]] + chunks.pop(hadm, [])), plan):
+                if kind == RECORDS:
+                    split_shard, (key, record) = payload
+                    runs.write(split_shard, key, record)
+                elif kind == DEAD and payload[0] == DEAD_VALUES:
+                    dead.append(payload[1])
+                else:
+                    yield kind, payload
+        if chunks:  # cannot happen: stage A spills events of cohort admissions only
+            yield COUNTS, count("examples/orphan_events", sum(len(c) for c in chunks.values()))
+        if dead:
+            yield DEAD_RUN, (DEAD_VALUES, self._write_dead_run(bucket, dead))
+        for split_shard, path in sorted(runs.close().items()):
+            yield RUN, (split_shard, (bucket, path))
+
+    def _write_dead_run(self, bucket: int, dead: list) -> tuple[int, str, int]:
+        """One bucket's dead values as a sorted JSONL run: (bucket, path, lines).
+
+        DeadValue.sort_key starts with the HADM_ID and buckets are HADM_ID ranges: the runs in
+        bucket order are the file ``sinks.write_dead_letter_file`` writes from all of them.
+        """
+        dead.sort(key=lambda d: d.sort_key())
+        path = layout.join(self._spill, DEAD_DIR, f"{_bucket_folder(bucket)}-{uuid.uuid4().hex}.jsonl")
+        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.write("".join(d.to_json() + "\n" for d in dead).encode("utf-8"))
+        return bucket, path, len(dead)
+
+
+class BagBuckets(beam.PTransform):
+    """Source items -> RUN and DEAD_RUN references, counts and code statistics (the unit plan a side input)."""
+
+    def __init__(self, config_dict: dict, plan, spill_dir: str, cohort_file: str, cohort_ranges: list):
+        super().__init__()
+        self._config, self._plan, self._spill = config_dict, plan, spill_dir
+        self._cohort_file, self._ranges = cohort_file, cohort_ranges
+
+    def expand(self, items):
+        return (
+            items
+            | "Buckets" >> Select(BUCKET)
+            | "BagBucket" >> beam.ParDo(BagBucket(self._config, self._spill, self._cohort_file, self._ranges),
+                                        beam.pvalue.AsSingleton(self._plan))
+        )
+
+
+@beam.typehints.with_input_types(KV)
+@beam.typehints.with_output_types(tuple[str, int])
+class MergeShard(beam.DoFn):
+    """((split, shard), [(bucket, run) or None]) -> the shard's TFRecord file, records in HADM_ID order."""
+
+    def __init__(self, out_dir: str, config_dict: dict):
+        self._out, self._config_dict = out_dir, config_dict
+
+    def process(self, element):
+        (split, shard), refs = element
+        runs = sorted(r for r in refs if r is not None)
+        n_shards = self._config_dict["num_shards"][split]
+        with layout.created_atomically(layout.join(self._out, spec.shard_file_name(split, shard, n_shards))) as f:
+            n = tfrecord.write_records(f, _in_order(runs))
+        yield count(f"files/{split}/records_written", n)
+
+
+def _in_order(runs: list[tuple[int, str]]):
+    """The records of runs in bucket order, checked to rise by HADM_ID (a wrong bound fails loudly)."""
+    last = None
+    for _, path in runs:
+        for hadm, record in spill.read_frames(path):
+            if last is not None and hadm <= last:
+                raise RuntimeError(f"{path}: record runs out of HADM_ID order at {hadm} after {last}")
+            last = hadm
+            yield record
+
+
+@beam.typehints.with_input_types(KV)
+@beam.typehints.with_output_types(tuple[str, int])
+class ConcatDeadRuns(beam.DoFn):
+    """(dead-letter file name, [(bucket, run, lines)]) -> dead_letter/<name>.jsonl, runs in bucket order."""
+
+    def __init__(self, out_dir: str):
+        self._out = out_dir
+
+    def process(self, element):
+        name, runs = element
+        n = 0
+        with layout.created_atomically(layout.join(self._out, layout.DEAD_LETTER_DIR, f"{name}.jsonl")) as f:
+            for _, path, lines in sorted(runs):
+                with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as run:
+                    while block := run.read(1 << 20):
+                        f.write(block)
+                n += lines
+        yield count(f"dead_letters_written/{name}", n)
+
+
+class MergeShards(beam.PTransform):
+    """RUN and DEAD_RUN references -> every shard file of every split (an empty one too) and the dead values."""
+
+    def __init__(self, out_dir: str, config_dict: dict):
+        super().__init__()
+        self._out, self._config = out_dir, config_dict
+
+    def expand(self, bagged):
+        empty = [((split, shard), None) for split in SPLIT_NAMES for shard in range(self._config["num_shards"][split])]
+        shards = (
+            (bagged | "Runs" >> Select(RUN), bagged.pipeline | "AllShards" >> beam.Create(empty).with_output_types(KV))
+            | "JoinShards" >> beam.Flatten()
+            | "GroupByShard" >> beam.GroupByKey()
+            | "MergeShards" >> beam.ParDo(MergeShard(self._out, self._config))
+        )
+        dead = (
+            bagged
+            | "DeadRuns" >> Select(DEAD_RUN)
+            | "GroupDeadRuns" >> beam.GroupByKey()
+            | "ConcatDeadRuns" >> beam.ParDo(ConcatDeadRuns(self._out))
+        )
+        return (shards, dead) | "Written" >> beam.Flatten()

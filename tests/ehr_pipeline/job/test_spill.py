@@ -1,0 +1,161 @@
+"""The spilling MIMIC-III job: the same bytes as the job that grouped events in the runner, on any number of workers.
+
+``data/grouped_road_sha256.json`` holds the sha256 of every output file that job wrote (its last
+version, with the exact code statistics) on the real demo and on the synthetic release
+``SYNTH_RELEASE``; the manifest's digest leaves out its input paths (``output_digests``).
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import logging
+import pathlib
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ehr_pipeline.contract import PipelineConfig
+from ehr_pipeline.job import SpillOptions, gzip_split, run_job, spill
+from ehr_pipeline.job.run import DASK_RUNNER, with_local_workers
+from ehr_pipeline.synth import SynthConfig, write_release
+from tests.support.job_outputs import CONFIG, SYNTH_RELEASE, output_digests
+
+GROUPED = json.loads((pathlib.Path(__file__).parent / "data" / "grouped_road_sha256.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory) -> pathlib.Path:
+    """The synthetic release the digests were taken on (generated in well under a second)."""
+    folder = tmp_path_factory.mktemp("release")
+    write_release(SynthConfig(**SYNTH_RELEASE), folder, show_progress=False)
+    return folder
+
+
+def _run(release_dir, out, **options) -> dict:
+    return run_job(str(release_dir), str(out), PipelineConfig.model_validate(CONFIG),
+                   resources=SpillOptions(**options))
+
+
+def test_demo_outputs_equal_the_grouped_job_byte_for_byte(demo_run):
+    """demo_run is the job with its defaults: as many workers as the machine has cores."""
+    out, _, _ = demo_run
+    assert output_digests(out) == GROUPED["demo"]
+
+
+def test_demo_on_one_worker_gives_the_same_bytes(demo_dir, tmp_path):
+    _run(demo_dir, tmp_path / "out", workers=1)
+    assert output_digests(tmp_path / "out") == GROUPED["demo"]
+    assert not (tmp_path / "out" / "_tmp" / "spill").exists()  # the spill folder is gone at the end
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_synthetic_release_gives_the_same_bytes_on_one_and_two_workers(release, tmp_path, workers):
+    # Few admissions per bucket: many buckets, so stage D concatenates many runs per shard.
+    _run(release, tmp_path / "out", workers=workers, bucket_admissions=20)
+    assert output_digests(tmp_path / "out") == GROUPED["synthetic"]
+
+
+def test_a_gzip_table_split_into_parts_gives_the_same_bytes(release, tmp_path, caplog):
+    threshold = 200_000  # CHARTEVENTS (~1.2 MB) in 6 parts, LABEVENTS (~0.5 MB) in 3
+    temp = tmp_path / "scratch"
+    with caplog.at_level(logging.INFO, logger="ehr_pipeline.job"):
+        _run(release, tmp_path / "out", workers=2, split_threshold_bytes=threshold, temp_dir=str(temp))
+    assert output_digests(tmp_path / "out") == GROUPED["synthetic"]
+    split = [r.getMessage() for r in caplog.records if r.getMessage().startswith("splitting")]
+    assert any("CHARTEVENTS.csv.gz" in m and "into 6 parts" in m for m in split), split
+    assert temp.is_dir() and not any(temp.iterdir())  # its own folder in --temp-dir, deleted at the end
+
+
+def test_a_malformed_row_in_a_part_is_dead_lettered_naming_the_part_and_its_line(release, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in release.iterdir():
+        if f.name != "CHARTEVENTS.csv.gz":
+            (broken / f.name).symlink_to(f)
+    lines = gzip.decompress((release / "CHARTEVENTS.csv.gz").read_bytes()).decode().split("\n")
+    bad = lines[5000].replace(",", ",not-a-number,", 1)  # ROW_ID, then a SUBJECT_ID that is no integer
+    lines[5000] = bad
+    (broken / "CHARTEVENTS.csv.gz").write_bytes(gzip.compress("\n".join(lines).encode(), mtime=0))
+    threshold = 200_000
+    manifest = _run(broken, tmp_path / "out", workers=2, split_threshold_bytes=threshold)
+    letters = [json.loads(x) for x in (tmp_path / "out" / "dead_letter" / "CHARTEVENTS.jsonl").read_text().splitlines()]
+    assert [d["raw"] for d in letters] == [bad] and manifest["tables"]["CHARTEVENTS"]["dead_lettered"]
+    # The same split, redone here: the part named holds the row on the line named.
+    parts = gzip_split.split_file(str(broken / "CHARTEVENTS.csv.gz"), "CHARTEVENTS", str(tmp_path / "parts"),
+                                  gzip_split.parts_for((broken / "CHARTEVENTS.csv.gz").stat().st_size, threshold),
+                                  gzip_split.block_bytes(threshold))
+    name = pathlib.Path(letters[0]["file"]).name
+    assert name.startswith("CHARTEVENTS-") and name.endswith(".csv.zst")
+    part = next(p for p in parts if pathlib.Path(p).name == name)
+    text = pa.input_stream(part, compression="zstd").read().decode()
+    assert text.split("\n")[letters[0]["line"] - 1] == bad
+    assert manifest["balanced"]
+
+
+def test_split_parts_hold_every_record_once_and_cut_outside_quotes(tmp_path):
+    rows = [["ROW_ID", "TEXT"]] + [[str(i), f'line one\nline "two" of {i}' if i % 7 == 0 else f"plain {i}"]
+                                   for i in range(3000)]
+    rows[1500][1] = 'a field longer than a block,\n"quoted",\n' * 100  # its newlines span several blocks
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    src = tmp_path / "T.csv.gz"
+    src.write_bytes(gzip.compress(buf.getvalue().encode()))
+    parts = gzip_split.split_file(str(src), "LABEVENTS", str(tmp_path / "parts"), parts=3, block=1000)
+    got = []
+    for part in parts:
+        records = list(csv.reader(io.StringIO(pa.input_stream(part, compression="zstd").read().decode())))
+        assert records[0] == rows[0] and len(records) > 1  # each part: the header, then whole records
+        got.extend(records[1:])
+    assert sorted(got, key=lambda r: int(r[0])) == rows[1:]
+
+
+def test_frame_files_of_two_attempts_never_share_a_name(tmp_path):
+    """A retried bundle writes new files: the first attempt's are orphans no reference names."""
+    attempts = []
+    for _ in range(2):
+        writer = spill.FrameWriter(str(tmp_path), lambda bucket: f"b{bucket:05d}")
+        for hadm in range(100, 400):
+            writer.write(hadm % 3, hadm, bytes([hadm % 256]) * (hadm % 17))
+        attempts.append(writer.close())
+    assert set(attempts[0].values()).isdisjoint(attempts[1].values())
+    assert len(list(tmp_path.rglob("*.frames"))) == 6
+    for key, path in attempts[1].items():
+        assert list(spill.read_frames(path)) == [(h, bytes([h % 256]) * (h % 17)) for h in range(100, 400)
+                                                 if h % 3 == key]
+
+
+def test_buckets_are_equal_count_ranges_and_the_cohort_file_keeps_each_bucket_apart(tmp_path):
+    ids = np.random.default_rng(0).permutation(np.arange(1000, 1103))
+    bounds = spill.bucket_bounds(ids, 8)
+    sizes = np.bincount([spill.bucket_of(bounds, h) for h in ids])
+    assert len(sizes) == 8 and sizes.max() - sizes[:-1].min() == 0 and sizes.sum() == 103
+    rows = [(int(h), {"HADM_ID": int(h), "age_years": h / 7, "gender": None}) for h in ids]
+    ranges = spill.write_cohort_file(str(tmp_path / "cohort.jsonl"), rows, bounds)
+    for bucket, (offset, length) in enumerate(ranges):
+        got = spill.read_cohort_rows(str(tmp_path / "cohort.jsonl"), offset, length)
+        assert got == {h: r for h, r in rows if spill.bucket_of(bounds, h) == bucket}
+
+
+def test_not_enough_disk_is_one_line_naming_the_folder_and_the_bytes(tmp_path):
+    huge = tmp_path / "CHARTEVENTS.csv.gz"
+    with open(huge, "wb") as f:
+        f.write(b"\x1f\x8b")
+        f.truncate(2**43)  # sparse: 8 TiB by its size, nothing on disk
+    with pytest.raises(gzip_split.NotEnoughDiskError, match=r"scratch: [\d,]+ bytes free, the job needs about "
+                                                            r"[\d,]+ for its temporary files") as err:
+        gzip_split.check_free_space(str(tmp_path / "scratch"), [("CHARTEVENTS", str(huge))], 64 << 20)
+    needed = int(gzip_split.PART_BYTES_PER_GZIP_BYTE * 2**43 + gzip_split.SPILL_BYTES_PER_INPUT_BYTE * 2**43)
+    assert "\n" not in str(err.value) and f"{needed:,}" in str(err.value)
+
+
+def test_workers_set_the_local_runner_and_leave_other_runners_alone():
+    assert with_local_workers([], 4) == ["--direct_num_workers=4", "--direct_running_mode=multi_processing"]
+    assert with_local_workers([], 1) == []
+    assert with_local_workers(["--direct_running_mode=multi_threading"], 3) == [
+        "--direct_running_mode=multi_threading", "--direct_num_workers=3"]
+    assert with_local_workers(["--direct_num_workers=2"], 8) == ["--direct_num_workers=2"]
+    dask = [f"--runner={DASK_RUNNER}", "--dask_client_address=127.0.0.1:1"]
+    assert with_local_workers(dask, 8) == dask
