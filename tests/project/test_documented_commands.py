@@ -113,11 +113,10 @@ COMMANDS: list[Run | Skip] = [
     Run(r"^ehr-pipeline run --mimic-dir \.\./shared/mimic-iii-demo --out out/data ", check="wrote out/data"),
     Skip(r"^ehr-pipeline run --mimic-dir /data/mimic --out /data/seqex --direct_num_workers=2 "
          r"--direct_running_mode=multi_processing$",
-         "the local multi-process runner with /data paths (a cluster's mount); docs/pipeline.md's example with "
-         "the same runner flags runs"),
-    Run(r"^ehr-pipeline run --mimic-dir DIR --out out/data --direct_num_workers=8 "
-        r"--direct_running_mode=multi_processing$", check="wrote out/data",
-        subs=(("DIR", DEMO), ("--direct_num_workers=8", "--direct_num_workers=2")),
+         "the local multi-process runner with /data paths (a cluster's mount); docs/pipeline.md's example of "
+         "the same runner (--workers) runs"),
+    Run(r"^ehr-pipeline run --mimic-dir DIR --out out/data --workers 8$", check="wrote out/data",
+        subs=(("DIR", DEMO), ("--workers 8", "--workers 2")),
         why="DIR is a placeholder: the demo; 8 worker processes on a 2-core test machine: 2"),
     Run(r"^ehr-pipeline run --mimic-dir out/", check="wrote out/"),
     Skip(r"--runner=(Flink|Spark|Dataflow)Runner", "needs a Flink or Spark cluster with Beam's job-server jars, "
