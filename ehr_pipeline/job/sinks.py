@@ -94,14 +94,18 @@ class WriteExamples(beam.PTransform):
         self._out, self._config = out_dir, config_dict
 
     def expand(self, bagged):
-        empty = [((split, shard), None) for split in SPLIT_NAMES for shard in range(self._config["num_shards"][split])]
-        return (
-            (bagged | "Records" >> Select(RECORDS),
-             bagged.pipeline | "AllShards" >> beam.Create(empty).with_output_types(KV))
-            | "JoinShards" >> beam.Flatten()
-            | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShards" >> beam.ParDo(WriteShard(self._out, self._config))
-        )
+        return (group_by_every_shard(bagged | "Records" >> Select(RECORDS), self._config)
+                | "WriteShards" >> beam.ParDo(WriteShard(self._out, self._config)))
+
+
+def group_by_every_shard(items, config_dict: dict):
+    """((split, shard), value) items -> ((split, shard), values) for every shard of every split, an empty one too."""
+    empty = [((split, shard), None) for split in SPLIT_NAMES for shard in range(config_dict["num_shards"][split])]
+    return (
+        (items, items.pipeline | "AllShards" >> beam.Create(empty).with_output_types(KV))
+        | "JoinShards" >> beam.Flatten()
+        | "GroupByShard" >> beam.GroupByKey()
+    )
 
 
 @beam.typehints.with_input_types(KV)

@@ -24,10 +24,10 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from ehr_pipeline.contract import SPLIT_NAMES, layout, spec, tfrecord
+from ehr_pipeline.contract import layout, spec, tfrecord
 from ehr_pipeline.job import spill
 from ehr_pipeline.job.bag import BagExample
-from ehr_pipeline.job.sinks import DEAD_VALUES
+from ehr_pipeline.job.sinks import DEAD_VALUES, group_by_every_shard
 from ehr_pipeline.job.sources import ReadMimicTable
 from ehr_pipeline.job.transforms import COUNTS, DEAD, EVENTS, FATAL, KV, RECORDS, Select, Tagged, count
 from ehr_pipeline.reader import ReaderError
@@ -232,13 +232,8 @@ class MergeShards(beam.PTransform):
         self._out, self._config = out_dir, config_dict
 
     def expand(self, bagged):
-        empty = [((split, shard), None) for split in SPLIT_NAMES for shard in range(self._config["num_shards"][split])]
-        shards = (
-            (bagged | "Runs" >> Select(RUN), bagged.pipeline | "AllShards" >> beam.Create(empty).with_output_types(KV))
-            | "JoinShards" >> beam.Flatten()
-            | "GroupByShard" >> beam.GroupByKey()
-            | "MergeShards" >> beam.ParDo(MergeShard(self._out, self._config))
-        )
+        shards = (group_by_every_shard(bagged | "Runs" >> Select(RUN), self._config)
+                  | "MergeShards" >> beam.ParDo(MergeShard(self._out, self._config)))
         dead = (
             bagged
             | "DeadRuns" >> Select(DEAD_RUN)

@@ -346,23 +346,24 @@ def _function_level_imports(tree: ast.AST):
                     stack.extend(ast.iter_child_nodes(child))
 
 
-def _says_why(lines: list[str], node: ast.stmt) -> bool:
-    """A comment on the import's line, or on the line above its run of imports (blank lines between are fine)."""
-    if "#" in lines[node.lineno - 1]:
+def _says_why(lines: list[str], node: ast.stmt, marker: str) -> bool:
+    """`marker` on the import's line, or starting the line above its run of imports (blank lines between are fine)."""
+    if marker in lines[node.lineno - 1]:
         return True
     row = node.lineno - 2
     while row >= 0 and (not lines[row].strip() or lines[row].lstrip().startswith(("import ", "from "))):
         row -= 1
-    return row >= 0 and lines[row].lstrip().startswith("#")
+    return row >= 0 and lines[row].lstrip().startswith(marker)
 
 
-def lazy_imports_without_a_reason(source: str) -> list[int]:
-    """Lines of function-level imports of the project's own code that no comment explains."""
+def lazy_imports_without_a_reason(source: str, marker: str = "#") -> list[int]:
+    """Lines of function-level imports of the project's own code that no comment starting with `marker` explains."""
     lines = source.splitlines()
     found = []
     for node in _function_level_imports(ast.parse(source)):
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-        if getattr(node, "level", 0) == 0 and any(n.split(".")[0] in PROJECT for n in names) and not _says_why(lines, node):
+        if getattr(node, "level", 0) == 0 and any(n.split(".")[0] in PROJECT for n in names) \
+                and not _says_why(lines, node, marker):
             found.append(node.lineno)
     return sorted(found)
 
@@ -472,21 +473,7 @@ def test_the_part_check_catches_a_planted_loop():
 
 def lazy_imports_without_the_marker(source: str) -> list[int]:
     """Lines of function-level imports of the project's own code without a `# why:` comment (inline, or above its run)."""
-    lines = source.splitlines()
-    found = []
-    for node in _function_level_imports(ast.parse(source)):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-        if getattr(node, "level", 0) or not any(n.split(".")[0] in PROJECT for n in names):
-            continue
-        row = node.lineno - 1
-        if WHY_MARKER in lines[row]:
-            continue
-        row -= 1
-        while row >= 0 and (not lines[row].strip() or lines[row].lstrip().startswith(("import ", "from "))):
-            row -= 1
-        if not (row >= 0 and lines[row].lstrip().startswith(WHY_MARKER)):
-            found.append(node.lineno)
-    return found
+    return lazy_imports_without_a_reason(source, WHY_MARKER)
 
 
 def test_the_marker_check_wants_why_and_ignores_other_imports():

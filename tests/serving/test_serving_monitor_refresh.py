@@ -48,6 +48,14 @@ def _gauge(text: str, name: str) -> float:
     return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
+def _report_of_3_then_4_more(client: TestClient) -> None:
+    """A report made of 3 admissions, then 4 more sent and the 0.2 s refresh age passed: the report is old."""
+    _send(client, 3, seed=1)
+    assert client.get("/v1/monitor").json()["admissions"] == 3
+    _send(client, 4, seed=2)
+    time.sleep(0.3)
+
+
 def test_the_default_refresh_is_a_setting_with_its_help():
     field = Settings.model_fields["monitor_refresh_s"]
     assert field.default == 10.0 and "seconds" in field.description
@@ -76,10 +84,7 @@ def test_refresh_zero_makes_the_report_of_every_window(export_dir):
 
 def test_an_old_report_is_answered_at_once_and_made_again_in_the_background(export_dir):
     with _client(export_dir, refresh_s=0.2) as client:
-        _send(client, 3, seed=1)
-        assert client.get("/v1/monitor").json()["admissions"] == 3
-        _send(client, 4, seed=2)
-        time.sleep(0.3)
+        _report_of_3_then_4_more(client)
         assert client.get("/v1/monitor").json()["admissions"] == 3  # the last one, while the next is made
         deadline = time.monotonic() + 60
         while client.get("/v1/monitor").json()["admissions"] != 7:
@@ -89,10 +94,7 @@ def test_an_old_report_is_answered_at_once_and_made_again_in_the_background(expo
 
 def test_a_caller_never_waits_for_a_report_another_is_making(export_dir):
     with _client(export_dir, refresh_s=0.2) as client:
-        _send(client, 3, seed=1)
-        assert client.get("/v1/monitor").json()["admissions"] == 3
-        _send(client, 4, seed=2)
-        time.sleep(0.3)
+        _report_of_3_then_4_more(client)
         monitor = client.app.state.monitor
         monitor._compute.acquire()  # a report of the window in the making elsewhere
         try:
