@@ -1,11 +1,14 @@
-"""The Beam job at scale: rows per second, CPU seconds, peak memory and temporary disk, at several sizes.
+"""The Beam jobs at scale: rows per second, CPU seconds, peak memory and temporary disk, at several sizes.
 
-    python bench/full_scale.py [--patients 2000] [--events-scale 3] [--fractions 1] [--workers N]
-                               [--mimic-dir DIR] [--code DIR --label NAME] [--work-dir DIR] [--no-write]
+    python bench/full_scale.py [--job run|to-meds|meds-run] [--patients 2000] [--events-scale 3] [--fractions 1]
+                               [--workers N] [--mimic-dir DIR] [--code DIR --label NAME] [--work-dir DIR]
+                               [--no-write]
 
 Each size is a synthetic release (``ehr-pipeline synth --seed 1 --events-scale S`` at
 ``patients x fraction``, kept in --work-dir for the next run) or, with --mimic-dir, that release;
-the job runs in a fresh process (``ehr-pipeline run``). Measured per run: wall seconds; CPU
+the job runs in a fresh process: ``ehr-pipeline run`` on the release, ``ehr-pipeline to-meds`` of it
+(--job to-meds), or ``ehr-pipeline run --meds-dir`` on its MEDS conversion (--job meds-run; the
+conversion is made once, unmeasured, and kept in --work-dir). Measured per run: wall seconds; CPU
 seconds of the whole process tree (the runner's worker processes included: rusage of the waited
 children); peak RSS, the largest sum of the tree's RSS over samples every 0.2 s; the temporary
 disk each stage left (the job's log line), and the largest size of the output folder seen while
@@ -17,6 +20,7 @@ shared: the load average is printed beside every run.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import pathlib
@@ -70,13 +74,25 @@ def _folder_bytes(folder: pathlib.Path) -> int:
     return total
 
 
-def run_job(release: pathlib.Path, out: pathlib.Path, code: pathlib.Path | None, job_args: list[str]) -> dict:
-    """Runs `ehr-pipeline run` in a fresh process; returns wall s, CPU s, peak RSS and disk bytes."""
+def meds_for(release: pathlib.Path, work_dir: pathlib.Path) -> pathlib.Path:
+    """The MEDS conversion of a release in work_dir, made once with this checkout's to-meds."""
+    folder = work_dir / f"meds-{release.name}"
+    if not (folder / "to_meds_manifest.json").exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "ehr_pipeline.cli", "to-meds", "--mimic-dir", str(release), "--out",
+                        str(folder)], cwd=ROOT, check=True)
+    return folder
+
+
+def run_job(release: pathlib.Path, out: pathlib.Path, code: pathlib.Path | None, job_args: list[str],
+            job: str = "run") -> dict:
+    """Runs `ehr-pipeline <job>` in a fresh process; returns wall s, CPU s, peak RSS and disk bytes."""
     shutil.rmtree(out, ignore_errors=True)
     env = dict(os.environ)
     if code is not None:  # that checkout's package first on the path
         env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    argv = [sys.executable, "-m", "ehr_pipeline.cli", "run", "--mimic-dir", str(release), "--out", str(out), *job_args]
+    source = ["run", "--meds-dir", str(release)] if job == "meds-run" else [job, "--mimic-dir", str(release)]
+    argv = [sys.executable, "-m", "ehr_pipeline.cli", *source, "--out", str(out), *job_args]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started, load = time.perf_counter(), os.getloadavg()[0]
     log = open(out.parent / f"{out.name}.log", "w")
@@ -105,33 +121,52 @@ def run_job(release: pathlib.Path, out: pathlib.Path, code: pathlib.Path | None,
     if code_rc:
         raise RuntimeError(f"the job failed ({code_rc}): {text[-3000:]}")
     temp = next((json.loads(line.split(_TEMP_LINE, 1)[1]) for line in text.splitlines() if _TEMP_LINE in line), {})
-    manifest = json.loads((out / "manifest.json").read_text())
-    event_rows = sum(t["rows_read"] for t in manifest["tables"].values() if "cohort_filter" in t)
     return {"wall_s": time.perf_counter() - started, "load": load,
             "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
             "peak_rss_mb": peaks["rss"] / 2**20, "peak_out_mb": peaks["disk"] / 2**20, "temp_bytes": temp,
-            "event_rows": event_rows, "examples": sum(s["examples"] for s in manifest["splits"].values()),
+            **(_meds_outputs(out) if job == "to-meds" else _job_outputs(out))}
+
+
+def _job_outputs(out: pathlib.Path) -> dict:
+    """Event rows read, examples and shard digests of a job's manifest."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {"event_rows": sum(t["rows_read"] for t in manifest["tables"].values() if "cohort_filter" in t),
+            "examples": sum(s["examples"] for s in manifest["splits"].values()),
             "shards": {n: f["sha256"] for s in manifest["splits"].values() for n, f in s["files"].items()}}
+
+
+def _meds_outputs(out: pathlib.Path) -> dict:
+    """Event rows read, MEDS rows written and the data files' digests of a to-meds output."""
+    manifest = json.loads((out / "to_meds_manifest.json").read_text())
+    tables = [t for t in manifest["tables"].values() if "meds_rows_written" in t]
+    return {"event_rows": sum(t["rows_read"] for t in tables),
+            "examples": sum(t["meds_rows_written"] for t in tables),
+            "shards": {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+                       for p in sorted((out / "data").rglob("*.parquet"))}}
 
 
 def to_markdown(results: list[dict], command: str) -> str:
     """The section of docs/benchmarks.md: every run in results.jsonl, by release then job."""
-    lines = ["## The Beam job at scale (`bench/full_scale.py`)", "", f"Command (last run): `{command}`  ",
+    lines = ["## The Beam jobs at scale (`bench/full_scale.py`)", "", f"Command (last run): `{command}`  ",
              "Synthetic releases `ehr-pipeline synth --seed 1`; each job in a fresh process. CPU s: the whole "
              "process tree; peak RSS: the largest sum of the tree's RSS (sampled every 0.2 s); temp MiB: the "
-             "spill folder per stage (parts / events / record runs / dead-value runs) as the job logs it; out "
+             "spill folder per stage as the job logs it (split parts, events, record runs, dead-value runs; "
+             "to-meds: split parts, MEDS row runs); out "
              "MiB: the output folder's largest size seen, temporary files included. Load: the 1-minute load "
-             "average when the run started (a shared machine: wall seconds are noisy, CPU s and RSS are not).", "",
-             "| release | job | event rows | wall s | load | CPU s | rows / wall s | rows / CPU s | peak RSS MiB "
-             "| temp MiB (parts / events / runs / dead) | out MiB | shards as the grouped job's |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
-    reference = {r["release"]: r["shards"] for r in results if r["job"].startswith("grouped")}
-    for r in sorted(results, key=lambda r: (r["event_rows"], r["job"])):
+             "average when the run started (a shared machine: wall seconds are noisy, CPU s and RSS are not). "
+             "Command: `run` (the job on the release: SequenceExample shards), `to-meds` (MEDS parquet files, whose "
+             "digests are compared) or `meds-run` (`run --meds-dir` on the release's MEDS conversion).", "",
+             "| release | command | job | event rows | wall s | load | CPU s | rows / wall s | rows / CPU s | peak RSS MiB "
+             "| temp MiB by stage | out MiB | shards as the grouped job's |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+    reference = {(r["release"], r.get("command", "run")): r["shards"] for r in results if r["job"].startswith("grouped")}
+    for r in sorted(results, key=lambda r: (r["event_rows"], r.get("command", "run"), r["job"])):
+        kind = r.get("command", "run")
         t = r["temp_bytes"]
-        temp = " / ".join(f"{t.get(k, 0) / 2**20:,.0f}" for k in ("parts", "events", "runs", "dead")) if t else "-"
-        same = "-" if r["release"] not in reference or r["job"].startswith("grouped") else (
-            "yes" if r["shards"] == reference[r["release"]] else "NO")
-        lines.append(f"| {r['release']} | {r['job']} | {r['event_rows']:,} | {r['wall_s']:.0f} | {r['load']:.1f} "
+        temp = ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in t.items()) if t else "-"
+        same = "-" if (r["release"], kind) not in reference or r["job"].startswith("grouped") else (
+            "yes" if r["shards"] == reference[(r["release"], kind)] else "NO")
+        lines.append(f"| {r['release']} | {kind} | {r['job']} | {r['event_rows']:,} | {r['wall_s']:.0f} | {r['load']:.1f} "
                      f"| {r['cpu_s']:.0f} | {r['event_rows'] / r['wall_s']:,.0f} | {r['event_rows'] / r['cpu_s']:,.0f} "
                      f"| {r['peak_rss_mb']:,.0f} | {temp} | {r['peak_out_mb']:,.0f} | {same} |")
     lines += ["", "Targets (issue 30): peak RSS <= 2 GB at every size; >= 200k rows per wall second on 2 cores.",
@@ -143,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--job", choices=("run", "to-meds", "meds-run"), default="run",
+                   help="the command measured: the Beam job on the release (SequenceExamples), its MEDS "
+                        "conversion, or the Beam job on that conversion (run --meds-dir)")
     p.add_argument("--patients", type=int, default=2000, help="patients of the synthetic release at fraction 1")
     p.add_argument("--events-scale", type=float, default=3.0, help="synth --events-scale (3: MIMIC-III's density)")
     p.add_argument("--fractions", default="1", help="comma-separated fractions of --patients, one run each")
@@ -163,10 +201,13 @@ def main(argv: list[str] | None = None) -> int:
          release_for(round(args.patients * float(f)), args.events_scale, args.work_dir))
         for f in args.fractions.split(",")]
     for name, release in sizes:
-        out = args.work_dir / f"out-{release.name}-{args.label}"
-        r = {"release": name, "job": args.label, **run_job(release, out, args.code, job_args)}
+        if args.job == "meds-run":
+            release = meds_for(release, args.work_dir)
+        out = args.work_dir / f"out-{release.name}-{args.job}-{args.label}"
+        r = {"release": name, "command": args.job, "job": args.label,
+             **run_job(release, out, args.code, job_args, args.job)}
         shutil.rmtree(out, ignore_errors=True)
-        print(f"{name} {args.label}: {r['event_rows']:,} rows, {r['wall_s']:.0f} s wall (load {r['load']:.1f}), "
+        print(f"{name} {args.job} {args.label}: {r['event_rows']:,} rows, {r['wall_s']:.0f} s wall (load {r['load']:.1f}), "
               f"{r['cpu_s']:.0f} CPU s, peak RSS {r['peak_rss_mb']:,.0f} MiB, temp {r['temp_bytes']}", flush=True)
         with open(results_file, "a") as f:
             f.write(json.dumps(r) + "\n")

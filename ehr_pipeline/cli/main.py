@@ -19,7 +19,6 @@ import sys
 from ehr_base.cli_args import (
     OneLineParser,
     existing_dir,
-    existing_file,
     output_dir,
     positive_int,
     setup_logging,
@@ -73,10 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "to-meds",
                  "convert a MIMIC-III release to a MEDS 0.4 dataset, as a Beam job (extra args go to Beam)")
-    p.add_argument("--mimic-dir", required=True, type=existing_dir, help="folder with the MIMIC-III v1.4 tables")
-    p.add_argument("--out", required=True, type=output_dir, help="the MEDS dataset folder to write")
-    p.add_argument("--config", default=None, type=existing_file,
-                   help="pipeline YAML: its splits, split_salt and num_shards place the subjects; default: built-in")
+    run_command.add_to_meds_arguments(p)
 
     p = _command(sub, "shard", "split one big table (e.g. CHARTEVENTS) into parts workers read in parallel")
     p.add_argument("--mimic-dir", required=True, type=existing_dir, help="release folder holding the table")
@@ -134,9 +130,10 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: 
         return run_command.run(args, extra)
     if args.command == "to-meds":
         # Beam (~1 s to import) loads only for the commands that run a job: --help stays quick.
-        from ehr_pipeline.job import run_to_meds
+        from ehr_pipeline.job import SpillOptions, run_to_meds
 
-        manifest = run_to_meds(args.mimic_dir, args.out, load_pipeline_config(args.config), extra)
+        resources = SpillOptions(workers=args.workers, temp_dir=args.temp_dir, bucket_rows=args.bucket_rows)
+        manifest = run_to_meds(args.mimic_dir, args.out, load_pipeline_config(args.config), extra, resources=resources)
         rows = sum(t.get("meds_rows_written", 0) for t in manifest["tables"].values())
         print(f"wrote {args.out}: {rows:,} event rows, {manifest['task_rows']['admissions/written']:,} admissions, "
               f"{manifest['task_rows']['patients/written']:,} patients in {manifest['seconds']:.1f} s")

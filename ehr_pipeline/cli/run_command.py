@@ -38,23 +38,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "units.json) instead of this release's most common unit per code, and judge each "
                              "conversion against its training medians (docs/units.md): use it to prepare another "
                              "site's data for a model trained elsewhere; default: none")
-    local = parser.add_argument_group("local run (MIMIC-III input; docs/pipeline.md, \"Bounded memory\")")
-    local.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1,
-                       help="worker processes of the local runner (multi_processing); ignored, with a log line, "
-                            "on other runners and with --meds-dir; memory ~0.3 GB + ~0.5 GB per worker; the "
-                            "default is the machine's cores")
-    local.add_argument("--temp-dir", default=None, metavar="DIR",
-                       help="where the job spills events and splits big gzip tables (local path or a Beam "
-                            "filesystem URL every worker sees); needs ~1.3x the gzip input's size free; a folder "
-                            "of its own is made in it and deleted at the end; None: OUT/_tmp/spill")
+    local = add_local_run_arguments(parser, "MIMIC-III or MEDS input")
     local.add_argument("--bucket-admissions", type=positive_int, default=1000, metavar="N",
                        help="cohort admissions bagged together by one worker (its memory: ~1.5x their spilled "
-                            "events, ~40 MB per 1,000 synthetic admissions)")
+                            "events, ~40 MB per 1,000 synthetic admissions); MIMIC-III input only (MEDS buckets "
+                            "hold ~32 MB of data files each)")
     parser.epilog = (
         "Any other flag is passed to Beam, e.g. --runner=FlinkRunner --flink_master=HOST:8081, "
         "--runner=SparkRunner --spark_master_url=spark://HOST:7077, or --runner=DataflowRunner "
         "--project=P --region=R --temp_location=gs://B/tmp. Default runner: FnApiRunner (local, "
         "with --workers processes).")
+
+
+def add_local_run_arguments(parser: argparse.ArgumentParser, scope: str) -> argparse._ArgumentGroup:
+    """--workers and --temp-dir of a job that spills to disk, in a group the caller adds its bucket size to."""
+    local = parser.add_argument_group(f"local run ({scope}; docs/pipeline.md, \"Bounded memory\")")
+    local.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1,
+                       help="worker processes of the local runner (multi_processing); ignored, with a log line, "
+                            "on other runners; memory ~0.3 GB + ~0.5 GB per worker; the default is the "
+                            "machine's cores")
+    local.add_argument("--temp-dir", default=None, metavar="DIR",
+                       help="where the job spills its rows and splits big gzip tables (local path or a Beam "
+                            "filesystem URL every worker sees); needs ~1.3x the gzip input's size free; a folder "
+                            "of its own is made in it and deleted at the end; None: OUT/_tmp/spill")
+    return local
+
+
+def add_to_meds_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `ehr-pipeline to-meds`."""
+    parser.add_argument("--mimic-dir", required=True, type=existing_dir, help="folder with the MIMIC-III v1.4 tables")
+    parser.add_argument("--out", required=True, type=output_dir, help="the MEDS dataset folder to write")
+    parser.add_argument("--config", default=None, type=existing_file,
+                        help="pipeline YAML: its splits, split_salt and num_shards place the subjects; "
+                             "default: built-in")
+    local = add_local_run_arguments(parser, "every runner's rows are spilled; workers for the local one")
+    local.add_argument("--bucket-rows", type=positive_int, default=1_000_000, metavar="N",
+                       help="MEDS rows of one shard sorted together by one worker, as whole subjects (its "
+                            "memory: ~0.3 KB per row); the subjects per bucket follow from the inputs' size")
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:
@@ -64,13 +84,12 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
 
     config = load_pipeline_config(args.config)
     started = time.time()
+    resources = SpillOptions(workers=args.workers, temp_dir=args.temp_dir, bucket_admissions=args.bucket_admissions)
     if args.meds_dir is not None:
-        log.info("--workers applies to MIMIC-III input: the MEDS job runs as Beam's flags say")
         manifest = run_meds_job(args.meds_dir, args.out, config, beam_args, labels_dir=args.labels,
-                                codes=load_meds_codes(args.meds_codes), **_reference(args.units_from))
+                                codes=load_meds_codes(args.meds_codes), resources=resources,
+                                **_reference(args.units_from))
     else:
-        resources = SpillOptions(workers=args.workers, temp_dir=args.temp_dir,
-                                 bucket_admissions=args.bucket_admissions)
         manifest = run_job(args.mimic_dir, args.out, config, beam_args, resources=resources,
                            **_reference(args.units_from))
     seconds = time.time() - started

@@ -1,8 +1,8 @@
 """The job's bagging step: each example's events -> its SequenceExample record, through ``encode_admission``.
 
 ``UnitPlan`` sums the sources' unit census into the plan (each code's canonical unit, LOINC and
-training medians), known only once every file is read; ``BagExamples`` hands it to every worker
-as a side input, and ``BagExample`` encodes each example with ``encode.encode_admission``, the
+training medians), known only once every file is read; the bagging stage
+(``spill_stages.BagBuckets``) hands it to every worker as a side input, and ``BagExample`` encodes each example with ``encode.encode_admission``, the
 function the service calls too. What it yields besides the record: counts, the values set aside
 for their unit (dead letters, ``sinks.DeadValue``) and the train split's code statistics.
 """
@@ -16,7 +16,7 @@ from ehr_pipeline.encode import units as units_mod  # 'units' names the events' 
 from ehr_pipeline.job import vocab
 from ehr_pipeline.job.chunks import concat_chunks
 from ehr_pipeline.job.sinks import DEAD_VALUES, DeadValue
-from ehr_pipeline.job.transforms import COUNTS, DEAD, EXAMPLE, KV, RECORDS, STATS, UNITS, Select, Tagged, count, counted
+from ehr_pipeline.job.transforms import COUNTS, DEAD, KV, RECORDS, STATS, UNITS, Select, Tagged, count, counted
 
 
 @beam.typehints.with_input_types(KV, dict)  # the example, then the unit plan (a side input)
@@ -162,20 +162,4 @@ class UnitPlan(beam.PTransform):
             | "SumUnitCensus" >> beam.CombinePerKey(magnitudes.merge_tallies)
             | "UnitCensusList" >> beam.combiners.ToList()
             | "Plan" >> beam.Map(unit_plan, self._loinc, self._reference, self._medians)
-        )
-
-
-class BagExamples(beam.PTransform):
-    """Source items -> (tagged records, counts, dead values and code statistics; the unit plan)."""
-
-    def __init__(self, config_dict: dict, plan):
-        super().__init__()
-        self._config, self._plan = config_dict, plan
-
-    def expand(self, items):
-        return (
-            items
-            | "Examples" >> Select(EXAMPLE)
-            # The plan reaches every worker as a side input: one small dict each.
-            | "Bag" >> beam.ParDo(BagExample(self._config), beam.pvalue.AsSingleton(self._plan))
         )

@@ -3,11 +3,11 @@
 The graph, as ``_run_pipeline`` builds it from the composite transforms of ``sources``, ``bag``,
 ``sinks`` and ``spill_stages`` (their shared items and counters: ``transforms``):
 
-  SpillSource | MedsSource     -> tagged items: a bucket's spill files, or EXAMPLE (key, [cohort row,
-                                  event chunks]); unit census, counts, dead rows
+  SpillSource | MedsSource     -> tagged items: a bucket's spill files (events of a HADM_ID range, or
+                                  whole examples of a key hash); unit census, counts, dead rows
   UnitPlan                     -> the canonical unit of each code (a side input of the bagging)
-  BagBuckets | BagExamples     -> (split, shard) records (sorted runs on disk, or items), code statistics
-  MergeShards | WriteExamples  -> TFRecord shards (sorted by key: byte-identical reruns), dead values
+  BagBuckets                   -> (split, shard) records as sorted runs on disk, code statistics
+  MergeShards                  -> TFRecord shards (sorted by key: byte-identical reruns), dead values
   WriteDeadLetters, SumCounts, code statistics -> files the driver reads back into the manifest
 
 The MIMIC-III job builds the cohort on the driver (ADMISSIONS + PATIENTS, ~60k admissions in the
@@ -15,7 +15,8 @@ full release); each worker parses whole blocks of a CSV file with pyarrow, drops
 outside the cohort and at or after their trigger, and spills the rest to disk by admission range
 (``spill``): its memory does not grow with the release (docs/pipeline.md, "Bounded memory"). Big
 gzip tables are first split into parts (``gzip_split``) so every worker reads a share. The MEDS
-source reads one data file per worker, subject by subject, and computes the task there (docs/meds.md).
+source reads one data file per worker, subject by subject, computes the task there (docs/meds.md)
+and spills whole examples by key (``meds_stages``): the same bounded memory.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from typing import Any
 
 import apache_beam as beam
@@ -36,10 +36,10 @@ from ehr_pipeline.job import gzip_split, spill
 from ehr_pipeline.job import manifest as manifest_mod
 from ehr_pipeline.job import transforms as tr
 from ehr_pipeline.job import vocab
-from ehr_pipeline.job.bag import BagExamples, SumCodeStats, UnitPlan
-from ehr_pipeline.job.sinks import WriteDeadLetters, WriteExamples, write_dead_letter_files
-from ehr_pipeline.job.sources import MedsSource
-from ehr_pipeline.job.spill_stages import BagBuckets, MergeShards, SpillSource
+from ehr_pipeline.job.bag import SumCodeStats, UnitPlan
+from ehr_pipeline.job.meds_stages import BagMedsBucket, MedsSource, meds_bucket_count
+from ehr_pipeline.job.sinks import WriteDeadLetters, write_dead_letter_files
+from ehr_pipeline.job.spill_stages import BagBucket, BagBuckets, MergeShards, SpillSource
 from ehr_pipeline.meds import labels as meds_labels
 from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.mimic import cohort as cohort_mod
@@ -131,12 +131,12 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
 
     resources = resources or spill.SpillOptions()
     workers = resources.worker_count()
-    spill_dir = _spill_folder(out_dir, resources.temp_dir)
+    spill_dir = spill.spill_folder(out_dir, resources.temp_dir)
     try:
         roads = _spill_road(event_inputs, coh, metas, cohort_index, spill_dir, resources, workers, out_dir, config)
         counts, options = _run_pipeline(roads[0], out_dir, config, loinc, (reference_units, reference_medians),
                                          with_local_workers(beam_args or [], workers), roads[1:])
-        _log_temp_bytes(spill_dir)
+        log_temp_bytes(spill_dir, ("parts", "events", "runs", "dead"))
     finally:
         spill.remove_folder(spill_dir)
     _write_lab_loinc(out_dir, lab_bridge)
@@ -147,15 +147,6 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
                         "dead_lettered": dict(sorted(st.dead_lettered.items())), "balanced": True, "problems": []}
     return _finish(out_dir, config, counts, options, started, tables=tables, cohort_counts=coh.counts,
                    input_doc={"mimic_dir": mimic_dir, "event_tables": sorted({t for t, _ in event_inputs})})
-
-
-def _spill_folder(out_dir: str, temp_dir: str | None) -> str:
-    """This run's spill folder: <out>/_tmp/spill (a leftover of a crashed run removed), or a new one in temp_dir."""
-    if temp_dir is None:
-        folder = layout.join(out_dir, layout.TMP_DIR, "spill")
-        spill.remove_folder(folder)
-        return folder
-    return layout.join(layout.absolute(temp_dir), f"ehr-pipeline-spill-{uuid.uuid4().hex[:12]}")
 
 
 def _spill_road(event_inputs, coh, metas, cohort_index, spill_dir: str, resources: spill.SpillOptions,
@@ -171,33 +162,34 @@ def _spill_road(event_inputs, coh, metas, cohort_index, spill_dir: str, resource
     bounds = spill.bucket_bounds(cohort_index.column("HADM_ID").to_numpy(), n_buckets)
     cohort_file = layout.join(spill_dir, "cohort.jsonl")
     ranges = spill.write_cohort_file(cohort_file, metas, bounds)
-    slots = spill.lpt_slots(sorted(event_inputs), workers, _work_bytes)
+    slots = spill.lpt_slots(sorted(event_inputs), workers, work_bytes)
     log.info("%d input files, %d cohort admissions in %d buckets, %d workers; temporary files in %s",
              len(event_inputs), len(metas), len(bounds) + 1, workers, spill_dir)
     cfg = config.to_dict()
     return (SpillSource(slots, cohort_index, coh.discharges, spill_dir, bounds, resources.block_size_bytes),
-            lambda plan: BagBuckets(cfg, plan, spill_dir, cohort_file, ranges), MergeShards(out_dir, cfg))
+            lambda plan: BagBuckets(BagBucket(cfg, spill_dir, cohort_file, ranges), plan), MergeShards(out_dir, cfg))
 
 
-def _work_bytes(item: tuple[str, str]) -> int:
+def work_bytes(item: tuple[str, str]) -> int:
     """Text bytes a (table, file) input is expected to hold: gzip and zstd CSV ~5.4x their size (synthetic)."""
     path = item[1]
     return int(os.path.getsize(path) * (5.4 if path.endswith((".gz", ".zst")) else 1.0))
 
 
-def _log_temp_bytes(spill_dir: str) -> None:
-    """Logs the temporary disk each stage left (files are only added until the end: each is its peak)."""
-    sizes = {stage: spill.folder_bytes(layout.join(spill_dir, stage))
-             for stage in ("parts", "events", "runs", "dead")}
+def log_temp_bytes(spill_dir: str, stages: tuple[str, ...]) -> None:
+    """Logs the temporary disk each stage's folder holds (files are only added until the end: each is its peak)."""
+    sizes = {stage: spill.folder_bytes(layout.join(spill_dir, stage)) for stage in stages}
     log.info("temporary bytes per stage: %s", json.dumps(sizes, sort_keys=True))
 
 
 def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
                  reference_units: dict[str, str] | None = None, labels_dir: str | None = None,
-                 codes=None, reference_medians: dict[str, float] | None = None) -> dict[str, Any]:
+                 codes=None, reference_medians: dict[str, float] | None = None,
+                 resources: spill.SpillOptions | None = None) -> dict[str, Any]:
     """Runs the job on a MEDS dataset (built-in task, or one example per row of the label files in labels_dir).
 
     ``codes`` is the MEDS code map (meds.MedsCodes; default: the MIMIC-IV ETL's and to-meds' codes).
+    ``resources``: workers (default: the machine's cores) and the temporary folder (spill.SpillOptions).
     Returns the manifest; meds_codes.json beside it records the code map for the trainer and the service.
     """
     started = time.time()
@@ -214,10 +206,23 @@ def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | Non
     times_path = layout.join(out_dir, meds_labels.PREDICTION_TIMES)
     if labels is None:  # a labelled run's, left in this folder: not these examples'
         layout.remove(times_path)
-    counts, options = _run_pipeline(MedsSource(files, reader.to_dict(), times_path if labels else None), out_dir,
-                                    config, loinc, (reference_units, reference_medians), beam_args,
-                                    (lambda plan: BagExamples(config.to_dict(), plan),
-                                     WriteExamples(out_dir, config.to_dict())))
+    resources = resources or spill.SpillOptions()
+    workers = resources.worker_count()
+    spill_dir = spill.spill_folder(out_dir, resources.temp_dir)
+    buckets = meds_bucket_count(files, workers)
+    slots = spill.lpt_slots(sorted(files), workers, os.path.getsize)
+    log.info("%d MEDS data files, %d buckets, %d workers; temporary files in %s", len(files), buckets, workers,
+             spill_dir)
+    cfg = config.to_dict()
+    try:
+        source = MedsSource(slots, reader.to_dict(), spill_dir, buckets, times_path if labels else None)
+        counts, options = _run_pipeline(source, out_dir, config, loinc, (reference_units, reference_medians),
+                                        with_local_workers(beam_args or [], workers),
+                                        (lambda plan: BagBuckets(BagMedsBucket(cfg, spill_dir), plan),
+                                         MergeShards(out_dir, cfg, merge=True)))
+        log_temp_bytes(spill_dir, ("events", "runs", "dead"))
+    finally:
+        spill.remove_folder(spill_dir)
     layout.write_json(layout.join(out_dir, layout.MEDS_CODES), {"codes": codes.to_dict()})
     _write_lab_loinc(out_dir, lab_bridge)
     cohort_counts = manifest_mod.group(counts, "cohort")

@@ -1,7 +1,8 @@
-"""The job's sinks, what it writes besides the manifest: the TFRecord shards of every split and the dead-letter files.
+"""The job's sinks: the dead-letter files, the grouping of record runs by shard, ``DeadValue``.
 
-Both are written whole and sorted (records by example key, dead letters by file and line or by
-admission and time), so a rerun on the same input gives byte-identical files on any runner.
+Dead letters are written whole and sorted (by file and line, or by admission and time), so a rerun
+on the same input gives byte-identical files on any runner; the TFRecord shards are written by
+``spill_stages.MergeShards`` from the sorted runs grouped here.
 ``DeadValue`` is the dead letter of a value set aside for its unit: the reader's ``DeadLetter``
 names a row of a file, which no longer exists after the shuffle.
 """
@@ -13,8 +14,8 @@ from collections.abc import Iterable
 
 import apache_beam as beam
 
-from ehr_pipeline.contract import SPLIT_NAMES, layout, spec, tfrecord
-from ehr_pipeline.job.transforms import DEAD, KV, RECORDS, Select, count
+from ehr_pipeline.contract import SPLIT_NAMES, layout
+from ehr_pipeline.job.transforms import DEAD, KV, Select, count
 from ehr_pipeline.reader import DeadLetter
 
 # Values not used because of their unit (units.NOT_USED: not convertible, ambiguous, a placeholder,
@@ -66,36 +67,6 @@ def write_dead_letter_files(out_dir: str, dead: Iterable[tuple[str, DeadLetter |
         by_name.setdefault(name, []).append(letter)
     for name, letters in by_name.items():
         write_dead_letter_file(out_dir, name, letters)
-
-
-@beam.typehints.with_input_types(KV)
-@beam.typehints.with_output_types(tuple[str, int])
-class WriteShard(beam.DoFn):
-    """((split, shard), records) -> one TFRecord file, sorted by example key: byte-identical reruns."""
-
-    def __init__(self, out_dir: str, config_dict: dict):
-        self._out = out_dir
-        self._config_dict = config_dict
-
-    def process(self, element):
-        (split, shard), items = element
-        records = sorted((kv for kv in items if kv is not None), key=lambda kv: kv[0])
-        n_shards = self._config_dict["num_shards"][split]
-        with layout.created_atomically(layout.join(self._out, spec.shard_file_name(split, shard, n_shards))) as f:
-            n = tfrecord.write_records(f, (r for _, r in records))
-        yield count(f"files/{split}/records_written", n)
-
-
-class WriteExamples(beam.PTransform):
-    """Tagged bagging output -> every shard file of every split (an empty split still gets its files)."""
-
-    def __init__(self, out_dir: str, config_dict: dict):
-        super().__init__()
-        self._out, self._config = out_dir, config_dict
-
-    def expand(self, bagged):
-        return (group_by_every_shard(bagged | "Records" >> Select(RECORDS), self._config)
-                | "WriteShards" >> beam.ParDo(WriteShard(self._out, self._config)))
 
 
 def group_by_every_shard(items, config_dict: dict):

@@ -2,18 +2,17 @@
 
 ``ReadMimicTable`` reads one MIMIC-III table file into the events of cohort admissions (as
 chunks, ``chunks``), the unit census, counts, dead letters and one-line FATAL errors; the
-MIMIC-III job's stage A (``spill_stages.SpillSource``) spills its events to disk. The MEDS source
-ends with one EXAMPLE item per example, its cohort row and event chunks together: it computes the
-task per subject on the worker that reads its file (docs/meds.md), so its examples need no shuffle.
+MIMIC-III job's stage A (``spill_stages.SpillSource``) spills its events to disk. ``ReadMedsFile``
+reads one MEDS data file into one EXAMPLE item per example, its cohort row and event chunks
+together: it computes the task per subject on the worker that reads its file (docs/meds.md), and
+the MEDS job's stage A (``meds_stages.MedsSource``) spills the examples to disk.
 """
 from __future__ import annotations
 
 import apache_beam as beam
 import numpy as np
 
-from ehr_pipeline.contract import layout
 from ehr_pipeline.job.chunks import pack_chunk
-from ehr_pipeline.meds import labels as meds_labels
 from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.meds.standard import MedsError
 from ehr_pipeline.job.transforms import (
@@ -26,7 +25,6 @@ from ehr_pipeline.job.transforms import (
     Tagged,
     count,
     counted,
-    select,
 )
 from ehr_pipeline.mimic import events as ev
 from ehr_pipeline.reader import ReaderError, TableReader
@@ -126,57 +124,8 @@ def meds_items(out):
         yield PREDICTION_TIME, row
 
 
-def _split_subject_errors(per_file):
+def split_subject_errors(per_file):
     """(FATAL, one line) when a subject's rows lie in two data files (meds_source.subjects_in_two_files)."""
     problem = meds_source.subjects_in_two_files(per_file)
     if problem:
         yield FATAL, problem
-
-
-class MedsSource(beam.PTransform):
-    """MEDS data files -> tagged items (EXAMPLE and the rest); a subject's rows are in one file, read whole.
-
-    The task (built in, or label rows) is computed per subject by the worker that reads its file, so
-    examples leave the source complete: no shuffle is needed to join them. Each file's distinct subject
-    ids meet in one list (one id per subject, not per row), where a subject found in two files is a
-    FATAL error; with `prediction_times` (a path), the labelled examples' exact prediction times are
-    written there (meds_labels.PREDICTION_TIMES) and counted as labels/prediction_times_written. Both
-    come back as items of the source, so every branch ends in the job's one final sink.
-    """
-
-    def __init__(self, files: list[str], reader_config: dict, prediction_times: str | None = None):
-        super().__init__()
-        self._files = sorted(files)
-        self._config = reader_config
-        self._prediction_times = prediction_times
-
-    def expand(self, p):
-        read = (
-            p
-            | "MedsFiles" >> beam.Create(self._files)
-            | "SpreadFiles" >> beam.Reshuffle()
-            | "ReadMedsFiles" >> beam.ParDo(ReadMedsFile(self._config))
-        )
-        own = (SUBJECTS, PREDICTION_TIME)
-        rest = read | "SourceItems" >> beam.Filter(lambda item: item[0] not in own).with_output_types(Tagged)
-        split = (
-            read
-            | "SubjectsOfFiles" >> beam.FlatMap(select(SUBJECTS))
-            | "AllFiles" >> beam.combiners.ToList()
-            | "OneFilePerSubject" >> beam.FlatMap(_split_subject_errors).with_output_types(Tagged)
-        )
-        if self._prediction_times is None:
-            return (rest, split) | "MedsItems" >> beam.Flatten()
-        path = self._prediction_times
-
-        def write(rows):
-            layout.write_bytes(path, meds_labels.prediction_times_table(rows))
-            return COUNTS, count("labels/prediction_times_written", len(rows))
-
-        times = (
-            read
-            | "PredictionTimes" >> beam.FlatMap(select(PREDICTION_TIME))
-            | "AllPredictionTimes" >> beam.combiners.ToList()
-            | "WritePredictionTimes" >> beam.Map(write).with_output_types(Tagged)
-        )
-        return (rest, split, times) | "MedsItems" >> beam.Flatten()

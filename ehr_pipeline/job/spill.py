@@ -44,12 +44,22 @@ class SpillOptions(BaseModel):
     workers: int | None = Field(None, ge=1, description="local workers; None: os.cpu_count()")
     temp_dir: str | None = Field(None, description="spill folder's parent; None: <out>/_tmp")
     bucket_admissions: int = Field(1000, ge=1, description="cohort admissions per bucket (stage C's memory)")
+    bucket_rows: int = Field(1_000_000, ge=1, description="MEDS rows per bucket of a shard (to-meds' sort memory)")
     split_threshold_bytes: int = Field(64 << 20, ge=1, description="gzip inputs above this are split into parts")
     block_size_bytes: int = Field(2 << 20, ge=1024, description="reader block (stage A's memory per worker)")
 
     def worker_count(self) -> int:
         """The local workers to run: the option, else the machine's cores."""
         return self.workers or os.cpu_count() or 1
+
+
+def spill_folder(out_dir: str, temp_dir: str | None) -> str:
+    """A run's spill folder: <out>/_tmp/spill (a leftover of a crashed run removed), or a new one in temp_dir."""
+    if temp_dir is None:
+        folder = layout.join(out_dir, layout.TMP_DIR, "spill")
+        remove_folder(folder)
+        return folder
+    return layout.join(layout.absolute(temp_dir), f"ehr-pipeline-spill-{uuid.uuid4().hex[:12]}")
 
 
 def bucket_count(admissions: int, workers: int, per_bucket: int) -> int:
@@ -117,6 +127,14 @@ def read_frames(path: str) -> Iterator[tuple[int, bytes]]:
         pos += _FRAME.size
         yield hadm, bytes(view[pos:pos + n])
         pos += n
+
+
+def stream_frames(path: str) -> Iterator[tuple[int, bytes]]:
+    """(HADM_ID or example key, payload) of a frame file, read frame by frame (a k-way merge holds one of each)."""
+    with FileSystems.open(path, compression_type=_RAW) as f:
+        while header := f.read(_FRAME.size):
+            key, n = _FRAME.unpack(header)
+            yield key, f.read(n)
 
 
 def write_cohort_file(path: str, metas: Iterable[tuple[int, dict]], bounds: np.ndarray) -> list[tuple[int, int]]:

@@ -16,6 +16,9 @@ bucket (C) or one bucket's run (D), whatever the release's size.
 """
 from __future__ import annotations
 
+import heapq
+import json
+import operator
 import uuid
 from collections import defaultdict
 
@@ -27,9 +30,9 @@ from apache_beam.io.filesystems import FileSystems
 from ehr_pipeline.contract import layout, spec, tfrecord
 from ehr_pipeline.job import spill
 from ehr_pipeline.job.bag import BagExample
-from ehr_pipeline.job.sinks import DEAD_VALUES, group_by_every_shard
+from ehr_pipeline.job.sinks import DEAD_VALUES, DeadValue, group_by_every_shard
 from ehr_pipeline.job.sources import ReadMimicTable
-from ehr_pipeline.job.transforms import COUNTS, DEAD, EVENTS, FATAL, KV, RECORDS, Select, Tagged, count
+from ehr_pipeline.job.transforms import DEAD, EVENTS, FATAL, KV, RECORDS, Select, Tagged, count
 from ehr_pipeline.reader import ReaderError
 
 # The spilling stages' own kinds of items (transforms' vocabulary):
@@ -41,7 +44,8 @@ DEAD_RUN = "dead_run"  # (dead-letter file name, (bucket, JSONL run, lines))
 EVENTS_DIR, RUNS_DIR, DEAD_DIR = "events", "runs", "dead"
 
 
-def _bucket_folder(bucket: int) -> str:
+def bucket_folder(bucket: int) -> str:
+    """A bucket's folder name among the frame files."""
     return f"b{bucket:05d}"
 
 
@@ -60,7 +64,7 @@ class SpillTable(ReadMimicTable):
 
     def process(self, element):
         table, path = element
-        writer = spill.FrameWriter(layout.join(self._spill, EVENTS_DIR), _bucket_folder)
+        writer = spill.FrameWriter(layout.join(self._spill, EVENTS_DIR), bucket_folder)
         try:
             for kind, payload in self._read(table, path):
                 if kind == EVENTS:
@@ -72,6 +76,26 @@ class SpillTable(ReadMimicTable):
             yield FATAL, str(e)  # the driver's one-line error, as ReadMimicTable's
         for bucket, frames in sorted(writer.close().items()):
             yield SPILL, (bucket, frames)
+
+
+class SlotFiles(beam.PTransform):
+    """(slot, files) groups -> the files, each group on one worker.
+
+    The local runner hands key k of a grouped stage to worker k mod workers, so files grouped by
+    size (spill.lpt_slots) are spread by size rather than at random.
+    """
+
+    def __init__(self, slots: list[tuple[int, list]]):
+        super().__init__()
+        self._slots = slots
+
+    def expand(self, p):
+        return (
+            p
+            | "Slots" >> beam.Create(self._slots).with_output_types(KV)
+            | "GroupSlots" >> beam.GroupByKey()
+            | "SlotFiles" >> beam.FlatMap(lambda kv: [f for group in kv[1] for f in group])
+        )
 
 
 class SpillSource(beam.PTransform):
@@ -90,22 +114,24 @@ class SpillSource(beam.PTransform):
     def expand(self, p):
         read = (
             p
-            | "EventSlots" >> beam.Create(self._slots).with_output_types(KV)
-            | "GroupSlots" >> beam.GroupByKey()
-            | "SlotFiles" >> beam.FlatMap(lambda kv: [f for group in kv[1] for f in group])
+            | "EventFiles" >> SlotFiles(self._slots)
             | "SpillTables" >> beam.ParDo(SpillTable(self._cohort, self._discharges, self._block, self._spill,
                                                      self._bounds))
         )
-        # Every bucket gets an element, one without events too: its admissions still get records.
-        every = [(bucket, None) for bucket in range(len(self._bounds) + 1)]
-        buckets = (
-            (read | "SpillRefs" >> Select(SPILL), p | "AllBuckets" >> beam.Create(every).with_output_types(KV))
-            | "JoinBuckets" >> beam.Flatten()
-            | "GroupByBucket" >> beam.GroupByKey()
-            | "TagBuckets" >> beam.Map(lambda kv: (BUCKET, kv)).with_output_types(Tagged)
-        )
-        others = read | "NotRefs" >> beam.Filter(lambda item: item[0] != SPILL).with_output_types(Tagged)
-        return (buckets, others) | "SourceItems" >> beam.Flatten()
+        return bucket_items(read, len(self._bounds) + 1)
+
+
+def bucket_items(read, buckets: int):
+    """Stage A's items with its SPILL references grouped into one BUCKET item per bucket (an empty one too)."""
+    every = [(bucket, None) for bucket in range(buckets)]
+    grouped = (
+        (read | "SpillRefs" >> Select(SPILL), read.pipeline | "AllBuckets" >> beam.Create(every).with_output_types(KV))
+        | "JoinBuckets" >> beam.Flatten()
+        | "GroupByBucket" >> beam.GroupByKey()
+        | "TagBuckets" >> beam.Map(lambda kv: (BUCKET, kv)).with_output_types(Tagged)
+    )
+    others = read | "NotRefs" >> beam.Filter(lambda item: item[0] != SPILL).with_output_types(Tagged)
+    return (grouped, others) | "SourceItems" >> beam.Flatten()
 
 
 @beam.typehints.with_input_types(KV, dict)  # the bucket, then the unit plan (a side input)
@@ -123,15 +149,10 @@ class BagBucket(beam.DoFn):
 
     def process(self, element, plan):
         bucket, refs = element
-        rows = spill.read_cohort_rows(self._cohort_file, *self._ranges[bucket])
-        chunks: dict[int, list[bytes]] = defaultdict(list)
-        for frames in sorted(r for r in refs if r is not None):  # chunk order is irrelevant: bagging orders
-            for hadm, chunk in spill.read_frames(frames):
-                chunks[hadm].append(chunk)
         runs = spill.FrameWriter(layout.join(self._spill, RUNS_DIR), _run_folder)
         dead = []
-        for hadm in sorted(rows):
-            for kind, payload in self._bag.process((hadm, [rows[hadm]] + chunks.pop(hadm, [])), plan):
+        for key, items in self.examples(bucket, sorted(r for r in refs if r is not None)):
+            for kind, payload in self._bag.process((key, items), plan):
                 if kind == RECORDS:
                     split_shard, (key, record) = payload
                     runs.write(split_shard, key, record)
@@ -139,12 +160,25 @@ class BagBucket(beam.DoFn):
                     dead.append(payload[1])
                 else:
                     yield kind, payload
-        if chunks:  # cannot happen: stage A spills events of cohort admissions only
-            yield COUNTS, count("examples/orphan_events", sum(len(c) for c in chunks.values()))
         if dead:
             yield DEAD_RUN, (DEAD_VALUES, self._write_dead_run(bucket, dead))
         for split_shard, path in sorted(runs.close().items()):
             yield RUN, (split_shard, (bucket, path))
+
+    def examples(self, bucket: int, frame_files: list[str]):
+        """(HADM_ID, [cohort row, event chunks]) of a bucket's admissions in HADM_ID order.
+
+        Events of an admission without a cohort row (stage A spills none) come last, without a
+        row: BagExample counts them as orphans.
+        """
+        rows = spill.read_cohort_rows(self._cohort_file, *self._ranges[bucket])
+        chunks: dict[int, list[bytes]] = defaultdict(list)
+        for frames in frame_files:  # chunk order is irrelevant: bagging orders
+            for hadm, chunk in spill.read_frames(frames):
+                chunks[hadm].append(chunk)
+        for hadm in sorted(rows):
+            yield hadm, [rows[hadm]] + chunks.pop(hadm, [])
+        yield from sorted(chunks.items())
 
     def _write_dead_run(self, bucket: int, dead: list) -> tuple[int, str, int]:
         """One bucket's dead values as a sorted JSONL run: (bucket, path, lines).
@@ -153,43 +187,50 @@ class BagBucket(beam.DoFn):
         bucket order are the file ``sinks.write_dead_letter_file`` writes from all of them.
         """
         dead.sort(key=lambda d: d.sort_key())
-        path = layout.join(self._spill, DEAD_DIR, f"{_bucket_folder(bucket)}-{uuid.uuid4().hex}.jsonl")
+        path = layout.join(self._spill, DEAD_DIR, f"{bucket_folder(bucket)}-{uuid.uuid4().hex}.jsonl")
         with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             f.write("".join(d.to_json() + "\n" for d in dead).encode("utf-8"))
         return bucket, path, len(dead)
 
 
 class BagBuckets(beam.PTransform):
-    """Source items -> RUN and DEAD_RUN references, counts and code statistics (the unit plan a side input)."""
+    """Source items -> RUN and DEAD_RUN references, counts and code statistics (the unit plan a side input).
 
-    def __init__(self, config_dict: dict, plan, spill_dir: str, cohort_file: str, cohort_ranges: list):
+    ``bag_bucket`` is the stage's DoFn: BagBucket (admissions of a HADM_ID range, their rows in the
+    cohort file) or a subclass that reads its examples otherwise (``meds_stages.BagMedsBucket``).
+    """
+
+    def __init__(self, bag_bucket: BagBucket, plan):
         super().__init__()
-        self._config, self._plan, self._spill = config_dict, plan, spill_dir
-        self._cohort_file, self._ranges = cohort_file, cohort_ranges
+        self._bag_bucket, self._plan = bag_bucket, plan
 
     def expand(self, items):
         return (
             items
             | "Buckets" >> Select(BUCKET)
-            | "BagBucket" >> beam.ParDo(BagBucket(self._config, self._spill, self._cohort_file, self._ranges),
-                                        beam.pvalue.AsSingleton(self._plan))
+            | "BagBucket" >> beam.ParDo(self._bag_bucket, beam.pvalue.AsSingleton(self._plan))
         )
 
 
 @beam.typehints.with_input_types(KV)
 @beam.typehints.with_output_types(tuple[str, int])
 class MergeShard(beam.DoFn):
-    """((split, shard), [(bucket, run) or None]) -> the shard's TFRecord file, records in HADM_ID order."""
+    """((split, shard), [(bucket, run) or None]) -> the shard's TFRecord file, records in example-key order.
 
-    def __init__(self, out_dir: str, config_dict: dict):
-        self._out, self._config_dict = out_dir, config_dict
+    Buckets that are key ranges (``merge=False``) concatenate in bucket order; buckets of hashed
+    keys are merged by key, one frame of each run in memory at a time.
+    """
+
+    def __init__(self, out_dir: str, config_dict: dict, merge: bool = False):
+        self._out, self._config_dict, self._merge = out_dir, config_dict, merge
 
     def process(self, element):
         (split, shard), refs = element
         runs = sorted(r for r in refs if r is not None)
         n_shards = self._config_dict["num_shards"][split]
+        records = _merged(runs) if self._merge else _in_order(runs)
         with layout.created_atomically(layout.join(self._out, spec.shard_file_name(split, shard, n_shards))) as f:
-            n = tfrecord.write_records(f, _in_order(runs))
+            n = tfrecord.write_records(f, records)
         yield count(f"files/{split}/records_written", n)
 
 
@@ -204,40 +245,62 @@ def _in_order(runs: list[tuple[int, str]]):
             yield record
 
 
+def _merged(runs: list[tuple[int, str]]):
+    """The records of runs each sorted by key, merged by key (ties in bucket order)."""
+    streams = [spill.stream_frames(path) for _, path in runs]
+    for _, record in heapq.merge(*streams, key=operator.itemgetter(0)):
+        yield record
+
+
 @beam.typehints.with_input_types(KV)
 @beam.typehints.with_output_types(tuple[str, int])
 class ConcatDeadRuns(beam.DoFn):
-    """(dead-letter file name, [(bucket, run, lines)]) -> dead_letter/<name>.jsonl, runs in bucket order."""
+    """(dead-letter file name, [(bucket, run, lines)]) -> dead_letter/<name>.jsonl, in DeadValue order.
 
-    def __init__(self, out_dir: str):
-        self._out = out_dir
+    Runs of key-range buckets concatenate in bucket order; runs of hashed buckets are merged line by
+    line on DeadValue.sort_key.
+    """
+
+    def __init__(self, out_dir: str, merge: bool = False):
+        self._out, self._merge = out_dir, merge
 
     def process(self, element):
         name, runs = element
-        n = 0
+        runs = sorted(runs)
+        n = sum(lines for _, _, lines in runs)
         with layout.created_atomically(layout.join(self._out, layout.DEAD_LETTER_DIR, f"{name}.jsonl")) as f:
-            for _, path, lines in sorted(runs):
-                with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as run:
-                    while block := run.read(1 << 20):
-                        f.write(block)
-                n += lines
+            if self._merge:
+                streams = [_jsonl_lines(path) for _, path, _ in runs]
+                for line in heapq.merge(*streams, key=lambda line: DeadValue(**json.loads(line)).sort_key()):
+                    f.write(line)
+            else:
+                for _, path, _ in runs:
+                    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as run:
+                        while block := run.read(1 << 20):
+                            f.write(block)
         yield count(f"dead_letters_written/{name}", n)
+
+
+def _jsonl_lines(path: str):
+    """The lines (bytes, newline kept) of a dead-value run, read as they are needed."""
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as run:
+        yield from run
 
 
 class MergeShards(beam.PTransform):
     """RUN and DEAD_RUN references -> every shard file of every split (an empty one too) and the dead values."""
 
-    def __init__(self, out_dir: str, config_dict: dict):
+    def __init__(self, out_dir: str, config_dict: dict, merge: bool = False):
         super().__init__()
-        self._out, self._config = out_dir, config_dict
+        self._out, self._config, self._merge = out_dir, config_dict, merge
 
     def expand(self, bagged):
         shards = (group_by_every_shard(bagged | "Runs" >> Select(RUN), self._config)
-                  | "MergeShards" >> beam.ParDo(MergeShard(self._out, self._config)))
+                  | "MergeShards" >> beam.ParDo(MergeShard(self._out, self._config, self._merge)))
         dead = (
             bagged
             | "DeadRuns" >> Select(DEAD_RUN)
             | "GroupDeadRuns" >> beam.GroupByKey()
-            | "ConcatDeadRuns" >> beam.ParDo(ConcatDeadRuns(self._out))
+            | "ConcatDeadRuns" >> beam.ParDo(ConcatDeadRuns(self._out, self._merge))
         )
         return (shards, dead) | "Written" >> beam.Flatten()

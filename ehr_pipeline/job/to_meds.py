@@ -8,76 +8,102 @@ reruns give the same bytes. Every row read is counted, as written or dropped by 
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
+from collections import defaultdict
 from typing import Any
 
 import apache_beam as beam
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from ehr_pipeline.contract import PipelineConfig, layout
 from ehr_pipeline.job import manifest as manifest_mod
-from ehr_pipeline.job.run import pipeline_options, release_lab_loinc
+from ehr_pipeline.job import gzip_split, spill
+from ehr_pipeline.job.run import log_temp_bytes, pipeline_options, release_lab_loinc, with_local_workers, work_bytes
 from ehr_pipeline.job.sinks import WriteDeadLetters, write_dead_letter_files
+from ehr_pipeline.job.spill_stages import SlotFiles
 from ehr_pipeline.job.transforms import COUNTS, DEAD, FATAL, KV, Select, Tagged, count, select
 from ehr_pipeline.meds.from_mimic import (
     MANIFEST,
     MEDS_SPLITS,
-    by_shard,
+    by_bucket,
     conversion_manifest,
     event_rows,
     from_ipc,
-    sorted_rows,
+    subject_buckets,
     task_rows,
+    to_ipc,
     write_code_metadata,
     write_dataset_metadata,
     write_subject_splits,
+    write_sorted_shard,
 )
 from ehr_pipeline.mimic import cohort as cohort_mod
 from ehr_pipeline.mimic import events as ev
 from ehr_pipeline.reader import ReaderError, TableReader, check_header, locate_table, locate_table_files, read_table
 
-ROWS = "rows"  # kind: ((split, shard), Arrow IPC bytes of MEDS rows)
+log = logging.getLogger(__name__)
+
+RUN = "run"  # ((split, shard), (bucket, frame file of MEDS rows as Arrow IPC))
 CODES = "codes"  # kind: a code seen in the data
+MEDS_RUNS_DIR = "meds"
+
+
+def _run_folder(key: tuple[str, int, int]) -> str:
+    split, shard, bucket = key
+    return f"{split}-{shard:05d}-b{bucket:05d}"
+
+
+def spill_rows(writer: spill.FrameWriter, rows, config, bounds) -> None:
+    """Appends MEDS rows to the frame files of their (split, shard, bucket)."""
+    for key, part in by_bucket(rows, config, bounds):
+        writer.write(key, key[2], to_ipc(part))
+
+
+def run_references(writer: spill.FrameWriter) -> list[tuple[str, tuple]]:
+    """Closes a writer; its files as RUN items ((split, shard), (bucket, path))."""
+    return [(RUN, ((split, shard), (bucket, path))) for (split, shard, bucket), path in sorted(writer.close().items())]
 
 
 @beam.typehints.with_input_types(tuple[str, str])
 @beam.typehints.with_output_types(Tagged)
 class ConvertTable(beam.DoFn):
-    """(table, file) -> MEDS rows by shard, the codes they use, counts and dead letters (every row once)."""
+    """(table, file) -> RUN references of its MEDS rows spilled by shard bucket, codes, counts, dead letters."""
 
-    def __init__(self, discharges, config_dict: dict, block_size_bytes: int = 4 << 20):
-        self._discharges = discharges
-        self._config_dict = config_dict
-        self._block = block_size_bytes
+    def __init__(self, discharges, config_dict: dict, spill_dir: str, bounds: dict, block_size_bytes: int):
+        self._discharges, self._config_dict = discharges, config_dict
+        self._spill, self._bounds, self._block = spill_dir, bounds, block_size_bytes
 
     def setup(self):
         self._config = PipelineConfig.model_validate(self._config_dict)
 
     def process(self, element):
         table, path = element
-        dead: list = []
+        writer = spill.FrameWriter(layout.join(self._spill, MEDS_RUNS_DIR), _run_folder)
         try:
-            reader = TableReader(path, table, columns=ev.EXTRACTORS[table][1], on_dead_letter=dead.append,
-                                 block_size_bytes=self._block)
-            for batch in reader:
-                events, extract_counts = ev.extract(table, batch, self._discharges)
-                rows = event_rows(events)
-                for key_blob in by_shard(rows, self._config):
-                    yield ROWS, key_blob
-                for code in pc.unique(rows.column("code")).to_pylist():
-                    yield CODES, (code, None)
-                for reason, n in extract_counts.items():
-                    yield COUNTS, count(f"events/{table}/extract/{reason}", n)
-                yield COUNTS, count(f"events/{table}/written", rows.num_rows)
-                for letter in dead:
-                    yield DEAD, (table, letter)
-                dead.clear()
+            yield from self._convert(table, path, writer)
         except ReaderError as e:
             yield FATAL, str(e)
-            return
+        yield from run_references(writer)
+
+    def _convert(self, table: str, path: str, writer: spill.FrameWriter):
+        dead: list = []
+        reader = TableReader(path, table, columns=ev.EXTRACTORS[table][1], on_dead_letter=dead.append,
+                             block_size_bytes=self._block)
+        for batch in reader:
+            events, extract_counts = ev.extract(table, batch, self._discharges)
+            rows = event_rows(events)
+            spill_rows(writer, rows, self._config, self._bounds)
+            for code in pc.unique(rows.column("code")).to_pylist():
+                yield CODES, (code, None)
+            for reason, n in extract_counts.items():
+                yield COUNTS, count(f"events/{table}/extract/{reason}", n)
+            yield COUNTS, count(f"events/{table}/written", rows.num_rows)
+            for letter in dead:
+                yield DEAD, (table, letter)
+            dead.clear()
         for letter in dead:
             yield DEAD, (table, letter)
         stats = reader.stats
@@ -90,58 +116,61 @@ class ConvertTable(beam.DoFn):
 @beam.typehints.with_input_types(KV)
 @beam.typehints.with_output_types(tuple[str, int])
 class WriteMedsShard(beam.DoFn):
-    """((split, shard), IPC blobs) -> data/<split>/<shard>.parquet, sorted, written atomically."""
+    """((split, shard), [(bucket, run) or None]) -> data/<split>/<shard>.parquet, sorted, bucket by bucket, atomically."""
 
     def __init__(self, out_dir: str):
         self._out = out_dir
 
     def process(self, element):
-        (split, shard), blobs = element
-        table = sorted_rows([from_ipc(b) for b in blobs if b is not None])
-        folder = os.path.join(self._out, "data", split)
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"{shard}.parquet")
+        (split, shard), refs = element
+        runs: dict[int, list[str]] = defaultdict(list)
+        for bucket, path in sorted(r for r in refs if r is not None):
+            runs[bucket].append(path)
+        buckets = ([from_ipc(blob) for path in runs[b] for _, blob in spill.read_frames(path)] for b in sorted(runs))
+        path = layout.join(self._out, "data", split, f"{shard}.parquet")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         with layout.created_atomically(path) as f:
-            pq.write_table(table, f)
-        yield count(f"files/{split}/rows_written", table.num_rows)
+            n = write_sorted_shard(buckets, f)
+        yield count(f"files/{split}/rows_written", n)
 
 
 class ConvertEvents(beam.PTransform):
-    """Event-table files -> tagged MEDS rows by shard, codes, counts, dead letters."""
+    """Event-table files, grouped onto the workers by size -> tagged RUN references, codes, counts, dead letters."""
 
-    def __init__(self, inputs: list[tuple[str, str]], discharges, config_dict: dict):
+    def __init__(self, slots: list[tuple[int, list]], discharges, config_dict: dict, spill_dir: str, bounds: dict,
+                 block_size_bytes: int):
         super().__init__()
-        self._inputs, self._discharges, self._config = sorted(inputs), discharges, config_dict
+        self._slots, self._convert = slots, ConvertTable(discharges, config_dict, spill_dir, bounds, block_size_bytes)
 
     def expand(self, p):
-        return (
-            p
-            | "EventFiles" >> beam.Create(self._inputs)
-            | "SpreadFiles" >> beam.Reshuffle()
-            | "Convert" >> beam.ParDo(ConvertTable(self._discharges, self._config))
-        )
+        return p | "EventFiles" >> SlotFiles(self._slots) | "Convert" >> beam.ParDo(self._convert)
 
 
 class WriteMedsData(beam.PTransform):
-    """Tagged rows (events and the driver's task rows) -> one parquet file per (split, shard)."""
+    """RUN references (of the events and of the driver's task rows) -> one parquet file per (split, shard)."""
 
-    def __init__(self, out_dir: str, task_blobs: list, shards: list[tuple[str, int]]):
+    def __init__(self, out_dir: str, task_refs: list, shards: list[tuple[str, int]]):
         super().__init__()
-        self._out, self._task, self._shards = out_dir, task_blobs, shards
+        self._out, self._task, self._shards = out_dir, task_refs, shards
 
     def expand(self, items):
         p = items.pipeline
         return (
-            (items | "Rows" >> Select(ROWS), p | "TaskRows" >> beam.Create(self._task).with_output_types(KV),
+            (items | "Runs" >> Select(RUN), p | "TaskRuns" >> beam.Create(self._task).with_output_types(KV),
              p | "AllShards" >> beam.Create([(s, None) for s in self._shards]).with_output_types(KV))
-            | "JoinRows" >> beam.Flatten()
+            | "JoinRuns" >> beam.Flatten()
             | "GroupByShard" >> beam.GroupByKey()
             | "WriteShards" >> beam.ParDo(WriteMedsShard(self._out))
         )
 
 
-def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = None) -> dict[str, Any]:
-    """Converts a MIMIC-III release to a MEDS dataset in out_dir; returns the conversion manifest."""
+def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
+                resources: spill.SpillOptions | None = None) -> dict[str, Any]:
+    """Converts a MIMIC-III release to a MEDS dataset in out_dir; returns the conversion manifest.
+
+    ``resources``: workers (default: the machine's cores), the temporary folder and the sizes that
+    bound memory (spill.SpillOptions; a shard is sorted about ``bucket_rows`` rows at a time).
+    """
     started = time.time()
     mimic_dir, out_dir = layout.absolute(mimic_dir), layout.absolute(out_dir)  # as run_job, for every runner
     os.makedirs(out_dir, exist_ok=True)
@@ -162,26 +191,15 @@ def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | Non
     shards = [(MEDS_SPLITS[s], k) for s in MEDS_SPLITS for k in range(cfg["num_shards"][s])]
     tmp = os.path.join(out_dir, layout.TMP_DIR)
     os.makedirs(tmp, exist_ok=True)
-
-    def to_file(name):
-        def write(items):
-            layout.write_json(os.path.join(tmp, name), sorted(items))
-            return name
-        return write
-
-    p = beam.Pipeline(options=pipeline_options(beam_args or []))
-    items = p | "ConvertEvents" >> ConvertEvents(inputs, coh.discharges, cfg)
-    written = items | "WriteMedsData" >> WriteMedsData(out_dir, by_shard(task, config), shards)
-    dead = (items,) | "WriteDeadLetters" >> WriteDeadLetters(out_dir)
-    counts = ((items | "Counts" >> Select(COUNTS), written, dead) | "AllCounts" >> beam.Flatten()
-              | "Sum" >> beam.CombinePerKey(sum) | "CountsList" >> beam.combiners.ToList()
-              | "WriteCounts" >> beam.Map(to_file("counts.json")))
-    codes = (items | "Codes" >> Select(CODES) | "DistinctCodes" >> beam.CombinePerKey(lambda _: None)
-             | "CodeList" >> beam.combiners.ToList() | "WriteCodes" >> beam.Map(to_file("codes.json")))
-    errors = (items | "Fatal" >> beam.FlatMap(select(FATAL)) | "ErrorList" >> beam.combiners.ToList()
-              | "WriteErrors" >> beam.Map(to_file("errors.json")))
-    _ = (counts, codes, errors) | "Finish" >> beam.Flatten()
-    p.run().wait_until_finish()
+    resources = resources or spill.SpillOptions()
+    workers = resources.worker_count()
+    spill_dir = spill.spill_folder(out_dir, resources.temp_dir)
+    try:
+        graph = _spill_road(inputs, tables, task, coh.discharges, spill_dir, resources, workers, config)
+        _run_pipeline(out_dir, tmp, shards, graph, with_local_workers(beam_args or [], workers))
+        log_temp_bytes(spill_dir, ("parts", MEDS_RUNS_DIR))
+    finally:
+        spill.remove_folder(spill_dir)
 
     found_errors = layout.read_json(os.path.join(tmp, "errors.json"))
     if found_errors:
@@ -199,3 +217,58 @@ def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | Non
     manifest["seconds"] = round(time.time() - started, 3)
     layout.write_json(os.path.join(out_dir, MANIFEST), manifest)
     return manifest
+
+
+def _spill_road(inputs, tables: dict, task, discharges, spill_dir: str, resources: spill.SpillOptions, workers: int,
+                config) -> tuple:
+    """(ConvertEvents, the task rows' RUN references): disk checked, big inputs split, buckets drawn."""
+    threshold = resources.split_threshold_bytes
+    gzip_split.check_free_space(spill_dir, inputs, threshold)
+    if "://" not in spill_dir:  # the reader reads local files: parts of a split need a local folder
+        inputs = gzip_split.split_large_inputs(inputs, layout.join(spill_dir, "parts"), threshold)
+    subjects = tables["PATIENTS"].column("SUBJECT_ID").to_numpy()
+    bounds = subject_buckets(subjects, config, subjects_per_bucket(inputs, subjects.size, resources.bucket_rows))
+    writer = spill.FrameWriter(layout.join(spill_dir, MEDS_RUNS_DIR), _run_folder)
+    spill_rows(writer, task, config, bounds)
+    task_refs = [ref for _, ref in run_references(writer)]
+    slots = spill.lpt_slots(sorted(inputs), workers, work_bytes)
+    log.info("%d input files, %d shard buckets, %d workers; temporary files in %s", len(inputs),
+             sum(len(b) + 1 for b in bounds.values()), workers, spill_dir)
+    return ConvertEvents(slots, discharges, config.to_dict(), spill_dir, bounds, resources.block_size_bytes), task_refs
+
+
+# CSV text bytes per event row: ~100 in MIMIC-III's CHARTEVENTS (~33 GB, 330M rows) and in the
+# synthetic releases (99 measured at 8,000 patients).
+TEXT_BYTES_PER_ROW = 100
+
+
+def subjects_per_bucket(inputs: list[tuple[str, str]], subjects: int, bucket_rows: int) -> int:
+    """Subjects whose rows make about `bucket_rows` MEDS rows, from the inputs' expected text size."""
+    rows = sum(work_bytes(item) for item in inputs) / TEXT_BYTES_PER_ROW
+    return max(1, int(bucket_rows * max(subjects, 1) / max(rows, 1.0)))
+
+
+def _run_pipeline(out_dir: str, tmp: str, shards: list, graph: tuple, beam_args: list[str]) -> None:
+    """Converts, writes the shards and the driver's files of counts, codes and errors."""
+    convert, task_refs = graph
+
+    def to_file(name):
+        def write(items):
+            layout.write_json(os.path.join(tmp, name), sorted(items))
+            return name
+        return write
+
+    p = beam.Pipeline(options=pipeline_options(beam_args))
+    items = p | "ConvertEvents" >> convert
+    written = items | "WriteMedsData" >> WriteMedsData(out_dir, task_refs, shards)
+    dead = (items,) | "WriteDeadLetters" >> WriteDeadLetters(out_dir)
+    counts = ((items | "Counts" >> Select(COUNTS), written, dead) | "AllCounts" >> beam.Flatten()
+              | "Sum" >> beam.CombinePerKey(sum) | "CountsList" >> beam.combiners.ToList()
+              | "WriteCounts" >> beam.Map(to_file("counts.json")))
+    codes = (items | "Codes" >> Select(CODES) | "DistinctCodes" >> beam.CombinePerKey(lambda _: None)
+             | "CodeList" >> beam.combiners.ToList() | "WriteCodes" >> beam.Map(to_file("codes.json")))
+    errors = (items | "Fatal" >> beam.FlatMap(select(FATAL)) | "ErrorList" >> beam.combiners.ToList()
+              | "WriteErrors" >> beam.Map(to_file("errors.json")))
+    _ = (counts, codes, errors) | "Finish" >> beam.Flatten()
+    p.run().wait_until_finish()
+

@@ -5,13 +5,13 @@ wires them:
 
     items    = p | SpillSource(...)  or  p | MedsSource(...)   # tagged (kind, payload) items
     plan     = items | UnitPlan(loinc, reference_units, reference_medians)
-    bagged   = items | BagBuckets(..., plan)  or  BagExamples(config, plan)
-    written  = bagged | MergeShards(out_dir, config)  or  WriteExamples(out_dir, config)
+    bagged   = items | BagBuckets(BagBucket(...) or BagMedsBucket(...), plan)
+    written  = bagged | MergeShards(out_dir, config[, merge=True])
     ...      counts, dead letters, statistics -> files (run.run_job reads them back)
 
-A source yields, on ONE PCollection, ``(kind, payload)`` pairs: ``EXAMPLE`` (example key, [its
-cohort row (a dict), its event chunks (bytes)]) or, from the MIMIC-III job, a bucket of spilled
-events (``spill_stages``: its own kinds), ``UNITS`` ((code, unit), (rows, magnitude
+A source yields, on ONE PCollection, ``(kind, payload)`` pairs: a bucket of spilled events or
+examples (``spill_stages``: its own kinds; a MEDS file's reader yields ``EXAMPLE`` (example key,
+[its cohort row (a dict), its event chunks (bytes)]) before they are spilled), ``UNITS`` ((code, unit), (rows, magnitude
 sketch)) for the unit census, ``COUNTS`` (name, n), ``DEAD`` (file, dead letter) and ``FATAL``
 (a one-line error). Both roads bag each example with the same ``BagExample``.
 One output with kinds rather than Beam's tagged outputs: the Dask runner does not route tagged
