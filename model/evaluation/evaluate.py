@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from model.evaluation import against_truth, clinical_stats, metrics, metrics_report, plots, report_html
+from model.evaluation import against_truth, clinical_stats, dataset_identity, metrics, metrics_report, plots
+from model.evaluation import referral_choice, report_html
 from model.export_contract import DECISION_THRESHOLD, UNCERTAINTY_MEASURES, json_ready
 
 if TYPE_CHECKING:  # annotations only: reading a data folder needs TensorFlow, writing a report does not
@@ -292,12 +293,13 @@ def case_attributes(split: SplitRecords, hadm_ids: Sequence[int]) -> dict[str, n
 
 
 def population(files: DataFiles, splits: Mapping[str, SplitRecords]) -> dict[str, Any]:
-    """clinical_stats.population_profile of a data folder: its manifest and every split's cases."""
-    return clinical_stats.population_profile(files.manifest, {
+    """clinical_stats.population_profile of a data folder (its manifest, every split's cases) and the data's identity."""
+    identity = dataset_identity.dataset_identity(files.manifest, dataset_identity.read_release_manifest(files.manifest))
+    return {"dataset": identity, **clinical_stats.population_profile(files.manifest, {
         name: clinical_stats.split_characteristics(np.asarray(c.labels, np.int64), c.attributes,
                                                    np.asarray(c.trigger_times, np.int64), c.num_bags,
                                                    c.sources_present)
-        for name, c in splits.items()})
+        for name, c in splits.items()})}
 
 
 def model_description(cards: Sequence[Mapping[str, Any]], metrics_docs: Sequence[Mapping[str, Any]]) -> dict:
@@ -319,6 +321,10 @@ def add_clinical(report: dict[str, Any], probs: np.ndarray, labels: Sequence[int
         metrics.predictive_mean(probs), np.asarray(labels), u, referred=referred, attributes=attributes,
         truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins, target_coverage=target_coverage,
         target_risk=target_risk)
+    # The decision-aligned view of referral (Brier of the kept cases), beside the 0/1 error one.
+    report["clinical"]["selective_brier"] = json_ready(referral_choice.brier_selective(
+        metrics.predictive_mean(probs), np.asarray(labels), {**u, clinical_stats.RISK_SCORE: metrics.predictive_mean(
+            probs)}, target_coverage=target_coverage, n_bootstrap=n_bootstrap, seed=seed))
     return referred
 
 
@@ -334,7 +340,14 @@ def summary(report: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def metrics_document(test_report: Mapping[str, Any], *, measure: str, rate: float, threshold: float) -> dict:
-    """An export's metrics.json: the test summary, the referral rule chosen on validation, the decision threshold."""
-    return {"test": summary(test_report), "referral": {"measure": measure, "rate": rate, "threshold": threshold},
-            "decision_threshold": DECISION_THRESHOLD}
+def metrics_document(test_report: Mapping[str, Any], *, measure: str, rate: float, threshold: float,
+                     choice: Mapping[str, Any] | None = None) -> dict:
+    """An export's metrics.json: the test summary, the referral rule chosen on validation, the decision threshold.
+
+    ``choice``: referral_choice.choose on the validation split (with "configured": True where the config named
+    the measure), recorded as referral.chosen_on_validation; None leaves it out (baselines, older callers).
+    """
+    referral = {"measure": measure, "rate": rate, "threshold": threshold}
+    if choice is not None:
+        referral["chosen_on_validation"] = json_ready(dict(choice))
+    return {"test": summary(test_report), "referral": referral, "decision_threshold": DECISION_THRESHOLD}

@@ -40,7 +40,10 @@ def test_export_holds_the_contract_files(trained):
     assert {"ece", "nll", "auc_pr", "auc_roc", "brier"} <= set(metrics["test"])
     assert metrics["decision_threshold"] == 0.5
     referral = metrics["referral"]
-    assert (referral["measure"], referral["rate"]) == ("mutual_information", 0.1)  # the default: epistemic
+    # The default: the measure whose referral keeps the lowest Brier score on validation, recorded with the comparison.
+    chosen = referral["chosen_on_validation"]
+    assert (referral["measure"], referral["rate"]) == (min(chosen["aurc"], key=chosen["aurc"].get), 0.1)
+    assert "configured" not in chosen and chosen["loss"] == "Brier score of the kept cases"
     # The threshold is the validation split's: it refers ~10 % of the validation cases.
     validation = read_json(trained["run"] / "eval" / "validation" / "metrics.json")
     assert validation["referral"]["threshold"] == referral["threshold"]
