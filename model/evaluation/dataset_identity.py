@@ -46,12 +46,16 @@ def dataset_identity(manifest: Mapping[str, Any], release: Mapping[str, Any] | N
                 f"{release.get('seed', '?')})")
         dates = "generated dates: the calendar period has no real meaning"
         synthetic = True
+    elif not source.get("mimic_dir") and not source.get("meds_dir"):
+        name = "not recorded: the data folder's manifest names no input"
+        dates = "unknown: the input is not named"
+        synthetic = False
     elif source.get("meds_dir"):
         name = "MEDS dataset (from its MEDS metadata; the source's own documentation names it)"
         dates = "as recorded in the MEDS source; check its documentation for date shifting"
         synthetic = False
     else:
-        folder = os.path.basename(os.path.normpath(str(source.get("mimic_dir") or "MIMIC-III")))
+        folder = os.path.basename(os.path.normpath(str(source["mimic_dir"])))
         demo = "demo" in folder.lower()
         name = ("MIMIC-III Clinical Database Demo (100 patients, PhysioNet)" if demo
                 else f"MIMIC-III Clinical Database (folder {folder})")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from model.evaluation import against_truth, clinical_stats, dataset_identity, metrics, metrics_report, plots
-from model.evaluation import referral_choice, report_html
+from model.evaluation import curves, paired_clinical, referral_choice, report_html
 from model.export_contract import DECISION_THRESHOLD, UNCERTAINTY_MEASURES, json_ready
 
 if TYPE_CHECKING:  # annotations only: reading a data folder needs TensorFlow, writing a report does not
@@ -276,10 +276,35 @@ def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLik
                 "selective_difference": clinical_stats.paired_selective(
                     clinical_stats.error_loss(a.p, a.labels), {**a.uncertainties, clinical_stats.RISK_SCORE: a.p},
                     clinical_stats.error_loss(b.p, b.labels), {**b.uncertainties, clinical_stats.RISK_SCORE: b.p},
-                    target_coverage=target_coverage, target_risk=target_risk, n_bootstrap=n_bootstrap, seed=seed)}
-    return json_ready({"a": a.path, "b": b.path, "n": int(a.labels.size), "n_bootstrap": n_bootstrap, "seed": seed,
+                    target_coverage=target_coverage, target_risk=target_risk, n_bootstrap=n_bootstrap, seed=seed),
+                "paired_clinical": paired_clinical.paired_calibration_and_benefit(
+                    a.p, b.p, a.labels, n_bootstrap=n_bootstrap, seed=seed),
+                "absent_scores": paired_clinical.absent_scores(a.uncertainties, b.uncertainties)}
+    return json_ready({"a": a.path, "b": b.path, "names": {"a": model_name(a.path), "b": model_name(b.path)},
+                       "population": _population_beside(a.path), "n": int(a.labels.size), "n_bootstrap": n_bootstrap, "seed": seed,
                        "difference": "b - a", "metrics": diffs, "truth_known": truth is not None,
                        "clinical": clinical})
+
+
+def _metrics_beside(path: str | os.PathLike[str]) -> Mapping[str, Any]:
+    """The metrics.json ehr-eval wrote beside a predictions.csv, or {} (a file from elsewhere)."""
+    beside = pathlib.Path(path).with_name(REPORT_FILE)
+    if not beside.is_file():
+        return {}
+    with open(beside, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def model_name(path: str | os.PathLike[str]) -> str:
+    """A predictions file's model as its model card names it ('name version', ' + ' between members), else its path."""
+    members = (_metrics_beside(path).get("model") or {}).get("members") or []
+    names = [f"{m.get('name', '?')} {m.get('version', '')}".strip() for m in members]
+    return " + ".join(names) if names else str(path)
+
+
+def _population_beside(path: str | os.PathLike[str]) -> Mapping[str, Any] | None:
+    """The cohort of the evaluation that wrote a predictions file, for the comparison's participants section."""
+    return _metrics_beside(path).get("population")
 
 
 def case_attributes(split: SplitRecords, hadm_ids: Sequence[int]) -> dict[str, np.ndarray]:
@@ -325,6 +350,7 @@ def add_clinical(report: dict[str, Any], probs: np.ndarray, labels: Sequence[int
     report["clinical"]["selective_brier"] = json_ready(referral_choice.brier_selective(
         metrics.predictive_mean(probs), np.asarray(labels), {**u, clinical_stats.RISK_SCORE: metrics.predictive_mean(
             probs)}, target_coverage=target_coverage, n_bootstrap=n_bootstrap, seed=seed))
+    report["clinical"]["curves"] = curves.report_curves(metrics.predictive_mean(probs), np.asarray(labels))
     return referred
 
 

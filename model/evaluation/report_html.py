@@ -183,6 +183,26 @@ def _overall(doc: Mapping[str, Any]) -> str:
     return "<h3>Discrimination and overall performance</h3>" + _table(["Metric", "estimate (95% CI)"], rows) + note
 
 
+def _roc(doc: Mapping[str, Any]) -> str:
+    """The ROC curve of a single-model page, where the file stores it."""
+    roc = (doc["clinical"].get("curves") or {}).get("roc")
+    if not roc or not roc["fpr"]:
+        return ""
+    auc = (doc.get("ci", {}).get("auc_roc") or {}).get("estimate")
+    return _figure(plots.roc_figure(roc, auc), "ROC curve: sensitivity against 1 - specificity",
+                   "ROC curve over every risk threshold; the dashed diagonal is chance (AUC-ROC 0.5).")
+
+
+def _risk_histogram(doc: Mapping[str, Any]) -> str:
+    """Where the predicted risks lie, drawn under the calibration curve."""
+    histogram = (doc["clinical"].get("curves") or {}).get("histogram")
+    if not histogram:
+        return ""
+    return _figure(plots.risk_histogram_figure(histogram), "histogram of predicted risk by outcome",
+                   "Cases per predicted-risk bin (width 0.02), deaths stacked on survivors: the calibration curve "
+                   "above is informed only where cases lie.")
+
+
 def _calibration(models: Sequence[tuple[str, Mapping]]) -> str:
     rows = []
     for label, cal in models:
@@ -352,8 +372,9 @@ def _render_single(doc: Mapping[str, Any]) -> str:
             f"seed {doc.get('seed', 0)}")
     sha = doc.get("data_manifest_sha256")
     meta += f" · data manifest sha256 {_esc(sha[:12])}" if sha else ""
-    performance = (report_summary.key_cards(doc, clinical) + _overall(doc) + report_summary.threshold_section(clinical)
-                   + _calibration([("model", clinical["calibration"])])
+    performance = (report_summary.key_cards(doc, clinical) + _overall(doc) + _roc(doc)
+                   + report_summary.threshold_section(clinical) + _calibration([("model", clinical["calibration"])])
+                   + _risk_histogram(doc)
                    + _decision([("model", clinical["decision_curve"])])
                    + _selective([("model", clinical["selective"])], doc.get("referral"))
                    + report_summary.selective_brier_table(clinical) + _truth(doc.get("truth"))
@@ -364,15 +385,32 @@ def _render_single(doc: Mapping[str, Any]) -> str:
             + _heterogeneity([("model", clinical.get("subgroups"))]) + _updating() + _footer())
 
 
+def _paired_clinical_rows(paired: Mapping[str, Any] | None) -> list[list[str]]:
+    """Rows of B - A for calibration slope, calibration-in-the-large and net benefit per threshold."""
+    if not paired:
+        return []
+    cells = [("calibration slope", paired["slope"]), ("calibration-in-the-large", paired["intercept"])]
+    cells += [(f"net benefit at {float(t):.0%}", c) for t, c in paired["net_benefit"].items()]
+    return [[name, _num(c["a"], 4), _num(c["b"], 4), f"{c['difference']:+.4f}",
+             f"{_num(c['lower'], 4)} to {_num(c['upper'], 4)}"] for name, c in cells]
+
+
 def _render_comparison(doc: Mapping[str, Any]) -> str:
     clinical = doc["clinical"]
     names = ("A", "B")
     models = {n: clinical[n.lower()] for n in names}
     rows = [[name, _num(r["a"], 4), _num(r["b"], 4), f"{r['difference']:+.4f}" if r["difference"] is not None
              else "n/a", f"{_num(r['lower'], 4)} to {_num(r['upper'], 4)}"] for name, r in doc["metrics"].items()]
+    rows += _paired_clinical_rows(clinical.get("paired_clinical"))
     paired = _table(["Metric", "A", "B", "B - A", "95% interval (paired bootstrap)"], rows)
+    absent = clinical.get("absent_scores") or {}
     sel_rows = []
     for score, cells in clinical["selective_difference"].items():
+        if score in absent:  # a constant score cannot order cases: no comparison to make
+            sel_rows.append([SCORE_LABELS.get(score, score), "all", "absent" if "A" in absent[score] else "",
+                             "absent" if "B" in absent[score] else "", "not compared: constant over the cases in "
+                             + " and ".join(absent[score])])
+            continue
         for key in ("aurc", "augrc", "risk_at_coverage", "coverage_at_risk"):
             c = cells[key]
             sel_rows.append([SCORE_LABELS.get(score, score), key.replace("_", " "), _num(c["a"]), _num(c["b"]),
@@ -385,9 +423,10 @@ def _render_comparison(doc: Mapping[str, Any]) -> str:
                    + _selective([(n, models[n]["selective"]) for n in names], None) + sel_diff
                    + (_subgroups([(n, models[n].get("subgroups")) for n in names])
                       if any(models[n].get("subgroups") for n in names) else ""))
-    meta = (f"A = {_esc(doc['a'])}<br>B = {_esc(doc['b'])}<br>{_num(doc['n'])} paired cases, "
-            f"{_num(doc['n_bootstrap'])} bootstrap resamples, seed {doc['seed']}")
-    return (f"<h1>{_esc(TITLE)}: comparison</h1><p class=\"meta\">{meta}</p>" + _participants(None)
+    named = doc.get("names") or {"a": doc["a"], "b": doc["b"]}
+    meta = (f"A = {_esc(named['a'])} ({_esc(doc['a'])})<br>B = {_esc(named['b'])} ({_esc(doc['b'])})<br>"
+            f"{_num(doc['n'])} paired cases, {_num(doc['n_bootstrap'])} bootstrap resamples, seed {doc['seed']}")
+    return (f"<h1>{_esc(TITLE)}: comparison</h1><p class=\"meta\">{meta}</p>" + _participants(doc.get("population"))
             + _section("Model performance", "23a", performance)
             + _heterogeneity([(n, models[n].get("subgroups")) for n in names]) + _updating() + _footer())
 

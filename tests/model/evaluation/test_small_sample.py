@@ -120,3 +120,4 @@ def test_dataset_identity_names_synthetic_demo_and_shifted_dates(tmp_path):
     demo = dataset_identity.dataset_identity({"input": {"mimic_dir": "data/mimic-iii-demo"}}, None)
     assert not demo["synthetic"] and "Demo" in demo["name"] and "shifted" in demo["dates"]
     assert "internal validation" in demo["design"] and "imputation" in demo["missing_data"]
+    assert "names no input" in dataset_identity.dataset_identity({}, None)["name"]
