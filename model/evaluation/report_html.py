@@ -332,6 +332,9 @@ def _heterogeneity(models: Sequence[tuple[str, Mapping]]) -> str:
             lead = report_summary.power_note(sub) + (
                 f'<p>The largest gaps seen, none beyond the adjusted threshold:</p><ul class="gaps">{seen}</ul>'
                 if seen else "")
+        if not sub["comparisons"]:  # nothing was tested: the power note above says why
+            parts.append(title + lead)
+            continue
         parts.append(title + lead + (
             f'<p class="note">Each group is compared with all other cases on {", ".join(GAP_LABELS[m] for m in sub["gap_metrics"])} '
             f"({sub['comparisons']} comparisons of groups with at least {sub['min_gap_cases']} cases); a gap is named "

@@ -5,7 +5,9 @@ error against a bootstrap of scikit-learn's AUROC, the referral choice against a
 """
 from __future__ import annotations
 
+import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -13,7 +15,8 @@ from scipy.stats import norm
 from sklearn.metrics import confusion_matrix, roc_auc_score
 from statsmodels.stats.proportion import proportion_confint
 
-from model.evaluation import dataset_identity, html_cells, referral_choice, small_sample
+from model.evaluation import dataset_identity, evaluate, html_cells, referral_choice, report_html, small_sample
+from model.export_contract import json_ready
 
 
 @pytest.mark.parametrize("k,n", [(0, 4), (4, 4), (1, 6), (3, 11), (57, 386), (0, 1)])
@@ -121,3 +124,27 @@ def test_dataset_identity_names_synthetic_demo_and_shifted_dates(tmp_path):
     assert not demo["synthetic"] and "Demo" in demo["name"] and "shifted" in demo["dates"]
     assert "internal validation" in demo["design"] and "imputation" in demo["missing_data"]
     assert "names no input" in dataset_identity.dataset_identity({}, None)["name"]
+
+
+def test_a_demo_sized_page_says_its_size_on_every_headline_and_prints_no_zero_width_interval():
+    """11 cases, 4 deaths, subgroups of 1-6 cases (the MIMIC-III demo's test split): the page renders it honestly."""
+    rng = np.random.default_rng(11)
+    y = np.array([1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0])
+    probs = np.clip(0.2 + 0.5 * y[:, None] + rng.normal(0, 0.05, (11, 6)), 0.01, 0.99)
+    attributes = {"gender": np.array(list("MFMFMFMFMFM"), dtype=object), "age_years": rng.uniform(20, 90, 11),
+                  "admission_type": np.array(["EMERGENCY"] * 10 + ["ELECTIVE"], dtype=object),
+                  "ethnicity": np.array(["WHITE"] * 11, dtype=object), "insurance": np.array(["Medicare"] * 11,
+                                                                                            dtype=object)}
+    report = evaluate.evaluate_predictions(probs, y, 2, 3, threshold=0.01, measure="predictive_entropy", rate=0.1,
+                                           n_bootstrap=60)
+    evaluate.add_clinical(report, probs, y, measure="predictive_entropy", threshold=0.01, attributes=attributes,
+                          truth=None, n_bootstrap=60, seed=0, num_bins=15, target_coverage=0.8, target_risk=0.05)
+    report.update(n=11, prevalence=4 / 11, S=3, K=2)
+    page = report_html.render(json.loads(json.dumps(json_ready(report))))
+    assert not re.search(r"(-?\d+\.\d+) \((?:95% CI )?\1 to \1\)", page)
+    cards = re.findall(r'<div class="card[^"]*">(.*?)</div></div>', page)
+    headline = [c for c in cards if "Referred" not in c]
+    assert len(headline) >= 6 and all('class="ss"' in c for c in headline)
+    assert page.count('class="card grey"') == 2 and "not estimable at this size" in page
+    assert "No subgroup is served worse" not in page and "not testable at this size" in page
+    assert "0 comparisons" not in page
