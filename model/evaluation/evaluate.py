@@ -318,7 +318,7 @@ def case_attributes(split: SplitRecords, hadm_ids: Sequence[int]) -> dict[str, n
 
 
 def population(files: DataFiles, splits: Mapping[str, SplitRecords]) -> dict[str, Any]:
-    """clinical_stats.population_profile of a data folder (its manifest, every split's cases) and the data's identity."""
+    """clinical_stats.population_profile of a data folder (manifest, every split's cases) and the data's name."""
     identity = dataset_identity.dataset_identity(files.manifest, dataset_identity.read_release_manifest(files.manifest))
     return {"dataset": identity, **clinical_stats.population_profile(files.manifest, {
         name: clinical_stats.split_characteristics(np.asarray(c.labels, np.int64), c.attributes,

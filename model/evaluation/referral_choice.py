@@ -35,7 +35,7 @@ def is_constant(score) -> bool:
 def brier_selective(p, y, scores: Mapping[str, np.ndarray], *,
                     target_coverage: float = clinical_stats.TARGET_COVERAGE, n_bootstrap: int = 1000,
                     alpha: float = 0.05, seed: int = 0) -> dict[str, Any]:
-    """Per referral score: AURC and Brier at target_coverage of the kept cases, percentile intervals; constant: absent."""
+    """Per referral score: AURC and Brier at target_coverage of the kept cases (percentile CIs); constant: absent."""
     p, y = metrics.as_pair(p, y)
     loss = (p - y) ** 2
     idx = np.random.default_rng(seed).integers(0, y.size, size=(n_bootstrap, y.size))

@@ -49,8 +49,9 @@ def uncertainty_verdict(clinical: Mapping[str, Any]) -> str:
             + "; ".join(f"{SCORE_NAMES[s]} {cells[s]['aurc']['estimate']:.4f}" for s in ranked[1:]))
     risk = cells.get("risk")
     if risk:
-        overlap = risk["aurc"]["lower"] is None or cells[best]["aurc"]["lower"] is None or (
-            cells[best]["aurc"]["upper"] >= risk["aurc"]["lower"] and risk["aurc"]["upper"] >= cells[best]["aurc"]["lower"])
+        mine, theirs = cells[best]["aurc"], risk["aurc"]
+        overlap = theirs["lower"] is None or mine["lower"] is None or (
+            mine["upper"] >= theirs["lower"] and theirs["upper"] >= mine["lower"])
         text += (f"; highest p first {risk['aurc']['estimate']:.4f}"
                  + (": the intervals overlap, so at this size the uncertainty is not shown to refer better than "
                     "the risk itself" if overlap else ""))
@@ -97,8 +98,8 @@ def summary_box(doc: Mapping[str, Any]) -> str:
             ("Cases", f"{num(doc['n'])} on the {doc.get('split', 'test')} split, {num(_events(doc))} deaths"),
             ("Discrimination", f"AUC-ROC {ci((doc.get('ci') or {}).get('auc_roc'))}"),
             ("Calibration", calibration_text(clinical)),
-            ("Utility", "n/a" if nb is None else f"net benefit at a 10% threshold {ci(nb['model'])}, "
-                                                  f"gain over treat all / none {ci(nb['gain_over_default'], signed=True)}"),
+            ("Utility", "n/a" if nb is None else f"net benefit at a 10% threshold {ci(nb['model'])}, gain over "
+                                                  f"treat all / none {ci(nb['gain_over_default'], signed=True)}"),
             ("Uncertainty", uncertainty_verdict(clinical)),
             ("Subgroups", subgroup_verdict(clinical.get("subgroups")))]
     items = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in rows)
@@ -110,7 +111,7 @@ def summary_box(doc: Mapping[str, Any]) -> str:
 def key_cards(doc: Mapping[str, Any], clinical: Mapping[str, Any]) -> str:
     """The headline cards, each with its small-sample note; calibration greyed where not estimable."""
     rule = _rule(clinical)
-    note = rule.get("note", "") if rule and not rule.get("precise", True) else ""
+    note = rule.get("card_note", "") if rule else ""
     cal_ok = not rule or rule.get("calibration_estimable", True)
     cal = clinical["calibration"]
     cards = [card("Cases (deaths)", f"{num(doc['n'])} ({num(_events(doc))})", "", note),
@@ -121,14 +122,17 @@ def key_cards(doc: Mapping[str, Any], clinical: Mapping[str, Any]) -> str:
             cards.append(card(key, *interval_text(cell, 2, signed=signed), note))
         else:
             value = interval_text(cell, 2, signed=signed)[0]
-            cards.append(card(key, value, "not estimable at this size", note, grey=True))
+            reason = (f"{rule['smaller_class']} deaths or survivors, fewer than the {rule['min_calibration_events']} "
+                      "a logistic recalibration needs")
+            cards.append(card(key, value, "not estimable at this size", reason, grey=True))
     cards.append(card("Brier score", *interval_text((doc.get("ci") or {}).get("brier")), note))
     table_rows = {row["threshold"]: row for row in clinical["decision_curve"]["table"]}
     if 0.1 in table_rows:
         cards.append(card("Net benefit at 10% threshold", *interval_text(table_rows[0.1]["model"]), note))
     if doc.get("referral"):
         r = doc["referral"]
-        cards.append(card("Referred to a clinician", pct(r["referred_fraction"]), f"by {r['measure'].replace('_', ' ')}"))
+        cards.append(card("Referred to a clinician", pct(r["referred_fraction"]),
+                          f"by {r['measure'].replace('_', ' ')}"))
     return '<div class="cards">' + "".join(cards) + "</div>"
 
 

@@ -132,8 +132,11 @@ def estimability(events: int, n: int) -> dict[str, Any]:
                 f"than the {PRECISE_EVENTS} a validation needs (Riley et al. 2021)")
     else:
         note = ""
+    what = "deaths" if events <= n - events else "survivors"
+    # The card's line: the same rule, short enough to sit under every headline number.
+    card_note = "" if precise else f"imprecise: {smaller} {what} (< {PRECISE_EVENTS}; Riley et al. 2021)"
     return {"events": int(events), "n": int(n), "smaller_class": int(smaller), "calibration_estimable": calibration,
-            "precise": precise, "note": note, "min_calibration_events": MIN_CALIBRATION_EVENTS,
+            "precise": precise, "note": note, "card_note": card_note, "min_calibration_events": MIN_CALIBRATION_EVENTS,
             "precise_events": PRECISE_EVENTS}
 
 
