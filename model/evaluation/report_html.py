@@ -282,9 +282,16 @@ def _truth(truth: Mapping[str, Any] | None) -> str:
 
 
 def _subgroup_cell(row: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
-    """A subgroup's cell: AUROC and the death rate from their closed-form intervals where the file has them."""
+    """A subgroup's cell: AUROC and the death rate from their closed-form intervals where the file has them; other
+    metrics of a group under MIN_GAP_CASES without an interval (a bootstrap of a handful of cases is no interval)."""
     closed_form = {"auc_roc": "auc_roc_hm", "observed_rate": "observed_rate_wilson"}.get(key)
-    return row.get(closed_form) or row.get(key) if closed_form else row.get(key)
+    if closed_form and row.get(closed_form):
+        return row[closed_form]
+    cell = row.get(key)
+    if cell and cell.get("estimate") is not None and row["n"] < clinical_stats.MIN_GAP_CASES and key != "auc_roc":
+        return {"estimate": cell["estimate"], "estimable": False,
+                "reason": f"fewer than {clinical_stats.MIN_GAP_CASES} cases: no interval"}
+    return cell
 
 
 def _subgroups(models: Sequence[tuple[str, Mapping]]) -> str:
@@ -308,8 +315,10 @@ def _subgroups(models: Sequence[tuple[str, Mapping]]) -> str:
                     for group, row in groups.items()]
             parts.append(f"<h3>{_esc(title)}{_esc(attribute.replace('_', ' '))}</h3>"
                          + _table(["group", "n", "deaths"] + [name for _, name in columns], rows))
-    return ("<h3>Subgroups</h3>"
-            '<p class="note">Every metric with a percentile bootstrap 95% interval (basic for ECE) within each '
+    return ("<h3>Subgroups (calibration by subgroup: observed - expected)</h3>"
+            '<p class="note">AUC-ROC with a logit-scale Hanley-McNeil 95% interval, not estimable with fewer than '
+            f"{small_sample.MIN_AUC_EVENTS} deaths or survivors or at complete separation; the death rate with a "
+            "Wilson interval; every other metric with a percentile bootstrap 95% interval (basic for ECE) within each "
             "group. AUC-PR, Brier and NLL move with a group's death rate, ECE with its size and |p - P_DEATH| with "
             "its risk: compare groups on AUC-ROC, observed - expected and, where the truth is known, the error on "
             "the log-odds scale.</p>" + "".join(parts))
@@ -377,7 +386,8 @@ def _render_single(doc: Mapping[str, Any]) -> str:
     sha = doc.get("data_manifest_sha256")
     meta += f" · data manifest sha256 {_esc(sha[:12])}" if sha else ""
     performance = (report_summary.key_cards(doc, clinical) + _overall(doc) + _roc(doc)
-                   + report_summary.threshold_section(clinical) + _calibration([("model", clinical["calibration"])])
+                   + report_summary.threshold_section(clinical) + report_summary.calibration_warning(clinical)
+                   + _calibration([("model", clinical["calibration"])])
                    + _risk_histogram(doc)
                    + _decision([("model", clinical["decision_curve"])])
                    + _selective([("model", clinical["selective"])], doc.get("referral"))

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from model.evaluation.html_cells import card, ci, esc, interval_text, num, pct, table
+from model.evaluation.small_sample import NOT_ESTIMABLE
 
 SCORE_NAMES = {"predictive_entropy": "predictive entropy", "mutual_information": "mutual information",
                "predictive_std": "std of sampled p", "risk": "highest p first"}
@@ -32,6 +33,16 @@ def calibration_text(clinical: Mapping[str, Any]) -> str:
         return (f"not estimable at this size ({rule['smaller_class']} deaths or survivors; the rule needs "
                 f"{rule['min_calibration_events']})")
     return f"slope {ci(cal['slope'], 2)}, calibration-in-the-large {ci(cal['intercept'], 2, signed=True)}"
+
+
+def calibration_warning(clinical: Mapping[str, Any]) -> str:
+    """A note above the calibration table when the small-sample rule says it is not estimable here."""
+    rule = _rule(clinical)
+    if not rule or rule["calibration_estimable"]:
+        return ""
+    return (f'<p class="note warn">Calibration slope and calibration-in-the-large are {NOT_ESTIMABLE} '
+            f"({rule['smaller_class']} deaths or survivors, fewer than the {rule['min_calibration_events']} a "
+            "logistic recalibration needs): the fits below are shown for completeness and should not be read.</p>")
 
 
 def uncertainty_verdict(clinical: Mapping[str, Any]) -> str:
