@@ -113,6 +113,7 @@ def model_lifespan(settings: Settings, metrics: ServiceMetrics,
         app.state.monitor = Monitor(export, settings.monitor_window, metrics, refresh_s=settings.monitor_refresh_s)
         if export.reference is None:
             logger.info("the export carries no reference population: /v1/monitor answers 'unavailable'")
+        logger.info("referral: %s", export.metrics.referral.describe())
         if settings.warmup:
             warm = asyncio.create_task(warm_up(app, model, batcher, settings))
         else:

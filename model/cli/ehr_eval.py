@@ -75,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                              f"validation if given, and always for ensembles, where it defaults to {d.referral_rate})")
     parser.add_argument("--referral-measure", default=None,
                         choices=UNCERTAINTY_MEASURES,
-                        help=f"uncertainty for referral; default: the stored one ({d.referral_measure} for ensembles, "
-                             "predictive_entropy for a baseline, whose mutual information is 0)")
+                        help="uncertainty for referral; default: the stored one (for ensembles, the measure whose "
+                             "referral keeps the lowest Brier score on the validation split; predictive_entropy for a "
+                             "baseline, whose mutual information is 0)")
     parser.add_argument("--bootstrap", type=int, default=d.n_bootstrap, help="bootstrap resamples for the CIs")
     parser.add_argument("--num-bins", type=int, default=d.num_bins, help="ECE bins")
     parser.add_argument("--target-coverage", type=fraction, default=clinical_stats.TARGET_COVERAGE,

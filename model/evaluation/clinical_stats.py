@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from model.export_contract import json_ready
-from model.evaluation import against_truth, metrics
+from model.export_contract import DECISION_THRESHOLD, json_ready
+from model.evaluation import against_truth, metrics, small_sample
 
 # Threshold probabilities of the decision curve: 1 % to 60 %. Above ~0.6 nobody would withhold
 # treatment from a patient more likely than not to die, and net benefit there is noise.
@@ -518,9 +518,14 @@ def clinical_report(p, y, scores: Mapping[str, np.ndarray], *, referred=None,
         "selective": selective_summary(p, y, all_scores, target_coverage=target_coverage, target_risk=target_risk,
                                        n_bootstrap=n_bootstrap, alpha=alpha, seed=seed),
     }
+    # The decision threshold first, then the decision curve's tabulated thresholds.
+    report["small_sample"] = small_sample.small_sample_report(p, y, (DECISION_THRESHOLD, *DCA_TABLE_THRESHOLDS),
+                                                                alpha)
     if attributes:
         report["subgroups"] = subgroup_report(p, y, subgroup_labels(attributes), truth, n_bootstrap=n_bootstrap,
                                               alpha=alpha, seed=seed, num_bins=num_bins)
+        small_sample.subgroup_power(report["subgroups"], float(metrics.auc_roc(p, y)), int(y.sum()), int(y.size),
+                                    alpha)
     return json_ready(report)
 
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from model.evaluation import against_truth, clinical_stats, metrics, metrics_report, plots, report_html
+from model.evaluation import against_truth, clinical_stats, dataset_identity, metrics, metrics_report, plots
+from model.evaluation import curves, paired_clinical, referral_choice, report_html
 from model.export_contract import DECISION_THRESHOLD, UNCERTAINTY_MEASURES, json_ready
 
 if TYPE_CHECKING:  # annotations only: reading a data folder needs TensorFlow, writing a report does not
@@ -275,10 +276,35 @@ def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLik
                 "selective_difference": clinical_stats.paired_selective(
                     clinical_stats.error_loss(a.p, a.labels), {**a.uncertainties, clinical_stats.RISK_SCORE: a.p},
                     clinical_stats.error_loss(b.p, b.labels), {**b.uncertainties, clinical_stats.RISK_SCORE: b.p},
-                    target_coverage=target_coverage, target_risk=target_risk, n_bootstrap=n_bootstrap, seed=seed)}
-    return json_ready({"a": a.path, "b": b.path, "n": int(a.labels.size), "n_bootstrap": n_bootstrap, "seed": seed,
+                    target_coverage=target_coverage, target_risk=target_risk, n_bootstrap=n_bootstrap, seed=seed),
+                "paired_clinical": paired_clinical.paired_calibration_and_benefit(
+                    a.p, b.p, a.labels, n_bootstrap=n_bootstrap, seed=seed),
+                "absent_scores": paired_clinical.absent_scores(a.uncertainties, b.uncertainties)}
+    return json_ready({"a": a.path, "b": b.path, "names": {"a": model_name(a.path), "b": model_name(b.path)},
+                       "population": _population_beside(a.path), "n": int(a.labels.size), "n_bootstrap": n_bootstrap, "seed": seed,
                        "difference": "b - a", "metrics": diffs, "truth_known": truth is not None,
                        "clinical": clinical})
+
+
+def _metrics_beside(path: str | os.PathLike[str]) -> Mapping[str, Any]:
+    """The metrics.json ehr-eval wrote beside a predictions.csv, or {} (a file from elsewhere)."""
+    beside = pathlib.Path(path).with_name(REPORT_FILE)
+    if not beside.is_file():
+        return {}
+    with open(beside, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def model_name(path: str | os.PathLike[str]) -> str:
+    """A predictions file's model as its model card names it ('name version', ' + ' between members), else its path."""
+    members = (_metrics_beside(path).get("model") or {}).get("members") or []
+    names = [f"{m.get('name', '?')} {m.get('version', '')}".strip() for m in members]
+    return " + ".join(names) if names else str(path)
+
+
+def _population_beside(path: str | os.PathLike[str]) -> Mapping[str, Any] | None:
+    """The cohort of the evaluation that wrote a predictions file, for the comparison's participants section."""
+    return _metrics_beside(path).get("population")
 
 
 def case_attributes(split: SplitRecords, hadm_ids: Sequence[int]) -> dict[str, np.ndarray]:
@@ -292,12 +318,13 @@ def case_attributes(split: SplitRecords, hadm_ids: Sequence[int]) -> dict[str, n
 
 
 def population(files: DataFiles, splits: Mapping[str, SplitRecords]) -> dict[str, Any]:
-    """clinical_stats.population_profile of a data folder: its manifest and every split's cases."""
-    return clinical_stats.population_profile(files.manifest, {
+    """clinical_stats.population_profile of a data folder (manifest, every split's cases) and the data's name."""
+    identity = dataset_identity.dataset_identity(files.manifest, dataset_identity.read_release_manifest(files.manifest))
+    return {"dataset": identity, **clinical_stats.population_profile(files.manifest, {
         name: clinical_stats.split_characteristics(np.asarray(c.labels, np.int64), c.attributes,
                                                    np.asarray(c.trigger_times, np.int64), c.num_bags,
                                                    c.sources_present)
-        for name, c in splits.items()})
+        for name, c in splits.items()})}
 
 
 def model_description(cards: Sequence[Mapping[str, Any]], metrics_docs: Sequence[Mapping[str, Any]]) -> dict:
@@ -319,6 +346,11 @@ def add_clinical(report: dict[str, Any], probs: np.ndarray, labels: Sequence[int
         metrics.predictive_mean(probs), np.asarray(labels), u, referred=referred, attributes=attributes,
         truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins, target_coverage=target_coverage,
         target_risk=target_risk)
+    # The decision-aligned view of referral (Brier of the kept cases), beside the 0/1 error one.
+    report["clinical"]["selective_brier"] = json_ready(referral_choice.brier_selective(
+        metrics.predictive_mean(probs), np.asarray(labels), {**u, clinical_stats.RISK_SCORE: metrics.predictive_mean(
+            probs)}, target_coverage=target_coverage, n_bootstrap=n_bootstrap, seed=seed))
+    report["clinical"]["curves"] = curves.report_curves(metrics.predictive_mean(probs), np.asarray(labels))
     return referred
 
 
@@ -334,7 +366,14 @@ def summary(report: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def metrics_document(test_report: Mapping[str, Any], *, measure: str, rate: float, threshold: float) -> dict:
-    """An export's metrics.json: the test summary, the referral rule chosen on validation, the decision threshold."""
-    return {"test": summary(test_report), "referral": {"measure": measure, "rate": rate, "threshold": threshold},
-            "decision_threshold": DECISION_THRESHOLD}
+def metrics_document(test_report: Mapping[str, Any], *, measure: str, rate: float, threshold: float,
+                     choice: Mapping[str, Any] | None = None) -> dict:
+    """An export's metrics.json: the test summary, the referral rule chosen on validation, the decision threshold.
+
+    ``choice``: referral_choice.choose on the validation split (with "configured": True where the config named
+    the measure), recorded as referral.chosen_on_validation; None leaves it out (baselines, older callers).
+    """
+    referral = {"measure": measure, "rate": rate, "threshold": threshold}
+    if choice is not None:
+        referral["chosen_on_validation"] = json_ready(dict(choice))
+    return {"test": summary(test_report), "referral": referral, "decision_threshold": DECISION_THRESHOLD}

@@ -39,11 +39,6 @@ NUM_BINS = 15
 REFERRAL_RATES: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(11))
 # The scalar metrics reported overall, per member, with bootstrap CIs and per referral rate.
 SCALAR_METRICS: tuple[str, ...] = ("auc_pr", "auc_roc", "nll", "ece", "brier", "accuracy")
-# Referral measure unless a model's config says otherwise: epistemic uncertainty. Predictive
-# entropy is a function of p alone for one model (it refers the cases nearest 0.5, in practice
-# the highest-risk ones); mutual information is what the posterior adds. It is 0 for a single
-# deterministic model (S = K = 1), whose configs keep predictive entropy.
-DEFAULT_REFERRAL_MEASURE = "mutual_information"
 # Fraction of cases referred to a clinician unless a config or flag says otherwise.
 DEFAULT_REFERRAL_RATE = 0.1
 # Bootstrap interval per metric where the percentile one is wrong (see bootstrap_interval).

@@ -247,6 +247,44 @@ def calibration_figure(models: Sequence[tuple[str, Mapping]]) -> Figure:
     return fig
 
 
+def roc_figure(curves: Mapping, auc: float | None) -> Figure:
+    """The ROC curve stored in clinical.curves.roc, with the chance diagonal."""
+    fig = _new_figure(4.6, 4.4)
+    ax = fig.subplots()
+    label = "model" if auc is None else f"model (AUC-ROC {auc:.3f})"
+    ax.plot(curves["fpr"], curves["tpr"], color=_COLOURS[0], lw=2, drawstyle="default", label=label)
+    ax.plot([0, 1], [0, 1], ls="--", color="gray", lw=1, label="chance")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("1 - specificity (false-positive rate)")
+    ax.set_ylabel("sensitivity (true-positive rate)")
+    ax.set_title("ROC curve", fontsize=11)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def risk_histogram_figure(histogram: Mapping, top: float | None = None) -> Figure:
+    """Deaths and survivors per predicted-risk bin (clinical.curves.histogram), stacked, on the calibration's axis."""
+    fig = _new_figure(5.6, 1.9)
+    ax = fig.subplots()
+    edges = np.asarray(histogram["edges"], dtype=np.float64)
+    width = np.diff(edges)
+    survivors = np.asarray(histogram["survivors"], dtype=np.float64)
+    if top is None:  # the occupied range, as the calibration figure above it shows
+        filled = np.flatnonzero(survivors + np.asarray(histogram["deaths"], dtype=np.float64))
+        top = min(1.0, float(edges[filled[-1] + 1]) + 0.02) if filled.size else 1.0
+    ax.bar(edges[:-1], survivors, width=width, align="edge", color="#a0aec0", label="survivors")
+    ax.bar(edges[:-1], histogram["deaths"], width=width, align="edge", bottom=survivors, color="#c05621",
+           label="deaths")
+    ax.set_xlim(0, top)
+    ax.set_xlabel("predicted risk of in-hospital death")
+    ax.set_ylabel("cases")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
 def decision_curve_figure(models: Sequence[tuple[str, Mapping]]) -> Figure:
     """Net benefit against the threshold probability: model(s), treat all, treat none; with referral, a
     second panel of the kept cases and the referral strategies in the first."""

@@ -12,13 +12,14 @@ subgroups (23a), heterogeneity (23b), updating (24).
 from __future__ import annotations
 
 import base64
-import html
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from model.evaluation import clinical_stats, plots
+from model.evaluation import clinical_stats, plots, report_summary, small_sample
+from model.evaluation.html_cells import card as _card, ci as _ci, esc as _esc, interval_text as _interval_text
+from model.evaluation.html_cells import num as _num, pct as _pct, section as _section, table as _table
 
 TITLE = "In-hospital mortality after the first 24 hours: evaluation report"
 # Labels of the report's metrics, in the order tables list them.
@@ -49,46 +50,14 @@ padding:3px 7px;text-align:right;vertical-align:top}th{background:#eef3f8}td.l,t
 figure{margin:10px 0}figure img{max-width:100%;border:1px solid #e2e8f0}figcaption{font-size:12px;color:#556}
 .note{font-size:12.5px;color:#445;background:#f6f8fa;border-left:3px solid #a0aec0;padding:6px 10px}
 .warn{border-left-color:#c05621;background:#fffaf0}ul.gaps li{margin-bottom:4px}
+.card.grey{opacity:.55}.card .ss{font-size:11px;color:#9c4221;margin-top:3px}
+.summary{border:2px solid #2b6cb0;border-radius:6px;padding:4px 14px;background:#f7fafc;font-size:13px}
+.summary h2{margin-top:6px}.summary dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:4px 0}
+.summary dt{font-weight:600}.summary dd{margin:0}.summary ul{margin:2px 0 6px}
 """
 
 
-# --------------------------------------------------------------------------- formatting
-
-
-def _esc(value: Any) -> str:
-    return html.escape(str(value))
-
-
-def _num(value: Any, digits: int = 3) -> str:
-    """A number for a table cell, 'n/a' for None."""
-    if value is None:
-        return "n/a"
-    if isinstance(value, int) and not isinstance(value, bool):
-        return f"{value:,}"
-    return f"{value:.{digits}f}"
-
-
-def _ci(cell: Mapping[str, Any] | None, digits: int = 3, signed: bool = False) -> str:
-    """'estimate (lower to upper)' of an {estimate, lower, upper} cell."""
-    if not cell or cell.get("estimate") is None:
-        return "n/a"
-    fmt = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
-    interval = ("" if cell.get("lower") is None or cell.get("upper") is None
-                else f" ({fmt.format(cell['lower'])} to {fmt.format(cell['upper'])})")
-    return fmt.format(cell["estimate"]) + interval
-
-
-def _pct(value: Any, digits: int = 1) -> str:
-    return "n/a" if value is None else f"{100.0 * value:.{digits}f}%"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
-    """An HTML table; the first `left` columns are left-aligned; cells are escaped."""
-    head = "".join(f'<th class="l">{_esc(h)}</th>' if i < left else f"<th>{_esc(h)}</th>"
-                   for i, h in enumerate(header))
-    body = "".join("<tr>" + "".join(f'<td class="l">{_esc(c)}</td>' if i < left else f"<td>{_esc(c)}</td>"
-                                    for i, c in enumerate(row)) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+# --------------------------------------------------------------------------- sections
 
 
 def _figure(fig, alt: str, caption: str) -> str:
@@ -97,26 +66,6 @@ def _figure(fig, alt: str, caption: str) -> str:
             f"<figcaption>{_esc(caption)}</figcaption></figure>")
 
 
-def _section(title: str, item: str, body: str) -> str:
-    tag = f'<span class="item">TRIPOD+AI {_esc(item)}</span>' if item else ""
-    return f"<section><h2>{_esc(title)}{tag}</h2>{body}</section>"
-
-
-def _card(key: str, value: str, ci: str = "") -> str:
-    return (f'<div class="card"><div class="k">{_esc(key)}</div><div class="v">{_esc(value)}</div>'
-            f'<div class="ci">{_esc(ci)}</div></div>')
-
-
-def _interval_text(cell: Mapping[str, Any] | None, digits: int = 3, signed: bool = False) -> tuple[str, str]:
-    if not cell or cell.get("estimate") is None:
-        return "n/a", ""
-    fmt = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
-    if cell.get("lower") is None:
-        return fmt.format(cell["estimate"]), ""
-    return fmt.format(cell["estimate"]), f"95% CI {fmt.format(cell['lower'])} to {fmt.format(cell['upper'])}"
-
-
-# --------------------------------------------------------------------------- sections
 
 
 def _participants(population: Mapping[str, Any] | None) -> str:
@@ -165,7 +114,7 @@ def _participants(population: Mapping[str, Any] | None) -> str:
     bagging = population.get("bagging", {})
     events = _table(["Table", "rows read", "unreadable (dead-lettered)", "events used (before prediction)"],
                     table_rows)
-    body = (intro + "<h3>Flow of admissions (20a)</h3>" + flow
+    body = (report_summary.dataset_paragraph(population) + intro + "<h3>Flow of admissions (20a)</h3>" + flow
             + "<h3>Characteristics per split (20b, 20c)</h3>" + _table(["Characteristic"] + names, chars)
             + '<p class="note">Ethnicity is pooled from ADMISSIONS.ETHNICITY into broad groups; ethnicity and '
               "insurance are recorded for this report only and are not model inputs.</p>"
@@ -220,34 +169,39 @@ def _specification(doc: Mapping[str, Any]) -> str:
     return _section("Model specification", "22", "".join(parts))
 
 
-def _key_numbers(doc: Mapping[str, Any], clinical: Mapping[str, Any]) -> str:
-    ci = doc.get("ci", {})
-    cal = clinical["calibration"]
-    cards = [_card("Cases (deaths)", f"{_num(doc['n'])} ({_num(round(doc['n'] * doc['prevalence']))})"),
-             _card("AUC-ROC", *_interval_text(ci.get("auc_roc"))),
-             _card("Calibration slope (ideal 1)", *_interval_text(cal["slope"], 2)),
-             _card("Calibration-in-the-large (ideal 0)", *_interval_text(cal["intercept"], 2, signed=True)),
-             _card("Brier score", *_interval_text(ci.get("brier")))]
-    table = {row["threshold"]: row for row in clinical["decision_curve"]["table"]}
-    if 0.1 in table:
-        cards.append(_card("Net benefit at 10% threshold", *_interval_text(table[0.1]["model"])))
-    if doc.get("referral"):
-        r = doc["referral"]
-        cards.append(_card("Referred to a clinician", _pct(r["referred_fraction"]),
-                           f"by {r['measure'].replace('_', ' ')}"))
-    return '<div class="cards">' + "".join(cards) + "</div>"
-
-
 def _overall(doc: Mapping[str, Any]) -> str:
     ci = doc.get("ci", {})
     rows = [[METRIC_LABELS[k], _ci(ci.get(k) or {"estimate": doc["overall"].get(k)})] for k in METRIC_LABELS
             if k in doc.get("overall", {})]
+    nir = (doc.get("clinical", {}).get("small_sample") or {}).get("no_information_rate")
+    if nir is not None:
+        rows.append(["No-information rate (always the commoner outcome)", _num(nir)])
     note = ""
     ece = ci.get("ece") or {}
     if ece.get("bias_corrected") is not None:
         note = ('<p class="note">ECE grows with sampling noise, so its interval is the basic bootstrap one, which '
                 f"can lie below the estimate; the bias-corrected ECE is {ece['bias_corrected']:.3f}.</p>")
     return "<h3>Discrimination and overall performance</h3>" + _table(["Metric", "estimate (95% CI)"], rows) + note
+
+
+def _roc(doc: Mapping[str, Any]) -> str:
+    """The ROC curve of a single-model page, where the file stores it."""
+    roc = (doc["clinical"].get("curves") or {}).get("roc")
+    if not roc or not roc["fpr"]:
+        return ""
+    auc = (doc.get("ci", {}).get("auc_roc") or {}).get("estimate")
+    return _figure(plots.roc_figure(roc, auc), "ROC curve: sensitivity against 1 - specificity",
+                   "ROC curve over every risk threshold; the dashed diagonal is chance (AUC-ROC 0.5).")
+
+
+def _risk_histogram(doc: Mapping[str, Any]) -> str:
+    """Where the predicted risks lie, drawn under the calibration curve."""
+    histogram = (doc["clinical"].get("curves") or {}).get("histogram")
+    if not histogram:
+        return ""
+    return _figure(plots.risk_histogram_figure(histogram), "histogram of predicted risk by outcome",
+                   "Cases per predicted-risk bin (width 0.02), deaths stacked on survivors: the calibration curve "
+                   "above is informed only where cases lie.")
 
 
 def _calibration(models: Sequence[tuple[str, Mapping]]) -> str:
@@ -327,6 +281,19 @@ def _truth(truth: Mapping[str, Any] | None) -> str:
             "release does not, and these rows are absent there.</p>" + _table(["Measure", "value"], rows))
 
 
+def _subgroup_cell(row: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    """A subgroup's cell: AUROC and the death rate from their closed-form intervals where the file has them; other
+    metrics of a group under MIN_GAP_CASES without an interval (a bootstrap of a handful of cases is no interval)."""
+    closed_form = {"auc_roc": "auc_roc_hm", "observed_rate": "observed_rate_wilson"}.get(key)
+    if closed_form and row.get(closed_form):
+        return row[closed_form]
+    cell = row.get(key)
+    if cell and cell.get("estimate") is not None and row["n"] < clinical_stats.MIN_GAP_CASES and key != "auc_roc":
+        return {"estimate": cell["estimate"], "estimable": False,
+                "reason": f"fewer than {clinical_stats.MIN_GAP_CASES} cases: no interval"}
+    return cell
+
+
 def _subgroups(models: Sequence[tuple[str, Mapping]]) -> str:
     parts = []
     for label, sub in models:
@@ -342,13 +309,16 @@ def _subgroups(models: Sequence[tuple[str, Mapping]]) -> str:
                              f"{title}estimates with 95% bootstrap intervals per subgroup; grey: fewer than "
                              f"{sub['min_gap_cases']} cases."))
         for attribute, groups in sub["attributes"].items():
-            rows = [[group, _num(row["n"]), _num(row["events"])] + [_ci(row.get(k), 3, signed=k.endswith("expected"))
+            rows = [[group, _num(row["n"]), _num(row["events"])] + [_ci(_subgroup_cell(row, k), 3,
+                                                                        signed=k.endswith("expected"))
                                                                     for k, _ in columns]
                     for group, row in groups.items()]
             parts.append(f"<h3>{_esc(title)}{_esc(attribute.replace('_', ' '))}</h3>"
                          + _table(["group", "n", "deaths"] + [name for _, name in columns], rows))
-    return ("<h3>Subgroups</h3>"
-            '<p class="note">Every metric with a percentile bootstrap 95% interval (basic for ECE) within each '
+    return ("<h3>Subgroups (calibration by subgroup: observed - expected)</h3>"
+            '<p class="note">AUC-ROC with a logit-scale Hanley-McNeil 95% interval, not estimable with fewer than '
+            f"{small_sample.MIN_AUC_EVENTS} deaths or survivors or at complete separation; the death rate with a "
+            "Wilson interval; every other metric with a percentile bootstrap 95% interval (basic for ECE) within each "
             "group. AUC-PR, Brier and NLL move with a group's death rate, ECE with its size and |p - P_DEATH| with "
             "its risk: compare groups on AUC-ROC, observed - expected and, where the truth is known, the error on "
             "the log-odds scale.</p>" + "".join(parts))
@@ -368,9 +338,13 @@ def _heterogeneity(models: Sequence[tuple[str, Mapping]]) -> str:
                             for g in sub["gaps"])
             lead = '<p>The model serves these groups worse than the rest:</p><ul class="gaps">' + items + "</ul>"
         else:
-            lead = ("<p>No subgroup is served worse than the rest beyond the adjusted threshold. The largest gaps "
-                    "seen:</p><ul class=\"gaps\">" + "".join(
-                        f"<li>{_esc(clinical_stats.describe_gap(g))}</li>" for g in sub["largest"].values()) + "</ul>")
+            seen = "".join(f"<li>{_esc(clinical_stats.describe_gap(g))}</li>" for g in sub["largest"].values())
+            lead = report_summary.power_note(sub) + (
+                f'<p>The largest gaps seen, none beyond the adjusted threshold:</p><ul class="gaps">{seen}</ul>'
+                if seen else "")
+        if not sub["comparisons"]:  # nothing was tested: the power note above says why
+            parts.append(title + lead)
+            continue
         parts.append(title + lead + (
             f'<p class="note">Each group is compared with all other cases on {", ".join(GAP_LABELS[m] for m in sub["gap_metrics"])} '
             f"({sub['comparisons']} comparisons of groups with at least {sub['min_gap_cases']} cases); a gap is named "
@@ -411,14 +385,28 @@ def _render_single(doc: Mapping[str, Any]) -> str:
             f"seed {doc.get('seed', 0)}")
     sha = doc.get("data_manifest_sha256")
     meta += f" · data manifest sha256 {_esc(sha[:12])}" if sha else ""
-    performance = (_key_numbers(doc, clinical) + _overall(doc) + _calibration([("model", clinical["calibration"])])
+    performance = (report_summary.key_cards(doc, clinical) + _overall(doc) + _roc(doc)
+                   + report_summary.threshold_section(clinical) + report_summary.calibration_warning(clinical)
+                   + _calibration([("model", clinical["calibration"])])
+                   + _risk_histogram(doc)
                    + _decision([("model", clinical["decision_curve"])])
-                   + _selective([("model", clinical["selective"])], doc.get("referral")) + _truth(doc.get("truth"))
+                   + _selective([("model", clinical["selective"])], doc.get("referral"))
+                   + report_summary.selective_brier_table(clinical) + _truth(doc.get("truth"))
                    + (_subgroups([("model", clinical.get("subgroups"))]) if clinical.get("subgroups") else ""))
-    return (f"<h1>{_esc(TITLE)}</h1><p class=\"meta\">{meta}</p>"
+    return (f"<h1>{_esc(TITLE)}</h1><p class=\"meta\">{meta}</p>" + report_summary.summary_box(doc)
             + _participants(doc.get("population")) + _analysis_numbers(doc.get("population"), doc)
             + _specification(doc) + _section("Model performance", "23a", performance)
             + _heterogeneity([("model", clinical.get("subgroups"))]) + _updating() + _footer())
+
+
+def _paired_clinical_rows(paired: Mapping[str, Any] | None) -> list[list[str]]:
+    """Rows of B - A for calibration slope, calibration-in-the-large and net benefit per threshold."""
+    if not paired:
+        return []
+    cells = [("calibration slope", paired["slope"]), ("calibration-in-the-large", paired["intercept"])]
+    cells += [(f"net benefit at {float(t):.0%}", c) for t, c in paired["net_benefit"].items()]
+    return [[name, _num(c["a"], 4), _num(c["b"], 4), f"{c['difference']:+.4f}",
+             f"{_num(c['lower'], 4)} to {_num(c['upper'], 4)}"] for name, c in cells]
 
 
 def _render_comparison(doc: Mapping[str, Any]) -> str:
@@ -427,9 +415,16 @@ def _render_comparison(doc: Mapping[str, Any]) -> str:
     models = {n: clinical[n.lower()] for n in names}
     rows = [[name, _num(r["a"], 4), _num(r["b"], 4), f"{r['difference']:+.4f}" if r["difference"] is not None
              else "n/a", f"{_num(r['lower'], 4)} to {_num(r['upper'], 4)}"] for name, r in doc["metrics"].items()]
+    rows += _paired_clinical_rows(clinical.get("paired_clinical"))
     paired = _table(["Metric", "A", "B", "B - A", "95% interval (paired bootstrap)"], rows)
+    absent = clinical.get("absent_scores") or {}
     sel_rows = []
     for score, cells in clinical["selective_difference"].items():
+        if score in absent:  # a constant score cannot order cases: no comparison to make
+            sel_rows.append([SCORE_LABELS.get(score, score), "all", "absent" if "A" in absent[score] else "",
+                             "absent" if "B" in absent[score] else "", "not compared: constant over the cases in "
+                             + " and ".join(absent[score])])
+            continue
         for key in ("aurc", "augrc", "risk_at_coverage", "coverage_at_risk"):
             c = cells[key]
             sel_rows.append([SCORE_LABELS.get(score, score), key.replace("_", " "), _num(c["a"]), _num(c["b"]),
@@ -442,9 +437,10 @@ def _render_comparison(doc: Mapping[str, Any]) -> str:
                    + _selective([(n, models[n]["selective"]) for n in names], None) + sel_diff
                    + (_subgroups([(n, models[n].get("subgroups")) for n in names])
                       if any(models[n].get("subgroups") for n in names) else ""))
-    meta = (f"A = {_esc(doc['a'])}<br>B = {_esc(doc['b'])}<br>{_num(doc['n'])} paired cases, "
-            f"{_num(doc['n_bootstrap'])} bootstrap resamples, seed {doc['seed']}")
-    return (f"<h1>{_esc(TITLE)}: comparison</h1><p class=\"meta\">{meta}</p>" + _participants(None)
+    named = doc.get("names") or {"a": doc["a"], "b": doc["b"]}
+    meta = (f"A = {_esc(named['a'])} ({_esc(doc['a'])})<br>B = {_esc(named['b'])} ({_esc(doc['b'])})<br>"
+            f"{_num(doc['n'])} paired cases, {_num(doc['n_bootstrap'])} bootstrap resamples, seed {doc['seed']}")
+    return (f"<h1>{_esc(TITLE)}: comparison</h1><p class=\"meta\">{meta}</p>" + _participants(doc.get("population"))
             + _section("Model performance", "23a", performance)
             + _heterogeneity([(n, models[n].get("subgroups")) for n in names]) + _updating() + _footer())
 

@@ -30,7 +30,7 @@ from ehr_pipeline.shift import Profile, population
 from model import data_folder
 from model.export_contract import MAX_SAMPLES, REFERENCE_PROFILE
 from model.data_folder import DataFiles, SplitRecords
-from model.evaluation import against_reference, clinical_stats, evaluate, metrics, unit_check
+from model.evaluation import against_reference, clinical_stats, evaluate, metrics, referral_choice, unit_check
 from model.evaluation.against_reference import ShiftResult
 from model.export import write as export_writer
 from model.export.load import LoadedExport, load_export, read_export
@@ -123,13 +123,20 @@ def _score(request: EvaluationRequest, exports: Sequence[LoadedExport], splits: 
 def _referral_rule(request: EvaluationRequest, exports: Sequence[LoadedExport],
                    validation: Callable[[], _Scored]) -> tuple[str, float, float]:
     """(measure, rate, threshold): a single model's stored rule unless the request changes it; an ensemble
-    has none stored, so it is chosen on the validation split, as training does."""
+    has none stored, so both measure and threshold are chosen on the validation split, as training does
+    with referral_measure "auto" (the measure whose referral keeps the lowest Brier score)."""
     stored = exports[0].metrics.get("referral") if len(exports) == 1 else None
-    measure = request.referral_measure or (stored["measure"] if stored else metrics.DEFAULT_REFERRAL_MEASURE)
     rate = request.referral_rate if request.referral_rate is not None else (
         stored["rate"] if stored else metrics.DEFAULT_REFERRAL_RATE)
     if stored and request.referral_rate is None and request.referral_measure is None:
-        return measure, rate, float("-inf") if stored["threshold"] is None else float(stored["threshold"])
+        threshold = float("-inf") if stored["threshold"] is None else float(stored["threshold"])
+        return stored["measure"], rate, threshold
+    if request.referral_measure or stored:
+        measure = request.referral_measure or stored["measure"]
+    else:
+        scored = validation()
+        measure = referral_choice.choose(scored.probs, scored.split.labels)["measure"]
+        log.info("referral measure %s: chosen on the validation split by the Brier score of kept cases", measure)
     return measure, rate, evaluate.referral_threshold(validation().probs, rate, measure)
 
 

@@ -25,7 +25,8 @@ Layout (the contract with serving/):
                         case mix, per-code value distributions, out-of-vocabulary shares, units, the
                         validation split's mutual information): what the shift report and the service's
                         monitor compare new data with
-  metrics.json          {"test": {...}, "referral": {measure, rate, threshold}, "decision_threshold": 0.5}
+  metrics.json          {"test": {...}, "referral": {measure, rate, threshold, chosen_on_validation},
+                        "decision_threshold": 0.5}
   manifest.json         {"files": {relative_path: sha256}, "format_version": 1}
 
 ``load_export`` verifies every checksum, validates the JSON side files (``read_export``) and
@@ -97,6 +98,21 @@ class ReferralPolicy(_Loose):
     measure: str
     rate: float = Field(ge=0.0, le=1.0)
     threshold: float | None
+    # How the measure was picked: {"loss", "aurc": {measure: AURC on validation}, "absent": [...], "n"} when the
+    # training config said "auto"; {"configured": True, ...} when it named one; absent in older exports.
+    chosen_on_validation: dict[str, Any] | None = None
+
+    def describe(self) -> str:
+        """One line for the service's log: the rule, and whether validation chose its measure."""
+        rule = f"refer when {self.measure} > {self.threshold} (at most {self.rate:.0%} on validation)"
+        choice = self.chosen_on_validation
+        if choice is None:
+            return (rule + "; this export predates the choice on validation: its measure is the one its training "
+                           "config named")
+        if choice.get("configured"):
+            return rule + "; measure named by the training config (an explicit override of the choice on validation)"
+        ranked = ", ".join(f"{k} {v:.4f}" for k, v in sorted(choice.get("aurc", {}).items(), key=lambda kv: kv[1]))
+        return rule + f"; measure chosen on validation by the {choice.get('loss')} AURC ({ranked})"
 
     @pydantic.field_validator("measure")
     @classmethod

@@ -185,9 +185,11 @@ class EvalConfig(_Model):
     batch_size: _PosInt = Field(64, description="Examples per prediction call.")
     referral_rate: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
         DEFAULT_REFERRAL_RATE, description="Fraction of cases referred to a clinician; threshold chosen on validation.")
-    referral_measure: Literal["predictive_entropy", "mutual_information", "predictive_std"] = Field(
-        "mutual_information", description="Uncertainty that decides referral; mutual information is the epistemic "
-        "part (0 for one deterministic network, whose configs use predictive_entropy).")
+    referral_measure: Literal["auto", "predictive_entropy", "mutual_information", "predictive_std"] = Field(
+        "auto", description="Uncertainty that decides referral; 'auto': the one whose referral keeps "
+        "the lowest Brier score of the kept cases (AURC) on the validation split, recorded in metrics.json; a named "
+        "measure overrides that choice. Mutual information is the epistemic part (0 for one deterministic network, "
+        "whose configs use predictive_entropy).")
     num_bins: _PosInt = Field(15, description="ECE bins (Table 7).")
     n_bootstrap: _PosInt = Field(1000, description="Bootstrap resamples for the confidence intervals.")
     seed: _Int = Field(0, description="Sampling seed of the final evaluation.")

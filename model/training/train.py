@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from model import data_folder
 from model.export_contract import EXPORT_DIR
-from model.evaluation import against_reference, metrics
+from model.evaluation import against_reference, metrics, referral_choice
 from model.evaluation import evaluate as evaluation
 from model.export import write as export_writer
 from model.export.predict import Predictor, predict_probs
@@ -224,23 +224,27 @@ def finalize(config: ExperimentConfig, model: tf.keras.Model, featurizer: inputs
     reports = {}
     threshold = None
     validation_mi = None
+    measure, choice = ec.referral_measure, None
     for split in ("validation", "test"):
         split_records = data_folder.read_split(files, split)
         records, labels, hadm_ids = split_records.records, split_records.labels, split_records.hadm_ids
         probs = predict_probs(predictor, records, ec.num_samples, ec.seed, batch_size=ec.batch_size,
                               progress=progress)
-        if threshold is None:  # validation comes first: the threshold is chosen there, used everywhere
-            threshold = evaluation.referral_threshold(probs, ec.referral_rate, ec.referral_measure)
+        if threshold is None:  # validation comes first: the measure and threshold are chosen there, used everywhere
+            choice = referral_choice.choose(probs, labels)
+            measure = choice["measure"] if ec.referral_measure == "auto" else ec.referral_measure
+            if ec.referral_measure != "auto":
+                choice = {**choice, "configured": True}
+            threshold = evaluation.referral_threshold(probs, ec.referral_rate, measure)
             validation_mi = metrics.mutual_information(probs)
         truth = evaluation.load_truth(truth_path, hadm_ids) if truth_path is not None else None
         report = evaluation.evaluate_predictions(
-            probs, labels, model.ensemble_size, ec.num_samples, threshold=threshold, measure=ec.referral_measure,
+            probs, labels, model.ensemble_size, ec.num_samples, threshold=threshold, measure=measure,
             rate=ec.referral_rate, truth=truth, num_bins=ec.num_bins, n_bootstrap=ec.n_bootstrap, seed=ec.seed)
-        evaluation.write_report(out / EVAL_DIR / split, report, probs, labels, hadm_ids, ec.referral_measure,
-                                ec.num_bins)
+        evaluation.write_report(out / EVAL_DIR / split, report, probs, labels, hadm_ids, measure, ec.num_bins)
         reports[split] = report
-    metrics_doc = evaluation.metrics_document(reports["test"], measure=ec.referral_measure, rate=ec.referral_rate,
-                                              threshold=threshold)
+    metrics_doc = evaluation.metrics_document(reports["test"], measure=measure, rate=ec.referral_rate,
+                                              threshold=threshold, choice=choice)
     card = export_writer.model_card(
         name=config.name, method=_method_name(config), ensemble_size=model.ensemble_size,
         data_sha256=data_folder.manifest_sha256(files.data_dir), metrics_doc=metrics_doc,

@@ -28,7 +28,14 @@ _PROBE = """<script>window.addEventListener("load", () => {
     images: images.length,
     drawn: images.filter(i => i.complete && i.naturalWidth > 0).length,
     sections: Array.from(document.querySelectorAll("h2")).map(h => h.textContent),
-    height: document.body.scrollHeight});
+    height: document.body.scrollHeight,
+    // Accessibility and the first screen: every figure's alt text and caption; where the summary sits.
+    described: Array.from(document.querySelectorAll("figure")).filter(f => f.querySelector("img[alt]")
+      && f.querySelector("img").alt.trim() && f.querySelector("figcaption")
+      && f.querySelector("figcaption").textContent.trim()).length,
+    figures: document.querySelectorAll("figure").length,
+    summary_bottom: (s => s ? s.getBoundingClientRect().bottom : null)(document.getElementById("summary")),
+    viewport: window.innerHeight});
   document.body.appendChild(probe);
 });</script>"""
 

@@ -6,17 +6,20 @@ from the JSON and find them on the page; the browser checks that every figure de
 from __future__ import annotations
 
 import csv
+import html
 import re
 
 import numpy as np
 import pytest
 
 from model.cli import ehr_eval
-from model.evaluation import clinical_stats, evaluate, report_html
+from model.evaluation import clinical_stats, evaluate, html_cells, report_html
 from tests.support.browser import render_check
 from tests.support.ehr_testdata import read_json
 
 TRIPOD_ORDER = ("20a-c", "21", "22", "23a", "23b", "24")
+# "0.500 (0.500 to 0.500)": an interval of zero width, which the page must never print.
+ZERO_WIDTH = re.compile(r"(-?\d+\.\d+) \((?:95% CI )?\1 to \1\)")
 
 
 def _no_network(page: str) -> None:
@@ -47,9 +50,27 @@ def test_model_report_is_the_metrics_json_rendered(model_report):
         assert report_html._ci(row["model"]) in page
     for cells in clinical["selective"]["scores"].values():
         assert report_html._ci(cells["aurc"]) in page
-    # TRIPOD+AI's results items, in their order.
+    # TRIPOD+AI's results items, in their order, after the summary.
     positions = [page.index(f"TRIPOD+AI {item}") for item in TRIPOD_ORDER]
-    assert positions == sorted(positions)
+    assert positions == sorted(positions) and page.index('id="summary"') < positions[0]
+    # Small samples said plainly: the rule's note on the headline numbers, no interval of zero width.
+    rule = clinical["small_sample"]["estimability"]
+    assert not rule["precise"] and html.escape(rule["note"]) in page
+    assert not ZERO_WIDTH.search(page), ZERO_WIDTH.search(page)
+    # Threshold metrics with their Wilson intervals, the no-information rate, the data named.
+    for row in clinical["small_sample"]["thresholds"]:
+        for key in ("sensitivity", "specificity", "npv"):
+            assert html.escape(html_cells.ci(row[key])) in page
+    assert f"{clinical['small_sample']['no_information_rate']:.3f}" in page
+    # This hand-written folder's manifest names no input: the page says so rather than guess.
+    assert "names no input" in doc["population"]["dataset"]["name"]
+    assert html.escape(doc["population"]["dataset"]["name"]) in page
+    # The decision-aligned referral verdict; subgroup AUROCs never 1.000 (1.000 to 1.000).
+    assert clinical["selective_brier"]["best"] in clinical["selective_brier"]["scores"]
+    for groups in clinical["subgroups"]["attributes"].values():
+        for row in groups.values():
+            cell = row["auc_roc_hm"]
+            assert cell["estimable"] is False or cell["lower"] < cell["estimate"] < cell["upper"]
     # Who the cases are: every split of the data folder, counted as the data's manifest counts them.
     splits = doc["population"]["splits"]
     assert {name: s["n"] for name, s in splits.items()} == {"train": 160, "validation": 48, "test": 48}
@@ -65,10 +86,13 @@ def test_model_report_is_the_metrics_json_rendered(model_report):
 
 def test_model_report_renders_in_chromium_with_every_figure(model_report, tmp_path):
     seen = render_check(model_report / evaluate.REPORT_HTML, tmp_path)
-    # Calibration, decision curve, risk-coverage and the subgroup forest plot.
-    assert seen["images"] == 4 and seen["drawn"] == 4
+    # ROC, calibration with the risk histogram under it, decision curve, risk-coverage, subgroup forest plot.
+    assert seen["images"] == 6 and seen["drawn"] == 6
     assert seen["height"] > 3000
     assert [s for s in seen["sections"] if "TRIPOD" in s][0].startswith("Participants")
+    # The first screen holds the summary; every figure has its alt text and caption.
+    assert seen["sections"][0] == "Summary" and seen["summary_bottom"] <= 2 * seen["viewport"]
+    assert seen["described"] == seen["figures"] == seen["images"]
 
 
 def test_compare_report_renders_both_models(tmp_path, capsys):
@@ -102,6 +126,34 @@ def test_compare_report_renders_both_models(tmp_path, capsys):
     assert seen["images"] == 5 and seen["drawn"] == 5
 
 
+def test_compare_marks_a_constant_measure_absent_and_pairs_calibration_and_net_benefit(tmp_path):
+    rng = np.random.default_rng(5)
+    n, ids = 240, np.arange(2000, 2240)
+    truth = rng.beta(1.2, 6.0, n)
+    y = (rng.random(n) < truth).astype(int)
+    # A: one deterministic network (every sample equal, mutual information 0); B: a sampled model.
+    probs_a = np.repeat(np.clip(truth + rng.normal(0, 0.05, n), 0.001, 0.999)[:, None], 4, axis=1)
+    probs_b = np.clip(truth[:, None] + rng.normal(0, 0.03, (n, 4)), 0.001, 0.999)
+    evaluate.write_predictions(tmp_path / "a.csv", probs_a, y, ids, 1, 4)
+    evaluate.write_predictions(tmp_path / "b.csv", probs_b, y, ids, 2, 2)
+    out = tmp_path / "cmp"
+    assert ehr_eval.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--bootstrap", "40",
+                          "--out", str(out)]) == 0
+    doc = read_json(out / evaluate.COMPARISON_FILE)
+    assert doc["clinical"]["absent_scores"] == {"mutual_information": ["A"], "predictive_std": ["A"]}
+    a, b = evaluate.read_predictions(tmp_path / "a.csv"), evaluate.read_predictions(tmp_path / "b.csv")
+    paired = doc["clinical"]["paired_clinical"]
+    slope_a = clinical_stats.calibration_fit(a.p, a.labels)["slope"]["estimate"]
+    slope_b = clinical_stats.calibration_fit(b.p, b.labels)["slope"]["estimate"]
+    assert paired["slope"]["difference"] == pytest.approx(slope_b - slope_a)
+    # Net benefit at 10 % by its definition, TP/n - FP/n * 0.1 / 0.9, for each model.
+    nb = [(np.sum((p >= 0.1) & (y == 1)) - np.sum((p >= 0.1) & (y == 0)) / 9) / n for p in (a.p, b.p)]
+    assert paired["net_benefit"]["0.1"]["difference"] == pytest.approx(nb[1] - nb[0])
+    assert paired["net_benefit"]["0.1"]["lower"] < paired["net_benefit"]["0.1"]["upper"]
+    page = (out / evaluate.REPORT_HTML).read_text(encoding="utf-8")
+    assert "not compared: constant over the cases in A" in page and "calibration slope" in page
+
+
 @pytest.mark.slow
 def test_report_names_the_subgroup_planted_in_a_synthetic_release(tmp_path):
     """A release whose URGENT admissions die by another physiology: the report names that group."""
@@ -126,4 +178,4 @@ def test_report_names_the_subgroup_planted_in_a_synthetic_release(tmp_path):
     heterogeneity = page[page.index("TRIPOD+AI 23b"):]
     assert "serves these groups worse" in heterogeneity and "admission type = URGENT</b>" in heterogeneity
     seen = render_check(out / evaluate.REPORT_HTML, tmp_path / "browser")
-    assert seen["images"] == seen["drawn"] == 4
+    assert seen["images"] == seen["drawn"] == 6  # with the ROC curve and the risk histogram

@@ -12,7 +12,7 @@ import tensorflow as tf
 from ehr_pipeline.contract import spec, tfrecord
 from ehr_pipeline.encode import seqex
 from model import data_folder
-from model.export.load import ExportError, load_export
+from model.export.load import ExportError, ReferralPolicy, load_export
 from model.export_contract import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
 from model.export.predict import Predictor, predict_probs
 from model.training.config import parse_config
@@ -40,7 +40,10 @@ def test_export_holds_the_contract_files(trained):
     assert {"ece", "nll", "auc_pr", "auc_roc", "brier"} <= set(metrics["test"])
     assert metrics["decision_threshold"] == 0.5
     referral = metrics["referral"]
-    assert (referral["measure"], referral["rate"]) == ("mutual_information", 0.1)  # the default: epistemic
+    # The default: the measure whose referral keeps the lowest Brier score on validation, recorded with the comparison.
+    chosen = referral["chosen_on_validation"]
+    assert (referral["measure"], referral["rate"]) == (min(chosen["aurc"], key=chosen["aurc"].get), 0.1)
+    assert "configured" not in chosen and chosen["loss"] == "Brier score of the kept cases"
     # The threshold is the validation split's: it refers ~10 % of the validation cases.
     validation = read_json(trained["run"] / "eval" / "validation" / "metrics.json")
     assert validation["referral"]["threshold"] == referral["threshold"]
@@ -154,3 +157,14 @@ def test_range_warnings_need_a_training_distribution(tmp_path):
         "lab:1": {"mean": 1.0, "std": 0.1, "n": 3}, "lab:2": {"mean": 2.0, "std": 0.2, "n": export.RANGE_MIN_VALUES},
         "lab:3": {"mean": 3.0, "std": 0.3}}}, tmp_path / "numeric_stats.json")
     assert clip_z == 10.0 and stats == {"lab:2": (2.0, 0.2), "lab:3": (3.0, 0.3)}
+
+
+def test_the_referral_policy_says_how_its_measure_was_chosen():
+    base = {"measure": "predictive_entropy", "rate": 0.1, "threshold": 0.5}
+    old = ReferralPolicy.model_validate(base).describe()
+    assert "predates the choice on validation" in old
+    chosen = {"loss": "Brier score of the kept cases", "aurc": {"mutual_information": 0.06, "predictive_entropy": 0.05}}
+    line = ReferralPolicy.model_validate({**base, "chosen_on_validation": chosen}).describe()
+    assert "chosen on validation" in line and line.index("predictive_entropy 0.0500") < line.index("mutual_information")
+    override = ReferralPolicy.model_validate({**base, "chosen_on_validation": {**chosen, "configured": True}})
+    assert "explicit override" in override.describe()

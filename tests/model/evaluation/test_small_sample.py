@@ -1,0 +1,150 @@
+"""The small-sample rule and the closed-form intervals, each against an independent computation.
+
+Wilson against statsmodels, the confusion counts against scikit-learn, the Hanley-McNeil standard
+error against a bootstrap of scikit-learn's AUROC, the referral choice against a naive sort.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+from sklearn.metrics import confusion_matrix, roc_auc_score
+from statsmodels.stats.proportion import proportion_confint
+
+from model.evaluation import dataset_identity, evaluate, html_cells, referral_choice, report_html, small_sample
+from model.export_contract import json_ready
+
+
+@pytest.mark.parametrize("k,n", [(0, 4), (4, 4), (1, 6), (3, 11), (57, 386), (0, 1)])
+def test_wilson_matches_statsmodels_and_never_has_zero_width(k, n):
+    lower, upper = small_sample.wilson_interval(k, n)
+    ref = proportion_confint(k, n, alpha=0.05, method="wilson")
+    assert lower == pytest.approx(ref[0], abs=1e-12) and upper == pytest.approx(ref[1], abs=1e-12)
+    assert upper - lower > 0.05
+
+
+def test_threshold_metrics_count_like_sklearn():
+    rng = np.random.default_rng(0)
+    p = rng.uniform(size=300)
+    y = (rng.uniform(size=300) < p).astype(int)
+    for t in (0.05, 0.1, 0.3, 0.5):
+        out = small_sample.threshold_metrics(p, y, t)
+        tn, fp, fn, tp = confusion_matrix(y, (p >= t).astype(int), labels=[0, 1]).ravel()
+        assert (out["tp"], out["fp"], out["fn"], out["tn"]) == (tp, fp, fn, tn)
+        assert out["sensitivity"]["estimate"] == pytest.approx(tp / (tp + fn))
+        assert out["ppv"]["estimate"] == pytest.approx(tp / (tp + fp))
+        assert out["npv"]["lower"] == pytest.approx(proportion_confint(tn, tn + fn, method="wilson")[0])
+
+
+def test_a_ratio_with_an_empty_denominator_is_named_not_zero():
+    out = small_sample.threshold_metrics([0.1, 0.2, 0.3], [0, 1, 0], 0.9)
+    assert out["ppv"]["estimate"] is None and "no cases" in out["ppv"]["reason"]
+    assert "no cases" in html_cells.ci(out["ppv"])
+
+
+def test_hanley_mcneil_se_is_close_to_the_bootstrap_sd():
+    rng = np.random.default_rng(1)
+    y = np.r_[np.ones(80), np.zeros(320)].astype(int)
+    score = rng.normal(size=400) + 1.0 * y
+    auc = roc_auc_score(y, score)
+    boot = []
+    for _ in range(400):
+        i = rng.integers(0, 400, 400)
+        if 0 < y[i].sum() < 400:
+            boot.append(roc_auc_score(y[i], score[i]))
+    se = small_sample.hanley_mcneil_se(auc, 80, 320)
+    assert se == pytest.approx(np.std(boot), rel=0.25)
+
+
+def test_auc_interval_is_logit_scale_and_refuses_the_degenerate_cases():
+    cell = small_sample.auc_interval(0.8, 20, 60)
+    se = small_sample.hanley_mcneil_se(0.8, 20, 60) / (0.8 * 0.2)
+    expit = lambda v: 1 / (1 + math.exp(-v))  # noqa: E731
+    assert cell["lower"] == pytest.approx(expit(math.log(4) - norm.ppf(0.975) * se))
+    assert cell["lower"] < 0.8 < cell["upper"] < 1.0
+    assert small_sample.auc_interval(1.0, 6, 10)["estimable"] is False
+    assert small_sample.auc_interval(0.7, 4, 10)["estimable"] is False
+    assert "not estimable" not in html_cells.ci(cell) and "separated" in html_cells.ci(
+        small_sample.auc_interval(1.0, 6, 10))
+
+
+def test_the_rule_at_the_demo_size_and_at_a_large_size():
+    demo = small_sample.estimability(4, 11)
+    assert not demo["calibration_estimable"] and not demo["precise"] and "not estimable" in demo["note"]
+    mid = small_sample.estimability(57, 386)
+    assert mid["calibration_estimable"] and not mid["precise"] and "imprecise" in mid["note"]
+    assert small_sample.estimability(150, 1000)["note"] == ""
+
+
+def test_detectable_gap_is_the_closed_form_power_formula():
+    gap = small_sample.detectable_auc_gap(0.8, 10, 40, 50, 300, z_test=1.96)
+    se = math.hypot(small_sample.hanley_mcneil_se(0.8, 10, 40), small_sample.hanley_mcneil_se(0.8, 50, 300))
+    assert gap == pytest.approx((1.96 + norm.ppf(0.8)) * se)
+    assert small_sample.detectable_auc_gap(0.8, 3, 40, 50, 300, z_test=1.96) is None
+
+
+def test_zero_width_interval_is_never_printed():
+    assert html_cells.ci({"estimate": 1.0, "lower": 1.0, "upper": 1.0}) == f"1.000 ({html_cells.NO_INTERVAL})"
+    assert html_cells.interval_text({"estimate": 1.0, "lower": 1.0, "upper": 1.0})[1] == html_cells.NO_INTERVAL
+
+
+def _naive_brier_aurc(p, y, score):
+    order = np.argsort(score, kind="stable")
+    loss = ((p - y) ** 2)[order]
+    return float(np.mean(np.cumsum(loss) / np.arange(1, len(loss) + 1)))
+
+
+def test_referral_choice_picks_the_lowest_brier_aurc_and_skips_a_constant_measure():
+    rng = np.random.default_rng(2)
+    probs = rng.beta(1, 6, size=(200, 1)) * np.ones((1, 5))  # one deterministic model: MI is 0 everywhere
+    y = (rng.uniform(size=200) < probs[:, 0]).astype(int)
+    chosen = referral_choice.choose(probs, y)
+    assert "mutual_information" in chosen["absent"] and "mutual_information" not in chosen["aurc"]
+    p = probs.mean(axis=1)
+    entropy = -(p * np.log(p) + (1 - p) * np.log(1 - p))
+    assert chosen["aurc"]["predictive_entropy"] == pytest.approx(_naive_brier_aurc(p, y, entropy))
+    assert chosen["measure"] == min(chosen["aurc"], key=chosen["aurc"].get)
+    sel = referral_choice.brier_selective(p, y, {"mutual_information": np.zeros(200), "risk": p}, n_bootstrap=50)
+    assert sel["absent"] == ["mutual_information"] and sel["best"] == "risk"
+    assert sel["scores"]["risk"]["aurc"]["estimate"] == pytest.approx(_naive_brier_aurc(p, y, p))
+
+
+def test_dataset_identity_names_synthetic_demo_and_shifted_dates(tmp_path):
+    (tmp_path / dataset_identity.SYNTH_MANIFEST).write_text('{"generator": "ehr_pipeline.synth", "version": "1", '
+                                                            '"patients": 300, "seed": 3}')
+    manifest = {"input": {"mimic_dir": str(tmp_path)}}
+    release = dataset_identity.read_release_manifest(manifest)
+    synth = dataset_identity.dataset_identity(manifest, release)
+    assert synth["synthetic"] and "300 patients" in synth["name"] and "generated" in synth["dates"]
+    demo = dataset_identity.dataset_identity({"input": {"mimic_dir": "data/mimic-iii-demo"}}, None)
+    assert not demo["synthetic"] and "Demo" in demo["name"] and "shifted" in demo["dates"]
+    assert "internal validation" in demo["design"] and "imputation" in demo["missing_data"]
+    assert "names no input" in dataset_identity.dataset_identity({}, None)["name"]
+
+
+def test_a_demo_sized_page_says_its_size_on_every_headline_and_prints_no_zero_width_interval():
+    """11 cases, 4 deaths, subgroups of 1-6 cases (the MIMIC-III demo's test split): the page renders it honestly."""
+    rng = np.random.default_rng(11)
+    y = np.array([1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0])
+    probs = np.clip(0.2 + 0.5 * y[:, None] + rng.normal(0, 0.05, (11, 6)), 0.01, 0.99)
+    attributes = {"gender": np.array(list("MFMFMFMFMFM"), dtype=object), "age_years": rng.uniform(20, 90, 11),
+                  "admission_type": np.array(["EMERGENCY"] * 10 + ["ELECTIVE"], dtype=object),
+                  "ethnicity": np.array(["WHITE"] * 11, dtype=object), "insurance": np.array(["Medicare"] * 11,
+                                                                                            dtype=object)}
+    report = evaluate.evaluate_predictions(probs, y, 2, 3, threshold=0.01, measure="predictive_entropy", rate=0.1,
+                                           n_bootstrap=60)
+    evaluate.add_clinical(report, probs, y, measure="predictive_entropy", threshold=0.01, attributes=attributes,
+                          truth=None, n_bootstrap=60, seed=0, num_bins=15, target_coverage=0.8, target_risk=0.05)
+    report.update(n=11, prevalence=4 / 11, S=3, K=2)
+    page = report_html.render(json.loads(json.dumps(json_ready(report))))
+    assert not re.search(r"(-?\d+\.\d+) \((?:95% CI )?\1 to \1\)", page)
+    cards = re.findall(r'<div class="card[^"]*">(.*?)</div></div>', page)
+    headline = [c for c in cards if "Referred" not in c]
+    assert len(headline) >= 6 and all('class="ss"' in c for c in headline)
+    assert page.count('class="card grey"') == 2 and "not estimable at this size" in page
+    assert "No subgroup is served worse" not in page and "not testable at this size" in page
+    assert "0 comparisons" not in page
