@@ -253,9 +253,10 @@ def total_seconds(runs: dict[str, list[dict]]) -> float:
                      for r in seeds))
 
 
-def _release_text(scale: dict, site: str, truth: dict[str, np.ndarray], names: list[str]) -> str:
+def _release_text(scale: dict, site: str, truth: dict[str, np.ndarray], names: list[str],
+                  family: str = "linear") -> str:
     patients, seeds = scale["releases"][site]
-    flag = "" if site == "A" else f" --site {site}"
+    flag = ("" if site == "A" else f" --site {site}") + ("" if family == "linear" else f" --truth {family}")
     sizes = ", ".join(f"{truth[f'labels_{n}'].size}" for n in names if f"labels_{n}" in truth)
     deaths = ", ".join(f"{int(truth[f'labels_{n}'].sum())}" for n in names if f"labels_{n}" in truth)
     return (f"site {site} `ehr-pipeline synth{flag} --patients {patients} --seed "
@@ -273,9 +274,11 @@ def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: 
     for site in SHIFTED:
         if _releases(truth, site):
             sites[site] = split_names(site, _releases(truth, site))
-    lines = [f"## Method comparison against the known truth ({args.scale} scale)", "",
+    family = getattr(args, "truth", "linear")
+    title = "" if family == "linear" else f", {family} truth"
+    lines = [f"## Method comparison against the known truth ({args.scale} scale{title})", "",
              f"Command (repo root): `{command}`", "",
-             "Releases: " + "; ".join(_release_text(scale, site, truth, names) for site, names in sites.items())
+             "Releases: " + "; ".join(_release_text(scale, site, truth, names, family) for site, names in sites.items())
              + ". Seed s of every method is trained on site-A release s (its training split; the checkpoint with the "
              "best validation NLL kept) and scored on that release's test split; at a shifted site it is scored on "
              "every release of the site, bagged with the model's units (`ehr-pipeline run --units-from`), and its "
