@@ -266,6 +266,20 @@ def make_releases(args: argparse.Namespace, work: pathlib.Path) -> dict[str, pat
     return data
 
 
+def trajectory_designs(work: pathlib.Path, args: argparse.Namespace) -> tuple[dict[str, np.ndarray], tuple]:
+    """({'A0': the truth's design of release 0's test cases [N, terms], ...}, the two trajectory coefficients)."""
+    from ehr_pipeline.synth.temporal import temporal_model
+
+    designs = {}
+    for i in range(args.seeds):
+        release = work / f"release_A{i}"
+        if not (work / f"data_A{i}" / "manifest.json").exists():
+            continue
+        rows = truth_design(release)
+        designs[f"A{i}"] = np.stack([rows[h] for h in _split(work / f"data_A{i}", release, "test").hadm_ids])
+    return designs, tuple(float(c) for c in temporal_model(1.0).coefficients())
+
+
 def _release_of(name: str, work: pathlib.Path) -> pathlib.Path:
     """The release folder behind a split family name ('Craw1' -> release_C1)."""
     return work / f"release_{name.replace(RAW, '')}"
@@ -349,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         timing.write_text(json.dumps({"seconds": time.time() - started}))
     seconds = json.loads(timing.read_text())["seconds"] if timing.exists() else time.time() - started
     command = command_line(__file__, argv, drop=("--report-only",))
-    markdown = report(args, work, command, seconds)
+    markdown = report(args, work, command, seconds, trajectory_designs(work, args) if args.truth == "temporal" else None)
     publish(section_name(args.truth), markdown, args.out)
     return 0
 
