@@ -2,6 +2,7 @@
 
   python bench/compare_methods.py --scale medium              # ~8,300 admissions per release, 3 x sites A, B, C
   python bench/compare_methods.py --scale tiny --seeds 3      # a few minutes, a smoke test of the grid
+  python bench/compare_methods.py --truth temporal --no-shift  # site A only, P_DEATH from trajectories too
 
 Seed s of every method is trained on its OWN site-A release (``ehr-pipeline synth --patients 7000
 --seed 11 / 21 / 31``: ~8,300 cohort admissions each), so a row's spread over seeds covers the
@@ -46,8 +47,8 @@ sys.path.insert(0, str(ROOT))
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 from bench.compare_report import report  # noqa: E402
 from bench.compare_setup import (BASELINES, BELLA_METHODS, DEEP_ENSEMBLE, DEFAULT_METHODS,  # noqa: E402
-                                 ENSEMBLE_SIZE, METHODS, RAW, RAW_SITES, SCALES, SHIFTED, VARIANTS, WELL_SPECIFIED,
-                                 bella_base_dir, run_name)
+                                 ENSEMBLE_SIZE, METHODS, RAW, RAW_SITES, SCALES, SHIFTED, TRUTHS, VARIANTS,
+                                 WELL_SPECIFIED, bella_base_dir, default_work, run_name, section_name)
 
 log = logging.getLogger("bench.compare_methods")
 
@@ -59,7 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", choices=tuple(SCALES), default="medium",
                    help="tiny: ~1k admissions, minutes; medium: ~8.3k admissions per site (the issue's size); "
                         "paper: the configs as written (a GPU)")
-    p.add_argument("--work", default="out/compare_methods", help="folder for releases, data, runs, predictions")
+    p.add_argument("--truth", choices=TRUTHS, default="linear",
+                   help="the releases' truth family (ehr-pipeline synth --truth); temporal: P_DEATH also depends "
+                        "on a creatinine trend and the days since the previous discharge (docs/synthetic.md); its "
+                        "tables go to their own section of --out")
+    p.add_argument("--work", default=None,
+                   help="folder for releases, data, runs, predictions (default: out/compare_methods, "
+                        "out/compare_methods_temporal for --truth temporal)")
     p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS + BELLA_METHODS,
                    help="methods to train (a deep ensemble of deterministic runs is always added)")
     p.add_argument("--seeds", type=int, default=3,
@@ -68,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=25, help="S evaluation samples per member (1 for deterministic)")
     p.add_argument("--steps", type=int, default=None, help="max_steps per run (default: the scale's)")
     p.add_argument("--no-shift", action="store_true", help="skip sites B and C (in-distribution tables only)")
+    p.add_argument("--no-deep-ensemble", action="store_true",
+                   help=f"train one deterministic run per seed, not the {ENSEMBLE_SIZE} members of a deep ensemble "
+                        "(the deterministic row without the deep_ensemble row; saves the other members' time)")
     p.add_argument("--no-baselines", action="store_true",
                    help="train the methods only (e.g. a second process on other methods sharing WORK)")
     p.add_argument("--report-only", action="store_true", help="recompute the tables from WORK/preds only")
@@ -89,11 +99,11 @@ class Split:
     truth: np.ndarray
 
 
-def _make_release(site: str, patients: int, seed: int, out: pathlib.Path) -> None:
+def _make_release(site: str, patients: int, seed: int, out: pathlib.Path, truth: str = "linear") -> None:
     if (out / "SYNTH_TRUTH.csv").exists():
         return
     cmd = [sys.executable, "-m", "ehr_pipeline.cli", "synth", "--patients", str(patients), "--seed", str(seed),
-           "--out", str(out), "--no-progress"] + (["--site", site] if site != "A" else [])
+           "--out", str(out), "--no-progress", "--truth", truth] + (["--site", site] if site != "A" else [])
     log.info("release %s: %s", site, " ".join(cmd[2:]))
     subprocess.run(cmd, check=True, cwd=ROOT)
 
@@ -120,12 +130,16 @@ def _split(data: pathlib.Path, release: pathlib.Path, name: str) -> Split:
 
 
 def truth_design(release: pathlib.Path, harmonised: bool = True) -> dict[int, np.ndarray]:
-    """hadm_id -> the truth's nine logit terms (MortalityModel.design) recomputed from a release's tables.
+    """hadm_id -> the truth's logit terms recomputed from a release's tables.
+
+    The nine linear terms (MortalityModel.design); a temporal release adds its two trajectory
+    terms (TemporalModel.design: the course's creatinine trend and the discharge gap's log).
 
     harmonised: a site's labs written in other units (its manifest's ``lab_units``) are read back
     in site A's units first, as the harmonised data the models see; False reads them as written.
     """
-    from ehr_pipeline.synth.recompute import pre_trigger_features, read_tables
+    from ehr_pipeline.synth.recompute import pre_trigger_features, read_tables, trajectory_features
+    from ehr_pipeline.synth.temporal import temporal_model
     from ehr_pipeline.synth.truth import MortalityModel
 
     manifest = json.loads((release / "SYNTH_MANIFEST.json").read_text())
@@ -139,8 +153,15 @@ def truth_design(release: pathlib.Path, harmonised: bool = True) -> dict[int, np
             labs.loc[hit, "VALUENUM"] = labs.loc[hit, "VALUENUM"] / float(unit["factor"])
         tables = {**tables, "LABEVENTS": labs}
     ids, feats = pre_trigger_features(tables, int(settings.get("trigger_offset_seconds", 86400)))
-    model = MortalityModel(lab_volume_scale=float(settings.get("events_scale", 1.0)))
-    return dict(zip(ids.tolist(), model.design(feats)))
+    events_scale = float(settings.get("events_scale", 1.0))
+    design = MortalityModel(lab_volume_scale=events_scale).design(feats)
+    if manifest.get("truth", {}).get("family") == "temporal":
+        traj_ids, traj = trajectory_features(tables)
+        # Both come in ADMISSIONS order; the check keeps a reordering from pairing the wrong rows.
+        if not np.array_equal(np.asarray(traj_ids), np.asarray(ids)):
+            raise RuntimeError(f"{release}: the trajectory terms' admissions differ from the linear terms'")
+        design = np.concatenate([design, temporal_model(events_scale).design(traj)], axis=1)
+    return dict(zip(ids.tolist(), design))
 
 
 def _well_specified(work: pathlib.Path, seed: int, splits: dict[str, Split]) -> dict[str, np.ndarray]:
@@ -224,7 +245,7 @@ def make_releases(args: argparse.Namespace, work: pathlib.Path) -> dict[str, pat
         raise SystemExit(f"--seeds {args.seeds}: the {args.scale} scale has {len(seeds)} site-A releases")
     data = {}
     for i in range(args.seeds):
-        _make_release("A", patients, seeds[i], work / f"release_A{i}")
+        _make_release("A", patients, seeds[i], work / f"release_A{i}", args.truth)
         _make_data(work / f"release_A{i}", work / f"data_A{i}")
         data[f"A{i}"] = work / f"data_A{i}"
     units_a = [json.loads((data[f"A{i}"] / "units.json").read_text())["canonical"] for i in range(args.seeds)]
@@ -236,13 +257,27 @@ def make_releases(args: argparse.Namespace, work: pathlib.Path) -> dict[str, pat
         patients, seeds = scale["releases"][site]
         for j, seed in enumerate(seeds):
             release = work / f"release_{site}{j}"
-            _make_release(site, patients, seed, release)
+            _make_release(site, patients, seed, release, args.truth)
             _make_data(release, work / f"data_{site}{j}", units_from=data["A0"])
             data[f"{site}{j}"] = work / f"data_{site}{j}"
             if site in RAW_SITES:
                 _make_data(release, work / f"data_{site}{RAW}{j}")
                 data[f"{site}{RAW}{j}"] = work / f"data_{site}{RAW}{j}"
     return data
+
+
+def trajectory_designs(work: pathlib.Path, args: argparse.Namespace) -> tuple[dict[str, np.ndarray], tuple]:
+    """({'A0': the truth's design of release 0's test cases [N, terms], ...}, the two trajectory coefficients)."""
+    from ehr_pipeline.synth.temporal import temporal_model
+
+    designs = {}
+    for i in range(args.seeds):
+        release = work / f"release_A{i}"
+        if not (work / f"data_A{i}" / "manifest.json").exists():
+            continue
+        rows = truth_design(release)
+        designs[f"A{i}"] = np.stack([rows[h] for h in _split(work / f"data_A{i}", release, "test").hadm_ids])
+    return designs, tuple(float(c) for c in temporal_model(1.0).coefficients())
 
 
 def _release_of(name: str, work: pathlib.Path) -> pathlib.Path:
@@ -277,8 +312,11 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
     if "deterministic" in args.methods:
         for seed in range(args.seeds):
             # Release `seed`'s deep ensemble; its first member is also the deterministic row.
-            members = [train_on("deterministic", seed, ENSEMBLE_SIZE * seed + k) for k in range(ENSEMBLE_SIZE)]
+            members = [train_on("deterministic", seed, ENSEMBLE_SIZE * seed + k)
+                       for k in range(1 if args.no_deep_ensemble else ENSEMBLE_SIZE)]
             save_predictions("deterministic", [members[0][0]], 1, seed, members[0][1], members[0][2])
+            if args.no_deep_ensemble:
+                continue
             save_predictions(DEEP_ENSEMBLE, [m[0] for m in members], 1, seed, sum(m[1] for m in members),
                              sum(m[2] for m in members))
     for method in args.methods:
@@ -317,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     from ehr_base.cli_args import setup_logging
 
     setup_logging()
-    work = pathlib.Path(args.work)
+    work = pathlib.Path(args.work or default_work(args.truth))
     started = time.time()
     timing = work / "grid_seconds.json"
     if not args.report_only:
@@ -325,8 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         timing.write_text(json.dumps({"seconds": time.time() - started}))
     seconds = json.loads(timing.read_text())["seconds"] if timing.exists() else time.time() - started
     command = command_line(__file__, argv, drop=("--report-only",))
-    markdown = report(args, work, command, seconds)
-    publish("compare_methods", markdown, args.out)
+    markdown = report(args, work, command, seconds, trajectory_designs(work, args) if args.truth == "temporal" else None)
+    publish(section_name(args.truth), markdown, args.out)
     return 0
 
 

@@ -244,6 +244,49 @@ def _harmonisation_lines(runs, truth) -> list[str]:
     return lines
 
 
+# Where the temporal truth's trajectory terms carry signal: a trend term of at least this many
+# logit units (|10 x creatinine_trend| >= 1, about a 2.7-fold change of the odds).
+STRONG_TREND_LOGIT = 1.0
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    q = np.clip(p, 1e-6, 1 - 1e-6)
+    return np.log(q) - np.log1p(-q)
+
+
+def trajectory_lines(runs, truth: dict[str, np.ndarray], designs: dict[str, np.ndarray],
+                     coefficients: tuple[float, float]) -> list[str]:
+    """Which trajectory term each method follows: its logit regressed on the truth's design, and abs(p - P) by group.
+
+    designs: test split 'A0', ... -> [N, terms] (the truth's linear terms, then creatinine_trend and
+    the readmission term), rows in the split's case order; coefficients: the truth's two trajectory ones.
+    """
+    head = ("| Method | coef. of trend (truth " f"{coefficients[0]:g}) | coef. of readmission (truth {coefficients[1]:g}) "
+            "| abs(p - P), strong trend | abs(p - P), weak / no trend, first admission | abs(p - P), readmission |")
+    lines = [head, "|---|---|---|---|---|---|"]
+    rows = {**{name: seeds for name, seeds in runs.items()}, TRUTH: [{"seed": s} for s in _seeds(runs)]}
+    for name, seeds in rows.items():
+        cells: dict[str, list[float]] = {}
+        for run in seeds:
+            key = f"A{run['seed']}"
+            if key not in designs or (name != TRUTH and "probs_A" not in run):
+                continue
+            x, t = designs[key], truth[f"truth_{key}"]
+            p = t if name == TRUTH else run["probs_A"].mean(axis=1)
+            beta = np.linalg.lstsq(np.column_stack([np.ones(len(x)), x]), _logit(p), rcond=None)[0]
+            strong = np.abs(coefficients[0] * x[:, -2]) >= STRONG_TREND_LOGIT
+            readmission = x[:, -1] != 0.0
+            err = np.abs(p - t)
+            for col, value in (("trend", beta[-2]), ("readm", beta[-1]), ("strong", err[strong].mean()),
+                               ("weak", err[~strong & ~readmission].mean()), ("readm_err", err[readmission].mean())):
+                cells.setdefault(col, []).append(float(value))
+        if cells:
+            lines.append(f"| {name} | " + " | ".join(_fmt(*_mean_sem(cells[c]), digits=3 if c in ("trend", "readm")
+                                                          else 4) for c in ("trend", "readm", "strong", "weak",
+                                                                            "readm_err")) + " |")
+    return lines
+
+
 def total_seconds(runs: dict[str, list[dict]]) -> float:
     """Training / fitting seconds summed over every saved run, each deterministic run once."""
     # The deep ensembles' members are every deterministic run (the first ones are also the
@@ -253,17 +296,19 @@ def total_seconds(runs: dict[str, list[dict]]) -> float:
                      for r in seeds))
 
 
-def _release_text(scale: dict, site: str, truth: dict[str, np.ndarray], names: list[str]) -> str:
+def _release_text(scale: dict, site: str, truth: dict[str, np.ndarray], names: list[str],
+                  family: str = "linear") -> str:
     patients, seeds = scale["releases"][site]
-    flag = "" if site == "A" else f" --site {site}"
+    flag = ("" if site == "A" else f" --site {site}") + ("" if family == "linear" else f" --truth {family}")
     sizes = ", ".join(f"{truth[f'labels_{n}'].size}" for n in names if f"labels_{n}" in truth)
     deaths = ", ".join(f"{int(truth[f'labels_{n}'].sum())}" for n in names if f"labels_{n}" in truth)
     return (f"site {site} `ehr-pipeline synth{flag} --patients {patients} --seed "
             f"{' / '.join(str(s) for s in seeds[:len(names)])}` (test n = {sizes}; deaths {deaths})")
 
 
-def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: float) -> str:
-    """The markdown section: in-distribution, paired and site-shift tables."""
+def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: float,
+           trajectory: tuple[dict[str, np.ndarray], tuple[float, float]] | None = None) -> str:
+    """The markdown section: in-distribution, paired and site-shift tables (trajectory: the temporal truth's terms)."""
     from bench.report import machine_info
 
     runs, truth = load_predictions(work / "preds")
@@ -273,9 +318,11 @@ def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: 
     for site in SHIFTED:
         if _releases(truth, site):
             sites[site] = split_names(site, _releases(truth, site))
-    lines = [f"## Method comparison against the known truth ({args.scale} scale)", "",
+    family = getattr(args, "truth", "linear")
+    title = "" if family == "linear" else f", {family} truth"
+    lines = [f"## Method comparison against the known truth ({args.scale} scale{title})", "",
              f"Command (repo root): `{command}`", "",
-             "Releases: " + "; ".join(_release_text(scale, site, truth, names) for site, names in sites.items())
+             "Releases: " + "; ".join(_release_text(scale, site, truth, names, family) for site, names in sites.items())
              + ". Seed s of every method is trained on site-A release s (its training split; the checkpoint with the "
              "best validation NLL kept) and scored on that release's test split; at a shifted site it is scored on "
              "every release of the site, bagged with the model's units (`ehr-pipeline run --units-from`), and its "
@@ -294,6 +341,13 @@ def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: 
              "### Site A (in distribution)", "", *_table(runs, truth, "A"), "",
              "Paired differences on site A's test cases (each seed on its own release's cases; 95% bootstrap "
              "interval over cases within each test split):", "", *_paired_lines(runs, truth, "A", args.n_bootstrap)]
+    if trajectory is not None:
+        lines += ["", "Which trajectory term each model follows (site A test cases, mean +- SEM over seeds): each "
+                  "model's logit(p) regressed by least squares on the truth's own design (its linear terms, the "
+                  "course's creatinine trend in ln(mg/dL) per week and ln(244 / days since the previous discharge)), "
+                  "and abs(p - P) in three groups: a strong trend term (|coef. x trend| >= "
+                  f"{STRONG_TREND_LOGIT:g} logit), first admissions without one, and readmissions.", "",
+                  *trajectory_lines(runs, truth, *trajectory)]
     if "B" in sites:
         lines += ["", "### Site B (dataset shift), models trained at site A", "", *_table(runs, truth, "B"), "",
                   "Paired differences on site B's test cases:", "", *_paired_lines(runs, truth, "B", args.n_bootstrap),

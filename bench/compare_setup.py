@@ -64,6 +64,21 @@ RAW_SITES = ("C",)
 RAW = "raw"
 
 
+# The releases' truth families (ehr-pipeline synth --truth). Each writes its own section of
+# docs/results.md and keeps its own work folder, so one never overwrites the other's tables or runs.
+TRUTHS = ("linear", "temporal")
+
+
+def section_name(truth: str) -> str:
+    """The docs/results.md section a truth family's tables go to (the linear one keeps its old name)."""
+    return "compare_methods" if truth == "linear" else f"compare_methods_{truth}"
+
+
+def default_work(truth: str) -> str:
+    """The default work folder of a truth family's grid (relative to the current directory)."""
+    return f"out/{section_name(truth)}"
+
+
 def run_name(method: str, seed: int, model_seed: int | None = None) -> str:
     """runs/ folder of a method's seed-th row (trained on release `seed`); deep-ensemble members differ by model seed."""
     return f"{method}_r{seed}_s{seed if model_seed is None else model_seed}"
