@@ -51,6 +51,17 @@ def demo_run(demo_dir, tmp_path_factory) -> tuple[pathlib.Path, dict, dict[int, 
 
 
 @pytest.fixture(scope="session")
+def pinned_release(tmp_path_factory) -> pathlib.Path:
+    """The synthetic release job_outputs.SYNTH_RELEASE, whose job and MEDS outputs the job tests pin by sha256."""
+    from ehr_pipeline.synth import SynthConfig, write_release
+    from tests.support.job_outputs import SYNTH_RELEASE
+
+    folder = tmp_path_factory.mktemp("pinned_release")
+    write_release(SynthConfig(**SYNTH_RELEASE), folder, show_progress=False)  # well under a second
+    return folder
+
+
+@pytest.fixture(scope="session")
 def synthetic_data(tmp_path_factory) -> pathlib.Path:
     """A small pipeline output folder (160 / 48 / 48 admissions, seed 0) shared read-only by the session."""
     # Beam-free but heavy (the pipeline's writers); loaded only where a test asks for the folder.

@@ -152,12 +152,7 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
 def _spill_road(event_inputs, coh, metas, cohort_index, spill_dir: str, resources: spill.SpillOptions,
                 workers: int, out_dir: str, config) -> tuple:
     """(source, bagging, writing) of the spilling job: disk checked, big inputs split, buckets drawn."""
-    threshold = resources.split_threshold_bytes
-    gzip_split.check_free_space(spill_dir, event_inputs, threshold)
-    if "://" in spill_dir:  # the reader reads local files: parts of a split need a local folder
-        log.info("temporary folder %s is not local: big gzip inputs are read whole, not split", spill_dir)
-    else:
-        event_inputs = gzip_split.split_large_inputs(event_inputs, layout.join(spill_dir, "parts"), threshold)
+    event_inputs = split_inputs(event_inputs, spill_dir, resources.split_threshold_bytes)
     n_buckets = spill.bucket_count(len(metas), workers, resources.bucket_admissions)
     bounds = spill.bucket_bounds(cohort_index.column("HADM_ID").to_numpy(), n_buckets)
     cohort_file = layout.join(spill_dir, "cohort.jsonl")
@@ -168,6 +163,15 @@ def _spill_road(event_inputs, coh, metas, cohort_index, spill_dir: str, resource
     cfg = config.to_dict()
     return (SpillSource(slots, cohort_index, coh.discharges, spill_dir, bounds, resources.block_size_bytes),
             lambda plan: BagBuckets(BagBucket(cfg, spill_dir, cohort_file, ranges), plan), MergeShards(out_dir, cfg))
+
+
+def split_inputs(inputs: list[tuple[str, str]], spill_dir: str, threshold: int) -> list[tuple[str, str]]:
+    """(table, file) inputs with gzip files over `threshold` bytes split into parts: free disk checked first."""
+    gzip_split.check_free_space(spill_dir, inputs, threshold)
+    if "://" in spill_dir:  # the reader reads local files: parts of a split need a local folder
+        log.info("temporary folder %s is not local: big gzip inputs are read whole, not split", spill_dir)
+        return inputs
+    return gzip_split.split_large_inputs(inputs, layout.join(spill_dir, "parts"), threshold)
 
 
 def work_bytes(item: tuple[str, str]) -> int:

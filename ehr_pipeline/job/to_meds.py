@@ -20,8 +20,9 @@ import pyarrow.compute as pc
 
 from ehr_pipeline.contract import PipelineConfig, layout
 from ehr_pipeline.job import manifest as manifest_mod
-from ehr_pipeline.job import gzip_split, spill
-from ehr_pipeline.job.run import log_temp_bytes, pipeline_options, release_lab_loinc, with_local_workers, work_bytes
+from ehr_pipeline.job import spill
+from ehr_pipeline.job.run import (log_temp_bytes, pipeline_options, release_lab_loinc, split_inputs,
+                                  with_local_workers, work_bytes)
 from ehr_pipeline.job.sinks import WriteDeadLetters, write_dead_letter_files
 from ehr_pipeline.job.spill_stages import SlotFiles
 from ehr_pipeline.job.transforms import COUNTS, DEAD, FATAL, KV, Select, Tagged, count, select
@@ -222,10 +223,7 @@ def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | Non
 def _spill_road(inputs, tables: dict, task, discharges, spill_dir: str, resources: spill.SpillOptions, workers: int,
                 config) -> tuple:
     """(ConvertEvents, the task rows' RUN references): disk checked, big inputs split, buckets drawn."""
-    threshold = resources.split_threshold_bytes
-    gzip_split.check_free_space(spill_dir, inputs, threshold)
-    if "://" not in spill_dir:  # the reader reads local files: parts of a split need a local folder
-        inputs = gzip_split.split_large_inputs(inputs, layout.join(spill_dir, "parts"), threshold)
+    inputs = split_inputs(inputs, spill_dir, resources.split_threshold_bytes)
     subjects = tables["PATIENTS"].column("SUBJECT_ID").to_numpy()
     bounds = subject_buckets(subjects, config, subjects_per_bucket(inputs, subjects.size, resources.bucket_rows))
     writer = spill.FrameWriter(layout.join(spill_dir, MEDS_RUNS_DIR), _run_folder)

@@ -236,15 +236,21 @@ def calibration_figure(models: Sequence[tuple[str, Mapping]]) -> Figure:
         top = max(top, np.nanmax(_none_to_nan(sm["upper"]) if len(x) else 0), max(b["upper"] for b in bins),
                   max(mean_p))
     top = min(1.0, 1.1 * top + 0.02)
-    ax.plot([0, top], [0, top], ls="--", color="gray", lw=1, label="perfect calibration")
-    ax.set_xlim(0, top)
-    ax.set_ylim(0, top)
-    ax.set_xlabel("predicted risk of in-hospital death")
-    ax.set_ylabel("observed proportion")
-    ax.set_title("Calibration", fontsize=11)
-    ax.legend(fontsize=7, loc="upper left")
+    _diagonal_axes(ax, top, "perfect calibration", ("predicted risk of in-hospital death", "observed proportion"),
+                   "Calibration", "upper left")
     fig.tight_layout()
     return fig
+
+
+def _diagonal_axes(ax, top: float, diagonal: str, labels: tuple[str, str], title: str, legend: str) -> None:
+    """A square [0, top] frame with its dashed y = x reference line, axis labels, title and legend."""
+    ax.plot([0, top], [0, top], ls="--", color="gray", lw=1, label=diagonal)
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    ax.set_title(title, fontsize=11)
+    ax.legend(fontsize=7, loc=legend)
 
 
 def roc_figure(curves: Mapping, auc: float | None) -> Figure:
@@ -253,13 +259,8 @@ def roc_figure(curves: Mapping, auc: float | None) -> Figure:
     ax = fig.subplots()
     label = "model" if auc is None else f"model (AUC-ROC {auc:.3f})"
     ax.plot(curves["fpr"], curves["tpr"], color=_COLOURS[0], lw=2, drawstyle="default", label=label)
-    ax.plot([0, 1], [0, 1], ls="--", color="gray", lw=1, label="chance")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.set_xlabel("1 - specificity (false-positive rate)")
-    ax.set_ylabel("sensitivity (true-positive rate)")
-    ax.set_title("ROC curve", fontsize=11)
-    ax.legend(fontsize=7, loc="lower right")
+    _diagonal_axes(ax, 1.0, "chance", ("1 - specificity (false-positive rate)", "sensitivity (true-positive rate)"),
+                   "ROC curve", "lower right")
     fig.tight_layout()
     return fig
 

@@ -2,7 +2,7 @@
 
 ``data/grouped_road_sha256.json`` holds the sha256 of every output file that job wrote (its last
 version, with the exact code statistics) on the real demo and on the synthetic release
-``SYNTH_RELEASE``; the manifest's digest leaves out its input paths (``output_digests``).
+``SYNTH_RELEASE`` (the ``pinned_release`` fixture); the manifest's digest leaves out its input paths (``output_digests``).
 """
 from __future__ import annotations
 
@@ -20,18 +20,9 @@ import pytest
 from ehr_pipeline.contract import PipelineConfig
 from ehr_pipeline.job import SpillOptions, gzip_split, run_job, spill
 from ehr_pipeline.job.run import DASK_RUNNER, with_local_workers
-from ehr_pipeline.synth import SynthConfig, write_release
-from tests.support.job_outputs import CONFIG, SYNTH_RELEASE, output_digests
+from tests.support.job_outputs import CONFIG, output_digests
 
 GROUPED = json.loads((pathlib.Path(__file__).parent / "data" / "grouped_road_sha256.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def release(tmp_path_factory) -> pathlib.Path:
-    """The synthetic release the digests were taken on (generated in well under a second)."""
-    folder = tmp_path_factory.mktemp("release")
-    write_release(SynthConfig(**SYNTH_RELEASE), folder, show_progress=False)
-    return folder
 
 
 def _run(release_dir, out, **options) -> dict:
@@ -52,30 +43,30 @@ def test_demo_on_one_worker_gives_the_same_bytes(demo_dir, tmp_path):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_synthetic_release_gives_the_same_bytes_on_one_and_two_workers(release, tmp_path, workers):
+def test_synthetic_release_gives_the_same_bytes_on_one_and_two_workers(pinned_release, tmp_path, workers):
     # Few admissions per bucket: many buckets, so stage D concatenates many runs per shard.
-    _run(release, tmp_path / "out", workers=workers, bucket_admissions=20)
+    _run(pinned_release, tmp_path / "out", workers=workers, bucket_admissions=20)
     assert output_digests(tmp_path / "out") == GROUPED["synthetic"]
 
 
-def test_a_gzip_table_split_into_parts_gives_the_same_bytes(release, tmp_path, caplog):
+def test_a_gzip_table_split_into_parts_gives_the_same_bytes(pinned_release, tmp_path, caplog):
     threshold = 200_000  # CHARTEVENTS (~1.2 MB) in 6 parts, LABEVENTS (~0.5 MB) in 3
     temp = tmp_path / "scratch"
     with caplog.at_level(logging.INFO, logger="ehr_pipeline.job"):
-        _run(release, tmp_path / "out", workers=2, split_threshold_bytes=threshold, temp_dir=str(temp))
+        _run(pinned_release, tmp_path / "out", workers=2, split_threshold_bytes=threshold, temp_dir=str(temp))
     assert output_digests(tmp_path / "out") == GROUPED["synthetic"]
     split = [r.getMessage() for r in caplog.records if r.getMessage().startswith("splitting")]
     assert any("CHARTEVENTS.csv.gz" in m and "into 6 parts" in m for m in split), split
     assert temp.is_dir() and not any(temp.iterdir())  # its own folder in --temp-dir, deleted at the end
 
 
-def test_a_malformed_row_in_a_part_is_dead_lettered_naming_the_part_and_its_line(release, tmp_path):
+def test_a_malformed_row_in_a_part_is_dead_lettered_naming_the_part_and_its_line(pinned_release, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
-    for f in release.iterdir():
+    for f in pinned_release.iterdir():
         if f.name != "CHARTEVENTS.csv.gz":
             (broken / f.name).symlink_to(f)
-    lines = gzip.decompress((release / "CHARTEVENTS.csv.gz").read_bytes()).decode().split("\n")
+    lines = gzip.decompress((pinned_release / "CHARTEVENTS.csv.gz").read_bytes()).decode().split("\n")
     bad = lines[5000].replace(",", ",not-a-number,", 1)  # ROW_ID, then a SUBJECT_ID that is no integer
     lines[5000] = bad
     (broken / "CHARTEVENTS.csv.gz").write_bytes(gzip.compress("\n".join(lines).encode(), mtime=0))

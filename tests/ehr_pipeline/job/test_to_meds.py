@@ -2,9 +2,10 @@
 
 ``data/to_meds_sha256.json`` holds the sha256 of every file that conversion wrote (each shard
 sorted whole in memory, one parquet write) on the real demo and on the synthetic release
-``SYNTH_RELEASE``, with the test configuration (but for the two files ``UNPINNED`` names). The spilling conversion sorts a shard a bucket of
-subjects at a time and writes it row group by row group; these tests pin that nothing of the
-output changes, on any number of workers, with any bucket size, with split inputs.
+``SYNTH_RELEASE`` (the ``pinned_release`` fixture), with the test configuration, but for the two
+files ``UNPINNED`` names. The spilling conversion sorts a shard a bucket of subjects at a time and
+writes it row group by row group; these tests pin that nothing of the output changes, on any
+number of workers, with any bucket size, with split inputs.
 """
 from __future__ import annotations
 
@@ -20,20 +21,12 @@ import pytest
 from ehr_pipeline.contract import PipelineConfig
 from ehr_pipeline.job import SpillOptions, run_meds_job, run_to_meds
 from ehr_pipeline.meds import from_mimic
-from ehr_pipeline.synth import SynthConfig, write_release
-from tests.support.job_outputs import CONFIG, SYNTH_RELEASE, output_digests
+from tests.support.job_outputs import CONFIG, output_digests
 
 GROUPED = json.loads((pathlib.Path(__file__).parent / "data" / "to_meds_sha256.json").read_text())
 # Not pinned: the manifest records seconds and the input path (its balance is checked), and
 # dataset.json names the input folder and the package version.
 UNPINNED = (from_mimic.MANIFEST, "metadata/dataset.json")
-
-
-@pytest.fixture(scope="module")
-def release(tmp_path_factory) -> pathlib.Path:
-    folder = tmp_path_factory.mktemp("release")
-    write_release(SynthConfig(**SYNTH_RELEASE), folder, show_progress=False)
-    return folder
 
 
 def _convert(release_dir, out, **options) -> dict:
@@ -54,10 +47,10 @@ def test_demo_gives_the_bytes_of_the_grouped_conversion(demo_dir, tmp_path, work
     assert not (tmp_path / "out" / "_tmp").exists()  # MEDS readers glob the folder: no spill left in it
 
 
-def test_synthetic_release_split_into_parts_gives_the_same_bytes(release, tmp_path):
+def test_synthetic_release_split_into_parts_gives_the_same_bytes(pinned_release, tmp_path):
     temp = tmp_path / "scratch"
     # Many buckets of few subjects, CHARTEVENTS and LABEVENTS split into parts, two workers.
-    _convert(release, tmp_path / "out", workers=2, bucket_rows=5_000, split_threshold_bytes=200_000,
+    _convert(pinned_release, tmp_path / "out", workers=2, bucket_rows=5_000, split_threshold_bytes=200_000,
              temp_dir=str(temp))
     assert _digests(tmp_path / "out") == GROUPED["synthetic"]
     assert temp.is_dir() and not any(temp.iterdir())  # its own folder in --temp-dir, deleted at the end
@@ -125,9 +118,9 @@ def test_every_subject_falls_in_one_bucket_of_its_own_shard():
 
 
 @pytest.fixture(scope="module")
-def synthetic_meds(release, tmp_path_factory) -> pathlib.Path:
+def synthetic_meds(pinned_release, tmp_path_factory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("meds") / "synthetic"
-    _convert(release, out, workers=1)
+    _convert(pinned_release, out, workers=1)
     return out
 
 
