@@ -6,7 +6,8 @@ project, and no TensorFlow, so any layer (and any ``--help``) can read it for fr
 
 Layout of an export (``model.export.load`` describes each file's content):
   saved_model/ (SAVED_MODEL_DIR), model_card.json, pipeline_config.json, metrics.json,
-  admission_types.json, reference_profile.json, manifest.json, and the data folder's side files
+  admission_types.json, reference_profile.json, adaptation.json (an updated model only), manifest.json,
+  and the data folder's side files
   (vocabulary.json, numeric_stats.json, units.json, ...) under their names in
   ``ehr_pipeline.contract.layout``.
 """
@@ -25,6 +26,9 @@ METRICS = "metrics.json"
 MANIFEST = "manifest.json"
 ADMISSION_TYPES_FILE = "admission_types.json"
 REFERENCE_PROFILE = "reference_profile.json"
+# An export updated at a new site (ehr-adapt) says how: its parent, the method, the local data
+# and the recalibration a + b * logit that the predictor applies to every sampled logit.
+ADAPTATION = "adaptation.json"
 # A training run's folder keeps its export under this name (RUN_DIR/export/).
 EXPORT_DIR = "export"
 

@@ -27,6 +27,10 @@ Layout (the contract with serving/):
                         monitor compare new data with
   metrics.json          {"test": {...}, "referral": {measure, rate, threshold, chosen_on_validation},
                         "decision_threshold": 0.5}
+  adaptation.json       (optional) a model updated at a new site by ehr-adapt (model.adapt): its parent's
+                        checksum and name, the method, the local admissions and events used, and
+                        "recalibration": {"intercept": a, "slope": b}, which ``LoadedExport`` applies to every
+                        sampled logit (p -> sigmoid(a + b * logit(p))): the one place serving and ehr-eval share
   manifest.json         {"files": {relative_path: sha256}, "format_version": 1}
 
 ``load_export`` verifies every checksum, validates the JSON side files (``read_export``) and
@@ -56,7 +60,7 @@ from ehr_pipeline.encode import units as units_mod
 from ehr_pipeline.meds import code_map as meds_codes_mod
 from ehr_pipeline.shift import Profile
 from model import export_contract
-from model.export_contract import (ADMISSION_TYPES_FILE, DECISION_THRESHOLD, FORMAT_VERSION, MANIFEST, METRICS, MODEL_CARD,
+from model.export_contract import (ADAPTATION, ADMISSION_TYPES_FILE, DECISION_THRESHOLD, FORMAT_VERSION, MANIFEST, METRICS, MODEL_CARD,
                             OUTPUT, PIPELINE_CONFIG, PRECISIONS, REFERENCE_PROFILE, SAVED_MODEL_DIR, SIGNATURE,
                             SIGNATURE_INPUTS, SIGNATURES)
 
@@ -130,6 +134,39 @@ class ExportMetrics(_Loose):
     decision_threshold: float = Field(DECISION_THRESHOLD, gt=0.0, lt=1.0)
 
 
+class Recalibration(BaseModel):
+    """p -> sigmoid(intercept + slope * logit(p)) on every sampled probability; (0, 1) is the identity."""
+
+    model_config = ConfigDict(extra="forbid")
+    intercept: float = Field(0.0, allow_inf_nan=False)
+    slope: float = Field(1.0, allow_inf_nan=False)
+
+    @property
+    def is_identity(self) -> bool:
+        """Whether applying it changes nothing (the export's probabilities pass through untouched)."""
+        return self.intercept == 0.0 and self.slope == 1.0
+
+    def apply(self, probs: np.ndarray) -> np.ndarray:
+        """Recalibrated probabilities, float32, same shape: each sample's logit moved, so the spread survives."""
+        if self.is_identity:
+            return probs
+        p = np.asarray(probs, np.float64)
+        # float32 probabilities cannot tell logits above ~16.6 apart (1 - p < 6e-8): they are read as that.
+        p = np.clip(p, np.finfo(np.float64).tiny, 1.0 - np.finfo(np.float32).epsneg)
+        logit = np.log(p) - np.log1p(-p)
+        return (1.0 / (1.0 + np.exp(-(self.intercept + self.slope * logit)))).astype(np.float32)
+
+
+class Adaptation(_Loose):
+    """adaptation.json: how an export was updated at a new site (ehr-adapt; other fields pass through)."""
+
+    method: str = Field(min_length=1)
+    parent_checksum: str = Field(min_length=1)  # the parent export's Export.checksum
+    n: int = Field(ge=1)  # local admissions the update used
+    events: int = Field(ge=0)  # deaths among them
+    recalibration: Recalibration = Recalibration()
+
+
 @dataclasses.dataclass(frozen=True)
 class Export:
     """Everything read from an export directory except the SavedModel itself."""
@@ -173,6 +210,8 @@ class Export:
     # The schema_version of the records the model was trained on (vocabulary.json, copied from its
     # data folder): data of another version is refused before it is read (ehr_pipeline.contract.integrity).
     schema_version: int | None = None
+    # An export updated at a new site (adaptation.json, model.adapt); None for a trained one.
+    adaptation: Adaptation | None = None
 
     @property
     def ensemble_size(self) -> int:
@@ -325,7 +364,15 @@ def read_export(export_dir: str | os.PathLike[str]) -> Export:
                   unit_medians=medians,
                   value_stats=value_stats, clip_z=clip_z, admission_types=_admission_types(directory),
                   meds_codes=_meds_codes(directory), reference=_reference(directory),
-                  schema_version=_schema_version(vocabulary_doc, directory / layout.VOCABULARY))
+                  schema_version=_schema_version(vocabulary_doc, directory / layout.VOCABULARY),
+                  adaptation=_adaptation(directory))
+
+
+def _adaptation(directory: pathlib.Path) -> Adaptation | None:
+    """adaptation.json of an updated export; None for one that was trained, not updated."""
+    if not (directory / ADAPTATION).exists():
+        return None
+    return _validate(Adaptation, _read_json(directory, ADAPTATION), directory / ADAPTATION)
 
 
 def _schema_version(doc: Any, where: pathlib.Path) -> int | None:
@@ -440,11 +487,15 @@ class LoadedExport:
         return self.files.ensemble_size
 
     def __call__(self, examples, num_samples: int, seed: int) -> np.ndarray:
+        """Probabilities [N, S*K] of the SavedModel, recalibrated when the export was updated (adaptation.json)."""
         import tensorflow as tf
 
         out = self.signature(examples=tf.convert_to_tensor(examples, tf.string),
                              num_samples=tf.constant(num_samples, tf.int32), seed=tf.constant(seed, tf.int64))
-        return out[OUTPUT].numpy()
+        probs = out[OUTPUT].numpy()
+        # The one place a stored update is applied: ehr-eval, the service and ehr-adapt all call this.
+        adaptation = self.files.adaptation
+        return probs if adaptation is None else adaptation.recalibration.apply(probs)
 
 
 def _check_signature(signature: Any, where: pathlib.Path, name: str) -> None:

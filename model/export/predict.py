@@ -89,8 +89,11 @@ def _content_strings(parsed: dict[str, tf.Tensor | tf.RaggedTensor]) -> tf.Tenso
     return tf.strings.join(columns, separator="|")
 
 
-def _example_noise(parsed: dict[str, tf.Tensor | tf.RaggedTensor], seed: tf.Tensor) -> Noise:
-    """Noise keyed by (seed, fingerprint of the example's model inputs) per example of a parsed batch."""
+def example_noise(parsed: dict[str, tf.Tensor | tf.RaggedTensor], seed: tf.Tensor) -> Noise:
+    """Noise keyed by (seed, fingerprint of the example's model inputs) per example of a parsed batch.
+
+    Public because model.adapt's revision fits the output layer through the very draws the export makes.
+    """
     fp = tf.bitcast(tf.fingerprint(_content_strings(parsed)), tf.int64)  # [N, 8] uint8 -> [N] int64
     return Noise.from_fingerprints(fp, seed)
 
@@ -139,7 +142,7 @@ class ServingModule(tf.Module):
     def _serve(self, examples, num_samples, seed, precision: str):
         num_samples = _check_samples(num_samples)
         parsed = tf_parse.parse_sequence_examples(examples)  # once: the noise keys and the featurizer share it
-        probs = self.probs_batch(parsed, _example_noise(parsed, seed), num_samples, precision)
+        probs = self.probs_batch(parsed, example_noise(parsed, seed), num_samples, precision)
         width = num_samples * self.ensemble_size
         return {"probs": tf.reshape(probs, [tf.shape(examples)[0], width])}
 

@@ -1,7 +1,8 @@
 """Writes the export directory MODEL_DIR/ (its layout and reader: model.export.load).
 
 ``write_export`` saves an in-memory model, ``write_ensemble_export`` joins several exports of
-one data folder into a deep ensemble; both write the side files and the manifest last, and
+one data folder into a deep ensemble, ``write_updated_export`` writes a model updated at a new
+site (model.adapt) beside its parent's side files; all write the side files and the manifest last, and
 replace a previous export only once the new one is complete.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import tensorflow as tf
 import ehr_base
 from ehr_pipeline.contract import layout
 from ehr_pipeline.shift import Profile
-from model.export_contract import (ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
+from model.export_contract import (ADAPTATION, ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
                             SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, json_ready)
 from model.data_folder import admission_type_counts
 from model.export.load import ExportError, load_export, write_manifest
@@ -120,6 +121,24 @@ def write_export(export_dir: str | os.PathLike[str], predictor: Predictor, *, da
     return _finish(tmp, export_dir, data_dir, card, metrics_doc, pipeline_config, reference)
 
 
+def write_updated_export(export_dir: str | os.PathLike[str], parent: str | os.PathLike[str], *,
+                         predictor: Predictor | None, adaptation: Mapping[str, Any], card: dict, metrics_doc: dict,
+                         reference: Profile | None) -> pathlib.Path:
+    """Writes MODEL_DIR/ for a model updated at a new site (model.adapt): the parent's side files and either its
+    SavedModel (predictor None: a recalibration, applied from adaptation.json) or the updated network's."""
+    export_dir, parent = pathlib.Path(export_dir), pathlib.Path(parent)
+    if export_dir.resolve() == parent.resolve():
+        raise ExportError(f"{export_dir}: the updated export must not replace its parent")
+    tmp = _new_tmp(export_dir)
+    if predictor is None:
+        shutil.copytree(parent / SAVED_MODEL_DIR, tmp / SAVED_MODEL_DIR)
+    else:
+        tf.saved_model.save(predictor.module, str(tmp / SAVED_MODEL_DIR), signatures=predictor.module.signatures())
+    _write_json(tmp / ADAPTATION, dict(adaptation))
+    pipeline_raw = json.loads((parent / PIPELINE_CONFIG).read_text(encoding="utf-8"))
+    return _finish(tmp, export_dir, parent, card, metrics_doc, pipeline_raw, reference)
+
+
 class _EnsembleModule(tf.Module):
     """Several exported models behind one signature: members side by side along K."""
 
@@ -159,6 +178,12 @@ def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Seque
     digests = {(e.manifest["files"][layout.VOCABULARY], e.manifest["files"][layout.NUMERIC_STATS]) for e in loaded}
     if len(digests) != 1:
         raise ExportError("ensemble members were trained on different vocabularies/statistics")
+    # The ensemble's signature calls each member's SavedModel, past LoadedExport's recalibration.
+    recalibrated = sorted(str(e.path) for e in loaded
+                          if e.files.adaptation is not None and not e.files.adaptation.recalibration.is_identity)
+    if recalibrated:
+        raise ExportError(f"ensemble members {recalibrated} are recalibrated exports (adaptation.json): "
+                          "an ensemble export cannot carry their recalibration; join their parents instead")
     export_dir = pathlib.Path(export_dir)
     tmp = _new_tmp(export_dir)
     missing = sorted({str(e.path) for e in loaded for name in SIGNATURES.values()
