@@ -167,7 +167,8 @@ def test_the_service_and_the_export_reader_start_without_tensorflow():
     # export contract they read) must stay cheap for --help and for the app factory.
     code = ("import sys, serving.app, serving.cli, serving.settings, model.export_contract, model.export.load, "
             "model.training.config, model.fit, model.fit.experiment, model.evaluation.against_reference, "
-            "model.cli.ehr_train, model.cli.ehr_eval, model.cli.ehr_analyze, model.image.cli, "
+            "model.cli.ehr_train, model.cli.ehr_eval, model.cli.ehr_analyze, model.cli.ehr_adapt, model.adapt.config, "
+            "model.image.cli, "
             "model.layers, model.training, model.evaluation, model.export, model.cli; "
             "print(sorted(m for m in ('tensorflow', 'tf_keras', 'edward2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,

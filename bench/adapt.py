@@ -1,0 +1,291 @@
+"""Every updating method of ehr-adapt at several local sample sizes, against the known truth of synthetic sites.
+
+  python bench/adapt.py                       # the issue's grid: sizes 100..2,500, 3 x 3 x 3, sites B, D, E
+  python bench/adapt.py --quick               # a smoke run: tiny releases, one of each, size 100
+
+A rank-1 model (configs/ehr_rank1_normal.yaml at the --scale's sizes) is trained on each of
+--train-releases site-A releases (bench/compare_setup.py's seeds). Each shifted site (B: case mix
+and measurement, same truth; D: twice the odds of death; E: other predictor effects; docs/synthetic.md)
+has --site-releases releases, bagged with the model's units (``ehr-pipeline run --units-from``).
+For every local size n and draw d, n admissions of the site release's train split are drawn
+(seed d) and every --methods update runs on them (model.adapt.update.adapt, the code ehr-adapt
+runs); the updated model then predicts the release's test split (S samples per member), scored
+against P_DEATH: mean |p - P|, mixture NLL, calibration slope (logistic regression of the outcome
+on logit p) and the share of admissions whose 95% sample interval covers P. By default the
+updated model predicts in memory (the recalibration applied as the export's reader applies it,
+or the updated network behind the same Predictor the export is traced from); --write-exports
+goes through ehr-adapt's export and loader instead (slower: each weight update is saved).
+
+Paired differences: for each pair (bayes vs closed-test, finetune, retrain), the difference of
+mean |p - P| on the same cells (train release x site release x draw), with a 95% t-interval over
+cells, per site and size. Every cell is appended to WORK/adapt/cells.jsonl as it finishes; a rerun
+skips cells already there (--report-only writes the tables from it). Output: WORK/adapt/adapt.md
+(the tables), adapt.json and adapt.png; docs/results.md is not written by this script.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import pathlib
+import sys
+import time
+
+import matplotlib
+import numpy as np
+from scipy import stats
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
+# The comparison's release, bagging and training steps, reused so both grids train and bag alike.
+from bench.compare_methods import _make_data, _make_release, _split, _train  # noqa: E402
+from bench.compare_setup import SCALES  # noqa: E402
+from model.adapt import recalibration  # noqa: E402
+from model.adapt.config import METHODS, AdaptConfig  # noqa: E402
+from model.adapt.export_update import write_update  # noqa: E402
+from model.adapt.local_data import read_local  # noqa: E402
+from model.adapt.update import adapt  # noqa: E402
+from model.evaluation import metrics  # noqa: E402
+from model.export.load import Recalibration, load_export  # noqa: E402
+from model.export.predict import Predictor, predict_probs  # noqa: E402
+
+log = logging.getLogger("bench.adapt")
+
+SIZES = (100, 250, 500, 1000, 2500)
+SITES = ("B", "D", "E")
+# One release seed per site-release index (site A's training releases come from compare_setup.SCALES).
+SITE_SEEDS = {"B": (12, 22, 32), "D": (14, 24, 34), "E": (15, 25, 35)}
+PAIRS = (("bayes", "closed-test"), ("bayes", "finetune"), ("bayes", "retrain"))
+MODEL = "rank1_normal"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The bench's flags; defaults are the issue's grid."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--scale", choices=("tiny", "medium"), default="medium",
+                        help="release and model sizes (bench/compare_setup.py SCALES)")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="local sample sizes, comma-separated")
+    parser.add_argument("--train-releases", type=int, default=3, help="site-A training releases (one model each)")
+    parser.add_argument("--site-releases", type=int, default=3, help="releases of each shifted site")
+    parser.add_argument("--sites", default=",".join(SITES), help="shifted sites, comma-separated (B, D, E)")
+    parser.add_argument("--draws", type=int, default=3, help="draws of the local sample per size")
+    parser.add_argument("--methods", default=",".join(METHODS), help="ehr-adapt methods, comma-separated")
+    parser.add_argument("--samples", type=int, default=10, help="S samples per member, fitting and scoring")
+    parser.add_argument("--epochs", type=int, default=30, help="weight methods: most epochs")
+    parser.add_argument("--revision-steps", type=int, default=200, help="closed test: revision's Adam steps")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (None: the scale's)")
+    parser.add_argument("--work", default="runs/adapt", help="releases, data, runs and results")
+    parser.add_argument("--write-exports", action="store_true",
+                        help="score through ehr-adapt's written export and loader instead of in memory")
+    parser.add_argument("--report-only", action="store_true", help="only write the tables from cells.jsonl")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: --scale tiny, sizes 100, one training and one site release per site, "
+                             "one draw, 3 epochs, 20 revision steps, S = 3, 100 training steps")
+    return parser
+
+
+def _quick(args: argparse.Namespace) -> argparse.Namespace:
+    """The smoke run's settings over whatever was given."""
+    return dataclasses.replace(_Args(**vars(args)), scale="tiny", sizes="100", train_releases=1, site_releases=1,
+                               draws=1, epochs=3, revision_steps=20, samples=3, steps=100)
+
+
+@dataclasses.dataclass
+class _Args:
+    scale: str
+    sizes: str
+    train_releases: int
+    site_releases: int
+    sites: str
+    draws: int
+    methods: str
+    samples: int
+    epochs: int
+    revision_steps: int
+    steps: int | None
+    work: str
+    write_exports: bool
+    report_only: bool
+    quick: bool
+
+
+def score(probs: np.ndarray, labels: np.ndarray, truth: np.ndarray) -> dict[str, float]:
+    """|p - P|, mixture NLL, calibration slope and 95% coverage of P_DEATH of sampled probabilities [N, M]."""
+    mean = metrics.predictive_mean(probs)
+    low, high = np.quantile(probs, [0.025, 0.975], axis=1)
+    slope = recalibration.fit_intercept_slope(recalibration.logits_of(mean[:, None]), labels).slope
+    return {"abs_error": float(np.mean(np.abs(mean - truth))), "nll": float(metrics.mixture_nll(probs, labels)),
+            "calibration_slope": float(slope), "coverage95": float(np.mean((truth >= low) & (truth <= high)))}
+
+
+def _updated_probs(loaded, local, method: str, draw: int, args, test, cell_dir: pathlib.Path
+                   ) -> tuple[np.ndarray, dict]:
+    """The updated model's test predictions [N, S*K] and its adaptation record's summary."""
+    config = AdaptConfig(method=method, sample_size=local.sample.n, seed=draw,
+                         samples=args.samples, epochs=args.epochs, revision_steps=args.revision_steps)
+    update = adapt(loaded, local, config)
+    summary = {"step": update.record.get("closed_test", {}).get("step"), "recalibration": update.recalibration}
+    if args.write_exports:
+        return predict_probs(load_export(write_update(cell_dir / method, loaded, local, update, config)),
+                             test.records, args.samples, 0), summary
+    if update.network is not None:
+        return predict_probs(Predictor(update.network.featurizer, update.network.model), test.records,
+                             args.samples, 0), summary
+    # The export reader's own transform of the parent's samples: what the written export would answer.
+    parent = predict_probs(loaded, test.records, args.samples, 0)
+    a, b = update.recalibration
+    return Recalibration(intercept=a, slope=b).apply(parent), summary
+
+
+def _sites(args, work: pathlib.Path, train_data: pathlib.Path, t: int):
+    """(site, release index, data folder, release folder) of every shifted release, bagged in the model's units."""
+    patients = SCALES[args.scale]["releases"]["A"][0]
+    for site in args.sites.split(","):
+        for r in range(args.site_releases):
+            seed = SITE_SEEDS[site][r]
+            release = work / "releases" / f"{site}_{seed}"
+            _make_release(site, patients, seed, release)
+            data = work / "data" / f"{site}_{seed}_for_t{t}"
+            _make_data(release, data, units_from=train_data)
+            yield site, r, data, release
+
+
+def run_grid(args, work: pathlib.Path) -> None:  # long: the grid's five nested loops read best in one place
+    """Trains, draws, updates and scores every cell not yet in cells.jsonl."""
+    cells_path = work / "adapt" / "cells.jsonl"
+    cells_path.parent.mkdir(parents=True, exist_ok=True)
+    done = {json.dumps(c["key"]) for c in _read_cells(cells_path)}
+    seeds = SCALES[args.scale]["releases"]["A"][1]
+    patients = SCALES[args.scale]["releases"]["A"][0]
+    methods = args.methods.split(",")
+    for t in range(args.train_releases):
+        release = work / "releases" / f"A_{seeds[t]}"
+        _make_release("A", patients, seeds[t], release)
+        train_data = work / "data" / f"A_{seeds[t]}"
+        _make_data(release, train_data)
+        export, _, _ = _train(MODEL, seeds[t], args, train_data, release / "SYNTH_TRUTH.csv", work,
+                              name=f"{MODEL}_t{t}")
+        loaded = load_export(export)
+        for site, r, data, site_release in _sites(args, work, train_data, t):
+            test = _split(data, site_release, "test")
+            for n in [int(s) for s in args.sizes.split(",")]:
+                for d in range(args.draws):
+                    local = read_local(loaded, data, "train", sample_size=n, seed=d)
+                    for method in methods:
+                        key = {"train": t, "site": site, "release": r, "size": n, "draw": d, "method": method}
+                        if json.dumps(key) in done:
+                            continue
+                        started = time.time()
+                        probs, summary = _updated_probs(loaded, local, method, d, args, test,
+                                                        work / "adapt" / "exports" / f"t{t}_{site}{r}_n{n}_d{d}")
+                        cell = {"key": key, **score(probs, test.labels, test.truth), **summary,
+                                "seconds": time.time() - started, "events": local.sample.events}
+                        log.info("%s: |p-P| %.4f, NLL %.4f, slope %.2f, coverage %.2f", key, cell["abs_error"],
+                                 cell["nll"], cell["calibration_slope"], cell["coverage95"])
+                        with cells_path.open("a") as f:
+                            f.write(json.dumps(cell) + "\n")
+
+
+def _read_cells(path: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def paired(cells: list[dict], first: str, second: str, metric: str = "abs_error") -> dict | None:
+    """Mean of first - second over cells both ran (same train/site release/size/draw), with its 95% t-interval."""
+    def by_cell(method):
+        return {tuple(v for k, v in c["key"].items() if k != "method"): c[metric]
+                for c in cells if c["key"]["method"] == method}
+
+    a, b = by_cell(first), by_cell(second)
+    common = sorted(set(a) & set(b))
+    if not common:
+        return None
+    diff = np.array([a[k] - b[k] for k in common])
+    if len(diff) < 2:
+        return {"mean": float(diff.mean()), "low": float("nan"), "high": float("nan"), "cells": len(diff)}
+    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
+    return {"mean": float(diff.mean()), "low": float(diff.mean() - half), "high": float(diff.mean() + half),
+            "cells": len(diff)}
+
+
+def report(cells: list[dict], work: pathlib.Path) -> str:
+    """The tables (markdown) by site and size: each method's means, then the paired differences."""
+    lines = ["| site | n | method | cells | mean abs(p - P) | NLL | calibration slope | 95% coverage of P |",
+             "|---|---|---|---|---|---|---|---|"]
+    groups = sorted({(c["key"]["site"], c["key"]["size"]) for c in cells})
+    methods = [m for m in METHODS if any(c["key"]["method"] == m for c in cells)]
+    summary: dict = {"means": [], "paired": []}
+    for site, n in groups:
+        for method in methods:
+            mine = [c for c in cells if (c["key"]["site"], c["key"]["size"], c["key"]["method"]) == (site, n, method)]
+            if not mine:
+                continue
+            means = {k: float(np.mean([c[k] for c in mine])) for k in
+                     ("abs_error", "nll", "calibration_slope", "coverage95")}
+            summary["means"].append({"site": site, "size": n, "method": method, "cells": len(mine), **means})
+            lines.append(f"| {site} | {n} | {method} | {len(mine)} | {means['abs_error']:.4f} | {means['nll']:.4f} | "
+                         f"{means['calibration_slope']:.2f} | {means['coverage95']:.2f} |")
+    lines += ["", "| site | n | difference of mean abs(p - P) | mean | 95% interval | cells |", "|---|---|---|---|---|---|"]
+    for site, n in groups:
+        here = [c for c in cells if (c["key"]["site"], c["key"]["size"]) == (site, n)]
+        for first, second in PAIRS:
+            p = paired(here, first, second)
+            if p is not None:
+                summary["paired"].append({"site": site, "size": n, "pair": f"{first} - {second}", **p})
+                lines.append(f"| {site} | {n} | {first} - {second} | {p['mean']:+.4f} | "
+                             f"[{p['low']:+.4f}, {p['high']:+.4f}] | {p['cells']} |")
+    (work / "adapt" / "adapt.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _plot(summary["means"], work / "adapt" / "adapt.png")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(means: list[dict], path: pathlib.Path) -> None:
+    """Mean abs(p - P) against the local size, one panel per site, one line per method."""
+    sites = sorted({m["site"] for m in means})
+    if not sites:
+        return
+    fig, axes = plt.subplots(1, len(sites), figsize=(4.5 * len(sites), 3.5), squeeze=False)
+    for ax, site in zip(axes[0], sites):
+        for method in METHODS:
+            rows = sorted((m["size"], m["abs_error"]) for m in means if m["site"] == site and m["method"] == method)
+            if rows:
+                ax.plot(*zip(*rows), marker="o", label=method)
+        ax.set_xscale("log")
+        ax.set_title(f"site {site}")
+        ax.set_xlabel("local admissions")
+        ax.set_ylabel("mean |p - P_DEATH|")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the grid (or only its report) and prints the tables."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args = _quick(args)
+    unknown = sorted(set(args.methods.split(",")) - set(METHODS))
+    if unknown:
+        print(f"bench/adapt.py: error: --methods: unknown {unknown}; known: {METHODS}", file=sys.stderr)
+        return 2
+    work = pathlib.Path(args.work)
+    if not args.report_only:
+        run_grid(args, work)
+    table = report(_read_cells(work / "adapt" / "cells.jsonl"), work)
+    (work / "adapt" / "adapt.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The updated export on the tiny trained model: what it records, that it loads, that it predicts the parent moved."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from model import data_folder
+from model.adapt.config import AdaptConfig
+from model.adapt.rebuild import rebuild
+from model.adapt.use_case import run_update
+from model.cli import ehr_eval
+from model.evaluation import metrics
+from model.export.load import ExportError, load_export
+from model.export.predict import Predictor, predict_probs
+from model.export.write import write_ensemble_export
+from tests.support.adapt_data import relabelled_copy
+
+
+@pytest.fixture(scope="module")
+def site(trained_rank1, tmp_path_factory):
+    """The model's own admissions with four in five dying: a site whose baseline risk is far higher."""
+    return relabelled_copy(trained_rank1["data"], tmp_path_factory.mktemp("adapt") / "site", death_rate=0.8, seed=1)
+
+
+@pytest.fixture(scope="module")
+def recalibrated(trained_rank1, site, tmp_path_factory):
+    out = tmp_path_factory.mktemp("adapted") / "recalibrated"
+    return run_update(trained_rank1["export"], site, out, AdaptConfig(method="recalibrate", samples=3))
+
+
+def test_the_export_records_its_parent_method_and_local_data(trained_rank1, site, recalibrated):
+    parent = load_export(trained_rank1["export"])
+    adapted = load_export(recalibrated.export_dir)
+    record = adapted.files.adaptation
+    train = data_folder.read_split(data_folder.load_data_files(site), "train")
+    assert record.parent_checksum == parent.files.checksum
+    assert (record.method, record.n, record.events) == ("recalibrate", len(train.labels), sum(train.labels))
+    assert record.model_extra["local_data"]["records"] == {"read": 160, "unlabelled": 0, "not_drawn": 0, "used": 160}
+    assert adapted.model_card["parent"]["checksum"] == parent.files.checksum
+    # Four in five die here, far more than in training: the intercept moves the risk up.
+    assert record.recalibration.intercept > 0.5
+    assert adapted.files.reference.n == 160
+
+
+def test_the_adapted_export_predicts_the_parent_moved_by_the_stored_update(trained_rank1, recalibrated):
+    records = data_folder.read_split(data_folder.load_data_files(trained_rank1["data"]), "test").records
+    parent = predict_probs(load_export(trained_rank1["export"]), records, 3, 7)
+    adapted = load_export(recalibrated.export_dir)
+    expected = adapted.files.adaptation.recalibration.apply(parent)
+    np.testing.assert_array_equal(predict_probs(adapted, records, 3, 7), expected)
+    assert metrics.predictive_mean(expected).mean() > metrics.predictive_mean(parent).mean()
+
+
+def test_the_rebuilt_network_predicts_what_the_export_predicts(trained_rank1):
+    loaded = load_export(trained_rank1["export"])
+    network = rebuild(loaded)
+    records = data_folder.read_split(data_folder.load_data_files(trained_rank1["data"]), "test").records[:16]
+    np.testing.assert_array_equal(predict_probs(Predictor(network.featurizer, network.model), records, 3, 7),
+                                  predict_probs(loaded, records, 3, 7))
+
+
+def test_an_ensemble_refuses_a_recalibrated_member(trained_rank1, recalibrated, tmp_path):
+    with pytest.raises(ExportError, match="recalibrated exports"):
+        write_ensemble_export(tmp_path / "ens", [trained_rank1["export"], recalibrated.export_dir], card={},
+                              metrics_doc={})
+
+
+def test_a_sample_larger_than_the_split_is_refused(trained_rank1, site, tmp_path):
+    with pytest.raises(ValueError, match="160 labelled admissions, fewer than the 500"):
+        run_update(trained_rank1["export"], site, tmp_path / "x", AdaptConfig(sample_size=500, samples=2))
+
+
+@pytest.mark.slow
+def test_ehr_eval_scores_and_compares_parent_and_adapted_on_the_same_cases(trained_rank1, site, recalibrated,
+                                                                           tmp_path, capsys):
+    data = str(trained_rank1["data"])
+    for name, model in (("parent", trained_rank1["export"]), ("adapted", recalibrated.export_dir)):
+        assert ehr_eval.main(["--model", str(model), "--data", data, "--samples", "3", "--bootstrap", "20",
+                              "--out", str(tmp_path / name), "--no-progress"]) == 0
+    assert ehr_eval.main(["--compare", str(tmp_path / "parent" / "predictions.csv"),
+                          str(tmp_path / "adapted" / "predictions.csv"), "--bootstrap", "20",
+                          "--out", str(tmp_path / "compare")]) == 0
+    comparison = json.loads((tmp_path / "compare" / "comparison.json").read_text())
+    assert comparison["n"] == 48
+    assert "adapted" in capsys.readouterr().out or (tmp_path / "compare" / "report.html").exists()
+
+
+@pytest.mark.slow
+def test_the_weight_updates_run_and_bayes_follows_a_far_higher_local_risk(trained_rank1, site, tmp_path):
+    records = data_folder.read_split(data_folder.load_data_files(site), "test").records
+    before = metrics.predictive_mean(predict_probs(load_export(trained_rank1["export"]), records, 3, 7)).mean()
+    for method in ("bayes", "finetune", "retrain"):
+        result = run_update(trained_rank1["export"], site, tmp_path / method,
+                            AdaptConfig(method=method, samples=3, epochs=4, patience=4))
+        adapted = load_export(result.export_dir)
+        probs = predict_probs(adapted, records, 3, 7)
+        assert np.all(np.isfinite(probs)) and adapted.files.adaptation.recalibration.is_identity
+        fit = adapted.files.adaptation.model_extra["fit"]
+        assert len(fit["validation_nll"]) >= 2 and 0 <= fit["best_epoch"] < len(fit["validation_nll"])
+        if method == "bayes":
+            # Training's death rate is ~0.35, the site's 0.8: the output bias alone can carry most of that.
+            after = metrics.predictive_mean(probs).mean()
+            assert after > before + 0.1, (before, after)
+            assert adapted.files.adaptation.model_extra["updated_parts"]["normal_factor_sites"] > 0
