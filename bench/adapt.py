@@ -157,7 +157,7 @@ def _sites(args, work: pathlib.Path, train_data: pathlib.Path, t: int):
             yield site, r, data, release
 
 
-def run_grid(args, work: pathlib.Path) -> None:  # long: the grid's five nested loops read best in one place
+def run_grid(args, work: pathlib.Path) -> None:
     """Trains, draws, updates and scores every cell not yet in cells.jsonl."""
     cells_path = work / "adapt" / "cells.jsonl"
     cells_path.parent.mkdir(parents=True, exist_ok=True)

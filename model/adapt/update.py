@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ehr_pipeline.contract import tf_parse
 from model.adapt import closed_test as closed
 from model.adapt import recalibration as recal
 from model.adapt.bayes_update import bayes_update
-from model.adapt.config import AdaptConfig
+from model.adapt.config import WEIGHT_METHODS, AdaptConfig
 from model.adapt.local_data import LocalData, LocalSample, split_for_validation
 from model.adapt.rebuild import Rebuilt, rebuild
 from model.adapt.revision import fit_revision
@@ -31,7 +32,6 @@ from model.export.load import LoadedExport
 from model.export.predict import Predictor, predict_probs
 from model.fit import losses
 from model.training.baselines import SplitFeatures
-from ehr_pipeline.contract import tf_parse
 from model.training.wide import GaussianLinear, fit_laplace
 
 log = logging.getLogger(__name__)
@@ -56,9 +56,9 @@ def _parent_recalibration(loaded: LoadedExport) -> tuple[float, float]:
 def adapt(loaded: LoadedExport, local: LocalData, config: AdaptConfig, *, progress: bool = False) -> Update:
     """Updates `loaded` on the local sample with config.method (module docstring)."""
     sample = local.sample
-    probs = predict_probs(loaded, sample.records, config.samples, config.seed, batch_size=config.batch_predict)
-    if config.method in ("finetune", "bayes", "retrain"):
+    if config.method in WEIGHT_METHODS:
         return _weights(loaded, sample, config, progress)
+    probs = predict_probs(loaded, sample.records, config.samples, config.seed, batch_size=config.batch_predict)
     logits = recal.logits_of(probs)
     fits = {"none": recal.original(logits, sample.labels),
             "recalibrate-intercept": recal.fit_intercept(logits, sample.labels),
