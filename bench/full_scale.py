@@ -61,15 +61,17 @@ def release_for(patients: int, events_scale: float, work_dir: pathlib.Path) -> p
     return folder
 
 
+def _rss(proc: psutil.Process) -> int:
+    """Bytes resident in one process now; 0 once it has exited."""
+    try:
+        return proc.memory_info().rss
+    except psutil.Error:
+        return 0
+
+
 def _tree_rss(proc: psutil.Process) -> int:
     """Bytes resident in a process and all its descendants now."""
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            continue  # exited between listing and reading
-    return total
+    return sum(map(_rss, [proc, *proc.children(recursive=True)]))  # an exited one counts 0
 
 
 def _folder_bytes(folder: pathlib.Path) -> int:
@@ -83,9 +85,14 @@ def _folder_bytes(folder: pathlib.Path) -> int:
     return total
 
 
+def meds_folder(release: pathlib.Path, work_dir: pathlib.Path) -> pathlib.Path:
+    """Where a release's MEDS conversion is kept in work_dir."""
+    return work_dir / f"meds-{release.name}"
+
+
 def meds_for(release: pathlib.Path, work_dir: pathlib.Path) -> pathlib.Path:
     """The MEDS conversion of a release in work_dir, made once with this checkout's to-meds."""
-    folder = work_dir / f"meds-{release.name}"
+    folder = meds_folder(release, work_dir)
     if not (folder / "to_meds_manifest.json").exists():
         shutil.rmtree(folder, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "ehr_pipeline.cli", "to-meds", "--mimic-dir", str(release), "--out",
@@ -162,10 +169,10 @@ def run_job(release: pathlib.Path, out: pathlib.Path, code: pathlib.Path | None,
         ticks = 0
         while not done.is_set():
             try:
-                workers = [p for h in helpers for p in h.children(recursive=True)]
-                worker_rss = [_tree_rss(p) for p in workers]
+                # One walk of the cluster: each process read once (its workers are the helpers' descendants).
+                worker_rss = [_rss(p) for h in helpers for p in h.children(recursive=True)]
                 peaks["worker_rss"] = max([peaks["worker_rss"], *worker_rss])
-                peaks["rss"] = max(peaks["rss"], _tree_rss(root) + sum(_tree_rss(h) for h in helpers))
+                peaks["rss"] = max(peaks["rss"], _tree_rss(root) + sum(map(_rss, helpers)) + sum(worker_rss))
             except psutil.Error:
                 pass
             if ticks % _DISK_EVERY == 0:
@@ -294,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"--dask_npartitions={4 * args.dask_workers}"]
             r = {"release": name, "command": args.job, "job": label,
                  **run_job(release, out, args.code, job_args + runner, args.job, cluster)}
-        meds = args.work_dir / f"meds-{release.name}"
+        meds = meds_folder(release, args.work_dir)
         if args.job == "to-meds" and not (meds / "to_meds_manifest.json").exists():
             out.rename(meds)  # the measured conversion is the release's conversion: meds-run need not redo it
         elif not args.keep_output:
