@@ -25,7 +25,7 @@ from ehr_pipeline.job.run import (log_temp_bytes, pipeline_options, release_lab_
                                   with_local_workers, work_bytes)
 from ehr_pipeline.job.sinks import WriteDeadLetters, write_dead_letter_files
 from ehr_pipeline.job.spill_stages import SlotFiles
-from ehr_pipeline.job.transforms import COUNTS, DEAD, FATAL, KV, Select, Tagged, count, select
+from ehr_pipeline.job.transforms import COUNTS, DEAD, FATAL, KV, OneList, Select, Tagged, count, select
 from ehr_pipeline.meds.from_mimic import (
     MANIFEST,
     MEDS_SPLITS,
@@ -261,11 +261,11 @@ def _run_pipeline(out_dir: str, tmp: str, shards: list, graph: tuple, beam_args:
     written = items | "WriteMedsData" >> WriteMedsData(out_dir, task_refs, shards)
     dead = (items,) | "WriteDeadLetters" >> WriteDeadLetters(out_dir)
     counts = ((items | "Counts" >> Select(COUNTS), written, dead) | "AllCounts" >> beam.Flatten()
-              | "Sum" >> beam.CombinePerKey(sum) | "CountsList" >> beam.combiners.ToList()
+              | "Sum" >> beam.CombinePerKey(sum) | "CountsList" >> OneList()
               | "WriteCounts" >> beam.Map(to_file("counts.json")))
     codes = (items | "Codes" >> Select(CODES) | "DistinctCodes" >> beam.CombinePerKey(lambda _: None)
-             | "CodeList" >> beam.combiners.ToList() | "WriteCodes" >> beam.Map(to_file("codes.json")))
-    errors = (items | "Fatal" >> beam.FlatMap(select(FATAL)) | "ErrorList" >> beam.combiners.ToList()
+             | "CodeList" >> OneList() | "WriteCodes" >> beam.Map(to_file("codes.json")))
+    errors = (items | "Fatal" >> beam.FlatMap(select(FATAL)) | "ErrorList" >> OneList()
               | "WriteErrors" >> beam.Map(to_file("errors.json")))
     _ = (counts, codes, errors) | "Finish" >> beam.Flatten()
     p.run().wait_until_finish()
