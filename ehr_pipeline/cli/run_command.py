@@ -72,9 +72,10 @@ def add_to_meds_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pipeline YAML: its splits, split_salt and num_shards place the subjects; "
                              "default: built-in")
     local = add_local_run_arguments(parser, "every runner's rows are spilled; workers for the local one")
-    local.add_argument("--bucket-rows", type=positive_int, default=1_000_000, metavar="N",
-                       help="MEDS rows of one shard sorted together by one worker, as whole subjects (its "
-                            "memory: ~0.3 KB per row); the subjects per bucket follow from the inputs' size")
+    local.add_argument("--bucket-rows", type=positive_int, default=500_000, metavar="N",
+                       help="the most MEDS rows of one shard a worker sorts at a time, as whole subjects (its "
+                            "memory: ~0.3 KB per row; default: 500000); counted from the rows spilled, so a "
+                            "release's row width cannot push it over")
 
 
 def run(args: argparse.Namespace, beam_args: list[str]) -> int:

@@ -2,9 +2,10 @@
 
 ``UnitPlan`` sums the sources' unit census into the plan (each code's canonical unit, LOINC and
 training medians), known only once every file is read; the bagging stage
-(``spill_stages.BagBuckets``) hands it to every worker as a side input, and ``BagExample`` encodes each example with ``encode.encode_admission``, the
-function the service calls too. What it yields besides the record: counts, the values set aside
-for their unit (dead letters, ``sinks.DeadValue``) and the train split's code statistics.
+(``spill_stages.BagBuckets``) joins it to every bucket by key, and ``BagExample`` encodes each
+example with ``encode.encode_admission``, the function the service calls too. What it yields
+besides the record: counts, the values set aside for their unit (dead letters,
+``sinks.DeadValue``) and the train split's code statistics.
 """
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from ehr_pipeline.encode import units as units_mod  # 'units' names the events' 
 from ehr_pipeline.job import vocab
 from ehr_pipeline.job.chunks import concat_chunks
 from ehr_pipeline.job.sinks import DEAD_VALUES, DeadValue
-from ehr_pipeline.job.transforms import COUNTS, DEAD, KV, RECORDS, STATS, UNITS, Select, Tagged, count, counted
+from ehr_pipeline.job.transforms import COUNTS, DEAD, KV, RECORDS, STATS, UNITS, OneList, Select, Tagged, count, counted
 
 
-@beam.typehints.with_input_types(KV, dict)  # the example, then the unit plan (a side input)
+@beam.typehints.with_input_types(KV, dict)  # the example, then the unit plan (BagBucket passes it)
 @beam.typehints.with_output_types(Tagged)
 class BagExample(beam.DoFn):
     """(example key, [cohort row, event chunks]) -> its SequenceExample record, counts, code statistics."""
@@ -70,7 +71,7 @@ class BagExample(beam.DoFn):
         yield from counted("bagging/dropped", bags.n_dropped_by_reason)
         if split == "train":
             for code, st in vocab.example_code_stats(encoded.codes, encoded.values).items():
-                yield STATS, (code, st)
+                yield STATS, (code, vocab.exact_stats(st))
 
 
 def admission_context(hadm: int, meta: dict) -> spec.AdmissionContext:
@@ -126,7 +127,7 @@ def unit_plan(census: list, loinc: dict, reference: dict | None, reference_media
 
 
 class SumCodeStats(beam.CombineFn):
-    """Train-split code statistics -> their sum per code, exact until the end (vocab.add_exact).
+    """Train-split code statistics (exact: vocab.exact_stats) -> their sum per code, rounded once at the end.
 
     The same sum whatever the bundles and their order, so numeric_stats.json is byte-identical
     for any number of workers.
@@ -136,7 +137,7 @@ class SumCodeStats(beam.CombineFn):
         return vocab.EXACT_ZERO
 
     def add_input(self, accumulator, element):
-        return vocab.add_exact(accumulator, vocab.exact_stats(element))
+        return vocab.add_exact(accumulator, element)
 
     def merge_accumulators(self, accumulators):
         total = vocab.EXACT_ZERO
@@ -160,6 +161,6 @@ class UnitPlan(beam.PTransform):
             items
             | "UnitCensus" >> Select(UNITS)
             | "SumUnitCensus" >> beam.CombinePerKey(magnitudes.merge_tallies)
-            | "UnitCensusList" >> beam.combiners.ToList()
+            | "UnitCensusList" >> OneList()
             | "Plan" >> beam.Map(unit_plan, self._loinc, self._reference, self._medians)
         )

@@ -27,7 +27,7 @@ from ehr_pipeline.contract import layout
 from ehr_pipeline.job import spill
 from ehr_pipeline.job.sources import PREDICTION_TIME, SUBJECTS, ReadMedsFile, split_subject_errors
 from ehr_pipeline.job.spill_stages import EVENTS_DIR, SPILL, BagBucket, SlotFiles, bucket_folder, bucket_items
-from ehr_pipeline.job.transforms import COUNTS, EXAMPLE, Tagged, count, select
+from ehr_pipeline.job.transforms import COUNTS, EXAMPLE, OneList, Tagged, count, select
 from ehr_pipeline.meds import labels as meds_labels
 
 # MEDS parquet bytes of input per bucket: ~6 B per row on disk, so ~5M rows, whose examples take a
@@ -85,7 +85,7 @@ class MedsSource(beam.PTransform):
         split = (
             read
             | "SubjectsOfFiles" >> beam.FlatMap(select(SUBJECTS))
-            | "AllFiles" >> beam.combiners.ToList()
+            | "AllFiles" >> OneList()
             | "OneFilePerSubject" >> beam.FlatMap(split_subject_errors).with_output_types(Tagged)
         )
         parts = [bucket_items(rest, self._buckets), split]
@@ -99,7 +99,7 @@ class MedsSource(beam.PTransform):
             parts.append(
                 read
                 | "PredictionTimes" >> beam.FlatMap(select(PREDICTION_TIME))
-                | "AllPredictionTimes" >> beam.combiners.ToList()
+                | "AllPredictionTimes" >> OneList()
                 | "WritePredictionTimes" >> beam.Map(write).with_output_types(Tagged))
         return parts | "MedsItems" >> beam.Flatten()
 

@@ -5,7 +5,7 @@ The graph, as ``_run_pipeline`` builds it from the composite transforms of ``sou
 
   SpillSource | MedsSource     -> tagged items: a bucket's spill files (events of a HADM_ID range, or
                                   whole examples of a key hash); unit census, counts, dead rows
-  UnitPlan                     -> the canonical unit of each code (a side input of the bagging)
+  UnitPlan                     -> the canonical unit of each code (joined to each bucket by key)
   BagBuckets                   -> (split, shard) records as sorted runs on disk, code statistics
   MergeShards                  -> TFRecord shards (sorted by key: byte-identical reruns), dead values
   WriteDeadLetters, SumCounts, code statistics -> files the driver reads back into the manifest
@@ -162,7 +162,8 @@ def _spill_road(event_inputs, coh, metas, cohort_index, spill_dir: str, resource
              len(event_inputs), len(metas), len(bounds) + 1, workers, spill_dir)
     cfg = config.to_dict()
     return (SpillSource(slots, cohort_index, coh.discharges, spill_dir, bounds, resources.block_size_bytes),
-            lambda plan: BagBuckets(BagBucket(cfg, spill_dir, cohort_file, ranges), plan), MergeShards(out_dir, cfg))
+            lambda plan: BagBuckets(BagBucket(cfg, spill_dir, cohort_file, ranges), plan, len(ranges)),
+            MergeShards(out_dir, cfg))
 
 
 def split_inputs(inputs: list[tuple[str, str]], spill_dir: str, threshold: int) -> list[tuple[str, str]]:
@@ -222,7 +223,7 @@ def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | Non
         source = MedsSource(slots, reader.to_dict(), spill_dir, buckets, times_path if labels else None)
         counts, options = _run_pipeline(source, out_dir, config, loinc, (reference_units, reference_medians),
                                         with_local_workers(beam_args or [], workers),
-                                        (lambda plan: BagBuckets(BagMedsBucket(cfg, spill_dir), plan),
+                                        (lambda plan: BagBuckets(BagMedsBucket(cfg, spill_dir), plan, buckets),
                                          MergeShards(out_dir, cfg, merge=True)))
         log_temp_bytes(spill_dir, ("events", "runs", "dead"))
     finally:

@@ -44,7 +44,7 @@ class SpillOptions(BaseModel):
     workers: int | None = Field(None, ge=1, description="local workers; None: os.cpu_count()")
     temp_dir: str | None = Field(None, description="spill folder's parent; None: <out>/_tmp")
     bucket_admissions: int = Field(1000, ge=1, description="cohort admissions per bucket (stage C's memory)")
-    bucket_rows: int = Field(1_000_000, ge=1, description="MEDS rows per bucket of a shard (to-meds' sort memory)")
+    bucket_rows: int = Field(500_000, ge=1, description="most MEDS rows of a shard sorted at a time (to-meds' memory)")
     split_threshold_bytes: int = Field(64 << 20, ge=1, description="gzip inputs above this are split into parts")
     block_size_bytes: int = Field(2 << 20, ge=1024, description="reader block (stage A's memory per worker)")
 

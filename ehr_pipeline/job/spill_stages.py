@@ -28,16 +28,17 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from ehr_pipeline.contract import layout, spec, tfrecord
-from ehr_pipeline.job import spill
+from ehr_pipeline.job import spill, vocab
 from ehr_pipeline.job.bag import BagExample
 from ehr_pipeline.job.sinks import DEAD_VALUES, DeadValue, group_by_every_shard
 from ehr_pipeline.job.sources import ReadMimicTable
-from ehr_pipeline.job.transforms import DEAD, EVENTS, FATAL, KV, RECORDS, Select, Tagged, count
+from ehr_pipeline.job.transforms import COUNTS, DEAD, EVENTS, FATAL, KV, RECORDS, STATS, Select, Tagged, count
 from ehr_pipeline.reader import ReaderError
 
 # The spilling stages' own kinds of items (transforms' vocabulary):
 SPILL = "spill"  # (bucket, frame file of events)
 BUCKET = "bucket"  # (bucket, [frame files or None]): stage C's element
+PLAN = "plan"  # the unit plan, joined to every bucket
 RUN = "run"  # ((split, shard), (bucket, frame file of records))
 DEAD_RUN = "dead_run"  # (dead-letter file name, (bucket, JSONL run, lines))
 
@@ -134,10 +135,10 @@ def bucket_items(read, buckets: int):
     return (grouped, others) | "SourceItems" >> beam.Flatten()
 
 
-@beam.typehints.with_input_types(KV, dict)  # the bucket, then the unit plan (a side input)
+@beam.typehints.with_input_types(tuple)  # ((bucket, frame files), the unit plan)
 @beam.typehints.with_output_types(Tagged)
 class BagBucket(beam.DoFn):
-    """(bucket, frame files) -> RUN and DEAD_RUN references, and BagExample's counts and statistics."""
+    """((bucket, frame files), unit plan) -> RUN and DEAD_RUN references, and BagExample's counts and statistics."""
 
     def __init__(self, config_dict: dict, spill_dir: str, cohort_file: str, cohort_ranges: list[tuple[int, int]]):
         self._config_dict, self._spill = config_dict, spill_dir
@@ -147,10 +148,14 @@ class BagBucket(beam.DoFn):
         self._bag = BagExample(self._config_dict)
         self._bag.setup()
 
-    def process(self, element, plan):
-        bucket, refs = element
+    def process(self, element):
+        (bucket, refs), plan = element
         runs = spill.FrameWriter(layout.join(self._spill, RUNS_DIR), _run_folder)
         dead = []
+        # Summed per bucket, not yielded per example: a runner without combiner lifting (Dask's)
+        # would otherwise hold millions of them in its shuffle. Exact sums: the same totals.
+        tallies: dict[str, int] = defaultdict(int)
+        stats: dict[str, tuple] = {}
         for key, items in self.examples(bucket, sorted(r for r in refs if r is not None)):
             for kind, payload in self._bag.process((key, items), plan):
                 if kind == RECORDS:
@@ -158,8 +163,15 @@ class BagBucket(beam.DoFn):
                     runs.write(split_shard, key, record)
                 elif kind == DEAD and payload[0] == DEAD_VALUES:
                     dead.append(payload[1])
+                elif kind == COUNTS:
+                    tallies[payload[0]] += payload[1]
+                elif kind == STATS:
+                    code, st = payload
+                    stats[code] = vocab.add_exact(stats.get(code, vocab.EXACT_ZERO), st)
                 else:
                     yield kind, payload
+        yield from ((COUNTS, item) for item in sorted(tallies.items()))
+        yield from ((STATS, item) for item in sorted(stats.items()))
         if dead:
             yield DEAD_RUN, (DEAD_VALUES, self._write_dead_run(bucket, dead))
         for split_shard, path in sorted(runs.close().items()):
@@ -194,22 +206,43 @@ class BagBucket(beam.DoFn):
 
 
 class BagBuckets(beam.PTransform):
-    """Source items -> RUN and DEAD_RUN references, counts and code statistics (the unit plan a side input).
+    """Source items -> RUN and DEAD_RUN references, counts and code statistics, each bucket bagged under the unit plan.
 
     ``bag_bucket`` is the stage's DoFn: BagBucket (admissions of a HADM_ID range, their rows in the
     cohort file) or a subclass that reads its examples otherwise (``meds_stages.BagMedsBucket``).
+    The plan joins each of the ``buckets`` by key rather than as a side input: Beam's DaskRunner
+    computes a side input again inside every task that reads it, which re-ran the whole source
+    (stage A's spill written twice, the cluster's memory held twice).
     """
 
-    def __init__(self, bag_bucket: BagBucket, plan):
+    def __init__(self, bag_bucket: BagBucket, plan, buckets: int):
         super().__init__()
-        self._bag_bucket, self._plan = bag_bucket, plan
+        self._bag_bucket, self._plan, self._buckets = bag_bucket, plan, buckets
 
     def expand(self, items):
+        refs = items | "Buckets" >> Select(BUCKET) | "KeyRefs" >> beam.MapTuple(
+            lambda bucket, frames: (bucket, (BUCKET, frames))).with_output_types(KV)
+        plans = self._plan | "PlanPerBucket" >> beam.FlatMap(
+            lambda plan, n: [(bucket, (PLAN, plan)) for bucket in range(n)], self._buckets).with_output_types(KV)
         return (
-            items
-            | "Buckets" >> Select(BUCKET)
-            | "BagBucket" >> beam.ParDo(self._bag_bucket, beam.pvalue.AsSingleton(self._plan))
+            (refs, plans)
+            | "BucketsAndPlan" >> beam.Flatten()
+            | "JoinPlan" >> beam.GroupByKey()
+            | "WithPlan" >> beam.Map(with_plan).with_output_types(tuple)
+            | "BagBucket" >> beam.ParDo(self._bag_bucket)
         )
+
+
+def with_plan(element) -> tuple[tuple[int, list], dict]:
+    """(bucket, [(BUCKET, frame files), (PLAN, plan)]) -> ((bucket, frame files), plan): one of each per bucket."""
+    bucket, parts = element
+    found = defaultdict(list)
+    for kind, value in parts:
+        found[kind].append(value)
+    if len(found[BUCKET]) != 1 or len(found[PLAN]) != 1:
+        raise RuntimeError(f"bucket {bucket}: {len(found[BUCKET])} file lists and {len(found[PLAN])} unit plans, "
+                           "expected one of each")
+    return (bucket, found[BUCKET][0]), found[PLAN][0]
 
 
 @beam.typehints.with_input_types(KV)

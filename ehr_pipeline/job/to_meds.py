@@ -13,9 +13,12 @@ import os
 import shutil
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from ehr_pipeline.contract import PipelineConfig, layout
@@ -25,7 +28,7 @@ from ehr_pipeline.job.run import (log_temp_bytes, pipeline_options, release_lab_
                                   with_local_workers, work_bytes)
 from ehr_pipeline.job.sinks import WriteDeadLetters, write_dead_letter_files
 from ehr_pipeline.job.spill_stages import SlotFiles
-from ehr_pipeline.job.transforms import COUNTS, DEAD, FATAL, KV, Select, Tagged, count, select
+from ehr_pipeline.job.transforms import COUNTS, DEAD, FATAL, KV, OneList, Select, Tagged, count, select
 from ehr_pipeline.meds.from_mimic import (
     MANIFEST,
     MEDS_SPLITS,
@@ -34,6 +37,7 @@ from ehr_pipeline.meds.from_mimic import (
     event_rows,
     from_ipc,
     subject_buckets,
+    subject_cuts,
     task_rows,
     to_ipc,
     write_code_metadata,
@@ -114,24 +118,64 @@ class ConvertTable(beam.DoFn):
             yield COUNTS, count(f"rows/{table}/dead_letter/{reason}", n)
 
 
+def spilled_tables(paths: list[str]) -> Iterator[pa.Table]:
+    """The MEDS row tables of a bucket's frame files, one frame at a time."""
+    for path in paths:
+        for _, blob in spill.read_frames(path):
+            yield from_ipc(blob)
+
+
+def bucket_ranges(paths: list[str], limit: int) -> Iterator[list[pa.Table]]:
+    """A bucket's row tables, one subject range of at most `limit` rows at a time, counted from the rows spilled.
+
+    The buckets were cut from an estimate of the rows per subject, which a release's row width can
+    miss; a bucket that fits is read once, a bigger one is counted by subject and read again per range.
+    """
+    held: list[pa.Table] | None = []
+    rows, ids, counts = 0, [], []
+    for table in spilled_tables(paths):
+        sid, n = np.unique(table.column("subject_id").to_numpy(), return_counts=True)
+        ids.append(sid)
+        counts.append(n)
+        rows += table.num_rows
+        if held is not None:
+            held.append(table)
+            if rows > limit:
+                held = None  # counted from here on, read again range by range
+    if held is not None:
+        yield held
+        return
+    subjects, where = np.unique(np.concatenate(ids), return_inverse=True)
+    per_subject = np.bincount(where, weights=np.concatenate(counts)).astype(np.int64)
+    cuts = subject_cuts(subjects, per_subject, limit).tolist()
+    log.info("a bucket of %d MEDS rows (over %d) is sorted in %d ranges", rows, limit, len(cuts) + 1)
+    for low, high in zip([None, *cuts], [*cuts, None]):
+        yield [t.filter(_in_range(t.column("subject_id"), low, high)) for t in spilled_tables(paths)]
+
+
+def _in_range(column, low: int | None, high: int | None):
+    inside = pc.greater_equal(column, low) if low is not None else pc.is_valid(column)
+    return inside if high is None else pc.and_(inside, pc.less(column, high))
+
+
 @beam.typehints.with_input_types(KV)
 @beam.typehints.with_output_types(tuple[str, int])
 class WriteMedsShard(beam.DoFn):
-    """((split, shard), [(bucket, run) or None]) -> data/<split>/<shard>.parquet, sorted, bucket by bucket, atomically."""
+    """((split, shard), [(bucket, run) or None]) -> data/<split>/<shard>.parquet, sorted range by range, atomically."""
 
-    def __init__(self, out_dir: str):
-        self._out = out_dir
+    def __init__(self, out_dir: str, bucket_rows: int):
+        self._out, self._limit = out_dir, bucket_rows
 
     def process(self, element):
         (split, shard), refs = element
         runs: dict[int, list[str]] = defaultdict(list)
         for bucket, path in sorted(r for r in refs if r is not None):
             runs[bucket].append(path)
-        buckets = ([from_ipc(blob) for path in runs[b] for _, blob in spill.read_frames(path)] for b in sorted(runs))
+        ranges = (part for b in sorted(runs) for part in bucket_ranges(runs[b], self._limit))
         path = layout.join(self._out, "data", split, f"{shard}.parquet")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with layout.created_atomically(path) as f:
-            n = write_sorted_shard(buckets, f)
+            n = write_sorted_shard(ranges, f)
         yield count(f"files/{split}/rows_written", n)
 
 
@@ -150,9 +194,9 @@ class ConvertEvents(beam.PTransform):
 class WriteMedsData(beam.PTransform):
     """RUN references (of the events and of the driver's task rows) -> one parquet file per (split, shard)."""
 
-    def __init__(self, out_dir: str, task_refs: list, shards: list[tuple[str, int]]):
+    def __init__(self, out_dir: str, task_refs: list, shards: list[tuple[str, int]], bucket_rows: int):
         super().__init__()
-        self._out, self._task, self._shards = out_dir, task_refs, shards
+        self._out, self._task, self._shards, self._limit = out_dir, task_refs, shards, bucket_rows
 
     def expand(self, items):
         p = items.pipeline
@@ -161,7 +205,7 @@ class WriteMedsData(beam.PTransform):
              p | "AllShards" >> beam.Create([(s, None) for s in self._shards]).with_output_types(KV))
             | "JoinRuns" >> beam.Flatten()
             | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShards" >> beam.ParDo(WriteMedsShard(self._out))
+            | "WriteShards" >> beam.ParDo(WriteMedsShard(self._out, self._limit))
         )
 
 
@@ -197,7 +241,7 @@ def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | Non
     spill_dir = spill.spill_folder(out_dir, resources.temp_dir)
     try:
         graph = _spill_road(inputs, tables, task, coh.discharges, spill_dir, resources, workers, config)
-        _run_pipeline(out_dir, tmp, shards, graph, with_local_workers(beam_args or [], workers))
+        _run_pipeline(out_dir, tmp, shards, graph, resources.bucket_rows, with_local_workers(beam_args or [], workers))
         log_temp_bytes(spill_dir, ("parts", MEDS_RUNS_DIR))
     finally:
         spill.remove_folder(spill_dir)
@@ -246,7 +290,7 @@ def subjects_per_bucket(inputs: list[tuple[str, str]], subjects: int, bucket_row
     return max(1, int(bucket_rows * max(subjects, 1) / max(rows, 1.0)))
 
 
-def _run_pipeline(out_dir: str, tmp: str, shards: list, graph: tuple, beam_args: list[str]) -> None:
+def _run_pipeline(out_dir: str, tmp: str, shards: list, graph: tuple, bucket_rows: int, beam_args: list[str]) -> None:
     """Converts, writes the shards and the driver's files of counts, codes and errors."""
     convert, task_refs = graph
 
@@ -258,14 +302,14 @@ def _run_pipeline(out_dir: str, tmp: str, shards: list, graph: tuple, beam_args:
 
     p = beam.Pipeline(options=pipeline_options(beam_args))
     items = p | "ConvertEvents" >> convert
-    written = items | "WriteMedsData" >> WriteMedsData(out_dir, task_refs, shards)
+    written = items | "WriteMedsData" >> WriteMedsData(out_dir, task_refs, shards, bucket_rows)
     dead = (items,) | "WriteDeadLetters" >> WriteDeadLetters(out_dir)
     counts = ((items | "Counts" >> Select(COUNTS), written, dead) | "AllCounts" >> beam.Flatten()
-              | "Sum" >> beam.CombinePerKey(sum) | "CountsList" >> beam.combiners.ToList()
+              | "Sum" >> beam.CombinePerKey(sum) | "CountsList" >> OneList()
               | "WriteCounts" >> beam.Map(to_file("counts.json")))
     codes = (items | "Codes" >> Select(CODES) | "DistinctCodes" >> beam.CombinePerKey(lambda _: None)
-             | "CodeList" >> beam.combiners.ToList() | "WriteCodes" >> beam.Map(to_file("codes.json")))
-    errors = (items | "Fatal" >> beam.FlatMap(select(FATAL)) | "ErrorList" >> beam.combiners.ToList()
+             | "CodeList" >> OneList() | "WriteCodes" >> beam.Map(to_file("codes.json")))
+    errors = (items | "Fatal" >> beam.FlatMap(select(FATAL)) | "ErrorList" >> OneList()
               | "WriteErrors" >> beam.Map(to_file("errors.json")))
     _ = (counts, codes, errors) | "Finish" >> beam.Flatten()
     p.run().wait_until_finish()

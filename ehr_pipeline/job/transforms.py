@@ -5,7 +5,7 @@ wires them:
 
     items    = p | SpillSource(...)  or  p | MedsSource(...)   # tagged (kind, payload) items
     plan     = items | UnitPlan(loinc, reference_units, reference_medians)
-    bagged   = items | BagBuckets(BagBucket(...) or BagMedsBucket(...), plan)
+    bagged   = items | BagBuckets(BagBucket(...) or BagMedsBucket(...), plan, buckets)
     written  = bagged | MergeShards(out_dir, config[, merge=True])
     ...      counts, dead letters, statistics -> files (run.run_job reads them back)
 
@@ -76,6 +76,24 @@ class Select(beam.PTransform):
         return items | beam.FlatMap(select(self._kind)).with_output_types(KV)
 
 
+class OneList(beam.PTransform):
+    """A PCollection -> one list of its elements ([] when it has none), in no particular order.
+
+    Beam's ``combiners.ToList`` makes the empty list with a side input, and Beam's DaskRunner
+    computes a side input again inside the task that reads it: the job's stages upstream ran twice
+    on a cluster. Here the list is one GroupByKey group, opened by a marker that is always there.
+    """
+
+    def expand(self, pcoll):
+        marker = pcoll.pipeline | "Marker" >> beam.Create([(None, (False, None))]).with_output_types(KV)
+        return (
+            (pcoll | "Key" >> beam.Map(lambda x: (None, (True, x))).with_output_types(KV), marker)
+            | "WithMarker" >> beam.Flatten()
+            | "Group" >> beam.GroupByKey()
+            | "List" >> beam.MapTuple(lambda _, parts: [x for real, x in parts if real])
+        )
+
+
 class ToJsonFile(beam.PTransform):
     """A PCollection -> one JSON file (a sorted list, or the single document with ``single``); yields its name."""
 
@@ -92,7 +110,7 @@ class ToJsonFile(beam.PTransform):
 
         if single:
             return pcoll | "Write" >> beam.Map(write)
-        return pcoll | "List" >> beam.combiners.ToList() | "Write" >> beam.Map(write)
+        return pcoll | "List" >> OneList() | "Write" >> beam.Map(write)
 
 
 class SumCounts(beam.PTransform):

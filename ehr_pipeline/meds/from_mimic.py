@@ -193,6 +193,20 @@ def subject_buckets(subject_ids: np.ndarray, config, per_bucket: int) -> dict[tu
     return bounds
 
 
+def subject_cuts(subject_ids: np.ndarray, rows: np.ndarray, limit: int) -> np.ndarray:
+    """Upper-exclusive subject_id bounds cutting ascending subjects (with their row counts) into runs of <= `limit` rows.
+
+    A subject's rows are never cut apart: a subject with more than `limit` rows is a run of its own.
+    """
+    bounds, held = [], 0
+    for sid, n in zip(np.asarray(subject_ids).tolist(), np.asarray(rows).tolist()):
+        if held and held + n > limit:
+            bounds.append(sid)
+            held = 0
+        held += n
+    return np.asarray(bounds, dtype=np.int64)
+
+
 def by_bucket(rows: pa.Table, config, bounds: dict[tuple[str, int], np.ndarray]
               ) -> list[tuple[tuple[str, int, int], pa.Table]]:
     """MEDS rows -> ((split, shard, bucket), rows) per shard bucket they belong to (subject_buckets' ranges)."""

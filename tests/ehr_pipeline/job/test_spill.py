@@ -13,14 +13,19 @@ import json
 import logging
 import pathlib
 
+import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pytest
+from apache_beam.pipeline import PipelineVisitor
+from apache_beam.testing.util import assert_that, equal_to
 
 from ehr_pipeline.contract import PipelineConfig
-from ehr_pipeline.job import SpillOptions, gzip_split, run_job, spill
+from ehr_pipeline.job import SpillOptions, gzip_split, run_job, run_to_meds, spill
 from ehr_pipeline.job.run import DASK_RUNNER, with_local_workers
+from ehr_pipeline.job.spill_stages import BUCKET, PLAN, BagBuckets, with_plan
 from tests.support.job_outputs import CONFIG, output_digests
+from tests.support.job_runners import RUNNER_ARG, SideInputRecordingRunner
 
 GROUPED = json.loads((pathlib.Path(__file__).parent / "data" / "grouped_road_sha256.json").read_text())
 
@@ -150,3 +155,46 @@ def test_workers_set_the_local_runner_and_leave_other_runners_alone():
     assert with_local_workers(["--direct_num_workers=2"], 8) == ["--direct_num_workers=2"]
     dask = [f"--runner={DASK_RUNNER}", "--dask_client_address=127.0.0.1:1"]
     assert with_local_workers(dask, 8) == dask
+
+
+class _Echo(beam.DoFn):
+    def process(self, element):
+        (bucket, frames), plan = element
+        yield bucket, frames, plan["canonical"]
+
+
+def test_every_bucket_meets_the_unit_plan_by_key_and_no_step_reads_a_side_input():
+    """Beam's DaskRunner computes a side input again inside every task that reads it: the source ran twice."""
+    side_inputs = []
+
+    class Visitor(PipelineVisitor):
+        def visit_transform(self, node):
+            side_inputs.extend(node.side_inputs)
+
+    p = beam.Pipeline()
+    items = p | "Items" >> beam.Create([(BUCKET, (0, ["a", "b"])), ("counts", ("x", 1)), (BUCKET, (1, None))])
+    plan = p | "Plan" >> beam.Create([{"canonical": {"lab:1": "mg/dL"}}])
+    bagged = items | BagBuckets(_Echo(), plan, buckets=2)
+    assert_that(bagged, equal_to([(0, ["a", "b"], {"lab:1": "mg/dL"}), (1, None, {"lab:1": "mg/dL"})]))
+    p.visit(Visitor())
+    assert side_inputs == []
+    p.run().wait_until_finish()
+
+
+def test_a_bucket_without_its_plan_fails_loudly():
+    assert with_plan((3, [(PLAN, {"p": 1}), (BUCKET, ["f"])])) == ((3, ["f"]), {"p": 1})
+    with pytest.raises(RuntimeError, match="bucket 3: 1 file lists and 0 unit plans"):
+        with_plan((3, [(BUCKET, ["f"])]))
+
+
+@pytest.mark.parametrize("job", ["run", "to-meds"])
+def test_no_step_of_the_jobs_reads_a_side_input(demo_dir, tmp_path, job):
+    """Beam's DaskRunner computes a side input again inside each task that reads it (stages ran twice)."""
+    SideInputRecordingRunner.steps_with_side_inputs.clear()
+    config = PipelineConfig.model_validate(CONFIG)
+    if job == "run":
+        manifest = run_job(str(demo_dir), str(tmp_path / "out"), config, [RUNNER_ARG])
+    else:
+        manifest = run_to_meds(str(demo_dir), str(tmp_path / "out"), config, [RUNNER_ARG])
+    assert manifest["balanced"]
+    assert SideInputRecordingRunner.steps_with_side_inputs == []

@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from ehr_pipeline.contract import PipelineConfig
-from ehr_pipeline.job import SpillOptions, run_meds_job, run_to_meds
+from ehr_pipeline.job import SpillOptions, run_meds_job, run_to_meds, spill
+from ehr_pipeline.job.to_meds import bucket_ranges
 from ehr_pipeline.meds import from_mimic
 from tests.support.job_outputs import CONFIG, output_digests
 
@@ -88,6 +89,38 @@ def test_an_empty_shard_is_the_file_of_an_empty_table():
     got, want = io.BytesIO(), io.BytesIO()
     assert from_mimic.write_sorted_shard(iter([[], [from_mimic.DATA_SCHEMA.empty_table()]]), got) == 0
     pq.write_table(from_mimic.DATA_SCHEMA.empty_table(), want)
+    assert got.getvalue() == want.getvalue()
+
+
+def test_subject_cuts_keep_runs_under_the_limit_and_a_big_subject_whole():
+    cuts = from_mimic.subject_cuts(np.array([3, 5, 8, 9, 12]), np.array([4, 4, 11, 2, 3]), limit=10)
+    # 3+5 fit (8 rows), subject 8 alone is over the limit and stays whole, then 9+12 (5 rows).
+    assert cuts.tolist() == [8, 9]
+    assert from_mimic.subject_cuts(np.array([1, 2]), np.array([3, 4]), limit=10).tolist() == []
+
+
+@pytest.mark.parametrize("limit", [40, 250, 5_000])
+def test_a_bucket_over_its_row_limit_is_sorted_range_by_range(tmp_path, limit):
+    """Buckets are drawn from estimated rows: the writer holds at most `limit` spilled rows (one subject's, if more)."""
+    rows = _rows(1_000, seed=limit)
+    writers = [spill.FrameWriter(str(tmp_path / f"w{i}"), str) for i in range(2)]
+    for i, start in enumerate(range(0, 1_000, 90)):  # pieces in no order, as the converters spill them
+        piece = rows.slice(start, 90)
+        writers[i % 2].write("b", 0, from_mimic.to_ipc(piece.take(np.arange(piece.num_rows)[::-1])))
+    paths = [w.close()["b"] for w in writers]
+    ranges = list(bucket_ranges(paths, limit))
+    per_subject = np.bincount(rows.column("subject_id").to_numpy())
+    seen = []
+    for tables in ranges:
+        sids = np.concatenate([t.column("subject_id").to_numpy() for t in tables])
+        assert sids.size <= max(limit, per_subject[np.unique(sids)].max())
+        seen.append(np.unique(sids))
+    flat = np.concatenate(seen)
+    assert (np.diff(flat) > 0).all() and flat.tolist() == np.unique(rows.column("subject_id").to_numpy()).tolist()
+    assert (len(ranges) == 1) == (limit >= 1_000)  # read once when the bucket fits
+    got, want = io.BytesIO(), io.BytesIO()
+    assert from_mimic.write_sorted_shard(iter(ranges), got, row_group_rows=64) == 1_000
+    pq.write_table(from_mimic.sorted_rows([rows]), want, row_group_size=64)
     assert got.getvalue() == want.getvalue()
 
 
