@@ -46,7 +46,7 @@ def verify_folder(data_dir: str | os.PathLike[str], splits: Sequence[str], *,
     data_dir = os.fspath(data_dir)
     path = os.path.join(data_dir, layout.MANIFEST)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{data_dir}: no {outputs.MANIFEST} (not a pipeline output folder)")
+        raise FileNotFoundError(f"{data_dir}: no {layout.MANIFEST} (not a pipeline output folder)")
     try:
         manifest = layout.read_json(path)
     except ValueError as err:
