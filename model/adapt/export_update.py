@@ -37,6 +37,7 @@ def adaptation_record(loaded: LoadedExport, local: LocalData, update: Update, co
         "n": local.sample.n,
         "events": local.sample.events,
         "recalibration": {"intercept": float(intercept), "slope": float(slope)},
+        "weights_updated": update.network is not None,
         "local_data": {"manifest_sha256": local.manifest_sha256, "split": local.split, "records": local.counts,
                        "sample_seed": config.seed, "sample_size": config.sample_size},
         "settings": config.model_dump(),

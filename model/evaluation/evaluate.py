@@ -280,7 +280,10 @@ def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLik
                 "paired_clinical": paired_clinical.paired_calibration_and_benefit(
                     a.p, b.p, a.labels, n_bootstrap=n_bootstrap, seed=seed),
                 "absent_scores": paired_clinical.absent_scores(a.uncertainties, b.uncertainties)}
+    members = {side: _members_beside(path) for side, path in (("a", a.path), ("b", b.path))}
     return json_ready({"a": a.path, "b": b.path, "names": {"a": model_name(a.path), "b": model_name(b.path)},
+                       "updates": {side: [m["update"] for m in ms if m.get("update")] for side, ms in members.items()},
+                       "relation": update_relation(members["a"], members["b"]),
                        "population": _population_beside(a.path), "n": int(a.labels.size), "n_bootstrap": n_bootstrap, "seed": seed,
                        "difference": "b - a", "metrics": diffs, "truth_known": truth is not None,
                        "clinical": clinical})
@@ -295,9 +298,14 @@ def _metrics_beside(path: str | os.PathLike[str]) -> Mapping[str, Any]:
         return json.load(f)
 
 
+def _members_beside(path: str | os.PathLike[str]) -> list[Mapping[str, Any]]:
+    """The model_description members of the evaluation that wrote a predictions file ([] for a file from elsewhere)."""
+    return list((_metrics_beside(path).get("model") or {}).get("members") or [])
+
+
 def model_name(path: str | os.PathLike[str]) -> str:
     """A predictions file's model as its model card names it ('name version', ' + ' between members), else its path."""
-    members = (_metrics_beside(path).get("model") or {}).get("members") or []
+    members = _members_beside(path)
     names = [f"{m.get('name', '?')} {m.get('version', '')}".strip() for m in members]
     return " + ".join(names) if names else str(path)
 
@@ -327,12 +335,31 @@ def population(files: DataFiles, splits: Mapping[str, SplitRecords]) -> dict[str
         for name, c in splits.items()})}
 
 
-def model_description(cards: Sequence[Mapping[str, Any]], metrics_docs: Sequence[Mapping[str, Any]]) -> dict:
-    """What the report says about the model(s): each member's card (method, size, config) and stored referral rule."""
+def model_description(cards: Sequence[Mapping[str, Any]], metrics_docs: Sequence[Mapping[str, Any]], *,
+                      checksums: Sequence[str] = (), updates: Sequence[Mapping[str, Any] | None] = ()) -> dict:
+    """What the report says about the model(s): each member's card (method, size, config), its export's checksum,
+    how it was updated at a new site (Adaptation.summary, none for a trained export), and stored referral rule."""
     keep = ("name", "method", "ensemble_size", "num_parameters", "version", "created", "data_manifest_sha256",
             "intended_use", "limitations", "config")
-    return {"members": [{k: card[k] for k in keep if k in card} for card in cards],
-            "referral_rules": [dict(m.get("referral") or {}) for m in metrics_docs]}
+    members = [{k: card[k] for k in keep if k in card} for card in cards]
+    for member, checksum in zip(members, checksums):
+        member["checksum"] = checksum
+    for member, update in zip(members, updates):
+        if update is not None:
+            member["update"] = dict(update)
+    return {"members": members, "referral_rules": [dict(m.get("referral") or {}) for m in metrics_docs]}
+
+
+def update_relation(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """{"updated": "a" | "b", "update": ...} when one side's model is the other's updated at a new site (its
+    adaptation's parent checksum is the other's export checksum); None otherwise. a, b: model_description members."""
+    for updated, mine, other in (("b", b, a), ("a", a, b)):
+        parents = {m.get("checksum") for m in other} - {None}
+        for member in mine:
+            update = member.get("update")
+            if update and update.get("parent_checksum") in parents:
+                return {"updated": updated, "update": update}
+    return None
 
 
 def add_clinical(report: dict[str, Any], probs: np.ndarray, labels: Sequence[int], *, measure: str,

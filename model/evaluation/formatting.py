@@ -59,10 +59,32 @@ def format_truth(truth: Mapping) -> list[str]:
     return lines
 
 
+def describe_update(update: Mapping[str, Any]) -> str:
+    """'updated at a new site by ...' for an Adaptation.summary: the method (and choice), the local data, what moved."""
+    method = update["method"] + (f" (chose {update['chosen']})" if update.get("chosen") else "")
+    if update["weights_updated"]:
+        moved = "the network's weights re-estimated"
+    else:
+        r = update["recalibration"]
+        moved = f"every sampled logit l recalibrated to {r['intercept']:+.4f} + {r['slope']:.4f} * l"
+    return (f"updated at a new site by ehr-adapt {method} on {update['n']} local admissions "
+            f"({update['events']} deaths): {moved}")
+
+
+def _model_line(side: str, comparison: Mapping[str, Any]) -> str:
+    path, name = comparison[side.lower()], (comparison.get("names") or {}).get(side.lower())
+    return f"{side} = {path}" if not name or name == str(path) else f"{side} = {name} ({path})"
+
+
 def format_comparison(comparison: Mapping[str, Any]) -> str:
-    """Text table of compare_predictions: per metric A, B, B - A and its interval."""
-    lines = [f"A = {comparison['a']}", f"B = {comparison['b']}",
-             f"n = {comparison['n']} paired cases, {comparison['n_bootstrap']} bootstrap resamples",
+    """Text table of compare_predictions: the models (which one updates the other), per metric A, B, B - A and its
+    interval."""
+    lines = [_model_line("A", comparison), _model_line("B", comparison)]
+    relation = comparison.get("relation")
+    if relation:
+        updated, other = relation["updated"].upper(), "B" if relation["updated"] == "a" else "A"
+        lines.append(f"{updated} is {other} {describe_update(relation['update'])}; the same cases before and after")
+    lines += [f"n = {comparison['n']} paired cases, {comparison['n_bootstrap']} bootstrap resamples",
              f"{'metric':<12}{'A':>9}{'B':>9}{'B - A':>10}  95% interval"]
     for name, row in comparison["metrics"].items():
         lines.append(f"{name:<12}{_fmt(row['a']):>9}{_fmt(row['b']):>9}"

@@ -17,7 +17,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from model.evaluation import clinical_stats, plots, report_summary, small_sample
+from model.evaluation import clinical_stats, formatting, plots, report_summary, small_sample
 from model.evaluation.html_cells import card as _card, ci as _ci, esc as _esc, interval_text as _interval_text
 from model.evaluation.html_cells import num as _num, pct as _pct, section as _section, table as _table
 
@@ -352,9 +352,34 @@ def _heterogeneity(models: Sequence[tuple[str, Mapping]]) -> str:
     return _section("Heterogeneity of performance across subgroups", "23b", "".join(parts)) if parts else ""
 
 
-def _updating() -> str:
-    return _section("Model updating", "24", "<p>None: the model is evaluated as exported, without recalibration "
-                                            "or refitting.</p>")
+_NOT_UPDATED = "<p>None: the model is evaluated as exported, without recalibration or refitting.</p>"
+
+
+def _updated_from(update: Mapping[str, Any]) -> str:
+    return (f"{_esc(update['parent_name'])} (export sha256 {_esc(update['parent_checksum'][:12])}) "
+            f"{_esc(formatting.describe_update(update))}")
+
+
+def _updating(members: Sequence[Mapping[str, Any]]) -> str:
+    """TRIPOD 24 for one evaluated model: each member an update made at a new site (ehr-adapt), or none."""
+    body = "".join(f"<p>{_esc(m.get('name', 'the model'))} is {_updated_from(m['update'])}.</p>"
+                   for m in members if m.get("update"))
+    return _section("Model updating", "24", body or _NOT_UPDATED)
+
+
+def _updating_compared(doc: Mapping[str, Any]) -> str:
+    """TRIPOD 24 for a comparison: which side updates the other (same cases before and after), each side's updates."""
+    relation = doc.get("relation")
+    body = ""
+    if relation:
+        updated, other = relation["updated"].upper(), "B" if relation["updated"] == "a" else "A"
+        body += (f"<p><b>{updated} is {other} {_esc(formatting.describe_update(relation['update']))}</b>: both "
+                 f"scored on the same {_num(doc['n'])} cases, so the paired differences above are what the update "
+                 "changed on them.</p>")
+    for side, updates in (doc.get("updates") or {}).items():
+        body += "".join(f"<p>{side.upper()} is {_updated_from(u)}.</p>" for u in updates
+                        if not relation or u != relation["update"])
+    return _section("Model updating", "24", body or _NOT_UPDATED)
 
 
 # --------------------------------------------------------------------------- pages
@@ -396,7 +421,7 @@ def _render_single(doc: Mapping[str, Any]) -> str:
     return (f"<h1>{_esc(TITLE)}</h1><p class=\"meta\">{meta}</p>" + report_summary.summary_box(doc)
             + _participants(doc.get("population")) + _analysis_numbers(doc.get("population"), doc)
             + _specification(doc) + _section("Model performance", "23a", performance)
-            + _heterogeneity([("model", clinical.get("subgroups"))]) + _updating() + _footer())
+            + _heterogeneity([("model", clinical.get("subgroups"))]) + _updating(members) + _footer())
 
 
 def _paired_clinical_rows(paired: Mapping[str, Any] | None) -> list[list[str]]:
@@ -442,7 +467,7 @@ def _render_comparison(doc: Mapping[str, Any]) -> str:
             f"{_num(doc['n'])} paired cases, {_num(doc['n_bootstrap'])} bootstrap resamples, seed {doc['seed']}")
     return (f"<h1>{_esc(TITLE)}: comparison</h1><p class=\"meta\">{meta}</p>" + _participants(doc.get("population"))
             + _section("Model performance", "23a", performance)
-            + _heterogeneity([(n, models[n].get("subgroups")) for n in names]) + _updating() + _footer())
+            + _heterogeneity([(n, models[n].get("subgroups")) for n in names]) + _updating_compared(doc) + _footer())
 
 
 def _footer() -> str:

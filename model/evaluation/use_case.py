@@ -177,7 +177,9 @@ def evaluate_exports(request: EvaluationRequest) -> Evaluation:
         attributes=evaluated.split.attributes, truth=truth, n_bootstrap=request.n_bootstrap, seed=request.seed,
         num_bins=request.num_bins, target_coverage=request.target_coverage, target_risk=request.target_risk)
     report["population"] = evaluate.population(files, splits)
-    report["model"] = evaluate.model_description([e.model_card for e in exports], [e.metrics for e in exports])
+    report["model"] = evaluate.model_description(
+        [e.model_card for e in exports], [e.metrics for e in exports], checksums=[e.files.checksum for e in exports],
+        updates=[None if e.files.adaptation is None else e.files.adaptation.summary() for e in exports])
     data_sha = data_folder.manifest_sha256(files.data_dir)
     shifted = None
     if _trained_on_other_data(exports, data_sha):

@@ -28,7 +28,8 @@ Layout (the contract with serving/):
   metrics.json          {"test": {...}, "referral": {measure, rate, threshold, chosen_on_validation},
                         "decision_threshold": 0.5}
   adaptation.json       (optional) a model updated at a new site by ehr-adapt (model.adapt): its parent's
-                        checksum and name, the method, the local admissions and events used, and
+                        checksum and name, the method, the local admissions and events used, whether the
+                        network's weights changed ("weights_updated"), and
                         "recalibration": {"intercept": a, "slope": b}, which ``LoadedExport`` applies to every
                         sampled logit (p -> sigmoid(a + b * logit(p))): the one place serving and ehr-eval share
   manifest.json         {"files": {relative_path: sha256}, "format_version": 1}
@@ -162,9 +163,19 @@ class Adaptation(_Loose):
 
     method: str = Field(min_length=1)
     parent_checksum: str = Field(min_length=1)  # the parent export's Export.checksum
+    parent_name: str = Field(min_length=1)  # its model card's name
     n: int = Field(ge=1)  # local admissions the update used
     events: int = Field(ge=0)  # deaths among them
     recalibration: Recalibration = Recalibration()
+    weights_updated: bool  # the SavedModel is a new network (else the parent's, with the recalibration on top)
+
+    def summary(self) -> dict[str, Any]:
+        """What a report says about the update: parent, method (and the closed test's choice), data, what moved."""
+        closed = self.model_extra.get("closed_test") if self.model_extra else None
+        return {"method": self.method, "chosen": closed.get("step") if isinstance(closed, dict) else None,
+                "parent_name": self.parent_name, "parent_checksum": self.parent_checksum, "n": self.n,
+                "events": self.events, "weights_updated": self.weights_updated,
+                "recalibration": self.recalibration.model_dump()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,8 +83,25 @@ def test_ehr_eval_scores_and_compares_parent_and_adapted_on_the_same_cases(train
                           str(tmp_path / "adapted" / "predictions.csv"), "--bootstrap", "20",
                           "--out", str(tmp_path / "compare")]) == 0
     comparison = json.loads((tmp_path / "compare" / "comparison.json").read_text())
+    parent = load_export(trained_rank1["export"])
     assert comparison["n"] == 48
-    assert "adapted" in capsys.readouterr().out or (tmp_path / "compare" / "report.html").exists()
+    # The comparison knows B is A updated: B's parent checksum is A's export checksum, read from the evaluations.
+    relation = comparison["relation"]
+    assert relation["updated"] == "b" and relation["update"]["parent_checksum"] == parent.files.checksum
+    assert (relation["update"]["method"], relation["update"]["n"], relation["update"]["weights_updated"]) == (
+        "recalibrate", 160, False)
+    assert comparison["names"]["b"].startswith(f"{parent.files.card.name}+recalibrate")
+    # The update moved the risks of the same 48 cases: the paired NLL difference is not nil.
+    assert comparison["metrics"]["nll"]["difference"] != 0.0
+    out = capsys.readouterr().out
+    assert "B is A updated at a new site by ehr-adapt recalibrate on 160 local admissions (128 deaths)" in out
+    compared = (tmp_path / "compare" / "report.html").read_text()
+    assert "<b>B is A updated at a new site by ehr-adapt recalibrate" in compared
+    # Each model's own report says whether it was updated (TRIPOD 24): the parent was not, the update names it.
+    assert "None: the model is evaluated as exported" in (tmp_path / "parent" / "report.html").read_text()
+    adapted_page = (tmp_path / "adapted" / "report.html").read_text()
+    assert f"(export sha256 {parent.files.checksum[:12]}) updated at a new site" in adapted_page
+    assert "None: the model is evaluated as exported" not in adapted_page
 
 
 @pytest.mark.slow

@@ -116,6 +116,20 @@ def test_compare_two_prediction_files(tmp_path, capsys):
     assert "not the admissions" in capsys.readouterr().err
 
 
+def test_update_relation_finds_which_side_updates_the_other():
+    update = {"method": "recalibrate", "chosen": None, "parent_name": "p", "parent_checksum": "c0", "n": 200,
+              "events": 30, "weights_updated": False, "recalibration": {"intercept": 0.5, "slope": 0.9}}
+    parent, child = {"checksum": "c0"}, {"checksum": "c1", "update": update}
+    assert evaluate.update_relation([parent], [child]) == {"updated": "b", "update": update}
+    assert evaluate.update_relation([child], [parent]) == {"updated": "a", "update": update}
+    # Two updates of one parent, or an update beside an unrelated model: neither is the other's before.
+    sibling = {"checksum": "c2", "update": {**update, "method": "bayes"}}
+    assert evaluate.update_relation([child], [sibling]) is None
+    assert evaluate.update_relation([{"checksum": "other"}], [child]) is None
+    # Predictions files from elsewhere (no metrics.json beside them) have no checksums.
+    assert evaluate.update_relation([], [child]) is None
+
+
 def test_baseline_is_evaluated_like_a_model(trained, tmp_path, capsys):
     out = tmp_path / "logistic"
     code = ehr_eval.main(["--baseline", "logistic", "--data", str(trained["data"]), "--truth",
