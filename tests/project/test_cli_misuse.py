@@ -10,13 +10,14 @@ import pytest
 
 from ehr_pipeline import cli as pipeline_cli
 from ehr_base.cli_args import one_line
-from model.cli import ehr_analyze, ehr_eval, ehr_train
+from model.cli import ehr_adapt, ehr_analyze, ehr_eval, ehr_train
 from serving import cli as serve_cli
 from tests.support.ehr_testdata import write_data_dir
 from tests.support.paths import REPO_ROOT
 
 MAINS = {"ehr-pipeline": pipeline_cli.main, "ehr-train": ehr_train.main, "ehr-eval": ehr_eval.main,
-         "ehr-serve": serve_cli.main, "ehr-analyze": ehr_analyze.main}
+         "ehr-serve": serve_cli.main, "ehr-analyze": ehr_analyze.main,
+         "ehr-adapt": ehr_adapt.main}
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,11 @@ CASES = [
     ("ehr-analyze", "posterior-rank --model {b}/empty --data {b}/data --out {b}/a-file", ["--out", "is a file"]),
     ("ehr-analyze", "posterior-rank --model {b}/empty --data {b}/data", ["empty"]),
     ("ehr-analyze", "rank --model {b}/empty", ["invalid choice"]),
+    ("ehr-adapt", "--model {b}/missing --data {b}/data --out {b}/u", ["--model", "does not exist"]),
+    ("ehr-adapt", "--model {b}/empty --data {b}/missing --out {b}/u", ["--data", "does not exist"]),
+    ("ehr-adapt", "--model {b}/empty --data {b}/data --out {b}/a-file", ["--out", "is a file"]),
+    ("ehr-adapt", "--model {b}/empty --data {b}/data --out {b}/u --method refit", ["--method", "refit"]),
+    ("ehr-adapt", "--model {b}/empty --data {b}/data --out {b}/u", ["empty", "manifest.json"]),
     ("ehr-serve", "--model {b}/missing --no-auth", ["bad model directory"]),
     ("ehr-serve", "--model {b}/empty --no-auth --port -1", ["port"]),
     ("ehr-serve", "--model {b}/empty --no-auth --port eighty", ["--port", "'eighty'"]),

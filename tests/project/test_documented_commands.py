@@ -151,6 +151,15 @@ COMMANDS: list[Run | Skip] = [
                                    "meds-evaluation"),
     Skip(r"^ehr-eval --model runs/(rank1|x)/export --data out/data-meds ",
          "tests/ehr_pipeline/meds/test_meds_e2e.py runs ehr-eval on MEDS data (~30 s here)"),
+    # ---- ehr-adapt (docs/model.md: a site's release bagged in the model's units, the model updated on it)
+    Skip(r"^ehr-pipeline run --mimic-dir SITE_RELEASE ", "SITE_RELEASE is a placeholder for a site's release; the "
+         "README's --units-from command runs on synthetic site C", document="docs/model.md"),
+    Skip(r"^ehr-adapt --model runs/rank1/export --data site_data ",
+         "site_data is the placeholder release bagged above; tests/model/adapt/test_adapt_export.py runs ehr-adapt "
+         "on the tiny trained model and a relabelled site (every weight method too)", document="docs/model.md"),
+    Skip(r"^ehr-eval (--model runs/rank1(_site)?(/export)? --data site_data|--compare eval/before/)",
+         "on site_data (a placeholder); tests/model/adapt/test_adapt_export.py runs the same ehr-eval before and "
+         "after and --compare on them", document="docs/model.md"),
     # ---- ehr-train
     Skip(r"^ehr-train ", TRAINING),
     # ---- ehr-eval
