@@ -19,6 +19,7 @@ axis (mean-field kernels) are keyed by the seed alone, which is just as batch in
 """
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -122,7 +123,13 @@ class ServingModule(tf.Module):
     def __init__(self, featurizer: tf.Module, models: Sequence[tf.keras.Model]):
         super().__init__(name="ehr_serving")
         self.featurizer = featurizer
-        self._hidden = _Untracked(models=list(models), concrete={})  # see the class docstring
+        # The traced functions stay untracked too: saving lists a tracked tf.function's concrete functions
+        # again inside its save context, which retraces the whole network a second time (half of an
+        # export's time); the signatures carry the one trace.
+        functions = {precision: tf.function(functools.partial(self._serve, precision=precision),
+                                            input_signature=INPUT_SIGNATURE, autograph=False)
+                     for precision in PRECISIONS}
+        self._hidden = _Untracked(models=list(models), concrete={}, functions=functions)  # see the class docstring
         self.model_variables = [v for m in self._hidden.models for v in m.variables]
         self.ensemble_size = int(sum(m.ensemble_size for m in self._hidden.models))
 
@@ -139,29 +146,27 @@ class ServingModule(tf.Module):
         # Members side by side, still sample-major: column s*K + k.
         return tf.reshape(tf.concat(per_member, axis=2), [tf.shape(parsed[spec.NUM_BAGS])[0], -1])
 
-    def _serve(self, examples, num_samples, seed, precision: str):
+    def _serve(self, examples, num_samples, seed, *, precision: str):
         num_samples = _check_samples(num_samples)
         parsed = tf_parse.parse_sequence_examples(examples)  # once: the noise keys and the featurizer share it
         probs = self.probs_batch(parsed, example_noise(parsed, seed), num_samples, precision)
         width = num_samples * self.ensemble_size
         return {"probs": tf.reshape(probs, [tf.shape(examples)[0], width])}
 
-    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
     def serve(self, examples, num_samples, seed):
         """{"probs": float32 [N, S*K]} for serialized SequenceExamples, reproducible given seed."""
-        return self._serve(examples, num_samples, seed, "float32")
+        return self.concrete("float32")(examples=examples, num_samples=num_samples, seed=seed)
 
-    @tf.function(input_signature=INPUT_SIGNATURE, autograph=False)
     def serve_bfloat16(self, examples, num_samples, seed):
         """As serve, with the LSTM's matmuls in bfloat16 (same noise; probabilities within tolerance)."""
-        return self._serve(examples, num_samples, seed, "bfloat16")
+        return self.concrete("bfloat16")(examples=examples, num_samples=num_samples, seed=seed)
 
     def concrete(self, precision: str = "float32"):
         """The traced serving function of a precision (checked to be free of stateful random ops)."""
         if precision not in SIGNATURES:
             raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
         if precision not in self._hidden.concrete:
-            fn = (self.serve if precision == "float32" else self.serve_bfloat16).get_concrete_function()
+            fn = self._hidden.functions[precision].get_concrete_function()
             assert_stateless(fn)
             self._hidden.concrete[precision] = fn
         return self._hidden.concrete[precision]
