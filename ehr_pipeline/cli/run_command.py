@@ -53,10 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def add_local_run_arguments(parser: argparse.ArgumentParser, scope: str) -> argparse._ArgumentGroup:
     """--workers and --temp-dir of a job that spills to disk, in a group the caller adds its bucket size to."""
     local = parser.add_argument_group(f"local run ({scope}; docs/pipeline.md, \"Bounded memory\")")
-    local.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1,
+    local.add_argument("--workers", type=positive_int, default=None,
                        help="worker processes of the local runner (multi_processing); ignored, with a log line, "
-                            "on other runners; memory ~0.3 GB + ~0.5 GB per worker; the default is the "
-                            "machine's cores")
+                            "on other runners; memory ~0.3 GB + ~0.5 GB per worker; default: the machine's "
+                            f"cores ({os.cpu_count() or 1} here), or one process for a small input (under 64 MiB "
+                            "of text), where starting workers costs more than they save")
     local.add_argument("--temp-dir", default=None, metavar="DIR",
                        help="where the job spills its rows and splits big gzip tables (local path or a Beam "
                             "filesystem URL every worker sees); needs ~1.3x the gzip input's size free; a folder "

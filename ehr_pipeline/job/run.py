@@ -98,8 +98,8 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     ``reference_units`` ('source:code' -> unit, a model's units.json "canonical") makes values
     of those codes convert to the model's units instead of this release's most common ones;
     ``reference_medians`` (its "medians") are what the plausibility bound judges their
-    conversions against (docs/units.md). ``resources``: workers (default: the machine's cores),
-    the temporary folder and the sizes that bound memory (spill.SpillOptions).
+    conversions against (docs/units.md). ``resources``: workers (default: the machine's cores, one for
+    a small input), the temporary folder and the sizes that bound memory (spill.SpillOptions).
     """
     started = time.time()
     # Before anything reaches a runner: a worker resolves a relative path against its own working
@@ -130,7 +130,7 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     loinc = {f"lab:{item}": code for item, code in fhir_codes.itemid_loinc(lab_bridge).items()}
 
     resources = resources or spill.SpillOptions()
-    workers = resources.worker_count()
+    workers = resources.worker_count(sum(work_bytes(item) for item in event_inputs))
     spill_dir = spill.spill_folder(out_dir, resources.temp_dir)
     try:
         roads = _spill_road(event_inputs, coh, metas, cohort_index, spill_dir, resources, workers, out_dir, config)
@@ -194,7 +194,8 @@ def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | Non
     """Runs the job on a MEDS dataset (built-in task, or one example per row of the label files in labels_dir).
 
     ``codes`` is the MEDS code map (meds.MedsCodes; default: the MIMIC-IV ETL's and to-meds' codes).
-    ``resources``: workers (default: the machine's cores) and the temporary folder (spill.SpillOptions).
+    ``resources``: workers (default: the machine's cores, one for a small input) and the temporary
+    folder (spill.SpillOptions).
     Returns the manifest; meds_codes.json beside it records the code map for the trainer and the service.
     """
     started = time.time()
@@ -212,7 +213,7 @@ def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | Non
     if labels is None:  # a labelled run's, left in this folder: not these examples'
         layout.remove(times_path)
     resources = resources or spill.SpillOptions()
-    workers = resources.worker_count()
+    workers = resources.worker_count(sum(os.path.getsize(f) for f in files))
     spill_dir = spill.spill_folder(out_dir, resources.temp_dir)
     buckets = meds_bucket_count(files, workers)
     slots = spill.lpt_slots(sorted(files), workers, os.path.getsize)

@@ -213,8 +213,9 @@ def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | Non
                 resources: spill.SpillOptions | None = None) -> dict[str, Any]:
     """Converts a MIMIC-III release to a MEDS dataset in out_dir; returns the conversion manifest.
 
-    ``resources``: workers (default: the machine's cores), the temporary folder and the sizes that
-    bound memory (spill.SpillOptions; a shard is sorted about ``bucket_rows`` rows at a time).
+    ``resources``: workers (default: the machine's cores, one for a small input), the temporary folder
+    and the sizes that bound memory (spill.SpillOptions; a shard is sorted about ``bucket_rows`` rows at
+    a time).
     """
     started = time.time()
     mimic_dir, out_dir = layout.absolute(mimic_dir), layout.absolute(out_dir)  # as run_job, for every runner
@@ -237,7 +238,7 @@ def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | Non
     tmp = os.path.join(out_dir, layout.TMP_DIR)
     os.makedirs(tmp, exist_ok=True)
     resources = resources or spill.SpillOptions()
-    workers = resources.worker_count()
+    workers = resources.worker_count(sum(work_bytes(item) for item in inputs))
     spill_dir = spill.spill_folder(out_dir, resources.temp_dir)
     try:
         graph = _spill_road(inputs, tables, task, coh.discharges, spill_dir, resources, workers, config)

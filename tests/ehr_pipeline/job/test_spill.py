@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import logging
+import os
 import pathlib
 
 import apache_beam as beam
@@ -36,13 +37,13 @@ def _run(release_dir, out, **options) -> dict:
 
 
 def test_demo_outputs_equal_the_grouped_job_byte_for_byte(demo_run):
-    """demo_run is the job with its defaults: as many workers as the machine has cores."""
+    """demo_run is the job with its defaults: one process, the demo being a small input."""
     out, _, _ = demo_run
     assert output_digests(out) == GROUPED["demo"]
 
 
-def test_demo_on_one_worker_gives_the_same_bytes(demo_dir, tmp_path):
-    _run(demo_dir, tmp_path / "out", workers=1)
+def test_demo_on_two_workers_gives_the_same_bytes(demo_dir, tmp_path):
+    _run(demo_dir, tmp_path / "out", workers=2)
     assert output_digests(tmp_path / "out") == GROUPED["demo"]
     assert not (tmp_path / "out" / "_tmp" / "spill").exists()  # the spill folder is gone at the end
 
@@ -145,6 +146,14 @@ def test_not_enough_disk_is_one_line_naming_the_folder_and_the_bytes(tmp_path):
         gzip_split.check_free_space(str(tmp_path / "scratch"), [("CHARTEVENTS", str(huge))], 64 << 20)
     needed = int(gzip_split.PART_BYTES_PER_GZIP_BYTE * 2**43 + gzip_split.SPILL_BYTES_PER_INPUT_BYTE * 2**43)
     assert "\n" not in str(err.value) and f"{needed:,}" in str(err.value)
+
+
+def test_the_default_workers_are_the_cores_but_one_for_a_small_input(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert SpillOptions().worker_count(spill.SMALL_INPUT_BYTES - 1) == 1
+    assert SpillOptions().worker_count(spill.SMALL_INPUT_BYTES) == 6
+    assert SpillOptions().worker_count(None) == 6  # sizes unknown (not local files): every core
+    assert SpillOptions(workers=3).worker_count(1) == 3
 
 
 def test_workers_set_the_local_runner_and_leave_other_runners_alone():

@@ -99,7 +99,7 @@ def test_error_inside_a_beam_worker_is_one_line_from_the_real_process(demo_dir, 
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "ehr_pipeline.cli", "run", "--mimic-dir", str(tmp_path / "release"),
-         "--out", str(tmp_path / "out"), "--config", str(config)],
+         "--out", str(tmp_path / "out"), "--config", str(config), "--workers", "2"],  # a small input: ask for workers
         capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300)
     ours = [line for line in proc.stderr.splitlines() if ONE_LINE_ERROR.match(line)]
     assert "Traceback" not in proc.stderr and ours == proc.stderr.strip().splitlines()[-1:], proc.stderr[-2000:]
