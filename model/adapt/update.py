@@ -103,9 +103,11 @@ def _weights(loaded: LoadedExport, sample: LocalSample, config: AdaptConfig, pro
     network = rebuild(loaded, restore=config.method != "retrain")
     model, train = network.model, network.config.train
     record: dict[str, Any] = {"fit_admissions": fit.n, "validation_admissions": validation.n}
+    # One traced prediction function for the fit's checks and the final predictions: tracing costs seconds.
+    predictor = Predictor(network.featurizer, model)
     if config.method == "bayes":
         fit_log, record["updated_parts"] = bayes_update(model, network.featurizer, fit, validation, config,
-                                                        progress=progress)
+                                                        progress=progress, predictor=predictor)
     else:
         if config.method == "retrain" and isinstance(model.wide, GaussianLinear):
             record["laplace_wide"] = _refit_laplace(network, fit, validation, train.seed)
@@ -116,11 +118,11 @@ def _weights(loaded: LoadedExport, sample: LocalSample, config: AdaptConfig, pro
 
         rate = train.learning_rate if config.method == "retrain" else config.learning_rate
         fit_log = fit_weights(model, network.featurizer, fit, validation, model.trainable_variables, penalty,
-                              config, learning_rate=rate, clip_norm=train.clip_norm, progress=progress)
+                              config, learning_rate=rate, clip_norm=train.clip_norm, progress=progress,
+                              predictor=predictor)
         record["learning_rate"] = rate
     record["fit"] = fit_log.to_json()
-    probs = predict_probs(Predictor(network.featurizer, model), sample.records, config.samples, config.seed,
-                          batch_size=config.batch_predict)
+    probs = predict_probs(predictor, sample.records, config.samples, config.seed, batch_size=config.batch_predict)
     return Update(config.method, (0.0, 1.0), network, record, probs)
 
 

@@ -128,10 +128,10 @@ def test_the_weight_updates_run_and_bayes_follows_a_far_higher_local_risk(traine
     assert metrics.predictive_mean(probs).mean() > before + 0.1, (before, metrics.predictive_mean(probs).mean())
     assert adapted.files.adaptation.model_extra["updated_parts"]["normal_factor_sites"] > 0
     local = read_local(parent, site, "train", sample_size=None, seed=0)
-    for method in ("finetune", "retrain"):
-        update = adapt(parent, local, AdaptConfig(method=method, samples=3, epochs=2, patience=2))
+    for method in ("finetune", "retrain"):  # one epoch: that the loop runs and keeps an epoch is what is checked
+        update = adapt(parent, local, AdaptConfig(method=method, samples=3, epochs=1, patience=1))
         fit = update.record["fit"]
         assert update.network is not None and update.recalibration == (0.0, 1.0)
-        assert len(fit["validation_nll"]) >= 2 and 0 <= fit["best_epoch"] < len(fit["validation_nll"])
-        moved = predict_probs(Predictor(update.network.featurizer, update.network.model), records, 3, 7)
-        assert np.all(np.isfinite(moved)) and len(update.probs) == local.sample.n
+        assert len(fit["validation_nll"]) == 2 and fit["best_epoch"] in (0, 1) and fit["steps"] > 0
+        # update.probs: the updated network's predictions of the local admissions, through a fresh Predictor
+        assert np.all(np.isfinite(update.probs)) and len(update.probs) == local.sample.n
