@@ -108,10 +108,10 @@ def bias_shift(logits: np.ndarray, labels: np.ndarray, prior_stddev: float) -> n
     return result.x
 
 
-def _solve_output_bias(bias: tf.Variable, predictor: Predictor, sample: LocalSample, config: AdaptConfig) -> list[float]:
+def _solve_output_bias(bias: tf.Variable, predictor: Predictor, sample: LocalSample,
+                       config: AdaptConfig) -> list[float]:
     """Moves the output bias to bias_shift's mode on the sample (one shift per member, or one for a shared bias)."""
-    probs = predict_probs(predictor, sample.records, config.samples, config.seed,
-                          batch_size=config.batch_predict)
+    probs = predict_probs(predictor, sample.records, config.samples, config.seed, batch_size=config.batch_predict)
     logits = logits_of(probs).reshape(sample.n, config.samples, -1)  # columns s * K + k: [N, S, K]
     if int(np.prod(bias.shape)) == 1:  # one bias for every member: one shift
         logits = logits.reshape(sample.n, -1, 1)
@@ -126,7 +126,7 @@ def _solve_output_bias(bias: tf.Variable, predictor: Predictor, sample: LocalSam
 
 
 def laplace_wide_update(model: tf.keras.Model, featurizer: Featurizer, sample: LocalSample,
-                        config: AdaptConfig, predictor: Predictor | None = None) -> dict | None:
+                        config: AdaptConfig, predictor: Predictor) -> dict | None:
     """Updates the Laplace wide part's posterior with the sample (prior: its trained posterior); None without one."""
     wide = model.wide
     if not isinstance(wide, GaussianLinear):
@@ -136,8 +136,7 @@ def laplace_wide_update(model: tf.keras.Model, featurizer: Featurizer, sample: L
     m0, a_full = wide.mean.numpy().astype(np.float64), wide.scale.numpy().astype(np.float64)
     kept = np.flatnonzero(np.abs(a_full).sum(axis=0) > 0)
     a = a_full[:, kept]
-    probs = predict_probs(predictor or Predictor(featurizer, model), sample.records, config.samples, config.seed,
-                          batch_size=config.batch_predict)
+    probs = predict_probs(predictor, sample.records, config.samples, config.seed, batch_size=config.batch_predict)
     # The rest of the network's logit: the model's mean logit less the wide part's mean.
     offset = logits_of(probs).mean(axis=1) - x @ m0
     b, y = x @ a, sample.labels.astype(np.float64)
@@ -160,11 +159,8 @@ def laplace_wide_update(model: tf.keras.Model, featurizer: Featurizer, sample: L
 
 
 def bayes_update(model: tf.keras.Model, featurizer: Featurizer, fit: LocalSample, validation: LocalSample,
-                 config: AdaptConfig, *, progress: bool = False, predictor: Predictor | None = None
-                 ) -> tuple[FitLog, dict]:
+                 config: AdaptConfig, *, predictor: Predictor, progress: bool = False) -> tuple[FitLog, dict]:
     """The Laplace wide update, the output bias's mode, then the variational fit of factors and bias (module doc)."""
-    # One traced prediction function for every step (its variables are read at each call): a trace is seconds.
-    predictor = predictor or Predictor(featurizer, model)
     wide = laplace_wide_update(model, featurizer, fit, config, predictor)
     sites = normal_sites(model)
     bias = _output_bias(model)

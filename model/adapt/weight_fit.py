@@ -53,9 +53,12 @@ def validation_nll(predictor: Predictor, sample: LocalSample, config: AdaptConfi
 
 def fit_weights(model: tf.keras.Model, featurizer: Featurizer, fit: LocalSample, validation: LocalSample,
                 variables: Sequence[tf.Variable], penalty: Callable[[], tf.Tensor], config: AdaptConfig, *,
-                learning_rate: float, clip_norm: float | None = None, progress: bool = False,
-                predictor: Predictor | None = None) -> FitLog:
-    """Moves `variables` to minimise NLL + penalty() / n_fit; keeps the epoch with the best validation NLL."""
+                predictor: Predictor, learning_rate: float, clip_norm: float | None = None,
+                progress: bool = False) -> FitLog:
+    """Moves `variables` to minimise NLL + penalty() / n_fit; keeps the epoch with the best validation NLL.
+
+    `predictor` is the caller's Predictor of `model` (one trace serves every check: it reads the variables).
+    """
     variables = list(variables)
     if not variables:
         raise ValueError("no variables to fit")
@@ -75,7 +78,6 @@ def fit_weights(model: tf.keras.Model, featurizer: Featurizer, fit: LocalSample,
         return loss
 
     tf.random.set_seed(config.seed)  # the training draws are stateful (as in ehr-train); seeded for a rerun
-    predictor = predictor or Predictor(featurizer, model)  # the caller's, if it has one: a trace is seconds
     history = [validation_nll(predictor, validation, config)]
     best, best_epoch, steps = [v.numpy() for v in variables], 0, 0
     rng = np.random.default_rng(config.seed)
