@@ -142,7 +142,9 @@ class RawWindow:
         except Exception as e:  # zlib and I/O errors: end the data at the last complete line
             # A cut line would otherwise reach Arrow as a short row, or worse as a valid one
             # ("12.5" cut to "12."); the reader raises after the complete lines are read.
-            self.error = e
+            # Without its traceback: the frames it holds reach back to the Feed that read, and a
+            # feed kept alive keeps the reader waiting for Arrow to let go of it (30 s).
+            self.error = e.with_traceback(None)
             self._eof = True
             if self._pending:
                 data = _concat(self._pending)

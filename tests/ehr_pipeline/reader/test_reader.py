@@ -14,6 +14,7 @@ import io
 import logging
 import threading
 import time
+import weakref
 
 import pyarrow as pa
 import pytest
@@ -392,6 +393,22 @@ def test_truncated_gzip_raises_naming_the_file_after_counting(demo_dir, tmp_path
             seen += batch.num_rows
     assert 0 < seen == reader.stats.rows_parsed < 76_074
     _check_invariant(reader.stats)
+
+
+def test_a_feed_that_met_a_truncated_stream_is_freed_with_its_reader(demo_dir, tmp_path):
+    # The reader waits until nothing holds its feed before it returns or raises: a feed kept alive by
+    # the stream's error (its traceback's frames) made every truncated file wait 30 s to fail.
+    data = locate_table(demo_dir, "ADMISSIONS").read_bytes()
+    path = tmp_path / "ADMISSIONS.csv.gz"
+    path.write_bytes(data[: len(data) // 2])
+    with RawWindow.open(path, 4096) as window:
+        feed = window.feed()
+        while len(feed.read(4096)):
+            pass
+        assert window.error is not None
+        freed = weakref.ref(feed)
+        del feed
+        assert freed() is None
 
 
 def test_corrupt_gzip_raises_naming_the_file(demo_dir, tmp_path):
