@@ -33,11 +33,8 @@ def paired_calibration_and_benefit(p_a, p_b, y, *, thresholds: Sequence[float] =
     p_b = np.asarray(p_b, dtype=np.float64)
     idx = np.random.default_rng(seed).integers(0, y.size, size=(n_bootstrap, y.size))
     fit_a, fit_b = clinical_stats.calibration_fit(p_a, y, alpha), clinical_stats.calibration_fit(p_b, y, alpha)
-    reps = {"slope": np.full(n_bootstrap, np.nan), "intercept": np.full(n_bootstrap, np.nan)}
-    for r, rows in enumerate(idx):
-        ra, rb = clinical_stats.calibration_fit(p_a[rows], y[rows]), clinical_stats.calibration_fit(p_b[rows], y[rows])
-        for key in reps:
-            reps[key][r] = rb[key]["estimate"] - ra[key]["estimate"]
+    (int_a, slope_a), (int_b, slope_b) = (clinical_stats.calibration_estimates(p[idx], y[idx]) for p in (p_a, p_b))
+    reps = {"slope": slope_b - slope_a, "intercept": int_b - int_a}
     out = {key: _cell(fit_a[key]["estimate"], fit_b[key]["estimate"], reps[key], alpha) for key in reps}
     nb_a, nb_b = clinical_stats.net_benefit(p_a, y, thresholds), clinical_stats.net_benefit(p_b, y, thresholds)
     boot = clinical_stats.net_benefit(p_b[idx], y[idx], thresholds) - clinical_stats.net_benefit(p_a[idx], y[idx],

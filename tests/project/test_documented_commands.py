@@ -107,9 +107,10 @@ COMMANDS: list[Run | Skip] = [
     Skip(r"^make gpu-train$", "needs a GPU (CUDA build of TensorFlow)"),
     # ---- ehr-pipeline
     Run(r"^ehr-pipeline summarize --mimic-dir \.\./shared/mimic-iii-demo ", check="dead letters"),
-    Run(r"^ehr-pipeline synth ", check="deaths", subs=(("--patients 2000 ", "--patients 300 "),),
+    Run(r"^ehr-pipeline synth ", check="deaths",
+        subs=(("--patients 2000 ", "--patients 300 "), ("--patients 7000 ", "--patients 300 ")),
         why="the commands after a synth do not depend on its size: 2000 patients take ~6 s CPU and make the "
-            "Beam job on them ~30 s, 300 a fraction of that"),
+            "Beam job on them ~30 s, 7000 (docs/results.md's medium release) 11 s and 34 s, 300 a fraction"),
     Run(r"^ehr-pipeline run --mimic-dir \.\./shared/mimic-iii-demo --out out/data ", check="wrote out/data"),
     Skip(r"^ehr-pipeline run --mimic-dir /data/mimic --out /data/seqex --direct_num_workers=2 "
          r"--direct_running_mode=multi_processing$",

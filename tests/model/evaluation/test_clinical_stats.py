@@ -83,6 +83,29 @@ def test_one_class_gives_no_fit_but_no_error():
     assert np.isnan(fit["slope"]["estimate"]) and fit["observed"] == 0.0
 
 
+def test_batched_estimates_equal_statsmodels_fits_row_by_row():
+    # The bootstrap's Newton fits and calibration_fit's statsmodels GLM fit the same two likelihoods.
+    rng = np.random.default_rng(3)
+    for n in (80, 250, 900):  # large enough that no resample separates the classes
+        p = rng.beta(1.0, 6.0, size=n)
+        y = (rng.random(n) < np.clip(1.4 * p, 0.0, 1.0)).astype(float)
+        rows = rng.integers(0, n, size=(20, n))
+        intercept, slope = cs.calibration_estimates(p[rows], y[rows])
+        for r, index in enumerate(rows):
+            fit = cs.calibration_fit(p[index], y[index])
+            assert intercept[r] == pytest.approx(fit["intercept"]["estimate"], abs=1e-6)
+            assert slope[r] == pytest.approx(fit["slope"]["estimate"], abs=1e-6)
+
+
+def test_batched_estimates_are_nan_for_one_class_and_separated_rows():
+    p = np.array([[0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4], [0.1, 0.3, 0.2, 0.6]])
+    y = np.array([[0, 0, 0, 0], [0, 0, 1, 1], [0, 1, 1, 0]], dtype=float)
+    intercept, slope = cs.calibration_estimates(p, y)
+    assert np.isnan(intercept[0]) and np.isnan(slope[0])  # one class: no fit
+    assert np.isnan(slope[1])  # lp separates the classes: the slope runs off to infinity
+    assert np.isfinite(intercept[2]) and np.isfinite(slope[2])
+
+
 def test_smoothed_curve_follows_the_diagonal_for_a_calibrated_model():
     p, y = _sample(6000, 5)
     curve = cs.smoothed_calibration(p, y, n_bootstrap=40, seed=1)
