@@ -78,16 +78,36 @@ def _content_strings(parsed: dict[str, tf.Tensor | tf.RaggedTensor]) -> tf.Tenso
     for name in _KEY_FEATURES:
         value = parsed[name]
         if isinstance(value, tf.RaggedTensor):
-            flat = value.merge_dims(1, -1) if value.ragged_rank > 1 else value
-            text = flat if flat.dtype == tf.string else tf.strings.as_string(flat)
-            columns.append(tf.strings.reduce_join(text, axis=1, separator=","))
+            text = value.flat_values if value.dtype == tf.string else tf.strings.as_string(value.flat_values)
+            columns.append(_join_rows(text, _flat_row_splits(value)))
+            # Ragged row lengths too, so [[a, b], [c]] and [[a], [b, c]] differ.
+            if value.ragged_rank > 1:
+                inner = value.nested_row_splits[1]
+                columns.append(_join_rows(tf.strings.as_string(inner[1:] - inner[:-1]), value.row_splits))
         else:
             columns.append(value if value.dtype == tf.string else tf.strings.as_string(value))
-        # Ragged row lengths too, so [[a, b], [c]] and [[a], [b, c]] differ.
-        if isinstance(value, tf.RaggedTensor) and value.ragged_rank > 1:
-            columns.append(tf.strings.reduce_join(tf.strings.as_string(value.row_lengths(axis=2)),
-                                                  axis=1, separator=","))
     return tf.strings.join(columns, separator="|")
+
+
+def _flat_row_splits(value: tf.RaggedTensor) -> tf.Tensor:
+    """Where each row of a ragged [N, (..), (..)] tensor starts in its flat values: [N + 1]."""
+    splits = value.row_splits
+    for inner in value.nested_row_splits[1:]:
+        splits = tf.gather(inner, splits)
+    return splits
+
+
+def _join_rows(flat_text: tf.Tensor, splits: tf.Tensor) -> tf.Tensor:
+    """[rows] strings: each row's run of flat_text [V] (rows given by splits [rows + 1]) joined by ','.
+
+    What tf.strings.reduce_join(ragged, axis=1, separator=",") gives, in a few graph ops instead of the
+    ~100 of ragged validation and segment ids it builds per feature: the serving graph is traced in
+    every export and Predictor, and those ops were a third of it.
+    """
+    positions = tf.range(tf.shape(flat_text, out_type=splits.dtype)[0])
+    segments = tf.searchsorted(splits[1:], positions, side="right")
+    return tf.strings.unsorted_segment_join(flat_text, segments, tf.shape(splits, out_type=splits.dtype)[0] - 1,
+                                            separator=",")
 
 
 def example_noise(parsed: dict[str, tf.Tensor | tf.RaggedTensor], seed: tf.Tensor) -> Noise:

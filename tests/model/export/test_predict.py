@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from ehr_pipeline.contract import tf_parse
 from model import data_folder
+from model.export import predict as predict_module
 from model.export.predict import Predictor, predict_probs, stateful_random_ops
 from model.training import inputs
 from model.training.config import ModelConfig
@@ -143,3 +145,35 @@ def test_a_layer_drawing_statefully_fails_at_trace_time(setup):
     _, records, featurizer, model = setup
     with pytest.raises(RuntimeError, match="RandomStandardNormal"):
         predict_probs(Predictor(featurizer, _StatefulLayer(model)), records[:2], 2, seed=0)
+
+
+def _reduce_join_content(parsed: dict) -> tf.Tensor:
+    """The noise keys' content strings as first written, with ragged reduce_join: the draws depend on every byte."""
+    columns = []
+    for name in predict_module._KEY_FEATURES:
+        value = parsed[name]
+        if isinstance(value, tf.RaggedTensor):
+            flat = value.merge_dims(1, -1) if value.ragged_rank > 1 else value
+            text = flat if flat.dtype == tf.string else tf.strings.as_string(flat)
+            columns.append(tf.strings.reduce_join(text, axis=1, separator=","))
+            if value.ragged_rank > 1:
+                columns.append(tf.strings.reduce_join(tf.strings.as_string(value.row_lengths(axis=2)), axis=1,
+                                                      separator=","))
+        else:
+            columns.append(value if value.dtype == tf.string else tf.strings.as_string(value))
+    return tf.strings.join(columns, separator="|")
+
+
+def test_the_noise_keys_spell_each_example_as_ragged_reduce_join_did(setup):
+    # The content strings feed the fingerprint every draw is keyed by: one byte off and every answer moves.
+    records = tf.constant(setup[1])
+    parsed = tf_parse.parse_sequence_examples(records)
+    np.testing.assert_array_equal(predict_module._content_strings(parsed).numpy(),
+                                  _reduce_join_content(parsed).numpy())
+    # Empty rows, an empty inner row and an empty batch join as reduce_join joins them.
+    ragged = tf.ragged.constant([[["a", "b"], []], [], [["c"]], [[], []]])
+    for value in (ragged, ragged[:0], ragged.merge_dims(1, -1)):
+        joined = predict_module._join_rows(value.flat_values, predict_module._flat_row_splits(value))
+        expected = tf.strings.reduce_join(value.merge_dims(1, -1) if value.ragged_rank > 1 else value, axis=1,
+                                          separator=",")
+        np.testing.assert_array_equal(joined.numpy(), expected.numpy())
