@@ -173,16 +173,12 @@ class ServingModule(tf.Module):
         width = num_samples * self.ensemble_size
         return {"probs": tf.reshape(probs, [tf.shape(examples)[0], width])}
 
-    def serve(self, examples, num_samples, seed):
-        """{"probs": float32 [N, S*K]} for serialized SequenceExamples, reproducible given seed."""
-        return self.concrete("float32")(examples=examples, num_samples=num_samples, seed=seed)
-
-    def serve_bfloat16(self, examples, num_samples, seed):
-        """As serve, with the LSTM's matmuls in bfloat16 (same noise; probabilities within tolerance)."""
-        return self.concrete("bfloat16")(examples=examples, num_samples=num_samples, seed=seed)
-
     def concrete(self, precision: str = "float32"):
-        """The traced serving function of a precision (checked to be free of stateful random ops)."""
+        """The traced serving function of a precision (checked to be free of stateful random ops).
+
+        Called with (examples, num_samples, seed) it gives {"probs": float32 [N, S*K]}, reproducible given
+        the seed; "bfloat16" runs the LSTM's matmuls in bfloat16 (same noise, probabilities within tolerance).
+        """
         if precision not in SIGNATURES:
             raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
         if precision not in self._hidden.concrete:
