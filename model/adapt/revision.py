@@ -21,7 +21,7 @@ import tensorflow as tf
 from ehr_pipeline.contract import tf_parse
 from model.adapt.local_data import LocalSample
 from model.adapt.recalibration import RecalibrationFit
-from model.export.predict import Predictor, example_noise
+from model.export.predict import example_noise
 
 # Probabilities are clipped this far from 0 and 1 before their log: the float32 sigmoid's resolution.
 _EPS = 1e-7
@@ -65,21 +65,26 @@ def _start_at_recalibration(model: tf.keras.Model, start: RecalibrationFit) -> N
             variable.assign(variable * b + a)
 
 
-def fit_revision(predictor: Predictor, model: tf.keras.Model, sample: LocalSample, start: RecalibrationFit, *,
+def fit_revision(featurizer: tf.Module, model: tf.keras.Model, sample: LocalSample, start: RecalibrationFit, *,
                  samples: int, seed: int, steps: int, learning_rate: float = 0.01) -> RevisionFit:
-    """Re-estimates revision_variables by full-batch Adam on the sample's mixture log-likelihood; keeps the best."""
+    """Re-estimates revision_variables by full-batch Adam on the sample's mixture log-likelihood; keeps the best.
+
+    Everything below the revised layers is fixed, so the network's trunk runs once (with the
+    export's seeded draws) and each step runs only the logit layers: the same draws and numbers
+    as the whole network per step, at the cost of one forward pass.
+    """
     variables = revision_variables(model)
     _start_at_recalibration(model, start)
     examples = tf.constant(sample.records)
     labels = tf.constant(sample.labels.astype(np.float32))
     parsed = tf_parse.parse_sequence_examples(examples)
     noise = example_noise(parsed, tf.constant(seed, tf.int64))
-    num_samples = tf.constant(samples, tf.int32)
+    trunk = model.trunk(featurizer(parsed), tf.constant(samples, tf.int32), noise=noise)
     optimizer = tf.keras.optimizers.Adam(learning_rate)
 
     @tf.function(autograph=False)
     def log_likelihood():
-        probs = tf.clip_by_value(predictor.module.probs_batch(parsed, noise, num_samples), _EPS, 1.0 - _EPS)
+        probs = tf.clip_by_value(tf.sigmoid(model.head(trunk, noise=noise)), _EPS, 1.0 - _EPS)
         mean = tf.reduce_mean(probs, axis=1)
         return tf.reduce_sum(labels * tf.math.log(mean) + (1.0 - labels) * tf.math.log(1.0 - mean))
 

@@ -71,7 +71,7 @@ def adapt(loaded: LoadedExport, local: LocalData, config: AdaptConfig, *, progre
         start = fits["recalibrate"]
         # Revision moves the raw network, which lacks the parent's own stored recalibration: start from both.
         a, b = recal.compose(_parent_recalibration(loaded), (start.intercept, start.slope))
-        revision = fit_revision(Predictor(network.featurizer, network.model), network.model, sample,
+        revision = fit_revision(network.featurizer, network.model, sample,
                                 dataclasses.replace(start, intercept=a, slope=b), samples=config.samples,
                                 seed=config.seed, steps=config.revision_steps)
         result = closed.closed_test({**{k: v.log_likelihood for k, v in fits.items()},

@@ -27,7 +27,7 @@ is data (``ModelConfig.method``).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import tensorflow as tf
 
@@ -38,6 +38,15 @@ from model.layers.rank1_lstm import Rank1LSTM
 from model.training.config import ModelConfig
 from model.training.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
 from model.training.wide import GaussianLinear
+
+
+class HeadInputs(NamedTuple):
+    """What the logit layers read: rows k*(S*N) + j*N + i (member k, sample j, admission i)."""
+
+    hidden: tf.Tensor  # [K*S*N, hidden_layer_dim] the hidden layer's output
+    wide: tf.Tensor | None  # [K*S*N, window_aggregate_dim] the wide part's input (None: no wide part)
+    admissions: tf.Tensor  # N, scalar int32
+    samples: tf.Tensor  # S, scalar int32
 
 
 class EHRModel(tf.keras.Model):
@@ -104,6 +113,15 @@ class EHRModel(tf.keras.Model):
         noise: every layer draws from this explicit source (model.layers.noise, one key per admission)
         instead of TensorFlow's stateful random ops; None: stateful draws (training).
         """
+        return self.head(self.trunk(features, num_samples, training, matmul_dtype, noise), noise=noise)
+
+    def trunk(self, features: Mapping[str, Any], num_samples: int | tf.Tensor = 1, training=None,
+              matmul_dtype: str | None = None, noise: Noise | None = None) -> HeadInputs:
+        """Steps 1-5 up to the output layer: what the logit layers read (call's arguments).
+
+        Noise sites are named per layer, so the head drawn apart from the trunk draws what call
+        draws: model revision (model.adapt.revision) runs the trunk once and the head per step.
+        """
         # Every method samples its posterior in training and evaluation alike; `training` only
         # picks which of the two equivalent LSTM loops runs.
         ids = features["code_ids"]  # ragged [N, (T), (C)]
@@ -155,13 +173,19 @@ class EHRModel(tf.keras.Model):
             h = self.fast_lstm(x, lengths=lengths, matmul_dtype=matmul_dtype, noise=noise)
         context = tf.tile(tf.cast(features["context"], h.dtype), [s * k, 1])
 
-        # 5. head.
+        # 5. the hidden layer; the wide part's input tiled like every row.
         z = call_sampling(self.hidden, tf.concat([h, context], axis=-1), noise=noise)
-        logits = call_sampling(self.output_layer, z, noise=noise)[:, 0]
+        wide_in = (None if self.wide is None
+                   else tf.tile(tf.cast(features["window_aggregates"], z.dtype), [s * k, 1]))
+        return HeadInputs(z, wide_in, n, s)
+
+    def head(self, inputs: HeadInputs, noise: Noise | None = None) -> tf.Tensor:
+        """Steps 5-6 from the hidden layer's output: logits [N, S*K] (float32), sample-major."""
+        logits = call_sampling(self.output_layer, inputs.hidden, noise=noise)[:, 0]
         if self.wide is not None:
-            wide_in = tf.tile(tf.cast(features["window_aggregates"], z.dtype), [s * k, 1])
-            logits += call_sampling(self.wide, wide_in, noise=noise)[:, 0]
+            logits += call_sampling(self.wide, inputs.wide, noise=noise)[:, 0]
         logits = tf.cast(logits, tf.float32)  # float32 even under mixed precision
+        n, s, k = inputs.admissions, inputs.samples, self.ensemble_size
         return tf.reshape(tf.transpose(tf.reshape(logits, [k, s, n]), [2, 1, 0]), [n, s * k])
 
 
