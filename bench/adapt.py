@@ -2,6 +2,7 @@
 
   python bench/adapt.py                       # the issue's grid: sizes 100..2,500, 3 x 3 x 3, sites B, D, E
   python bench/adapt.py --quick               # a smoke run: tiny releases, one of each, size 100
+  python bench/adapt.py --design matched      # 3 cells per site and size instead of 27 (below)
 
 A rank-1 model (configs/ehr_rank1_normal.yaml at the --scale's sizes) is trained on each of
 --train-releases site-A releases (bench/compare_setup.py's seeds). Each shifted site (B: case mix
@@ -16,6 +17,11 @@ updated model predicts in memory (the recalibration applied as the export's read
 or the updated network behind the same Predictor the export is traced from); --write-exports
 goes through ehr-adapt's export and loader instead (slower: each weight update is saved).
 
+--design matched pairs the i-th training release with the i-th site release and the i-th draw:
+every source of variation (the model's training data, the site's release, the local sample)
+still differs between the cells, in 3 cells per site and size where the grid has 27. A site
+release is bagged once per set of units, so the models of one site share its data folders.
+
 Paired differences: for each pair (bayes vs closed-test, finetune, retrain), the difference of
 mean |p - P| on the same cells (train release x site release x draw), with a 95% t-interval over
 cells, per site and size. Every cell is appended to WORK/adapt/cells.jsonl as it finishes; a rerun
@@ -26,11 +32,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import hashlib
 import json
 import logging
 import pathlib
 import sys
 import time
+from collections.abc import Callable
 
 import matplotlib
 import numpy as np
@@ -46,6 +55,7 @@ import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow lo
 # The comparison's release, bagging and training steps, reused so both grids train and bag alike.
 from bench.compare_methods import _make_data, _make_release, _split, _train  # noqa: E402
 from bench.compare_setup import SCALES  # noqa: E402
+from ehr_pipeline.contract import layout  # noqa: E402
 from model.adapt import recalibration  # noqa: E402
 from model.adapt.config import METHODS, AdaptConfig  # noqa: E402
 from model.adapt.export_update import write_update  # noqa: E402
@@ -76,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--site-releases", type=int, default=3, help="releases of each shifted site")
     parser.add_argument("--sites", default=",".join(SITES), help="shifted sites, comma-separated (B, D, E)")
     parser.add_argument("--draws", type=int, default=3, help="draws of the local sample per size")
+    parser.add_argument("--design", choices=("grid", "matched"), default="grid",
+                        help="grid: every training release x site release x draw; matched: the i-th training "
+                             "release with the i-th site release and the i-th draw (needs the three counts equal)")
+    parser.add_argument("--train-index", default=None,
+                        help="only these training releases (comma-separated indices; default: all of them), to run "
+                             "parts in parallel")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="only make the releases, the data and the trained models (then run parts in parallel, "
+                             "e.g. one process per --train-index)")
     parser.add_argument("--methods", default=",".join(METHODS), help="ehr-adapt methods, comma-separated")
     parser.add_argument("--samples", type=int, default=10, help="S samples per member, fitting and scoring")
     parser.add_argument("--epochs", type=int, default=30, help="weight methods: most epochs")
@@ -105,6 +124,9 @@ class _Args:
     site_releases: int
     sites: str
     draws: int
+    design: str
+    train_index: str | None
+    prepare_only: bool
     methods: str
     samples: int
     epochs: int
@@ -125,9 +147,13 @@ def score(probs: np.ndarray, labels: np.ndarray, truth: np.ndarray) -> dict[str,
             "calibration_slope": float(slope), "coverage95": float(np.mean((truth >= low) & (truth <= high)))}
 
 
-def _updated_probs(loaded, local, method: str, draw: int, args, test, cell_dir: pathlib.Path
-                   ) -> tuple[np.ndarray, dict]:
-    """The updated model's test predictions [N, S*K] and its adaptation record's summary."""
+def _updated_probs(loaded, local, method: str, draw: int, args, test, cell_dir: pathlib.Path,
+                   parent: Callable[[], np.ndarray]) -> tuple[np.ndarray, dict]:
+    """The updated model's test predictions [N, S*K] and its adaptation record's summary.
+
+    `parent` gives the parent's seeded test predictions (computed once per test split: every
+    recalibration of every cell transforms the same samples).
+    """
     config = AdaptConfig(method=method, sample_size=local.sample.n, seed=draw,
                          samples=args.samples, epochs=args.epochs, revision_steps=args.revision_steps)
     update = adapt(loaded, local, config)
@@ -139,20 +165,30 @@ def _updated_probs(loaded, local, method: str, draw: int, args, test, cell_dir: 
         return predict_probs(Predictor(update.network.featurizer, update.network.model), test.records,
                              args.samples, 0), summary
     # The export reader's own transform of the parent's samples: what the written export would answer.
-    parent = predict_probs(loaded, test.records, args.samples, 0)
     a, b = update.recalibration
-    return Recalibration(intercept=a, slope=b).apply(parent), summary
+    return Recalibration(intercept=a, slope=b).apply(parent()), summary
 
 
-def _sites(args, work: pathlib.Path, train_data: pathlib.Path, t: int):
-    """(site, release index, data folder, release folder) of every shifted release, bagged in the model's units."""
+def units_key(data: pathlib.Path) -> str:
+    """A short digest of a data folder's canonical units: the only thing --units-from takes from it."""
+    canonical = layout.read_json(str(data / layout.UNITS))["canonical"]
+    return hashlib.sha256(json.dumps(canonical, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _sites(args, work: pathlib.Path, train_data: pathlib.Path, releases: list[int]):
+    """(site, release index, data folder, release folder) of every shifted release, bagged in the model's units.
+
+    A site release is bagged once per set of units, not once per model: training releases of one
+    site share their units, and the Beam job takes nothing else from the model's data.
+    """
     patients = SCALES[args.scale]["releases"]["A"][0]
+    units = units_key(train_data)
     for site in args.sites.split(","):
-        for r in range(args.site_releases):
+        for r in releases:
             seed = SITE_SEEDS[site][r]
             release = work / "releases" / f"{site}_{seed}"
             _make_release(site, patients, seed, release)
-            data = work / "data" / f"{site}_{seed}_for_t{t}"
+            data = work / "data" / f"{site}_{seed}_units_{units}"
             _make_data(release, data, units_from=train_data)
             yield site, r, data, release
 
@@ -165,18 +201,25 @@ def run_grid(args, work: pathlib.Path) -> None:
     seeds = SCALES[args.scale]["releases"]["A"][1]
     patients = SCALES[args.scale]["releases"]["A"][0]
     methods = args.methods.split(",")
-    for t in range(args.train_releases):
+    chosen = range(args.train_releases) if args.train_index is None else [int(i) for i in args.train_index.split(",")]
+    for t in chosen:
         release = work / "releases" / f"A_{seeds[t]}"
         _make_release("A", patients, seeds[t], release)
         train_data = work / "data" / f"A_{seeds[t]}"
         _make_data(release, train_data)
         export, _, _ = _train(MODEL, seeds[t], args, train_data, release / "SYNTH_TRUTH.csv", work,
                               name=f"{MODEL}_t{t}")
+        matched = [t] if args.design == "matched" else None
+        if args.prepare_only:
+            for _ in _sites(args, work, train_data, matched or list(range(args.site_releases))):
+                pass
+            continue
         loaded = load_export(export)
-        for site, r, data, site_release in _sites(args, work, train_data, t):
+        for site, r, data, site_release in _sites(args, work, train_data, matched or list(range(args.site_releases))):
             test = _split(data, site_release, "test")
+            parent = functools.cache(lambda: predict_probs(loaded, test.records, args.samples, 0))
             for n in [int(s) for s in args.sizes.split(",")]:
-                for d in range(args.draws):
+                for d in matched or range(args.draws):
                     local = read_local(loaded, data, "train", sample_size=n, seed=d)
                     for method in methods:
                         key = {"train": t, "site": site, "release": r, "size": n, "draw": d, "method": method}
@@ -184,7 +227,8 @@ def run_grid(args, work: pathlib.Path) -> None:
                             continue
                         started = time.time()
                         probs, summary = _updated_probs(loaded, local, method, d, args, test,
-                                                        work / "adapt" / "exports" / f"t{t}_{site}{r}_n{n}_d{d}")
+                                                        work / "adapt" / "exports" / f"t{t}_{site}{r}_n{n}_d{d}",
+                                                        parent)
                         cell = {"key": key, **score(probs, test.labels, test.truth), **summary,
                                 "seconds": time.time() - started, "events": local.sample.events}
                         log.info("%s: |p-P| %.4f, NLL %.4f, slope %.2f, coverage %.2f", key, cell["abs_error"],
@@ -277,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.methods.split(",")) - set(METHODS))
     if unknown:
         print(f"bench/adapt.py: error: --methods: unknown {unknown}; known: {METHODS}", file=sys.stderr)
+        return 2
+    if args.design == "matched" and not args.train_releases == args.site_releases == args.draws:
+        print("bench/adapt.py: error: --design matched needs --train-releases, --site-releases and --draws equal",
+              file=sys.stderr)
         return 2
     work = pathlib.Path(args.work)
     if not args.report_only:
