@@ -36,7 +36,9 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import pathlib
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -104,16 +106,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--write-exports", action="store_true",
                         help="score through ehr-adapt's written export and loader instead of in memory")
     parser.add_argument("--report-only", action="store_true", help="only write the tables from cells.jsonl")
+    parser.add_argument("--out", default="docs/results.md",
+                        help="markdown file whose 'adapt' section receives the tables ('' : print only)")
+    parser.add_argument("--figure", default="docs/figures/adapt_medium.png",
+                        help="where the plot is copied for --out ('' : not copied)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: --scale tiny, sizes 100, one training and one site release per site, "
-                             "one draw, 3 epochs, 20 revision steps, S = 3, 100 training steps")
+                             "one draw, 3 epochs, 20 revision steps, S = 3, 100 training steps; docs not written")
     return parser
 
 
 def _quick(args: argparse.Namespace) -> argparse.Namespace:
     """The smoke run's settings over whatever was given."""
     return dataclasses.replace(_Args(**vars(args)), scale="tiny", sizes="100", train_releases=1, site_releases=1,
-                               draws=1, epochs=3, revision_steps=20, samples=3, steps=100)
+                               draws=1, epochs=3, revision_steps=20, samples=3, steps=100, out="", figure="")
 
 
 @dataclasses.dataclass
@@ -135,6 +141,8 @@ class _Args:
     work: str
     write_exports: bool
     report_only: bool
+    out: str
+    figure: str
     quick: bool
 
 
@@ -259,10 +267,10 @@ def paired(cells: list[dict], first: str, second: str, metric: str = "abs_error"
             "cells": len(diff)}
 
 
-def report(cells: list[dict], work: pathlib.Path) -> str:
+def report(cells: list[dict], work: pathlib.Path) -> tuple[str, dict]:
     """The tables (markdown) by site and size: each method's means, then the paired differences."""
-    lines = ["| site | n | method | cells | mean abs(p - P) | NLL | calibration slope | 95% coverage of P |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| site | n | method | cells | mean abs(p - P) | NLL | calibration slope | 95% coverage of P | s per cell |",
+             "|---|---|---|---|---|---|---|---|---|"]
     groups = sorted({(c["key"]["site"], c["key"]["size"]) for c in cells})
     methods = [m for m in METHODS if any(c["key"]["method"] == m for c in cells)]
     summary: dict = {"means": [], "paired": []}
@@ -272,13 +280,15 @@ def report(cells: list[dict], work: pathlib.Path) -> str:
             if not mine:
                 continue
             means = {k: float(np.mean([c[k] for c in mine])) for k in
-                     ("abs_error", "nll", "calibration_slope", "coverage95")}
+                     ("abs_error", "nll", "calibration_slope", "coverage95", "seconds")}
             summary["means"].append({"site": site, "size": n, "method": method, "cells": len(mine), **means})
             lines.append(f"| {site} | {n} | {method} | {len(mine)} | {means['abs_error']:.4f} | {means['nll']:.4f} | "
-                         f"{means['calibration_slope']:.2f} | {means['coverage95']:.2f} |")
+                         f"{means['calibration_slope']:.2f} | {means['coverage95']:.2f} | {means['seconds']:.0f} |")
     lines += ["", "| site | n | difference of mean abs(p - P) | mean | 95% interval | cells |", "|---|---|---|---|---|---|"]
-    for site, n in groups:
-        here = [c for c in cells if (c["key"]["site"], c["key"]["size"]) == (site, n)]
+    # Every site together as well: the same pairs over three times the cells.
+    pooled = [("all", n) for n in sorted({n for _, n in groups})] if len({s for s, _ in groups}) > 1 else []
+    for site, n in groups + pooled:
+        here = [c for c in cells if c["key"]["size"] == n and site in ("all", c["key"]["site"])]
         for first, second in PAIRS:
             p = paired(here, first, second)
             if p is not None:
@@ -287,7 +297,7 @@ def report(cells: list[dict], work: pathlib.Path) -> str:
                              f"[{p['low']:+.4f}, {p['high']:+.4f}] | {p['cells']} |")
     (work / "adapt" / "adapt.json").write_text(json.dumps(summary, indent=2) + "\n")
     _plot(summary["means"], work / "adapt" / "adapt.png")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", summary
 
 
 def _plot(means: list[dict], path: pathlib.Path) -> None:
@@ -329,10 +339,63 @@ def main(argv: list[str] | None = None) -> int:
     work = pathlib.Path(args.work)
     if not args.report_only:
         run_grid(args, work)
-    table = report(_read_cells(work / "adapt" / "cells.jsonl"), work)
+    cells = _read_cells(work / "adapt" / "cells.jsonl")
+    table, summary = report(cells, work)
     (work / "adapt" / "adapt.md").write_text(table)
-    print(table)
+    if not args.out:
+        print(table)
+        return 0
+    from bench.report import command_line, publish
+
+    figure = None
+    if args.figure and (work / "adapt" / "adapt.png").exists():
+        target = ROOT / args.figure
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(work / "adapt" / "adapt.png", target)
+        figure = os.path.relpath(target, (ROOT / args.out).parent)
+    publish("adapt", section(table, summary, cells, args, command_line(__file__, argv), figure), args.out)
     return 0
+
+
+def target_lines(summary: dict) -> list[str]:
+    """The issue's targets, each as measured: which (site, n) meet it and which do not."""
+    def where(rows) -> str:
+        return ", ".join(f"{r['site']} {r['size']}" for r in rows) or "none"
+
+    paired = {(p["site"], p["size"], p["pair"]): p for p in summary["paired"] if p["site"] != "all"}
+    lines = []
+    for pair, sizes, claim in (("bayes - closed-test", None, "not worse than closed-test (interval's top <= 0)"),
+                               ("bayes - finetune", 1000, "better than finetune below 1,000 (top < 0)"),
+                               ("bayes - retrain", 1000, "better than retrain below 1,000 (top < 0)")):
+        rows = [p for (_, n, name), p in sorted(paired.items()) if name == pair and (sizes is None or n < sizes)]
+        ok = [p for p in rows if np.isfinite(p["high"]) and (p["high"] <= 0 if sizes is None else p["high"] < 0)]
+        lines.append(f"- bayes {claim}: met at {len(ok)} of {len(rows)} (site, n): {where(ok)}; "
+                     f"not at {where([p for p in rows if p not in ok])}.")
+    bayes = [m for m in summary["means"] if m["method"] == "bayes"]
+    covered = [m for m in bayes if m["coverage95"] >= 0.90]
+    lines.append(f"- bayes' 95% interval covers P_DEATH in >= 90% of cases: at {len(covered)} of {len(bayes)} "
+                 f"(site, n); its coverage ranges {min((m['coverage95'] for m in bayes), default=float('nan')):.2f}"
+                 f"-{max((m['coverage95'] for m in bayes), default=float('nan')):.2f}.")
+    return lines
+
+
+def section(table: str, summary: dict, cells: list[dict], args, command: str, figure: str | None) -> str:
+    """docs/results.md's 'adapt' section: the design as run, the tables, the plot and the targets as measured."""
+    keys = [c["key"] for c in cells]
+    count = {name: len({k[name] for k in keys}) for name in ("train", "release", "draw", "site", "size", "method")}
+    hours = sum(c["seconds"] for c in cells) / 3600
+    text = [f"Command (repo root): `{command}`", "",
+            f"{len(cells)} cells: {count['method']} methods x {count['size']} local sizes x {count['site']} sites, "
+            f"over {count['train']} training releases, {count['release']} site releases and {count['draw']} draws "
+            f"of the local sample ({args.design} design; scale {args.scale}; S = {args.samples} samples per member "
+            f"to fit and to score; weight methods at most {args.epochs} epochs; revision {args.revision_steps} "
+            f"steps). Scored on each site release's test split against P_DEATH. The cells took {hours:.1f} h "
+            "summed (each cell's wall time). Paired differences: the same cells (training "
+            "release, site release, draw), 95% t-interval over cells; 'all' pools the three sites.", "",
+            table.strip(), ""]
+    if figure:
+        text += [f"![mean abs(p - P_DEATH) against the local sample's size]({figure})", ""]
+    return "\n".join(text + ["Targets, as measured:", *target_lines(summary)]) + "\n"
 
 
 if __name__ == "__main__":
