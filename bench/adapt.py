@@ -246,7 +246,12 @@ def run_grid(args, work: pathlib.Path) -> None:
 
 
 def _read_cells(path: pathlib.Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The cells appended so far, each key once (parts run side by side may both have scored one: the first counts)."""
+    cells: dict[str, dict] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        cell = json.loads(line)
+        cells.setdefault(json.dumps(cell["key"]), cell)
+    return list(cells.values())
 
 
 def paired(cells: list[dict], first: str, second: str, metric: str = "abs_error") -> dict | None:
