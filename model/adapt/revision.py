@@ -79,7 +79,9 @@ def fit_revision(featurizer: tf.Module, model: tf.keras.Model, sample: LocalSamp
     labels = tf.constant(sample.labels.astype(np.float32))
     parsed = tf_parse.parse_sequence_examples(examples)
     noise = example_noise(parsed, tf.constant(seed, tf.int64))
-    trunk = model.trunk(featurizer(parsed), tf.constant(samples, tf.int32), noise=noise)
+    # In a graph: eagerly, the per-example noise streams and the LSTM's loop run op by op (~30 s at 2,500).
+    trunk = tf.function(lambda: model.trunk(featurizer(parsed), tf.constant(samples, tf.int32), noise=noise),
+                        autograph=False)()
     optimizer = tf.keras.optimizers.Adam(learning_rate)
 
     @tf.function(autograph=False)
