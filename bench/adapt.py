@@ -217,17 +217,20 @@ def run_grid(args, work: pathlib.Path) -> None:
         _make_data(release, train_data)
         export, _, _ = _train(MODEL, seeds[t], args, train_data, release / "SYNTH_TRUTH.csv", work,
                               name=f"{MODEL}_t{t}")
-        matched = [t] if args.design == "matched" else None
+        # Matched: this model meets only its own site release and local draw.
+        matched = args.design == "matched"
+        releases = [t] if matched else list(range(args.site_releases))
+        draws = [t] if matched else list(range(args.draws))
         if args.prepare_only:
-            for _ in _sites(args, work, train_data, matched or list(range(args.site_releases))):
+            for _ in _sites(args, work, train_data, releases):
                 pass
             continue
         loaded = load_export(export)
-        for site, r, data, site_release in _sites(args, work, train_data, matched or list(range(args.site_releases))):
+        for site, r, data, site_release in _sites(args, work, train_data, releases):
             test = _split(data, site_release, "test")
             parent = functools.cache(lambda: predict_probs(loaded, test.records, args.samples, 0))
             for n in [int(s) for s in args.sizes.split(",")]:
-                for d in matched or range(args.draws):
+                for d in draws:
                     local = read_local(loaded, data, "train", sample_size=n, seed=d)
                     for method in methods:
                         key = {"train": t, "site": site, "release": r, "size": n, "draw": d, "method": method}
@@ -358,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(work / "adapt" / "adapt.png", target)
         figure = os.path.relpath(target, (ROOT / args.out).parent)
-    publish("adapt", section(table, summary, cells, args, command_line(__file__, argv, drop=("--report-only",)), figure), args.out)
+    command = command_line(__file__, argv, drop=("--report-only",))
+    publish("adapt", section(table, summary, cells, args, command, figure), args.out)
     return 0
 
 
@@ -399,7 +403,7 @@ def section(table: str, summary: dict, cells: list[dict], args, command: str, fi
             f"to fit and to score; weight methods at most {args.epochs} epochs; revision {args.revision_steps} "
             f"steps). Scored on each site release's test split against P_DEATH. The cells took {hours:.1f} h "
             "summed (each cell's wall time). Paired differences: the same cells (training "
-            "release, site release, draw), 95% t-interval over cells; 'all' pools the three sites.", "",
+            "release, site release, draw), 95% t-interval over cells; 'all' pools the sites.", "",
             table.strip(), ""]
     if figure:
         text += [f"![mean abs(p - P_DEATH) against the local sample's size]({figure})", ""]
