@@ -23,10 +23,13 @@ still differs between the cells, in 3 cells per site and size where the grid has
 release is bagged once per set of units, so the models of one site share its data folders.
 
 Paired differences: for each pair (bayes vs closed-test, finetune, retrain), the difference of
-mean |p - P| on the same cells (train release x site release x draw), with a 95% t-interval over
-cells, per site and size. Every cell is appended to WORK/adapt/cells.jsonl as it finishes; a rerun
-skips cells already there (--report-only writes the tables from it). Output: WORK/adapt/adapt.md
-(the tables), adapt.json and adapt.png; docs/results.md is not written by this script.
+mean |p - P| on the same cells (train release x site release x draw), per site and size, with a
+95% interval whose variance is clustered by model and by site release (clustered_interval: cells
+that share either are not independent; in the matched design it is the t-interval over cells).
+Every cell is appended to WORK/adapt/cells.jsonl as it finishes; a rerun skips cells already
+there, so the grid can grow in parts (--report-only writes the tables from it). Output:
+WORK/adapt/adapt.md (the tables), adapt.json and adapt.png, and the 'adapt' section of --out
+(docs/results.md) with the plot copied to --figure.
 """
 from __future__ import annotations
 
@@ -257,22 +260,50 @@ def _read_cells(path: pathlib.Path) -> list[dict]:
     return list(cells.values())
 
 
+def clustered_interval(diff: np.ndarray, models: list, releases: list) -> dict:
+    """Mean of paired differences and its 95% interval, the variance clustered by model and by site release.
+
+    Cells that share a trained model, or a site release (and so its test split and local draws),
+    are not independent; treating the 27 cells of a crossed grid as 27 independent ones would
+    shrink the interval. The two-way cluster-robust variance (Cameron, Gelbach & Miller, 2011)
+    is V_model + V_release - V_both, each V = G / (G - 1) * sum over clusters of the summed
+    residuals squared / n^2, with min(G) - 1 degrees of freedom. When every cell has its own
+    model and release (the matched design) it is the plain t-interval over cells.
+    """
+    n, residual = len(diff), diff - diff.mean()
+
+    def variance(labels: list) -> tuple[float, int]:
+        groups: dict = {}
+        for label, r in zip(labels, residual):
+            groups[label] = groups.get(label, 0.0) + r
+        g = len(groups)
+        return (g / (g - 1) * sum(v * v for v in groups.values()) / n ** 2 if g > 1 else float("nan")), g
+
+    (v_model, g_model), (v_release, g_release) = variance(models), variance(releases)
+    v_both, _ = variance(list(zip(models, releases)))
+    var = v_model + v_release - v_both
+    if not var > 0:  # the difference of estimates can fall below 0 on few clusters: keep the larger one-way
+        var = max(v_model, v_release)
+    half = stats.t.ppf(0.975, min(g_model, g_release) - 1) * np.sqrt(var) if min(g_model, g_release) > 1 \
+        else float("nan")
+    mean = float(diff.mean())
+    return {"mean": mean, "low": float(mean - half), "high": float(mean + half), "cells": n,
+            "models": g_model, "releases": g_release}
+
+
 def paired(cells: list[dict], first: str, second: str, metric: str = "abs_error") -> dict | None:
-    """Mean of first - second over cells both ran (same train/site release/size/draw), with its 95% t-interval."""
+    """Mean of first - second over cells both ran (same train/site release/size/draw), with its clustered 95% interval."""
     def by_cell(method):
-        return {tuple(v for k, v in c["key"].items() if k != "method"): c[metric]
-                for c in cells if c["key"]["method"] == method}
+        return {tuple(v for k, v in c["key"].items() if k != "method"): c for c in cells if c["key"]["method"] == method}
 
     a, b = by_cell(first), by_cell(second)
     common = sorted(set(a) & set(b))
     if not common:
         return None
-    diff = np.array([a[k] - b[k] for k in common])
-    if len(diff) < 2:
-        return {"mean": float(diff.mean()), "low": float("nan"), "high": float("nan"), "cells": len(diff)}
-    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
-    return {"mean": float(diff.mean()), "low": float(diff.mean() - half), "high": float(diff.mean() + half),
-            "cells": len(diff)}
+    diff = np.array([a[k][metric] - b[k][metric] for k in common])
+    keys = [a[k]["key"] for k in common]
+    # A model is one training release (shared by every site); a release is one site's release.
+    return clustered_interval(diff, [k["train"] for k in keys], [(k["site"], k["release"]) for k in keys])
 
 
 def report(cells: list[dict], work: pathlib.Path) -> tuple[str, dict]:
@@ -292,7 +323,8 @@ def report(cells: list[dict], work: pathlib.Path) -> tuple[str, dict]:
             summary["means"].append({"site": site, "size": n, "method": method, "cells": len(mine), **means})
             lines.append(f"| {site} | {n} | {method} | {len(mine)} | {means['abs_error']:.4f} | {means['nll']:.4f} | "
                          f"{means['calibration_slope']:.2f} | {means['coverage95']:.2f} | {means['seconds']:.0f} |")
-    lines += ["", "| site | n | difference of mean abs(p - P) | mean | 95% interval | cells |", "|---|---|---|---|---|---|"]
+    lines += ["", "| site | n | difference of mean abs(p - P) | mean | 95% interval | cells | models x site releases |",
+              "|---|---|---|---|---|---|---|"]
     # Every site together as well: the same pairs over three times the cells.
     pooled = [("all", n) for n in sorted({n for _, n in groups})] if len({s for s, _ in groups}) > 1 else []
     for site, n in groups + pooled:
@@ -302,7 +334,7 @@ def report(cells: list[dict], work: pathlib.Path) -> tuple[str, dict]:
             if p is not None:
                 summary["paired"].append({"site": site, "size": n, "pair": f"{first} - {second}", **p})
                 lines.append(f"| {site} | {n} | {first} - {second} | {p['mean']:+.4f} | "
-                             f"[{p['low']:+.4f}, {p['high']:+.4f}] | {p['cells']} |")
+                             f"[{p['low']:+.4f}, {p['high']:+.4f}] | {p['cells']} | {p['models']} x {p['releases']} |")
     (work / "adapt" / "adapt.json").write_text(json.dumps(summary, indent=2) + "\n")
     _plot(summary["means"], work / "adapt" / "adapt.png")
     return "\n".join(lines) + "\n", summary
@@ -391,19 +423,38 @@ def target_lines(summary: dict) -> list[str]:
     return lines
 
 
+def designs(cells: list[dict]) -> str:
+    """Per local size, how its cells cross the training releases, site releases and draws (a sentence)."""
+    parts = []
+    for n in sorted({c["key"]["size"] for c in cells}):
+        here = [c["key"] for c in cells if c["key"]["size"] == n]
+        triples = {(k["train"], k["release"], k["draw"]) for k in here}
+        counts = [len({t[i] for t in triples}) for i in range(3)]
+        if len(triples) == counts[0] * counts[1] * counts[2]:
+            kind = "crossed"
+        elif len(triples) == counts[0] == counts[1] == counts[2]:
+            kind = "matched"
+        else:
+            kind = "partly crossed"
+        parts.append(f"n = {n}: {kind}, {len(triples)} cells per site and method "
+                     f"({counts[0]} training x {counts[1]} site releases x {counts[2]} draws)")
+    return "; ".join(parts)
+
+
 def section(table: str, summary: dict, cells: list[dict], args, command: str, figure: str | None) -> str:
     """docs/results.md's 'adapt' section: the design as run, the tables, the plot and the targets as measured."""
     keys = [c["key"] for c in cells]
-    count = {name: len({k[name] for k in keys}) for name in ("train", "release", "draw", "site", "size", "method")}
+    count = {name: len({k[name] for k in keys}) for name in ("site", "size", "method")}
     hours = sum(c["seconds"] for c in cells) / 3600
     text = [f"Command (repo root): `{command}`", "",
-            f"{len(cells)} cells: {count['method']} methods x {count['size']} local sizes x {count['site']} sites, "
-            f"over {count['train']} training releases, {count['release']} site releases and {count['draw']} draws "
-            f"of the local sample ({args.design} design; scale {args.scale}; S = {args.samples} samples per member "
+            f"{len(cells)} cells: {count['method']} methods x {count['size']} local sizes x {count['site']} sites. "
+            f"{designs(cells)}. Scale {args.scale}; S = {args.samples} samples per member "
             f"to fit and to score; weight methods at most {args.epochs} epochs; revision {args.revision_steps} "
-            f"steps). Scored on each site release's test split against P_DEATH. The cells took {hours:.1f} h "
+            f"steps. Scored on each site release's test split against P_DEATH. The cells took {hours:.1f} h "
             "summed (each cell's wall time). Paired differences: the same cells (training "
-            "release, site release, draw), 95% t-interval over cells; 'all' pools the sites.", "",
+            "release, site release, draw); 95% interval with the variance clustered by model and by site "
+            "release (two-way cluster-robust, t with min(clusters) - 1 degrees of freedom: cells that share a "
+            "model or a release are not independent); 'all' pools the sites.", "",
             table.strip(), ""]
     if figure:
         text += [f"![mean abs(p - P_DEATH) against the local sample's size]({figure})", ""]

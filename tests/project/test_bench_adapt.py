@@ -38,6 +38,45 @@ def test_the_paired_interval_is_the_t_interval_of_the_differences_on_shared_cell
     assert (got["low"], got["high"]) == pytest.approx((diff.mean() - half, diff.mean() + half))
 
 
+def _crossed(method: str, error) -> list[dict]:
+    """27 cells: 3 models x 3 releases of site D x 3 draws, abs error from error(train, release, draw)."""
+    return [{"key": {"train": t, "site": "D", "release": r, "size": 100, "draw": d, "method": method},
+             "abs_error": error(t, r, d), "nll": 0.3, "calibration_slope": 1.0, "coverage95": 0.5, "seconds": 2.0}
+            for t in range(3) for r in range(3) for d in range(3)]
+
+
+def test_the_crossed_grid_interval_counts_models_and_releases_not_cells(bench):
+    # The difference is mostly a per-model effect: 27 cells, but only 3 models to learn it from.
+    effect = {0: -0.02, 1: 0.0, 2: 0.015}
+    cells = _crossed("closed-test", lambda t, r, d: 0.06) + _crossed(
+        "bayes", lambda t, r, d: 0.06 + effect[t] + 0.001 * r - 0.0005 * d)
+    got = bench.paired(cells, "bayes", "closed-test")
+    diff = np.array([effect[t] + 0.001 * r - 0.0005 * d for t in range(3) for r in range(3) for d in range(3)])
+    naive = stats.t.ppf(0.975, 26) * diff.std(ddof=1) / np.sqrt(27)
+    assert (got["cells"], got["models"], got["releases"]) == (27, 3, 3)
+    assert got["mean"] == pytest.approx(diff.mean())
+    # By hand: the two-way variance with 2 degrees of freedom.
+    residual = diff.reshape(3, 3, 3) - diff.mean()
+    def one_way(sums):
+        return len(sums) / (len(sums) - 1) * np.sum(np.square(sums)) / 27 ** 2
+    var = one_way(residual.sum(axis=(1, 2))) + one_way(residual.sum(axis=(0, 2))) - one_way(
+        residual.sum(axis=2).ravel())
+    half = stats.t.ppf(0.975, 2) * np.sqrt(var)
+    assert (got["low"], got["high"]) == pytest.approx((diff.mean() - half, diff.mean() + half))
+    assert got["high"] - got["low"] > 4 * 2 * naive  # the per-model effect is not averaged away 27 times
+
+
+def test_the_design_sentence_says_which_sizes_are_crossed(bench):
+    matched = [_cell("bayes", t, 0.05, size=1000) for t in range(3)]
+    partial = [c for c in _crossed("bayes", lambda t, r, d: 0.05) if c["key"]["train"] < 2][:10]
+    for c in partial:
+        c["key"]["size"] = 500
+    text = bench.designs(_crossed("bayes", lambda t, r, d: 0.05) + matched + partial)
+    assert text == ("n = 100: crossed, 27 cells per site and method (3 training x 3 site releases x 3 draws); "
+                    "n = 500: partly crossed, 10 cells per site and method (2 training x 3 site releases x 3 draws); "
+                    "n = 1000: matched, 3 cells per site and method (3 training x 3 site releases x 3 draws)")
+
+
 def test_the_targets_name_where_they_are_met_and_where_not(bench, tmp_path):
     cells = []
     for t in range(3):
