@@ -423,21 +423,30 @@ def target_lines(summary: dict) -> list[str]:
     return lines
 
 
+def _design(keys: list[dict]) -> str:
+    """How one group's cells cross training releases, site releases and draws, e.g. 'crossed, 27 cells (...)'."""
+    triples = {(k["train"], k["release"], k["draw"]) for k in keys}
+    counts = [len({t[i] for t in triples}) for i in range(3)]
+    if len(triples) == counts[0] * counts[1] * counts[2]:
+        kind = "crossed"
+    elif len(triples) == counts[0] == counts[1] == counts[2]:
+        kind = "matched"
+    else:
+        kind = "partly crossed"
+    return f"{kind}, {len(triples)} cells ({counts[0]} training x {counts[1]} site releases x {counts[2]} draws)"
+
+
 def designs(cells: list[dict]) -> str:
-    """Per local size, how its cells cross the training releases, site releases and draws (a sentence)."""
+    """Per local size (and per site where the sites differ), how its cells are laid out: a sentence."""
     parts = []
     for n in sorted({c["key"]["size"] for c in cells}):
         here = [c["key"] for c in cells if c["key"]["size"] == n]
-        triples = {(k["train"], k["release"], k["draw"]) for k in here}
-        counts = [len({t[i] for t in triples}) for i in range(3)]
-        if len(triples) == counts[0] * counts[1] * counts[2]:
-            kind = "crossed"
-        elif len(triples) == counts[0] == counts[1] == counts[2]:
-            kind = "matched"
+        by_site = {site: _design([k for k in here if k["site"] == site]) for site in sorted({k["site"] for k in here})}
+        if len(set(by_site.values())) == 1:
+            parts.append(f"n = {n}: {next(iter(by_site.values()))} per site and method")
         else:
-            kind = "partly crossed"
-        parts.append(f"n = {n}: {kind}, {len(triples)} cells per site and method "
-                     f"({counts[0]} training x {counts[1]} site releases x {counts[2]} draws)")
+            parts.append(f"n = {n}: " + ", ".join(f"site {site} {text}" for site, text in by_site.items())
+                         + " per method")
     return "; ".join(parts)
 
 

@@ -71,10 +71,13 @@ def test_the_design_sentence_says_which_sizes_are_crossed(bench):
     partial = [c for c in _crossed("bayes", lambda t, r, d: 0.05) if c["key"]["train"] < 2][:10]
     for c in partial:
         c["key"]["size"] = 500
+    # A grid that has reached site D but not yet site E at this size.
+    partial += [_cell("bayes", t, 0.05, site="E", size=500) for t in range(3)]
     text = bench.designs(_crossed("bayes", lambda t, r, d: 0.05) + matched + partial)
-    assert text == ("n = 100: crossed, 27 cells per site and method (3 training x 3 site releases x 3 draws); "
-                    "n = 500: partly crossed, 10 cells per site and method (2 training x 3 site releases x 3 draws); "
-                    "n = 1000: matched, 3 cells per site and method (3 training x 3 site releases x 3 draws)")
+    assert text == ("n = 100: crossed, 27 cells (3 training x 3 site releases x 3 draws) per site and method; "
+                    "n = 500: site D partly crossed, 10 cells (2 training x 3 site releases x 3 draws), "
+                    "site E matched, 3 cells (3 training x 3 site releases x 3 draws) per method; "
+                    "n = 1000: matched, 3 cells (3 training x 3 site releases x 3 draws) per site and method")
 
 
 def test_the_targets_name_where_they_are_met_and_where_not(bench, tmp_path):
