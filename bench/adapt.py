@@ -27,18 +27,22 @@ mean |p - P| on the same cells (train release x site release x draw), per site a
 95% interval whose variance is clustered by model and by site release (clustered_interval: cells
 that share either are not independent; in the matched design it is the t-interval over cells).
 Every cell is appended to WORK/adapt/cells.jsonl as it finishes; a rerun skips cells already
-there, so the grid can grow in parts (--report-only writes the tables from it). Output:
+there, so the grid can grow in parts (--report-only writes the tables from it). Each group of
+cells that shares a model, a site release and a size is scored in a fresh process: TensorFlow
+keeps about 70 MB of every updated network, and one process ran out of 23 GB in a few hundred cells. Output:
 WORK/adapt/adapt.md (the tables), adapt.json and adapt.png, and the 'adapt' section of --out
 (docs/results.md) with the plot copied to --figure.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import pathlib
 import shutil
@@ -211,7 +215,6 @@ def run_grid(args, work: pathlib.Path) -> None:
     done = {json.dumps(c["key"]) for c in _read_cells(cells_path)}
     seeds = SCALES[args.scale]["releases"]["A"][1]
     patients = SCALES[args.scale]["releases"]["A"][0]
-    methods = args.methods.split(",")
     chosen = range(args.train_releases) if args.train_index is None else [int(i) for i in args.train_index.split(",")]
     for t in chosen:
         release = work / "releases" / f"A_{seeds[t]}"
@@ -224,31 +227,43 @@ def run_grid(args, work: pathlib.Path) -> None:
         matched = args.design == "matched"
         releases = [t] if matched else list(range(args.site_releases))
         draws = [t] if matched else list(range(args.draws))
-        if args.prepare_only:
-            for _ in _sites(args, work, train_data, releases):
-                pass
-            continue
-        loaded = load_export(export)
         for site, r, data, site_release in _sites(args, work, train_data, releases):
-            test = _split(data, site_release, "test")
-            parent = functools.cache(lambda: predict_probs(loaded, test.records, args.samples, 0))
-            for n in [int(s) for s in args.sizes.split(",")]:
-                for d in draws:
-                    local = read_local(loaded, data, "train", sample_size=n, seed=d)
-                    for method in methods:
-                        key = {"train": t, "site": site, "release": r, "size": n, "draw": d, "method": method}
-                        if json.dumps(key) in done:
-                            continue
-                        started = time.time()
-                        probs, summary = _updated_probs(loaded, local, method, d, args, test,
-                                                        work / "adapt" / "exports" / f"t{t}_{site}{r}_n{n}_d{d}",
-                                                        parent)
-                        cell = {"key": key, **score(probs, test.labels, test.truth), **summary,
-                                "seconds": time.time() - started, "events": local.sample.events}
-                        log.info("%s: |p-P| %.4f, NLL %.4f, slope %.2f, coverage %.2f", key, cell["abs_error"],
-                                 cell["nll"], cell["calibration_slope"], cell["coverage95"])
-                        with cells_path.open("a") as f:
-                            f.write(json.dumps(cell) + "\n")
+            for n in [] if args.prepare_only else [int(s) for s in args.sizes.split(",")]:
+                keys = [{"train": t, "site": site, "release": r, "size": n, "draw": d, "method": method}
+                        for d in draws for method in args.methods.split(",")]
+                keys = [k for k in keys if json.dumps(k) not in done]
+                if keys:
+                    _in_child(_score_group, args, export, data, site_release, keys, cells_path)
+
+
+def _in_child(function: Callable, *arguments) -> None:
+    """Runs function(*arguments) in a fresh process: each updated network leaves about 70 MB behind
+    in TensorFlow however it is released, and a process that scored a few hundred cells ran out of memory."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context, max_tasks_per_child=1) as pool:
+        pool.submit(function, *arguments).result()
+
+
+def _score_group(args, export: pathlib.Path, data: pathlib.Path, site_release: pathlib.Path, keys: list[dict],
+                 cells_path: pathlib.Path) -> None:
+    """Scores the cells `keys` of one model, site release and local size, appending each to cells_path."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    loaded = load_export(export)
+    test = _split(data, site_release, "test")
+    parent = functools.cache(lambda: predict_probs(loaded, test.records, args.samples, 0))
+    for d in sorted({k["draw"] for k in keys}):
+        local = read_local(loaded, data, "train", sample_size=keys[0]["size"], seed=d)
+        for key in [k for k in keys if k["draw"] == d]:
+            started = time.time()
+            folder = cells_path.parent / "exports" / f"t{key['train']}_{key['site']}{key['release']}_n{key['size']}_d{d}"
+            probs, summary = _updated_probs(loaded, local, key["method"], d, args, test, folder, parent)
+            cell = {"key": key, **score(probs, test.labels, test.truth), **summary,
+                    "seconds": time.time() - started, "events": local.sample.events}
+            log.info("%s: |p-P| %.4f, NLL %.4f, slope %.2f, coverage %.2f", key, cell["abs_error"], cell["nll"],
+                     cell["calibration_slope"], cell["coverage95"])
+            with cells_path.open("a") as f:
+                f.write(json.dumps(cell) + "\n")
 
 
 def _read_cells(path: pathlib.Path) -> list[dict]:
