@@ -465,17 +465,38 @@ def designs(cells: list[dict]) -> str:
     return "; ".join(parts)
 
 
+def remaining(cells: list[dict], args) -> tuple[int, int, float]:
+    """(cells of the full grid, cells not yet scored, their hours at the mean measured seconds of their size and method)."""
+    sizes, methods = [int(n) for n in args.sizes.split(",")], args.methods.split(",")
+    per = len(args.sites.split(",")) * (args.train_releases if args.design == "matched"
+                                        else args.train_releases * args.site_releases * args.draws)
+    seconds: dict = {}
+    for c in cells:
+        seconds.setdefault((c["key"]["size"], c["key"]["method"]), []).append(c["seconds"])
+    missing, hours = 0, 0.0
+    for n in sizes:
+        for method in methods:
+            done = sum(1 for c in cells if (c["key"]["size"], c["key"]["method"]) == (n, method))
+            missing += max(per - done, 0)
+            hours += max(per - done, 0) * float(np.mean(seconds.get((n, method), [np.nan]))) / 3600
+    return per * len(sizes) * len(methods), missing, hours
+
+
 def section(table: str, summary: dict, cells: list[dict], args, command: str, figure: str | None) -> str:
     """docs/results.md's 'adapt' section: the design as run, the tables, the plot and the targets as measured."""
     keys = [c["key"] for c in cells]
     count = {name: len({k[name] for k in keys}) for name in ("site", "size", "method")}
     hours = sum(c["seconds"] for c in cells) / 3600
+    full, missing, left = remaining(cells, args)
+    grid_text = (f" Of the {args.design} design's {full} method-cells, {missing} are not yet scored ("
+                 + (f"about {left:.1f} h summed at the measured mean time of their size and method"
+                    if np.isfinite(left) else "their time is not yet measured") + "; a rerun resumes)." if missing else "")
     text = [f"Command (repo root): `{command}`", "",
             f"{len(cells)} cells: {count['method']} methods x {count['size']} local sizes x {count['site']} sites. "
             f"{designs(cells)}. Scale {args.scale}; S = {args.samples} samples per member "
             f"to fit and to score; weight methods at most {args.epochs} epochs; revision {args.revision_steps} "
             f"steps. Scored on each site release's test split against P_DEATH. The cells took {hours:.1f} h "
-            "summed (each cell's wall time). Paired differences: the same cells (training "
+            f"summed (each cell's wall time).{grid_text} Paired differences: the same cells (training "
             "release, site release, draw); 95% interval with the variance clustered by model and by site "
             "release (two-way cluster-robust, t with min(clusters) - 1 degrees of freedom: cells that share a "
             "model or a release are not independent); 'all' pools the sites.", "",

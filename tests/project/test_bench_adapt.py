@@ -101,3 +101,17 @@ def test_the_targets_name_where_they_are_met_and_where_not(bench, tmp_path):
     assert "at 1 of 2 (site, n); its coverage ranges 0.60-0.93." in lines[4]
     assert "| D | 100 | bayes - closed-test | -0.0210 |" in table
     assert (tmp_path / "adapt" / "adapt.png").exists() and (tmp_path / "adapt" / "adapt.json").exists()
+
+
+def test_the_unscored_part_of_the_grid_is_counted_and_timed_from_measured_cells(bench):
+    args = bench.build_parser().parse_args(["--sizes", "100,250", "--sites", "D", "--methods", "none,bayes"])
+    cells = _crossed("bayes", lambda t, r, d: 0.05)[:20] + [_cell("none", t, 0.05) for t in range(3)]
+    for c in cells:
+        c["seconds"] = 36.0 if c["key"]["method"] == "bayes" else 3.6
+    full, missing, hours = bench.remaining(cells, args)
+    assert (full, missing) == (2 * 2 * 27, 108 - 23)
+    # 7 bayes and 24 none cells missing at 100; nothing measured at 250, so its time is unknown.
+    assert np.isnan(hours)
+    full, missing, hours = bench.remaining(cells, bench.build_parser().parse_args(
+        ["--sizes", "100", "--sites", "D", "--methods", "none,bayes"]))
+    assert (full, missing) == (54, 31) and hours == pytest.approx((7 * 36.0 + 24 * 3.6) / 3600)
