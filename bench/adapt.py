@@ -29,9 +29,9 @@ that share either are not independent; in the matched design it is the t-interva
 Every cell is appended to WORK/adapt/cells.jsonl as it finishes; a rerun skips cells already
 there, so the grid can grow in parts (--report-only writes the tables from it). Each group of
 cells that shares a model, a site release and a size is scored in a fresh process: TensorFlow
-keeps about 70 MB of every updated network, and one process ran out of 23 GB in a few hundred cells. Output:
-WORK/adapt/adapt.md (the tables), adapt.json and adapt.png, and the 'adapt' section of --out
-(docs/results.md) with the plot copied to --figure.
+keeps about 70 MB of every updated network, and one process ran out of 23 GB in a few hundred
+cells. Output: WORK/adapt/adapt.md (the tables), adapt.json and adapt.png, and the 'adapt'
+section of --out (docs/results.md) with the plot copied to --figure.
 """
 from __future__ import annotations
 
