@@ -476,9 +476,9 @@ def remaining(cells: list[dict], args) -> tuple[int, int, float]:
     missing, hours = 0, 0.0
     for n in sizes:
         for method in methods:
-            done = sum(1 for c in cells if (c["key"]["size"], c["key"]["method"]) == (n, method))
-            missing += max(per - done, 0)
-            hours += max(per - done, 0) * float(np.mean(seconds.get((n, method), [np.nan]))) / 3600
+            measured = seconds.get((n, method), [])
+            missing += max(per - len(measured), 0)
+            hours += max(per - len(measured), 0) * float(np.mean(measured or [np.nan])) / 3600
     return per * len(sizes) * len(methods), missing, hours
 
 
