@@ -25,7 +25,8 @@ release is bagged once per set of units, so the models of one site share its dat
 Paired differences: for each pair (bayes vs closed-test, finetune, retrain), the difference of
 mean |p - P| on the same cells (train release x site release x draw), per site and size, with a
 95% interval whose variance is clustered by model and by site release (clustered_interval: cells
-that share either are not independent; in the matched design it is the t-interval over cells).
+that share either are not independent; in the matched design it is the t-interval over cells,
+and it is never narrower than that t-interval).
 Every cell is appended to WORK/adapt/cells.jsonl as it finishes; a rerun skips cells already
 there, so the grid can grow in parts (--report-only writes the tables from it). Each group of
 cells that shares a model, a site release and a size is scored in a fresh process: TensorFlow
@@ -283,7 +284,9 @@ def clustered_interval(diff: np.ndarray, models: list, releases: list) -> dict:
     shrink the interval. The two-way cluster-robust variance (Cameron, Gelbach & Miller, 2011)
     is V_model + V_release - V_both, each V = G / (G - 1) * sum over clusters of the summed
     residuals squared / n^2, with min(G) - 1 degrees of freedom. When every cell has its own
-    model and release (the matched design) it is the plain t-interval over cells.
+    model and release (the matched design) it is the plain t-interval over cells. On 3 clusters
+    the cluster sums can cancel (when the draws, not the models or releases, carry the variation),
+    so the interval is never narrower than the t-interval that treats the cells as independent.
     """
     n, residual = len(diff), diff - diff.mean()
 
@@ -301,6 +304,8 @@ def clustered_interval(diff: np.ndarray, models: list, releases: list) -> dict:
         var = max(v_model, v_release)
     half = stats.t.ppf(0.975, min(g_model, g_release) - 1) * np.sqrt(var) if min(g_model, g_release) > 1 \
         else float("nan")
+    if not np.isnan(half):  # one model or one release: no clustered interval to widen
+        half = max(half, stats.t.ppf(0.975, n - 1) * float(np.std(diff, ddof=1)) / np.sqrt(n))
     mean = float(diff.mean())
     return {"mean": mean, "low": float(mean - half), "high": float(mean + half), "cells": n,
             "models": g_model, "releases": g_release}
