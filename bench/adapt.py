@@ -504,7 +504,8 @@ def section(table: str, summary: dict, cells: list[dict], args, command: str, fi
             f"summed (each cell's wall time).{grid_text} Paired differences: the same cells (training "
             "release, site release, draw); 95% interval with the variance clustered by model and by site "
             "release (two-way cluster-robust, t with min(clusters) - 1 degrees of freedom: cells that share a "
-            "model or a release are not independent); 'all' pools the sites.", "",
+            "model or a release are not independent), and never narrower than the t-interval over cells "
+            "taken as independent; 'all' pools the sites.", "",
             table.strip(), ""]
     if figure:
         text += [f"![mean abs(p - P_DEATH) against the local sample's size]({figure})", ""]
