@@ -10,7 +10,10 @@ import pytest
 from ehr_pipeline.contract import PipelineConfig, layout, spec, tfrecord
 from ehr_pipeline.encode import seqex
 from ehr_pipeline.job import run_job
+from model.export.load import read_export
 from serving.demo import build_request, first_test_admission
+from serving.encoding import encode
+from serving.schemas import PredictRequest
 from serving.server_process import ServerProcess
 
 
@@ -43,6 +46,17 @@ def test_service_scores_raw_events_like_the_job_record(demo_export, demo_dir, tm
     expected = predict_probs(str(export), [record], num_samples=5, seed=7)[0]
 
     body = build_request(pathlib.Path(demo_dir), subject_id, hadm_id)
+    # The skew claim rests on the record: the service's own encoding of the request equals the job's,
+    # all but what a request does not carry: the ids, the label and the report's subgroup attributes.
+    encoded = encode(PredictRequest.model_validate(body), read_export(str(export)))
+    served = seqex.sequence_example_to_dict(encoded.example)
+    job = seqex.sequence_example_to_dict(record)
+    for key in (spec.SUBJECT_ID, spec.HADM_ID, spec.LABEL, spec.ETHNICITY, spec.INSURANCE):
+        served.pop(key), job.pop(key)
+    assert set(served) == set(job)
+    for key in job:
+        np.testing.assert_array_equal(np.asarray(served[key], dtype=object), np.asarray(job[key], dtype=object),
+                                      err_msg=key)
     with ServerProcess(["--model", str(export), "--no-auth", "--log-level", "warning"],
                        log_path=tmp_path / "server.log") as server:
         resp = httpx.post(f"{server.base_url}/v1/predict", json=body,
@@ -50,5 +64,8 @@ def test_service_scores_raw_events_like_the_job_record(demo_export, demo_dir, tm
     assert resp.status_code == 200, resp.text
     answer = resp.json()
     assert answer["events"]["ignored"]["at_or_after_trigger"] > 0  # the request had later events too
-    np.testing.assert_allclose(answer["samples"], expected, rtol=0, atol=1e-6)
-    assert answer["probability"] == pytest.approx(float(np.mean(expected)), abs=1e-6)
+    # Two processes run the same network on the same record with the same seed, yet their float32 samples
+    # differed by up to 4.4e-5 once, with the suite on 2 busy cores (0 when run alone): TensorFlow's CPU
+    # kernels need not sum in the same order in two processes. The record above carries the exact claim.
+    np.testing.assert_allclose(answer["samples"], expected, rtol=0, atol=1e-3)
+    assert answer["probability"] == pytest.approx(float(np.mean(expected)), abs=1e-3)
