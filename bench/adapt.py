@@ -305,7 +305,8 @@ def clustered_interval(diff: np.ndarray, models: list, releases: list) -> dict:
     half = stats.t.ppf(0.975, min(g_model, g_release) - 1) * np.sqrt(var) if min(g_model, g_release) > 1 \
         else float("nan")
     if not np.isnan(half):  # one model or one release: no clustered interval to widen
-        half = max(half, stats.t.ppf(0.975, n - 1) * float(np.std(diff, ddof=1)) / np.sqrt(n))
+        v_cells, _ = variance(list(range(n)))  # each cell its own cluster: the naive variance of the mean
+        half = max(half, stats.t.ppf(0.975, n - 1) * np.sqrt(v_cells))
     mean = float(diff.mean())
     return {"mean": mean, "low": float(mean - half), "high": float(mean + half), "cells": n,
             "models": g_model, "releases": g_release}

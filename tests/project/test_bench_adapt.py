@@ -66,7 +66,6 @@ def test_the_crossed_grid_interval_counts_models_and_releases_not_cells(bench):
     assert got["high"] - got["low"] > 4 * 2 * naive  # the per-model effect is not averaged away 27 times
 
 
-
 def test_the_crossed_grid_interval_is_never_narrower_than_the_cells_taken_as_independent(bench):
     # Only the local draw moves the difference, and the draws of each (model, release) sum to the same
     # value: every cluster sum of residuals is 0, so the clustered variance alone would be 0.
@@ -78,6 +77,7 @@ def test_the_crossed_grid_interval_is_never_narrower_than_the_cells_taken_as_ind
     naive = stats.t.ppf(0.975, 26) * diff.std(ddof=1) / np.sqrt(27)
     assert naive > 0.001
     assert (got["low"], got["high"]) == pytest.approx((diff.mean() - naive, diff.mean() + naive))
+
 
 def test_the_design_sentence_says_which_sizes_are_crossed(bench):
     matched = [_cell("bayes", t, 0.05, size=1000) for t in range(3)]
