@@ -15,6 +15,8 @@ which the reader reads by their magic bytes.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import math
 import os
@@ -25,15 +27,19 @@ from collections.abc import Iterator
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from ehr_pipeline.reader import table_schemas
+from ehr_pipeline.reader import CorruptFileError, table_schemas
 
 log = logging.getLogger(__name__)
 
 _READ = 1 << 20  # compressed bytes read at a time
-# Temporary disk per byte of gzip input, measured on synthetic releases (docs/pipeline.md): zstd
-# parts ~0.8 byte per byte of a split gzip file, spilled events ~0.5 per byte of any input.
-PART_BYTES_PER_GZIP_BYTE = 0.8
-SPILL_BYTES_PER_INPUT_BYTE = 0.5
+# Temporary disk per byte of input, the peak of the spill folder sampled every 0.05 s (docs/pipeline.md,
+# "Temporary disk"): zstd parts 0.78 byte per byte of a split gzip file (a 1,000-patient synthetic
+# release; 0.85 at full size); events, record runs and dead values 1.52 per byte of event-table input
+# on the real demo (its patients' many admissions share their events), 0.65 on that synthetic release
+# and 0.58 at full size. The check asks for the worst measured with ~30% margin: the other failure, a
+# disk filled half-way through, costs the run.
+PART_BYTES_PER_GZIP_BYTE = 1.0
+SPILL_BYTES_PER_INPUT_BYTE = 2.0
 
 
 class NotEnoughDiskError(OSError):
@@ -51,26 +57,34 @@ def part_name(table: str, part: int, parts: int) -> str:
 
 
 def _gunzip(path: str) -> Iterator[bytes]:
-    """Decompressed pieces of a gzip file, every member of it."""
+    """Decompressed pieces of a gzip file, every member of it; CorruptFileError naming the file when it is
+    truncated or corrupt (the reader's error for the same file read whole)."""
+    done = 0  # decompressed bytes handed out: where the damage starts
     with open(path, "rb") as fh:
         z, fed = zlib.decompressobj(wbits=31), False
         while True:
             data = z.unconsumed_tail or fh.read(_READ)
             if not data:
                 if fed and not z.eof:
-                    raise EOFError(f"{path}: the gzip stream ends before its end marker (truncated file)")
+                    raise CorruptFileError(f"{path}: compressed data is truncated after {done:,} decompressed bytes "
+                                           "(the gzip stream ends before its end marker); nothing of the table "
+                                           "was used")
                 return
             fed = True
-            out = z.decompress(data, 4 * _READ)
+            try:
+                out = z.decompress(data, 4 * _READ)
+                if z.eof and z.unused_data:  # another member follows (concatenated gzip)
+                    rest = z.unused_data
+                    z = zlib.decompressobj(wbits=31)
+                    out += z.decompress(rest, 4 * _READ)
+                elif z.eof:
+                    z, fed = zlib.decompressobj(wbits=31), False
+            except zlib.error as err:
+                raise CorruptFileError(f"{path}: compressed data is corrupt after {done:,} decompressed bytes "
+                                       f"({err}); nothing of the table was used") from None
             if out:
+                done += len(out)
                 yield out
-            if z.eof:  # another member may follow (concatenated gzip)
-                rest = z.unused_data
-                z, fed = zlib.decompressobj(wbits=31), bool(rest)
-                if rest:
-                    out = z.decompress(rest, 4 * _READ)
-                    if out:
-                        yield out
 
 
 def _cut(buf: bytearray, parity: int, block: int, force: bool) -> int:
@@ -145,13 +159,34 @@ def split_file(src: str, table: str, out_dir: str, parts: int, block: int) -> li
                 sink.write(header)
         if buf:
             sinks[nxt].write(buf)
-    finally:
+    except BaseException:
         progress.close()
         for sink in sinks:
-            sink.close()
+            _close_quietly(sink)
+        for path in paths:  # half a part would read as a complete one
+            _remove_quietly(path + ".inprogress")
+        raise
+    progress.close()
+    for sink in sinks:
+        sink.close()
     for path in paths:
         os.replace(path + ".inprogress", path)
     return paths
+
+
+def _close_quietly(sink) -> None:
+    """Closes a part's stream after a failure: a full disk fails the close too, and the first error is the one."""
+    try:
+        sink.close()
+    except OSError:
+        pass
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def parts_for(size: int, threshold: int) -> int:
@@ -165,21 +200,68 @@ def is_gzip(path: str) -> bool:
         return f.read(2) == b"\x1f\x8b"
 
 
+def temp_bytes_needed(inputs: list[tuple[str, str]], threshold: int) -> int:
+    """Temporary bytes a run of these (table, file) inputs needs at its peak, with margin (the ratios above)."""
+    sizes = [os.path.getsize(path) for _, path in inputs]
+    split = sum(size for (_, path), size in zip(inputs, sizes) if parts_for(size, threshold) and is_gzip(path))
+    return int(PART_BYTES_PER_GZIP_BYTE * split + SPILL_BYTES_PER_INPUT_BYTE * sum(sizes))
+
+
 def check_free_space(folder: str, inputs: list[tuple[str, str]], threshold: int) -> None:
     """Raises NotEnoughDiskError (one line, the folder and the bytes) when the temp folder cannot hold the run."""
     if "://" in folder:
         return  # an object store: no free space to ask for
-    sizes = [os.path.getsize(path) for _, path in inputs]
-    split = sum(size for (_, path), size in zip(inputs, sizes) if parts_for(size, threshold) and is_gzip(path))
-    needed = int(PART_BYTES_PER_GZIP_BYTE * split + SPILL_BYTES_PER_INPUT_BYTE * sum(sizes))
-    existing = folder
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing) or "."
-    free = shutil.disk_usage(existing).free
+    needed = temp_bytes_needed(inputs, threshold)
+    free = shutil.disk_usage(_existing(folder)).free
     if free < needed:
         raise NotEnoughDiskError(
             f"{folder}: {free:,} bytes free, the job needs about {needed:,} for its temporary files "
             f"(input parts and spilled events); free space there or pass --temp-dir")
+
+
+def _existing(folder: str) -> str:
+    """The folder, or its nearest parent that exists (what a free-space query can ask about)."""
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder) or "."
+    return folder
+
+
+_DISK_FULL = ("[errno 28]", "no space left on device", "disk quota exceeded", "[errno 122]")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether an error is a full disk (ENOSPC, EDQUOT): its errno, an error it came from, or its text.
+
+    The text counts because Beam hands a worker's error to the driver as a RuntimeError holding the
+    worker's traceback, and an OSError re-raised with Beam's step name added loses its errno.
+    """
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(marker in str(err).lower() for marker in _DISK_FULL):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+@contextlib.contextmanager
+def disk_full_is_one_line(folder: str, inputs: list[tuple[str, str]], threshold: int):
+    """Turns a full disk anywhere inside (the driver's split, a Beam worker's write) into a NotEnoughDiskError
+    naming the temporary folder, its free bytes and the bytes the run needs there."""
+    try:
+        yield
+    except NotEnoughDiskError:
+        raise
+    except Exception as err:
+        if not is_disk_full(err):
+            raise
+        free = "?" if "://" in folder else f"{shutil.disk_usage(_existing(folder)).free:,}"
+        raise NotEnoughDiskError(
+            f"{folder}: the disk filled up during the job ({free} bytes free now that its temporary files are "
+            f"gone); the job needs about {temp_bytes_needed(inputs, threshold):,} bytes there for its temporary "
+            "files, and room for its output beside them: free space or pass --temp-dir") from None
 
 
 def split_large_inputs(inputs: list[tuple[str, str]], out_dir: str, threshold: int) -> list[tuple[str, str]]:

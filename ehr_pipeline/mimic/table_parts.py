@@ -16,10 +16,11 @@ import gzip
 import io
 import logging
 import pathlib
+import zlib
 
 from tqdm.auto import tqdm
 
-from ehr_pipeline.reader import table_schemas
+from ehr_pipeline.reader import CorruptFileError, ReaderError, table_schemas
 
 log = logging.getLogger(__name__)
 
@@ -59,16 +60,30 @@ def write_table_parts(src: str | pathlib.Path, table: str, out_dir: str | pathli
             try:
                 header = next(reader)
             except StopIteration:
-                raise ValueError(f"{src}: empty file, no header") from None
+                raise ReaderError(f"{src}: empty file, no header") from None
             for w in writers:
                 w.writerow(header)
             for row in tqdm(reader, desc=f"shard {table}", unit=" rows", disable=not show_progress,
                             mininterval=1.0):
                 writers[(rows // ROWS_PER_BLOCK) % parts].writerow(row)
                 rows += 1
-    finally:
+    except BaseException as err:
         for s in sinks:
-            s.close()
+            try:
+                s.close()
+            except OSError:  # a full disk fails the close too; the first error is the one to report
+                pass
+        for t in tmp:  # half a part would read as a complete one
+            t.unlink(missing_ok=True)
+        if isinstance(err, (EOFError, zlib.error, gzip.BadGzipFile)):
+            raise CorruptFileError(f"{src}: compressed data is truncated or corrupt after {rows:,} data rows "
+                                   f"({err}); no part was written") from None
+        if isinstance(err, (UnicodeDecodeError, csv.Error)):
+            raise ReaderError(f"{src}: cannot be copied as CSV after {rows:,} data rows ({err}); "
+                              "no part was written") from None
+        raise
+    for s in sinks:
+        s.close()
     for t, p in zip(tmp, paths):
         t.replace(p)
     log.info("%s: %d rows copied into %d parts in %s", src, rows, parts, out_dir)

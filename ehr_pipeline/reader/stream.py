@@ -32,8 +32,13 @@ _OTHER_MAGIC = (
 
 def open_stream(path: pathlib.Path):
     """A stream with ``read_buffer(nbytes)`` and ``close()`` over the decompressed content of ``path``."""
-    with open(path, "rb") as fh:  # a missing file is a plain FileNotFoundError naming it
-        magic = fh.read(6)
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+    except FileNotFoundError:
+        raise  # a MissingTableError's kin, naming the file
+    except OSError as err:  # a folder, no permission, an I/O error: the file is unreadable, not the job broken
+        raise ReaderError(f"{path}: cannot be read ({err.strerror or err})") from None
     # The content decides, never the name (Arrow's input_stream would guess gzip from ".gz").
     if magic.startswith(GZIP_MAGIC):
         if not path.name.lower().endswith(".gz"):
