@@ -9,13 +9,19 @@ unit string is read in this order, and the first rule that applies decides (``re
    as "-", "?", "..."): an export's way of writing that there is no unit. Never parsed: the UCUM
    grammar reads "N/A" as newton per ampere.
 3. A UCUM code written exactly as a common one (``KNOWN_UCUM``), or a known non-UCUM spelling of
-   MIMIC-III and EHR exports (``SPELLINGS``, case-insensitive: "mEq/L", "K/uL", "mm Hg").
+   MIMIC-III and EHR exports (``SPELLINGS``, case-insensitive: "mEq/L", "K/uL", "mm Hg", and
+   CareVue's "Deg. F", "BPM", "mcgkgmin"), or a label MIMIC-III writes in a unit column that is
+   no unit (``NOT_UNITS``: "units", "dose", "TAB", "DEV"): text, never parsed, since the grammar
+   reads "DEV" as decielectronvolts.
 4. Atom by atom: each run of letters (with its bracketed part, "m[IU]") is looked up,
    case-insensitively, in a lexicon of the atoms clinical units use (``ATOMS``): "MG" is mg, "DL"
    is dL, "KPA" is kPa. A folded atom with two clinical readings ("mu": milli-units or
    mega-units, as pharmacies write penicillin in MU; "miu": milli- or million IU) is taken as
    written only when the atom itself shows its case ("mU", "mIU"); in one case ("MU", "mu") it is
    **ambiguous**: no conversion is guessed from it.
+   Before the atoms are looked up, the words clinical units are written with are made UCUM's:
+   "cmH2O" and "mmHg" inside a longer unit ("mL/cmH2O") are bracketed, "*" between atoms is
+   UCUM's "." ("dynes*sec/cm5"), and an abbreviation's dot before "/" is dropped ("mEq./hour").
 5. An atom outside the lexicon is read as written when the string shows case (upper and lower
    letters: "mV", "Gy"): its writer used UCUM's case. In one case, every case variant of the atom
    is tried with the grammar: one meaning ("K" can only be kelvin) is read; two or more ("PA":
@@ -74,7 +80,32 @@ SPELLINGS: dict[str, str] = {
     "mg%": "mg/dL", "mg %": "mg/dL", "g%": "g/dL", "g %": "g/dL", "gpt/l": "10*9/L", "tpt/l": "10*12/L",
     "ml/min/1.73m2": "mL/min/{1.73_m2}", "ml/min/1.73 m2": "mL/min/{1.73_m2}", "ml/min/1.73m^2": "mL/min/{1.73_m2}",
     "ph": "[pH]",  # read as written, 'pH' is the picohenry
+    # MIMIC-III's own spellings: the CareVue chart units, the demo's D_ITEMS.UNITNAME and the
+    # VALUEUOM / AMOUNTUOM / RATEUOM of every table. CareVue writes temperatures 'Deg. F' (item
+    # 678) and 'Deg. C' (item 676): atom by atom they are no unit as written, and 'deg. f' in one
+    # case is the degree (angle) times the farad, so they must be spelled here.
+    "deg. f": "[degF]", "deg.f": "[degF]", "deg. c": "Cel", "deg.c": "Cel", "degrees f": "[degF]",
+    "degrees c": "Cel", "degrees fahrenheit": "[degF]", "degrees celsius": "Cel", "fahrenheit": "[degF]",
+    "celsius": "Cel", "\u00baf": "[degF]", "\u00bac": "Cel",
+    "degree": "deg", "degrees": "deg",  # MetaVision's head-of-bed angle (item 226170)
+    "cmh20": "cm[H2O]", "cm h20": "cm[H2O]", "lpm": "L/min",
+    "mcgkgmin": "ug/kg/min", "mcgkghr": "ug/kg/h", "mcgmin": "ug/min", "mcghr": "ug/h", "mgkgmin": "mg/kg/min",
+    "mgkghr": "mg/kg/h", "mgmin": "mg/min", "mghr": "mg/h", "uhr": "U/h", "umin": "U/min",  # CareVue rates
+    "ml sc": "mL{SC}",  # lidocaine given subcutaneously (items 224491, 224505, 225257)
+    "ml/beat": "mL/{beat}", "ml/b": "mL/{beat}", "international units": "[IU]",
+    "ppm": "[ppm]", "psi": "[psi]", "year": "a", "years": "a", "yrs": "a",
 }
+# Labels MIMIC-III writes in unit columns that are no unit of measure, folded: counts of dosage
+# forms (PRESCRIPTIONS' TAB, VIAL, PUFF...), 'units' (pH units for labs, international units for
+# drugs: no one UCUM code), MetaVision's 'dose', DATETIMEEVENTS' 'Date', 'mg PE' (phenytoin
+# equivalents, not milligrams) and 'ounces' (of mass or of volume, the string does not say).
+# Read as text without the grammar, which makes units of some ('DEV' decielectronvolts, 'KIT'
+# kibitesla); each still matches itself.
+NOT_UNITS = frozenset({
+    "units", "unit", "units/hr", "units/hour", "units/min", "million units", "dose", "date", "date and time",
+    "mg pe", "oz", "ounce", "ounces", "str", "vl", "tab", "cap", "vial", "neb", "appl", "puff", "pkt", "drop",
+    "drp", "gtt", "bag", "syr", "ptch", "inh", "amp", "loz", "spry", "troc", "udcup", "enema", "btl", "dbtl",
+    "supp", "tube", "dev", "can", "aero", "kit"})
 
 
 def _prefixed(atom: str, ucum: str, prefixes: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
@@ -102,6 +133,13 @@ ATOMS: dict[str, tuple[str, ...]] = {
     "mm[hg]": ("mm[Hg]",), "cm[h2o]": ("cm[H2O]",), "[hpf]": ("[HPF]",), "[lpf]": ("[LPF]",), "hpf": ("[HPF]",),
     "lpf": ("[LPF]",), "[eu]": ("[EU]",), "[degf]": ("[degF]",), "cel": ("Cel",), "[in_i]": ("[in_i]",),
     "[lb_av]": ("[lb_av]",),
+    # Words for atoms, as MIMIC-III combines them ('mL/hour', 'grams/min', 'cc/hr', 'dynes*sec/cm5'):
+    # read alone, 'cc' is the centicoulomb.
+    "cc": ("mL",), "hour": ("h",), "hours": ("h",), "hrs": ("h",), "minute": ("min",), "minutes": ("min",),
+    "mins": ("min",), "second": ("s",), "seconds": ("s",), "secs": ("s",), "msec": ("ms",), "days": ("d",),
+    "gram": ("g",), "grams": ("g",), "gms": ("g",), "liter": ("L",), "liters": ("L",), "litre": ("L",),
+    "litres": ("L",), "inch": ("[in_i]",), "inches": ("[in_i]",), "lb": ("[lb_av]",), "lbs": ("[lb_av]",),
+    "dyne": ("dyn",), "dynes": ("dyn",),
 }
 # UCUM codes common enough in lab exports to be known without loading the grammar.
 KNOWN_UCUM = frozenset(SPELLINGS.values()) | frozenset({
@@ -120,6 +158,12 @@ _ANNOTATIONS = re.compile(r"\{[^{}]*\}")
 # An annotation, an atom with a bracketed part (and its prefix: "m[IU]", "mm[Hg]"), or a run of letters.
 _TOKEN = re.compile(r"\{[^{}]*\}|[A-Za-z]*\[[^\[\]{}]*\]|[A-Za-z]+")
 _AROUND_OPERATORS = re.compile(r"\s*([/.])\s*")
+# UCUM's spelling of the words clinical units are written with, inside a longer unit (whole
+# strings are SPELLINGS): the pressure columns (a trailing 'H20' is a zero typed for the O), the
+# product ('*' between atoms; '10*3' keeps its power), an abbreviation's dot before '/'.
+_WORDS = ((re.compile(r"(?<![A-Za-z\[])cm ?h2[o0](?![A-Za-z\]])", re.IGNORECASE), "cm[H2O]"),
+          (re.compile(r"(?<![A-Za-z\[])mm ?hg(?![A-Za-z\]])", re.IGNORECASE), "mm[Hg]"),
+          (re.compile(r"(?<=[A-Za-z])\*(?=[A-Za-z])"), "."), (re.compile(r"(?<=[A-Za-z])\.(?=/)"), ""))
 MAX_READINGS = 8  # an ambiguous string lists at most this many readings (each ambiguous atom doubles them)
 # Case variants are tried for atoms of at most this many letters (2**6 parses): a prefixed UCUM atom
 # outside brackets is never longer ("dacal"), and free text ("milligrams") must not cost 2**10 parses.
@@ -145,6 +189,11 @@ def clean(text: object) -> str | None:
         return None
     cleaned = " ".join(str(text).translate(_MICRO).split())
     return cleaned or None
+
+
+def folded(text: str) -> str:
+    """A cleaned unit string as written, case-folded, without spaces around '/' and '.': 'Deg. F' -> 'deg.f'."""
+    return _AROUND_OPERATORS.sub(r"\1", text).casefold()
 
 
 def _has_both_cases(text: str) -> bool:
@@ -207,9 +256,13 @@ def read(text: object, meaning: Meaning) -> Reading:
         return Reading(UCUM, cleaned, cleaned)
     if folded in SPELLINGS:
         return Reading(UCUM, cleaned, SPELLINGS[folded])
+    if folded in NOT_UNITS:
+        return Reading(TEXT, cleaned)
     if ANNOTATION.match(cleaned):
         return Reading(UCUM, cleaned, cleaned)  # '{ratio}', '{score}': valid UCUM, dimensionless, arbitrary
     compact = _AROUND_OPERATORS.sub(r"\1", cleaned)  # 'mg / dL' is 'mg/dL'
+    for pattern, ucum in _WORDS:
+        compact = pattern.sub(ucum, compact)
     cased = _has_both_cases(_ANNOTATIONS.sub("", compact))
     pieces: list[str | tuple[str, ...]] = []
     last = 0

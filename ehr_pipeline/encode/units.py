@@ -217,6 +217,25 @@ class Converter:
         # UCUM has two symbols for the litre, 'l' and 'L': one key, so 'ng/ml' and 'ng/mL' count as one unit.
         return _LITRE.sub(r"\1L", reading.ucum) if reading.ucum else reading.text.casefold()
 
+    def same(self, unit: object, other: object) -> bool:
+        """Whether two unit strings are one unit: one key, or one spelling up to case that case does not tell apart.
+
+        A canonical unit that is text is stored by its key, case-folded, and folded text can read
+        otherwise than as written: a unit no reader knew, written 'Deg. F', was stored 'deg. f',
+        which the grammar reads as the degree (angle) times the farad, so the unit never matched
+        itself. Written alike up to case, two strings are one unit unless a reading shows that
+        case decides what they are (both read as different UCUM units, or one is ambiguous).
+        """
+        a, b = self.key(unit), self.key(other)
+        if a is None or b is None:
+            return False
+        if a == b:
+            return True  # a string no unit reader knows ('units', 'MU/L') still matches itself
+        ra, rb = self.reading(unit), self.reading(other)
+        if unit_strings.folded(ra.text) != unit_strings.folded(rb.text):
+            return False
+        return unit_strings.AMBIGUOUS not in (ra.kind, rb.kind) and not ra.kind == rb.kind == unit_strings.UCUM
+
     # --- conversions
 
     def conversion(self, unit: object, canonical: object, loinc: str | None = None) -> tuple[Conversion | None, str]:
@@ -224,8 +243,8 @@ class Converter:
         src, dst = self.key(unit), self.key(canonical)
         if src is None or dst is None:
             return None, "no unit"
-        if src == dst:
-            return IDENTITY, ""  # a string no unit reader knows ('units', 'MU/L') still matches itself
+        if self.same(unit, canonical):
+            return IDENTITY, ""
         for reading in (self.reading(unit), self.reading(canonical)):
             if reading.kind == unit_strings.AMBIGUOUS:
                 return None, (f"{reading.text!r} reads as {' or '.join(map(repr, reading.readings))} depending on "

@@ -277,7 +277,7 @@ HOSTILE = [
     # text that is no unit: matches only itself
     *[(w, "lab:glucose", not_a_unit(w)) for w in (
         "see comment", "SEE NOTE", "pos", "NEG", "Pos/Neg", "+/-", "#", "trace", "TNTC", "mg per dl", "milligrams",
-        "Units/L", "units/L", "score", "points", "x", "msec")],
+        "Units/L", "units/L", "score", "points", "x")],
     ("oz", "input:volume", not_a_unit("oz")), ("units", "input:dose", not_a_unit("units")),
     ("dose", "input:dose", not_a_unit("dose")), ("mg/dL", "lab:ph", not_a_unit("units")),
     # units that do not convert to the code's
@@ -286,6 +286,7 @@ HOSTILE = [
     ("mV", "lab:glucose", different("mV", "mg/dL")), ("pmol/L", "lab:tsh", different("pmol/L", "mU/L")),
     ("mEq.", "lab:sodium", different("meq", "mmol/L")), ("%", "lab:wbc", different("%", "10*3/uL")),
     ("U", "input:dose", different("U", "mg")), ("Ratio", "lab:glucose", not_a_unit("{ratio}")),
+    ("msec", "lab:glucose", different("ms", "mg/dL")),  # MetaVision's pacer intervals (item 220194)
     ("#/hpf", "lab:casts", ARBITRARY), ("%", "lab:casts", ARBITRARY),
     ("mmol", "input:dose", NO_MOLAR_MASS), ("nmol/L", "lab:crp", NO_MOLAR_MASS),
 ]
