@@ -4,7 +4,8 @@ adaptation.json records the parent (its checksum and name), the method and what 
 local data (folder checksum, split, admissions and deaths used, every record counted by reason)
 and the recalibration the predictor applies. The model card is the parent's with a new name,
 date and summary, and "parent"; metrics.json keeps the parent's referral measure and rate with
-the threshold re-chosen on the local admissions (their metrics are in-sample, and say so); the
+the threshold re-chosen on the local admissions (their metrics are in-sample, and say so in
+"held_out": false, "split" and "n", which the service's calibration block repeats); the
 reference profile is the local admissions' population, what the site's monitor should compare
 its next patients with.
 """
@@ -51,7 +52,10 @@ def _metrics_document(loaded: LoadedExport, local: LocalData, update: Update, co
     measure, rate = parent.referral.measure, parent.referral.rate
     threshold = evaluate.referral_threshold(update.probs, rate, measure)
     return {
-        "test": {**scores, "on": f"the {local.sample.n} local admissions the update used (in-sample)"},
+        # Not a test split: the admissions the update was fitted on. Said in fields, so that a reader (the
+        # service's calibration block) cannot present these numbers as held out.
+        "test": {**scores, "split": local.split, "held_out": False, "n": local.sample.n,
+                 "on": f"the {local.sample.n} local admissions the update used (in-sample)"},
         "referral": {"measure": measure, "rate": rate, "threshold": threshold,
                      "chosen_on_validation": {"configured": True, "kept_from_parent": True,
                                               "threshold_on": "the local admissions the update used"}},

@@ -26,7 +26,8 @@ Layout (the contract with serving/):
                         validation split's mutual information): what the shift report and the service's
                         monitor compare new data with
   metrics.json          {"test": {...}, "referral": {measure, rate, threshold, chosen_on_validation},
-                        "decision_threshold": 0.5}
+                        "decision_threshold": 0.5}; an updated export's "test" says its numbers are in-sample
+                        ("split", "held_out": false, "n": the local admissions the update was fitted on)
   adaptation.json       (optional) a model updated at a new site by ehr-adapt (model.adapt): its parent's
                         checksum and name, the method, the local admissions and events used, whether the
                         network's weights changed ("weights_updated"), and
@@ -91,10 +92,18 @@ class ModelCard(_Loose):
 
 
 class HeldOutMetrics(_Loose):
-    """metrics.json 'test': held-out calibration (other metrics pass through to readers)."""
+    """metrics.json 'test': the export's calibration and the admissions it was measured on (other metrics pass through).
+
+    A trained or ensemble export's come from its data folder's held-out test split; an updated one's
+    (ehr-adapt) from the local admissions the update was fitted on: in-sample, "held_out": false.
+    """
 
     ece: float | None = None
     nll: float | None = None
+    # None where metrics.json does not say (written before it did): serving.prediction.calibration reads those.
+    split: str | None = None
+    held_out: bool | None = None
+    n: int | None = Field(None, ge=0)
 
 
 class ReferralPolicy(_Loose):
