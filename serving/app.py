@@ -7,13 +7,17 @@ only assembles the app; each concern lives in its own module:
 * ``serving.lifespan``: model loading, the micro-batcher, warm-up and shutdown;
 * ``serving.middleware``: request ids, the access log, HTTP metrics and body limits;
 * ``serving.errors``: the exception handlers;
-* ``serving.routes`` and ``serving.fhir_routes``: the endpoints.
+* ``serving.routes`` and ``serving.fhir_routes``: the endpoints;
+* ``serving.auth``: the API-key check and its per-address failure budget;
+* ``serving.api_docs``: /docs, with Swagger UI's assets served from here.
 """
 from __future__ import annotations
 
 from fastapi import FastAPI
 
 from serving import __version__
+from serving.api_docs import install_docs
+from serving.auth import AuthGuard
 from serving.errors import install_error_handlers
 from serving.fhir_routes import cds_router, fhir_router
 from serving.lifespan import model_lifespan
@@ -41,15 +45,19 @@ def create_app(settings: Settings, predictor: ServedModel | None = None) -> Fast
         version=__version__,
         description=DESCRIPTION,
         lifespan=model_lifespan(settings, metrics, predictor),
+        # serving.api_docs serves /docs with its assets (FastAPI's loads them from a CDN); no ReDoc (fonts and
+        # script from the internet) and no OAuth redirect page (the service takes API keys).
+        docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.predictor = None
     app.state.monitor = None
     app.state.ready = False
+    app.state.auth = AuthGuard(settings, metrics)  # one failure table for the middleware and the routes
     # Last added runs first: the request id, log line and metrics cover 413s too.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s,
-                       settings=settings, routes=app.router.routes)
+                       auth=app.state.auth, routes=app.router.routes)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     install_error_handlers(app, fhir_router.prefix)
     app.include_router(health_router)
@@ -57,4 +65,5 @@ def create_app(settings: Settings, predictor: ServedModel | None = None) -> Fast
     app.include_router(v1_router)
     app.include_router(fhir_router)
     app.include_router(cds_router)
+    install_docs(app)
     return app

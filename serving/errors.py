@@ -1,6 +1,7 @@
 """Exception handlers: every failure becomes a JSON answer naming the request, never echoing its data.
 
-Client mistakes are 4xx with the field named (an OperationOutcome for FHIR clients); a full
+Client mistakes are 4xx with the field named (an OperationOutcome for FHIR clients): 400 for a body
+that is not JSON, 422 for JSON that does not fit the schema, on every route that takes a body; a full
 queue or a stopped batcher is 503 with Retry-After. Unhandled exceptions are answered by
 ``serving.middleware.RequestContextMiddleware``, which logs them without their message.
 """
@@ -27,6 +28,22 @@ def _error_items(errors) -> list[dict]:
             for e in errors]
 
 
+def _not_json(errors) -> str | None:
+    """Why a body is not JSON (FastAPI's parse errors: malformed or empty), or None when these are schema errors.
+
+    A body that cannot be parsed is a malformed request (400, RFC 9110 15.5.1), as FHIR and CDS Hooks
+    answer too; 422 is for JSON that parsed but does not fit the schema.
+    """
+    for e in errors:
+        if e.get("type") == "json_invalid":
+            loc = tuple(e.get("loc", ()))
+            where = f" at character {loc[1]}" if len(loc) > 1 else ""
+            return f"request body is not valid JSON: {(e.get('ctx') or {}).get('error', 'decode error')}{where}"
+        if e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body",):
+            return "request body is empty: send a JSON object"
+    return None
+
+
 def install_error_handlers(app: FastAPI, fhir_prefix: str) -> None:
     """Every failure becomes a JSON ErrorResponse; client mistakes are 4xx with the field named.
 
@@ -35,6 +52,9 @@ def install_error_handlers(app: FastAPI, fhir_prefix: str) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        reason = _not_json(exc.errors())
+        if reason is not None:
+            return JSONResponse(status_code=400, content={"detail": reason, "request_id": _request_id(request)})
         if request.url.path.startswith(fhir_prefix + "/"):  # FHIR clients read OperationOutcomes
             items = _error_items(exc.errors())
             return JSONResponse(status_code=422, media_type=FHIR_JSON, content=operation_outcome(

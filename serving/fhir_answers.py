@@ -90,8 +90,12 @@ def risk_assessment(mapped: MappedAdmission, p: PatientPrediction, *, model: Mod
                            **({"code": clean(u["code"])} if u["code"] else {})}}
           for u in mapped.unmapped[:MAX_LISTED] if u["system"] or u["code"]],
         *[{"url": EXTENSION + "out-of-vocabulary-code", "valueString": clean(c)} for c in p.out_of_vocabulary.codes],
-        {"url": EXTENSION + "held-out-calibration", "extension": [
+        {"url": EXTENSION + "calibration", "extension": [
             {"url": "split", "valueString": calibration.split},
+            {"url": "held-out", "valueBoolean": calibration.held_out},
+            *([{"url": "admissions", "valueInteger": calibration.admissions}]
+              if calibration.admissions is not None else []),
+            {"url": "source", "valueString": calibration.source},
             *([_decimal("ece", calibration.ece)] if calibration.ece is not None else []),
             *([_decimal("nll", calibration.nll)] if calibration.nll is not None else [])]},
     ]
@@ -145,7 +149,7 @@ def card_indicator(p: PatientPrediction) -> str:
 
 def card_detail(p: PatientPrediction, mapped: MappedAdmission, calibration: Calibration, num_samples: int,
                 ensemble_size: int) -> str:
-    """Markdown: the probability, the uncertainty decomposition, the referral, held-out calibration, input."""
+    """Markdown: the probability, the uncertainty decomposition, the referral, the calibration and its source, input."""
     r = p.referral
     threshold = "every case is referred" if r.threshold is None else f"threshold {r.threshold:.4g}"
     lines = [
@@ -162,7 +166,7 @@ def card_detail(p: PatientPrediction, mapped: MappedAdmission, calibration: Cali
         f"**Referral:** {'refer to a clinician' if r.refer else 'not flagged'} ({r.measure} {r.value:.4g}; "
         f"{threshold}, chosen to refer {100 * r.rate:.0f}% of validation cases).",
         "",
-        f"**Held-out calibration ({calibration.split} split):** ECE "
+        f"**Calibration on {calibration.source}:** ECE "
         f"{'n/a' if calibration.ece is None else f'{calibration.ece:.3f}'}, NLL "
         f"{'n/a' if calibration.nll is None else f'{calibration.nll:.3f}'}.",
         "",

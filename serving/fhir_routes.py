@@ -1,7 +1,8 @@
 """FHIR R4 and CDS Hooks 2.0 routes, with the auth, limits, metrics and encoding path of /v1/predict.
 
 * ``POST /fhir/r4/$predict-mortality``: a Bundle for one patient and encounter -> RiskAssessment;
-  invalid FHIR or a Bundle the model cannot use -> 422 OperationOutcome naming the element.
+  a body that is not JSON -> 400, invalid FHIR or a Bundle the model cannot use -> 422, each an
+  OperationOutcome naming the element.
 * ``GET /cds-services``: CDS Hooks discovery (patient-view and encounter-start services).
 * ``POST /cds-services/{id}``: a hook call -> cards. A prefetch without the Patient is answered
   412 as the spec says; this service never queries the client's FHIR server. A context whose
@@ -36,7 +37,7 @@ from serving.dependencies import NumSamplesQuery, SeedQuery, Serving, ServingDep
 from serving.encoding import InputError
 from serving.prediction import (
     check_event_limit,
-    held_out_calibration,
+    calibration,
     model_identity,
     predict_admissions,
     resolve_num_samples,
@@ -54,10 +55,12 @@ _FHIR_BODY = {"requestBody": {"required": True, "content": {
     fhir_answers.FHIR_JSON: {"schema": _BUNDLE_SCHEMA}, "application/json": {"schema": _BUNDLE_SCHEMA}}}}
 _FHIR_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "A FHIR R4 RiskAssessment.", "content": {fhir_answers.FHIR_JSON: {}}},
+    400: {"description": "The body is not JSON (an OperationOutcome).", "content": {fhir_answers.FHIR_JSON: {}}},
     401: {"description": "Missing or invalid API key."},
     413: {"description": "Request body larger than the server's limit."},
     422: {"description": "A FHIR OperationOutcome naming each invalid element.",
           "content": {fhir_answers.FHIR_JSON: {}}},
+    429: {"description": "Too many failed authentications from this client address (Retry-After)."},
     503: {"description": "Model not loaded yet, or too many requests waiting."},
 }
 
@@ -185,7 +188,7 @@ async def predict_mortality(
         try:
             document = parse_json(await request.body())
         except ValueError as err:
-            raise FhirError([("Bundle", str(err), "structure")]) from None
+            raise FhirError([("Bundle", str(err), "structure")], status=400) from None
         # fhir.resources validates ~1 ms per resource: off the event loop, like a big /v1 encoding.
         mapped = await run_in_threadpool(_read_and_map, document, predictor, encounter)
         prediction = await _predict_mapped(mapped, serving, samples, seed)
@@ -196,7 +199,7 @@ async def predict_mortality(
     _log("fhir_predict", request, mapped, prediction)
     export = predictor.export
     answer = fhir_answers.risk_assessment(
-        mapped, prediction, model=model_identity(predictor), calibration=held_out_calibration(export),
+        mapped, prediction, model=model_identity(predictor), calibration=calibration(export),
         num_samples=samples, ensemble_size=export.ensemble_size, request_id=request.state.request_id)
     return JSONResponse(answer, media_type=fhir_answers.FHIR_JSON)
 
@@ -235,7 +238,8 @@ class CdsRequest(BaseModel):
     fhirAuthorization: dict[str, Any] | None = None  # noqa: N815
 
 
-@cds_router.get("/cds-services", summary="CDS Hooks discovery")
+@cds_router.get("/cds-services", summary="CDS Hooks discovery",
+                responses={401: {"description": "No valid key."}, 429: _FHIR_RESPONSES[429]})
 async def cds_discovery() -> dict[str, Any]:
     """The CDS services this server offers, with their hooks and prefetch templates."""
     return {"services": [{"hook": hook, "id": sid, "title": title, "description": _DESCRIPTION,
@@ -282,6 +286,7 @@ def _in_prefetch(issues: list[tuple[str, str, str]], origins: list[str]) -> list
                  responses={400: {"description": "Malformed hook call."}, 401: {"description": "No valid key."},
                             404: {"description": "Unknown service id."},
                             412: {"description": "The prefetch lacks data the service needs."},
+                            429: _FHIR_RESPONSES[429],
                             422: {"description": "The prefetched resources are not valid FHIR "
                                                  "(an OperationOutcome)."}})
 async def cds_service(service_id: str, request: Request, serving: ServingDep) -> JSONResponse:
@@ -322,6 +327,6 @@ async def cds_service(service_id: str, request: Request, serving: ServingDep) ->
     export = predictor.export
     model_url = str(request.base_url).rstrip("/") + "/v1/model"
     answer = fhir_answers.card(prediction, mapped, model=model_identity(predictor),
-                               calibration=held_out_calibration(export), num_samples=settings.default_num_samples,
+                               calibration=calibration(export), num_samples=settings.default_num_samples,
                                ensemble_size=export.ensemble_size, model_url=model_url)
     return JSONResponse({"cards": [answer]})

@@ -18,9 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.auth import API_KEY_HEADER, check_key
+from serving.auth import API_KEY_HEADER, AuthGuard
 from serving.telemetry import ServiceMetrics
-from serving.settings import Settings
 
 logger = logging.getLogger("serving.app")  # log filters and alerts select the service by this name
 
@@ -104,18 +103,19 @@ class RequestContextMiddleware:
 class BodyLimitMiddleware:
     """Pure ASGI middleware: the request body, read before any route sees it, within limits.
 
-    Unauthenticated requests with a body are refused (401) before a byte of it is read, a declared
+    Unauthenticated requests with a body are refused (401, or 429 for an address out of its failure
+    budget: serving.auth) before a byte of it is read, a declared
     Content-Length over max_bytes without reading it (413), and a body whose next piece takes
     longer than timeout_s is cut off (408): a slow or anonymous client cannot hold a
     connection for long. The body is then replayed to the app, which would buffer it whole
     anyway to parse the JSON.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float, settings: Settings, routes: list):
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float, auth: AuthGuard, routes: list):
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
-        self.settings = settings
+        self.auth = auth
         self.routes = routes  # the app's routes: a refusal is counted under its route template
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -125,9 +125,9 @@ class BodyLimitMiddleware:
         headers = dict(scope.get("headers", []))
         # Every route that takes a body needs a key (/v1, FHIR, CDS Hooks): check it before
         # reading a byte, so an anonymous client cannot hold a connection with a slow body.
-        if scope.get("method") in ("POST", "PUT", "PATCH") and not self.settings.no_auth:
+        if scope.get("method") in ("POST", "PUT", "PATCH"):
             try:
-                check_key(self.settings, _key_from_headers(headers))
+                self.auth.check(_key_from_headers(headers), scope)
             except StarletteHTTPException as exc:
                 await self._refuse(scope, send, exc.status_code, str(exc.detail), exc.headers)
                 return

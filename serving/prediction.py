@@ -42,9 +42,25 @@ def model_identity(predictor: ServedModel) -> ModelIdentity:
                          precision=predictor.precision)
 
 
-def held_out_calibration(export: Export) -> Calibration:
-    """The export's calibration on its held-out test split (ECE and NLL)."""
-    return Calibration(split="test", ece=export.metrics.test.ece, nll=export.metrics.test.nll)
+def calibration(export: Export) -> Calibration:
+    """The export's ECE and NLL and the admissions they were measured on, as its metrics.json states them.
+
+    metrics.json's "test" names its split and whether it was held out. An export written before it did
+    is read by what made it: an updated one (adaptation.json) scored the local admissions it was fitted
+    on, as every ehr-adapt method did; a trained or ensemble one, its data's test split.
+    """
+    test, adaptation = export.metrics.test, export.adaptation
+    held_out = test.held_out if test.held_out is not None else adaptation is None
+    if held_out:
+        n, split = test.n, test.split or "test"
+        source = f"the held-out {split} split" + (f" ({n} admissions)" if n is not None else "")
+    else:
+        local = (adaptation.model_extra or {}).get("local_data", {}) if adaptation is not None else {}
+        n = test.n if test.n is not None or adaptation is None else adaptation.n
+        split = test.split or local.get("split") or "local"
+        source = (f"the {'' if n is None else f'{n} '}local admissions ({split} split) the update was fitted on: "
+                  "in-sample, not held out")
+    return Calibration(split=split, held_out=held_out, admissions=n, source=source, ece=test.ece, nll=test.nll)
 
 
 def resolve_num_samples(requested: int | None, settings: Settings) -> int:

@@ -21,7 +21,7 @@ from serving.encoding import InputError
 from serving.monitor import Reading
 from serving.prediction import (
     check_event_limit,
-    held_out_calibration,
+    calibration,
     model_identity,
     predict_admissions,
     resolve_num_samples,
@@ -48,12 +48,14 @@ _ERRORS = {
     408: {"model": ErrorResponse, "description": "The request body did not arrive in time."},
     413: {"model": ErrorResponse, "description": "Request body larger than the server's limit."},
     422: {"model": ErrorResponse, "description": "Invalid request; `loc` names the field."},
+    429: {"model": ErrorResponse, "description": "Too many failed authentications from this client address: "
+                                                 "retry after Retry-After seconds."},
     503: {"model": ErrorResponse, "description": "Model not loaded yet, or too many requests waiting."},
 }
 
 health_router = APIRouter(tags=["health"])
 metrics_router = APIRouter(tags=["metrics"], dependencies=[Depends(require_metrics_key)],
-                           responses={401: _ERRORS[401]})
+                           responses={401: _ERRORS[401], 429: _ERRORS[429]})
 v1_router = APIRouter(prefix="/v1", tags=["prediction"], dependencies=[Depends(require_api_key)],
                       responses=_ERRORS)
 
@@ -133,7 +135,7 @@ async def predict(
     _log(request, "predict", [prediction], samples)
     export = predictor.export
     return PredictResponse(**prediction.model_dump(), num_samples=samples, ensemble_size=export.ensemble_size,
-                           model=model_identity(predictor), calibration=held_out_calibration(export),
+                           model=model_identity(predictor), calibration=calibration(export),
                            request_id=request.state.request_id)
 
 
@@ -164,7 +166,7 @@ async def predict_batch(
     _log(request, "predict_batch", predictions, samples)
     export = predictor.export
     return BatchResponse(predictions=predictions, num_samples=samples, ensemble_size=export.ensemble_size,
-                         model=model_identity(predictor), calibration=held_out_calibration(export),
+                         model=model_identity(predictor), calibration=calibration(export),
                          request_id=request.state.request_id)
 
 

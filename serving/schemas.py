@@ -179,9 +179,21 @@ class ModelIdentity(BaseModel):
 
 
 class Calibration(BaseModel):
-    """How well calibrated the model was on held-out data (from metrics.json, not this request)."""
+    """How well calibrated the model was, and on which admissions (from metrics.json, not this request).
 
-    split: str = Field("test", description="The held-out split the numbers come from.")
+    A trained or ensemble export's numbers come from the held-out test split of its data; an export
+    updated at a new site (ehr-adapt) scored the local admissions the update was fitted on, so its
+    numbers are in-sample (``held_out`` false) and flatter the model.
+    """
+
+    split: str = Field(description="The data split the numbers were computed on: 'test' of the training data, or "
+                                   "the split of the site's data an update was fitted on.", examples=["test"])
+    held_out: bool = Field(description="True when the model was not fitted on these admissions; false: in-sample "
+                                       "(an updated export's local admissions), optimistic.")
+    admissions: int | None = Field(description="Admissions the numbers are over (null where metrics.json does "
+                                               "not say).", examples=[48])
+    source: str = Field(description="Where the numbers come from, in words (the CDS card and FHIR answer say the "
+                                    "same).", examples=["the held-out test split (48 admissions)"])
     ece: float | None = Field(description="Expected calibration error (15 bins), lower is better.")
     nll: float | None = Field(description="Negative log-likelihood per admission, nats.")
 

@@ -101,6 +101,12 @@ class Settings(BaseModel):
     warmup: bool = Field(
         True, description="Run the start-up forward passes before /readyz says 'ok'; --no-warmup skips them "
                           "(/readyz is 'ok' at once).")
+    auth_failures: int = Field(
+        20, ge=0, description="Failed authentications (a missing or wrong API key) one client address may make in "
+                              "--auth-window-s; beyond them its requests get 429 with Retry-After, their key "
+                              "unchecked, until the oldest failure is that old. 0 turns the limit off.")
+    auth_window_s: float = Field(
+        60.0, gt=0.0, le=86400.0, description="The window of --auth-failures, seconds.")
     open_metrics: bool = Field(
         False, description="Serve /metrics without an API key (it shows request outcomes, so by default the "
                            "key is required there too).")

@@ -46,6 +46,9 @@ class ServiceMetrics:
         self.input_warnings = Counter(f"{ns}_input_warnings_total",
                                       "Predictions answered with a warning about their input, by kind.", ("kind",),
                                       registry=reg)
+        self.auth_failures = Counter(f"{ns}_auth_failures_total", "Requests refused by the API-key check, by reason "
+                                     "(missing, invalid, limited: the client address is out of its failure budget).",
+                                     ("reason",), registry=reg)
         self.queue_depth = Gauge(f"{ns}_batch_queue_depth", "Requests waiting for the model.", registry=reg)
         self.ready = Gauge(f"{ns}_ready", "1 when the model is loaded and warmed up.", registry=reg)
         # A labelled gauge, not prometheus_client's Info, which shows an unlabelled series before a model loads.

@@ -116,6 +116,29 @@ def test_health_ready_and_openapi(client):
     assert {"/v1/predict", "/v1/predict/batch", "/v1/model", "/healthz", "/readyz", "/metrics"} <= set(paths)
 
 
+def test_docs_load_nothing_from_outside_the_service(client):
+    # A hospital network often has no internet: a page that fetches a CDN's script is blank there.
+    page = client.get("/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert not re.findall(r"(?:https?:)?//[\w.-]+", page.text), "an external URL in /docs"
+    loaded = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert len(loaded) == 3 and all(u.startswith("/docs/assets/") for u in loaded), loaded
+    kinds = {}
+    for url in loaded:
+        r = client.get(url)
+        assert r.status_code == 200 and len(r.content) > 1000, url
+        kinds[url.rsplit(".", 1)[1]] = r
+    assert b"SwaggerUIBundle" in kinds["js"].content and kinds["png"].content.startswith(b"\x89PNG")
+    # The stylesheet's images are inline: no url() that leaves the page.
+    assert all(u.strip("\"'").startswith("data:") for u in re.findall(r"url\(([^)]*)\)", kinds["css"].text))
+    assert '"validatorUrl": null' in page.text  # no badge from validator.swagger.io
+    # ReDoc (a CDN script and Google Fonts) and the OAuth redirect page are not served; nor the package's other files.
+    for path in ("/redoc", "/docs/oauth2-redirect", "/docs/assets/swagger-editor-bundle.js",
+                 "/docs/assets/..%2f..%2fcore.py"):
+        assert client.get(path).status_code == 404, path
+    assert client.get("/openapi.json").status_code == 200
+
+
 def test_predict_returns_uncertainty_from_model_metrics(client, export_dir):
     r = client.post("/v1/predict", json=body(), headers=HEADERS, params={"include_samples": "true", "seed": 7})
     assert r.status_code == 200, r.text
@@ -142,7 +165,9 @@ def test_predict_returns_uncertainty_from_model_metrics(client, export_dir):
                              "values": {**dict.fromkeys(units.OUTCOMES, 0), "same_unit": 1, "no_unit": 2}}
     assert out["out_of_vocabulary"] == {"count": 1, "codes": ["lab:NOT-IN-VOCAB"]}
     assert out["prediction_time"] == "2150-03-02T08:30:00Z"
-    assert out["calibration"] == {"split": "test", "ece": 0.05, "nll": 0.31}
+    # The tiny export's metrics.json names no count: a trained export's numbers are its held-out test split's.
+    assert out["calibration"] == {"split": "test", "held_out": True, "admissions": None,
+                                  "source": "the held-out test split", "ece": 0.05, "nll": 0.31}
     manifest_sha = hashlib.sha256((export_dir / "manifest.json").read_bytes()).hexdigest()
     assert out["model"] == {"name": TINY_MODEL_NAME, "version": ehr_base.__version__, "checksum": manifest_sha,
                             "precision": "float32"}
@@ -270,6 +295,34 @@ def test_malformed_bodies_are_4xx_not_500(client, content, content_type):
     r = client.post("/v1/predict", content=content, headers={**HEADERS, "content-type": content_type})
     assert 400 <= r.status_code < 500, (r.status_code, r.text[:200])
     assert "detail" in r.json()
+
+
+BODY_ROUTES = ["/v1/predict", "/v1/predict/batch", "/fhir/r4/$predict-mortality", "/cds-services/mortality-risk"]
+
+
+@pytest.mark.parametrize("route", BODY_ROUTES)
+@pytest.mark.parametrize("content", [b"{not json", b'{"patients": [', b"", b"\xff\xfe{}", b"[" * 20000])
+def test_a_body_that_is_not_json_is_400_on_every_route(client, route, content):
+    r = client.post(route, content=content, headers={**HEADERS, "content-type": "application/json"})
+    assert r.status_code == 400, (r.status_code, r.text[:200])
+    if route.startswith("/fhir/"):  # FHIR clients read OperationOutcomes, whatever the status
+        assert r.json()["resourceType"] == "OperationOutcome"
+    else:
+        assert isinstance(r.json()["detail"], str) and r.json()["request_id"] == r.headers["x-request-id"]
+
+
+@pytest.mark.parametrize("route", BODY_ROUTES[:3])
+def test_json_of_the_wrong_shape_is_422(client, route):
+    # Parsed, so not malformed: the schema (or FHIR) refuses it, naming where.
+    r = client.post(route, json=[], headers=HEADERS)
+    assert r.status_code == 422, (r.status_code, r.text[:200])
+
+
+def test_the_schema_documents_400_where_a_body_is_read(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    for route in BODY_ROUTES:
+        template = route.replace("mortality-risk", "{service_id}") if route.startswith("/cds") else route
+        assert "400" in paths[template]["post"]["responses"], route
 
 
 def test_non_finite_and_surrogate_values_are_rejected(client):
