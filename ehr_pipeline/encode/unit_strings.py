@@ -94,15 +94,18 @@ SPELLINGS: dict[str, str] = {
     "ml sc": "mL{SC}",  # lidocaine given subcutaneously (items 224491, 224505, 225257)
     "ml/beat": "mL/{beat}", "ml/b": "mL/{beat}", "international units": "[IU]",
     "ppm": "[ppm]", "psi": "[psi]", "year": "a", "years": "a", "yrs": "a",
+    # Airway resistance is cmH2O per (L/s); read atom by atom the string would be cmH2O per L per s.
+    "cmh2o/l/seconds": "cm[H2O].s/L", "cmh2o/l/sec": "cm[H2O].s/L", "cmh2o/l/s": "cm[H2O].s/L",
 }
-# Labels MIMIC-III writes in unit columns that are no unit of measure, folded: counts of dosage
+# Labels MIMIC-III writes in unit columns that are no unit of measure, folded: lab answers ('+/-',
+# 'Pos/Neg'), counts of dosage
 # forms (PRESCRIPTIONS' TAB, VIAL, PUFF...), 'units' (pH units for labs, international units for
 # drugs: no one UCUM code), MetaVision's 'dose', DATETIMEEVENTS' 'Date', 'mg PE' (phenytoin
 # equivalents, not milligrams) and 'ounces' (of mass or of volume, the string does not say).
 # Read as text without the grammar, which makes units of some ('DEV' decielectronvolts, 'KIT'
 # kibitesla); each still matches itself.
 NOT_UNITS = frozenset({
-    "units", "unit", "units/hr", "units/hour", "units/min", "million units", "dose", "date", "date and time",
+    "+/-", "pos/neg", "units", "unit", "units/hr", "units/hour", "units/min", "million units", "dose", "date", "date and time",
     "mg pe", "oz", "ounce", "ounces", "str", "vl", "tab", "cap", "vial", "neb", "appl", "puff", "pkt", "drop",
     "drp", "gtt", "bag", "syr", "ptch", "inh", "amp", "loz", "spry", "troc", "udcup", "enema", "btl", "dbtl",
     "supp", "tube", "dev", "can", "aero", "kit"})
