@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from ehr_pipeline import reader
+from ehr_pipeline.encode.units import NOT_USED
 from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.synth import SynthConfig, add_arguments, catalog, generate_release, recompute, run
 from ehr_pipeline.synth.site import SITES
@@ -585,6 +586,9 @@ def test_beam_job_runs_on_another_sites_release(tmp_path, site_name):
                                                       "vocab": {"min_count": 1}}))
     assert manifest["balanced"]
     assert sum(s["examples"] for s in manifest["splits"].values()) > 40
+    # No value is set aside for its unit: the job reads every unit the generator writes.
+    assert {s: {o: n for o, n in v.items() if o in NOT_USED and n} for s, v in manifest["units"]["values"].items()} \
+        == {s: {} for s in manifest["units"]["values"]}
     vocab = json.loads((tmp_path / "data" / "vocabulary.json").read_text())["sources"]
     site = json.loads((release / "SYNTH_MANIFEST.json").read_text())["site"]
     assert {f"lab:{v}" for v in site["lab_codes"].values()} <= set(vocab["lab"])
