@@ -95,6 +95,11 @@ def event_rows(events: pa.Table) -> pa.Table:
         if name in code_map.UNIT_IN_COLUMN:
             unit_col[at] = unit[at]
     value = events.column("value").to_numpy(zero_copy_only=False)
+    written = value.astype(np.float32)
+    if not np.all(np.isfinite(written) | np.isnan(value)):
+        # The reader refuses what float32 cannot hold (reader.columns.is_measurement): never written as infinity.
+        raise ValueError(f"{int(np.count_nonzero(~np.isfinite(written) & ~np.isnan(value)))} event values beyond "
+                         "float32's range reached to-meds: the reader should have dead-lettered their rows")
     return pa.table([
         events.column("SUBJECT_ID"),
         pa.array(events.column("time").to_numpy(zero_copy_only=False) * 1_000_000, pa.timestamp("us")),

@@ -53,7 +53,7 @@ from ehr_pipeline.meds.labels import LABEL_BEFORE_BIRTH, LABEL_DUPLICATE, LABEL_
 from ehr_pipeline.meds.rows import KIND, Rows, TaskRows, synthetic_key, task_rows
 from ehr_pipeline.meds.standard import MedsError
 from ehr_pipeline.mimic import cohort, events
-from ehr_pipeline.reader import dead_letters
+from ehr_pipeline.reader import dead_letters, is_measurement
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +76,10 @@ MISSING_TIME = events.MISSING_TIME  # an event or task row without a time
 MISSING_CODE = events.MISSING_CODE
 NO_DISCHARGE_AFTER = "no_discharge_after"  # known at the next discharge, and there is none
 # rows/MEDS/dead_letter/<reason>: a row with a null subject_id belongs to no subject (MEDS: never null);
-# a numeric_value of NaN or +-inf is no measurement (the CSV reader dead-letters them alike), nor is one beyond
-# float32, MEDS' type (a float64 column can hold one; past ~1e154 it would overflow the code's sum of squares).
+# a numeric_value of NaN or +-inf is no measurement, nor is one beyond float32, MEDS' type (a float64 column can
+# hold one): the CSV reader's rule (reader.columns.is_measurement), so both roads keep and refuse the same values.
 NULL_SUBJECT = dead_letters.MISSING_REQUIRED
 BAD_NUMBER = dead_letters.BAD_NUMBER
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -313,7 +312,7 @@ class MedsReader:
         bad_number = np.zeros(table.num_rows, dtype=bool)
         if "numeric_value" in table.column_names and not pa.types.is_null(table.schema.field("numeric_value").type):
             value = pc.cast(table.column("numeric_value"), pa.float64())
-            readable = pc.and_(pc.is_finite(value), pc.less_equal(pc.abs(value), FLOAT32_MAX))
+            readable = is_measurement(value)
             bad_number = ~np.asarray(pc.fill_null(readable, True).to_numpy(zero_copy_only=False), dtype=bool)
             bad_number &= ~null_subject
         dead = null_subject | bad_number

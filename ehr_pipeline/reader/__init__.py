@@ -20,7 +20,7 @@ Everything other code uses is imported from here.
 from __future__ import annotations
 
 from ehr_pipeline.reader import table_schemas
-from ehr_pipeline.reader.columns import ARROW_TYPES, arrow_schema
+from ehr_pipeline.reader.columns import ARROW_TYPES, FLOAT32_MAX, arrow_schema, is_measurement
 from ehr_pipeline.reader.dead_letters import DeadLetter, DeadLetterSink, JsonlDeadLetterWriter, read_dead_letters
 from ehr_pipeline.reader.errors import (
     CorruptFileError,
@@ -37,6 +37,7 @@ from ehr_pipeline.reader.window import DEFAULT_BLOCK_SIZE
 __all__ = [
     "ARROW_TYPES",
     "DEFAULT_BLOCK_SIZE",
+    "FLOAT32_MAX",
     "CorruptFileError",
     "DeadLetter",
     "DeadLetterSink",
@@ -49,6 +50,7 @@ __all__ = [
     "TableReader",
     "arrow_schema",
     "check_header",
+    "is_measurement",
     "locate_table",
     "locate_table_files",
     "read_dead_letters",

@@ -105,11 +105,22 @@ def _to_int(raw: pa.Array) -> pa.Array:
     return pc.cast(raw, pa.int64())
 
 
+# The largest finite float32. MEDS stores numeric_value as float32, so a value beyond it would be
+# written as infinity by to-meds, refused by the MEDS source, yet kept by the CSV road: one rule for
+# both roads, applied where each reads a number (here and meds.source), refuses it as a bad number.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def is_measurement(value: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Where a float64 column holds a number both roads keep: finite and |value| <= FLOAT32_MAX (null stays null)."""
+    return pc.and_(pc.is_finite(value), pc.less_equal(pc.abs(value), FLOAT32_MAX))
+
+
 def _to_float(raw: pa.Array) -> pa.Array:
     value = pc.cast(raw, pa.float64())
     # "inf", "nan" and "1e400" cast fine but are no measurement: they would poison every
-    # mean and z-score built from the column.
-    if value.null_count < len(value) and not pc.all(pc.is_finite(value)).as_py():
+    # mean and z-score built from the column; nor is "1e39", which no float32 holds.
+    if value.null_count < len(value) and not pc.all(is_measurement(value)).as_py():
         raise pa.ArrowInvalid("non-finite number")
     return value
 
@@ -126,7 +137,7 @@ def _checked_utf8(raw: pa.Array) -> pa.Array:
 
 _CONVERTERS = {
     table_schemas.ColType.INT: (_to_int, BAD_NUMBER, "is not an integer"),
-    table_schemas.ColType.FLOAT: (_to_float, BAD_NUMBER, "is not a finite number"),
+    table_schemas.ColType.FLOAT: (_to_float, BAD_NUMBER, "is not a finite number a float32 holds"),
     table_schemas.ColType.TIMESTAMP: (_to_seconds, BAD_TIMESTAMP, "is not a YYYY-MM-DD[ HH:MM:SS] timestamp"),
     table_schemas.ColType.STR: (_checked_utf8, BAD_ENCODING, "is not valid UTF-8"),
 }
