@@ -13,20 +13,30 @@ Beam's FileSystems, so the folder may be a bucket (gs://, s3://) every worker se
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
+import resource
 import shutil
+import signal
+import socket
 import struct
+import threading
+import time
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator
 
 import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ehr_pipeline.contract import layout
+from ehr_pipeline.job import gzip_split
+
+log = logging.getLogger(__name__)
 
 _FRAME = struct.Struct("<qI")  # HADM_ID, payload bytes
 # A writer keeps each file's frames in memory up to this many bytes before it writes them: a
@@ -34,6 +44,22 @@ _FRAME = struct.Struct("<qI")  # HADM_ID, payload bytes
 # and an object store gets a few large writes instead of one per admission.
 FLUSH_BYTES = 256 << 10
 _RAW = CompressionTypes.UNCOMPRESSED  # never guess a codec from a file name
+
+
+# The local runner's workers are processes of this machine, ~0.5 GB each, and its stages are CPU-bound:
+# past the cores a worker adds memory and Beam's seconds of start-up, not speed. Twice the cores leaves
+# room for workers waiting on a slow disk; above it, `--workers 100000` started processes until the
+# machine stalled (138 in 25 s, none of them working).
+MAX_WORKERS_PER_CORE = 2
+# Files a job process holds open besides its frame files: Beam's channels and logs, Python's and
+# Arrow's libraries, the input (sampled on the demo, 2 workers: 12-21 per process with 8 buckets, 128 at most
+# with 117); with room to spare.
+BASE_OPEN_FILES = 128
+
+
+def max_local_workers() -> int:
+    """The most local workers a run may ask for: MAX_WORKERS_PER_CORE per core of this machine."""
+    return MAX_WORKERS_PER_CORE * (os.cpu_count() or 1)
 
 
 # Under this much input text one process finishes sooner: a local worker process costs seconds of Beam's
@@ -54,6 +80,14 @@ class SpillOptions(BaseModel):
     split_threshold_bytes: int = Field(64 << 20, ge=1, description="gzip inputs above this are split into parts")
     block_size_bytes: int = Field(2 << 20, ge=1024, description="reader block (stage A's memory per worker)")
 
+    @field_validator("workers")
+    @classmethod
+    def _at_most_the_bound(cls, workers: int | None) -> int | None:
+        if workers is not None and workers > max_local_workers():
+            raise ValueError(f"{workers} workers is more than {max_local_workers()}, {MAX_WORKERS_PER_CORE} per core "
+                             f"of this machine's {os.cpu_count() or 1}")
+        return workers
+
     def worker_count(self, input_bytes: int | None = None) -> int:
         """The local workers: the option, else one for input_bytes (text) under SMALL_INPUT_BYTES, else the cores."""
         if self.workers:
@@ -63,13 +97,135 @@ class SpillOptions(BaseModel):
         return os.cpu_count() or 1
 
 
+SPILL_PREFIX = "ehr-pipeline-spill-"
+# A run's spill folder in --temp-dir holds this file: which process on which machine owns it. A later
+# run removes the folders whose owner is gone, and never a folder without the file.
+OWNER_FILE = "owner.json"
+
+
 def spill_folder(out_dir: str, temp_dir: str | None) -> str:
     """A run's spill folder: <out>/_tmp/spill (a leftover of a crashed run removed), or a new one in temp_dir."""
     if temp_dir is None:
         folder = layout.join(out_dir, layout.TMP_DIR, "spill")
         remove_folder(folder)
         return folder
-    return layout.join(layout.absolute(temp_dir), f"ehr-pipeline-spill-{uuid.uuid4().hex[:12]}")
+    return layout.join(layout.absolute(temp_dir), f"{SPILL_PREFIX}{uuid.uuid4().hex[:12]}")
+
+
+def _owner() -> dict:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3)}
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of this machine exists (another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dead_spill_folders(temp_dir: str) -> list[str]:
+    """Removes the spill folders in a local temp_dir whose owner file names a process of this machine that is gone.
+
+    A folder without the owner file, or owned by another machine or a live process, is left alone.
+    Returns the folders removed (each logged with its size).
+    """
+    if "://" in temp_dir or not os.path.isdir(temp_dir):
+        return []
+    removed, host = [], socket.gethostname()
+    for name in sorted(os.listdir(temp_dir)):
+        folder = os.path.join(temp_dir, name)
+        if not name.startswith(SPILL_PREFIX) or not os.path.isdir(folder):
+            continue
+        try:
+            with open(os.path.join(folder, OWNER_FILE)) as f:
+                owner = json.load(f)
+            pid, owner_host = int(owner["pid"]), str(owner["host"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a folder a run marked: not ours to judge
+        if owner_host != host or _alive(pid):
+            continue
+        size = folder_bytes(folder)
+        remove_folder(folder)
+        log.info("removed %s (%s bytes), the spill folder of run %d on %s, which ended without removing it",
+                 folder, f"{size:,}", pid, owner_host)
+        removed.append(folder)
+    return removed
+
+
+@contextlib.contextmanager
+def spill_run(out_dir: str, temp_dir: str | None, disk_inputs: list[tuple[str, str]], split_threshold: int):
+    """A run's spill folder for the ``with`` block: marked with its owner, removed at the end however the run
+    ends (an error, Ctrl-C, SIGTERM), and a full disk inside turned into gzip_split.NotEnoughDiskError.
+
+    ``disk_inputs`` ((table, file) inputs) and ``split_threshold`` size the temporary disk the error asks for.
+    Folders of earlier runs that died in temp_dir are removed first (``remove_dead_spill_folders``).
+    """
+    if temp_dir is not None:
+        remove_dead_spill_folders(layout.absolute(temp_dir))
+    folder = spill_folder(out_dir, temp_dir)
+    with _removed_on_sigterm(), gzip_split.disk_full_is_one_line(folder, disk_inputs, split_threshold):
+        try:
+            if temp_dir is not None:
+                with FileSystems.create(layout.join(folder, OWNER_FILE), compression_type=_RAW) as f:
+                    f.write(json.dumps(_owner()).encode("utf-8"))
+            yield folder
+        finally:
+            remove_folder(folder)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that ``finally`` blocks run as they do for Ctrl-C; ``signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _removed_on_sigterm():
+    """SIGTERM raises Terminated for the block (the main thread only: elsewhere Python cannot set a handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class OpenFilesError(OSError):
+    """The process may open fewer files than a run's buckets need at once."""
+
+
+def ensure_open_files(buckets: int, remedy: str | None) -> int:
+    """Makes sure a process may hold `buckets` frame files open at once (+ BASE_OPEN_FILES); returns the soft limit.
+
+    A stage A worker keeps one frame file per bucket open (``FrameWriter``), and worker processes inherit
+    this process's limit: the soft limit is raised up to the hard one when it is short (logged), else
+    OpenFilesError says what to raise, or (`remedy`, e.g. "pass a larger --bucket-admissions") how to
+    make fewer buckets.
+    """
+    needed = buckets + BASE_OPEN_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return soft
+    if hard == resource.RLIM_INFINITY or hard >= needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        log.info("open-file limit raised from %d to %d (hard limit %s): %d buckets' frame files are open at once",
+                 soft, needed, "unlimited" if hard == resource.RLIM_INFINITY else hard, buckets)
+        return needed
+    raise OpenFilesError(
+        f"{buckets:,} buckets need about {needed:,} open files per process, and this one may open {soft:,} "
+        f"(hard limit {hard:,}): raise it (ulimit -n {needed}){' or ' + remedy if remedy else ''}")
 
 
 def bucket_count(admissions: int, workers: int, per_bucket: int) -> int:
