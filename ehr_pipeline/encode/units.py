@@ -9,7 +9,9 @@ numeric value is moved to its code's **canonical unit** before it is bagged:
   by ``unit_strings.read``: blank, a placeholder, a UCUM code (known spellings, a lexicon of
   clinical atoms for strings in one case, the UCUM grammar ``ucumvert`` for the rest),
   ambiguous under case folding, or text. Nothing is guessed from a string that does not parse
-  or that reads two ways.
+  or that reads two ways. A unit written alike up to case is the same unit as itself whatever a
+  reader makes of either spelling (``Converter.same``): a text canonical unit is stored folded,
+  and the fold may parse ('deg. f' as degree times farad) where the string as written did not.
 * Each code's canonical unit is the unit most of its training rows were recorded in
   (``canonical_units``), or a reference's (a model's export) when data from another site is
   prepared for that model.
