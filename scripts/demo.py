@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         out = out / "synthetic"
         mimic_dir = out / "release"
         _step("0. Generate a synthetic MIMIC-III release with known death probabilities", "ehr-pipeline",
-              ["synth", "--patients", str(args.patients), "--seed", "0", "--out", str(mimic_dir), "--no-progress"],
+              ["synth", "--patients", str(args.patients), "--seed", "0", "--out", str(mimic_dir), "--overwrite",
+               "--no-progress"],
               pipeline_cli.main)
         truth = ["--truth", str(mimic_dir / "SYNTH_TRUTH.csv")]
     data, run = out / "data", out / "run"
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
           ehr_train.main)
     _step(f"3. Evaluate on the test split with {args.samples} samples per ensemble member", "ehr-eval",
           ["--model", str(run / "export"), "--data", str(data), "--split", "test", "--samples", str(args.samples),
-           "--out", str(out / "eval"), *truth, "--no-progress"], ehr_eval.main)
+           "--out", str(out / "eval"), "--overwrite", *truth, "--no-progress"], ehr_eval.main)
     _step("4. Serve the model and score one test admission from the raw tables", "python -m serving.demo",
           ["--model", str(run / "export"), "--data", str(data), "--mimic-dir", str(mimic_dir)], serving_demo.main)
     return 0

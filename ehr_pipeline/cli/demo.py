@@ -19,7 +19,8 @@ def run(mimic_dir: str, out_dir: str) -> int:
     # The demo has ~90 adult admissions: one shard per split keeps the output readable.
     config = PipelineConfig.model_validate(
         {"num_shards": {"train": 1, "validation": 1, "test": 1}, "vocab": {"min_count": 2}})
-    manifest = run_job(mimic_dir, str(data_dir), config)
+    # A re-run of the demo replaces its own data folder (never one another command wrote, output_folder).
+    manifest = run_job(mimic_dir, str(data_dir), config, overwrite=True)
     print(format_manifest_summary(manifest))
     print(f"   ({time.time() - started:.1f} s)")
     return 0 if manifest["balanced"] else 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 from ehr_base.cli_args import (
@@ -27,7 +28,7 @@ from ehr_base.cli_args import (
 from ehr_base.yaml_config import ConfigError
 from ehr_pipeline import meds
 from ehr_pipeline.cli import run_command
-from ehr_pipeline.contract import load_pipeline_config
+from ehr_pipeline.contract import load_pipeline_config, output_folder
 from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.meds.standard import MedsError
 from ehr_pipeline.mimic import summarize_command, write_table_parts
@@ -114,11 +115,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return _dispatch(parser, args, extra)
-    except (ReaderError, OSError, MedsError) as e:
+    except (ReaderError, OSError, MedsError, output_folder.OutputFolderError) as e:
         # Bad input is the user's to fix: one line naming the file (and line), no traceback.
         # MissingTableError is a FileNotFoundError, an OSError.
         print(f"ehr-pipeline: error: {e}", file=sys.stderr)
         return EXIT_INPUT_ERROR
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM during a job (spill.Terminated): its spill folder is gone
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"ehr-pipeline: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum  # the shell's code for a process ended by that signal
 
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
@@ -133,7 +138,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: 
         from ehr_pipeline.job import SpillOptions, run_to_meds
 
         resources = SpillOptions(workers=args.workers, temp_dir=args.temp_dir, bucket_rows=args.bucket_rows)
-        manifest = run_to_meds(args.mimic_dir, args.out, load_pipeline_config(args.config), extra, resources=resources)
+        manifest = run_to_meds(args.mimic_dir, args.out, load_pipeline_config(args.config), extra, resources=resources,
+                               overwrite=args.overwrite)
         rows = sum(t.get("meds_rows_written", 0) for t in manifest["tables"].values())
         print(f"wrote {args.out}: {rows:,} event rows, {manifest['task_rows']['admissions/written']:,} admissions, "
               f"{manifest['task_rows']['patients/written']:,} patients in {manifest['seconds']:.1f} s")
@@ -183,12 +189,35 @@ def _misuse(args: argparse.Namespace, beam_args: list[str]) -> str | None:
             return f"--meds-dir: {err}"
         if args.labels is not None and not os.path.exists(args.labels):
             return f"--labels: {args.labels} does not exist"
+    if args.command in ("run", "to-meds", "synth"):
+        problem = _output_problem(args)
+        if problem:
+            return problem
     if args.command in ("run", "to-meds"):
         try:
             load_pipeline_config(args.config)
         except ConfigError as err:
             return f"--config: {err}"
         return _unknown_runner(beam_args)
+    return None
+
+
+# What each command's --out holds, in its marker: a command replaces only its own kind of folder.
+OUTPUT_KINDS = {"run": output_folder.DATA_FOLDER, "to-meds": output_folder.MEDS_DATASET,
+                "synth": output_folder.SYNTHETIC_RELEASE}
+
+
+def _output_problem(args: argparse.Namespace) -> str | None:
+    """Why --out may not be written (output_folder.check_target), or None; remote targets are checked by the job."""
+    if output_folder.is_url(args.out):
+        return None
+    inputs = [p for p in (getattr(args, "mimic_dir", None), getattr(args, "meds_dir", None),
+                          getattr(args, "labels", None), getattr(args, "dictionary_dir", None)) if p is not None]
+    try:
+        output_folder.check_target(args.out, kind=OUTPUT_KINDS[args.command], overwrite=args.overwrite,
+                                   inputs=[str(p) for p in inputs])
+    except output_folder.OutputFolderError as err:
+        return f"--out: {err}"
     return None
 
 

@@ -30,7 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --meds-dir: the MEDS code -> source map (see configs/meds_codes.yaml); default: "
                              "the MIMIC-IV MEDS ETL's and to-meds' codes")
     parser.add_argument("--out", required=True, type=output_dir,
-                        help="output folder (local path or a Beam filesystem URL)")
+                        help="output folder (local path or a Beam filesystem URL): written whole when the job "
+                             "completes, untouched when it fails; must be new, empty, or (with --overwrite) an "
+                             "earlier run's output")
+    add_overwrite_argument(parser, "an earlier `ehr-pipeline run` output in --out")
     parser.add_argument("--config", default=None, type=existing_file,
                         help="pipeline YAML (see configs/pipeline.yaml); default: built-in defaults")
     parser.add_argument("--units-from", default=None, metavar="DIR_OR_FILE", type=reference_units,
@@ -50,14 +53,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with --workers processes).")
 
 
+def add_overwrite_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """--overwrite: replace the command's own earlier output whole (never a folder it did not write)."""
+    parser.add_argument("--overwrite", action="store_true",
+                        help=f"replace {what} whole, once the new one is complete; a folder this command did not "
+                             "write, or one holding files it did not write, is refused with or without it")
+
+
 def add_local_run_arguments(parser: argparse.ArgumentParser, scope: str) -> argparse._ArgumentGroup:
     """--workers and --temp-dir of a job that spills to disk, in a group the caller adds its bucket size to."""
     local = parser.add_argument_group(f"local run ({scope}; docs/pipeline.md, \"Bounded memory\")")
-    local.add_argument("--workers", type=positive_int, default=None,
+    local.add_argument("--workers", type=local_workers, default=None,
                        help="worker processes of the local runner (multi_processing); ignored, with a log line, "
-                            "on other runners; memory ~0.3 GB + ~0.5 GB per worker; default: the machine's "
-                            f"cores ({os.cpu_count() or 1} here), or one process for a small input (under 64 MiB "
-                            "of text), where starting workers costs more than they save")
+                            "on other runners; memory ~0.3 GB + ~0.5 GB per worker; at most 2 per core "
+                            f"({2 * (os.cpu_count() or 1)} here: past the cores a worker adds memory, not speed); "
+                            f"default: the machine's cores ({os.cpu_count() or 1} here), or one process for a small "
+                            "input (under 64 MiB of text), where starting workers costs more than they save")
     local.add_argument("--temp-dir", default=None, metavar="DIR",
                        help="where the job spills its rows and splits big gzip tables (local path or a Beam "
                             "filesystem URL every worker sees); needs ~1.3x the gzip input's size free; a folder "
@@ -65,10 +76,30 @@ def add_local_run_arguments(parser: argparse.ArgumentParser, scope: str) -> argp
     return local
 
 
+def local_workers(value: str) -> int:
+    """argparse type: a worker count from 1 to spill.max_local_workers() (2 per core of this machine)."""
+    # Imported here: spill loads Beam (~1 s), which --help and the other commands never need; its import
+    # chatter is silenced, as in main's runner check, so that a misuse stays one line.
+    logging.disable(logging.WARNING)
+    try:
+        from ehr_pipeline.job import spill
+    finally:
+        logging.disable(logging.NOTSET)
+    workers = positive_int(value)
+    if workers > spill.max_local_workers():
+        raise argparse.ArgumentTypeError(
+            f"{workers} is more than {spill.max_local_workers()}, {spill.MAX_WORKERS_PER_CORE} per core of this "
+            f"machine's {os.cpu_count() or 1}: past the cores a local worker adds memory (~0.5 GB), not speed")
+    return workers
+
+
 def add_to_meds_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `ehr-pipeline to-meds`."""
     parser.add_argument("--mimic-dir", required=True, type=existing_dir, help="folder with the MIMIC-III v1.4 tables")
-    parser.add_argument("--out", required=True, type=output_dir, help="the MEDS dataset folder to write")
+    parser.add_argument("--out", required=True, type=output_dir,
+                        help="the MEDS dataset folder to write (whole when the job completes, untouched when it "
+                             "fails)")
+    add_overwrite_argument(parser, "an earlier `ehr-pipeline to-meds` dataset in --out")
     parser.add_argument("--config", default=None, type=existing_file,
                         help="pipeline YAML: its splits, split_salt and num_shards place the subjects; "
                              "default: built-in")
@@ -90,13 +121,11 @@ def run(args: argparse.Namespace, beam_args: list[str]) -> int:
     if args.meds_dir is not None:
         manifest = run_meds_job(args.meds_dir, args.out, config, beam_args, labels_dir=args.labels,
                                 codes=load_meds_codes(args.meds_codes), resources=resources,
-                                **_reference(args.units_from))
+                                overwrite=args.overwrite, **_reference(args.units_from))
     else:
         manifest = run_job(args.mimic_dir, args.out, config, beam_args, resources=resources,
-                           **_reference(args.units_from))
+                           overwrite=args.overwrite, **_reference(args.units_from))
     seconds = time.time() - started
-    layout.write_json(layout.join(args.out, "run_info.json"),
-                      {"seconds": round(seconds, 3), "beam_args": beam_args, "workers": args.workers})
     print(format_manifest_summary(manifest))
     print(f"\nwrote {args.out} in {seconds:.1f} s")
     if not manifest["balanced"]:

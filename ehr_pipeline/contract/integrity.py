@@ -9,8 +9,10 @@ turns both into one line naming the file, before the first record is parsed:
 
 * the manifest's ``schema_version`` must be the one this code reads (``spec.SCHEMA_VERSION``) and,
   when a model reads the data, the one that model was trained on;
-* every TFRecord file of the splits read must be listed in the manifest and match its SHA-256, and
-  every file the manifest lists for them must exist;
+* every TFRecord file of any split must be listed in the manifest, every file of the splits read must
+  match its SHA-256, and every file the manifest lists for them must exist;
+* every file in the folder must be one the job wrote (listed in its ``ehr_output.json``,
+  ``output_folder``): a stray file is not silently read beside the job's;
 * every other file the manifest names with its checksum (``{"file": ..., "sha256": ...}`` anywhere in
   it: vocabulary, numeric statistics, units, LOINC codes, MEDS codes, the labels' prediction times)
   must match it.
@@ -26,9 +28,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ehr_pipeline.contract import layout, spec
+from ehr_pipeline.contract import layout, output_folder, spec
+from ehr_pipeline.contract.splits import SPLIT_NAMES
 
-REWRITE = "re-run `ehr-pipeline run` on the source data to rewrite the folder"
+REWRITE = ("re-run `ehr-pipeline run` on the source data into a new --out (or into this one with --overwrite, "
+           "once files it did not write are moved away)")
 
 
 class DataIntegrityError(ValueError):
@@ -56,6 +60,7 @@ def verify_folder(data_dir: str | os.PathLike[str], splits: Sequence[str], *,
     check_schema(manifest, path, None, "")
     for model, trained_on in (models or {}).items():
         check_schema(manifest, path, trained_on, model)
+    _check_unlisted(data_dir, path, manifest)
     for split in splits:
         _check_split(data_dir, path, manifest, split)
     for name, digest in side_files(manifest):
@@ -84,6 +89,21 @@ def check_schema(manifest: Mapping[str, Any], path: str, trained_on: int | None,
         raise DataIntegrityError(f"{path}: schema_version {version}, but {model} was trained on schema_version "
                                  f"{trained_on} data: {REWRITE} with the version the model was trained with, "
                                  "or retrain the model")
+
+
+def _check_unlisted(data_dir: str, manifest_path: str, manifest: Mapping[str, Any]) -> None:
+    """No shard of any split that the manifest does not list, and no file its output marker does not list."""
+    for split in SPLIT_NAMES:
+        listed = ((manifest.get("splits") or {}).get(split) or {}).get("files") or {}
+        for found in sorted(glob.glob(os.path.join(data_dir, spec.split_file_pattern(split)))):
+            if os.path.basename(found) not in listed:
+                raise DataIntegrityError(f"{found}: not listed in {manifest_path} (a file the job did not write, "
+                                         f"or a manifest without checksums): {REWRITE}")
+    unlisted = output_folder.unlisted_files(data_dir)
+    if unlisted:
+        more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
+        raise DataIntegrityError(f"{os.path.join(data_dir, unlisted[0])}{more}: not among the files the job wrote "
+                                 f"({output_folder.MARKER}): move it out of the data folder")
 
 
 def _check_split(data_dir: str, manifest_path: str, manifest: Mapping[str, Any], split: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from typing import Any
 
@@ -30,7 +31,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from ehr_pipeline import meds
-from ehr_pipeline.contract import layout, spec
+from ehr_pipeline.contract import layout, output_folder, spec
 from ehr_pipeline.fhir import codes as fhir_codes
 from ehr_pipeline.job import gzip_split, spill
 from ehr_pipeline.job import manifest as manifest_mod
@@ -49,6 +50,7 @@ from ehr_pipeline.reader import ReaderError, check_header, locate_table, locate_
 log = logging.getLogger(__name__)
 
 COHORT_TABLES = ("ADMISSIONS", "PATIENTS")
+RUN_INFO = "run_info.json"
 DEFAULT_RUNNER = "FnApiRunner"  # in-process and local: nothing to download (see README)
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 LOCAL_RUNNERS = (DEFAULT_RUNNER, "DirectRunner")
@@ -89,11 +91,13 @@ def with_local_workers(beam_args: list[str], workers: int) -> list[str]:
 def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
             reference_units: dict[str, str] | None = None,
             reference_medians: dict[str, float] | None = None,
-            resources: spill.SpillOptions | None = None) -> dict[str, Any]:
+            resources: spill.SpillOptions | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Runs the job on a MIMIC-III release and writes the manifest; returns the manifest dict.
 
     Local mimic_dir / out_dir may be relative: they are made absolute against this process's working
     directory before the pipeline is built, whatever the runner (the manifest records the absolute path).
+    out_dir is written whole or not at all (output_folder.staged): a folder holding an earlier run's
+    output is replaced only with ``overwrite``, anything else that is not empty is refused.
 
     ``reference_units`` ('source:code' -> unit, a model's units.json "canonical") makes values
     of those codes convert to the model's units instead of this release's most common ones;
@@ -106,6 +110,30 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     # directory (a Dask worker's is where it was started), so it would read or write elsewhere.
     mimic_dir, out_dir = layout.absolute(mimic_dir), layout.absolute(out_dir)
     log.info("input %s, output %s", mimic_dir, out_dir)
+    with output_folder.staged(out_dir, kind=output_folder.DATA_FOLDER, command="ehr-pipeline run",
+                              overwrite=overwrite, inputs=[mimic_dir]) as staging:
+        manifest = _mimic_job(mimic_dir, staging, config, beam_args, (reference_units, reference_medians),
+                              resources or spill.SpillOptions())
+        _write_run_info(staging, started, beam_args, resources)
+    return manifest
+
+
+def _write_run_info(out_dir: str, started: float, beam_args: list[str] | None,
+                    resources: spill.SpillOptions | None) -> None:
+    """run_info.json: what the manifest leaves out to stay byte-identical (seconds, Beam args, workers); _tmp gone."""
+    layout.write_json(layout.join(out_dir, RUN_INFO), {
+        "seconds": round(time.time() - started, 3), "beam_args": list(beam_args or []),
+        "workers": resources.workers if resources else None})
+    # The driver's intermediate files (counts, statistics, the unit plan) are in the manifest now.
+    if not output_folder.is_url(out_dir):
+        shutil.rmtree(os.path.join(out_dir, layout.TMP_DIR), ignore_errors=True)
+
+
+def _mimic_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None,
+               reference: tuple[dict | None, dict | None], resources: spill.SpillOptions) -> dict[str, Any]:
+    """run_job's work, written into out_dir (the staging folder)."""
+    started = time.time()
+    reference_units, reference_medians = reference
     # Locate every table first: a missing required table fails before any work is done.
     enabled = set(config.sources)
     event_inputs = []
@@ -129,16 +157,12 @@ def run_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = 
     lab_bridge = release_lab_loinc(mimic_dir, dead_driver)
     loinc = {f"lab:{item}": code for item, code in fhir_codes.itemid_loinc(lab_bridge).items()}
 
-    resources = resources or spill.SpillOptions()
     workers = resources.worker_count(sum(work_bytes(item) for item in event_inputs))
-    spill_dir = spill.spill_folder(out_dir, resources.temp_dir)
-    try:
+    with spill.spill_run(out_dir, resources.temp_dir, event_inputs, resources.split_threshold_bytes) as spill_dir:
         roads = _spill_road(event_inputs, coh, metas, cohort_index, spill_dir, resources, workers, out_dir, config)
         counts, options = _run_pipeline(roads[0], out_dir, config, loinc, (reference_units, reference_medians),
                                          with_local_workers(beam_args or [], workers), roads[1:])
         log_temp_bytes(spill_dir, ("parts", "events", "runs", "dead"))
-    finally:
-        spill.remove_folder(spill_dir)
     _write_lab_loinc(out_dir, lab_bridge)
     write_dead_letter_files(out_dir, dead_driver)
     tables = {t: manifest_mod.table_accounting(counts, t) for t in sorted({t for t, _ in event_inputs})}
@@ -154,6 +178,7 @@ def _spill_road(event_inputs, coh, metas, cohort_index, spill_dir: str, resource
     """(source, bagging, writing) of the spilling job: disk checked, big inputs split, buckets drawn."""
     event_inputs = split_inputs(event_inputs, spill_dir, resources.split_threshold_bytes)
     n_buckets = spill.bucket_count(len(metas), workers, resources.bucket_admissions)
+    spill.ensure_open_files(n_buckets, "pass a larger --bucket-admissions")
     bounds = spill.bucket_bounds(cohort_index.column("HADM_ID").to_numpy(), n_buckets)
     cohort_file = layout.join(spill_dir, "cohort.jsonl")
     ranges = spill.write_cohort_file(cohort_file, metas, bounds)
@@ -190,16 +215,30 @@ def log_temp_bytes(spill_dir: str, stages: tuple[str, ...]) -> None:
 def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
                  reference_units: dict[str, str] | None = None, labels_dir: str | None = None,
                  codes=None, reference_medians: dict[str, float] | None = None,
-                 resources: spill.SpillOptions | None = None) -> dict[str, Any]:
+                 resources: spill.SpillOptions | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Runs the job on a MEDS dataset (built-in task, or one example per row of the label files in labels_dir).
 
     ``codes`` is the MEDS code map (meds.MedsCodes; default: the MIMIC-IV ETL's and to-meds' codes).
     ``resources``: workers (default: the machine's cores, one for a small input) and the temporary
-    folder (spill.SpillOptions).
+    folder (spill.SpillOptions). out_dir is written whole or not at all, as by run_job (``overwrite``).
     Returns the manifest; meds_codes.json beside it records the code map for the trainer and the service.
     """
     started = time.time()
     meds_dir, out_dir = layout.absolute(meds_dir), layout.absolute(out_dir)  # as run_job, for every runner
+    with output_folder.staged(out_dir, kind=output_folder.DATA_FOLDER, command="ehr-pipeline run",
+                              overwrite=overwrite, inputs=[meds_dir, *([labels_dir] if labels_dir else [])]) as staging:
+        manifest = _meds_job(meds_dir, staging, config, beam_args, (reference_units, reference_medians),
+                             labels_dir, codes, resources or spill.SpillOptions())
+        _write_run_info(staging, started, beam_args, resources)
+    return manifest
+
+
+def _meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | None,
+              reference: tuple[dict | None, dict | None], labels_dir: str | None, codes,
+              resources: spill.SpillOptions) -> dict[str, Any]:
+    """run_meds_job's work, written into out_dir (the staging folder)."""
+    started = time.time()
+    reference_units, reference_medians = reference
     codes = codes or meds.MedsCodes()
     files = meds_source.data_files(meds_dir, codes)
     labels = meds_labels.read_labels(labels_dir) if labels_dir is not None else None
@@ -210,25 +249,21 @@ def run_meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | Non
                                     min_age_years=config.min_age_years, sources=tuple(config.sources),
                                     labels=labels.by_subject if labels else None, splits=subject_splits)
     times_path = layout.join(out_dir, meds_labels.PREDICTION_TIMES)
-    if labels is None:  # a labelled run's, left in this folder: not these examples'
-        layout.remove(times_path)
-    resources = resources or spill.SpillOptions()
     workers = resources.worker_count(sum(os.path.getsize(f) for f in files))
-    spill_dir = spill.spill_folder(out_dir, resources.temp_dir)
     buckets = meds_bucket_count(files, workers)
+    spill.ensure_open_files(buckets, None)  # stage D merges a shard's runs, one per bucket, all open at once
     slots = spill.lpt_slots(sorted(files), workers, os.path.getsize)
-    log.info("%d MEDS data files, %d buckets, %d workers; temporary files in %s", len(files), buckets, workers,
-             spill_dir)
     cfg = config.to_dict()
-    try:
+    with spill.spill_run(out_dir, resources.temp_dir, [(meds_source.TABLE, f) for f in files],
+                         resources.split_threshold_bytes) as spill_dir:
+        log.info("%d MEDS data files, %d buckets, %d workers; temporary files in %s", len(files), buckets, workers,
+                 spill_dir)
         source = MedsSource(slots, reader.to_dict(), spill_dir, buckets, times_path if labels else None)
         counts, options = _run_pipeline(source, out_dir, config, loinc, (reference_units, reference_medians),
                                         with_local_workers(beam_args or [], workers),
                                         (lambda plan: BagBuckets(BagMedsBucket(cfg, spill_dir), plan, buckets),
                                          MergeShards(out_dir, cfg, merge=True)))
         log_temp_bytes(spill_dir, ("events", "runs", "dead"))
-    finally:
-        spill.remove_folder(spill_dir)
     layout.write_json(layout.join(out_dir, layout.MEDS_CODES), {"codes": codes.to_dict()})
     _write_lab_loinc(out_dir, lab_bridge)
     cohort_counts = manifest_mod.group(counts, "cohort")

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ehr_pipeline.contract import PipelineConfig, layout
+from ehr_pipeline.contract import PipelineConfig, layout, output_folder
 from ehr_pipeline.job import manifest as manifest_mod
 from ehr_pipeline.job import spill
 from ehr_pipeline.job.run import (log_temp_bytes, pipeline_options, release_lab_loinc, split_inputs,
@@ -210,16 +210,24 @@ class WriteMedsData(beam.PTransform):
 
 
 def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None = None,
-                resources: spill.SpillOptions | None = None) -> dict[str, Any]:
+                resources: spill.SpillOptions | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Converts a MIMIC-III release to a MEDS dataset in out_dir; returns the conversion manifest.
 
     ``resources``: workers (default: the machine's cores, one for a small input), the temporary folder
     and the sizes that bound memory (spill.SpillOptions; a shard is sorted about ``bucket_rows`` rows at
-    a time).
+    a time). out_dir is written whole or not at all (output_folder.staged): an earlier dataset there is
+    replaced only with ``overwrite``, and no shard of it survives beside the new ones.
     """
     started = time.time()
     mimic_dir, out_dir = layout.absolute(mimic_dir), layout.absolute(out_dir)  # as run_job, for every runner
-    os.makedirs(out_dir, exist_ok=True)
+    with output_folder.staged(out_dir, kind=output_folder.MEDS_DATASET, command="ehr-pipeline to-meds",
+                              overwrite=overwrite, inputs=[mimic_dir]) as staging:
+        return _to_meds(mimic_dir, staging, config, beam_args, resources, started)
+
+
+def _to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None,
+             resources: spill.SpillOptions | None, started: float) -> dict[str, Any]:
+    """run_to_meds' work, written into out_dir (the staging folder)."""
     inputs = [(t, str(p)) for t in ev.TABLE_SOURCE for p in locate_table_files(mimic_dir, t)]
     for table, path in inputs:
         check_header(path, table)
@@ -239,13 +247,10 @@ def run_to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | Non
     os.makedirs(tmp, exist_ok=True)
     resources = resources or spill.SpillOptions()
     workers = resources.worker_count(sum(work_bytes(item) for item in inputs))
-    spill_dir = spill.spill_folder(out_dir, resources.temp_dir)
-    try:
+    with spill.spill_run(out_dir, resources.temp_dir, inputs, resources.split_threshold_bytes) as spill_dir:
         graph = _spill_road(inputs, tables, task, coh.discharges, spill_dir, resources, workers, config)
         _run_pipeline(out_dir, tmp, shards, graph, resources.bucket_rows, with_local_workers(beam_args or [], workers))
         log_temp_bytes(spill_dir, ("parts", MEDS_RUNS_DIR))
-    finally:
-        spill.remove_folder(spill_dir)
 
     found_errors = layout.read_json(os.path.join(tmp, "errors.json"))
     if found_errors:
@@ -271,6 +276,7 @@ def _spill_road(inputs, tables: dict, task, discharges, spill_dir: str, resource
     inputs = split_inputs(inputs, spill_dir, resources.split_threshold_bytes)
     subjects = tables["PATIENTS"].column("SUBJECT_ID").to_numpy()
     bounds = subject_buckets(subjects, config, subjects_per_bucket(inputs, subjects.size, resources.bucket_rows))
+    spill.ensure_open_files(sum(len(b) + 1 for b in bounds.values()), "pass a larger --bucket-rows")
     writer = spill.FrameWriter(layout.join(spill_dir, MEDS_RUNS_DIR), _run_folder)
     spill_rows(writer, task, config, bounds)
     task_refs = [ref for _, ref in run_references(writer)]

@@ -21,7 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed; equal seeds and settings give byte-identical files (default: %(default)s)")
     parser.add_argument("--out", type=output_dir, required=True,
-                        help="output directory, created if missing; existing tables are replaced (required)")
+                        help="output directory: new, empty, or (with --overwrite) an earlier synthetic release; "
+                             "written whole when the release is complete (required)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier `synth` release in --out whole; a folder synth did not write, or "
+                             "one holding files it did not write, is refused with or without it")
     parser.add_argument("--dialect", choices=DIALECTS, default="demo",
                         help="CSV dialect: 'demo' = quoted UPPERCASE header and quoted strings as in the "
                              "MIMIC-III demo, 'physionet' = lowercase header, minimal quoting (default: %(default)s)")
@@ -71,6 +75,6 @@ def run(args: argparse.Namespace) -> int:
         return usage_error("ehr-pipeline synth", e)
     if cfg.dictionary_dir is not None and not cfg.dictionary_dir.is_dir():
         return usage_error("ehr-pipeline synth", f"--dictionary-dir {cfg.dictionary_dir} is not a directory")
-    summary = write_release(cfg, pathlib.Path(args.out), show_progress=args.progress)
+    summary = write_release(cfg, pathlib.Path(args.out), show_progress=args.progress, overwrite=args.overwrite)
     print(summary.format())
     return 0

@@ -12,6 +12,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 import ehr_base
+from ehr_pipeline.contract import output_folder
 from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.synth import catalog
 from ehr_pipeline.synth.config import (CHUNK_PATIENTS, HADM_ID_BASE, ICUSTAY_ID_BASE, SUBJECT_ID_BASE,
@@ -78,9 +79,24 @@ def generate_release(out_dir: str | pathlib.Path, patients: int, seed: int,
     return write_release(cfg, pathlib.Path(out_dir), show_progress)
 
 
-def write_release(cfg: SynthConfig, out_dir: pathlib.Path, show_progress: bool = True) -> SynthSummary:
-    """Writes the release a config describes; byte-identical for equal configs."""
+def write_release(cfg: SynthConfig, out_dir: pathlib.Path, show_progress: bool = True, *,
+                  overwrite: bool = False) -> SynthSummary:
+    """Writes the release a config describes, whole or not at all; byte-identical for equal configs.
+
+    An earlier release in out_dir is replaced only with ``overwrite`` (output_folder.staged).
+    """
     t0 = time.perf_counter()
+    inputs = [cfg.dictionary_dir] if cfg.dictionary_dir else []
+    with output_folder.staged(out_dir, kind=output_folder.SYNTHETIC_RELEASE, command="ehr-pipeline synth",
+                              overwrite=overwrite, inputs=inputs) as staging:
+        summary = _write_release(cfg, pathlib.Path(staging), show_progress, t0)
+    summary = dataclasses.replace(summary, out_dir=pathlib.Path(out_dir))
+    log.info("%s", summary.format())
+    return summary
+
+
+def _write_release(cfg: SynthConfig, out_dir: pathlib.Path, show_progress: bool, t0: float) -> SynthSummary:
+    """write_release's work, written into out_dir (the staging folder)."""
     model = release_model(cfg)
     site = SITES[cfg.site]
     ids = IdBase(SUBJECT_ID_BASE + site.id_offset, HADM_ID_BASE + site.id_offset,
@@ -111,7 +127,6 @@ def write_release(cfg: SynthConfig, out_dir: pathlib.Path, show_progress: bool =
         long_admissions=long_adm, long_deaths=long_deaths,
         rows={t: rows.get(t, 0) for t in [*table_schemas.TABLES, TRUTH_FILE]},
         events=sum(rows.get(t, 0) for t in EVENT_TABLES), seconds=time.perf_counter() - t0)
-    log.info("%s", summary.format())
     return summary
 
 

@@ -74,8 +74,8 @@ def _reference(loaded: LoadedExport, local: LocalData, update: Update, config: A
 
 
 def write_update(out_dir: str | os.PathLike[str], loaded: LoadedExport, local: LocalData, update: Update,
-                 config: AdaptConfig) -> pathlib.Path:
-    """Writes the updated export to out_dir (loadable by model.export.load like any other)."""
+                 config: AdaptConfig, *, overwrite: bool = False) -> pathlib.Path:
+    """Writes the updated export to out_dir (loadable by model.export.load like any other); replaces one only with overwrite."""
     metrics_doc = _metrics_document(loaded, local, update, config)
     card = dict(loaded.model_card)
     card.update({
@@ -87,4 +87,5 @@ def write_update(out_dir: str | os.PathLike[str], loaded: LoadedExport, local: L
     predictor = None if update.network is None else Predictor(update.network.featurizer, update.network.model)
     return write_updated_export(out_dir, loaded.path, predictor=predictor,
                                 adaptation=adaptation_record(loaded, local, update, config), card=card,
-                                metrics_doc=metrics_doc, reference=_reference(loaded, local, update, config))
+                                metrics_doc=metrics_doc, reference=_reference(loaded, local, update, config),
+                                overwrite=overwrite, data_dir=local.data_dir)

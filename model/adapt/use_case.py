@@ -6,6 +6,7 @@ import logging
 import os
 import pathlib
 
+from ehr_pipeline.contract import output_folder
 from model.adapt.config import AdaptConfig
 from model.adapt.export_update import write_update
 from model.adapt.local_data import read_local
@@ -43,13 +44,19 @@ class UpdateResult:
 
 
 def run_update(model_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-               config: AdaptConfig, *, progress: bool = False) -> UpdateResult:
-    """Loads the export, reads the local admissions, updates with config.method and writes the updated export."""
+               config: AdaptConfig, *, progress: bool = False, overwrite: bool = False) -> UpdateResult:
+    """Loads the export, reads the local admissions, updates with config.method and writes the updated export.
+
+    out_dir is written whole once the update is complete; an earlier export there is replaced only with
+    ``overwrite``, and any other folder is refused before the update starts (output_folder.check_target).
+    """
+    output_folder.check_target(out_dir, kind=output_folder.MODEL_EXPORT, overwrite=overwrite,
+                               inputs=[str(model_dir), str(data_dir)])
     loaded = load_export(model_dir)
     local = read_local(loaded, data_dir, config.split, sample_size=config.sample_size, seed=config.seed)
     update = adapt(loaded, local, config, progress=progress)
     update.record["local_nll"] = float(metrics.mixture_nll(update.probs, local.sample.labels))
-    export_dir = write_update(out_dir, loaded, local, update, config)
+    export_dir = write_update(out_dir, loaded, local, update, config, overwrite=overwrite)
     written = load_export(export_dir)  # read back through the one reader: what ehr-serve and ehr-eval will see
     log.info("wrote %s (%s, parent %s)", export_dir, config.method, loaded.files.checksum[:12])
     return UpdateResult(export_dir, dict(written.files.adaptation.model_dump()))

@@ -22,6 +22,7 @@ import pydantic
 
 from ehr_base import console
 from ehr_base.cli_args import OneLineParser, existing_dir, output_dir, setup_logging, usage_error
+from ehr_pipeline.contract import output_folder
 from model.adapt.config import METHODS, AdaptConfig
 from model.export.load import ExportError
 
@@ -47,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, type=existing_dir, help="the export to update (MODEL_DIR)")
     parser.add_argument("--data", required=True, type=existing_dir,
                         help="the site's data folder (Beam job output, prepared with --units-from MODEL_DIR)")
-    parser.add_argument("--out", required=True, type=output_dir, help="where to write the updated export")
+    parser.add_argument("--out", required=True, type=output_dir,
+                        help="where to write the updated export: a new or empty folder, or (with --overwrite) an "
+                             "earlier export; never an input, or a folder holding anything else")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier export in --out whole, once the update is complete")
     fields = AdaptConfig.model_fields
     for flag, name in _FLAGS.items():
         field = fields[name]
@@ -83,12 +88,18 @@ def main(argv: list[str] | None = None) -> int:
     config = config_of(args)
     if isinstance(config, str):
         return usage_error("ehr-adapt", config)
+    try:  # before TensorFlow loads and the update runs: a refused --out costs nothing
+        output_folder.check_target(args.out, kind=output_folder.MODEL_EXPORT, overwrite=args.overwrite,
+                                   inputs=[args.model, args.data])
+    except output_folder.OutputFolderError as err:
+        return usage_error("ehr-adapt", f"--out: {err}")
     console.load_tensorflow(args.verbose)
     # why: the update imports TensorFlow; --help and usage errors answer before it loads
     from model.adapt.use_case import run_update
 
     try:
-        result = run_update(args.model, args.data, args.out, config, progress=not args.no_progress)
+        result = run_update(args.model, args.data, args.out, config, progress=not args.no_progress,
+                            overwrite=args.overwrite)
     except (ExportError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-adapt", err)
     print(result.summary())

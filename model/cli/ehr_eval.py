@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import pathlib
 import sys
 
@@ -26,6 +27,7 @@ import pydantic
 from ehr_base import console
 from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, fraction, output_dir, setup_logging,
                                usage_error)
+from ehr_pipeline.contract import output_folder
 from model.cli import EXIT_SHIFT, FAIL_ON
 from model.export_contract import EXPORT_DIR, MANIFEST, MAX_SAMPLES, UNCERTAINTY_MEASURES
 from model.evaluation import clinical_stats
@@ -64,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=d.seed, help="sampling seed")
     parser.add_argument("--out", default=None, type=output_dir,
                         help="write metrics.json, PNG plots, predictions.csv and report.html (one self-contained "
-                             "page for a clinical reviewer) here; without it the report is only printed")
+                             "page for a clinical reviewer) here, whole once complete (a new or empty folder, or an "
+                             "earlier report with --overwrite); without it the report is only printed")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier ehr-eval report in --out (and an earlier export in "
+                             "--export-ensemble) whole; a folder holding anything else is refused with or without it")
     parser.add_argument("--truth", default=None, type=existing_file,
                         help="known-truth CSV (HADM_ID,P_DEATH,...) of a synthetic release: adds error vs truth, "
                              "coverage of P_DEATH by the 50/80/95%% sample intervals, Spearman correlations of "
@@ -128,6 +134,23 @@ def flag_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def output_problem(args: argparse.Namespace) -> str | None:
+    """Why --out or --export-ensemble may not be written (output_folder.check_target), or None; before any work."""
+    inputs = [*(args.model or []), *(args.compare or []), *([args.data] if args.data else []),
+              *([args.truth] if args.truth else [])]
+    for flag, target, kind in (("--out", args.out, output_folder.EVALUATION),
+                               ("--export-ensemble", args.export_ensemble, output_folder.MODEL_EXPORT)):
+        if target is None:
+            continue
+        try:
+            output_folder.check_target(target, kind=kind, overwrite=args.overwrite, inputs=inputs)
+        except output_folder.OutputFolderError as err:
+            return f"{flag}: {err}"
+    if args.out and args.export_ensemble and os.path.realpath(args.out) == os.path.realpath(args.export_ensemble):
+        return "--out and --export-ensemble name the same folder: give each its own"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `ehr-eval`; returns the exit code."""
     # One command for both families: a task: image config (or run folder) goes to the image models.
@@ -135,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return image_cli.eval_main(argv)
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
-    problem = flag_problem(args)
+    problem = flag_problem(args) or output_problem(args)
     if problem:
         return usage_error("ehr-eval", problem)
     console.load_tensorflow(args.verbose)
@@ -159,7 +182,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             model_dirs=tuple(resolve_model_dir(m) for m in args.model), data_dir=args.data, split=args.split,
             num_samples=args.samples, seed=args.seed, batch_size=args.batch_size, truth_path=args.truth,
             referral_rate=args.referral_rate, referral_measure=args.referral_measure, n_bootstrap=args.bootstrap,
-            num_bins=args.num_bins, out_dir=args.out, export_ensemble=args.export_ensemble,
+            num_bins=args.num_bins, out_dir=args.out, export_ensemble=args.export_ensemble, overwrite=args.overwrite,
             progress=not args.no_progress, target_coverage=args.target_coverage, target_risk=args.target_risk,
             force_units=args.force)
         result = use_case.evaluate_exports(request)
@@ -199,9 +222,11 @@ def _compare(args: argparse.Namespace) -> int:
     print(report_html.format_selective_difference(comparison["clinical"]["selective_difference"]))
     if args.out:
         out = pathlib.Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / evaluation.COMPARISON_FILE).write_text(json.dumps(comparison, indent=2, allow_nan=False) + "\n")
-        report_html.write(out / evaluation.REPORT_HTML, comparison)
+        with output_folder.staged(out, kind=output_folder.EVALUATION, command="ehr-eval --compare",
+                                  overwrite=args.overwrite, inputs=list(args.compare)) as staging:
+            (pathlib.Path(staging) / evaluation.COMPARISON_FILE).write_text(
+                json.dumps(comparison, indent=2, allow_nan=False) + "\n")
+            report_html.write(pathlib.Path(staging) / evaluation.REPORT_HTML, comparison)
         print(f"comparison: {out / evaluation.COMPARISON_FILE}")
         print(f"report: {out / evaluation.REPORT_HTML}")
     return 0
@@ -218,7 +243,7 @@ def _baseline(args: argparse.Namespace) -> int:
         request = use_case.BaselineRequest(
             kind=args.baseline, data_dir=args.data, split=args.split, seed=args.seed, truth_path=args.truth,
             referral_rate=args.referral_rate, referral_measure=args.referral_measure, n_bootstrap=args.bootstrap,
-            num_bins=args.num_bins, out_dir=args.out, target_coverage=args.target_coverage,
+            num_bins=args.num_bins, out_dir=args.out, overwrite=args.overwrite, target_coverage=args.target_coverage,
             target_risk=args.target_risk)
         report = use_case.evaluate_baseline(request, fit_baseline)
     except (FileNotFoundError, ValueError) as err:

@@ -14,17 +14,18 @@ the report (``evaluate``, ``clinical_stats``) -> the files (``evaluate.write_rep
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import pathlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ehr_pipeline.contract import SPLIT_NAMES, integrity
+from ehr_pipeline.contract import SPLIT_NAMES, integrity, output_folder
 from ehr_pipeline.meds import labels as meds_labels
 from ehr_pipeline.shift import Profile, population
 from model import data_folder
@@ -55,6 +56,7 @@ class ReportSettings(BaseModel):
     n_bootstrap: int = Field(1000, gt=0)
     num_bins: int = Field(metrics.NUM_BINS, gt=0)
     out_dir: pathlib.Path | None = None
+    overwrite: bool = False  # replace an earlier report in out_dir (and export in export_ensemble) whole
     target_coverage: float = Field(clinical_stats.TARGET_COVERAGE, gt=0.0, le=1.0)
     target_risk: float = Field(clinical_stats.TARGET_RISK, gt=0.0, lt=1.0)
 
@@ -185,8 +187,9 @@ def evaluate_exports(request: EvaluationRequest) -> Evaluation:
     if _trained_on_other_data(exports, data_sha):
         shifted = _shift_of_split(exports, request, evaluated, units_plan.canonical)
     if request.out_dir is not None:
-        _write_outputs(request, report, evaluated, shifted, exports, data_sha=data_sha, measure=measure,
-                       truth=truth, referred=referred, ensemble_size=k)
+        with report_folder(request, [*request.model_dirs, request.data_dir]) as out:
+            _write_outputs(request, out, report, evaluated, shifted, exports, data_sha=data_sha, measure=measure,
+                           truth=truth, referred=referred, ensemble_size=k)
     export_dir = None
     if request.export_ensemble is not None:
         test_report = report if request.split == "test" else report_of("test")
@@ -209,23 +212,31 @@ def _trained_on_other_data(exports: Sequence[LoadedExport], data_sha: str) -> li
     return other
 
 
-def _write_outputs(request: EvaluationRequest, report: dict, evaluated: _Scored, shifted: ShiftResult | None,
-                   exports: Sequence[LoadedExport], *, data_sha: str, measure: str, truth: np.ndarray | None,
-                   referred: np.ndarray, ensemble_size: int) -> None:
-    """The report files of the evaluated split, its MEDS predictions and, on other data, its shift report."""
+@contextlib.contextmanager
+def report_folder(request: ReportSettings, inputs: Sequence[Any]) -> Iterator[pathlib.Path]:
+    """The staging folder of request.out_dir: in place whole once the report is written (output_folder.staged)."""
+    with output_folder.staged(request.out_dir, kind=output_folder.EVALUATION, command="ehr-eval",
+                              overwrite=request.overwrite, inputs=[os.fspath(i) for i in inputs]) as staging:
+        yield pathlib.Path(staging)
+
+
+def _write_outputs(request: EvaluationRequest, out: pathlib.Path, report: dict, evaluated: _Scored,
+                   shifted: ShiftResult | None, exports: Sequence[LoadedExport], *, data_sha: str, measure: str,
+                   truth: np.ndarray | None, referred: np.ndarray, ensemble_size: int) -> None:
+    """The report files of the evaluated split in `out`, its MEDS predictions and, on other data, its shift report."""
     split = evaluated.split
     shift = {"shift": {"level": shifted.report.level, "counts": shifted.report.counts()}} if shifted else {}
     extra = {"models": [str(e.path) for e in exports], "split": request.split, "seed": request.seed,
              "data_manifest_sha256": data_sha, **shift}
-    evaluate.write_report(request.out_dir, report, evaluated.probs, split.labels, split.hadm_ids, measure,
+    evaluate.write_report(out, report, evaluated.probs, split.labels, split.hadm_ids, measure,
                           request.num_bins, extra=extra, truth=truth, attributes=split.attributes,
                           referred=referred, html=True)
     # The label row's own prediction time where the data was made from MEDS labels, so rows join back to it.
     times = meds_labels.exact_prediction_times(str(request.data_dir), split.hadm_ids, split.trigger_times)
-    evaluate.write_meds_predictions(request.out_dir / evaluate.MEDS_PREDICTIONS_FILE, evaluated.probs, split.labels,
+    evaluate.write_meds_predictions(out / evaluate.MEDS_PREDICTIONS_FILE, evaluated.probs, split.labels,
                                     split.hadm_ids, split.subject_ids, times, ensemble_size, request.num_samples)
     if shifted is not None:
-        against_reference.write_outputs(request.out_dir, shifted)
+        against_reference.write_outputs(out, shifted)
 
 
 def _export_ensemble(request: EvaluationRequest, exports: Sequence[LoadedExport], test_report: Mapping[str, Any],
@@ -245,7 +256,8 @@ def _export_ensemble(request: EvaluationRequest, exports: Sequence[LoadedExport]
         reference = reference.with_mutual_information(metrics.mutual_information(validation_probs),
                                                       request.num_samples)
     return export_writer.write_ensemble_export(request.export_ensemble, [e.path for e in exports], card=card,
-                                               metrics_doc=metrics_doc, reference=reference)
+                                               metrics_doc=metrics_doc, reference=reference,
+                                               overwrite=request.overwrite, data_dir=request.data_dir)
 
 
 def _shift_of_split(exports: Sequence[LoadedExport], request: EvaluationRequest, evaluated: _Scored,
@@ -292,10 +304,11 @@ def evaluate_baseline(request: BaselineRequest, fit: Callable[..., Any]) -> dict
         target_coverage=request.target_coverage, target_risk=request.target_risk)
     report["population"] = evaluate.population(files, splits)
     if request.out_dir is not None:
-        evaluate.write_report(request.out_dir, report, pred.probs, pred.labels.tolist(), pred.hadm_ids.tolist(),
-                              measure, request.num_bins, extra={"split": request.split,
-                                                                "data": os.fspath(request.data_dir)},
-                              truth=truth, attributes=attributes, referred=referred, html=True)
+        with report_folder(request, [request.data_dir]) as out:
+            evaluate.write_report(out, report, pred.probs, pred.labels.tolist(), pred.hadm_ids.tolist(),
+                                  measure, request.num_bins, extra={"split": request.split,
+                                                                    "data": os.fspath(request.data_dir)},
+                                  truth=truth, attributes=attributes, referred=referred, html=True)
     return report
 
 

@@ -451,8 +451,10 @@ def verify_export(export_dir: str | os.PathLike[str]) -> dict:
             raise ExportError(f"{root}: {rel} is missing")
         if layout.sha256_of(str(path)) != digest:
             raise ExportError(f"{root}: {rel} does not match its checksum in {MANIFEST} (altered or corrupt)")
+    # The folder's output marker (which command wrote it, ehr_pipeline.contract.output_folder) is written after
+    # the manifest; every other file must be one the manifest pins.
     extra = [p.relative_to(root).as_posix() for p in root.rglob("*")
-             if p.is_file() and p.name != MANIFEST and p.relative_to(root).as_posix() not in files]
+             if p.is_file() and p.relative_to(root).as_posix() not in {*files, MANIFEST, output_folder.MARKER}]
     if extra:
         raise ExportError(f"{root}: files not in {MANIFEST}: {sorted(extra)[:5]}")
     return manifest

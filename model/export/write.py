@@ -2,23 +2,25 @@
 
 ``write_export`` saves an in-memory model, ``write_ensemble_export`` joins several exports of
 one data folder into a deep ensemble, ``write_updated_export`` writes a model updated at a new
-site (model.adapt) beside its parent's side files; all write the side files and the manifest last, and
-replace a previous export only once the new one is complete.
+site (model.adapt) beside its parent's side files; all write the side files and the manifest last, in
+a staging folder that takes MODEL_DIR's place only once complete (ehr_pipeline.contract.output_folder):
+an earlier export is replaced only when the caller says so, and no other folder ever is.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import pathlib
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 import ehr_base
-from ehr_pipeline.contract import layout
+from ehr_pipeline.contract import layout, output_folder
 from ehr_pipeline.shift import Profile
 from model.export_contract import (ADAPTATION, ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
                             SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, json_ready)
@@ -41,9 +43,9 @@ def _write_json(path: pathlib.Path, obj: Any) -> None:
     path.write_text(json.dumps(json_ready(obj), indent=2, sort_keys=True, allow_nan=False) + "\n", encoding="utf-8")
 
 
-def _finish(tmp: pathlib.Path, export_dir: pathlib.Path, source_dir: str | os.PathLike[str], card: dict,
-            metrics_doc: dict, pipeline_config: Mapping[str, Any], reference: Profile | None = None) -> pathlib.Path:
-    """Writes the side files (vocabulary/statistics copied from source_dir) and the manifest, then moves tmp."""
+def _finish(tmp: pathlib.Path, source_dir: str | os.PathLike[str], card: dict, metrics_doc: dict,
+            pipeline_config: Mapping[str, Any], reference: Profile | None = None) -> None:
+    """Writes the side files (vocabulary/statistics copied from source_dir) and the manifest into tmp."""
     for name in (layout.VOCABULARY, layout.NUMERIC_STATS):
         shutil.copyfile(os.path.join(source_dir, name), tmp / name)
     # The LOINC lab bridge and the training units travel with the model (data folders made
@@ -65,19 +67,15 @@ def _finish(tmp: pathlib.Path, export_dir: pathlib.Path, source_dir: str | os.Pa
     _write_json(tmp / METRICS, metrics_doc)
     _write_json(tmp / MODEL_CARD, card)
     write_manifest(tmp)
-    # Replace a previous export only once the new one is complete.
-    if export_dir.exists():
-        shutil.rmtree(export_dir)
-    tmp.rename(export_dir)
-    return export_dir
 
 
-def _new_tmp(export_dir: pathlib.Path) -> pathlib.Path:
-    tmp = export_dir.with_name(export_dir.name + ".inprogress")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    return tmp
+@contextlib.contextmanager
+def _staged(export_dir: pathlib.Path, command: str, overwrite: bool, inputs: Sequence[Any] = ()
+            ) -> Iterator[pathlib.Path]:
+    """The export's staging folder: moved into place whole once complete, removed on failure (output_folder)."""
+    with output_folder.staged(export_dir, kind=output_folder.MODEL_EXPORT, command=command, overwrite=overwrite,
+                              inputs=[str(i) for i in inputs]) as staging:
+        yield pathlib.Path(staging)
 
 
 def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, metrics_doc: Mapping[str, Any],
@@ -112,31 +110,43 @@ def model_card(*, name: str, method: str, ensemble_size: int, data_sha256: str, 
 
 def write_export(export_dir: str | os.PathLike[str], predictor: Predictor, *, data_dir: str,
                  pipeline_config: Mapping[str, Any], card: dict, metrics_doc: dict,
-                 reference: Profile | None = None) -> pathlib.Path:
-    """Writes MODEL_DIR/ for an in-memory predictor; reference: the training population (model.evaluation.against_reference)."""
+                 reference: Profile | None = None, overwrite: bool = False,
+                 command: str = "ehr-train") -> pathlib.Path:
+    """Writes MODEL_DIR/ for an in-memory predictor; reference: the training population (model.evaluation.against_reference).
+
+    An earlier export in MODEL_DIR is replaced (whole, once the new one is complete) only with ``overwrite``.
+    """
     export_dir = pathlib.Path(export_dir)
-    tmp = _new_tmp(export_dir)
-    module = predictor.module
-    tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=module.signatures())
-    return _finish(tmp, export_dir, data_dir, card, metrics_doc, pipeline_config, reference)
+    with _staged(export_dir, command, overwrite, [data_dir]) as tmp:
+        module = predictor.module
+        tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=module.signatures())
+        _finish(tmp, data_dir, card, metrics_doc, pipeline_config, reference)
+    return export_dir
 
 
 def write_updated_export(export_dir: str | os.PathLike[str], parent: str | os.PathLike[str], *,
                          predictor: Predictor | None, adaptation: Mapping[str, Any], card: dict, metrics_doc: dict,
-                         reference: Profile | None) -> pathlib.Path:
+                         reference: Profile | None, overwrite: bool = False,
+                         data_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
     """Writes MODEL_DIR/ for a model updated at a new site (model.adapt): the parent's side files and either its
-    SavedModel (predictor None: a recalibration, applied from adaptation.json) or the updated network's."""
+    SavedModel (predictor None: a recalibration, applied from adaptation.json) or the updated network's.
+
+    MODEL_DIR may not be, hold or lie inside the parent or the local data folder ``data_dir``; an earlier
+    export there is replaced only with ``overwrite``.
+    """
     export_dir, parent = pathlib.Path(export_dir), pathlib.Path(parent)
     if export_dir.resolve() == parent.resolve():
         raise ExportError(f"{export_dir}: the updated export must not replace its parent")
-    tmp = _new_tmp(export_dir)
-    if predictor is None:
-        shutil.copytree(parent / SAVED_MODEL_DIR, tmp / SAVED_MODEL_DIR)
-    else:
-        tf.saved_model.save(predictor.module, str(tmp / SAVED_MODEL_DIR), signatures=predictor.module.signatures())
-    _write_json(tmp / ADAPTATION, dict(adaptation))
-    pipeline_raw = json.loads((parent / PIPELINE_CONFIG).read_text(encoding="utf-8"))
-    return _finish(tmp, export_dir, parent, card, metrics_doc, pipeline_raw, reference)
+    with _staged(export_dir, "ehr-adapt", overwrite, [parent, *([data_dir] if data_dir else [])]) as tmp:
+        if predictor is None:
+            shutil.copytree(parent / SAVED_MODEL_DIR, tmp / SAVED_MODEL_DIR)
+        else:
+            tf.saved_model.save(predictor.module, str(tmp / SAVED_MODEL_DIR),
+                                signatures=predictor.module.signatures())
+        _write_json(tmp / ADAPTATION, dict(adaptation))
+        pipeline_raw = json.loads((parent / PIPELINE_CONFIG).read_text(encoding="utf-8"))
+        _finish(tmp, parent, card, metrics_doc, pipeline_raw, reference)
+    return export_dir
 
 
 class _EnsembleModule(tf.Module):
@@ -168,11 +178,13 @@ class _EnsembleModule(tf.Module):
 
 
 def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Sequence[str | os.PathLike[str]], *,
-                          card: dict, metrics_doc: dict, reference: Profile | None = None) -> pathlib.Path:
+                          card: dict, metrics_doc: dict, reference: Profile | None = None,
+                          overwrite: bool = False, data_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
     """Writes MODEL_DIR/ for a deep ensemble of exports made on the same data (same vocabulary/statistics).
 
     reference: the ensemble's reference profile (the members' population with the ensemble's own
-    validation mutual information); None writes none.
+    validation mutual information); None writes none. MODEL_DIR may not be, hold or lie inside a member
+    or ``data_dir``; an earlier export there is replaced only with ``overwrite``.
     """
     loaded = [load_export(d) for d in member_dirs]
     digests = {(e.manifest["files"][layout.VOCABULARY], e.manifest["files"][layout.NUMERIC_STATS]) for e in loaded}
@@ -185,7 +197,6 @@ def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Seque
         raise ExportError(f"ensemble members {recalibrated} are recalibrated exports (adaptation.json): "
                           "an ensemble export cannot carry their recalibration; join their parents instead")
     export_dir = pathlib.Path(export_dir)
-    tmp = _new_tmp(export_dir)
     missing = sorted({str(e.path) for e in loaded for name in SIGNATURES.values()
                       if name not in e.saved_model.signatures})
     if missing:
@@ -196,5 +207,8 @@ def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Seque
     for fn, name in ((module.serve, SIGNATURES["float32"]), (module.serve_bfloat16, SIGNATURES["bfloat16"])):
         signatures[name] = fn.get_concrete_function()
         assert_stateless(signatures[name])
-    tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=signatures)
-    return _finish(tmp, export_dir, loaded[0].path, card, metrics_doc, loaded[0].files.pipeline_raw, reference)
+    inputs = [*member_dirs, *([data_dir] if data_dir else [])]
+    with _staged(export_dir, "ehr-eval --export-ensemble", overwrite, inputs) as tmp:
+        tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=signatures)
+        _finish(tmp, loaded[0].path, card, metrics_doc, loaded[0].files.pipeline_raw, reference)
+    return export_dir

@@ -54,6 +54,10 @@ class ConfigMismatchError(RuntimeError):
 def check_run_folder(out: pathlib.Path, config: ExperimentBase) -> None:
     """Writes config.json, or checks that a restart uses the same config (EHR and image runs alike)."""
     path = out / CONFIG_FILE
+    if not path.exists() and any(out.iterdir()):
+        # Checkpoints and reports written among someone else's files would mix two things in one folder.
+        raise ConfigMismatchError(f"{out} is not empty and holds no {CONFIG_FILE} (not a training run folder): "
+                                  "use a new --out")
     if path.exists():
         previous = type(config).parse(json.loads(path.read_text()), source=str(path))
         if previous != config:

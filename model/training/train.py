@@ -252,9 +252,10 @@ def finalize(config: ExperimentConfig, model: tf.keras.Model, featurizer: inputs
     # The training population and the validation split's mutual information travel with the model:
     # the shift report and the service's monitor compare new data with them.
     reference = against_reference.reference_profile(files, validation_mi=validation_mi, samples=ec.num_samples)
+    # The export belongs to the run: a resumed run replaces its own (output_folder refuses any other folder).
     export_dir = export_writer.write_export(out / EXPORT_DIR, predictor, data_dir=files.data_dir,
                                             pipeline_config=files.pipeline_config, card=card, metrics_doc=metrics_doc,
-                                            reference=reference)
+                                            reference=reference, overwrite=True)
     return export_dir, reports["test"]
 
 
