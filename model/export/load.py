@@ -57,7 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_base.yaml_config import ConfigError
 from ehr_pipeline.contract import config as pipeline_config
-from ehr_pipeline.contract import layout, spec
+from ehr_pipeline.contract import layout, output_folder, spec
 from ehr_pipeline.encode import units as units_mod
 from ehr_pipeline.meds import code_map as meds_codes_mod
 from ehr_pipeline.shift import Profile
