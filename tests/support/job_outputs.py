@@ -115,14 +115,16 @@ SYNTH_RELEASE = {"patients": 150, "seed": 3, "events_scale": 0.5}
 
 
 def output_digests(out_dir) -> dict[str, str]:
-    """sha256 of every file of a job output folder by relative path; the manifest without its input paths.
+    """sha256 of every file of a job output folder by relative path (not run_info.json); the manifest without its
+    input paths.
 
     The manifest records where the input was read from (an absolute path): that part may differ
     between two runs on copies of one release; the rest of it, as every other file, may not.
     """
     out_dir = pathlib.Path(out_dir)
     digests = {}
-    for path in sorted(p for p in out_dir.rglob("*") if p.is_file()):
+    # run_info.json records how long the run took: the one file that is not the same on a rerun.
+    for path in sorted(p for p in out_dir.rglob("*") if p.is_file() and p.name != "run_info.json"):
         rel = path.relative_to(out_dir).as_posix()
         data = path.read_bytes()
         if rel == "manifest.json":
