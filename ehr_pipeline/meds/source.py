@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ehr_pipeline.contract import spec
+from ehr_pipeline.contract import output_folder, spec
 from ehr_pipeline.encode import ages, bagging
 from ehr_pipeline.meds import code_map, standard
 from ehr_pipeline.meds.labels import LABEL_BEFORE_BIRTH, LABEL_DUPLICATE, LABEL_EXAMPLE, LABEL_NO_BIRTH
@@ -92,6 +92,12 @@ def data_files(meds_dir: str | os.PathLike[str], codes: code_map.MedsCodes | Non
     files = sorted(glob.glob(os.path.join(root, "**", "*.parquet"), recursive=True))
     if not files:
         raise MedsError(f"{root}: no MEDS data files (data/**/*.parquet)")
+    # A dataset `to-meds` wrote lists its files (output_folder): a shard it did not write is not read beside them.
+    unlisted = output_folder.unlisted_files(meds_dir)
+    if unlisted:
+        raise MedsError(f"{os.path.join(os.fspath(meds_dir), unlisted[0])}: not among the files "
+                        f"{(output_folder.read_marker(meds_dir) or {}).get('command', 'to-meds')} wrote "
+                        f"({output_folder.MARKER}): move it out of the dataset")
     codes = codes or code_map.MedsCodes()
     for path in files:
         check_data_schema(path, standard.read_schema(path), codes)

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from ehr_base import console
 from ehr_base.cli_args import OneLineParser, existing_dir, output_dir, positive_int, setup_logging, usage_error
-from ehr_pipeline.contract import SPLIT_NAMES, integrity
+from ehr_pipeline.contract import SPLIT_NAMES, integrity, output_folder
 from model.cli import EXIT_SHIFT, FAIL_ON
 from model.cli.ehr_eval import resolve_model_dir
 from model.export_contract import MAX_SAMPLES
@@ -57,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=positive_int, default=None,
                    help="S posterior samples per example; None = the run's eval.num_samples")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (the same for every rank)")
-    p.add_argument("--out", default=None, type=output_dir, help="output folder; None = RUN_DIR/posterior_rank")
+    p.add_argument("--out", default=None, type=output_dir,
+                   help="output folder, written whole once complete; None = RUN_DIR/posterior_rank")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier ehr-analyze report in --out whole (never a folder holding anything else)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
 
@@ -70,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--splits", nargs="+", default=list(SPLIT_NAMES), choices=SPLIT_NAMES,
                    help="splits of --data that make the new population")
     p.add_argument("--out", default=None, type=output_dir,
-                   help="write shift.json, shift.md and shift.png here; None = only print the findings")
+                   help="write shift.json, shift.md and shift.png here, whole once complete; None = only print "
+                        "the findings")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier ehr-analyze report in --out whole (never a folder holding anything else)")
     p.add_argument("--fail-on", default="severe", choices=FAIL_ON,
                    help="exit with code 3 when the report's level is this or worse (never: always 0)")
     p.add_argument("--reference-data", default=None, metavar="DATA", type=existing_dir,
@@ -155,13 +161,17 @@ def posterior_rank(args) -> dict[str, Any]:
             with pr.replaced_by_rank(sites, rank):
                 results[f"rank {rank}"] = evaluate()
             log.info("rank %d: %s", rank, results[f"rank {rank}"])
-    out = pathlib.Path(args.out) if args.out else run / "posterior_rank"
-    out.mkdir(parents=True, exist_ok=True)
-    singular_values_plot({row["site"]: row["singular_values"] for row in table}, out / "singular_values.png")
     report = {"run": str(run), "split": args.split, "samples": samples, "seed": args.seed, "sites": table,
               "evaluation": results}
-    (out / "posterior_rank.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "posterior_rank.md").write_text(format_report(report) + "\n")
+    # The default folder is the run's own (inside it by design); a chosen --out may not overlap the inputs.
+    inputs = [] if not args.out else [str(run), *([args.data] if args.data else [])]
+    with output_folder.staged(args.out or run / "posterior_rank", kind=output_folder.EVALUATION,
+                              command="ehr-analyze posterior-rank", overwrite=args.overwrite or not args.out,
+                              inputs=inputs) as staging:
+        out = pathlib.Path(staging)
+        singular_values_plot({row["site"]: row["singular_values"] for row in table}, out / "singular_values.png")
+        (out / "posterior_rank.json").write_text(json.dumps(report, indent=2) + "\n")
+        (out / "posterior_rank.md").write_text(format_report(report) + "\n")
     return report
 
 
@@ -189,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `ehr-analyze`; returns the exit code."""
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
+    if args.out:  # before TensorFlow loads and the analysis runs: a refused --out costs nothing
+        try:
+            output_folder.check_target(args.out, kind=output_folder.EVALUATION, overwrite=args.overwrite,
+                                       inputs=[args.model, *([args.data] if args.data else [])])
+        except output_folder.OutputFolderError as err:
+            return usage_error("ehr-analyze", f"--out: {err}")
     console.load_tensorflow(args.verbose)
 
     if args.command == "shift":
@@ -218,9 +234,12 @@ def shift(args) -> int:
         return usage_error("ehr-analyze", err)
     print(result.report.text())
     if args.out:
-        paths = write_outputs(args.out, result, extra={"model": str(model_dir), "data": args.data,
-                                                       "splits": list(args.splits)})
-        print(f"report: {paths['json']}, {paths['markdown'].name}, {paths['plot'].name}")
+        with output_folder.staged(args.out, kind=output_folder.EVALUATION, command="ehr-analyze shift",
+                                  overwrite=args.overwrite, inputs=[str(model_dir), args.data]) as staging:
+            paths = write_outputs(staging, result, extra={"model": str(model_dir), "data": args.data,
+                                                          "splits": list(args.splits)})
+        print(f"report: {pathlib.Path(args.out) / paths['json'].name}, {paths['markdown'].name}, "
+              f"{paths['plot'].name}")
     return EXIT_SHIFT if result.fails(args.fail_on) else 0
 
 
