@@ -241,6 +241,18 @@ def splice(batch: pa.RecordBatch, keep: np.ndarray, pieces: list[tuple[int, pa.R
     return table.to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=batch.schema)
 
 
+def splice_lines(lines: np.ndarray, keep: np.ndarray, pieces: list[tuple[int, np.ndarray]]) -> np.ndarray:
+    """``splice`` on the rows' physical line numbers: the kept ones with each piece's lines inserted before ``pos``."""
+    if not pieces:
+        return lines[keep]
+    parts, prev = [], 0
+    for pos, piece in sorted(pieces, key=lambda pp: pp[0]):
+        parts += [lines[prev:pos][keep[prev:pos]], piece]
+        prev = pos
+    parts.append(lines[prev:][keep[prev:]])
+    return np.concatenate(parts).astype(np.int64)
+
+
 def clip(raw: str) -> str:
     """``raw`` cut to its first 64 Ki characters, saying how many more there were."""
     return raw if len(raw) <= _MAX_RAW else raw[:_MAX_RAW] + f"... [{len(raw) - _MAX_RAW} more characters]"

@@ -82,8 +82,8 @@ class Scan:
         self.invalid.append(row)
         return "skip"
 
-    def run(self) -> Iterator[pa.RecordBatch]:
-        """Yields the typed blocks of the file after its header; dead rows go to the reader's sink."""
+    def run(self) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+        """Yields (typed block, physical line of each of its rows) after the header; dead rows go to the sink."""
         fresh = True
         while True:
             try:
@@ -106,7 +106,7 @@ class Scan:
                         break
                     out = self._process(batch)
                     self.window.release_before(self.next_line)
-                    if out.num_rows:
+                    if out[0].num_rows:
                         yield out
             finally:
                 # Stop Arrow's read-ahead before the caller's `with` closes the stream under it
@@ -162,7 +162,7 @@ class Scan:
             raise ReaderError(f"{self.file}: Arrow parsed the header as {reader.schema.names}, expected {self.header}")
         return reader, released
 
-    def _skip_line(self) -> Iterator[pa.RecordBatch]:
+    def _skip_line(self) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
         """Dead-letters the physical line at the cursor and points the window just after it."""
         # Arrow's read-ahead for the reader that gave up may still be running: stop it before
         # this thread reads, so the window's record of the file stays in file order.
@@ -193,8 +193,8 @@ class Scan:
         return CorruptFileError(f"{self.file}: CSV cannot be parsed {where}: {e}")
 
     # -- per block
-    def _process(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """The typed rows of a block; the line cursor and counts move past it."""
+    def _process(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, np.ndarray]:
+        """The typed rows of a block and the physical line of each; the line cursor and counts move past it."""
         n = batch.num_rows
         typed, problems, nl_columns = type_block(batch, self.wanted, self.untyped)
         counts = [string_newlines(a) for a in nl_columns]
@@ -206,15 +206,17 @@ class Scan:
         n_invalid = dead_rows.rejected_in_block(list(self.invalid), self.next_number, n)
         # A record over several lines may be rows merged by a stray quote: the slow path checks.
         if not problems and blank is None and not n_invalid and not newlines:
+            lines = np.arange(self.next_line, self.next_line + n, dtype=np.int64)
             self.stats.rows_read += n
             self.stats.rows_parsed += n
             self.next_number += n
             self.next_line += n
-            return pa.RecordBatch.from_arrays(typed, schema=self.reader.arrow_schema)
+            return pa.RecordBatch.from_arrays(typed, schema=self.reader.arrow_schema), lines
         return self._process_slow(batch, typed, problems, nl_columns, blank, n_invalid)
 
     def _process_slow(self, batch: pa.RecordBatch, typed: list[pa.Array], problems: list[Problem],
-                      nl_columns: list[pa.Array], blank: np.ndarray | None, n_invalid: int) -> pa.RecordBatch:
+                      nl_columns: list[pa.Array], blank: np.ndarray | None, n_invalid: int,
+                      ) -> tuple[pa.RecordBatch, np.ndarray]:
         """A block holding a suspect row: its dead rows set aside, rows a stray quote had merged re-read."""
         n = batch.num_rows
         rejected = [self.invalid.popleft() for _ in range(n_invalid)]
@@ -224,29 +226,32 @@ class Scan:
         pieces, letters = self._type_recovered(verdict.recovered)
         for letter in sorted(verdict.letters + letters, key=lambda l: l.line):
             self._emit(letter)
-        n_recovered = sum(part.num_rows for _, part in pieces)
+        n_recovered = sum(part.num_rows for _, part, _ in pieces)
         self.stats.rows_read += layout.records + verdict.extra
         self.stats.rows_parsed += n - int(verdict.dead.sum()) - int(verdict.replaced.sum()) + n_recovered
         self.next_number += layout.records
         self.next_line = layout.next_line
         out = pa.RecordBatch.from_arrays(typed, schema=self.reader.arrow_schema)
-        return dead_rows.splice(out, ~(verdict.dead | verdict.replaced), pieces)
+        keep = ~(verdict.dead | verdict.replaced)
+        return (dead_rows.splice(out, keep, [(pos, part) for pos, part, _ in pieces]),
+                dead_rows.splice_lines(layout.row_starts, keep, [(pos, lines) for pos, _, lines in pieces]))
 
     def _type_recovered(self, recovered: list[dead_rows.Recovered],
-                        ) -> tuple[list[tuple[int, pa.RecordBatch]], list[DeadLetter]]:
-        """Types the records re-read out of merged rows; ([(insert before row, rows)], their dead letters)."""
-        pieces: list[tuple[int, pa.RecordBatch]] = []
+                        ) -> tuple[list[tuple[int, pa.RecordBatch, np.ndarray]], list[DeadLetter]]:
+        """Types the records re-read out of merged rows; ([(insert before row, rows, their lines)], dead letters)."""
+        pieces: list[tuple[int, pa.RecordBatch, np.ndarray]] = []
         letters: list[DeadLetter] = []
         for pos, rows in recovered:
-            part, part_letters = self._type_lines(rows)
+            part, part_letters, lines = self._type_lines(rows)
             letters += part_letters
-            pieces.append((pos, part))
+            pieces.append((pos, part, lines))
         return pieces, letters
 
-    def _type_lines(self, rows: list[tuple[int, list[str]]]) -> tuple[pa.RecordBatch, list[DeadLetter]]:
-        """Types re-read lines as the block path does; (kept rows, dead letters of the others)."""
+    def _type_lines(self, rows: list[tuple[int, list[str]]],
+                    ) -> tuple[pa.RecordBatch, list[DeadLetter], np.ndarray]:
+        """Types re-read lines as the block path does; (kept rows, dead letters of the others, kept rows' lines)."""
         if not rows:
-            return pa.RecordBatch.from_pylist([], schema=self.reader.arrow_schema), []
+            return pa.RecordBatch.from_pylist([], schema=self.reader.arrow_schema), [], np.zeros(0, np.int64)
         columns = [pa.array([f[j] if f[j] != "" else None for _, f in rows], pa.string())
                    for j in range(len(self.header))]
         batch = pa.RecordBatch.from_arrays(columns, names=self.header)
@@ -258,11 +263,13 @@ class Scan:
                 letters.append(letter)
                 dead[i] = True
         out = pa.RecordBatch.from_arrays(typed, schema=self.reader.arrow_schema)
-        return (out.filter(pa.array(~dead)) if dead.any() else out), letters
+        lines = np.asarray([line for line, _ in rows], dtype=np.int64)[~dead]
+        return (out.filter(pa.array(~dead)) if dead.any() else out), letters, lines
 
-    def _flush_invalid(self, count: int, partial: bool = False) -> pa.RecordBatch | None:
-        """Emits rejected rows that follow the last block (end of file, or before a failure)."""
+    def _flush_invalid(self, count: int, partial: bool = False) -> tuple[pa.RecordBatch, np.ndarray] | None:
+        """Emits rejected rows that follow the last block (end of file, or before a failure), with their lines."""
         pieces: list[tuple[int, pa.RecordBatch]] = []
+        piece_lines: list[tuple[int, np.ndarray]] = []
         for _ in range(count):
             row = self.invalid[0]
             if row.number is not None and row.number != self.next_number:
@@ -273,10 +280,11 @@ class Scan:
             line, span = self.next_line, 1 + row.text.count("\n")
             split = dead_rows.resync(self.file, row.text, line, len(self.header))
             if split is not None:
-                part, letters = self._type_lines(split[1])
+                part, letters, lines = self._type_lines(split[1])
                 for letter in sorted(split[0] + letters, key=lambda l: l.line):
                     self._emit(letter)
                 pieces.append((0, part))
+                piece_lines.append((0, lines))
                 self.stats.rows_parsed += part.num_rows
             else:
                 self._emit(dead_rows.field_count_letter(self.file, line, row))
@@ -286,7 +294,8 @@ class Scan:
         if not pieces:
             return None
         empty = pa.RecordBatch.from_pylist([], schema=self.reader.arrow_schema)
-        return dead_rows.splice(empty, np.zeros(0, bool), pieces)
+        return (dead_rows.splice(empty, np.zeros(0, bool), pieces),
+                dead_rows.splice_lines(np.zeros(0, np.int64), np.zeros(0, bool), piece_lines))
 
     def _emit(self, letter: DeadLetter) -> None:
         """Counts a dead letter and hands it to the sink."""

@@ -7,6 +7,7 @@ import logging
 import pathlib
 from typing import Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from ehr_pipeline.reader import table_schemas
@@ -48,6 +49,18 @@ class TableReader:
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         """One batch per block of the file, in file order; ``stats`` starts afresh."""
+        blocks = self.with_lines()
+        try:
+            for batch, _ in blocks:
+                yield batch
+        finally:
+            blocks.close()  # at once, not when collected: the scan's Arrow reader must stop before the file closes
+
+    def with_lines(self) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+        """As iterating the reader, each batch with the physical line (1-based, int64) where each of its rows starts.
+
+        The line a dead letter would name: what the job names a row by once it is an event (a repeated ROW_ID).
+        """
         self.stats = ReadStats()
         with RawWindow.open(self.path, self.block_size_bytes) as window:
             header_names = read_header(window, self.path)
