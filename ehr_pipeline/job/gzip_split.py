@@ -9,6 +9,11 @@ copied, never parsed: a malformed row stays malformed and the reader dead-letter
 naming the part and the part's line. A file whose quotes never balance again is cut at a newline
 after four blocks, so a broken row costs one part, not the whole file.
 
+Blocks are dealt round-robin, so a part's lines are not a stretch of the file: beside each part
+``<part>.lines.json`` says which of its lines are which of the file's (``part_lines``), so that a row
+of a part can be named, and ordered, by the release's own file and line (a repeated ROW_ID keeps
+the first row of the file, ``job.dedup``).
+
 Parts are zstd level 1 (measured on the 2,000-patient CHARTEVENTS, 439 MB of text: 63 MB of parts
 for 3.6 CPU s, against 81 MB and 25.9 CPU s for ``ehr-pipeline shard``'s csv module and gzip),
 which the reader reads by their magic bytes.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import math
 import os
@@ -24,6 +30,7 @@ import shutil
 import zlib
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
 
@@ -132,6 +139,8 @@ def split_file(src: str, table: str, out_dir: str, parts: int, block: int) -> li
     paths = [os.path.join(out_dir, part_name(table, i, parts)) for i in range(parts)]
     sinks = [pa.CompressedOutputStream(pa.OSFile(p + ".inprogress", "wb"), "zstd") for p in paths]
     buf, parity, header, nxt = bytearray(), 0, None, 0
+    blocks: list[list[tuple[int, int]]] = [[] for _ in range(parts)]  # per part: (its line, the file's line)
+    part_line, file_line = [0] * parts, 0
     progress = tqdm(unit="B", unit_scale=True, desc=f"split {os.path.basename(src)}", disable=None)
     try:
         for piece in _gunzip(src):
@@ -142,6 +151,7 @@ def split_file(src: str, table: str, out_dir: str, parts: int, block: int) -> li
                     continue
                 header = bytes(buf[:end])
                 del buf[:end]
+                part_line, file_line = [header.count(b"\n") + 1] * parts, header.count(b"\n") + 1
                 for sink in sinks:
                     sink.write(header)
             while len(buf) >= block:
@@ -149,6 +159,10 @@ def split_file(src: str, table: str, out_dir: str, parts: int, block: int) -> li
                 if not end:
                     break
                 parity = (parity + buf.count(b'"', 0, end)) % 2
+                lines = buf.count(b"\n", 0, end)
+                blocks[nxt].append((part_line[nxt], file_line))
+                part_line[nxt] += lines
+                file_line += lines
                 sinks[nxt].write(memoryview(buf)[:end])
                 nxt = (nxt + 1) % parts
                 del buf[:end]
@@ -158,6 +172,7 @@ def split_file(src: str, table: str, out_dir: str, parts: int, block: int) -> li
             for sink in sinks:
                 sink.write(header)
         if buf:
+            blocks[nxt].append((part_line[nxt], file_line))
             sinks[nxt].write(buf)
     except BaseException:
         progress.close()
@@ -169,9 +184,35 @@ def split_file(src: str, table: str, out_dir: str, parts: int, block: int) -> li
     progress.close()
     for sink in sinks:
         sink.close()
-    for path in paths:
+    for path, found in zip(paths, blocks):
+        with open(path + LINES_SUFFIX, "w") as f:  # before the part: a part never lies without it
+            json.dump({"file": src, "blocks": found}, f)
         os.replace(path + ".inprogress", path)
     return paths
+
+
+LINES_SUFFIX = ".lines.json"
+
+
+def part_lines(path: str):
+    """For a part split_file wrote: (the file it was cut from, a function: the part's lines -> the file's lines).
+
+    None for any other file. Lines are 1-based physical lines (int64 arrays).
+    """
+    if not os.path.exists(path + LINES_SUFFIX):
+        return None
+    with open(path + LINES_SUFFIX) as f:
+        doc = json.load(f)
+    blocks = np.asarray(doc["blocks"], dtype=np.int64).reshape(-1, 2)
+    starts, shift = blocks[:, 0], blocks[:, 1] - blocks[:, 0]
+
+    def to_file(lines: np.ndarray) -> np.ndarray:
+        lines = np.asarray(lines, dtype=np.int64)
+        if not starts.size:
+            return lines
+        return lines + shift[np.maximum(np.searchsorted(starts, lines, side="right") - 1, 0)]
+
+    return doc["file"], to_file
 
 
 def _close_quietly(sink) -> None:

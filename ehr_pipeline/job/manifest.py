@@ -10,6 +10,7 @@ from typing import Any
 
 from ehr_pipeline.contract import SPLIT_NAMES, layout, spec
 from ehr_pipeline.encode import units
+from ehr_pipeline.mimic.events import DUPLICATE_ROW_ID
 
 MANIFEST_VERSION = 1
 
@@ -124,6 +125,15 @@ def _unit_line(source: str, v: Mapping[str, int]) -> str:
             f"dead_letter/values_not_convertible.jsonl)")
 
 
+def _repeat_line(table: str, t: Mapping[str, Any]) -> str:
+    """One table's rows that repeat a ROW_ID (counted among 'filtered'), or '' when there are none."""
+    n = t.get("cohort_filter", {}).get(DUPLICATE_ROW_ID, 0) or t.get("extract", {}).get(DUPLICATE_ROW_ID, 0)
+    if not n:
+        return ""
+    return (f"{table}: {n:,} rows repeat a ROW_ID read before in the table (not used; "
+            f"dead_letter/{table}.{DUPLICATE_ROW_ID}.jsonl)")
+
+
 def format_manifest_summary(manifest: Mapping[str, Any]) -> str:
     """A human-readable summary of a manifest, for the CLI and the demo."""
     lines = []
@@ -142,6 +152,10 @@ def format_manifest_summary(manifest: Mapping[str, Any]) -> str:
         lines.append(f"{table:<16}{t['rows_read']:>12,}{sum(t['dead_lettered'].values()):>8}"
                      f"{used if used == '' else format(used, ','):>14}"
                      f"{filtered if filtered == '' else format(filtered, ','):>12}")
+    repeats = [_repeat_line(table, t) for table, t in manifest["tables"].items()]
+    if any(repeats):
+        lines.append("")
+        lines.extend(line for line in repeats if line)
     lines.append("")
     lines.append(f"{'split':<12}{'examples':>10}{'deaths':>8}{'rate':>8}")
     for split, s in manifest["splits"].items():

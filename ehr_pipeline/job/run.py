@@ -38,6 +38,7 @@ from ehr_pipeline.job import manifest as manifest_mod
 from ehr_pipeline.job import transforms as tr
 from ehr_pipeline.job import vocab
 from ehr_pipeline.job.bag import SumCodeStats, UnitPlan
+from ehr_pipeline.job.dedup import RepeatFinder
 from ehr_pipeline.job.meds_stages import BagMedsBucket, MedsSource, meds_bucket_count
 from ehr_pipeline.job.sinks import WriteDeadLetters, write_dead_letter_files
 from ehr_pipeline.job.spill_stages import BagBucket, BagBuckets, MergeShards, SpillSource
@@ -176,6 +177,7 @@ def _mimic_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None
 def _spill_road(event_inputs, coh, metas, cohort_index, spill_dir: str, resources: spill.SpillOptions,
                 workers: int, out_dir: str, config) -> tuple:
     """(source, bagging, writing) of the spilling job: disk checked, big inputs split, buckets drawn."""
+    release_files = list(event_inputs)  # what rows are named and ordered by (a part names its file's lines)
     event_inputs = split_inputs(event_inputs, spill_dir, resources.split_threshold_bytes)
     n_buckets = spill.bucket_count(len(metas), workers, resources.bucket_admissions)
     spill.ensure_open_files(n_buckets, "pass a larger --bucket-admissions")
@@ -186,8 +188,11 @@ def _spill_road(event_inputs, coh, metas, cohort_index, spill_dir: str, resource
     log.info("%d input files, %d cohort admissions in %d buckets, %d workers; temporary files in %s",
              len(event_inputs), len(metas), len(bounds) + 1, workers, spill_dir)
     cfg = config.to_dict()
-    return (SpillSource(slots, cohort_index, coh.discharges, spill_dir, bounds, resources.block_size_bytes),
-            lambda plan: BagBuckets(BagBucket(cfg, spill_dir, cohort_file, ranges), plan, len(ranges)),
+    repeats = RepeatFinder(release_files, *(cohort_index.column(c).to_numpy()
+                                            for c in ("SUBJECT_ID", "HADM_ID", "trigger_time")))
+    return (SpillSource(slots, cohort_index, coh.discharges, spill_dir, bounds, resources.block_size_bytes,
+                        release_files),
+            lambda plan: BagBuckets(BagBucket(cfg, spill_dir, cohort_file, ranges, repeats), plan, len(ranges)),
             MergeShards(out_dir, cfg))
 
 

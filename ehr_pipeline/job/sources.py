@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 
+from ehr_pipeline.job import gzip_split
 from ehr_pipeline.job.chunks import pack_chunk
 from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.meds.standard import MedsError
@@ -36,12 +38,19 @@ from ehr_pipeline.reader import ReaderError, TableReader
 @beam.typehints.with_input_types(tuple[str, str])
 @beam.typehints.with_output_types(Tagged)
 class ReadMimicTable(beam.DoFn):
-    """(table, file) -> the events of cohort admissions before their trigger, as chunks; counts and dead letters."""
+    """(table, file) -> the events of cohort admissions before their trigger, as chunks; counts and dead letters.
 
-    def __init__(self, cohort_index, discharges, block_size_bytes: int):
+    ``files``: every (table, file) input of the job in file order, as the release holds them; with it
+    each chunk carries its events' origin (their file's index, ROW_IDs, lines), which the bagging stage
+    drops repeats by. A part of a split table names the file it was cut from and that file's lines
+    (``gzip_split.part_lines``).
+    """
+
+    def __init__(self, cohort_index, discharges, block_size_bytes: int, files: list[tuple[str, str]] | None = None):
         self._cohort = cohort_index
         self._discharges = discharges
         self._block = block_size_bytes
+        self._file_index = {tuple(f): i for i, f in enumerate(files)} if files is not None else None
 
     def process(self, element):
         table, path = element
@@ -54,15 +63,14 @@ class ReadMimicTable(beam.DoFn):
 
     def _read(self, table: str, path: str):
         dead: list = []
-        _, columns = ev.EXTRACTORS[table]
-        reader = TableReader(path, table, columns=columns, on_dead_letter=dead.append, block_size_bytes=self._block)
-        for batch in reader:
+        reader, blocks, index = open_event_table(table, path, self._file_index, dead.append, self._block)
+        for batch in blocks:
             events, extract_counts = ev.extract(table, batch, self._discharges)
             for pair, tally in ev.unit_counts(events).items():
                 yield UNITS, (pair, tally)
             kept, cohort_counts = ev.filter_to_cohort(events, self._cohort)
-            for hadm, times, codes, values, units in ev.split_by_admission(kept):
-                yield EVENTS, (hadm, pack_chunk(times, codes, values, units))
+            for hadm, times, codes, values, units, *origin in ev.split_by_admission(kept, origin=index is not None):
+                yield EVENTS, (hadm, pack_chunk(times, codes, values, units, (index, *origin) if origin else None))
             yield from counted(f"events/{table}/extract", extract_counts)
             yield from counted(f"events/{table}/cohort", cohort_counts)
             for letter in dead:
@@ -75,6 +83,29 @@ class ReadMimicTable(beam.DoFn):
         yield COUNTS, count(f"rows/{table}/read", stats.rows_read)
         yield COUNTS, count(f"rows/{table}/parsed", stats.rows_parsed)
         yield from counted(f"rows/{table}/dead_letter", stats.dead_lettered)
+
+
+def open_event_table(table: str, path: str, file_index: dict | None, on_dead_letter, block_size_bytes: int):
+    """(reader, its typed blocks for ev.extract, the file's index or None) of one event-table file or part.
+
+    With ``file_index`` ((table, release file) -> index) the blocks carry ev.ORIGIN_COLUMNS: ROW_ID and
+    the line in the release's file (a part of a split table is mapped back, ``gzip_split.part_lines``).
+    """
+    columns = ev.EXTRACTORS[table][1]
+    if file_index is None:
+        reader = TableReader(path, table, columns=columns, on_dead_letter=on_dead_letter,
+                             block_size_bytes=block_size_bytes)
+        return reader, iter(reader), None
+    found = gzip_split.part_lines(path)
+    source, to_file = found if found is not None else (path, None)
+    reader = TableReader(path, table, columns=(*columns, ev.ROW_ID), on_dead_letter=on_dead_letter,
+                         block_size_bytes=block_size_bytes)
+
+    def blocks():
+        for batch, lines in reader.with_lines():
+            yield batch.append_column(ev.LINE, pa.array(to_file(lines) if to_file else lines, pa.int64()))
+
+    return reader, blocks(), file_index[(table, source)]
 
 
 # ----------------------------------------------------------------------------- the MEDS source

@@ -4,10 +4,12 @@
                   size; reads, extracts and cuts to the cohort exactly as ``ReadMimicTable`` does,
                   and appends each admission's packed chunks to its bucket's frame file. Only
                   (bucket, file) references leave it, beside the unit census, counts and dead rows.
-    BagBuckets    stage C: one element per bucket; reads the bucket's cohort rows and frames and
-                  runs ``BagExample`` (so ``encode_admission``: the same bytes) on each admission in
-                  HADM_ID order; records go to one sorted run per (split, shard), the values set
-                  aside for their unit to one sorted dead-value run.
+    BagBuckets    stage C: one element per bucket; reads the bucket's cohort rows and frames,
+                  drops the events of a row whose ROW_ID an earlier row of its table brings to the
+                  same admission (``dedup``), and runs ``BagExample`` (so ``encode_admission``: the
+                  same bytes) on each admission in HADM_ID order; records go to one sorted run per
+                  (split, shard), the values set aside for their unit to one sorted dead-value run,
+                  the repeated rows to one dead-letter run per table.
     MergeShards   stage D: one element per shard; its runs concatenated in bucket order through
                   ``tfrecord.write_records``; the dead-value runs likewise into one file.
 
@@ -30,10 +32,12 @@ from apache_beam.io.filesystems import FileSystems
 from ehr_pipeline.contract import layout, spec, tfrecord
 from ehr_pipeline.job import spill, vocab
 from ehr_pipeline.job.bag import BagExample
+from ehr_pipeline.job.dedup import RepeatFinder
+from ehr_pipeline.mimic.events import DUPLICATE_ROW_ID
 from ehr_pipeline.job.sinks import DEAD_VALUES, DeadValue, group_by_every_shard
 from ehr_pipeline.job.sources import ReadMimicTable
 from ehr_pipeline.job.transforms import COUNTS, DEAD, EVENTS, FATAL, KV, RECORDS, STATS, Select, Tagged, count
-from ehr_pipeline.reader import ReaderError
+from ehr_pipeline.reader import DeadLetter, ReaderError
 
 # The spilling stages' own kinds of items (transforms' vocabulary):
 SPILL = "spill"  # (bucket, frame file of events)
@@ -43,6 +47,11 @@ RUN = "run"  # ((split, shard), (bucket, frame file of records))
 DEAD_RUN = "dead_run"  # (dead-letter file name, (bucket, JSONL run, lines))
 
 EVENTS_DIR, RUNS_DIR, DEAD_DIR = "events", "runs", "dead"
+
+
+def repeats_file_name(table: str) -> str:
+    """The dead-letter file (without .jsonl) of a table's repeated ROW_IDs: dead_letter/<TABLE>.duplicate_row_id.jsonl."""
+    return f"{table}.{DUPLICATE_ROW_ID}"
 
 
 def bucket_folder(bucket: int) -> str:
@@ -59,8 +68,9 @@ def _run_folder(split_shard: tuple[str, int]) -> str:
 class SpillTable(ReadMimicTable):
     """(table, file) -> ReadMimicTable's items, its events appended to bucket frame files: SPILL references."""
 
-    def __init__(self, cohort_index, discharges, block_size_bytes: int, spill_dir: str, bounds: np.ndarray):
-        super().__init__(cohort_index, discharges, block_size_bytes)
+    def __init__(self, cohort_index, discharges, block_size_bytes: int, spill_dir: str, bounds: np.ndarray,
+                 files: list[tuple[str, str]] | None = None):
+        super().__init__(cohort_index, discharges, block_size_bytes, files)
         self._spill, self._bounds = spill_dir, bounds
 
     def process(self, element):
@@ -107,17 +117,17 @@ class SpillSource(beam.PTransform):
     """
 
     def __init__(self, slots: list[tuple[int, list]], cohort_index, discharges, spill_dir: str, bounds: np.ndarray,
-                 block_size_bytes: int):
+                 block_size_bytes: int, files: list[tuple[str, str]] | None = None):
         super().__init__()
         self._slots, self._cohort, self._discharges = slots, cohort_index, discharges
-        self._spill, self._bounds, self._block = spill_dir, bounds, block_size_bytes
+        self._spill, self._bounds, self._block, self._files = spill_dir, bounds, block_size_bytes, files
 
     def expand(self, p):
         read = (
             p
             | "EventFiles" >> SlotFiles(self._slots)
             | "SpillTables" >> beam.ParDo(SpillTable(self._cohort, self._discharges, self._block, self._spill,
-                                                     self._bounds))
+                                                     self._bounds, self._files))
         )
         return bucket_items(read, len(self._bounds) + 1)
 
@@ -138,11 +148,15 @@ def bucket_items(read, buckets: int):
 @beam.typehints.with_input_types(tuple)  # ((bucket, frame files), the unit plan)
 @beam.typehints.with_output_types(Tagged)
 class BagBucket(beam.DoFn):
-    """((bucket, frame files), unit plan) -> RUN and DEAD_RUN references, and BagExample's counts and statistics."""
+    """((bucket, frame files), unit plan) -> RUN and DEAD_RUN references, and BagExample's counts and statistics.
 
-    def __init__(self, config_dict: dict, spill_dir: str, cohort_file: str, cohort_ranges: list[tuple[int, int]]):
+    ``repeats`` (the MIMIC-III road): drops repeated ROW_IDs from each admission before bagging, counted.
+    """
+
+    def __init__(self, config_dict: dict, spill_dir: str, cohort_file: str, cohort_ranges: list[tuple[int, int]],
+                 repeats: RepeatFinder | None = None):
         self._config_dict, self._spill = config_dict, spill_dir
-        self._cohort_file, self._ranges = cohort_file, cohort_ranges
+        self._cohort_file, self._ranges, self._repeats = cohort_file, cohort_ranges, repeats
 
     def setup(self):
         self._bag = BagExample(self._config_dict)
@@ -156,7 +170,10 @@ class BagBucket(beam.DoFn):
         # would otherwise hold millions of them in its shuffle. Exact sums: the same totals.
         tallies: dict[str, int] = defaultdict(int)
         stats: dict[str, tuple] = {}
+        repeated: dict[str, list[tuple[int, DeadLetter]]] = defaultdict(list)
         for key, items in self.examples(bucket, sorted(r for r in refs if r is not None)):
+            if self._repeats is not None:
+                items = self._without_repeats(key, items, tallies, repeated)
             for kind, payload in self._bag.process((key, items), plan):
                 if kind == RECORDS:
                     split_shard, (key, record) = payload
@@ -174,8 +191,32 @@ class BagBucket(beam.DoFn):
         yield from ((STATS, item) for item in sorted(stats.items()))
         if dead:
             yield DEAD_RUN, (DEAD_VALUES, self._write_dead_run(bucket, dead))
+        for table, letters in sorted(repeated.items()):
+            # By admission first, as buckets are: the runs in bucket order are one order whatever the buckets.
+            yield DEAD_RUN, (repeats_file_name(table), self._write_dead_run(
+                bucket, letters, key=lambda hd: (hd[0], *hd[1].sort_key()), letter=lambda hd: hd[1]))
         for split_shard, path in sorted(runs.close().items()):
             yield RUN, (split_shard, (bucket, path))
+
+    def _without_repeats(self, hadm: int, items: list, tallies: dict[str, int],
+                         repeated: dict[str, list[tuple[int, DeadLetter]]]) -> list:
+        """An admission's [cohort row, chunks] without its repeated rows; each counted, a row's first one dead-lettered.
+
+        The counts move a repeated row from stage A's ``used`` to ``duplicate_row_id`` (``dedup``).
+        """
+        row, chunks = items[0], items[1:]
+        if not isinstance(row, dict) or not chunks:
+            return items  # events without a cohort row: BagExample counts them as orphans
+        chunks, found = self._repeats.drop(hadm, row["SUBJECT_ID"], chunks)
+        for r in found:
+            if r.first:
+                for name, n in ((f"events/{r.table}/cohort/used", -1),
+                                (f"events/{r.table}/cohort/{DUPLICATE_ROW_ID}", 1)):
+                    tallies[name] += count(name, n)[1]
+                repeated[r.table].append((hadm, r.dead_letter()))
+            else:
+                tallies[f"bagging/{DUPLICATE_ROW_ID}"] += count(f"bagging/{DUPLICATE_ROW_ID}", 1)[1]
+        return [row, *chunks]
 
     def examples(self, bucket: int, frame_files: list[str]):
         """(HADM_ID, [cohort row, event chunks]) of a bucket's admissions in HADM_ID order.
@@ -192,13 +233,15 @@ class BagBucket(beam.DoFn):
             yield hadm, [rows[hadm]] + chunks.pop(hadm, [])
         yield from sorted(chunks.items())
 
-    def _write_dead_run(self, bucket: int, dead: list) -> tuple[int, str, int]:
-        """One bucket's dead values as a sorted JSONL run: (bucket, path, lines).
+    def _write_dead_run(self, bucket: int, dead: list, key=lambda d: d.sort_key(),
+                        letter=lambda d: d) -> tuple[int, str, int]:
+        """One bucket's dead values (or ``letter`` of each item) as a JSONL run sorted by ``key``: (bucket, path, lines).
 
         DeadValue.sort_key starts with the HADM_ID and buckets are HADM_ID ranges: the runs in
-        bucket order are the file ``sinks.write_dead_letter_file`` writes from all of them.
+        bucket order are the file ``sinks.write_dead_letter_file`` writes from all of them. The dead
+        letters of repeated rows sort by the admission they were dropped from, then file and line.
         """
-        dead.sort(key=lambda d: d.sort_key())
+        dead = [letter(d) for d in sorted(dead, key=key)]
         path = layout.join(self._spill, DEAD_DIR, f"{bucket_folder(bucket)}-{uuid.uuid4().hex}.jsonl")
         with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             f.write("".join(d.to_json() + "\n" for d in dead).encode("utf-8"))

@@ -14,7 +14,12 @@ Every extractor takes one typed block (pyarrow RecordBatch or Table, as
   ``missing_code``, then ``missing_time``.
 
 ``filter_to_cohort`` then keeps, per cohort admission, the same patient's events strictly
-before its trigger time. See docs/task.md for the rules and why. The known-time rule of each
+before its trigger time.
+
+Where the row came from travels with its event when the block carries it (``ORIGIN_COLUMNS``: the
+table's ROW_ID and the physical ``LINE`` the reader found the row on, ``reader.TableReader.with_lines``):
+the job drops a repeated ROW_ID where an admission's events meet (``job.dedup``), and names the
+repeat by its file and line. Blocks without them give the plain schemas. See docs/task.md for the rules and why. The known-time rule of each
 source lives in ``bagging.known_time`` (shared with the service and the FHIR mapping); each
 extractor picks the time its table records and stamps its events with that rule.
 """
@@ -44,6 +49,9 @@ UNKNOWN_ADMISSION = "unknown_admission"  # diagnosis/procedure of an HADM_ID not
 USED = "used"
 NOT_IN_COHORT = "not_in_cohort"
 AT_OR_AFTER_TRIGGER = "at_or_after_trigger"
+# A row whose ROW_ID an earlier row of its table has (found where the rows meet: job.dedup); counted
+# with the cohort filter's reasons in the job, with the extraction's in to-meds.
+DUPLICATE_ROW_ID = "duplicate_row_id"
 
 EVENT_SCHEMA = pa.schema([
     pa.field("SUBJECT_ID", pa.int64(), nullable=False),
@@ -65,7 +73,19 @@ COHORT_EVENT_SCHEMA = pa.schema([
     pa.field("unit", pa.string()),
 ])
 
+# A row's origin: its ROW_ID (unique within a MIMIC-III table) and the physical line it starts on.
+ROW_ID, LINE = "ROW_ID", "LINE"
+ORIGIN_COLUMNS = (ROW_ID, LINE)
+_ORIGIN_FIELDS = [pa.field(ROW_ID, pa.int64(), nullable=False), pa.field(LINE, pa.int64(), nullable=False)]
+ORIGIN_EVENT_SCHEMA = pa.schema(list(EVENT_SCHEMA) + _ORIGIN_FIELDS)
+ORIGIN_COHORT_EVENT_SCHEMA = pa.schema(list(COHORT_EVENT_SCHEMA) + _ORIGIN_FIELDS)
+
 Block = pa.RecordBatch | pa.Table
+
+
+def has_origin(table: Block) -> bool:
+    """Whether a block or event table carries ORIGIN_COLUMNS."""
+    return all(name in table.schema.names for name in ORIGIN_COLUMNS)
 Discharges = pa.Table | Mapping[int, int]
 
 
@@ -138,18 +158,20 @@ def _emit(
         counts[name] = counts.get(name, 0) + int(np.count_nonzero(first))
         dropped |= first
     counts = {KEPT: n - int(np.count_nonzero(dropped)), **counts}
-    table = pa.table(
-        [
-            subject,
-            pc.cast(_col(block, "HADM_ID"), pa.int64()),
-            pc.cast(time, pa.int64()),
-            code,
-            value,
-            unit if unit is not None else pa.nulls(n, pa.string()),
-        ],
-        names=EVENT_SCHEMA.names,
-    ).filter(pa.array(~dropped))
-    return table.cast(EVENT_SCHEMA), counts
+    columns = [
+        subject,
+        pc.cast(_col(block, "HADM_ID"), pa.int64()),
+        pc.cast(time, pa.int64()),
+        code,
+        value,
+        unit if unit is not None else pa.nulls(n, pa.string()),
+    ]
+    schema = EVENT_SCHEMA
+    if has_origin(block):
+        columns += [pc.cast(_col(block, name), pa.int64()) for name in ORIGIN_COLUMNS]
+        schema = ORIGIN_EVENT_SCHEMA
+    table = pa.table(columns, names=schema.names).filter(pa.array(~dropped))
+    return table.cast(schema), counts
 
 
 def lab_events(block: Block) -> tuple[pa.Table, dict[str, int]]:
@@ -337,7 +359,8 @@ def extract(table: str, block: Block, discharges: Discharges | None = None) -> t
 def filter_to_cohort(events: pa.Table, cohort: pa.Table) -> tuple[pa.Table, dict[str, int]]:
     """Pairs each event with every cohort admission of its subject whose trigger_time (s) is strictly later.
 
-    Returns (COHORT_EVENT_SCHEMA rows sorted by cohort HADM_ID, time; counts). One event
+    Returns (COHORT_EVENT_SCHEMA rows sorted by cohort HADM_ID, time, with ORIGIN_COLUMNS when the
+    events carry them; counts). One event
     may feed several admissions of one patient, so counts are per EVENT, each exactly
     once: ``used`` (reaches at least one admission), ``not_in_cohort`` (its subject has
     no cohort admission), ``at_or_after_trigger`` (subject in the cohort, but the event
@@ -376,6 +399,7 @@ def filter_to_cohort(events: pa.Table, cohort: pa.Table) -> tuple[pa.Table, dict
     # Deterministic order regardless of block layout: admission, then time, then input order.
     sort = np.lexsort((pair_event, e_time[pair_event], pair_hadm))
     take = pa.array(pair_event[sort], pa.int64())
+    origin = has_origin(events)
     out = pa.table(
         [
             pa.array(pair_hadm[sort], pa.int64()),
@@ -385,17 +409,17 @@ def filter_to_cohort(events: pa.Table, cohort: pa.Table) -> tuple[pa.Table, dict
             events.column("code").take(take),
             events.column("value").take(take),
             events.column("unit").take(take),
-        ],
-        schema=COHORT_EVENT_SCHEMA,
+        ] + ([events.column(name).take(take) for name in ORIGIN_COLUMNS] if origin else []),
+        schema=ORIGIN_COHORT_EVENT_SCHEMA if origin else COHORT_EVENT_SCHEMA,
     )
     return out, counts
 
 
-def split_by_admission(
-        cohort_events: pa.Table) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+def split_by_admission(cohort_events: pa.Table, origin: bool = False) -> Iterator[tuple]:
     """Yields (cohort HADM_ID, times s int64, codes, values float64, units (None = no unit)) per admission.
 
-    Its input is filter_to_cohort's output.
+    Its input is filter_to_cohort's output. With ``origin`` (the events must carry ORIGIN_COLUMNS),
+    each tuple ends with the events' ROW_IDs and physical lines (int64).
     """
     hadm = cohort_events.column("HADM_ID").to_numpy().astype(np.int64)
     if hadm.size == 0:
@@ -408,10 +432,12 @@ def split_by_admission(
     codes = encoded.dictionary.to_numpy(zero_copy_only=False)[encoded.indices.to_numpy()]
     values = cohort_events.column("value").to_numpy().astype(np.float64)
     units = _decoded(cohort_events.column("unit"))
+    extra = [cohort_events.column(name).to_numpy().astype(np.int64) for name in ORIGIN_COLUMNS] if origin else []
     # One Python step per admission, never per event.
     bounds = np.concatenate([[0], np.flatnonzero(hadm[1:] != hadm[:-1]) + 1, [hadm.size]])
     for start, stop in zip(bounds[:-1], bounds[1:]):
-        yield int(hadm[start]), times[start:stop], codes[start:stop], values[start:stop], units[start:stop]
+        yield (int(hadm[start]), times[start:stop], codes[start:stop], values[start:stop], units[start:stop],
+               *(a[start:stop] for a in extra))
 
 
 def _decoded(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
