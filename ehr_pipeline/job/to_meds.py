@@ -20,13 +20,15 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from apache_beam.io.filesystems import FileSystems
 
 from ehr_pipeline.contract import PipelineConfig, layout, output_folder
 from ehr_pipeline.job import manifest as manifest_mod
-from ehr_pipeline.job import spill
+from ehr_pipeline.job import dedup, spill
 from ehr_pipeline.job.run import (log_temp_bytes, pipeline_options, release_lab_loinc, split_inputs,
                                   with_local_workers, work_bytes)
 from ehr_pipeline.job.sinks import WriteDeadLetters, write_dead_letter_files
+from ehr_pipeline.job.sources import open_event_table
 from ehr_pipeline.job.spill_stages import SlotFiles
 from ehr_pipeline.job.transforms import COUNTS, DEAD, FATAL, KV, OneList, Select, Tagged, count, select
 from ehr_pipeline.meds.from_mimic import (
@@ -47,7 +49,7 @@ from ehr_pipeline.meds.from_mimic import (
 )
 from ehr_pipeline.mimic import cohort as cohort_mod
 from ehr_pipeline.mimic import events as ev
-from ehr_pipeline.reader import ReaderError, TableReader, check_header, locate_table, locate_table_files, read_table
+from ehr_pipeline.reader import ReaderError, check_header, locate_table, locate_table_files, read_table
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +79,12 @@ def run_references(writer: spill.FrameWriter) -> list[tuple[str, tuple]]:
 class ConvertTable(beam.DoFn):
     """(table, file) -> RUN references of its MEDS rows spilled by shard bucket, codes, counts, dead letters."""
 
-    def __init__(self, discharges, config_dict: dict, spill_dir: str, bounds: dict, block_size_bytes: int):
+    def __init__(self, discharges, config_dict: dict, spill_dir: str, bounds: dict, block_size_bytes: int,
+                 files: list[tuple[str, str]] | None = None):
         self._discharges, self._config_dict = discharges, config_dict
         self._spill, self._bounds, self._block = spill_dir, bounds, block_size_bytes
+        # Rows carry their origin, by which the shard writer drops repeated ROW_IDs (dedup).
+        self._file_index = {tuple(f): i for i, f in enumerate(files)} if files is not None else None
 
     def setup(self):
         self._config = PipelineConfig.model_validate(self._config_dict)
@@ -95,11 +100,12 @@ class ConvertTable(beam.DoFn):
 
     def _convert(self, table: str, path: str, writer: spill.FrameWriter):
         dead: list = []
-        reader = TableReader(path, table, columns=ev.EXTRACTORS[table][1], on_dead_letter=dead.append,
-                             block_size_bytes=self._block)
-        for batch in reader:
+        reader, blocks, index = open_event_table(table, path, self._file_index, dead.append, self._block)
+        for batch in blocks:
             events, extract_counts = ev.extract(table, batch, self._discharges)
             rows = event_rows(events)
+            if index is not None:
+                rows = dedup.with_origin(rows, index, *(events.column(c) for c in ev.ORIGIN_COLUMNS))
             spill_rows(writer, rows, self._config, self._bounds)
             for code in pc.unique(rows.column("code")).to_pylist():
                 yield CODES, (code, None)
@@ -163,8 +169,9 @@ def _in_range(column, low: int | None, high: int | None):
 class WriteMedsShard(beam.DoFn):
     """((split, shard), [(bucket, run) or None]) -> data/<split>/<shard>.parquet, sorted range by range, atomically."""
 
-    def __init__(self, out_dir: str, bucket_rows: int):
-        self._out, self._limit = out_dir, bucket_rows
+    def __init__(self, out_dir: str, bucket_rows: int, files: list[tuple[str, str]] | None = None,
+                 spill_dir: str | None = None):
+        self._out, self._limit, self._files, self._spill = out_dir, bucket_rows, files, spill_dir
 
     def process(self, element):
         (split, shard), refs = element
@@ -172,20 +179,43 @@ class WriteMedsShard(beam.DoFn):
         for bucket, path in sorted(r for r in refs if r is not None):
             runs[bucket].append(path)
         ranges = (part for b in sorted(runs) for part in bucket_ranges(runs[b], self._limit))
+        repeats: dict[str, int] = defaultdict(int)
+        if self._files is not None:
+            ranges = self._without_repeats(ranges, split, shard, repeats)
         path = layout.join(self._out, "data", split, f"{shard}.parquet")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with layout.created_atomically(path) as f:
             n = write_sorted_shard(ranges, f)
         yield count(f"files/{split}/rows_written", n)
+        yield from (count(name, n) for name, n in sorted(repeats.items()) if n)
+
+    def _without_repeats(self, ranges, split: str, shard: int, counts: dict[str, int]):
+        """The ranges without repeated ROW_IDs (a subject's rows all lie in one range); their dead letters
+        appended to this shard's runs (dedup.concat_repeat_runs makes the files), their counts added."""
+        runs: dict[str, object] = {}
+        try:
+            for tables in ranges:
+                tables, found = dedup.drop_meds_repeats(tables, self._files)
+                for name, n in dedup.repeat_counts(found).items():
+                    counts[name] += n
+                for table, body in dedup.repeat_lines(found).items():
+                    if table not in runs:
+                        runs[table] = FileSystems.create(dedup.repeat_run(self._spill, table, split, shard))
+                    runs[table].write(body)
+                yield tables
+        finally:
+            for f in runs.values():
+                f.close()
 
 
 class ConvertEvents(beam.PTransform):
     """Event-table files, grouped onto the workers by size -> tagged RUN references, codes, counts, dead letters."""
 
     def __init__(self, slots: list[tuple[int, list]], discharges, config_dict: dict, spill_dir: str, bounds: dict,
-                 block_size_bytes: int):
+                 block_size_bytes: int, files: list[tuple[str, str]] | None = None):
         super().__init__()
-        self._slots, self._convert = slots, ConvertTable(discharges, config_dict, spill_dir, bounds, block_size_bytes)
+        self._slots = slots
+        self._convert = ConvertTable(discharges, config_dict, spill_dir, bounds, block_size_bytes, files)
 
     def expand(self, p):
         return p | "EventFiles" >> SlotFiles(self._slots) | "Convert" >> beam.ParDo(self._convert)
@@ -194,9 +224,11 @@ class ConvertEvents(beam.PTransform):
 class WriteMedsData(beam.PTransform):
     """RUN references (of the events and of the driver's task rows) -> one parquet file per (split, shard)."""
 
-    def __init__(self, out_dir: str, task_refs: list, shards: list[tuple[str, int]], bucket_rows: int):
+    def __init__(self, out_dir: str, task_refs: list, shards: list[tuple[str, int]], bucket_rows: int,
+                 files: list[tuple[str, str]] | None = None, spill_dir: str | None = None):
         super().__init__()
         self._out, self._task, self._shards, self._limit = out_dir, task_refs, shards, bucket_rows
+        self._files, self._spill = files, spill_dir
 
     def expand(self, items):
         p = items.pipeline
@@ -205,7 +237,7 @@ class WriteMedsData(beam.PTransform):
              p | "AllShards" >> beam.Create([(s, None) for s in self._shards]).with_output_types(KV))
             | "JoinRuns" >> beam.Flatten()
             | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShards" >> beam.ParDo(WriteMedsShard(self._out, self._limit))
+            | "WriteShards" >> beam.ParDo(WriteMedsShard(self._out, self._limit, self._files, self._spill))
         )
 
 
@@ -250,6 +282,7 @@ def _to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None,
     with spill.spill_run(out_dir, resources.temp_dir, inputs, resources.split_threshold_bytes) as spill_dir:
         graph = _spill_road(inputs, tables, task, coh.discharges, spill_dir, resources, workers, config)
         _run_pipeline(out_dir, tmp, shards, graph, resources.bucket_rows, with_local_workers(beam_args or [], workers))
+        dedup.concat_repeat_runs(spill_dir, out_dir)
         log_temp_bytes(spill_dir, ("parts", MEDS_RUNS_DIR))
 
     found_errors = layout.read_json(os.path.join(tmp, "errors.json"))
@@ -272,7 +305,9 @@ def _to_meds(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None,
 
 def _spill_road(inputs, tables: dict, task, discharges, spill_dir: str, resources: spill.SpillOptions, workers: int,
                 config) -> tuple:
-    """(ConvertEvents, the task rows' RUN references): disk checked, big inputs split, buckets drawn."""
+    """(ConvertEvents, the task rows' RUN references, the release's files, the spill folder): disk checked, big
+    inputs split, buckets drawn."""
+    release_files = list(inputs)  # what rows are named and ordered by (a part names its file's lines)
     inputs = split_inputs(inputs, spill_dir, resources.split_threshold_bytes)
     subjects = tables["PATIENTS"].column("SUBJECT_ID").to_numpy()
     bounds = subject_buckets(subjects, config, subjects_per_bucket(inputs, subjects.size, resources.bucket_rows))
@@ -283,7 +318,8 @@ def _spill_road(inputs, tables: dict, task, discharges, spill_dir: str, resource
     slots = spill.lpt_slots(sorted(inputs), workers, work_bytes)
     log.info("%d input files, %d shard buckets, %d workers; temporary files in %s", len(inputs),
              sum(len(b) + 1 for b in bounds.values()), workers, spill_dir)
-    return ConvertEvents(slots, discharges, config.to_dict(), spill_dir, bounds, resources.block_size_bytes), task_refs
+    return (ConvertEvents(slots, discharges, config.to_dict(), spill_dir, bounds, resources.block_size_bytes,
+                          release_files), task_refs, release_files, spill_dir)
 
 
 # CSV text bytes per event row: ~100 in MIMIC-III's CHARTEVENTS (~33 GB, 330M rows) and in the
@@ -299,7 +335,7 @@ def subjects_per_bucket(inputs: list[tuple[str, str]], subjects: int, bucket_row
 
 def _run_pipeline(out_dir: str, tmp: str, shards: list, graph: tuple, bucket_rows: int, beam_args: list[str]) -> None:
     """Converts, writes the shards and the driver's files of counts, codes and errors."""
-    convert, task_refs = graph
+    convert, task_refs, *repeats = graph
 
     def to_file(name):
         def write(items):
@@ -309,7 +345,7 @@ def _run_pipeline(out_dir: str, tmp: str, shards: list, graph: tuple, bucket_row
 
     p = beam.Pipeline(options=pipeline_options(beam_args))
     items = p | "ConvertEvents" >> convert
-    written = items | "WriteMedsData" >> WriteMedsData(out_dir, task_refs, shards, bucket_rows)
+    written = items | "WriteMedsData" >> WriteMedsData(out_dir, task_refs, shards, bucket_rows, *repeats)
     dead = (items,) | "WriteDeadLetters" >> WriteDeadLetters(out_dir)
     counts = ((items | "Counts" >> Select(COUNTS), written, dead) | "AllCounts" >> beam.Flatten()
               | "Sum" >> beam.CombinePerKey(sum) | "CountsList" >> OneList()
