@@ -80,8 +80,8 @@ def add_local_run_arguments(parser: argparse.ArgumentParser, scope: str) -> argp
 
 def local_workers(value: str) -> int:
     """argparse type: a worker count from 1 to spill.max_local_workers() (2 per core of this machine)."""
-    # Imported here: spill loads Beam (~1 s), which --help and the other commands never need; its import
-    # chatter is silenced, as in main's runner check, so that a misuse stays one line.
+    # why: spill loads Beam (~1 s), which --help and the other commands never need; its import chatter is
+    # silenced, as in main's runner check, so that a misuse stays one line.
     logging.disable(logging.WARNING)
     try:
         from ehr_pipeline.job import spill

@@ -40,14 +40,16 @@ def test_a_bad_setting_is_one_line_naming_its_flag(tmp_path, capsys, flags, name
 
 
 def test_a_folder_that_is_not_an_export_is_named(tmp_path, capsys):
-    code = ehr_adapt.main(["--model", str(tmp_path), "--data", str(tmp_path), "--out", str(tmp_path / "o"),
-                           "--no-progress"])
+    (tmp_path / "m").mkdir()
+    code = ehr_adapt.main(["--model", str(tmp_path / "m"), "--data", str(tmp_path / "m"), "--out",
+                           str(tmp_path / "o"), "--no-progress"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and err.count("\n") == 0 and str(tmp_path) in err and "manifest.json" in err
+    assert code == 2 and err.count("\n") == 0 and str(tmp_path / "m") in err and "manifest.json" in err
 
 
 def test_a_data_folder_that_is_not_the_jobs_output_is_named(trained_rank1, tmp_path, capsys):
-    code = ehr_adapt.main(["--model", str(trained_rank1["export"]), "--data", str(tmp_path),
+    (tmp_path / "d").mkdir()
+    code = ehr_adapt.main(["--model", str(trained_rank1["export"]), "--data", str(tmp_path / "d"),
                            "--out", str(tmp_path / "o"), "--no-progress"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and err.count("\n") == 0 and str(tmp_path) in err
+    assert code == 2 and err.count("\n") == 0 and str(tmp_path / "d") in err and "inside an input" not in err
