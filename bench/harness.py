@@ -1,4 +1,4 @@
-"""Shared helpers of the bench scripts: one results file, machine description, peak memory.
+"""The one module the bench scripts share (not a script): results file, command line, machine, peak memory.
 
 Each bench script owns one section of docs/benchmarks.md, delimited by
 ``<!-- begin:NAME -->`` / ``<!-- end:NAME -->``, so scripts can be re-run independently
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import math
 import os
 import pathlib
 import platform
@@ -54,9 +55,27 @@ def publish(name: str, markdown: str, path: str | os.PathLike = DEFAULT_PATH, wr
 
 
 def command_line(script: str, argv: list[str] | None, drop: tuple[str, ...] = ()) -> str:
-    """How to re-run a bench script from the repo root: ``python bench/NAME.py ARGS``; argv None: this process's."""
+    """How to re-run a bench script from the repo root: ``python bench/FAMILY/NAME.py ARGS``; argv None: this
+    process's. script is the script's ``__file__``: the command names it by its path under the repo root."""
     args = [a for a in (sys.argv[1:] if argv is None else argv) if a not in drop]
-    return " ".join(["python", f"bench/{pathlib.Path(script).name}", *(shlex.quote(a) for a in args)])
+    path = pathlib.Path(script).resolve().relative_to(ROOT).as_posix()
+    return " ".join(["python", path, *(shlex.quote(a) for a in args)])
+
+
+def mean_sem(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error of the mean (n - 1 in the variance); SEM nan for fewer than 2 values."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("nan")
+    var = sum((v - mean) ** 2 for v in values) / (n - 1)
+    return mean, math.sqrt(var / n)
+
+
+def cell(values: list[float], digits: int = 4) -> str:
+    """A table cell 'mean +- SEM' at `digits` decimals ('mean' alone when there is no SEM)."""
+    mean, sem = mean_sem(values)
+    return f"{mean:.{digits}f}" + ("" if not math.isfinite(sem) else f" +- {sem:.{digits}f}")
 
 
 def _cpu_model() -> str:

@@ -5,7 +5,7 @@ strings, unquoted numbers, ``.207`` decimals, gzipped) in a temporary folder, th
 in a fresh process pinned to one core: once with TableReader (typed, validated, all columns)
 and once with ``pyarrow.csv.open_csv`` at its defaults (type inference, no validation).
 
-    python bench/reader.py [--sizes 1000000 10000000] [--no-write]
+    python bench/data_jobs/csv_reader.py [--sizes 1000000 10000000] [--no-write]
 
 Targets, as ratios within one run: TableReader rows/s >= 45% of the bare read's, and peak
 RSS at the largest size <= 1.2x the peak at the smallest (memory must not grow with the file).
@@ -24,11 +24,11 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make `bench` and `ehr_pipeline` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.report import machine_info, peak_rss_mb, publish, run_child  # noqa: E402
+from bench.harness import machine_info, peak_rss_mb, publish, run_child  # noqa: E402
 
 SPEED_TARGET = 0.45
 MEMORY_TARGET = 1.2
@@ -148,7 +148,7 @@ def measure(mode: str, path: pathlib.Path, block_size: int) -> dict:
 def render(results: list[dict], command: str, block_size: int, gen_seconds: dict, repeat: int) -> tuple[str, bool]:
     """Markdown section and whether both targets were met."""
     lines = [
-        "## CSV reader (`bench/reader.py`)",
+        "## CSV reader (`bench/data_jobs/csv_reader.py`)",
         "",
         f"Command: `{command}`  ",
         f"Input: CHARTEVENTS-shaped, demo dialect, gzip level 6; block size {block_size // 1024} KiB; "
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     from ehr_pipeline.reader import DEFAULT_BLOCK_SIZE
 
     block_size = args.block_size or DEFAULT_BLOCK_SIZE
-    command = "python bench/reader.py " + shlex.join(argv) if argv else "python bench/reader.py"
+    command = "python bench/data_jobs/csv_reader.py " + shlex.join(argv) if argv else "python bench/data_jobs/csv_reader.py"
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ehr-bench-reader-"))
     results, gen_seconds = [], {}
     try:

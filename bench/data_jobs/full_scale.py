@@ -1,6 +1,6 @@
 """The Beam jobs at scale: rows per second, CPU seconds, peak memory and temporary disk, at several sizes.
 
-    python bench/full_scale.py [--job run|to-meds|meds-run] [--patients 2000] [--events-scale 3] [--fractions 1]
+    python bench/data_jobs/full_scale.py [--job run|to-meds|meds-run] [--patients 2000] [--events-scale 3] [--fractions 1]
                                [--workers N] [--mimic-dir DIR] [--code DIR --label NAME] [--work-dir DIR]
                                [--dask-workers N [--dask-memory-limit 1GiB]] [--keep-output] [--no-write]
 
@@ -39,10 +39,10 @@ import time
 import psutil
 from distributed import Client
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import command_line, machine_info, publish  # noqa: E402
+from bench.harness import command_line, machine_info, publish  # noqa: E402
 
 _TEMP_LINE = "temporary bytes per stage: "
 _SAMPLE_S = 0.2
@@ -219,7 +219,7 @@ def _meds_outputs(out: pathlib.Path) -> dict:
 
 def to_markdown(results: list[dict], command: str) -> str:
     """The section of docs/benchmarks.md: every run in results.jsonl, by release then job."""
-    lines = ["## The Beam jobs at scale (`bench/full_scale.py`)", "", f"Command (last run): `{command}`  ",
+    lines = ["## The Beam jobs at scale (`bench/data_jobs/full_scale.py`)", "", f"Command (last run): `{command}`  ",
              "Synthetic releases `ehr-pipeline synth --seed 1`; each job in a fresh process. CPU s: the whole "
              "process tree; peak RSS: the largest sum of the tree's RSS (sampled every 0.2 s); temp MiB: the "
              "spill folder per stage as the job logs it (split parts, events, record runs, dead-value runs; "

@@ -1,6 +1,6 @@
 """What one Beam job process costs before it reads a row, and its peak memory on the MIMIC-III demo.
 
-    python bench/job_footprint.py [--mimic-dir ../shared/mimic-iii-demo] [--repeat 5] [--no-write]
+    python bench/data_jobs/job_footprint.py [--mimic-dir ../shared/mimic-iii-demo] [--repeat 5] [--no-write]
 
 Two sides, measured in one run, each in fresh processes: "before" imports TensorFlow first, as
 the job did when it built its SequenceExample protos with ``tf.train``, and keeps Arrow's default
@@ -20,10 +20,10 @@ import statistics
 import sys
 import tempfile
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.report import command_line, machine_info, publish, run_child  # noqa: E402
+from bench.harness import command_line, machine_info, publish, run_child  # noqa: E402
 
 _JOB_IMPORTS = ("import ehr_pipeline.cli, ehr_pipeline.job, ehr_pipeline.job.transforms, ehr_pipeline.encode.seqex; "
                 "import apache_beam.runners.portability.fn_api_runner")
@@ -53,7 +53,7 @@ def measure(mimic_dir: pathlib.Path, with_tf: bool, repeat: int) -> dict[str, fl
 
 def to_markdown(rows: dict[str, dict[str, float]], command: str, repeat: int) -> str:
     """The section of docs/benchmarks.md."""
-    lines = ["## The Beam job's footprint (`bench/job_footprint.py`)", "", f"Command: `{command}`  ",
+    lines = ["## The Beam job's footprint (`bench/data_jobs/job_footprint.py`)", "", f"Command: `{command}`  ",
              f"Median of {repeat} fresh processes per side, on the MIMIC-III demo (100 patients).", "",
              "| side | import + start-up (s) | job peak RSS (MiB) |", "|---|---|---|"]
     lines += [f"| {side} | {r['start_s']:.2f} | {r['peak_mb']:,.0f} |" for side, r in rows.items()]

@@ -8,8 +8,8 @@ in a fresh process pinned to one core:
   (b) a bare ``pyarrow.csv.open_csv`` stream of the same event-table files (all columns, type
       inference, ``use_threads=False``, the job's block size): the floor any reader pays.
 
-    python bench/pipeline.py [--sizes 1000000 4000000 16000000] [--repeat 1] [--no-write]
-    python bench/pipeline.py --sources [--sizes 500000 1000000 2000000]
+    python bench/data_jobs/pipeline.py [--sizes 1000000 4000000 16000000] [--repeat 1] [--no-write]
+    python bench/data_jobs/pipeline.py --sources [--sizes 500000 1000000 2000000]
 
 ``--sources`` measures the job's two sources alone on the same release: the MIMIC-III CSV source
 (``sources.ReadMimicTable`` over every event file, cohort built first) and the MEDS source
@@ -35,11 +35,11 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make `bench` and `ehr_pipeline` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.report import machine_info, peak_rss_mb, publish, run_child  # noqa: E402
+from bench.harness import machine_info, peak_rss_mb, publish, run_child  # noqa: E402
 
 SPEED_TARGET = 0.15
 BYTES_PER_EVENT_TARGET = 150
@@ -217,7 +217,7 @@ def _check(check: str, value: str, target: str, met: bool) -> str:
 def render_sources(results: list[dict], command: str, repeat: int) -> tuple[str, bool]:
     """Markdown section of --sources and whether its targets were met."""
     lines = [
-        "## The job's two sources on the same release (`bench/pipeline.py --sources`)", "",
+        "## The job's two sources on the same release (`bench/data_jobs/pipeline.py --sources`)", "",
         f"Command: `{command}`  ",
         f"Input: synthetic releases (seed {SEED}) and their MEDS conversion (`ehr-pipeline to-meds`, default config). "
         "Each source runs alone in a fresh process pinned to one core, "
@@ -372,7 +372,7 @@ def render(results: list[dict], command: str, calibration: float, repeat: int) -
 def _job_intro(command: str, calibration: float, repeat: int) -> list[str]:
     """The section's heading, what each column measures, and the results table's head."""
     return [
-        "## Beam job end to end (`bench/pipeline.py`)",
+        "## Beam job end to end (`bench/data_jobs/pipeline.py`)",
         "",
         f"Command: `{command}`  ",
         f"Input: synthetic releases (`ehr_pipeline.synth`, seed {SEED}, defaults: demo dialect, gzip level 1), "
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main_sources(args, argv)
     if args.repeat < 1 or any(s < 1 for s in args.sizes):
         parser.error("--sizes and --repeat must be positive")
-    command = "python bench/pipeline.py " + shlex.join(argv) if argv else "python bench/pipeline.py"
+    command = "python bench/data_jobs/pipeline.py " + shlex.join(argv) if argv else "python bench/data_jobs/pipeline.py"
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ehr-bench-pipeline-"))
     results = []
     try:
@@ -524,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main_sources(args: argparse.Namespace, argv: list[str]) -> int:
     sizes = args.sizes if "--sizes" in argv else [500_000, 1_000_000, 2_000_000]
-    command = "python bench/pipeline.py " + shlex.join(argv)
+    command = "python bench/data_jobs/pipeline.py " + shlex.join(argv)
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="ehr-bench-sources-"))
     results = []
     try:

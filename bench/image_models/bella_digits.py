@@ -1,6 +1,6 @@
 """Bella (ensemble / SVGD particles on a frozen base) vs its base, a deep ensemble, BatchEnsemble, rank-1 on digits.
 
-  python bench/bella_digits.py --seeds 3            # ~35 min on 2 CPU cores
+  python bench/image_models/bella_digits.py --seeds 3            # ~35 min on 2 CPU cores
 
 Per seed s: the deterministic base (configs/image_digits_deterministic.yaml, seed s); Bella
 ensemble and Bella SVGD (configs/image_digits_bella_*.yaml, seed s) adapting that base; a deep
@@ -21,13 +21,13 @@ import shutil
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
-from bench.image_results import _cell  # noqa: E402
+from bench.harness import cell  # noqa: E402
 
-log = logging.getLogger("bench.bella_digits")
+log = logging.getLogger("bench.image_models.bella_digits")
 
 BELLA = ("bella_ensemble", "bella_svgd")
 OTHERS = ("batchensemble", "rank1_normal")
@@ -140,7 +140,7 @@ def run_all(args: argparse.Namespace) -> dict[str, list[dict]]:
 
 def markdown(rows: dict[str, list[dict]], command: str, wall_s: float, bella_epochs: float | None) -> str:
     """The bella_digits section of docs/results.md."""
-    from bench.report import machine_info
+    from bench.harness import machine_info
     from model.image.config import load_config
 
     det = load_config(ROOT / "configs" / "image_digits_deterministic.yaml")
@@ -173,11 +173,11 @@ def markdown(rows: dict[str, list[dict]], command: str, wall_s: float, bella_epo
         "|---|" + "---|" * (2 * len(COLUMNS) + 3),
     ]
     for method, runs in rows.items():
-        cells = [_cell([r["report"]["test"][k] for r in runs]) for k, _ in COLUMNS]
-        cells += [_cell([r["report"]["mean_corrupted"][k] for r in runs]) for k, _ in COLUMNS]
-        with_base = _cell([r["with_base_s"] for r in runs], 0) if "with_base_s" in runs[0] else ""
+        cells = [cell([r["report"]["test"][k] for r in runs]) for k, _ in COLUMNS]
+        cells += [cell([r["report"]["mean_corrupted"][k] for r in runs]) for k, _ in COLUMNS]
+        with_base = cell([r["with_base_s"] for r in runs], 0) if "with_base_s" in runs[0] else ""
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {runs[0]['params']:,} | "
-                     f"{_cell([r['train_s'] for r in runs], 0)} | {with_base} |")
+                     f"{cell([r['train_s'] for r in runs], 0)} | {with_base} |")
     lines += ["", "Machine:", "", machine_info()]
     return "\n".join(lines)
 
@@ -185,7 +185,7 @@ def markdown(rows: dict[str, list[dict]], command: str, wall_s: float, bella_epo
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from bench.report import command_line, publish
+    from bench.harness import command_line, publish
 
     from model.export_contract import json_ready
 

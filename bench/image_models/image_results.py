@@ -1,6 +1,6 @@
 """Deterministic vs BatchEnsemble vs rank-1 Normal vs rank-1 Cauchy on digits, clean and corrupted.
 
-  python bench/image_results.py --seeds 3            # ~10 min on 2 CPU cores
+  python bench/image_models/image_results.py --seeds 3            # ~10 min on 2 CPU cores
 
 Trains configs/image_digits_<method>.yaml once per seed (the data split is fixed; the seed
 moves initialisation, factor draws and the input order), evaluates each run on the clean
@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import pathlib
 import shutil
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
+from bench.harness import cell  # noqa: E402
 
-log = logging.getLogger("bench.image_results")
+log = logging.getLogger("bench.image_models.image_results")
 
 METHODS = ("deterministic", "batchensemble", "rank1_normal", "rank1_cauchy")
 CLEAN = (("nll", "NLL"), ("accuracy", "Accuracy"), ("ece", "ECE"))
@@ -53,20 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default="docs/results.md", help="results file (its image section is rewritten)")
     p.add_argument("--no-write", action="store_true", help="print the table only")
     return p
-
-
-def _mean_sem(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, float("nan")
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
-
-
-def _cell(values: list[float], digits: int = 4) -> str:
-    mean, sem = _mean_sem(values)
-    return f"{mean:.{digits}f}" + ("" if not math.isfinite(sem) else f" +- {sem:.{digits}f}")
 
 
 def wrn_parameter_counts() -> dict[str, int]:
@@ -123,7 +109,7 @@ def run_all(args: argparse.Namespace) -> tuple[dict[str, list[dict]], dict[str, 
 def markdown(reports: dict[str, list[dict]], params: dict[str, int], wrn: dict[str, int], configs: dict,
              command: str, wall_s: float) -> str:
     """The image section of docs/results.md."""
-    from bench.report import machine_info
+    from bench.harness import machine_info
 
     any_config = next(iter(configs.values()))
     m, t, d = any_config.model, any_config.train, any_config.data
@@ -149,8 +135,8 @@ def markdown(reports: dict[str, list[dict]], params: dict[str, int], wrn: dict[s
         "|---|" + "---|" * (len(CLEAN) + len(CORRUPTED) + 2),
     ]
     for method, runs in reports.items():
-        cells = [_cell([r["test"][k] for r in runs]) for k, _ in CLEAN]
-        cells += [_cell([r["mean_corrupted"][k] for r in runs]) for k, _ in CORRUPTED]
+        cells = [cell([r["test"][k] for r in runs]) for k, _ in CLEAN]
+        cells += [cell([r["mean_corrupted"][k] for r in runs]) for k, _ in CORRUPTED]
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {params[method]:,} | {len(runs)} |")
     sevs = list(first["by_severity"])
     for key, label in (("accuracy", "Accuracy"), ("nll", "NLL")):
@@ -158,8 +144,8 @@ def markdown(reports: dict[str, list[dict]], params: dict[str, int], wrn: dict[s
                   "| Method | clean | " + " | ".join(f"sev {s}" for s in sevs) + " |",
                   "|---|---|" + "---|" * len(sevs)]
         for method, runs in reports.items():
-            cells = [_cell([r["test"][key] for r in runs], 3)]
-            cells += [_cell([r["by_severity"][s][key] for r in runs], 3) for s in sevs]
+            cells = [cell([r["test"][key] for r in runs], 3)]
+            cells += [cell([r["by_severity"][s][key] for r in runs], 3) for s in sevs]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "Parameters of WRN-28-10 on CIFAR-10 inputs (32x32x3, 10 classes; built, not trained), K = 4:", "",
               "| Method | # Parameters | vs deterministic | paper (Table 2) |", "|---|---|---|---|"]
@@ -173,7 +159,7 @@ def markdown(reports: dict[str, list[dict]], params: dict[str, int], wrn: dict[s
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from bench.report import command_line, publish
+    from bench.harness import command_line, publish
 
     from ehr_base.cli_args import setup_logging
 

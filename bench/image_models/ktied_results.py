@@ -1,7 +1,7 @@
 """Mean field vs the k-tied Normal (k = 1, 2, 3) on digits, and the gradient SNR of their stddev parameters.
 
-  python bench/ktied_results.py --seeds 3                 # both parts, ~30 min on 2 CPU cores
-  python bench/ktied_results.py --part snr --seeds 3      # only the SNR / -ELBO curves (Figure 6, right)
+  python bench/image_models/ktied_results.py --seeds 3                 # both parts, ~30 min on 2 CPU cores
+  python bench/image_models/ktied_results.py --part snr --seeds 3      # only the SNR / -ELBO curves (Figure 6, right)
 
 Part "digits": trains configs/image_digits_mean_field.yaml and configs/image_digits_ktied_normal.yaml
 (k = 1, 2, 3) once per seed with model.image.train.train, evaluates clean and corrupted test sets,
@@ -27,12 +27,13 @@ import shutil
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
+from bench.harness import mean_sem  # noqa: E402
 
-log = logging.getLogger("bench.ktied_results")
+log = logging.getLogger("bench.image_models.ktied_results")
 
 # (row label, k): k None is the mean-field posterior.
 VARIANTS = (("mean_field", None), ("1-tied", 1), ("2-tied", 2), ("3-tied", 3))
@@ -67,8 +68,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _mean_sem(values: list[float]) -> tuple[float, float]:
-    from bench.image_results import _mean_sem as mean_sem
-
     vals = [v for v in values if v is not None and math.isfinite(v)]  # runs that never got there
     return mean_sem(vals) if vals else (float("nan"), float("nan"))
 
@@ -149,7 +148,7 @@ def steps_to_reach(curves: dict[str, list[list[tuple[int, float]]]]) -> dict[str
 
 def digits_markdown(reports, curves, params, config, command: str, wall_s: float) -> str:
     """The ktied_digits section of docs/results.md."""
-    from bench.report import machine_info
+    from bench.harness import machine_info
 
     m, t, d = config.model, config.train, config.data
     first = next(iter(reports.values()))[0]
@@ -301,14 +300,14 @@ def snr_markdown(results: dict[str, list[list[dict]]], command: str, figure: str
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from bench import report
+    from bench import harness
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
-    command = report.command_line(__file__, argv)
+    command = harness.command_line(__file__, argv)
 
     def publish(name: str, md: str) -> None:  # as soon as a part is done: a later failure keeps it
-        report.publish(name, md, args.output, write=not args.no_write)
+        harness.publish(name, md, args.output, write=not args.no_write)
 
     if args.part in ("all", "snr"):
         started = time.time()

@@ -1,8 +1,8 @@
 """Every method x several seeds on synthetic releases with known truth: docs/results.md's comparison.
 
-  python bench/compare_methods.py --scale medium              # ~8,300 admissions per release, 3 x sites A, B, C
-  python bench/compare_methods.py --scale tiny --seeds 3      # a few minutes, a smoke test of the grid
-  python bench/compare_methods.py --truth temporal --no-shift  # site A only, P_DEATH from trajectories too
+  python bench/methods/compare_methods.py --scale medium              # ~8,300 admissions per release, 3 x sites A, B, C
+  python bench/methods/compare_methods.py --scale tiny --seeds 3      # a few minutes, a smoke test of the grid
+  python bench/methods/compare_methods.py --truth temporal --no-shift  # site A only, P_DEATH from trajectories too
 
 Seed s of every method is trained on its OWN site-A release (``ehr-pipeline synth --patients 7000
 --seed 11 / 21 / 31``: ~8,300 cohort admissions each), so a row's spread over seeds covers the
@@ -26,31 +26,29 @@ NLL, AUC-PR, AUC-ROC, ECE, Brier, |p - P_DEATH| and the coverage of P_DEATH by t
 much |p - P_DEATH| referring the 20% most uncertain site-B cases removes compared with referring
 the 20% highest p; at site C, each method's |p - P_DEATH| against its site-A value.
 
-The grid's rows, scales and sites are bench/compare_setup.py; the tables bench/compare_report.py.
+The grid's rows, scales and sites are compare_setup.py, its steps (releases, data folders, runs,
+predictions) compare_runs.py and its tables compare_report.py: modules beside this script, not scripts.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import logging
 import pathlib
-import subprocess
 import sys
 import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
-from bench.compare_report import report  # noqa: E402
-from bench.compare_setup import (BASELINES, BELLA_METHODS, DEEP_ENSEMBLE, DEFAULT_METHODS,  # noqa: E402
-                                 ENSEMBLE_SIZE, METHODS, RAW, RAW_SITES, SCALES, SHIFTED, TRUTHS, VARIANTS,
-                                 WELL_SPECIFIED, bella_base_dir, default_work, run_name, section_name)
-
-log = logging.getLogger("bench.compare_methods")
+from bench.methods.compare_report import report  # noqa: E402
+from bench.methods.compare_runs import (Split, load_split, make_data, make_release, predict, train_run,  # noqa: E402
+                                        truth_design)
+from bench.methods.compare_setup import (BASELINES, BELLA_METHODS, DEEP_ENSEMBLE, DEFAULT_METHODS,  # noqa: E402
+                                         ENSEMBLE_SIZE, METHODS, RAW, RAW_SITES, SCALES, SHIFTED, TRUTHS,
+                                         WELL_SPECIFIED, default_work, run_name, section_name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,82 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# --------------------------------------------------------------------------- data
-
-
-@dataclasses.dataclass(frozen=True)
-class Split:
-    """One test split of one site: serialized examples, labels, hadm_ids and the true P_DEATH."""
-
-    records: list
-    labels: np.ndarray
-    hadm_ids: np.ndarray
-    truth: np.ndarray
-
-
-def _make_release(site: str, patients: int, seed: int, out: pathlib.Path, truth: str = "linear") -> None:
-    if (out / "SYNTH_TRUTH.csv").exists():
-        return
-    cmd = [sys.executable, "-m", "ehr_pipeline.cli", "synth", "--patients", str(patients), "--seed", str(seed),
-           "--out", str(out), "--no-progress", "--truth", truth] + (["--site", site] if site != "A" else [])
-    log.info("release %s: %s", site, " ".join(cmd[2:]))
-    subprocess.run(cmd, check=True, cwd=ROOT)
-
-
-def _make_data(release: pathlib.Path, data: pathlib.Path, units_from: pathlib.Path | None = None) -> None:
-    """The Beam job on a release; with units_from (a data folder), values in that folder's units."""
-    if (data / "manifest.json").exists():
-        return
-    from ehr_pipeline.contract import PipelineConfig, layout
-    from ehr_pipeline.job import run_job
-
-    reference = layout.read_json(str(units_from / layout.UNITS))["canonical"] if units_from else None
-    log.info("Beam job: %s -> %s%s", release, data, f" (units of {units_from})" if units_from else "")
-    run_job(str(release), str(data), PipelineConfig(), ["--runner=FnApiRunner"], reference_units=reference)
-
-
-def _split(data: pathlib.Path, release: pathlib.Path, name: str) -> Split:
-    from model.evaluation.evaluate import load_truth
-    from model.data_folder import load_data_files, read_split
-
-    split_records = read_split(load_data_files(data), name)
-    records, labels, hadm_ids = split_records.records, split_records.labels, split_records.hadm_ids
-    return Split(records, np.asarray(labels), np.asarray(hadm_ids), load_truth(release / "SYNTH_TRUTH.csv", hadm_ids))
-
-
-def truth_design(release: pathlib.Path, harmonised: bool = True) -> dict[int, np.ndarray]:
-    """hadm_id -> the truth's logit terms recomputed from a release's tables.
-
-    The nine linear terms (MortalityModel.design); a temporal release adds its two trajectory
-    terms (TemporalModel.design: the course's creatinine trend and the discharge gap's log).
-
-    harmonised: a site's labs written in other units (its manifest's ``lab_units``) are read back
-    in site A's units first, as the harmonised data the models see; False reads them as written.
-    """
-    from ehr_pipeline.synth.recompute import pre_trigger_features, read_tables, trajectory_features
-    from ehr_pipeline.synth.temporal import temporal_model
-    from ehr_pipeline.synth.truth import MortalityModel
-
-    manifest = json.loads((release / "SYNTH_MANIFEST.json").read_text())
-    settings = manifest.get("settings", manifest)
-    tables = read_tables(release)
-    lab_units = manifest.get("site", {}).get("lab_units", {}) if harmonised else {}
-    if lab_units:
-        labs = tables["LABEVENTS"].copy()
-        for itemid, unit in lab_units.items():
-            hit = labs.ITEMID == int(itemid)
-            labs.loc[hit, "VALUENUM"] = labs.loc[hit, "VALUENUM"] / float(unit["factor"])
-        tables = {**tables, "LABEVENTS": labs}
-    ids, feats = pre_trigger_features(tables, int(settings.get("trigger_offset_seconds", 86400)))
-    events_scale = float(settings.get("events_scale", 1.0))
-    design = MortalityModel(lab_volume_scale=events_scale).design(feats)
-    if manifest.get("truth", {}).get("family") == "temporal":
-        traj_ids, traj = trajectory_features(tables)
-        # Both come in ADMISSIONS order; the check keeps a reordering from pairing the wrong rows.
-        if not np.array_equal(np.asarray(traj_ids), np.asarray(ids)):
-            raise RuntimeError(f"{release}: the trajectory terms' admissions differ from the linear terms'")
-        design = np.concatenate([design, temporal_model(events_scale).design(traj)], axis=1)
-    return dict(zip(ids.tolist(), design))
+# --------------------------------------------------------------------------- the grid (compare_runs.py: its steps)
 
 
 def _well_specified(work: pathlib.Path, seed: int, splits: dict[str, Split]) -> dict[str, np.ndarray]:
@@ -169,7 +92,7 @@ def _well_specified(work: pathlib.Path, seed: int, splits: dict[str, Split]) -> 
     from sklearn.linear_model import LogisticRegression
 
     rows_a = truth_design(work / f"release_A{seed}")
-    train = _split(work / f"data_A{seed}", work / f"release_A{seed}", "train")
+    train = load_split(work / f"data_A{seed}", work / f"release_A{seed}", "train")
     fit = LogisticRegression(C=1e6, max_iter=5000).fit(np.stack([rows_a[h] for h in train.hadm_ids]), train.labels)
     out = {"params": np.array(fit.coef_.size + 1)}
     designs = {}
@@ -179,53 +102,6 @@ def _well_specified(work: pathlib.Path, seed: int, splits: dict[str, Split]) -> 
         rows = designs.setdefault(key, rows_a if name == "A" else truth_design(release, harmonised=key[1]))
         out[f"probs_{name}"] = fit.predict_proba(np.stack([rows[h] for h in split.hadm_ids]))[:, 1:]
     return out
-
-
-# --------------------------------------------------------------------------- training
-
-
-def _config(method: str, seed: int, args: argparse.Namespace):
-    from model.training.config import load_config
-
-    name, model_overrides = VARIANTS.get(method, (method, {}))
-    config = load_config(ROOT / "configs" / f"ehr_{name}.yaml")
-    scale = SCALES[args.scale]
-    steps = args.steps or scale["steps"]
-    train = {**scale["train"], "seed": seed}
-    if steps:
-        train["max_steps"] = steps
-    samples = 1 if config.model.method in ("deterministic", "batchensemble", "bella") else args.samples
-    return config.with_overrides(model={**scale["model"], **model_overrides}, train=train,
-                                 eval={"num_samples": samples, "seed": seed, "n_bootstrap": 200,
-                                       "referral_measure": "mutual_information"})
-
-
-def _train(method: str, seed: int, args, data: pathlib.Path, truth: pathlib.Path, work: pathlib.Path,
-           name: str | None = None):
-    """(export folder, trainable parameters, train seconds) of one run (runs/NAME); a finished run is reused."""
-    from model.training.train import train
-
-    run_dir = work / "runs" / (name or f"{method}_s{seed}")
-    export_dir = run_dir / "export"
-    timing = run_dir / "train_seconds.json"
-    if not (export_dir / "manifest.json").exists():
-        started = time.time()
-        log.info("training %s seed %d -> %s", method, seed, run_dir)
-        train(_config(method, seed, args), data, run_dir, progress=False, truth_path=truth,
-              base_dir=bella_base_dir(work, method, seed))
-        timing.write_text(json.dumps({"seconds": time.time() - started}))
-    card = json.loads((export_dir / "model_card.json").read_text())
-    seconds = json.loads(timing.read_text())["seconds"] if timing.exists() else float("nan")
-    return export_dir, card["num_parameters"], seconds
-
-
-def _predict(exports, split: Split, samples: int, seed: int) -> np.ndarray:
-    """[N, S*K] probabilities of a split; exports are folders or already loaded exports (load once, predict many)."""
-    from model.export.load import load_export
-    from model.export.predict import predict_probs
-
-    loaded = [e if hasattr(e, "ensemble_size") else load_export(str(e)) for e in exports]
-    return predict_probs(loaded, split.records, samples, seed)
 
 
 def _save(path: pathlib.Path, **arrays) -> None:
@@ -245,8 +121,8 @@ def make_releases(args: argparse.Namespace, work: pathlib.Path) -> dict[str, pat
         raise SystemExit(f"--seeds {args.seeds}: the {args.scale} scale has {len(seeds)} site-A releases")
     data = {}
     for i in range(args.seeds):
-        _make_release("A", patients, seeds[i], work / f"release_A{i}", args.truth)
-        _make_data(work / f"release_A{i}", work / f"data_A{i}")
+        make_release("A", patients, seeds[i], work / f"release_A{i}", args.truth)
+        make_data(work / f"release_A{i}", work / f"data_A{i}")
         data[f"A{i}"] = work / f"data_A{i}"
     units_a = [json.loads((data[f"A{i}"] / "units.json").read_text())["canonical"] for i in range(args.seeds)]
     if any(u != units_a[0] for u in units_a):
@@ -257,11 +133,11 @@ def make_releases(args: argparse.Namespace, work: pathlib.Path) -> dict[str, pat
         patients, seeds = scale["releases"][site]
         for j, seed in enumerate(seeds):
             release = work / f"release_{site}{j}"
-            _make_release(site, patients, seed, release, args.truth)
-            _make_data(release, work / f"data_{site}{j}", units_from=data["A0"])
+            make_release(site, patients, seed, release, args.truth)
+            make_data(release, work / f"data_{site}{j}", units_from=data["A0"])
             data[f"{site}{j}"] = work / f"data_{site}{j}"
             if site in RAW_SITES:
-                _make_data(release, work / f"data_{site}{RAW}{j}")
+                make_data(release, work / f"data_{site}{RAW}{j}")
                 data[f"{site}{RAW}{j}"] = work / f"data_{site}{RAW}{j}"
     return data
 
@@ -276,7 +152,7 @@ def trajectory_designs(work: pathlib.Path, args: argparse.Namespace) -> tuple[di
         if not (work / f"data_A{i}" / "manifest.json").exists():
             continue
         rows = truth_design(release)
-        designs[f"A{i}"] = np.stack([rows[h] for h in _split(work / f"data_A{i}", release, "test").hadm_ids])
+        designs[f"A{i}"] = np.stack([rows[h] for h in load_split(work / f"data_A{i}", release, "test").hadm_ids])
     return designs, tuple(float(c) for c in temporal_model(1.0).coefficients())
 
 
@@ -288,7 +164,7 @@ def _release_of(name: str, work: pathlib.Path) -> pathlib.Path:
 def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
     """Trains every run that is missing and saves its test predictions (WORK/preds/NAME_sSEED.npz)."""
     data = make_releases(args, work)
-    tests = {name: _split(folder, _release_of(name, work), "test") for name, folder in data.items()}
+    tests = {name: load_split(folder, _release_of(name, work), "test") for name, folder in data.items()}
     shifted = {name: split for name, split in tests.items() if not name.startswith("A")}
     preds = work / "preds"
 
@@ -302,11 +178,11 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
         from model.export.load import load_export
 
         loaded = [load_export(str(e)) for e in exports]  # ~10 s each: once for the ten-odd test splits
-        arrays = {f"probs_{n}": _predict(loaded, split, samples, seed) for n, split in splits_of(seed).items()}
+        arrays = {f"probs_{n}": predict(loaded, split, samples, seed) for n, split in splits_of(seed).items()}
         _save(target, params=params, seconds=seconds, **arrays)
 
     def train_on(method: str, seed: int, model_seed: int | None = None):
-        return _train(method, seed if model_seed is None else model_seed, args, data[f"A{seed}"],
+        return train_run(method, seed if model_seed is None else model_seed, args, data[f"A{seed}"],
                       _release_of(f"A{seed}", work) / "SYNTH_TRUTH.csv", work, run_name(method, seed, model_seed))
 
     if "deterministic" in args.methods:
@@ -351,7 +227,7 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Trains the grid (unless --report-only) and writes the tables; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from bench.report import command_line, publish
+    from bench.harness import command_line, publish
     from ehr_base.cli_args import setup_logging
 
     setup_logging()

@@ -1,5 +1,5 @@
 """The method comparison's tables (docs/results.md), recomputed from the saved per-case
-predictions (WORK/preds/*.npz) that bench/compare_methods.py writes: scores per method and site,
+predictions (WORK/preds/*.npz) that bench/methods/compare_methods.py writes: scores per method and site,
 paired differences, uncertainty under the site shift and the harmonisation of units.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pathlib
 
 import numpy as np
 
-from bench.compare_setup import (BASELINES, BELLA_METHODS, DEEP_ENSEMBLE, ENSEMBLE_SIZE, METHODS, RAW, SCALES, SHIFTED,
+from bench.methods.compare_setup import (BASELINES, BELLA_METHODS, DEEP_ENSEMBLE, ENSEMBLE_SIZE, METHODS, RAW, SCALES, SHIFTED,
                                  WELL_SPECIFIED, split_names)
 
 # The truth's own row; the coverage columns' interval levels; the share of site B referred.
@@ -309,7 +309,7 @@ def _release_text(scale: dict, site: str, truth: dict[str, np.ndarray], names: l
 def report(args: argparse.Namespace, work: pathlib.Path, command: str, seconds: float,
            trajectory: tuple[dict[str, np.ndarray], tuple[float, float]] | None = None) -> str:
     """The markdown section: in-distribution, paired and site-shift tables (trajectory: the temporal truth's terms)."""
-    from bench.report import machine_info
+    from bench.harness import machine_info
 
     runs, truth = load_predictions(work / "preds")
     scale = SCALES[args.scale]

@@ -1,5 +1,5 @@
 """The method comparison's grid: its rows (methods, variants, baselines), scales, sites, and the
-names of its runs and test splits; bench/compare_methods.py runs it, bench/compare_report.py
+names of its runs and test splits; bench/methods/compare_methods.py runs it, bench/methods/compare_report.py
 writes its tables.
 """
 from __future__ import annotations

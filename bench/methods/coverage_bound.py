@@ -1,6 +1,6 @@
 """What coverage of P_DEATH an honest posterior over the logistic regression reaches: docs/results.md.
 
-  python bench/coverage_bound.py                  # the medium comparison's releases (made if missing)
+  python bench/methods/coverage_bound.py                  # the medium comparison's releases (made if missing)
 
 The medium comparison's best-covering model, ``rank1_normal_laplace``, covers P_DEATH with its
 95% interval in ~88% of site-A test cases, short of the 90% target; nearly all of its spread
@@ -36,12 +36,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 
-log = logging.getLogger("bench.coverage_bound")
+log = logging.getLogger("bench.methods.coverage_bound")
 
 LEVELS = (0.5, 0.8, 0.95)
 TARGET_COVERAGE_95 = 0.90  # the issue's target for the 95% interval, in distribution
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     from threadpoolctl import threadpool_limits
     from tqdm.auto import tqdm
 
-    from bench.compare_methods import _make_data, _make_release
+    from bench.methods.compare_runs import make_data, make_release
     from model.evaluation import metrics, metrics_report
     from model.evaluation.evaluate import load_truth
     from model.training import baselines
@@ -161,8 +161,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     work = pathlib.Path(args.work)
     sites = {"A": args.seed} if args.no_shift else {"A": args.seed, "B": args.seed + 1}
     for site, seed in sites.items():
-        _make_release(site, args.patients, seed, work / f"release_{site}")
-        _make_data(work / f"release_{site}", work / f"data_{site}")
+        make_release(site, args.patients, seed, work / f"release_{site}")
+        make_data(work / f"release_{site}", work / f"data_{site}")
     files = load_data_files(work / "data_A")
     featurizer = Featurizer.from_data_files(files, baselines.DEFAULT_WINDOW_HOURS)
     feats = {s: baselines.read_features(files, s, featurizer) for s in ("train", "validation", "test")}
@@ -247,7 +247,7 @@ def report(results: list[dict], info: dict, args: argparse.Namespace, command: s
 def main(argv: list[str] | None = None) -> int:
     """Compares the posteriors and writes their section of the results file; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from bench.report import command_line, publish
+    from bench.harness import command_line, publish
     from ehr_base.cli_args import setup_logging
 
     setup_logging()

@@ -1,14 +1,14 @@
 """How close to the known truth a learner gets as the training split grows: docs/results.md's learning curve.
 
-  python bench/learning_curve.py                       # one large release (~25k admissions), sizes 1.6k-all
-  python bench/learning_curve.py --patients 7000 --seed 11 --work out/compare_methods --release-name A
+  python bench/methods/learning_curve.py                       # one large release (~25k admissions), sizes 1.6k-all
+  python bench/methods/learning_curve.py --patients 7000 --seed 11 --work out/compare_methods --release-name A
 
 The medium-scale targets (mean abs(p - P_DEATH) <= 0.025, NLL within 0.005 nats of the truth's)
 were set for ~6,600 training admissions. This script asks whether a general-purpose learner can
 meet them at that size at all, and how many admissions it would need. It writes one large
 release with the project's generator, runs the Beam job on it, and fits, on random subsets of
 its training split (REPEATS draws per size), two models chosen and read exactly as in
-bench/compare_methods.py:
+bench/methods/compare_methods.py:
 
 * ``logistic``: model.training.baselines' logistic regression on the 634 window aggregates (L1 or L2 and C
   chosen by NLL on the full validation split), the strongest general-purpose learner of the
@@ -34,12 +34,12 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 
-log = logging.getLogger("bench.learning_curve")
+log = logging.getLogger("bench.methods.learning_curve")
 
 DEFAULT_SIZES = (1650, 3300, 6600, 13000)
 TARGET_ABS_ERROR = 0.025  # the issue's target for mean abs(p - P_DEATH) at medium scale
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     from threadpoolctl import threadpool_limits
     from tqdm.auto import tqdm
 
-    from bench.compare_methods import _make_data, _make_release, truth_design
+    from bench.methods.compare_runs import make_data, make_release, truth_design
     from model.evaluation import metrics
     from model.evaluation.evaluate import load_truth
     from model.training import baselines
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     work = pathlib.Path(args.work)
     release, data = work / f"release_{args.release_name}", work / f"data_{args.release_name}"
-    _make_release("A", args.patients, args.seed, release)
-    _make_data(release, data)
+    make_release("A", args.patients, args.seed, release)
+    make_data(release, data)
     files = load_data_files(data)
     featurizer = Featurizer.from_data_files(files, baselines.DEFAULT_WINDOW_HOURS)
     feats = {s: baselines.read_features(files, s, featurizer) for s in ("train", "validation", "test")}
@@ -131,22 +131,22 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
                truth: np.ndarray, y_test: np.ndarray, truth_nll: float, p_logistic: np.ndarray,
                n_train: int) -> list[dict]:
     """Rank-1 Normal LSTMs on the whole training split: test scores per seed, paired with the logistic fit."""
-    from bench.compare_methods import _predict, _split, _train
+    from bench.methods.compare_runs import load_split, predict, train_run
     from model.evaluation import against_truth, metrics, metrics_report
 
     if args.lstm_seeds <= 0:
         return []
-    from bench.compare_setup import SCALES
+    from bench.methods.compare_setup import SCALES
 
     steps = args.lstm_steps or math.ceil(SCALES["medium"]["steps"] * n_train / MEDIUM_TRAIN_ADMISSIONS)
     grid_args = argparse.Namespace(scale="medium", steps=steps, samples=args.samples)
-    split = _split(data, release, "test")
+    split = load_split(data, release, "test")
     if not np.array_equal(split.hadm_ids, hadm_ids):
         raise RuntimeError("the test split's order differs between the baseline features and the LSTM reader")
     out = []
     for seed in range(args.lstm_seeds):
-        export, _, seconds = _train("rank1_normal", seed, grid_args, data, release / "SYNTH_TRUTH.csv", work)
-        probs = _predict([export], split, args.samples, seed)  # [N, S * K]
+        export, _, seconds = train_run("rank1_normal", seed, grid_args, data, release / "SYNTH_TRUTH.csv", work)
+        probs = predict([export], split, args.samples, seed)  # [N, S * K]
         p = probs.mean(axis=1)
         coverage = against_truth.interval_coverage(probs, truth, levels=(0.95,))["0.95"]
         best_step = json.loads((export.parent / "best.json").read_text())["step"]
@@ -191,7 +191,7 @@ def power_law(ns: np.ndarray, errors: np.ndarray) -> tuple[float, float]:
 
 def report(results: list[dict], info: dict, command: str, seconds: float) -> str:
     """Markdown: the curve per size, the fitted power law and the size it predicts for the target."""
-    from bench.compare_report import _fmt, _mean_sem
+    from bench.methods.compare_report import _fmt, _mean_sem
 
     lines = [
         "## Learning curve against the known truth",
@@ -264,7 +264,7 @@ def report(results: list[dict], info: dict, command: str, seconds: float) -> str
 def main(argv: list[str] | None = None) -> int:
     """Fits the curve and writes its section of the results file; returns the exit code."""
     args = build_parser().parse_args(argv)
-    from bench.report import command_line, publish
+    from bench.harness import command_line, publish
     from ehr_base.cli_args import setup_logging
 
     setup_logging()

@@ -1,7 +1,7 @@
 """The shift report's and the service monitor's targets on synthetic releases: docs/shift.md's numbers.
 
-  python bench/shift_targets.py --work out/shift_targets                  # 2,000 patients per release
-  python bench/shift_targets.py --work out/shift_targets --patients 600   # a smaller, quicker check
+  python bench/methods/shift_targets.py --work out/shift_targets                  # 2,000 patients per release
+  python bench/methods/shift_targets.py --work out/shift_targets --patients 600   # a smaller, quicker check
 
 Releases (``ehr_pipeline.synth``): site A seed S (the model's), three fresh site-A seeds,
 site B (``--site B``: biased creatinine x1.15, lactate x1.2, glucose x1.1; local codes; half the
@@ -30,11 +30,11 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
-from bench.report import command_line, publish  # noqa: E402
+from bench.harness import command_line, publish  # noqa: E402
 
 log = logging.getLogger("shift_targets")
 BIN = pathlib.Path(sys.executable).parent

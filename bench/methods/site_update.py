@@ -1,11 +1,11 @@
 """Every updating method of ehr-adapt at several local sample sizes, against the known truth of synthetic sites.
 
-  python bench/adapt.py                       # the issue's grid: sizes 100..2,500, 3 x 3 x 3, sites B, D, E
-  python bench/adapt.py --quick               # a smoke run: tiny releases, one of each, size 100
-  python bench/adapt.py --design matched      # 3 cells per site and size instead of 27 (below)
+  python bench/methods/site_update.py                       # the issue's grid: sizes 100..2,500, 3 x 3 x 3, sites B, D, E
+  python bench/methods/site_update.py --quick               # a smoke run: tiny releases, one of each, size 100
+  python bench/methods/site_update.py --design matched      # 3 cells per site and size instead of 27 (below)
 
 A rank-1 model (configs/ehr_rank1_normal.yaml at the --scale's sizes) is trained on each of
---train-releases site-A releases (bench/compare_setup.py's seeds). Each shifted site (B: case mix
+--train-releases site-A releases (bench/methods/compare_setup.py's seeds). Each shifted site (B: case mix
 and measurement, same truth; D: twice the odds of death; E: other predictor effects; docs/synthetic.md)
 has --site-releases releases, bagged with the model's units (``ehr-pipeline run --units-from``).
 For every local size n and draw d, n admissions of the site release's train split are drawn
@@ -58,13 +58,13 @@ from scipy import stats
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 # The comparison's release, bagging and training steps, reused so both grids train and bag alike.
-from bench.compare_methods import _make_data, _make_release, _split, _train  # noqa: E402
-from bench.compare_setup import SCALES  # noqa: E402
+from bench.methods.compare_runs import load_split, make_data, make_release, train_run  # noqa: E402
+from bench.methods.compare_setup import SCALES  # noqa: E402
 from ehr_pipeline.contract import layout  # noqa: E402
 from model.adapt import recalibration  # noqa: E402
 from model.adapt.config import METHODS, AdaptConfig  # noqa: E402
@@ -75,7 +75,7 @@ from model.evaluation import metrics  # noqa: E402
 from model.export.load import Recalibration, load_export  # noqa: E402
 from model.export.predict import Predictor, predict_probs  # noqa: E402
 
-log = logging.getLogger("bench.adapt")
+log = logging.getLogger("bench.methods.site_update")
 
 SIZES = (100, 250, 500, 1000, 2500)
 SITES = ("B", "D", "E")
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--scale", choices=("tiny", "medium"), default="medium",
-                        help="release and model sizes (bench/compare_setup.py SCALES)")
+                        help="release and model sizes (bench/methods/compare_setup.py SCALES)")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="local sample sizes, comma-separated")
     parser.add_argument("--train-releases", type=int, default=3, help="site-A training releases (one model each)")
     parser.add_argument("--site-releases", type=int, default=3, help="releases of each shifted site")
@@ -203,9 +203,9 @@ def _sites(args, work: pathlib.Path, train_data: pathlib.Path, releases: list[in
         for r in releases:
             seed = SITE_SEEDS[site][r]
             release = work / "releases" / f"{site}_{seed}"
-            _make_release(site, patients, seed, release)
+            make_release(site, patients, seed, release)
             data = work / "data" / f"{site}_{seed}_units_{units}"
-            _make_data(release, data, units_from=train_data)
+            make_data(release, data, units_from=train_data)
             yield site, r, data, release
 
 
@@ -219,10 +219,10 @@ def run_grid(args, work: pathlib.Path) -> None:
     chosen = range(args.train_releases) if args.train_index is None else [int(i) for i in args.train_index.split(",")]
     for t in chosen:
         release = work / "releases" / f"A_{seeds[t]}"
-        _make_release("A", patients, seeds[t], release)
+        make_release("A", patients, seeds[t], release)
         train_data = work / "data" / f"A_{seeds[t]}"
-        _make_data(release, train_data)
-        export, _, _ = _train(MODEL, seeds[t], args, train_data, release / "SYNTH_TRUTH.csv", work,
+        make_data(release, train_data)
+        export, _, _ = train_run(MODEL, seeds[t], args, train_data, release / "SYNTH_TRUTH.csv", work,
                               name=f"{MODEL}_t{t}")
         # Matched: this model meets only its own site release and local draw.
         matched = args.design == "matched"
@@ -251,7 +251,7 @@ def _score_group(args, export: pathlib.Path, data: pathlib.Path, site_release: p
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     loaded = load_export(export)
-    test = _split(data, site_release, "test")
+    test = load_split(data, site_release, "test")
     parent = functools.cache(lambda: predict_probs(loaded, test.records, args.samples, 0))
     for d in sorted({k["draw"] for k in keys}):
         local = read_local(loaded, data, "train", sample_size=keys[0]["size"], seed=d)
@@ -391,10 +391,10 @@ def main(argv: list[str] | None = None) -> int:
         args = _quick(args)
     unknown = sorted(set(args.methods.split(",")) - set(METHODS))
     if unknown:
-        print(f"bench/adapt.py: error: --methods: unknown {unknown}; known: {METHODS}", file=sys.stderr)
+        print(f"bench/methods/site_update.py: error: --methods: unknown {unknown}; known: {METHODS}", file=sys.stderr)
         return 2
     if args.design == "matched" and not args.train_releases == args.site_releases == args.draws:
-        print("bench/adapt.py: error: --design matched needs --train-releases, --site-releases and --draws equal",
+        print("bench/methods/site_update.py: error: --design matched needs --train-releases, --site-releases and --draws equal",
               file=sys.stderr)
         return 2
     work = pathlib.Path(args.work)
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.out:
         print(table)
         return 0
-    from bench.report import command_line, publish
+    from bench.harness import command_line, publish
 
     figure = None
     if args.figure and (work / "adapt" / "adapt.png").exists():

@@ -1,4 +1,4 @@
-"""The markdown section of bench/serving.py: what was served, the issue's targets checked on
+"""The markdown section of bench/service/service_latency.py: what was served, the issue's targets checked on
 ratios of one run, the in-process timings of the model's parts and the HTTP load levels.
 """
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
-from bench import report
+from bench import harness
 
 
 def units_of(t: dict) -> int:
@@ -20,11 +20,11 @@ def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespa
              *_http_table(levels)]
     lines += [
         "",
-        f"Run on {dt.date.today().isoformat()} with `python bench/serving.py{args.cmdline}` "
+        f"Run on {dt.date.today().isoformat()} with `python bench/service/service_latency.py{args.cmdline}` "
         f"(1-minute load average at start: {args.load_at_start:.1f}; other work on the same cores inflates "
         f"every number, which is why the targets are checked as ratios within one run):",
         "",
-        report.machine_info(),
+        harness.machine_info(),
     ]
     return "\n".join(lines)
 

@@ -7,12 +7,12 @@
 2. In-process, on the same export: one forward pass with S=25 samples against a loop of 25
    passes with S=1, and one call with 32 admissions against 32 calls with one each.
 
-Writes the "serving" section of docs/benchmarks.md (bench/report.py; the markdown is
-bench/serving_report.py). Without --model it benchmarks a tiny UNTRAINED rank-1 export
+Writes the "serving" section of docs/benchmarks.md (bench/harness.py; the markdown is
+bench/service/latency_report.py). Without --model it benchmarks a tiny UNTRAINED rank-1 export
 written by the real exporter (the serving overheads are real, the model size is not); pass
 a trained export for real numbers.
 
-    python bench/serving.py --model runs/demo/export
+    python bench/service/service_latency.py --model runs/demo/export
 """
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the repo packages and bench/
 
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 import numpy as np  # noqa: E402
 
-from bench import report  # noqa: E402
-from bench.serving_report import to_markdown  # noqa: E402
+from bench import harness  # noqa: E402
+from bench.service.latency_report import to_markdown  # noqa: E402
 
 API_KEY = "bench-key-0123456789abcdef"
 ADMIT = dt.datetime(2150, 3, 1, 8, 30)
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
                                  **threads_comparison(model_dir, args)}
         print(f"model pass {timings['pass_1']:.1f} ms, edward2 cell {timings['ed2_cell']:.1f} ms", flush=True)
     markdown = to_markdown(model, levels, timings, args)
-    report.publish("serving", markdown, write=not args.no_write)
+    harness.publish("serving", markdown, write=not args.no_write)
     return 0
 
 

@@ -12,10 +12,10 @@ lab:50819, input:222011, ...) travel with them; the table says how many admissio
 
 Prints a table (requests by route and status, latency, non-2xx on /metrics and /v1/monitor, the
 monitor's levels and errors, the server's RSS at start / middle / end and its slope) and writes
-the "soak" section of docs/benchmarks.md (bench/report.py).
+the "soak" section of docs/benchmarks.md (bench/harness.py).
 
-    python bench/soak.py --model out/demo/run/export            # the export `make demo` trains
-    python bench/soak.py --model EXPORT --duration 30 --no-write
+    python bench/service/soak.py --model out/demo/run/export            # the export `make demo` trains
+    python bench/service/soak.py --model EXPORT --duration 30 --no-write
 """
 from __future__ import annotations
 
@@ -30,14 +30,14 @@ import tempfile
 import threading
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the repo packages and bench/
 
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before anything imports TensorFlow)
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import report  # noqa: E402
+from bench import harness  # noqa: E402
 
 ROUTES = ("/v1/predict", "/v1/predict/batch", "/metrics", "/v1/monitor")
 WEIGHTS = (0.45, 0.25, 0.15, 0.15)  # share of calls per route
@@ -283,9 +283,9 @@ def to_markdown(s: dict, rss: dict, meta: dict, args: argparse.Namespace) -> str
     levels = ", ".join(f"{k} {v}" for k, v in sorted(s["levels"].items())) or "none answered"
     lines += ["", f"/v1/monitor levels answered: {levels}. RSS sampled every {args.rss_every:g} s "
               f"({rss['samples']} samples, /proc/PID/status VmRSS of the server process).", "",
-              f"Run on {dt.date.today().isoformat()} with `{report.command_line(__file__, args.argv, drop=('--no-write',))}` "
+              f"Run on {dt.date.today().isoformat()} with `{harness.command_line(__file__, args.argv, drop=('--no-write',))}` "
               f"(1-minute load average at start: {args.load_at_start:.1f}; clients and server share the machine):", "",
-              report.machine_info()]
+              harness.machine_info()]
     return "\n".join(lines)
 
 
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             "admissions": len(bodies), "sources": sources, "constant_codes": len(constant),
             "constant_carriers": sum(carries(b, constant) for b in bodies),
             "constant_examples": ", ".join(sorted(constant)[:4]) or "none in this export's reference"}
-    report.publish("soak", to_markdown(summary, out["rss"], meta, args), write=not args.no_write)
+    harness.publish("soak", to_markdown(summary, out["rss"], meta, args), write=not args.no_write)
     met = (all(n == 0 for n in summary["non_2xx"].values()) and summary["monitor_errors"] == 0
            and is_flat(out["rss"]))
     return 0 if met else 1

@@ -1,6 +1,6 @@
 """How much an unknown admission type moves the risk, answered the ways one could: docs/fhir.md.
 
-  python bench/unknown_admission_type.py                 # 3 synthetic site-A releases, a rank-1 model each
+  python bench/service/unknown_admission_type.py                 # 3 synthetic site-A releases, a rank-1 model each
 
 A FHIR Encounter often states no admission type. The service then averages the model over the
 training admission types by their training frequency, the S samples per member split among
@@ -20,12 +20,12 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 
-log = logging.getLogger("bench.unknown_admission_type")
+log = logging.getLogger("bench.service.unknown_admission_type")
 
 # compare_methods' medium model and training settings (docs/results.md), shorter by default.
 MODEL = {"embedding_dim": 16, "rnn_dim": 32, "hidden_layer_dim": 32, "pooling": "attention", "attention_heads": 4}
@@ -158,7 +158,7 @@ def report(results: list[dict[str, np.ndarray]], command: str, seeds: list[int],
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark and writes its section of --out."""
-    from bench import report as bench_report
+    from bench import harness
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
@@ -168,9 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         release, data, export = _prepare(seed, args, work)
         results.append(measure(release, data, export, args.samples, seed))
-    markdown = report(results, bench_report.command_line("bench/unknown_admission_type.py", argv), args.seeds,
+    markdown = report(results, harness.command_line(__file__, argv), args.seeds,
                       args.samples)
-    bench_report.publish("unknown_admission_type", markdown, args.out)
+    harness.publish("unknown_admission_type", markdown, args.out)
     return 0
 
 

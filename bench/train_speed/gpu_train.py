@@ -1,7 +1,7 @@
 """One command for a GPU machine: the medium synthetic release, the Table-7 rank-1 run, steps/s and metrics.
 
   make gpu-install                       # the GPU build of the pinned TensorFlow (pyproject extra `gpu`)
-  python bench/gpu_train.py --out runs/gpu_table7
+  python bench/train_speed/gpu_train.py --out runs/gpu_table7
 
 Generates the release (`ehr-pipeline synth --patients 7000 --seed 11`, then `ehr-pipeline
 run`), skipping what is already there, trains configs/ehr_rank1_normal.yaml on every visible
@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def main(argv: list[str] | None = None) -> int:

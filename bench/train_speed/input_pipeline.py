@@ -14,7 +14,7 @@ The GPU side is arithmetic, not a measurement: FLOPs of one Table-7 rank-1 train
 at a stated sustained throughput. The 16-core projection is the 1-core rate times 16,
 scaled down by the 2-core efficiency measured in the same run.
 
-  python bench/input_pipeline.py --data DATA_DIR [--cores 1 2] [--batches 60] [--gpu-tflops 200]
+  python bench/train_speed/input_pipeline.py --data DATA_DIR [--cores 1 2] [--batches 60] [--gpu-tflops 200]
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 VARIANTS = ("stream", "cached")
 
 
@@ -85,7 +85,7 @@ def run_child(args, variant: str, cores: int) -> dict:
 def markdown(rows: list[dict], args, gpu: dict, argv: list[str]) -> str:
     """The benchmarks.md section."""
     by = {(r["variant"], r["cores"]): r for r in rows}
-    lines = ["## Input pipeline vs GPU consumption (`bench/input_pipeline.py`)", "",
+    lines = ["## Input pipeline vs GPU consumption (`bench/train_speed/input_pipeline.py`)", "",
              f"Training split of a pipeline output ({gpu['n_train']} admissions), batches of {args.batch_size}, "
              f"{args.batches} timed batches after a warm-up; each variant in its own process pinned to the given "
              "cores. The machine is shared: compare ratios within this table.", "",
@@ -121,7 +121,7 @@ def markdown(rows: list[dict], args, gpu: dict, argv: list[str]) -> str:
                          f"{one['examples_per_s'] / gpu['examples_per_s']:.2f} x.")
     # The data folder is a machine path: the command names it DATA, the text says what it held.
     shown = ["DATA" if i and argv[i - 1] == "--data" else a for i, a in enumerate(argv)]
-    lines += ["", "Command: `" + shlex.join(["python", "bench/input_pipeline.py", *shown]) + "`, DATA = "
+    lines += ["", "Command: `" + shlex.join(["python", "bench/train_speed/input_pipeline.py", *shown]) + "`, DATA = "
               + args.data_label]
     return "\n".join(lines) + "\n"
 
@@ -168,10 +168,10 @@ def main(argv: list[str] | None = None) -> None:
            "tokens": stream["tokens_per_example"], "flops": flops, "step_ms": step_s * 1e3,
            "examples_per_s": args.batch_size / step_s, "n_train": manifest["splits"]["train"]["examples"]}
     md = markdown(rows, args, gpu, argv)
-    from bench import report
+    from bench import harness
 
-    md += "\nMachine:\n\n" + report.machine_info() + "\n"
-    report.publish("input_pipeline", md, write=args.write)
+    md += "\nMachine:\n\n" + harness.machine_info() + "\n"
+    harness.publish("input_pipeline", md, write=args.write)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Train-step time of a rank-1 LSTM (K members) vs a deterministic one on the same tiled batch.
 
-Usage: python bench/train_step.py [--hidden 128 512] [--batch-size 128] [--timed-steps 20]
+Usage: python bench/train_speed/train_step.py [--hidden 128 512] [--batch-size 128] [--timed-steps 20]
                                   [--vocab-sizes 848 10000 20000]
 
 Each variant is input [K*batch, T, d] -> LSTM(hidden) -> dense(1) logits, trained with
@@ -23,12 +23,13 @@ import statistics
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import model  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 import tensorflow as tf  # noqa: E402
 
+from bench import harness  # noqa: E402
 from model.layers import rank1  # noqa: E402
 from model.layers.posterior import PosteriorConfig  # noqa: E402
 
@@ -188,7 +189,7 @@ def _iqr(times):
 
 def _markdown(rows, batch_size, k, time_steps, input_dim, timed_steps, warmup, xla, trainable_input) -> str:
     lines = [
-        "## Train step: rank-1 LSTM vs deterministic (`bench/train_step.py`)",
+        "## Train step: rank-1 LSTM vs deterministic (`bench/train_speed/train_step.py`)",
         "",
         f"Forward + backward + Adam on a tiled batch of {batch_size} x K={k} = {batch_size * k} sequences, "
         f"{time_steps} steps, input dim {input_dim}; "
@@ -225,32 +226,9 @@ def _markdown(rows, batch_size, k, time_steps, input_dim, timed_steps, warmup, x
     return "\n".join(lines)
 
 
-def _report_module():
-    """bench.report (another engineer's shared helpers) when present, else None."""
-    try:
-        from bench import report
-    except ImportError:
-        return None
-    return report
-
-
 def write_markdown(md: str) -> None:
-    """Writes the section via bench.report when it exists, else between markers itself."""
-    report = _report_module()
-    if report is not None:
-        print(f"wrote {report.write_section('train_step', md)}")
-        return
-    path = ROOT / "docs" / "benchmarks.md"
-    begin, end = "<!-- begin:train_step -->", "<!-- end:train_step -->"
-    block = f"{begin}\n{md}\n{end}"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    """Writes the train_step section of docs/benchmarks.md (bench/harness.py)."""
+    print(f"wrote {harness.write_section('train_step', md)}")
 
 
 VARIANTS = ("deterministic, fast loop", "deterministic, keras LSTM", "rank-1, fast loop",
@@ -285,10 +263,8 @@ def main(argv=None) -> None:
                 args.timed_steps, args.warmup, args.xla, args.variants, args.input == "trainable")
     if args.vocab_sizes:
         md += "\n" + _parameters_markdown(whole_model_parameters(args.vocab_sizes))
-    md += "\nCommand: `" + shlex.join(["python", "bench/train_step.py", *(argv if argv is not None else sys.argv[1:])]) + "`\n"
-    report = _report_module()
-    if report is not None and hasattr(report, "machine_info"):
-        md += "\nMachine:\n\n" + report.machine_info() + "\n"
+    md += "\nCommand: `" + shlex.join(["python", "bench/train_speed/train_step.py", *(argv if argv is not None else sys.argv[1:])]) + "`\n"
+    md += "\nMachine:\n\n" + harness.machine_info() + "\n"
     print(md)
     if args.write:
         write_markdown(md)

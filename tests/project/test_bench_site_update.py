@@ -1,4 +1,4 @@
-"""bench/adapt.py's arithmetic: paired differences over the same cells, and the targets read from them."""
+"""bench/methods/site_update.py's arithmetic: paired differences over the same cells, and the targets read from them."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,7 +13,8 @@ from tests.support.paths import REPO_ROOT
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_adapt_under_test", REPO_ROOT / "bench" / "adapt.py")
+    spec = importlib.util.spec_from_file_location("bench_site_update_under_test",
+                                                  REPO_ROOT / "bench" / "methods" / "site_update.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
     spec.loader.exec_module(module)

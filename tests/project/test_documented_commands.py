@@ -189,11 +189,12 @@ COMMANDS: list[Run | Skip] = [
     Skip(r"^ehr-analyze posterior-rank --model runs/digits_mean_field ",
          "needs a trained digits mean-field run; tests/model/evaluation/test_posterior_rank.py runs the command on a tiny one"),
     # ---- benchmarks
-    Skip(r"^python bench/(compare_methods|learning_curve|coverage_bound|image_results|adapt)\.py",
+    Skip(r"^python bench/(methods/(compare_methods|learning_curve|coverage_bound|site_update)|"
+         r"image_models/image_results)\.py",
          "a results benchmark: many minutes to hours on 2 cores"),
-    Skip(r"^python bench/pipeline\.py$", "1M, 4M and 16M events: minutes"),
+    Skip(r"^python bench/data_jobs/pipeline\.py$", "1M, 4M and 16M events: minutes"),
     # A benchmark exits 1 when this machine misses a speed target: whether the script works is what is checked.
-    Run(r"^python bench/pipeline\.py --sizes 200000 --no-write$", check="events/s", exit_codes=(0, 1)),
+    Run(r"^python bench/data_jobs/pipeline\.py --sizes 200000 --no-write$", check="events/s", exit_codes=(0, 1)),
     # ---- ehr-serve and its clients
     Run(r"^export EHR_API_KEYS="),
     Run(r"^ehr-serve --help$", check="--precision"),

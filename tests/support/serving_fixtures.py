@@ -8,7 +8,7 @@ SavedModel call, uncertainty summaries, checksums) without training anything. It
 card says so in its name and method.
 
 Its tiny UNTRAINED counterpart through the real exporter, ``serving.testing.write_tiny_model_export``,
-is in the package because bench/serving.py and docs/serving.md use it too.
+is in the package because bench/service/service_latency.py and docs/serving.md use it too.
 
 ``ThreadedServer`` runs a real uvicorn server for an app built by create_app in a background
 thread; ``serving.server_process.ServerProcess`` runs the CLI in a process.
