@@ -4,27 +4,27 @@ No module-level state besides the logger: the settings, the model, the micro-bat
 metrics registry all belong to one app, handed to routes by dependency injection. This module
 only assembles the app; each concern lives in its own module:
 
-* ``serving.lifespan``: model loading, the micro-batcher, warm-up and shutdown;
-* ``serving.middleware``: request ids, the access log, HTTP metrics and body limits;
-* ``serving.errors``: the exception handlers;
-* ``serving.routes`` and ``serving.fhir_routes``: the endpoints;
-* ``serving.auth``: the API-key check and its per-address failure budget;
-* ``serving.api_docs``: /docs, with Swagger UI's assets served from here.
+* ``serving.api.lifespan``: model loading, the micro-batcher, warm-up and shutdown;
+* ``serving.api.middleware``: request ids, the access log, HTTP metrics and body limits;
+* ``serving.api.errors``: the exception handlers;
+* ``serving.api.routes`` and ``serving.api.fhir_routes``: the endpoints;
+* ``serving.api.auth``: the API-key check and its per-address failure budget;
+* ``serving.api.api_docs``: /docs, with Swagger UI's assets served from here.
 """
 from __future__ import annotations
 
 from fastapi import FastAPI
 
 from serving import __version__
-from serving.api_docs import install_docs
-from serving.auth import AuthGuard
-from serving.errors import install_error_handlers
-from serving.fhir_routes import cds_router, fhir_router
-from serving.lifespan import model_lifespan
-from serving.telemetry import ServiceMetrics
-from serving.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from serving.predictor import ServedModel
-from serving.routes import health_router, metrics_router, v1_router
+from serving.api.api_docs import install_docs
+from serving.api.auth import AuthGuard
+from serving.api.errors import install_error_handlers
+from serving.api.fhir_routes import cds_router, fhir_router
+from serving.api.lifespan import model_lifespan
+from serving.monitoring.telemetry import ServiceMetrics
+from serving.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from serving.inference.served_model import ServedModel
+from serving.api.routes import health_router, metrics_router, v1_router
 from serving.settings import Settings
 
 DESCRIPTION = """\
@@ -45,7 +45,7 @@ def create_app(settings: Settings, predictor: ServedModel | None = None) -> Fast
         version=__version__,
         description=DESCRIPTION,
         lifespan=model_lifespan(settings, metrics, predictor),
-        # serving.api_docs serves /docs with its assets (FastAPI's loads them from a CDN); no ReDoc (fonts and
+        # serving.api.api_docs serves /docs with its assets (FastAPI's loads them from a CDN); no ReDoc (fonts and
         # script from the internet) and no OAuth redirect page (the service takes API keys).
         docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None,
     )

@@ -25,9 +25,9 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import Scope
 
-from serving.dependencies import get_settings
+from serving.api.dependencies import get_settings
 from serving.settings import Settings
-from serving.telemetry import ServiceMetrics
+from serving.monitoring.telemetry import ServiceMetrics
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Query, Request, status
 
-from serving.batching import Arrival, MicroBatcher
-from serving.telemetry import ServiceMetrics
-from serving.monitor import Monitor
-from serving.predictor import ServedModel
+from serving.inference.batching import Arrival, MicroBatcher
+from serving.monitoring.telemetry import ServiceMetrics
+from serving.monitoring.monitor import Monitor
+from serving.inference.served_model import ServedModel
 from serving.settings import Settings
 
 

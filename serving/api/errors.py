@@ -3,7 +3,7 @@
 Client mistakes are 4xx with the field named (an OperationOutcome for FHIR clients): 400 for a body
 that is not JSON, 422 for JSON that does not fit the schema, on every route that takes a body; a full
 queue or a stopped batcher is 503 with Retry-After. Unhandled exceptions are answered by
-``serving.middleware.RequestContextMiddleware``, which logs them without their message.
+``serving.api.middleware.RequestContextMiddleware``, which logs them without their message.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serving.batching import BatcherStoppedError, QueueFullError
-from serving.encoding import InputError
-from serving.fhir_answers import FHIR_JSON, operation_outcome
+from serving.api.fhir_answers import FHIR_JSON, operation_outcome
+from serving.inference.batching import BatcherStoppedError, QueueFullError
+from serving.schemas import InputError
 
 
 def _request_id(request: Request) -> str | None:

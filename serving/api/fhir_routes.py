@@ -11,7 +11,7 @@
 A Bundle is one patient's records: any resource whose subject or patient is someone else
 refuses it (422 naming the element and both references), and an Encounter that does not
 state its admission type is answered with the risk averaged over the training types and a
-warning (``serving.admission_type``).
+warning (``serving.inference.admission_type``).
 
 A Bundle is validated by ``fhir.resources`` and mapped by ``ehr_pipeline.fhir.mapping``; the
 result becomes a ``PredictRequest`` and goes through ``prediction.predict_admissions``, the very
@@ -31,18 +31,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from ehr_pipeline.fhir.mapping import FhirInputError, MappedAdmission, ModelCodes, map_bundle, read_bundle
-from serving import fhir_answers
-from serving.auth import require_api_key
-from serving.dependencies import NumSamplesQuery, SeedQuery, Serving, ServingDep
-from serving.encoding import InputError
-from serving.prediction import (
+from serving.api import fhir_answers
+from serving.api.auth import require_api_key
+from serving.api.dependencies import NumSamplesQuery, SeedQuery, Serving, ServingDep
+from serving.inference.prediction import (
     check_event_limit,
     calibration,
     model_identity,
     predict_admissions,
     resolve_num_samples,
 )
-from serving.schemas import PatientPrediction, PredictRequest
+from serving.schemas import InputError, PatientPrediction, PredictRequest
 
 logger = logging.getLogger(__name__)
 

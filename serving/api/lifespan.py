@@ -15,13 +15,13 @@ from typing import AsyncContextManager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from serving import precision as precision_choice
-from serving.batching import MicroBatcher
-from serving.encoding import encode
-from serving.telemetry import ServiceMetrics
-from serving.monitor import Monitor
-from serving.predictor import ServedModel
-from serving.schemas import Admission, Patient, PredictRequest
+from serving.inference import precision as precision_choice
+from serving.inference.batching import MicroBatcher
+from serving.inference.encoding import encode
+from serving.monitoring.telemetry import ServiceMetrics
+from serving.monitoring.monitor import Monitor
+from serving.inference.served_model import ServedModel
+from serving.schemas import AdmissionRequest, Patient, PredictRequest
 from serving.settings import Settings
 
 logger = logging.getLogger("serving.app")  # log filters and alerts select the service by this name
@@ -39,7 +39,7 @@ def warmup_request(events: bool = True, meds_codes=None) -> PredictRequest:
         event = {"code": f"{rule.prefix}//{rule.item_range[0] if rule.item_range else 'warmup'}"}
     return PredictRequest(
         patient=Patient(gender="U", age_years=60.0),
-        admission=Admission(admit_time=admit.isoformat(), admission_type="EMERGENCY"),
+        admission=AdmissionRequest(admit_time=admit.isoformat(), admission_type="EMERGENCY"),
         events=[{"time": (admit + dt.timedelta(hours=1)).isoformat(), **event}] if events else [],
     )
 
@@ -105,7 +105,7 @@ def model_lifespan(settings: Settings, metrics: ServiceMetrics,
         export = model.export
         card = export.card
         metrics.model_info.labels(name=card.name, version=card.version, checksum=export.checksum).set(1)
-        batcher = MicroBatcher(model.forward, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000.0,
+        batcher = MicroBatcher(model, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000.0,
                                max_queue=settings.max_queue, metrics=metrics)
         await batcher.start()
         app.state.predictor = model

@@ -18,8 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serving.auth import API_KEY_HEADER, AuthGuard
-from serving.telemetry import ServiceMetrics
+from serving.api.auth import API_KEY_HEADER, AuthGuard
+from serving.monitoring.telemetry import ServiceMetrics
 
 logger = logging.getLogger("serving.app")  # log filters and alerts select the service by this name
 
@@ -104,7 +104,7 @@ class BodyLimitMiddleware:
     """Pure ASGI middleware: the request body, read before any route sees it, within limits.
 
     Unauthenticated requests with a body are refused (401, or 429 for an address out of its failure
-    budget: serving.auth) before a byte of it is read, a declared
+    budget: serving.api.auth) before a byte of it is read, a declared
     Content-Length over max_bytes without reading it (413), and a body whose next piece takes
     longer than timeout_s is cut off (408): a slow or anonymous client cannot hold a
     connection for long. The body is then replayed to the app, which would buffer it whole

@@ -6,8 +6,8 @@ import logging
 from fastapi import APIRouter, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from serving.auth import require_api_key, require_metrics_key
-from serving.dependencies import (
+from serving.api.auth import require_api_key, require_metrics_key
+from serving.api.dependencies import (
     IncludeSamplesQuery,
     MetricsDep,
     MonitorDep,
@@ -17,9 +17,8 @@ from serving.dependencies import (
     ServingDep,
     SettingsDep,
 )
-from serving.encoding import InputError
-from serving.monitor import Reading
-from serving.prediction import (
+from serving.monitoring.monitor import MonitorReading
+from serving.inference.prediction import (
     check_event_limit,
     calibration,
     model_identity,
@@ -31,6 +30,7 @@ from serving.schemas import (
     BatchResponse,
     ErrorResponse,
     Health,
+    InputError,
     ModelInfo,
     MonitorResponse,
     PatientPrediction,
@@ -201,7 +201,7 @@ async def monitor_report(settings: SettingsDep, predictor: ServedModelDep, monit
     information (docs/shift.md); 'unavailable' when the export carries no reference; 'error' (with the
     reason in one line, logged and counted in ehr_monitor_errors_total) when the report could not be made.
     """
-    reading = (await run_in_threadpool(monitor.report)) if monitor is not None else Reading(None, 0)
+    reading = (await run_in_threadpool(monitor.report)) if monitor is not None else MonitorReading(None, 0)
     if reading.report is None:
         return MonitorResponse(level="error" if reading.error else "unavailable", admissions=reading.admissions,
                                window=settings.monitor_window, findings=[], summary={}, error=reading.error,

@@ -23,8 +23,7 @@ import numpy as np
 
 from model.export.load import Export
 from model.export_contract import ADMISSION_TYPES_FILE
-from serving.encoding import InputError
-from serving.schemas import PredictRequest
+from serving.schemas import InputError, PredictRequest
 
 KIND = "admission_type_unknown"  # the warning's kind (ehr_input_warnings_total{kind})
 

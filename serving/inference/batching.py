@@ -1,13 +1,14 @@
-"""Micro-batching: concurrent requests share one vectorised forward pass.
+"""Micro-batching: concurrent requests share one vectorised forward pass of the served model.
 
 One call of the SavedModel has a fixed overhead (graph dispatch, thread hops) on top of the
 per-example work, so under load, merging requests raises throughput. One asyncio worker
 takes the first waiting request, then collects more until ``max_batch`` examples or
 ``max_wait`` seconds, whichever comes first; it only waits while other requests are known
 to be on their way (being validated and bagged, see :meth:`MicroBatcher.arrival`), so a
-lone request never pays the wait. The TensorFlow call runs in a dedicated thread so the event
-loop keeps accepting, parsing and answering requests meanwhile; requests that arrive during
-a forward pass form the next batch.
+lone request never pays the wait. Each batch is one ``ServedModel.forward``
+(``serving.inference.served_model``, the SavedModel call of ``model.export.predict``) on the batcher's
+model, in a dedicated thread so the event loop keeps accepting, parsing and answering requests
+meanwhile; requests that arrive during a forward pass form the next batch.
 
 Only requests that agree on ``num_samples`` and ``seed`` can share a pass (the signature
 takes one of each). The export contract keys every example's noise by (seed, example
@@ -27,15 +28,13 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from serving.telemetry import ServiceMetrics
+from serving.inference.served_model import ServedModel
+from serving.monitoring.telemetry import ServiceMetrics
 
 logger = logging.getLogger(__name__)
 
 # Seeds for unseeded passes come from here: non-negative int64, as the signature takes.
 _SEED_HIGH = 2**63 - 1
-
-ForwardFn = Callable[[Sequence[bytes], int, int], np.ndarray]
-
 
 class Arrival:
     """A request on its way to submit(): counted by its batcher until it is enqueued or gives up."""
@@ -72,11 +71,11 @@ class _Job:
 
 
 class MicroBatcher:
-    """Merges concurrent submit() calls into forward passes of at most max_batch examples."""
+    """Merges concurrent submit() calls into forward passes of its model of at most max_batch examples."""
 
     def __init__(
         self,
-        forward: ForwardFn,
+        model: ServedModel,
         *,
         max_batch: int,
         max_wait_s: float,
@@ -84,7 +83,7 @@ class MicroBatcher:
         metrics: ServiceMetrics,
         rng: np.random.Generator | None = None,
     ):
-        self._forward = forward
+        self.model = model  # every batch is one model.forward(examples, num_samples, seed)
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self._max_queue = max_queue
@@ -220,7 +219,7 @@ class MicroBatcher:
         try:
             assert self._executor is not None
             probs = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._forward, examples, num_samples, seed)
+                self._executor, self.model.forward, examples, num_samples, seed)
         except asyncio.CancelledError:
             for job in jobs:
                 if not job.future.done():

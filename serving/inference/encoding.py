@@ -17,11 +17,10 @@ import datetime as dt
 import numpy as np
 
 from ehr_pipeline.contract import spec
-from ehr_pipeline.encode import ages, encode_admission, units
+from ehr_pipeline.encode import ages, bagging, encode_admission, units
 from ehr_pipeline.meds import code_map
-from ehr_pipeline.shift import population
 from model.export.load import Export
-from serving.schemas import PredictRequest
+from serving.schemas import InputError, PredictRequest
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 ONE_SECOND = dt.timedelta(seconds=1)
@@ -30,16 +29,6 @@ MIN_SECONDS = (dt.datetime.min.replace(tzinfo=dt.timezone.utc) - EPOCH) // ONE_S
 MAX_OOV_LISTED = 50  # the response lists this many unknown codes at most (the count is exact)
 # Context ids the service cannot know; LABEL_UNKNOWN marks a live prediction in the proto.
 _SERVING_ID = 0
-
-
-class InputError(ValueError):
-    """A request that is well-formed JSON but makes no sense (answered 422); loc names the field."""
-
-    def __init__(self, loc: tuple[str | int, ...], msg: str, kind: str = "value_error"):
-        super().__init__(msg)
-        self.loc = loc
-        self.msg = msg
-        self.kind = kind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +46,10 @@ class Encoded:
     warnings: list[str]  # most important first (WARNING_RANK)
     warning_kinds: list[str]  # one per warning, the label of ehr_input_warnings_total
     unit_outcomes: dict[str, int]  # units.OUTCOMES -> values (every outcome listed)
-    # What the population monitor keeps: the admission as the shift statistics see it (the same
-    # summary as the training data's), and its values with a unit: (code, unit as written) -> values.
-    admission: population.Admission
+    # What the population monitor summarises (serving.monitoring.monitor): the context the record was
+    # written from, its bags, and its values with a unit: (code, unit as written) -> values.
+    context: spec.AdmissionContext
+    bags: bagging.Bags
     unit_rows: dict[tuple[str, str], int]
 
 
@@ -160,7 +150,8 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
         warnings=warnings,
         warning_kinds=kinds,
         unit_outcomes=harmonised.counts(),
-        admission=population.admission_from_bags(age, patient.gender, request.admission.admission_type, bags),
+        context=context,
+        bags=bags,
         unit_rows=unit_rows,
     )
 

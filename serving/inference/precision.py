@@ -30,7 +30,7 @@ import numpy as np
 from ehr_pipeline.contract import spec
 from model.export.load import Export
 from model.export_contract import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
-from serving.schemas import Admission, Patient, PredictRequest
+from serving.schemas import AdmissionRequest, Patient, PredictRequest
 
 AUTO = "auto"
 SPEED_MARGIN = 0.9  # bfloat16 must take <= 90 % of float32's pass time to be served
@@ -123,5 +123,5 @@ def timing_requests(export: Export, count: int = TIMING_ADMISSIONS) -> list[Pred
                 events.append(event)
         requests.append(PredictRequest(
             patient=Patient(gender="F" if variant % 2 else "M", age_years=45.0 + 10 * variant),
-            admission=Admission(admit_time=admit.isoformat(), admission_type="EMERGENCY"), events=events))
+            admission=AdmissionRequest(admit_time=admit.isoformat(), admission_type="EMERGENCY"), events=events))
     return requests

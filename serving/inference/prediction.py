@@ -1,8 +1,8 @@
 """The prediction use case: requests -> encoded examples -> micro-batched forward passes -> predictions.
 
 /v1/predict, /v1/predict/batch, the FHIR operation and the CDS Hooks services all call
-``predict_admissions``: each request is encoded by ``serving.encoding`` (the training data's own
-bagging), run through the micro-batcher, summarised by ``serving.predictor.summarise``, counted in
+``predict_admissions``: each request is encoded by ``serving.inference.encoding`` (the training data's own
+bagging), run through the micro-batcher, summarised by ``serving.inference.served_model.summarise``, counted in
 the metrics and recorded by the population monitor. The routes only translate HTTP in and out.
 """
 from __future__ import annotations
@@ -13,15 +13,16 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from model.export.load import Export
-from serving import admission_type
-from serving.batching import Arrival, MicroBatcher
-from serving.encoding import Encoded, InputError, encode
-from serving.telemetry import ServiceMetrics
-from serving.monitor import Monitor
-from serving.predictor import ServedModel, Summary, summarise
+from serving.inference import admission_type
+from serving.inference.batching import Arrival, MicroBatcher
+from serving.inference.encoding import Encoded, encode
+from serving.monitoring.telemetry import ServiceMetrics
+from serving.monitoring.monitor import Monitor
+from serving.inference.served_model import ServedModel, Summary, summarise
 from serving.schemas import (
     Calibration,
     EventCounts,
+    InputError,
     Interval,
     ModelIdentity,
     OutOfVocabulary,
@@ -96,7 +97,7 @@ async def predict_admissions(
     """Encodes, runs (micro-batched) and summarises requests; predictions in request order (each joins the monitor).
 
     A request without an admission type is encoded once per training type and its samples are
-    drawn from each in proportion to the type's training frequency (serving.admission_type).
+    drawn from each in proportion to the type's training frequency (serving.inference.admission_type).
     """
     export = predictor.export
     for r, loc in zip(requests, locs):
@@ -123,7 +124,7 @@ async def predict_admissions(
                                else enc.warnings, samples=probs[i] if include_samples else None))
         _count_inputs(enc, metrics, [*enc.warning_kinds, *([admission_type.KIND] if mixed else [])])
         if monitor is not None:
-            monitor.record(enc.admission, enc.unit_rows, float(s.epistemic[i]))
+            monitor.record(enc.context, enc.bags, enc.unit_rows, float(s.epistemic[i]))
     metrics.predictions.inc(len(out))
     metrics.referrals.inc(sum(p.refer for p in out))
     return out

@@ -21,8 +21,8 @@ import numpy as np
 
 from model.evaluation import metrics as model_metrics
 from model.export.load import Export, ExportError, LoadedExport, load_export
-from serving import precision as precision_choice
-from serving.precision import PrecisionChoice
+from serving.inference import precision as precision_choice
+from serving.inference.precision import PrecisionChoice
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class ServedModel:
 
         precision "bfloat16" serves the export's bfloat16 signature (probabilities within the
         tolerance docs/serving.md states), "float32" the exact one, "auto" float32 until
-        choose_precision() has timed both (serving.precision).
+        choose_precision() has timed both (serving.inference.precision).
         """
         try:
             loaded = load_export(model_dir, "float32" if precision == precision_choice.AUTO else precision)
@@ -71,7 +71,7 @@ class ServedModel:
         return cls(loaded, choice)
 
     def choose_precision(self, examples: Sequence[bytes], num_samples: int) -> PrecisionChoice:
-        """With --precision auto: times both signatures on `examples` and serves the faster (serving.precision).
+        """With --precision auto: times both signatures on `examples` and serves the faster (serving.inference.precision).
 
         Runs on the model thread (it calls forward passes); any other --precision keeps its choice.
         """

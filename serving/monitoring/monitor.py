@@ -7,7 +7,7 @@ answered, each summarised by the very function that summarises the training data
 (``ehr_pipeline.shift.population.admission_from_bags``, with the model's mutual information), plus
 the units their values came in, and compares them with the export's reference
 (``ehr_pipeline.shift.compare``): ``GET /v1/monitor`` answers the findings, and the gauges of
-``serving.telemetry`` carry the level and the main numbers for alerting.
+``serving.monitoring.telemetry`` carry the level and the main numbers for alerting.
 
 The report is computed when asked for (a scrape or /v1/monitor), never on a request's path, and
 at most once every ``refresh_s`` seconds (``Settings.monitor_refresh_s``): under load the window
@@ -35,10 +35,12 @@ from collections.abc import Mapping
 
 from ehr_base.cli_args import one_line
 from ehr_pipeline import shift
-from ehr_pipeline.shift import Admission, Profile
+from ehr_pipeline.contract import spec
+from ehr_pipeline.encode import bagging
+from ehr_pipeline.shift import Admission, Profile, admission_from_bags
 from model.export.load import Export
-from serving import malloc
-from serving.telemetry import ServiceMetrics
+from serving.monitoring import malloc
+from serving.monitoring.telemetry import ServiceMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ LEVEL_ERROR = -2
 
 
 @dataclasses.dataclass(frozen=True)
-class Reading:
+class MonitorReading:
     """What the monitor says now: the report of its window, or why there is none."""
 
     report: shift.ShiftReport | None  # None: no reference, or the report failed (error says why)
@@ -75,7 +77,7 @@ class Monitor:
         self._lock = threading.Lock()  # guards the window
         self._compute = threading.Lock()  # one report at a time; released by whoever made it
         self._version = 0
-        self._reading: tuple[int, Reading] = (-1, Reading(None, 0))
+        self._reading: tuple[int, MonitorReading] = (-1, MonitorReading(None, 0))
         if metrics is not None:
             if not self.available:
                 metrics.shift_level.set(-1)
@@ -87,12 +89,17 @@ class Monitor:
         """Whether there is anything to compare with (the export carries a reference and the window is on)."""
         return self.export.reference is not None and self.window > 0
 
-    def record(self, admission: Admission, unit_rows: Mapping[tuple[str, str], int], mutual_information: float) -> None:
-        """Adds one answered admission (its unit rows: (code, unit as written) -> values) to the window."""
+    def record(self, context: spec.AdmissionContext, bags: bagging.Bags, unit_rows: Mapping[tuple[str, str], int],
+               mutual_information: float) -> None:
+        """Adds one answered admission to the window: summarised from the context and bags its record was written
+        from, as the job's records are (``ehr_pipeline.shift.admission_from_bags``), with its unit rows ((code, unit as
+        written) -> values) and the model's mutual information."""
         if not self.available:
             return
         try:
-            item = (dataclasses.replace(admission, mutual_information=float(mutual_information)), dict(unit_rows))
+            admission = admission_from_bags(context.age_years, context.gender, context.admission_type, bags,
+                                            float(mutual_information))
+            item = (admission, dict(unit_rows))
         except Exception as err:  # noqa: BLE001  (never fail the prediction that is being answered)
             self._failed("record", err)
             return
@@ -100,10 +107,10 @@ class Monitor:
             self._items.append(item)
             self._version += 1
 
-    def report(self) -> Reading:
+    def report(self) -> MonitorReading:
         """The last report of the window, made again when the window changed and it is refresh_s old (module doc)."""
         if not self.available:
-            return Reading(None, 0)
+            return MonitorReading(None, 0)
         with self._lock:
             version = self._version
         version_made, reading = self._reading
@@ -117,7 +124,7 @@ class Monitor:
         threading.Thread(target=self._make, name="monitor-report", daemon=True).start()
         return reading
 
-    def _make(self) -> Reading:
+    def _make(self) -> MonitorReading:
         """Makes the report of the window now (the caller holds _compute; released here); updates the gauges."""
         try:
             with self._lock:
@@ -128,9 +135,9 @@ class Monitor:
                 report = self._compare(items)
                 if self.metrics is not None:
                     self.metrics.update_shift(report, len(items))
-                reading = Reading(report, len(items), made_at=time.monotonic())
+                reading = MonitorReading(report, len(items), made_at=time.monotonic())
             except Exception as err:  # noqa: BLE001  (whatever the data does to the statistics: see the docstring)
-                reading = Reading(None, len(items), self._failed("report", err), made_at=time.monotonic())
+                reading = MonitorReading(None, len(items), self._failed("report", err), made_at=time.monotonic())
             self._reading = (version, reading)
             # A report allocates and frees tens of MiB on whichever thread makes it: hand the free
             # pages back (~ms, at most once per refresh_s) rather than keep them in that thread's arena.

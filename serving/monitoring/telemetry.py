@@ -54,7 +54,7 @@ class ServiceMetrics:
         # A labelled gauge, not prometheus_client's Info, which shows an unlabelled series before a model loads.
         self.model_info = Gauge(f"{ns}_model_info", "The loaded model (value always 1).",
                                 ("name", "version", "checksum"), registry=reg)
-        # The population monitor (serving.monitor): the shift report of the recent admissions.
+        # The population monitor (serving.monitoring.monitor): the shift report of the recent admissions.
         self.shift_level = Gauge(f"{ns}_shift_level", "Shift of the recent admissions against the training "
                                  "population: 0 none, 1 moderate, 2 severe, -1 no reference to compare with, "
                                  "-2 the last report failed (ehr_monitor_errors_total).", registry=reg)

@@ -15,7 +15,7 @@ import tempfile
 import ehr_base  # noqa: F401  (pins the Keras flavour before anything imports TensorFlow)
 from ehr_pipeline.contract import spec, tfrecord
 from ehr_pipeline.encode import seqex
-from serving.server_process import ServerProcess
+from serving.tools.server_process import ServerProcess
 
 
 def _iso(seconds: int) -> str:
