@@ -1,4 +1,9 @@
-"""The one module the bench scripts share (not a script): results file, command line, machine, peak memory.
+"""What every family of bench scripts shares (a module, not a script): results file, command line, machine, memory.
+
+bench/ holds one folder per family: methods/ (the method comparison and what builds on its runs),
+image_models/, data_jobs/ (the reader and the Beam jobs), service/ and train_speed/. A script runs
+from the repo root as ``python bench/FAMILY/NAME.py``, puts the root on sys.path and imports this
+module and its family's modules that are not scripts, never another script.
 
 Each bench script owns one section of docs/benchmarks.md, delimited by
 ``<!-- begin:NAME -->`` / ``<!-- end:NAME -->``, so scripts can be re-run independently
