@@ -205,7 +205,7 @@ def monitor_rows(export: pathlib.Path, streams: dict[str, list[dict]], step: int
     """Per stream: the monitor's level after every `step` requests on a fresh ehr-serve of the export."""
     import httpx
 
-    from serving.server_process import ServerProcess
+    from serving.tools.server_process import ServerProcess
 
     rows = []
     for name, bodies in streams.items():

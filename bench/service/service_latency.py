@@ -141,7 +141,7 @@ BAGS = 30  # bags per patient: the pipeline's max_bags
 def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Path:
     """An UNTRAINED export at the paper's Table-7 size (the rank1 config's model section).
 
-    Written by the real exporter like serving.testing's tiny export; only the size differs.
+    Written by the real exporter like serving.tools.tiny_export's export; only the size differs.
     Timing does not depend on the weights' values, so random initialisations are enough. The
     bag width is the trigger offset / `bags`, so an admission with events all over the
     window fills every bag.
@@ -156,7 +156,7 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
     from model.training import inputs
     from model.training.config import load_config
     from model.training.ehr_model import build_model
-    from serving.testing import DEFAULT_VOCABULARY
+    from serving.tools.tiny_export import DEFAULT_VOCABULARY
 
     config = load_config(TABLE7_CONFIG).model
     base = PipelineConfig()
@@ -189,8 +189,8 @@ def model_timings(model_dir: pathlib.Path, bodies: list[dict], num_samples: int,
     precision: the one the server served (with --precision auto, what it chose); the other
     timings run through it.
     """
-    from serving.encoding import encode
-    from serving.predictor import ServedModel
+    from serving.inference.encoding import encode
+    from serving.inference.served_model import ServedModel
     from serving.schemas import PredictRequest
 
     exact = ServedModel.load(model_dir, "float32")
@@ -318,8 +318,8 @@ def _serve_default(name: str):
 
 def pass_and_floor(model_dir: pathlib.Path, bodies: list[dict], args: argparse.Namespace) -> dict:
     """In-process ms of the 1-patient model pass (served precision) and the recurrent-matmul floors (same sizes)."""
-    from serving.encoding import encode
-    from serving.predictor import ServedModel
+    from serving.inference.encoding import encode
+    from serving.inference.served_model import ServedModel
     from serving.schemas import PredictRequest
 
     predictor = ServedModel.load(model_dir, args.served_precision)
@@ -394,8 +394,8 @@ def main(argv: list[str] | None = None) -> int:
 
     set_tf_threads(args.inter_op_threads)  # before any TensorFlow op, as ehr-serve does
     from model.export.load import read_export
-    from serving.server_process import ServerProcess
-    from serving.testing import write_tiny_model_export
+    from serving.tools.server_process import ServerProcess
+    from serving.tools.tiny_export import write_tiny_model_export
 
     with tempfile.TemporaryDirectory(prefix="ehr-bench-serving-") as tmp:
         if args.model:

@@ -46,7 +46,7 @@ MONITORED = ("/metrics", "/v1/monitor")  # the routes that summarise what the ot
 # first allocations): a least-squares slope of at most 1 MiB/min, which a week without restart turns
 # into at most ~10 GiB only if it never levels off, and end - middle of at most 10 MiB, under 1% of
 # the ~1.2 GiB process, the size of one report's temporaries. A leak of the 18-34 MiB/min measured
-# before the arena cap (serving/malloc.py) breaks both by an order of magnitude.
+# before the arena cap (serving/monitoring/malloc.py) breaks both by an order of magnitude.
 RSS_SLOPE_LIMIT = 1.0  # MiB per minute over the second half
 RSS_GROWTH_LIMIT = 10.0  # MiB, end - middle
 
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"soak: {model} is not an export directory (run `make demo` or pass --model)", file=sys.stderr)
         return 2
     from model.export.load import read_export
-    from serving.server_process import ServerProcess
+    from serving.tools.server_process import ServerProcess
 
     export = read_export(model)
     constant = constant_codes(model)

@@ -4,7 +4,7 @@
 
 A FHIR Encounter often states no admission type. The service then averages the model over the
 training admission types by their training frequency, the S samples per member split among
-the types (serving.admission_type). This script measures, on each release's test split, how
+the types (serving.inference.admission_type). This script measures, on each release's test split, how
 far that answer lies from the answer with the recorded type, beside the alternatives: the
 training's most frequent type, and the model's "other" slot (what any unlisted string such
 as "UNKNOWN" was fed as before: a one-hot input no training admission ever set). It also
@@ -94,7 +94,7 @@ def measure(release: pathlib.Path, data: pathlib.Path, export_dir: pathlib.Path,
     from model.export.load import load_export
     from model.export.predict import predict_probs
     from model.data_folder import load_data_files, read_split
-    from serving import admission_type
+    from serving.inference import admission_type
 
     export = load_export(export_dir)
     counts = export.files.admission_types

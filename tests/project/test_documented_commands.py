@@ -206,7 +206,7 @@ COMMANDS: list[Run | Skip] = [
         subs=(("/run/secrets/ehr_keys", "secrets/ehr_keys"),),
         why="/run/secrets is a deployment's secret mount: a key file in the working folder instead"),
     Run(r"^(EHR_API_KEYS=\S+ )?ehr-serve --model "),
-    Run(r"^python -c \"from serving\.testing import write_tiny_model_export"),
+    Run(r"^python -c \"from serving\.tools\.tiny_export import write_tiny_model_export"),
     Skip(r"^curl .*\{\.\.\.Patient\.\.\.\}", "abridged: {...Patient...} stands for the prefetched resources; "
                                              "tests/serving/test_fhir_api.py posts whole ones"),
     Run(r"^curl .*/fhir/r4/", check='"resourceType":"RiskAssessment"', needs_demo=True),

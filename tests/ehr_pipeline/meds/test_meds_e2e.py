@@ -131,8 +131,8 @@ def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
     from model.evaluation.use_case import EvaluationRequest, evaluate_exports
     from model.training.config import parse_config
     from model.training.train import train
-    from serving.app import create_app
-    from serving.predictor import ServedModel
+    from serving.api.app import create_app
+    from serving.inference.served_model import ServedModel
     from serving.settings import make_settings
     from tests.support.serving_fixtures import ThreadedServer
 
