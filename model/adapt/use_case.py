@@ -11,7 +11,7 @@ from model.adapt.config import AdaptConfig
 from model.adapt.export_update import write_update
 from model.adapt.local_data import read_local
 from model.adapt.update import adapt
-from model.evaluation import metrics
+from model.evaluation.statistics import metrics
 from model.export.load import load_export
 
 log = logging.getLogger(__name__)

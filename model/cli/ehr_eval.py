@@ -30,7 +30,7 @@ from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, fract
 from ehr_pipeline.contract import output_folder
 from model.cli import EXIT_SHIFT, FAIL_ON
 from model.export_contract import EXPORT_DIR, MANIFEST, MAX_SAMPLES, UNCERTAINTY_MEASURES
-from model.evaluation import clinical_stats
+from model.evaluation.statistics import clinical_stats
 from model.export.load import ExportError
 from model.image import cli as image_cli
 from model.training.config import BASELINE_KINDS, EvalConfig
@@ -174,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     """--model DIR...: the exports (a deep ensemble when several) on --split, printed and written to --out."""
     # why: the use case imports TensorFlow; --help and usage errors answer before it loads
-    from model.evaluation import evaluate as evaluation
-    from model.evaluation import formatting, report_html, use_case
+    from model.evaluation import evaluate as evaluation, use_case
+    from model.evaluation.report import formatting, report_html
 
     try:
         request = use_case.EvaluationRequest(
@@ -210,7 +210,7 @@ def _compare(args: argparse.Namespace) -> int:
     """--compare A B: paired bootstrap of two predictions files, printed and written to --out."""
     # why: the report modules load matplotlib, which --help and usage errors do without
     from model.evaluation import evaluate as evaluation
-    from model.evaluation import formatting, report_html
+    from model.evaluation.report import formatting, report_html
 
     try:
         comparison = evaluation.compare_predictions(*args.compare, truth_path=args.truth, n_bootstrap=args.bootstrap,
@@ -235,8 +235,8 @@ def _compare(args: argparse.Namespace) -> int:
 def _baseline(args: argparse.Namespace) -> int:
     """--baseline KIND: fit on train, choose on validation, evaluate --split like a model."""
     # why: the use case and the baselines' featurizer import TensorFlow; --help answers before it loads
-    from model.evaluation import evaluate as evaluation
-    from model.evaluation import formatting, report_html, use_case
+    from model.evaluation import evaluate as evaluation, use_case
+    from model.evaluation.report import formatting, report_html
     from model.training.baselines import fit_baseline
 
     try:

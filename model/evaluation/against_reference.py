@@ -28,7 +28,7 @@ import numpy as np
 
 from ehr_pipeline import shift
 from ehr_pipeline.shift import Profile, population
-from model.evaluation.plots import shift_plot
+from model.evaluation.report.plots import shift_plot
 from model.export.load import vocabulary_ranks
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
-"""Evaluation of predictions [N, S*K]: metrics (model.evaluation.metrics), referral at a stored threshold, plots.
+"""Evaluation of predictions [N, S*K]: metrics (model.evaluation.statistics), referral at a stored threshold, plots.
 
 Shared by ``ehr-eval`` and by the trainer's final evaluation. Every number comes from
-``model.evaluation.metrics``; this module only gathers predictions, picks the referral threshold on
+``model.evaluation.statistics.metrics``; this module only gathers predictions, picks the referral threshold on
 validation and writes the report files.
 """
 from __future__ import annotations
@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from model.evaluation import against_truth, clinical_stats, dataset_identity, metrics, metrics_report, plots
-from model.evaluation import curves, paired_clinical, referral_choice, report_html
+from model.evaluation import dataset_identity
+from model.evaluation.report import plots, report_html
+from model.evaluation.statistics import against_truth, clinical_stats, curves, metrics, metrics_report
+from model.evaluation.statistics import paired_clinical, referral_choice
 from model.export_contract import DECISION_THRESHOLD, UNCERTAINTY_MEASURES, json_ready
 
 if TYPE_CHECKING:  # annotations only: reading a data folder needs TensorFlow, writing a report does not
@@ -38,7 +40,7 @@ PREDICTIONS_FILE = "predictions.csv"
 MEDS_PREDICTIONS_FILE = "predictions.meds.parquet"
 MEDS_UNCERTAINTY_FILE = "predictions.meds_uncertainty.parquet"
 COMPARISON_FILE = "comparison.json"
-# The one page a clinical reviewer reads (model.evaluation.report_html renders metrics.json / comparison.json).
+# The one page a clinical reviewer reads (model.evaluation.report.report_html renders metrics.json / comparison.json).
 REPORT_HTML = "report.html"
 # predictions.csv columns of who each case is (from its SequenceExample), for --compare's subgroups.
 ATTRIBUTE_COLUMNS = {"gender": "GENDER", "age_years": "AGE_YEARS", "admission_type": "ADMISSION_TYPE",

@@ -31,7 +31,8 @@ from ehr_pipeline.shift import Profile, population
 from model import data_folder
 from model.export_contract import MAX_SAMPLES, REFERENCE_PROFILE
 from model.data_folder import DataFiles, SplitRecords
-from model.evaluation import against_reference, clinical_stats, evaluate, metrics, referral_choice, unit_check
+from model.evaluation import against_reference, evaluate, unit_check
+from model.evaluation.statistics import clinical_stats, metrics, referral_choice
 from model.evaluation.against_reference import ShiftResult
 from model.export import write as export_writer
 from model.export.load import LoadedExport, load_export, read_export

@@ -5,7 +5,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from model.evaluation.metrics import SCALAR_METRICS
+from model.evaluation.statistics.metrics import SCALAR_METRICS
 
 
 def _fmt(value, digits: int = 4) -> str:

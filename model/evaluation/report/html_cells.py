@@ -1,4 +1,4 @@
-"""The report page's cells: numbers, intervals, tables and cards as escaped HTML (model.evaluation.report_html).
+"""The report page's cells: numbers, intervals, tables and cards as escaped HTML (model.evaluation.report.report_html).
 
 One spelling of an interval for the whole page. An interval of zero width is never printed: a bootstrap
 of a handful of cases can collapse to a point (every resample has the same AUROC), which reads as

@@ -4,7 +4,7 @@ referral against a known truth.
 Figures are built on matplotlib's object API with an explicit Agg canvas instead of pyplot:
 pyplot keeps a global registry of open figures and picks a backend on import, and neither
 suits a library that runs inside a headless CLI, a service or parallel tests. All numbers
-come from :mod:`model.evaluation.metrics`, so a plot never disagrees with the table beside it.
+come from :mod:`model.evaluation.statistics.metrics`, so a plot never disagrees with the table beside it.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from model.evaluation import against_truth, metrics
+from model.evaluation.statistics import against_truth, metrics
 
 _DPI = 120
 
@@ -194,7 +194,7 @@ def curves_plot(panels: Sequence[tuple[str, Mapping[str, tuple[Sequence[float], 
 
 
 # --------------------------------------------------------------------------- the clinical report's figures
-# Drawn from the JSON sections of model.evaluation.clinical_stats (what metrics.json holds), never from the
+# Drawn from the JSON sections of model.evaluation.statistics.clinical_stats (what metrics.json holds), never from the
 # predictions again: the page and the file cannot disagree.
 
 _COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")

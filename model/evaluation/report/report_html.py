@@ -2,7 +2,7 @@
 
 The page renders a metrics.json (``ehr-eval --model`` / ``--baseline``) or a comparison.json
 (``ehr-eval --compare``) and computes nothing: every number on it is a number in that file, and
-every figure is drawn (model.evaluation.plots) from the curves stored there. Figures are embedded as PNG
+every figure is drawn (model.evaluation.report.plots) from the curves stored there. Figures are embedded as PNG
 data URIs and the style sheet is inline, so the page opens from disk with no network.
 
 Sections follow the results items of TRIPOD+AI (Collins et al., BMJ 2024): participants (20a-c),
@@ -17,9 +17,10 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from model.evaluation import clinical_stats, formatting, plots, report_summary, small_sample
-from model.evaluation.html_cells import card as _card, ci as _ci, esc as _esc, interval_text as _interval_text
-from model.evaluation.html_cells import num as _num, pct as _pct, section as _section, table as _table
+from model.evaluation.statistics import clinical_stats, small_sample
+from model.evaluation.report import formatting, plots, report_summary
+from model.evaluation.report.html_cells import card as _card, ci as _ci, esc as _esc, interval_text as _interval_text
+from model.evaluation.report.html_cells import num as _num, pct as _pct, section as _section, table as _table
 
 TITLE = "In-hospital mortality after the first 24 hours: evaluation report"
 # Labels of the report's metrics, in the order tables list them.

@@ -1,17 +1,17 @@
-"""The report's first screen and its small-sample statements (model.evaluation.report_html renders the rest).
+"""The report's first screen and its small-sample statements (model.evaluation.report.report_html renders the rest).
 
 Everything here reads numbers already in the metrics.json (``clinical.small_sample``,
 ``clinical.selective_brier``, ``clinical.subgroups.power``, ``population.dataset``) and says what a
 governance board signs: which data, which design, how many cases and deaths, and for each headline
-number whether this evaluation is large enough to estimate it (model.evaluation.small_sample holds the rule).
+number whether this evaluation is large enough to estimate it (model.evaluation.statistics.small_sample holds the rule).
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from model.evaluation.html_cells import card, ci, esc, interval_text, num, pct, table
-from model.evaluation.small_sample import NOT_ESTIMABLE
+from model.evaluation.report.html_cells import card, ci, esc, interval_text, num, pct, table
+from model.evaluation.statistics.small_sample import NOT_ESTIMABLE
 
 SCORE_NAMES = {"predictive_entropy": "predictive entropy", "mutual_information": "mutual information",
                "predictive_std": "std of sampled p", "risk": "highest p first"}

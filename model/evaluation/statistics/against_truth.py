@@ -1,7 +1,7 @@
 """Predictions against a known truth: the true probability of death a synthetic release knows.
 
 ``truth`` holds each case's true probability, shape [N] (``probs``, ``p`` and ``y`` as in
-model.evaluation.metrics). These functions ask whether the uncertainty tracks the error that
+model.evaluation.statistics.metrics). These functions ask whether the uncertainty tracks the error that
 matters, |p - truth|, instead of the label noise every model shares.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from model.export_contract import UNCERTAINTY_MEASURES
-from model.evaluation.metrics import (EPS, REFERRAL_RATES, as_labels, as_matrix,
+from model.evaluation.statistics.metrics import (EPS, REFERRAL_RATES, as_labels, as_matrix,
                                       as_pair, auc_roc, ece, expected_entropy, member_disagreement, nll,
                                       refer, referral_count, referral_threshold, tie_groups, uncertainties)
 

@@ -1,6 +1,6 @@
-"""The statistics a clinical prediction-model report asks for (TRIPOD+AI), beyond model.evaluation.metrics.
+"""The statistics a clinical prediction-model report asks for (TRIPOD+AI), beyond model.evaluation.statistics.metrics.
 
-``model.evaluation.metrics`` holds what ML papers report (NLL, AUC-PR, ECE, ...); this module adds what a
+``model.evaluation.statistics.metrics`` holds what ML papers report (NLL, AUC-PR, ECE, ...); this module adds what a
 hospital's reviewer reads, on the same conventions (``p`` one probability per case, ``y`` in
 {0, 1}, leading batch axes where a function says so):
 
@@ -16,7 +16,7 @@ hospital's reviewer reads, on the same conventions (``p`` one probability per ca
 * subgroups: every metric with bootstrap intervals per group of sex, age band, admission type,
   ethnicity and insurance, and the largest gaps between a group and the rest, named.
 
-Scalar metrics come from model.evaluation.metrics, bootstrap intervals from metrics.bootstrap_interval,
+Scalar metrics come from model.evaluation.statistics.metrics, bootstrap intervals from metrics.bootstrap_interval,
 so a number here means what it means in the rest of the report. Functions are pure; the
 statsmodels imports are deferred to the functions that fit.
 """
@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from model.export_contract import DECISION_THRESHOLD, json_ready
-from model.evaluation import against_truth, metrics, small_sample
+from model.evaluation.statistics import against_truth, metrics, small_sample
 # Re-exported: the report's calibration numbers are read from here, where the rest of its statistics are.
-from model.evaluation.logistic_calibration import calibration_estimates, calibration_fit, logit  # noqa: F401
+from model.evaluation.statistics.logistic_calibration import calibration_estimates, calibration_fit, logit  # noqa: F401
 
 # Threshold probabilities of the decision curve: 1 % to 60 %. Above ~0.6 nobody would withhold
 # treatment from a patient more likely than not to die, and net benefit there is noise.

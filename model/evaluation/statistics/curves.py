@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import roc_curve
 
-from model.evaluation import metrics
+from model.evaluation.statistics import metrics
 
 MAX_ROC_POINTS = 200
 HISTOGRAM_BINS = 50

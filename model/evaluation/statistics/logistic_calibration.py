@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from model.evaluation import metrics
+from model.evaluation.statistics import metrics
 
 
 def logit(p) -> np.ndarray:

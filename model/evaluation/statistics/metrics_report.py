@@ -1,8 +1,8 @@
 """metrics.json: every number of one prediction matrix (``evaluate``) or of two models on the
 same cases (``paired_bootstrap``), as plain JSON-ready values.
 
-The numbers come from model.evaluation.metrics and model.evaluation.against_truth; this module only
-assembles them, so the report, the CLI tables (model.evaluation.formatting) and report.html agree.
+The numbers come from the statistics beside it (``metrics``, ``against_truth``); this module only assembles
+them, so the report, the CLI tables (model.evaluation.report.formatting) and report.html agree.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Sequence
 import numpy as np
 
 from model.export_contract import UNCERTAINTY_MEASURES, json_ready
-from model.evaluation.against_truth import as_truth, truth_report
-from model.evaluation.metrics import (BOOTSTRAP_METHODS, NUM_BINS, REFERRAL_RATES, SCALAR_METRICS,
+from model.evaluation.statistics.against_truth import as_truth, truth_report
+from model.evaluation.statistics.metrics import (BOOTSTRAP_METHODS, NUM_BINS, REFERRAL_RATES, SCALAR_METRICS,
                                       accuracy, as_labels, as_matrix, as_pair, auc_pr,
                                       auc_roc, bootstrap_ci, bootstrap_interval, brier, ece, expected_entropy,
                                       member_disagreement, member_means, nll, per_component_nll,

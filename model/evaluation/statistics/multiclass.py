@@ -2,14 +2,14 @@
 
 The image models predict C classes. Here ``values`` holds per-sample class probabilities
 (or logits with from_logits=True) of shape [N, M, C], M = S * K sample-major as in
-model.evaluation.metrics; an [N, C] input counts as M = 1. ``y`` holds integer class labels
+model.evaluation.statistics.metrics; an [N, C] input counts as M = 1. ``y`` holds integer class labels
 in [0, C), shape [N].
 """
 from __future__ import annotations
 
 import numpy as np
 
-from model.evaluation.metrics import EPS, NUM_BINS, logsumexp
+from model.evaluation.statistics.metrics import EPS, NUM_BINS, logsumexp
 
 
 def _class_log_likelihood(values, y, from_logits: bool, eps: float) -> np.ndarray:

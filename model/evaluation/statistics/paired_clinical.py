@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from model.evaluation import clinical_stats, metrics, referral_choice
+from model.evaluation.statistics import clinical_stats, metrics, referral_choice
 
 
 def _cell(a: float, b: float, replicates: np.ndarray, alpha: float) -> dict[str, Any]:

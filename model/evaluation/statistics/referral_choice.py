@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from model.evaluation import clinical_stats, metrics
+from model.evaluation.statistics import clinical_stats, metrics
 
 LOSS = "Brier score of the kept cases"
 # Scores whose spread is below this are constant for referral (float noise of a deterministic model).

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-from model.evaluation import metrics
+from model.evaluation.statistics import metrics
 
 # Fewer deaths or survivors than this: calibration slope, calibration-in-the-large and the
 # LOWESS curve are not estimable (ten events per fitted parameter, Peduzzi et al. 1996).

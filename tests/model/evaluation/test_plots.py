@@ -1,10 +1,11 @@
-"""model.evaluation.plots writes real, non-empty PNG files and returns their paths."""
+"""model.evaluation.report.plots writes real, non-empty PNG files and returns their paths."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from model.evaluation import against_truth, metrics, metrics_report, plots
+from model.evaluation.report import plots
+from model.evaluation.statistics import against_truth, metrics, metrics_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
