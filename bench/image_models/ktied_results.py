@@ -258,7 +258,7 @@ def snr_markdown(results: dict[str, list[list[dict]]], command: str, figure: str
     """The ktied_snr section of docs/results.md (and the figure)."""
     import numpy as np
 
-    from model.evaluation.plots import curves_plot
+    from model.evaluation.report.plots import curves_plot
 
     steps = [r["step"] for r in next(iter(results.values()))[0]]
 

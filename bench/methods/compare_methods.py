@@ -14,7 +14,7 @@ A's hospital reporting labs in SI units). Every shifted release is bagged with t
 as it comes (its own units, "before harmonisation"). The truth formula is the same everywhere.
 Training keeps the checkpoint with the best validation NLL; predictions use S samples per member.
 Deep ensembles combine ENSEMBLE_SIZE deterministic runs of one release; the scikit-learn
-baselines read the same TFRecords. Every number comes from model.evaluation.metrics on the saved per-case
+baselines read the same TFRecords. Every number comes from model.evaluation.statistics.metrics on the saved per-case
 predictions (WORK/preds/*.npz), so the tables can be recomputed without training
 (``--report-only``).
 

@@ -62,7 +62,7 @@ def _cases(run: dict | None, seed: int, site: str, truth: dict[str, np.ndarray])
 
 def _case_losses(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[str, np.ndarray]:
     """Per-case NLL, squared error and |p - P_DEATH| of the predictive mean (these average to the metric)."""
-    from model.evaluation import against_truth
+    from model.evaluation.statistics import against_truth
 
     p = probs.mean(axis=1)
     return {"nll": _nll_cases(p, y),
@@ -70,14 +70,14 @@ def _case_losses(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[st
 
 
 def _nll_cases(p: np.ndarray, y: np.ndarray) -> np.ndarray:
-    from model.evaluation.metrics import EPS
+    from model.evaluation.statistics.metrics import EPS
 
     q = np.clip(p, EPS, 1.0 - EPS)
     return -(y * np.log(q) + (1 - y) * np.log1p(-q))
 
 
 def _scores(probs: np.ndarray, y: np.ndarray, truth: np.ndarray) -> dict[str, float]:
-    from model.evaluation import against_truth, metrics
+    from model.evaluation.statistics import against_truth, metrics
 
     p = probs.mean(axis=1)
     out = metrics.scalar_metrics(p, y)
@@ -178,7 +178,7 @@ def _paired_lines(runs, truth, site: str, n_boot: int) -> list[str]:
 
 def _shift_lines(runs, truth) -> list[str]:
     """Site-B detection by uncertainty and the error removed by referring 20% of site B (per seed: all B releases)."""
-    from model.evaluation import against_truth, metrics
+    from model.evaluation.statistics import against_truth, metrics
 
     rate = SHIFT_REFERRAL
     head = ("| Method | AUROC B vs A: mutual information | AUROC B vs A: entropy | kept abs(p - P), refer by MI | "

@@ -118,7 +118,7 @@ def sampled_probs(draws: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def scores(probs: np.ndarray, labels: np.ndarray, truth: np.ndarray | None) -> dict:
     """Predictive-mean NLL, and against the truth abs(p - P), coverage per level and the mean 95% width."""
-    from model.evaluation import against_truth, metrics
+    from model.evaluation.statistics import against_truth, metrics
 
     p = probs.mean(axis=1)
     out = {"nll": float(metrics.nll(p, labels))}
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     from tqdm.auto import tqdm
 
     from bench.methods.compare_runs import make_data, make_release
-    from model.evaluation import metrics, metrics_report
+    from model.evaluation.statistics import metrics, metrics_report
     from model.evaluation.evaluate import load_truth
     from model.training import baselines
     from model.training.inputs import Featurizer

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     from tqdm.auto import tqdm
 
     from bench.methods.compare_runs import make_data, make_release, truth_design
-    from model.evaluation import metrics
+    from model.evaluation.statistics import metrics
     from model.evaluation.evaluate import load_truth
     from model.training import baselines
     from model.training.inputs import Featurizer
@@ -132,7 +132,7 @@ def _lstm_runs(args, work: pathlib.Path, data: pathlib.Path, release: pathlib.Pa
                n_train: int) -> list[dict]:
     """Rank-1 Normal LSTMs on the whole training split: test scores per seed, paired with the logistic fit."""
     from bench.methods.compare_runs import load_split, predict, train_run
-    from model.evaluation import against_truth, metrics, metrics_report
+    from model.evaluation.statistics import against_truth, metrics, metrics_report
 
     if args.lstm_seeds <= 0:
         return []

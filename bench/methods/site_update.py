@@ -71,7 +71,7 @@ from model.adapt.config import METHODS, AdaptConfig  # noqa: E402
 from model.adapt.export_update import write_update  # noqa: E402
 from model.adapt.local_data import read_local  # noqa: E402
 from model.adapt.update import adapt  # noqa: E402
-from model.evaluation import metrics  # noqa: E402
+from model.evaluation.statistics import metrics  # noqa: E402
 from model.export.load import Recalibration, load_export  # noqa: E402
 from model.export.predict import Predictor, predict_probs  # noqa: E402
 

@@ -123,7 +123,7 @@ def _mean_sem(values) -> str:
 
 def report(results: list[dict[str, np.ndarray]], command: str, seeds: list[int], samples: int) -> str:
     """The markdown section: per answer, distance to the known-type answer and to P_DEATH (mean ± SEM over seeds)."""
-    from model.evaluation.metrics import uncertainties
+    from model.evaluation.statistics.metrics import uncertainties
 
     answers = [k for k in results[0] if k not in ("kind", "truth", "known", "counts", "allocation")]
     kinds = sorted({k for r in results for k in r["kind"].tolist()})

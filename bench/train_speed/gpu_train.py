@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from model.cli.ehr_train import parse_overrides
-    from model.evaluation import formatting
+    from model.evaluation.report import formatting
     from model.training.config import load_config
     from model.training.train import train
 

@@ -63,7 +63,7 @@ def check(request: PredictRequest, export: Export, loc: tuple[str | int, ...]) -
 def mixed(parts: Sequence[np.ndarray]) -> np.ndarray:
     """One sample-major row [..., S*K] from the per-type parts [..., S_t*K] (sum of S_t = S), in order."""
     # Each part is sample-major (column s*K + k): appending parts appends samples, and every
-    # member keeps its column k, so member means and the mixture stay as model.evaluation.metrics reads them.
+    # member keeps its column k, so member means and the mixture stay as model.evaluation.statistics.metrics reads them.
     return np.concatenate(list(parts), axis=-1)
 
 

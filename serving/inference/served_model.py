@@ -5,7 +5,7 @@ is absent or is not what manifest.json's SHA-256 says, the SavedModel does not l
 the wrong signature, or a JSON file does not hold what the service needs: all checked by the
 exporter's own reader (``model.export.load.load_export``), the one reader of the format.
 
-Every uncertainty number comes from ``model.evaluation.metrics`` (never re-implemented here), so the
+Every uncertainty number comes from ``model.evaluation.statistics.metrics`` (never re-implemented here), so the
 service reports exactly the quantities the evaluation reported.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from model.evaluation import metrics as model_metrics
+from model.evaluation.statistics import metrics as model_metrics
 from model.export.load import Export, ExportError, LoadedExport, load_export
 from serving.inference import precision as precision_choice
 from serving.inference.precision import PrecisionChoice
@@ -128,14 +128,14 @@ class Summary:
 
 
 def summarise(probs: np.ndarray, export: Export, num_samples: int) -> Summary:
-    """Uncertainty summaries of sampled probabilities [N, S*K] (model.evaluation.metrics definitions, nats)."""
+    """Uncertainty summaries of sampled probabilities [N, S*K] (the definitions of the evaluation's metrics, nats)."""
     k = export.ensemble_size
     measures = model_metrics.uncertainties(probs)
     mean = model_metrics.predictive_mean(probs)
     tail = (1.0 - INTERVAL_LEVEL) / 2.0
     lower, upper = np.quantile(probs, [tail, 1.0 - tail], axis=1)
     threshold = export.metrics.decision_threshold
-    positive = mean > threshold  # the strict '>' of model.evaluation.metrics.accuracy
+    positive = mean > threshold  # the strict '>' of model.evaluation.statistics.metrics.accuracy
     across = np.mean((probs > threshold) != positive[:, None], axis=1)
     policy = export.metrics.referral
     referral_threshold = -math.inf if policy.threshold is None else policy.threshold

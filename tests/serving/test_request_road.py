@@ -31,7 +31,7 @@ DATA_MODULES = {"serving/schemas.py", "serving/inference/encoding.py", "ehr_pipe
                 "ehr_pipeline/encode/unit_strings.py", "ehr_pipeline/encode/bagging.py",
                 "ehr_pipeline/contract/spec.py", "ehr_pipeline/encode/seqex.py",
                 "serving/inference/served_model.py", "model/export/predict.py", "model/export/load.py",
-                "model/evaluation/metrics.py", "serving/inference/prediction.py", "serving/api/routes.py",
+                "model/evaluation/statistics/metrics.py", "serving/inference/prediction.py", "serving/api/routes.py",
                 "serving/inference/admission_type.py"}
 # The population monitor keeps a summary of each answered admission (the job's own summary of its
 # records) for the shift report; it reads the bags, it changes nothing the model sees.

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings as hyp_settings, strategies 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline.contract import PipelineConfig, spec
 from ehr_pipeline.encode import ages, bagging, seqex, units
-from model.evaluation import metrics as model_metrics
+from model.evaluation.statistics import metrics as model_metrics
 from model.export_contract import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
 from serving.inference import precision
 from serving.api.app import create_app
