@@ -118,9 +118,11 @@ def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], pro
     with open(paths["metrics"], "w", encoding="utf-8") as f:
         json.dump(json_ready(doc), f, indent=2, sort_keys=True, allow_nan=False)
         f.write("\n")
-    paths["reliability"] = plots.reliability_diagram(p, y, num_bins, path=out / PLOT_FILES["reliability"])
+    paths["reliability"] = plots.reliability_diagram(metrics.calibration_bins(p, y, num_bins),
+                                                     float(metrics.ece(p, y, num_bins)),
+                                                     path=out / PLOT_FILES["reliability"])
     paths["uncertainty_vs_error"] = plots.uncertainty_vs_error(
-        p, y, u[measure], path=out / PLOT_FILES["uncertainty_vs_error"], name=measure)
+        metrics.error_by_uncertainty(p, y, u[measure]), path=out / PLOT_FILES["uncertainty_vs_error"], name=measure)
     paths["risk_coverage"] = plots.risk_coverage_plot(report["selective"], path=out / PLOT_FILES["risk_coverage"])
     correct = (p > 0.5) == (y > 0.5)
     paths["uncertainty_histogram"] = plots.uncertainty_histogram(

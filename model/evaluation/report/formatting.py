@@ -59,6 +59,15 @@ def format_truth(truth: Mapping) -> list[str]:
     return lines
 
 
+def describe_gap(gap: Mapping[str, Any]) -> str:
+    """One sentence naming a gap of subgroup_report, e.g. 'admission_type = URGENT: mean |p - truth| 0.121 ...'."""
+    names = {"auc_roc": "AUC-ROC", "abs_observed_minus_expected": "|observed - expected|",
+             "logit_error_truth": "mean |logit p - logit P_DEATH|"}
+    return (f"{gap['attribute']} = {gap['group']} (n = {gap['n']}): {names.get(gap['metric'], gap['metric'])} "
+            f"{gap['group_value']:.3f} vs {gap['rest']:.3f} in the rest, difference {gap['estimate']:+.3f} "
+            f"[{gap['lower']:+.3f}, {gap['upper']:+.3f}]")
+
+
 def describe_update(update: Mapping[str, Any]) -> str:
     """'updated at a new site by ...' for an Adaptation.summary: the method (and choice), the local data, what moved."""
     method = update["method"] + (f" (chose {update['chosen']})" if update.get("chosen") else "")

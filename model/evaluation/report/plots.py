@@ -3,8 +3,10 @@ referral against a known truth.
 
 Figures are built on matplotlib's object API with an explicit Agg canvas instead of pyplot:
 pyplot keeps a global registry of open figures and picks a backend on import, and neither
-suits a library that runs inside a headless CLI, a service or parallel tests. All numbers
-come from :mod:`model.evaluation.statistics.metrics`, so a plot never disagrees with the table beside it.
+suits a library that runs inside a headless CLI, a service or parallel tests. A figure is given its
+numbers (computed by ``model.evaluation.statistics``, most of them read from metrics.json), so a plot never
+disagrees with the table beside it; the only arithmetic left here is drawing's own (a histogram's bins of
+raw values, a spectrum's share of variance).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from model.evaluation.statistics import against_truth, metrics
+from model.evaluation.statistics import against_truth
 
 _DPI = 120
 
@@ -36,17 +38,19 @@ def _save(fig: Figure, path) -> pathlib.Path:
     return path
 
 
-def reliability_diagram(p, y, num_bins: int = metrics.NUM_BINS, path="reliability.png") -> pathlib.Path:
-    """Accuracy vs confidence per bin (bars), the gap to the diagonal, a count histogram, ECE in the title."""
-    bins = metrics.calibration_bins(p, y, num_bins)
+def reliability_diagram(bins: Mapping[str, np.ndarray], ece: float, path="reliability.png") -> pathlib.Path:
+    """Accuracy vs confidence per bin (bars), the gap to the diagonal, a count histogram, ECE in the title.
+
+    ``bins``: ``metrics.calibration_bins`` of the predictions, ``ece`` their ``metrics.ece`` on the same bins.
+    """
     count = bins["count"]
+    num_bins = len(count)
     filled = count > 0
     # Empty bins have no accuracy; leave their bars out instead of drawing zeros.
     acc = np.divide(bins["sum_correct"], count, out=np.zeros(num_bins), where=filled)
     conf = np.divide(bins["sum_confidence"], count, out=np.zeros(num_bins), where=filled)
     edges = np.linspace(0.0, 1.0, num_bins + 1)
     left, width = edges[:-1], 1.0 / num_bins
-    ece = float(metrics.ece(p, y, num_bins))
 
     fig = _new_figure(5.0, 6.0)
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
@@ -70,10 +74,12 @@ def reliability_diagram(p, y, num_bins: int = metrics.NUM_BINS, path="reliabilit
 
 
 def uncertainty_vs_error(
-    p_mean, y, uncertainty, num_bins: int = 10, path="uncertainty_vs_error.png", name: str = "uncertainty"
+    binned: Mapping[str, np.ndarray], path="uncertainty_vs_error.png", name: str = "uncertainty"
 ) -> pathlib.Path:
-    """Error rate and NLL in equal-count uncertainty bins: a useful uncertainty rises with both."""
-    binned = metrics.error_by_uncertainty(p_mean, y, uncertainty, num_bins)
+    """Error rate and NLL in equal-count uncertainty bins: a useful uncertainty rises with both.
+
+    ``binned``: ``metrics.error_by_uncertainty`` of the predictions and one uncertainty measure.
+    """
     fig = _new_figure(6.0, 4.0)
     ax = fig.subplots()
     ax.plot(binned["mean_uncertainty"], binned["error_rate"], marker="o", color="tab:blue", label="error rate")

@@ -339,7 +339,7 @@ def _heterogeneity(models: Sequence[tuple[str, Mapping]]) -> str:
                             for g in sub["gaps"])
             lead = '<p>The model serves these groups worse than the rest:</p><ul class="gaps">' + items + "</ul>"
         else:
-            seen = "".join(f"<li>{_esc(clinical_stats.describe_gap(g))}</li>" for g in sub["largest"].values())
+            seen = "".join(f"<li>{_esc(formatting.describe_gap(g))}</li>" for g in sub["largest"].values())
             lead = report_summary.power_note(sub) + (
                 f'<p>The largest gaps seen, none beyond the adjusted threshold:</p><ul class="gaps">{seen}</ul>'
                 if seen else "")
@@ -504,7 +504,7 @@ def format_clinical(clinical: Mapping[str, Any]) -> str:
     sub = clinical.get("subgroups")
     if sub:
         named = sub["gaps"] or []
-        lines.append("subgroups served worse: " + ("; ".join(clinical_stats.describe_gap(g) for g in named)
+        lines.append("subgroups served worse: " + ("; ".join(formatting.describe_gap(g) for g in named)
                                                    if named else "none beyond the adjusted threshold"))
     return "\n".join(lines)
 

@@ -453,15 +453,6 @@ def subgroup_report(p, y, labels: Mapping[str, np.ndarray], truth=None, *, n_boo
             "n_bootstrap": n_bootstrap}
 
 
-def describe_gap(gap: Mapping[str, Any]) -> str:
-    """One sentence naming a gap of subgroup_report, e.g. 'admission_type = URGENT: mean |p - truth| 0.121 ...'."""
-    names = {"auc_roc": "AUC-ROC", "abs_observed_minus_expected": "|observed - expected|",
-             "logit_error_truth": "mean |logit p - logit P_DEATH|"}
-    return (f"{gap['attribute']} = {gap['group']} (n = {gap['n']}): {names.get(gap['metric'], gap['metric'])} "
-            f"{gap['group_value']:.3f} vs {gap['rest']:.3f} in the rest, difference {gap['estimate']:+.3f} "
-            f"[{gap['lower']:+.3f}, {gap['upper']:+.3f}]")
-
-
 # --------------------------------------------------------------------------- one report
 
 

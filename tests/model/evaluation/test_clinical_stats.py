@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
+from model.evaluation.report import formatting
 from model.evaluation.statistics import clinical_stats as cs, metrics
 
 # A small table: five cases, two deaths.
@@ -192,7 +193,7 @@ def test_subgroups_name_the_planted_group_and_match_the_metrics_module():
     assert gap["estimate"] == pytest.approx(error[urgent].mean() - error[~urgent].mean())
     assert set(report["attributes"]["age_band"]) <= {label for label, _, _ in cs.AGE_BANDS}
     urgent_gap = next(g for g in report["gaps"] if g["group"] == "URGENT")
-    assert cs.describe_gap(urgent_gap).startswith(f"admission_type = URGENT (n = {urgent.sum()})")
+    assert formatting.describe_gap(urgent_gap).startswith(f"admission_type = URGENT (n = {urgent.sum()})")
 
 
 def test_ethnicity_is_pooled_by_prefix():
