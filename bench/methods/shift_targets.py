@@ -124,7 +124,7 @@ def train(work: pathlib.Path, data: pathlib.Path, config: str) -> pathlib.Path:
 
 
 def shift_rows(export: pathlib.Path, data: dict[str, pathlib.Path]) -> list[dict]:
-    from model.evaluation.use_case import run_shift
+    from model.evaluation.run_evaluation import run_shift
 
     rows = []
     for name, folder in data.items():

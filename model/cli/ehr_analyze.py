@@ -221,7 +221,7 @@ def shift(args) -> int:
     """`ehr-analyze shift`: prints the findings, writes the files, returns 0, 2 (usage) or 3 (shift at --fail-on)."""
     # why: the use case imports TensorFlow, which loads only once the arguments are valid
     from model.evaluation.against_reference import write_outputs
-    from model.evaluation.use_case import run_shift
+    from model.evaluation.run_evaluation import run_shift
 
     if args.samples is not None and args.samples > MAX_SAMPLES:
         return usage_error("ehr-analyze", f"--samples must be at most {MAX_SAMPLES}, got {args.samples}")

@@ -7,7 +7,7 @@ the benchmarks and the service report the same thing by the same code. ``report`
 (text tables, plots, report.html), which reads only numbers the statistics computed.
 ``evaluate`` gathers predictions of an export or a baseline into the report files;
 ``against_reference`` compares new data with a model's training population; ``unit_check`` puts a
-data folder in the model's units and ``dataset_identity`` names it; ``use_case`` runs
+data folder in the model's units and ``dataset_identity`` names it; ``run_evaluation`` runs
 ``ehr-eval`` and ``ehr-analyze shift``; ``posterior_rank`` analyses the low-rank structure of a
 trained posterior.
 

@@ -12,7 +12,7 @@ predictions to a known truth:
 * ``write_outputs``: shift.json, shift.md and shift.png.
 
 The use cases that score data for it (``ehr-analyze shift``, ``ehr-eval`` on other data) are
-``model.evaluation.use_case``'s. Importing this module loads no TensorFlow.
+``model.evaluation.run_evaluation``'s. Importing this module loads no TensorFlow.
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import pytest
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from model import data_folder
 from model.adapt.config import AdaptConfig
-from model.adapt.use_case import run_update
+from model.adapt.run_update import run_update
 from model.export.load import load_export, read_export, write_manifest
 from model.export.predict import predict_probs
 from serving.api.app import create_app

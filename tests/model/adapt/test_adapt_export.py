@@ -12,7 +12,7 @@ from model.adapt.config import AdaptConfig
 from model.adapt.rebuild import rebuild
 from model.adapt.local_data import read_local
 from model.adapt.update import adapt
-from model.adapt.use_case import run_update
+from model.adapt.run_update import run_update
 from model.cli import ehr_adapt, ehr_eval
 from model.evaluation.statistics import metrics
 from model.export.load import ExportError, load_export

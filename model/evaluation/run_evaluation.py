@@ -109,7 +109,7 @@ def _read_splits(files: DataFiles) -> dict[str, SplitRecords]:
 
 
 def _score(request: EvaluationRequest, exports: Sequence[LoadedExport], splits: Mapping[str, SplitRecords],
-           name: str, units_plan: unit_check.UnitPlan) -> _Scored:
+           name: str, scoring_units: unit_check.ScoringUnits) -> _Scored:
     """The exports' probabilities of a split's records in the model's units; an empty split is a ValueError."""
     split = splits.get(name)
     if split is None or not len(split):
@@ -117,7 +117,7 @@ def _score(request: EvaluationRequest, exports: Sequence[LoadedExport], splits: 
                          + (": nothing to evaluate" if name == request.split else
                             ", and the referral threshold is chosen on it (an ensemble, or a referral rate or "
                             "measure other than the model's stored rule)"))
-    records = units_plan.convert(split.records)
+    records = scoring_units.convert(split.records)
     probs = predict_probs(exports, records, request.num_samples, request.seed, batch_size=request.batch_size,
                           progress=request.progress)
     return _Scored(split, records, probs)
@@ -152,14 +152,14 @@ def evaluate_exports(request: EvaluationRequest) -> Evaluation:
     exports = [load_export(d) for d in request.model_dirs]
     integrity.verify_folder(request.data_dir, SPLIT_NAMES,
                             models={str(e.path): e.files.schema_version for e in exports})
-    units_plan = unit_check.plan_units(exports, request.data_dir, force=request.force_units)
+    scoring_units = unit_check.plan_units(exports, request.data_dir, force=request.force_units)
     files = data_folder.load_data_files(request.data_dir)
     splits = _read_splits(files)
     scored: dict[str, _Scored] = {}
 
     def scores(name: str) -> _Scored:
         if name not in scored:
-            scored[name] = _score(request, exports, splits, name, units_plan)
+            scored[name] = _score(request, exports, splits, name, scoring_units)
         return scored[name]
 
     measure, rate, threshold = _referral_rule(request, exports, lambda: scores("validation"))
@@ -186,7 +186,7 @@ def evaluate_exports(request: EvaluationRequest) -> Evaluation:
     data_sha = data_folder.manifest_sha256(files.data_dir)
     shifted = None
     if _trained_on_other_data(exports, data_sha):
-        shifted = _shift_of_split(exports, request, evaluated, units_plan.canonical)
+        shifted = _shift_of_split(exports, request, evaluated, scoring_units.canonical)
     if request.out_dir is not None:
         with report_folder(request, [*request.model_dirs, request.data_dir]) as out:
             _write_outputs(request, out, report, evaluated, shifted, exports, data_sha=data_sha, measure=measure,
