@@ -54,14 +54,14 @@ gpu-install: install
 	$(BIN)/python -m pip install -q -c constraints.txt "tensorflow[and-cuda]==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("tensorflow"))')"
 
 gpu-train: gpu-install
-	$(BIN)/python bench/gpu_train.py --out runs/gpu_table7
+	$(BIN)/python bench/train_speed/gpu_train.py --out runs/gpu_table7
 
 # Each script prints a table and rewrites its own section of docs/benchmarks.md.
 bench: install
-	$(BIN)/python bench/reader.py
-	$(BIN)/python bench/pipeline.py
-	$(BIN)/python bench/train_step.py
-	$(BIN)/python bench/serving.py
+	$(BIN)/python bench/data_jobs/csv_reader.py
+	$(BIN)/python bench/data_jobs/pipeline.py
+	$(BIN)/python bench/train_speed/train_step.py
+	$(BIN)/python bench/service/service_latency.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -11,7 +11,7 @@ the one place that:
   (``console.quiet_tensorflow_import``); a command's ``-v`` shows them;
 * picks Arrow's allocator: the system's, unless ARROW_DEFAULT_MEMORY_POOL says otherwise. Arrow's
   default (mimalloc) keeps freed blocks: the Beam job on the MIMIC-III demo peaked at 360-376 MiB
-  with it and 292-295 MiB with the system allocator, in the same time (bench/job_footprint.py);
+  with it and 292-295 MiB with the system allocator, in the same time (bench/data_jobs/job_footprint.py);
   Arrow reads the variable once, when pyarrow is first imported;
 * holds the project's one version (pyproject.toml reads it from here).
 

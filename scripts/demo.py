@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     from ehr_pipeline import cli as pipeline_cli
     from model.cli import ehr_eval, ehr_train
-    from serving import demo as serving_demo
+    from serving.tools import demo as serving_demo
 
     truth: list[str] = []
     if not has_release(mimic_dir):
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     _step(f"3. Evaluate on the test split with {args.samples} samples per ensemble member", "ehr-eval",
           ["--model", str(run / "export"), "--data", str(data), "--split", "test", "--samples", str(args.samples),
            "--out", str(out / "eval"), "--overwrite", *truth, "--no-progress"], ehr_eval.main)
-    _step("4. Serve the model and score one test admission from the raw tables", "python -m serving.demo",
+    _step("4. Serve the model and score one test admission from the raw tables", "python -m serving.tools.demo",
           ["--model", str(run / "export"), "--data", str(data), "--mimic-dir", str(mimic_dir)], serving_demo.main)
     return 0
 

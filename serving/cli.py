@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from ehr_base import console
 from ehr_base.cli_args import OneLineParser
-from serving import malloc
+from serving.monitoring import malloc
 from serving.settings import API_KEYS_ENV, Settings, SettingsError, load_api_keys, make_settings
 
 logger = logging.getLogger("serving")
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Before TensorFlow starts its thread pools: an arena cap applies to arenas made after it.
     malloc.cap_arenas(settings.malloc_arenas)
-    from serving.predictor import ModelDirError, ServedModel  # why: after the cheap checks, loading imports TensorFlow
+    from serving.inference.served_model import ModelDirError, ServedModel  # why: after the cheap checks, loading imports TensorFlow
 
     # TensorFlow's C++ start-up lines (CUDA probes on a CPU machine) only at --log-level debug.
     with console.native_stderr_muted(verbose=args.log_level == "debug"):
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import uvicorn
 
-    from serving.app import create_app  # why: FastAPI and the app load only once the model has
+    from serving.api.app import create_app  # why: FastAPI and the app load only once the model has
 
     app = create_app(settings, predictor)
     # access_log=False: our middleware logs each request without its path or query.

@@ -1,4 +1,5 @@
-"""Request and response bodies of the service (pydantic), with descriptions and examples for /docs.
+"""Request and response bodies of the service (pydantic), with descriptions and examples for /docs, and
+``InputError``: a request that fits them but makes no sense, which ``serving.api.errors`` answers 422.
 
 Requests reject unknown fields (a typo such as ``"admit_tim"`` must not silently fall back to
 a default) and text that cannot be encoded as UTF-8. Times are ISO 8601 strings: a bare
@@ -18,6 +19,16 @@ from ehr_pipeline.contract import spec
 from ehr_pipeline.encode import bagging, units
 
 MAX_TEXT = 128  # longest code / admission type / unit / id accepted, characters
+
+
+class InputError(ValueError):
+    """A request that fits the schemas below but makes no sense (answered 422); loc names the field."""
+
+    def __init__(self, loc: tuple[str | int, ...], msg: str, kind: str = "value_error"):
+        super().__init__(msg)
+        self.loc = loc
+        self.msg = msg
+        self.kind = kind
 
 
 def _require_iso_text(value: Any) -> Any:
@@ -93,8 +104,8 @@ class Patient(_Request):
         return self
 
 
-class Admission(_Request):
-    """The hospital admission the prediction is about."""
+class AdmissionRequest(_Request):
+    """The hospital admission the prediction is about, as a request states it."""
 
     admit_time: IsoDateTime = Field(description="Admission time, ISO 8601; no offset means UTC.",
                                     examples=["2150-03-01T08:30:00"])
@@ -139,7 +150,7 @@ class PredictRequest(_Request):
     id: Text | None = Field(None, description="Your reference for this admission, echoed back; never logged.",
                             examples=["bed-12"])
     patient: Patient
-    admission: Admission
+    admission: AdmissionRequest
     prediction_time: IsoDateTime | None = Field(
         None, description="Predict as of this time; default: admit_time + the model's trigger offset "
                           "(the time point it was trained for). Must not precede admit_time.")

@@ -92,7 +92,7 @@ class Settings(BaseModel):
         2, ge=0, le=1024, description="Most glibc malloc arenas (M_ARENA_MAX; 0: glibc's default, 8 per core). The "
                                       "service's ~36 threads otherwise spread short-lived allocations over many "
                                       "arenas whose freed memory fragments: resident memory grew ~30 MiB/min under "
-                                      "load (serving/malloc.py, docs/benchmarks.md 'soak').")
+                                      "load (serving/monitoring/malloc.py, docs/benchmarks.md 'soak').")
     monitor_refresh_s: float = Field(
         10.0, ge=0.0, le=3600.0,
         description="Longest the monitor's report is served before it is made again, seconds, when admissions came "

@@ -111,7 +111,7 @@ def tiny_export(tmp_path_factory) -> Callable[..., pathlib.Path]:
     export takes tens of seconds on 2 cores (tracing and saving every signature).
     """
     # TensorFlow loads only for the tests that ask for an export.
-    from serving.testing import write_tiny_model_export
+    from serving.tools.tiny_export import write_tiny_model_export
 
     def make(**kwargs) -> pathlib.Path:
         key = hashlib.sha256(repr(sorted(kwargs.items())).encode()).hexdigest()[:16]

@@ -18,7 +18,7 @@ import pyarrow as pa
 from ehr_pipeline.reader.stream import open_stream
 
 # Bytes of decompressed CSV per Arrow block (one RecordBatch each). Arrow reads about 32
-# blocks ahead. At 256 KiB peak RSS stays flat from 1M to 10M rows (bench/reader.py); 1 MiB
+# blocks ahead. At 256 KiB peak RSS stays flat from 1M to 10M rows (bench/data_jobs/csv_reader.py); 1 MiB
 # blocks were no faster but let allocator fragmentation add ~20% between those sizes.
 DEFAULT_BLOCK_SIZE = 256 << 10
 NEWLINE = 10

@@ -3,7 +3,7 @@
 The generator computes P_DEATH from the events before it writes them; this module reads the
 written tables back and recomputes the same ``PreTriggerFeatures`` by the documented formula
 (docs/synthetic.md). Tests use it to prove P_DEATH is a function of pre-trigger events only,
-and bench/compare_methods.py to fit the well-specified logistic model (the truth's own
+and bench/methods/compare_methods.py to fit the well-specified logistic model (the truth's own
 design, coefficients learned) that bounds what any model can reach at a training-set size.
 ``trajectory_features`` does the same for the temporal family's trajectory terms.
 """

@@ -1,6 +1,6 @@
 """Updating a trained model at a new site with the site's own outcomes (``ehr-adapt``; docs/model.md).
 
-``use_case.run_update`` is the front door: ``local_data`` reads the site's labelled admissions,
+``run_update.run_update`` is the front door: ``local_data`` reads the site's labelled admissions,
 ``update`` runs a method (the recalibrations of ``recalibration``, ``closed_test``'s choice with
 ``revision``, or a weight update of the network ``rebuild`` restores: ``weight_fit``'s loop,
 ``bayes_update``), and ``export_update`` writes the updated export. ``config`` holds the settings

@@ -22,7 +22,8 @@ from ehr_pipeline.shift import Profile, population
 from model.adapt.config import AdaptConfig
 from model.adapt.local_data import LocalData
 from model.adapt.update import Update
-from model.evaluation import evaluate, metrics
+from model.evaluation import evaluate
+from model.evaluation.statistics import metrics
 from model.export.load import LoadedExport
 from model.export.predict import Predictor
 from model.export.write import write_updated_export

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ehr_pipeline.contract import tf_parse
 from model.adapt.config import AdaptConfig
 from model.adapt.local_data import LocalSample
-from model.evaluation import metrics
+from model.evaluation.statistics import metrics
 from model.export.predict import Predictor, predict_probs
 from model.fit import losses
 from model.training.inputs import Featurizer

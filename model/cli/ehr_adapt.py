@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return usage_error("ehr-adapt", f"--out: {err}")
     console.load_tensorflow(args.verbose)
     # why: the update imports TensorFlow; --help and usage errors answer before it loads
-    from model.adapt.use_case import run_update
+    from model.adapt.run_update import run_update
 
     try:
         result = run_update(args.model, args.data, args.out, config, progress=not args.no_progress,

@@ -7,8 +7,8 @@
 posterior-rank (paper 003, Section 2): per posterior stddev matrix (mean-field / k-tied kernels,
 variational embeddings) the singular values and the variance kept by ranks 1, 2, 3; then the
 run is re-evaluated with every mean-field stddev matrix replaced by its rank-k approximation
-(model.evaluation.posterior_rank), with the metrics of ``model.evaluation.metrics`` (EHR: mixture NLL, AUC-PR,
-AUC-ROC, ECE; image: NLL, accuracy, ECE). Writes posterior_rank.json, posterior_rank.md and
+(model.evaluation.posterior_rank), with the metrics of ``model.evaluation.statistics.metrics`` (EHR: mixture
+NLL, AUC-PR, AUC-ROC, ECE; image: NLL, accuracy, ECE). Writes posterior_rank.json, posterior_rank.md and
 singular_values.png into --out (default RUN_DIR/posterior_rank).
 
 shift (docs/shift.md): the new data folder (the Beam job's output, all its splits by default)
@@ -33,7 +33,7 @@ from ehr_pipeline.contract import SPLIT_NAMES, integrity, output_folder
 from model.cli import EXIT_SHIFT, FAIL_ON
 from model.cli.ehr_eval import resolve_model_dir
 from model.export_contract import MAX_SAMPLES
-from model.evaluation import metrics
+from model.evaluation.statistics import metrics
 from model.export.load import ExportError
 from model.image.cli import wants_image
 
@@ -147,7 +147,7 @@ def posterior_rank(args) -> dict[str, Any]:
     """The analysis of one run as a JSON-ready dict (also written to --out)."""
     # why: TensorFlow (posterior_rank) and matplotlib (plots) load only once the arguments are valid
     from model.evaluation import posterior_rank as pr
-    from model.evaluation.plots import singular_values_plot
+    from model.evaluation.report.plots import singular_values_plot
 
     run = pathlib.Path(args.model)
     model, evaluate, samples = (_image_evaluator if wants_image(["--model", str(run)]) else _ehr_evaluator)(args)
@@ -221,7 +221,7 @@ def shift(args) -> int:
     """`ehr-analyze shift`: prints the findings, writes the files, returns 0, 2 (usage) or 3 (shift at --fail-on)."""
     # why: the use case imports TensorFlow, which loads only once the arguments are valid
     from model.evaluation.against_reference import write_outputs
-    from model.evaluation.use_case import run_shift
+    from model.evaluation.run_evaluation import run_shift
 
     if args.samples is not None and args.samples > MAX_SAMPLES:
         return usage_error("ehr-analyze", f"--samples must be at most {MAX_SAMPLES}, got {args.samples}")

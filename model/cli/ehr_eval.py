@@ -30,7 +30,7 @@ from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, fract
 from ehr_pipeline.contract import output_folder
 from model.cli import EXIT_SHIFT, FAIL_ON
 from model.export_contract import EXPORT_DIR, MANIFEST, MAX_SAMPLES, UNCERTAINTY_MEASURES
-from model.evaluation import clinical_stats
+from model.evaluation.statistics import clinical_stats
 from model.export.load import ExportError
 from model.image import cli as image_cli
 from model.training.config import BASELINE_KINDS, EvalConfig
@@ -174,18 +174,18 @@ def main(argv: list[str] | None = None) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     """--model DIR...: the exports (a deep ensemble when several) on --split, printed and written to --out."""
     # why: the use case imports TensorFlow; --help and usage errors answer before it loads
-    from model.evaluation import evaluate as evaluation
-    from model.evaluation import formatting, report_html, use_case
+    from model.evaluation import evaluate as evaluation, run_evaluation
+    from model.evaluation.report import formatting, report_html
 
     try:
-        request = use_case.EvaluationRequest(
+        request = run_evaluation.EvaluationRequest(
             model_dirs=tuple(resolve_model_dir(m) for m in args.model), data_dir=args.data, split=args.split,
             num_samples=args.samples, seed=args.seed, batch_size=args.batch_size, truth_path=args.truth,
             referral_rate=args.referral_rate, referral_measure=args.referral_measure, n_bootstrap=args.bootstrap,
             num_bins=args.num_bins, out_dir=args.out, export_ensemble=args.export_ensemble, overwrite=args.overwrite,
             progress=not args.no_progress, target_coverage=args.target_coverage, target_risk=args.target_risk,
             force_units=args.force)
-        result = use_case.evaluate_exports(request)
+        result = run_evaluation.evaluate_exports(request)
     except (ExportError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
     report = result.report
@@ -210,7 +210,7 @@ def _compare(args: argparse.Namespace) -> int:
     """--compare A B: paired bootstrap of two predictions files, printed and written to --out."""
     # why: the report modules load matplotlib, which --help and usage errors do without
     from model.evaluation import evaluate as evaluation
-    from model.evaluation import formatting, report_html
+    from model.evaluation.report import formatting, report_html
 
     try:
         comparison = evaluation.compare_predictions(*args.compare, truth_path=args.truth, n_bootstrap=args.bootstrap,
@@ -235,17 +235,17 @@ def _compare(args: argparse.Namespace) -> int:
 def _baseline(args: argparse.Namespace) -> int:
     """--baseline KIND: fit on train, choose on validation, evaluate --split like a model."""
     # why: the use case and the baselines' featurizer import TensorFlow; --help answers before it loads
-    from model.evaluation import evaluate as evaluation
-    from model.evaluation import formatting, report_html, use_case
+    from model.evaluation import evaluate as evaluation, run_evaluation
+    from model.evaluation.report import formatting, report_html
     from model.training.baselines import fit_baseline
 
     try:
-        request = use_case.BaselineRequest(
+        request = run_evaluation.BaselineRequest(
             kind=args.baseline, data_dir=args.data, split=args.split, seed=args.seed, truth_path=args.truth,
             referral_rate=args.referral_rate, referral_measure=args.referral_measure, n_bootstrap=args.bootstrap,
             num_bins=args.num_bins, out_dir=args.out, overwrite=args.overwrite, target_coverage=args.target_coverage,
             target_risk=args.target_risk)
-        report = use_case.evaluate_baseline(request, fit_baseline)
+        report = run_evaluation.evaluate_baseline(request, fit_baseline)
     except (FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
     print(f"{args.baseline} baseline, chosen on validation: {report['baseline']['params']}")

@@ -18,7 +18,7 @@ from ehr_base import console
 from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, output_dir, positive_int,
                                       setup_logging, usage_error)
 from ehr_base.yaml_config import ConfigError
-from model.evaluation import formatting
+from model.evaluation.report import formatting
 from model.image import cli as image_cli
 from model.training.config import load_config
 

@@ -12,7 +12,7 @@ predictions to a known truth:
 * ``write_outputs``: shift.json, shift.md and shift.png.
 
 The use cases that score data for it (``ehr-analyze shift``, ``ehr-eval`` on other data) are
-``model.evaluation.use_case``'s. Importing this module loads no TensorFlow.
+``model.evaluation.run_evaluation``'s. Importing this module loads no TensorFlow.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from ehr_pipeline import shift
 from ehr_pipeline.shift import Profile, population
-from model.evaluation.plots import shift_plot
+from model.evaluation.report.plots import shift_plot
 from model.export.load import vocabulary_ranks
 
 log = logging.getLogger(__name__)

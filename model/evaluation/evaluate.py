@@ -1,7 +1,7 @@
-"""Evaluation of predictions [N, S*K]: metrics (model.evaluation.metrics), referral at a stored threshold, plots.
+"""Evaluation of predictions [N, S*K]: metrics (model.evaluation.statistics), referral at a stored threshold, plots.
 
 Shared by ``ehr-eval`` and by the trainer's final evaluation. Every number comes from
-``model.evaluation.metrics``; this module only gathers predictions, picks the referral threshold on
+``model.evaluation.statistics.metrics``; this module only gathers predictions, picks the referral threshold on
 validation and writes the report files.
 """
 from __future__ import annotations
@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from model.evaluation import against_truth, clinical_stats, dataset_identity, metrics, metrics_report, plots
-from model.evaluation import curves, paired_clinical, referral_choice, report_html
+from model.evaluation import dataset_identity
+from model.evaluation.report import plots, report_html
+from model.evaluation.statistics import against_truth, clinical_stats, curves, metrics, metrics_report
+from model.evaluation.statistics import paired_clinical, referral_choice
 from model.export_contract import DECISION_THRESHOLD, UNCERTAINTY_MEASURES, json_ready
 
 if TYPE_CHECKING:  # annotations only: reading a data folder needs TensorFlow, writing a report does not
@@ -38,7 +40,7 @@ PREDICTIONS_FILE = "predictions.csv"
 MEDS_PREDICTIONS_FILE = "predictions.meds.parquet"
 MEDS_UNCERTAINTY_FILE = "predictions.meds_uncertainty.parquet"
 COMPARISON_FILE = "comparison.json"
-# The one page a clinical reviewer reads (model.evaluation.report_html renders metrics.json / comparison.json).
+# The one page a clinical reviewer reads (model.evaluation.report.report_html renders metrics.json / comparison.json).
 REPORT_HTML = "report.html"
 # predictions.csv columns of who each case is (from its SequenceExample), for --compare's subgroups.
 ATTRIBUTE_COLUMNS = {"gender": "GENDER", "age_years": "AGE_YEARS", "admission_type": "ADMISSION_TYPE",
@@ -116,9 +118,11 @@ def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], pro
     with open(paths["metrics"], "w", encoding="utf-8") as f:
         json.dump(json_ready(doc), f, indent=2, sort_keys=True, allow_nan=False)
         f.write("\n")
-    paths["reliability"] = plots.reliability_diagram(p, y, num_bins, path=out / PLOT_FILES["reliability"])
+    paths["reliability"] = plots.reliability_diagram(metrics.calibration_bins(p, y, num_bins),
+                                                     float(metrics.ece(p, y, num_bins)),
+                                                     path=out / PLOT_FILES["reliability"])
     paths["uncertainty_vs_error"] = plots.uncertainty_vs_error(
-        p, y, u[measure], path=out / PLOT_FILES["uncertainty_vs_error"], name=measure)
+        metrics.error_by_uncertainty(p, y, u[measure]), path=out / PLOT_FILES["uncertainty_vs_error"], name=measure)
     paths["risk_coverage"] = plots.risk_coverage_plot(report["selective"], path=out / PLOT_FILES["risk_coverage"])
     correct = (p > 0.5) == (y > 0.5)
     paths["uncertainty_histogram"] = plots.uncertainty_histogram(

@@ -7,7 +7,7 @@ shift report's unit mismatch came last, after the metrics. ``plan_units`` compar
 units.json files before anything is scored (``ehr_pipeline.shift.unit_mismatch``):
 
 * every mismatched code convertible (mass, substance, temperature; molar masses by LOINC): the
-  records are converted to the model's units as they are read (``UnitPlan.convert``), and the
+  records are converted to the model's units as they are read (``ScoringUnits.convert``), and the
   log says which codes, from what, by what factor;
 * a conversion that would move a code's values outside the plausibility bound around the model's
   training median (``ehr_pipeline.encode.magnitudes``) is not made: the bound is the one the job and
@@ -42,7 +42,7 @@ class UnitMismatchError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class UnitPlan:
+class ScoringUnits:
     """What ehr-eval does to a data folder's values before the model reads them."""
 
     mismatched: tuple[Mismatch, ...]
@@ -63,8 +63,8 @@ class UnitPlan:
         return converted
 
 
-def plan_units(exports: Sequence[Any], data_dir: str | os.PathLike[str], *, force: bool = False) -> UnitPlan:
-    """The UnitPlan of scoring `data_dir` with `exports` (LoadedExport, one or an ensemble's members)."""
+def plan_units(exports: Sequence[Any], data_dir: str | os.PathLike[str], *, force: bool = False) -> ScoringUnits:
+    """The ScoringUnits of scoring `data_dir` with `exports` (LoadedExport, one or an ensemble's members)."""
     first = exports[0].files
     for other in exports[1:]:
         if dict(other.files.units) != dict(first.units):
@@ -75,12 +75,12 @@ def plan_units(exports: Sequence[Any], data_dir: str | os.PathLike[str], *, forc
     found = unit_mismatch.mismatches(first.units, data_canonical, harmoniser.converter, harmoniser.loinc)
     found = _judged(found, harmoniser, _data_medians(data_dir))
     if not found:
-        return UnitPlan((), dict(data_canonical))
+        return ScoringUnits((), dict(data_canonical))
     fix = f"prepare the data with `ehr-pipeline run --units-from {first.directory}`"
     if force:
         log.warning("--force: %s holds %d code(s) in other units than the model (%s), scored as they are: "
                     "predictions that use them are unreliable (%s)", data_dir, len(found), _listed(found), fix)
-        return UnitPlan(tuple(found), dict(data_canonical), forced=True)
+        return ScoringUnits(tuple(found), dict(data_canonical), forced=True)
     lost = [m for m in found if m.conversion is None]
     if lost:
         raise UnitMismatchError(f"{data_dir} holds {len(lost)} code(s) in units that cannot be converted to the "
@@ -88,7 +88,7 @@ def plan_units(exports: Sequence[Any], data_dir: str | os.PathLike[str], *, forc
                                 "there), or pass --force to score them as they are")
     log.warning("%s holds %d code(s) in other units than the model: converted to its units before scoring (%s)",
                 data_dir, len(found), _listed(found, limit=10))
-    return UnitPlan(tuple(found), {**data_canonical, **{m.code: m.model_unit for m in found}})
+    return ScoringUnits(tuple(found), {**data_canonical, **{m.code: m.model_unit for m in found}})
 
 
 def _data_medians(data_dir: str | os.PathLike[str]) -> dict[str, float]:

@@ -100,7 +100,8 @@ class HeldOutMetrics(_Loose):
 
     ece: float | None = None
     nll: float | None = None
-    # None where metrics.json does not say (written before it did): serving.prediction.calibration reads those.
+    # None where metrics.json does not say (written before it did): serving.inference.prediction.calibration
+    # reads those.
     split: str | None = None
     held_out: bool | None = None
     n: int | None = Field(None, ge=0)

@@ -2,7 +2,7 @@
 
 Predictions are S samples x K members of every image in one vectorised forward pass
 (``ImageModel(images, num_samples=S)``). Every metric is of the predictive mixture over
-those M = S*K components, from ``model.evaluation.metrics``: the mixture NLL (App. D.5), and accuracy
+those M = S*K components, from ``model.evaluation.statistics.metrics``: the mixture NLL (App. D.5), and accuracy
 and top-label ECE of the mean probability. The paper's cNLL / cA / cECE are the means over
 all (corruption, intensity) pairs; ``by_severity`` gives the curves of its Figure 8.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 from tqdm.auto import tqdm
 
-from model.evaluation import metrics, multiclass
+from model.evaluation.statistics import metrics, multiclass
 from model.export_contract import MAX_SAMPLES, json_ready
 from model.image import corruptions
 from model.image.config import ImageExperimentConfig

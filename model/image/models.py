@@ -4,7 +4,7 @@ Batch layout (the same as the EHR model and edward2's rank-1 layers): the model 
 input batch of B images S*K times; row block k (S*B rows) belongs to ensemble member k and
 every row draws its own rank-1 factors, so one forward pass yields S samples of each of the
 K members. ``ImageModel(images, num_samples=S)`` returns logits [B, S*K, C] laid out
-sample-major (column m = s*K + k), the layout of ``model.evaluation.metrics``.
+sample-major (column m = s*K + k), the layout of ``model.evaluation.statistics.metrics``.
 
 Batch norm is never rank-1 (the paper's Appendix B); it is either shared by all members
 (statistics over the whole tiled batch) or per member (a separate batch norm, with its own

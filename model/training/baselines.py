@@ -1,7 +1,7 @@
 """Scikit-learn baselines on bag aggregates: logistic regression and gradient boosting.
 
 The examples come from the pipeline's TFRecords through ``ehr_pipeline.contract.spec``'s parser (the
-parser the trainer and the service use), and the predictions go through ``model.evaluation.metrics``
+parser the trainer and the service use), and the predictions go through ``model.evaluation.statistics.metrics``
 and the same report files as the LSTMs, so a baseline sits in the same tables.
 
 The features are the Featurizer's "window_aggregates" (``model.training.inputs``), the columns the EHR
@@ -24,7 +24,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from ehr_pipeline.contract import spec, tf_parse
-from model.evaluation import metrics
+from model.evaluation.statistics import metrics
 from model.training.config import BASELINE_KINDS
 from model.data_folder import DataFiles, load_data_files, read_split
 from model.training.inputs import Featurizer

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_base import yaml_config
 from model.export_contract import MAX_SAMPLES
-from model.evaluation.metrics import DEFAULT_REFERRAL_RATE
+from model.evaluation.statistics.metrics import DEFAULT_REFERRAL_RATE
 from model.fit.experiment import ExperimentBase
 from model.layers.posterior import KERNEL_PENALTY_METHODS, PosteriorConfig
 

@@ -22,7 +22,7 @@ Forward pass for N admissions, S samples and K members (docs/model.md has the pi
      its Laplace posterior (model.training.wide).
 
 The result is reshaped to [N, S*K], sample-major (column m = s*K + k), the layout of
-``model.evaluation.metrics``. Layers come from the factory ``model.layers.rank1``; which posterior they carry
+``model.evaluation.statistics.metrics``. Layers come from the factory ``model.layers.rank1``; which posterior they carry
 is data (``ModelConfig.method``).
 """
 from __future__ import annotations

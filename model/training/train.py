@@ -22,8 +22,9 @@ import tensorflow as tf
 
 from model import data_folder
 from model.export_contract import EXPORT_DIR
-from model.evaluation import against_reference, metrics, referral_choice
+from model.evaluation import against_reference
 from model.evaluation import evaluate as evaluation
+from model.evaluation.statistics import metrics, referral_choice
 from model.export import write as export_writer
 from model.export.predict import Predictor, predict_probs
 from model.fit import devices as device_layout

@@ -189,11 +189,12 @@ COMMANDS: list[Run | Skip] = [
     Skip(r"^ehr-analyze posterior-rank --model runs/digits_mean_field ",
          "needs a trained digits mean-field run; tests/model/evaluation/test_posterior_rank.py runs the command on a tiny one"),
     # ---- benchmarks
-    Skip(r"^python bench/(compare_methods|learning_curve|coverage_bound|image_results|adapt)\.py",
+    Skip(r"^python bench/(methods/(compare_methods|learning_curve|coverage_bound|site_update)|"
+         r"image_models/image_results)\.py",
          "a results benchmark: many minutes to hours on 2 cores"),
-    Skip(r"^python bench/pipeline\.py$", "1M, 4M and 16M events: minutes"),
+    Skip(r"^python bench/data_jobs/pipeline\.py$", "1M, 4M and 16M events: minutes"),
     # A benchmark exits 1 when this machine misses a speed target: whether the script works is what is checked.
-    Run(r"^python bench/pipeline\.py --sizes 200000 --no-write$", check="events/s", exit_codes=(0, 1)),
+    Run(r"^python bench/data_jobs/pipeline\.py --sizes 200000 --no-write$", check="events/s", exit_codes=(0, 1)),
     # ---- ehr-serve and its clients
     Run(r"^export EHR_API_KEYS="),
     Run(r"^ehr-serve --help$", check="--precision"),
@@ -205,7 +206,7 @@ COMMANDS: list[Run | Skip] = [
         subs=(("/run/secrets/ehr_keys", "secrets/ehr_keys"),),
         why="/run/secrets is a deployment's secret mount: a key file in the working folder instead"),
     Run(r"^(EHR_API_KEYS=\S+ )?ehr-serve --model "),
-    Run(r"^python -c \"from serving\.testing import write_tiny_model_export"),
+    Run(r"^python -c \"from serving\.tools\.tiny_export import write_tiny_model_export"),
     Skip(r"^curl .*\{\.\.\.Patient\.\.\.\}", "abridged: {...Patient...} stands for the prefetched resources; "
                                              "tests/serving/test_fhir_api.py posts whole ones"),
     Run(r"^curl .*/fhir/r4/", check='"resourceType":"RiskAssessment"', needs_demo=True),

@@ -14,8 +14,8 @@ import sys
 import tempfile
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from serving.app import create_app
-from serving.predictor import ServedModel
+from serving.api.app import create_app
+from serving.inference.served_model import ServedModel
 from serving.settings import make_settings
 from tests.support.serving_fixtures import ThreadedServer, write_fixture_export
 

@@ -12,9 +12,9 @@ import httpx
 import pytest
 from hypothesis import given, settings as hyp_settings, strategies as st
 
-from serving.app import create_app
-from serving.auth import FailureWindow
-from serving.predictor import ServedModel
+from serving.api.app import create_app
+from serving.api.auth import FailureWindow
+from serving.inference.served_model import ServedModel
 from serving.settings import make_settings
 from tests.support.serving_fixtures import ThreadedServer
 
@@ -56,7 +56,7 @@ def server(fixture_export):
 
 
 def test_an_address_out_of_its_budget_waits_whatever_key_it_sends(server, caplog):
-    caplog.set_level(logging.WARNING, logger="serving.auth")
+    caplog.set_level(logging.WARNING, logger="serving.api.auth")
     with httpx.Client(base_url=server.base_url, timeout=30.0) as c:
         first = time.monotonic()
         statuses = [c.post("/v1/predict", json=REQUEST, headers={"X-API-Key": WRONG}).status_code,

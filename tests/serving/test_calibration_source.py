@@ -18,13 +18,13 @@ import pytest
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from model import data_folder
 from model.adapt.config import AdaptConfig
-from model.adapt.use_case import run_update
+from model.adapt.run_update import run_update
 from model.export.load import load_export, read_export, write_manifest
 from model.export.predict import predict_probs
-from serving.app import create_app
-from serving.fhir_answers import EXTENSION
-from serving.predictor import ServedModel
-from serving.prediction import calibration
+from serving.api.app import create_app
+from serving.api.fhir_answers import EXTENSION
+from serving.inference.served_model import ServedModel
+from serving.inference.prediction import calibration
 from serving.settings import make_settings
 from tests.support.adapt_data import relabelled_copy
 from tests.support.serving_fixtures import ThreadedServer

@@ -25,9 +25,9 @@ from ehr_pipeline.fhir import codes, convert
 from ehr_pipeline.mimic import cohort as cohort_mod
 from ehr_pipeline.mimic import events as ev
 from ehr_pipeline.reader import locate_table, read_table
-from serving.app import create_app
-from serving.fhir_answers import EXTENSION
-from serving.predictor import ServedModel
+from serving.api.app import create_app
+from serving.api.fhir_answers import EXTENSION
+from serving.inference.served_model import ServedModel
 from serving.settings import make_settings
 from tests.support.serving_fixtures import ThreadedServer
 from tests.support.json_mutation import mutate_json  # replace, delete or add one node
@@ -518,7 +518,7 @@ def test_cds_references_to_the_fhir_server_resolve_to_the_prefetch(client, small
 
 
 def test_card_indicator_follows_threshold_and_referral():
-    from serving.fhir_answers import card_indicator, card_summary
+    from serving.api.fhir_answers import card_indicator, card_summary
     from serving.schemas import EventCounts, Interval, OutOfVocabulary, PatientPrediction, Referral
 
     def prediction(p: float, refer: bool) -> PatientPrediction:

@@ -13,9 +13,10 @@ import threading
 
 import pytest
 
-from serving.app import create_app
-from serving.predictor import ServedModel
+from serving.api.app import create_app
+from serving.inference.served_model import ServedModel
 from serving.settings import make_settings
+from tests.support.ehr_testdata import write_data_dir
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -26,25 +27,34 @@ ROOT = REPO_ROOT
 # predict, export) -> uncertainty summary (metrics) -> prediction (prediction, the use case every
 # predict route calls) -> response (routes); the admission type is checked against the training
 # types (admission_type), which also average an unknown one.
-DATA_MODULES = {"serving/schemas.py", "serving/encoding.py", "ehr_pipeline/encode/ages.py",
+DATA_MODULES = {"serving/schemas.py", "serving/inference/encoding.py", "ehr_pipeline/encode/ages.py",
                 "ehr_pipeline/encode/admission.py", "ehr_pipeline/encode/units.py",
                 "ehr_pipeline/encode/unit_strings.py", "ehr_pipeline/encode/bagging.py",
                 "ehr_pipeline/contract/spec.py", "ehr_pipeline/encode/seqex.py",
-                "serving/predictor.py", "model/export/predict.py", "model/export/load.py",
-                "model/evaluation/metrics.py", "serving/prediction.py", "serving/routes.py",
-                "serving/admission_type.py"}
+                "serving/inference/served_model.py", "model/export/predict.py", "model/export/load.py",
+                "model/evaluation/statistics/metrics.py", "serving/inference/prediction.py", "serving/api/routes.py",
+                "serving/inference/admission_type.py"}
 # The population monitor keeps a summary of each answered admission (the job's own summary of its
-# records) for the shift report; it reads the bags, it changes nothing the model sees.
-MONITOR = {"ehr_pipeline/shift/population.py", "serving/monitor.py"}
+# records) for the shift report; it reads the bags, it changes nothing the model sees. It summarises
+# only when the export carries a reference to compare with, so the road's export carries one.
+MONITOR = {"ehr_pipeline/shift/population.py", "serving/monitoring/monitor.py"}
 # Plumbing that never touches the data: middleware, API keys, dependency injection, micro-batching.
-PLUMBING = {"serving/middleware.py", "serving/auth.py", "serving/dependencies.py", "serving/batching.py"}
+PLUMBING = {"serving/api/middleware.py", "serving/api/auth.py", "serving/api/dependencies.py",
+            "serving/inference/batching.py"}
 
 
 @pytest.fixture(scope="module")
-def road(tiny_export) -> dict[str, set[str]]:
+def road(tmp_path_factory, tiny_export) -> dict[str, set[str]]:
     from fastapi.testclient import TestClient
 
-    export = tiny_export(ensemble_size=2)
+    from model.data_folder import load_data_files
+    from model.evaluation import against_reference
+
+    # The same export as the monitor-refresh tests' (one build per session): its training folder's profile.
+    files = load_data_files(write_data_dir(tmp_path_factory.mktemp("road") / "data",
+                                           sizes=(("train", 30), ("validation", 4), ("test", 4)), train_shards=1))
+    vocabulary = {s: [c.split(":", 1)[1] for c in codes] for s, codes in files.vocabulary.items()}
+    export = tiny_export(vocabulary=vocabulary, reference=against_reference.reference_profile(files))
     app = create_app(make_settings(model_dir=export, no_auth=True, host="127.0.0.1", warmup=False),
                      ServedModel.load(export))
     admit = dt.datetime(2150, 1, 1)

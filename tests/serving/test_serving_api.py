@@ -1,7 +1,7 @@
 """The prediction service over real HTTP: a real uvicorn server on 127.0.0.1, no mocks.
 
 The model is a real export written by model.export.write around a tiny UNTRAINED rank-1 model
-(serving.testing.write_tiny_model_export, through the session's tiny_export factory): the real
+(serving.tools.tiny_export.write_tiny_model_export, through the session's tiny_export factory): the real
 featurizer, architecture, seeded stateless sampling and SavedModel, with meaningless random weights.
 """
 from __future__ import annotations
@@ -24,14 +24,14 @@ from hypothesis import HealthCheck, given, settings as hyp_settings, strategies 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline.contract import PipelineConfig, spec
 from ehr_pipeline.encode import ages, bagging, seqex, units
-from model.evaluation import metrics as model_metrics
+from model.evaluation.statistics import metrics as model_metrics
 from model.export_contract import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
-from serving import precision
-from serving.app import create_app
-from serving.encoding import encode
-from serving.predictor import ServedModel
+from serving.inference import precision
+from serving.api.app import create_app
+from serving.inference.encoding import encode
+from serving.inference.served_model import ServedModel
 from serving.settings import make_settings
-from serving.testing import TINY_MODEL_NAME
+from serving.tools.tiny_export import TINY_MODEL_NAME
 from tests.support.json_mutation import mutate_json
 from tests.support.serving_fixtures import ThreadedServer, write_fixture_export
 
@@ -268,7 +268,7 @@ def test_model_info(client):
     (lambda b: b["events"][1].update(code="\u0000"), ["body", "events", 1, "code"]),
     (lambda b: b["events"][1].update(code="50912\u0000"), ["body", "events", 1, "code"]),
     (lambda b: b["events"][1].update(code="509\t12"), ["body", "events", 1, "code"]),
-    # Types the training split never held: their one-hot slot never trained (serving.admission_type).
+    # Types the training split never held: their one-hot slot never trained (serving.inference.admission_type).
     (lambda b: b["admission"].update(admission_type="NEWBORN"), ["body", "admission", "admission_type"]),
     (lambda b: b["admission"].update(admission_type="UNKNOWN"), ["body", "admission", "admission_type"]),
     (lambda b: b["admission"].update(admission_type="emergency"), ["body", "admission", "admission_type"]),
@@ -520,7 +520,7 @@ def test_batch_of_known_and_unknown_admission_types_answers_each_as_alone(client
     ({"B": 1, "A": 1, "C": 1}, 4, [("A", 2), ("B", 1), ("C", 1)]),
 ])
 def test_samples_are_split_among_training_types_by_largest_remainder(counts, num_samples, expected):
-    from serving.admission_type import allocate
+    from serving.inference.admission_type import allocate
 
     assert allocate(counts, num_samples) == expected
 
@@ -529,7 +529,7 @@ def test_samples_are_split_among_training_types_by_largest_remainder(counts, num
 @given(counts=st.dictionaries(st.sampled_from(["ELECTIVE", "EMERGENCY", "URGENT", "NEWBORN", "OTHER"]),
                               st.integers(1, 10_000), min_size=1), num_samples=st.integers(1, 100))
 def test_sample_allocation_keeps_the_budget_and_the_training_shares(counts, num_samples):
-    from serving.admission_type import allocate
+    from serving.inference.admission_type import allocate
 
     got = dict(allocate(counts, num_samples))
     assert sum(got.values()) == num_samples and all(n > 0 for n in got.values())
@@ -547,9 +547,8 @@ def test_sample_allocation_keeps_the_budget_and_the_training_shares(counts, num_
 def test_an_export_without_training_types_needs_the_type(fixture_export):
     """Exports made before admission_types.json: a known type is used as before, an unknown one refused."""
     from model.export.load import read_export
-    from serving import admission_type
-    from serving.encoding import InputError
-    from serving.schemas import PredictRequest
+    from serving.inference import admission_type
+    from serving.schemas import InputError, PredictRequest
 
     export = read_export(fixture_export)
     assert export.admission_types == {}

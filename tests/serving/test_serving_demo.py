@@ -11,10 +11,10 @@ from ehr_pipeline.contract import PipelineConfig, layout, spec, tfrecord
 from ehr_pipeline.encode import seqex
 from ehr_pipeline.job import run_job
 from model.export.load import read_export
-from serving.demo import build_request, first_test_admission
-from serving.encoding import encode
+from serving.tools.demo import build_request, first_test_admission
+from serving.inference.encoding import encode
 from serving.schemas import PredictRequest
-from serving.server_process import ServerProcess
+from serving.tools.server_process import ServerProcess
 
 
 @pytest.fixture(scope="module")

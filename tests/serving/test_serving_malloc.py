@@ -6,7 +6,8 @@ import platform
 
 import pytest
 
-from serving import cli, malloc
+from serving import cli
+from serving.monitoring import malloc
 from serving.settings import Settings
 
 

@@ -17,8 +17,8 @@ import httpx
 import numpy as np
 import pytest
 
-from serving.app import create_app
-from serving.predictor import ServedModel
+from serving.api.app import create_app
+from serving.inference.served_model import ServedModel
 from serving.settings import make_settings
 from tests.support.ehr_testdata import admission_requests, write_data_dir
 from tests.support.serving_fixtures import ThreadedServer
@@ -164,7 +164,7 @@ def test_a_report_that_fails_is_logged_counted_and_answered_not_a_500(fixture_ex
 
     from ehr_pipeline import shift
     from ehr_pipeline.shift import Distribution, Profile
-    from serving.monitor import LEVEL_ERROR, Monitor
+    from serving.monitoring.monitor import LEVEL_ERROR, Monitor
 
     settings = make_settings(model_dir=fixture_export, no_auth=True, host="127.0.0.1", warmup=False)
     app = create_app(settings, ServedModel.load(fixture_export))
@@ -177,7 +177,7 @@ def test_a_report_that_fails_is_logged_counted_and_answered_not_a_500(fixture_ex
         export = dataclasses.replace(app.state.predictor.export, reference=broken)
         app.state.monitor = Monitor(export, 10, app.state.metrics, shift.Thresholds(min_admissions=2))
         assert client.post("/v1/predict/batch", json=body).status_code == 200
-        with caplog.at_level(logging.ERROR, logger="serving.monitor"):
+        with caplog.at_level(logging.ERROR, logger="serving.monitoring.monitor"):
             scrape = client.get("/metrics")
             answer = client.get("/v1/monitor")
         assert (scrape.status_code, answer.status_code) == (200, 200)

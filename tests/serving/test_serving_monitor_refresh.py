@@ -13,8 +13,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from serving.app import create_app
-from serving.predictor import ServedModel
+from serving.api.app import create_app
+from serving.inference.served_model import ServedModel
 from serving.settings import Settings, make_settings
 from tests.support.ehr_testdata import admission_requests, write_data_dir
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from serving.server_process import ServerProcess
+from serving.tools.server_process import ServerProcess
 from tests.support.paths import REPO_ROOT
 
 REPO = REPO_ROOT

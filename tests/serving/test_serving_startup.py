@@ -14,12 +14,12 @@ import pytest
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from serving import cli
-from serving import telemetry as metrics_module
-from serving.auth import key_matches
-from serving.app import create_app
-from serving.predictor import ModelDirError, ServedModel
+from serving.monitoring import telemetry as metrics_module
+from serving.api.auth import key_matches
+from serving.api.app import create_app
+from serving.inference.served_model import ModelDirError, ServedModel
 from serving.settings import SettingsError, is_loopback, load_api_keys, make_settings
-from serving.server_process import ServerProcess
+from serving.tools.server_process import ServerProcess
 from tests.support.serving_fixtures import ThreadedServer, write_fixture_export, write_manifest
 from tests.support.paths import REPO_ROOT
 

@@ -5,7 +5,7 @@ Job path: typed table blocks (as the reader yields them) -> events.extract -> fi
 -> split_by_admission -> pack_chunk -> the chunks in a shuffled order -> the job's own
 BagExample DoFn. Service path: the same events as a JSON request (shuffled differently, codes
 padded with whitespace, times as docs/serving.md tells clients to send them) -> PredictRequest
--> serving.encoding.encode. The ids and label are the ones the service writes (it cannot know
+-> serving.inference.encoding.encode. The ids and label are the ones the service writes (it cannot know
 them), so the two protos must match byte for byte.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ehr_pipeline.job import chunks as chunks_mod
 from ehr_pipeline.job.transforms import RECORDS
 from ehr_pipeline.mimic import events as ev
 from model.export.load import read_export
-from serving.encoding import encode
+from serving.inference.encoding import encode
 from serving.schemas import PredictRequest
 from tests.support.arrow_rows import batch
 from tests.support.serving_fixtures import write_fixture_export

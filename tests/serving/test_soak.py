@@ -1,4 +1,4 @@
-"""bench/soak.py for a few seconds, so it cannot rot: a real ehr-serve, 8 clients, the monitored routes all 2xx."""
+"""bench/service/soak.py for a few seconds, so it cannot rot: a real ehr-serve, 8 clients, the monitored routes all 2xx."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,9 @@ import pytest
 from tests.support.paths import REPO_ROOT
 from tests.support.ehr_testdata import write_data_dir
 
-sys.path.insert(0, str(REPO_ROOT))  # bench/ is a folder of scripts, importable from the repo root
+sys.path.insert(0, str(REPO_ROOT))  # bench/ is not installed: its scripts import as bench.FAMILY.NAME from the root
 
-from bench import soak  # noqa: E402
+from bench.service import soak  # noqa: E402
 
 
 @pytest.mark.slow

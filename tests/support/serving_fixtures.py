@@ -7,11 +7,11 @@ counts and the age. It exists so the service can be tested end to end (parsing, 
 SavedModel call, uncertainty summaries, checksums) without training anything. Its model
 card says so in its name and method.
 
-Its tiny UNTRAINED counterpart through the real exporter, ``serving.testing.write_tiny_model_export``,
-is in the package because bench/serving.py and docs/serving.md use it too.
+Its tiny UNTRAINED counterpart through the real exporter, ``serving.tools.tiny_export.write_tiny_model_export``,
+is in the package because bench/service/service_latency.py and docs/serving.md use it too.
 
 ``ThreadedServer`` runs a real uvicorn server for an app built by create_app in a background
-thread; ``serving.server_process.ServerProcess`` runs the CLI in a process.
+thread; ``serving.tools.server_process.ServerProcess`` runs the CLI in a process.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ehr_pipeline.contract import PipelineConfig, spec, tf_parse
-from serving.testing import DEFAULT_VOCABULARY, FIXTURE_UNITS
+from serving.tools.tiny_export import DEFAULT_VOCABULARY, FIXTURE_UNITS
 
 FIXTURE_NAME = "TEST-FIXTURE-not-a-clinical-model"
 FIXTURE_METHOD = "test-fixture: seeded noise around a function of event counts"

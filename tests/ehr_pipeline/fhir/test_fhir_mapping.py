@@ -298,7 +298,7 @@ def test_events_leave_in_the_jobs_canonical_order():
 def test_request_ids_become_valid_fhir_ids():
     from fhir.resources.R4B.riskassessment import RiskAssessment
 
-    from serving.fhir_answers import fhir_id
+    from serving.api.fhir_answers import fhir_id
 
     for given in ("5f0c9a", "bed_12:retry-1", "x" * 80):
         RiskAssessment.model_validate({"resourceType": "RiskAssessment", "status": "final", "id": fhir_id(given),

@@ -128,11 +128,11 @@ def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
     from tests.support.ehr_testdata import tiny_config_dict
 
     from model.evaluation.evaluate import MEDS_PREDICTIONS_FILE
-    from model.evaluation.use_case import EvaluationRequest, evaluate_exports
+    from model.evaluation.run_evaluation import EvaluationRequest, evaluate_exports
     from model.training.config import parse_config
     from model.training.train import train
-    from serving.app import create_app
-    from serving.predictor import ServedModel
+    from serving.api.app import create_app
+    from serving.inference.served_model import ServedModel
     from serving.settings import make_settings
     from tests.support.serving_fixtures import ThreadedServer
 
@@ -172,7 +172,7 @@ def test_meds_evaluation_scores_ehr_evals_predictions_alike(trained_rank1, tmp_p
     from meds_evaluation.evaluate import evaluate_binary_classification
 
     from model.evaluation.evaluate import MEDS_PREDICTIONS_FILE, MEDS_UNCERTAINTY_FILE
-    from model.evaluation.use_case import EvaluationRequest, evaluate_exports
+    from model.evaluation.run_evaluation import EvaluationRequest, evaluate_exports
 
     report = evaluate_exports(EvaluationRequest(model_dirs=(trained_rank1["export"],), data_dir=trained_rank1["data"],
                                                 split="test", num_samples=4, n_bootstrap=20, out_dir=tmp_path)).report

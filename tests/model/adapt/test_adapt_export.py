@@ -12,9 +12,9 @@ from model.adapt.config import AdaptConfig
 from model.adapt.rebuild import rebuild
 from model.adapt.local_data import read_local
 from model.adapt.update import adapt
-from model.adapt.use_case import run_update
+from model.adapt.run_update import run_update
 from model.cli import ehr_adapt, ehr_eval
-from model.evaluation import metrics
+from model.evaluation.statistics import metrics
 from model.export.load import ExportError, load_export
 from model.export.predict import Predictor, predict_probs
 from model.export.write import write_ensemble_export

@@ -1,4 +1,4 @@
-"""model.evaluation.clinical_stats against independent computations: net benefit by hand on a small table,
+"""model.evaluation.statistics.clinical_stats against independent computations: net benefit by hand on a small table,
 calibration slope and intercept on samples from known models (and against scikit-learn's
 unpenalised logistic regression), selective prediction against a brute force over tie orders,
 and subgroup gaps on a planted group."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-from model.evaluation import clinical_stats as cs
-from model.evaluation import metrics
+from model.evaluation.report import formatting
+from model.evaluation.statistics import clinical_stats as cs, metrics
 
 # A small table: five cases, two deaths.
 P = np.array([0.9, 0.6, 0.3, 0.2, 0.05])
@@ -193,7 +193,7 @@ def test_subgroups_name_the_planted_group_and_match_the_metrics_module():
     assert gap["estimate"] == pytest.approx(error[urgent].mean() - error[~urgent].mean())
     assert set(report["attributes"]["age_band"]) <= {label for label, _, _ in cs.AGE_BANDS}
     urgent_gap = next(g for g in report["gaps"] if g["group"] == "URGENT")
-    assert cs.describe_gap(urgent_gap).startswith(f"admission_type = URGENT (n = {urgent.sum()})")
+    assert formatting.describe_gap(urgent_gap).startswith(f"admission_type = URGENT (n = {urgent.sum()})")
 
 
 def test_ethnicity_is_pooled_by_prefix():

@@ -9,7 +9,8 @@ import pytest
 
 from model import data_folder
 from model.cli import ehr_eval
-from model.evaluation import against_truth, evaluate, metrics, metrics_report
+from model.evaluation import evaluate
+from model.evaluation.statistics import against_truth, metrics, metrics_report
 from model.evaluation.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
 from model.export.predict import predict_probs
 from model.training import baselines

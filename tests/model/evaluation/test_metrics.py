@@ -1,4 +1,4 @@
-"""model.evaluation.metrics against direct float64 computations, scikit-learn and hand-worked cases."""
+"""model.evaluation.statistics.metrics against direct float64 computations, scikit-learn and hand-worked cases."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,8 @@ from hypothesis.extra import numpy as hnp
 from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 
 from model.export_contract import UNCERTAINTY_MEASURES
-from model.evaluation import formatting, metrics as m, metrics_report, multiclass
+from model.evaluation.report import formatting
+from model.evaluation.statistics import metrics as m, metrics_report, multiclass
 
 
 def _sigmoid(z):

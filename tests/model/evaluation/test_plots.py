@@ -1,10 +1,11 @@
-"""model.evaluation.plots writes real, non-empty PNG files and returns their paths."""
+"""model.evaluation.report.plots writes real, non-empty PNG files and returns their paths."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from model.evaluation import against_truth, metrics, metrics_report, plots
+from model.evaluation.report import plots
+from model.evaluation.statistics import against_truth, metrics, metrics_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -29,15 +30,16 @@ def prediction():
 def test_reliability_diagram(tmp_path, prediction):
     probs, y = prediction
     target = tmp_path / "nested" / "reliability.png"
-    _assert_png(plots.reliability_diagram(metrics.predictive_mean(probs), y, 15, target), target)
+    p = metrics.predictive_mean(probs)
+    _assert_png(plots.reliability_diagram(metrics.calibration_bins(p, y, 15), float(metrics.ece(p, y, 15)), target),
+                target)
 
 
 def test_uncertainty_vs_error(tmp_path, prediction):
     probs, y = prediction
     target = tmp_path / "uve.png"
-    path = plots.uncertainty_vs_error(
-        metrics.predictive_mean(probs), y, metrics.predictive_entropy(probs), path=target, name="entropy"
-    )
+    binned = metrics.error_by_uncertainty(metrics.predictive_mean(probs), y, metrics.predictive_entropy(probs))
+    path = plots.uncertainty_vs_error(binned, path=target, name="entropy")
     _assert_png(path, target)
 
 

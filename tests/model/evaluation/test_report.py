@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from model.cli import ehr_eval
-from model.evaluation import clinical_stats, evaluate, html_cells, report_html
+from model.evaluation import evaluate
+from model.evaluation.report import html_cells, report_html
+from model.evaluation.statistics import clinical_stats
 from tests.support.browser import render_check
 from tests.support.ehr_testdata import read_json
 

@@ -16,7 +16,7 @@ import pytest
 from ehr_pipeline.shift import population
 from model import data_folder
 from model.cli import EXIT_SHIFT, ehr_analyze, ehr_eval
-from model.evaluation import metrics
+from model.evaluation.statistics import metrics
 from model.evaluation.against_reference import SHIFT_JSON, SHIFT_MD, SHIFT_PNG
 from model.export.load import ExportError, read_export, write_manifest
 from model.export_contract import REFERENCE_PROFILE

@@ -15,7 +15,9 @@ from scipy.stats import norm
 from sklearn.metrics import confusion_matrix, roc_auc_score
 from statsmodels.stats.proportion import proportion_confint
 
-from model.evaluation import dataset_identity, evaluate, html_cells, referral_choice, report_html, small_sample
+from model.evaluation import dataset_identity, evaluate
+from model.evaluation.report import html_cells, report_html
+from model.evaluation.statistics import referral_choice, small_sample
 from model.export_contract import json_ready
 
 

@@ -1,4 +1,4 @@
-"""model.evaluation.metrics against a known truth, paired comparisons and the ECE interval, checked against
+"""model.evaluation.statistics.metrics against a known truth, paired comparisons and the ECE interval, checked against
 scipy, scikit-learn and naive loops."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from scipy import stats
 from sklearn.metrics import roc_auc_score
 
-from model.evaluation import against_truth, formatting, metrics as m, metrics_report
+from model.evaluation.report import formatting
+from model.evaluation.statistics import against_truth, metrics as m, metrics_report
 
 
 @pytest.fixture(scope="module")

@@ -97,12 +97,12 @@ def test_each_replica_draws_its_own_posterior_sample(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_train_script_runs_on_cpu_devices_at_tiny_size(tmp_path):
-    """bench/gpu_train.py end to end (synthetic release, Beam job, training, report) on 2 logical CPUs."""
+    """bench/train_speed/gpu_train.py end to end (synthetic release, Beam job, training, report) on 2 logical CPUs."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
     tiny = ["model.rnn_dim=16", "model.hidden_layer_dim=16", "eval.num_samples=2", "eval.n_bootstrap=20",
             "train.batch_size=8", "train.eval_every_steps=0", "train.log_every_steps=1"]
-    cmd = [sys.executable, str(REPO_ROOT / "bench" / "gpu_train.py"), "--out", str(tmp_path), "--patients", "40",
-           "--steps", "4", "--devices", "cpu:2", *[x for item in tiny for x in ("--set", item)]]
+    cmd = [sys.executable, str(REPO_ROOT / "bench" / "train_speed" / "gpu_train.py"), "--out", str(tmp_path),
+           "--patients", "40", "--steps", "4", "--devices", "cpu:2", *[x for item in tiny for x in ("--set", item)]]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "gpu_train.json").read_text())

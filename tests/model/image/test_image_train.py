@@ -9,7 +9,7 @@ import tensorflow as tf
 import yaml
 
 from ehr_base.yaml_config import ConfigError
-from model.evaluation import multiclass
+from model.evaluation.statistics import multiclass
 from model.image import cli
 from model.image import evaluate as evaluation
 from model.image import train as image_train

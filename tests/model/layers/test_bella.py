@@ -231,7 +231,7 @@ def test_training_moves_only_the_adapters_and_records_the_base(runs):
 @pytest.mark.slow
 def test_export_serves_what_ehr_eval_reports(runs, tmp_path):
     from model.cli.ehr_eval import main as eval_main
-    from serving.predictor import ServedModel, summarise
+    from serving.inference.served_model import ServedModel, summarise
 
     out = tmp_path / "eval"
     assert eval_main(["--model", str(runs["export"]), "--data", str(runs["data"]), "--samples", "1", "--seed", "7",

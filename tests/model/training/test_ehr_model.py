@@ -10,7 +10,7 @@ import tensorflow as tf
 from ehr_pipeline.contract import PipelineConfig, spec, tf_parse
 from ehr_pipeline.encode import bagging, seqex
 from model import data_folder
-from model.evaluation import metrics
+from model.evaluation.statistics import metrics
 from model.export.predict import Predictor, predict_probs, stateful_random_ops
 from model.layers import rank1
 from model.layers.noise import Noise

@@ -31,7 +31,7 @@ def trained(tmp_path_factory, synthetic_data):
 
 @pytest.mark.slow  # ~1-2 min on 2 busy cores: the Keras-RNN Flipout LSTM traces slowly
 def test_service_gives_ehr_eval_numbers(trained):
-    from serving.predictor import ServedModel
+    from serving.inference.served_model import ServedModel
 
     card = read_json(trained["export"] / "model_card.json")
     assert (card["method"], card["ensemble_size"]) == ("ktied_normal", 1)

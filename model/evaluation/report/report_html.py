@@ -1,0 +1,519 @@
+"""report.html: one self-contained page per evaluation, for a clinical reviewer.
+
+The page renders a metrics.json (``ehr-eval --model`` / ``--baseline``) or a comparison.json
+(``ehr-eval --compare``) and computes nothing: every number on it is a number in that file, and
+every figure is drawn (model.evaluation.report.plots) from the curves stored there. Figures are embedded as PNG
+data URIs and the style sheet is inline, so the page opens from disk with no network.
+
+Sections follow the results items of TRIPOD+AI (Collins et al., BMJ 2024): participants (20a-c),
+numbers in each analysis (21), model specification (22), performance with intervals including
+subgroups (23a), heterogeneity (23b), updating (24).
+"""
+from __future__ import annotations
+
+import base64
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from model.evaluation.statistics import clinical_stats, small_sample
+from model.evaluation.report import formatting, plots, report_summary
+from model.evaluation.report.html_cells import card as _card, ci as _ci, esc as _esc, interval_text as _interval_text
+from model.evaluation.report.html_cells import num as _num, pct as _pct, section as _section, table as _table
+
+TITLE = "In-hospital mortality after the first 24 hours: evaluation report"
+# Labels of the report's metrics, in the order tables list them.
+METRIC_LABELS = {"auc_roc": "AUC-ROC (discrimination)", "auc_pr": "AUC-PR (average precision)",
+                 "brier": "Brier score", "nll": "Negative log-likelihood (nats)", "ece": "ECE (15 bins, top-label)",
+                 "accuracy": "Accuracy at p > 0.5"}
+SELECTIVE_LABELS = {"aurc": "AURC", "augrc": "AUGRC", "risk_at_coverage": "error at {cov:.0%} coverage",
+                    "coverage_at_risk": "coverage at error <= {risk:g}", "full_coverage_risk": "error, no referral"}
+SCORE_LABELS = {"predictive_entropy": "predictive entropy", "mutual_information": "mutual information (epistemic)",
+                "predictive_std": "std of sampled p", clinical_stats.RISK_SCORE: "highest p first"}
+SUBGROUP_COLUMNS = (("auc_roc", "AUC-ROC"), ("observed_minus_expected", "observed - expected"),
+                    ("brier", "Brier"), ("nll", "NLL"), ("ece", "ECE"), ("auc_pr", "AUC-PR"),
+                    ("accuracy", "accuracy"), ("mean_p", "mean p"), ("observed_rate", "observed rate"))
+GAP_LABELS = {"auc_roc": "AUC-ROC", "abs_observed_minus_expected": "|observed - expected|",
+              "logit_error_truth": "mean |logit p - logit P_DEATH|"}
+
+_CSS = """
+body{font-family:-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:#1d2733;max-width:1100px;
+margin:24px auto;padding:0 20px;line-height:1.45;font-size:14px}
+h1{font-size:22px;margin-bottom:4px}h2{font-size:17px;border-bottom:2px solid #2b6cb0;padding-bottom:3px;
+margin-top:30px}h3{font-size:14.5px;margin:18px 0 6px}.meta{color:#556;font-size:12.5px}
+.item{color:#2b6cb0;font-weight:normal;font-size:12px;margin-left:6px}
+table{border-collapse:collapse;margin:6px 0 12px;font-size:12.5px}th,td{border:1px solid #cfd6de;
+padding:3px 7px;text-align:right;vertical-align:top}th{background:#eef3f8}td.l,th.l{text-align:left}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(200px,1fr));gap:10px;margin:12px 0}
+.card{border:1px solid #cfd6de;border-radius:6px;padding:8px 10px;background:#f8fafc}
+.card .v{font-size:18px;font-weight:600}.card .k{font-size:11.5px;color:#556}.card .ci{font-size:11.5px;color:#556}
+figure{margin:10px 0}figure img{max-width:100%;border:1px solid #e2e8f0}figcaption{font-size:12px;color:#556}
+.note{font-size:12.5px;color:#445;background:#f6f8fa;border-left:3px solid #a0aec0;padding:6px 10px}
+.warn{border-left-color:#c05621;background:#fffaf0}ul.gaps li{margin-bottom:4px}
+.card.grey{opacity:.55}.card .ss{font-size:11px;color:#9c4221;margin-top:3px}
+.summary{border:2px solid #2b6cb0;border-radius:6px;padding:4px 14px;background:#f7fafc;font-size:13px}
+.summary h2{margin-top:6px}.summary dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:4px 0}
+.summary dt{font-weight:600}.summary dd{margin:0}.summary ul{margin:2px 0 6px}
+"""
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _figure(fig, alt: str, caption: str) -> str:
+    data = base64.b64encode(plots.png_bytes(fig)).decode("ascii")
+    return (f'<figure><img alt="{_esc(alt)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{_esc(caption)}</figcaption></figure>")
+
+
+
+
+def _participants(population: Mapping[str, Any] | None) -> str:
+    if not population:
+        return _section("Participants", "20a-c", '<p class="note">No data folder was given (a comparison of two '
+                                                  'predictions files): the cases are described in the reports '
+                                                  'that wrote them.</p>')
+    cohort = population["cohort"]
+    rows = [["ADMISSIONS rows read", _num(cohort.get("admissions"))]]
+    rows += [[f"excluded: {reason.replace('_', ' ')}", _num(n)] for reason, n in cohort.get("excluded", {}).items()]
+    rows.append(["kept: adult admissions alive and in hospital at the prediction time", _num(cohort.get("kept"))])
+    splits = population.get("splits", {})
+    for name, s in splits.items():
+        rows.append([f"  {name} split", f"{_num(s.get('n'))} ({_num(s.get('events'))} deaths)"])
+    settings = population.get("settings", {})
+    offset = settings.get("trigger_offset_seconds")
+    flow = _table(["Cohort", "admissions"], rows)
+    fractions = ", ".join(f"{name} {_pct(f, 0)}" for name, f in (settings.get("splits") or {}).items()
+                          if isinstance(f, (int, float)))
+    intro = (f"<p>Prediction time: admission + {offset / 3600:g} h; outcome: in-hospital death after it. "
+             f"Minimum age {_num(settings.get('min_age_years'), 0)} years. Patients assigned to splits at random "
+             f"({_esc(fractions)}), so an admission's split is its patient's.</p>" if offset else "")
+    names = list(splits)
+    chars = []
+
+    def add(label: str, fn):
+        chars.append([label] + [fn(splits[n]) if splits[n].get("n") else "n/a" for n in names])
+
+    add("admissions", lambda s: _num(s["n"]))
+    add("deaths (outcome rate)", lambda s: f"{_num(s['events'])} ({_pct(s['outcome_rate'])})")
+    add("prediction times (shifted dates)", lambda s: f"{s['period']['first_prediction']} to "
+                                                      f"{s['period']['last_prediction']}")
+    add("age, median (IQR), years", lambda s: f"{s['age_years']['median']:.0f} ({s['age_years']['q1']:.0f}-"
+                                              f"{s['age_years']['q3']:.0f})")
+    for attribute in ("sex", "admission_type", "ethnicity", "insurance"):
+        groups = sorted({g for n in names for g in splits[n].get(attribute, {})})
+        for g in groups:
+            add(f"{attribute.replace('_', ' ')}: {g}", lambda s, a=attribute, g=g: _pct(s.get(a, {}).get(g, 0.0)))
+    add("time bags before prediction, median", lambda s: _num(s["bags"]["median"], 0))
+    add("no event at all before prediction", lambda s: _pct(s["bags"]["none"]))
+    sources = sorted({src for n in names for src in splits[n].get("missing_source", {})})
+    for src in sources:
+        add(f"missing: no {src} event before prediction", lambda s, src=src: _pct(s["missing_source"].get(src)))
+    table_rows = [[t, _num(v.get("rows_read")), _num(v.get("dead_lettered")), _num(v.get("events_used"))]
+                  for t, v in population.get("tables", {}).items()]
+    bagging = population.get("bagging", {})
+    events = _table(["Table", "rows read", "unreadable (dead-lettered)", "events used (before prediction)"],
+                    table_rows)
+    body = (report_summary.dataset_paragraph(population) + intro + "<h3>Flow of admissions (20a)</h3>" + flow
+            + "<h3>Characteristics per split (20b, 20c)</h3>" + _table(["Characteristic"] + names, chars)
+            + '<p class="note">Ethnicity is pooled from ADMISSIONS.ETHNICITY into broad groups; ethnicity and '
+              "insurance are recorded for this report only and are not model inputs.</p>"
+            + "<h3>Events read and used</h3>" + events
+            + (f"<p>Bagging: {_num(bagging.get('events_in'))} events in, {_num(bagging.get('used'))} used.</p>"
+               if bagging else ""))
+    return _section("Participants: who the model was built and tested on", "20a-c", body)
+
+
+def _analysis_numbers(population: Mapping[str, Any] | None, doc: Mapping[str, Any]) -> str:
+    splits = (population or {}).get("splits", {})
+    purpose = {"train": "fitting the model", "validation": "early stopping, the referral threshold",
+               "test": "this report" if doc.get("split", "test") == "test" else "held out"}
+    if doc.get("split") and doc["split"] != "test":
+        purpose[doc["split"]] = purpose.get(doc["split"], "") + " (this report)"
+    rows = [[name, purpose.get(name, ""), _num(s.get("n")), _num(s.get("events"))] for name, s in splits.items()]
+    if not rows:
+        return ""
+    return _section("Participants and outcome events in each analysis", "21",
+                    _table(["Split", "used for", "admissions", "deaths"], rows, left=2))
+
+
+def _specification(doc: Mapping[str, Any]) -> str:
+    model = doc.get("model") or {}
+    members = model.get("members") or []
+    rows = []
+    for m in members:
+        config = m.get("config") or {}
+        arch = config.get("model") or {}
+        keys = ("method", "ensemble_size", "embedding_dim", "rnn_dim", "hidden_layer_dim", "pooling", "wide",
+                "wide_posterior", "distribution")
+        rows.append([m.get("name", "?"), ", ".join(f"{k}={arch[k]}" for k in keys if k in arch) or m.get("method", ""),
+                     _num(m.get("num_parameters")), m.get("version", "")])
+    parts = []
+    if rows:
+        parts.append(_table(["Model", "specification", "parameters", "version"], rows, left=2))
+        parts.append('<p class="note">Inputs: age, sex, admission type and the time-bagged events before the '
+                     "prediction time (labs, vital signs, inputs, outputs, prescriptions, earlier admissions' "
+                     "diagnoses and procedures). The full configuration is in each export's model_card.json.</p>")
+        use = members[0].get("intended_use")
+        if use:
+            parts.append(f"<p><b>Intended use.</b> {_esc(use)}</p><p><b>Limitations.</b> "
+                         f"{_esc(members[0].get('limitations', ''))}</p>")
+    if doc.get("baseline"):
+        b = doc["baseline"]
+        parts.append(f"<p>Baseline: {_esc(b['kind'])} on {_num(b.get('num_features'))} bag aggregates, settings "
+                     f"chosen on validation: {_esc(b.get('params'))}.</p>")
+    r = doc.get("referral")
+    if r:
+        parts.append(f"<p>Referral rule: refer when {_esc(r['measure'])} &gt; {_num(r['threshold'], 4)} (chosen on "
+                     f"the validation split to refer at most {_pct(r['rate'], 0)}).</p>")
+    return _section("Model specification", "22", "".join(parts))
+
+
+def _overall(doc: Mapping[str, Any]) -> str:
+    ci = doc.get("ci", {})
+    rows = [[METRIC_LABELS[k], _ci(ci.get(k) or {"estimate": doc["overall"].get(k)})] for k in METRIC_LABELS
+            if k in doc.get("overall", {})]
+    nir = (doc.get("clinical", {}).get("small_sample") or {}).get("no_information_rate")
+    if nir is not None:
+        rows.append(["No-information rate (always the commoner outcome)", _num(nir)])
+    note = ""
+    ece = ci.get("ece") or {}
+    if ece.get("bias_corrected") is not None:
+        note = ('<p class="note">ECE grows with sampling noise, so its interval is the basic bootstrap one, which '
+                f"can lie below the estimate; the bias-corrected ECE is {ece['bias_corrected']:.3f}.</p>")
+    return "<h3>Discrimination and overall performance</h3>" + _table(["Metric", "estimate (95% CI)"], rows) + note
+
+
+def _roc(doc: Mapping[str, Any]) -> str:
+    """The ROC curve of a single-model page, where the file stores it."""
+    roc = (doc["clinical"].get("curves") or {}).get("roc")
+    if not roc or not roc["fpr"]:
+        return ""
+    auc = (doc.get("ci", {}).get("auc_roc") or {}).get("estimate")
+    return _figure(plots.roc_figure(roc, auc), "ROC curve: sensitivity against 1 - specificity",
+                   "ROC curve over every risk threshold; the dashed diagonal is chance (AUC-ROC 0.5).")
+
+
+def _risk_histogram(doc: Mapping[str, Any]) -> str:
+    """Where the predicted risks lie, drawn under the calibration curve."""
+    histogram = (doc["clinical"].get("curves") or {}).get("histogram")
+    if not histogram:
+        return ""
+    return _figure(plots.risk_histogram_figure(histogram), "histogram of predicted risk by outcome",
+                   "Cases per predicted-risk bin (width 0.02), deaths stacked on survivors: the calibration curve "
+                   "above is informed only where cases lie.")
+
+
+def _calibration(models: Sequence[tuple[str, Mapping]]) -> str:
+    rows = []
+    for label, cal in models:
+        rows.append([label, _ci(cal["intercept"], 3, signed=True), _ci(cal["slope"]),
+                     _num(cal["observed"]), _num(cal["expected"]), _num(cal["observed_over_expected"])])
+    table = _table(["Model", "calibration-in-the-large (0 ideal)", "calibration slope (1 ideal)",
+                    "observed rate", "mean predicted", "observed / expected"], rows)
+    note = ('<p class="note">Intercept: logistic recalibration with logit(p) as an offset (slope fixed at 1): '
+            "above 0, risks are under-estimated on average. Slope: regression of the outcome on logit(p): below 1, "
+            "predictions are too extreme (high risks too high, low risks too low). Wald 95% intervals "
+            "(statsmodels). The curve is a LOWESS smooth of the outcome on p with a bootstrap band; points are "
+            "deciles of p with Wilson intervals.</p>")
+    fig = _figure(plots.calibration_figure(models), "calibration curve",
+                  "Observed proportion of deaths against predicted risk; the dashed diagonal is perfect calibration.")
+    return "<h3>Calibration</h3>" + table + note + fig
+
+
+def _decision(models: Sequence[tuple[str, Mapping]]) -> str:
+    rows = []
+    for label, d in models:
+        for row in d["table"]:
+            rows.append([label, f"{row['threshold']:.0%}", _ci(row["model"]),
+                         _ci(row["gain_over_default"], signed=True)])
+    table = _table(["Model", "threshold", "net benefit (95% CI)", "gain over the better of treat all / none"], rows,
+                   left=2)
+    first = models[0][1]
+    ref = ""
+    if "referral_treated" in first:
+        ref = (f" With referral, {_pct(first['referred_fraction'])} of the cases go to a clinician: the dashed line "
+               "treats every referred case, the dotted line assumes the review decides each correctly (an upper "
+               "bound); the right panel is the model among the cases it decides alone.")
+    note = ('<p class="note">Net benefit = true positives/n - false positives/n x pt/(1-pt), treating every '
+            "patient whose predicted risk is at least the threshold pt (Vickers and Elkin 2006). A model is useful "
+            f"at a threshold where its curve lies above both treat-all and treat-none.{_esc(ref)}</p>")
+    fig = _figure(plots.decision_curve_figure(models), "decision curve", "Net benefit against threshold probability.")
+    return "<h3>Clinical utility: decision curve analysis</h3>" + fig + note + table
+
+
+def _selective(models: Sequence[tuple[str, Mapping]], referral: Mapping[str, Any] | None) -> str:
+    first = models[0][1]
+    labels = {k: v.format(cov=first["target_coverage"], risk=first["target_risk"]) for k, v in SELECTIVE_LABELS.items()}
+    keys = ("aurc", "augrc", "risk_at_coverage", "coverage_at_risk", "full_coverage_risk")
+    rows = []
+    for label, sel in models:
+        for score, cells in sel["scores"].items():
+            rows.append([label, SCORE_LABELS.get(score, score)] + [_ci(cells[k]) for k in keys])
+    table = _table(["Model", "refer by"] + [labels[k] for k in keys], rows, left=2)
+    note = ('<p class="note">Cases are referred to a clinician most-uncertain first; the model decides the rest. '
+            "Error: p > 0.5 disagrees with the outcome. AURC: mean error of the kept cases over all coverages; "
+            "AUGRC: mean share of all cases that are kept and wrong (Traub et al. 2024); lower is better for both. "
+            "Percentile bootstrap 95% intervals. A score that does no better than referring the highest risks "
+            "first adds nothing a risk threshold would not.</p>")
+    fig = _figure(plots.selective_figure(models, first["target_risk"]), "risk-coverage curves",
+                  "Error rate of the cases the model keeps, as more are referred (right to left).")
+    kept = ""
+    if referral and referral.get("kept"):
+        k = referral["kept"]
+        kept = ("<p>At the referral rule chosen on validation "
+                f"({_esc(referral['measure'])}, {_pct(referral['referred_fraction'])} referred here), the kept cases "
+                f"score AUC-ROC {_num(k.get('auc_roc'))}, Brier {_num(k.get('brier'))}, accuracy "
+                f"{_num(k.get('accuracy'))}.</p>")
+    return "<h3>Uncertainty and referral: selective prediction</h3>" + table + note + fig + kept
+
+
+def _truth(truth: Mapping[str, Any] | None) -> str:
+    if not truth:
+        return ""
+    cov = truth.get("coverage", {})
+    rows = [["mean |p - P_DEATH|", _num(truth.get("mae"), 4)], ["RMSE against P_DEATH", _num(truth.get("rmse"), 4)],
+            ["excess NLL over the truth (nats)", _num(truth.get("nll_excess"), 4)],
+            ["AUC-ROC of P_DEATH itself (the ceiling)", _num(truth.get("auc_roc_truth"))]]
+    rows += [[f"P_DEATH inside the central {float(level):.0%} interval", _pct(v)] for level, v in cov.items()]
+    return ("<h3>Against the known truth (synthetic release)</h3>"
+            '<p class="note">A synthetic release knows each admission\'s probability of death (P_DEATH); a real '
+            "release does not, and these rows are absent there.</p>" + _table(["Measure", "value"], rows))
+
+
+def _subgroup_cell(row: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    """A subgroup's cell: AUROC and the death rate from their closed-form intervals where the file has them; other
+    metrics of a group under MIN_GAP_CASES without an interval (a bootstrap of a handful of cases is no interval)."""
+    closed_form = {"auc_roc": "auc_roc_hm", "observed_rate": "observed_rate_wilson"}.get(key)
+    if closed_form and row.get(closed_form):
+        return row[closed_form]
+    cell = row.get(key)
+    if cell and cell.get("estimate") is not None and row["n"] < clinical_stats.MIN_GAP_CASES and key != "auc_roc":
+        return {"estimate": cell["estimate"], "estimable": False,
+                "reason": f"fewer than {clinical_stats.MIN_GAP_CASES} cases: no interval"}
+    return cell
+
+
+def _subgroups(models: Sequence[tuple[str, Mapping]]) -> str:
+    parts = []
+    for label, sub in models:
+        if not sub:
+            continue
+        has_truth = "logit_error_truth" in sub.get("gap_metrics", [])
+        truth_columns = [("mae_truth", "mean |p - P_DEATH|"), ("logit_error_truth", "mean |logit p - logit P_DEATH|")]
+        columns = list(SUBGROUP_COLUMNS) + (truth_columns if has_truth else [])
+        panels = [("auc_roc", "AUC-ROC"), ("observed_minus_expected", "observed - expected")]
+        panels += truth_columns[1:] if has_truth else [("brier", "Brier")]
+        title = f"{label}: " if len(models) > 1 else ""
+        parts.append(_figure(plots.subgroup_figure(sub, panels), "subgroup forest plot",
+                             f"{title}estimates with 95% bootstrap intervals per subgroup; grey: fewer than "
+                             f"{sub['min_gap_cases']} cases."))
+        for attribute, groups in sub["attributes"].items():
+            rows = [[group, _num(row["n"]), _num(row["events"])] + [_ci(_subgroup_cell(row, k), 3,
+                                                                        signed=k.endswith("expected"))
+                                                                    for k, _ in columns]
+                    for group, row in groups.items()]
+            parts.append(f"<h3>{_esc(title)}{_esc(attribute.replace('_', ' '))}</h3>"
+                         + _table(["group", "n", "deaths"] + [name for _, name in columns], rows))
+    return ("<h3>Subgroups (calibration by subgroup: observed - expected)</h3>"
+            '<p class="note">AUC-ROC with a logit-scale Hanley-McNeil 95% interval, not estimable with fewer than '
+            f"{small_sample.MIN_AUC_EVENTS} deaths or survivors or at complete separation; the death rate with a "
+            "Wilson interval; every other metric with a percentile bootstrap 95% interval (basic for ECE) within each "
+            "group. AUC-PR, Brier and NLL move with a group's death rate, ECE with its size and |p - P_DEATH| with "
+            "its risk: compare groups on AUC-ROC, observed - expected and, where the truth is known, the error on "
+            "the log-odds scale.</p>" + "".join(parts))
+
+
+def _heterogeneity(models: Sequence[tuple[str, Mapping]]) -> str:
+    parts = []
+    for label, sub in models:
+        if not sub:
+            continue
+        title = f"<h3>{_esc(label)}</h3>" if len(models) > 1 else ""
+        if sub["gaps"]:
+            items = "".join(f"<li><b>{_esc(g['attribute'].replace('_', ' '))} = {_esc(g['group'])}</b> "
+                            f"(n = {g['n']}): {_esc(GAP_LABELS.get(g['metric'], g['metric']))} "
+                            f"{g['group_value']:.3f} against {g['rest']:.3f} in the other cases, difference "
+                            f"{g['estimate']:+.3f} (95% CI {g['lower']:+.3f} to {g['upper']:+.3f})</li>"
+                            for g in sub["gaps"])
+            lead = '<p>The model serves these groups worse than the rest:</p><ul class="gaps">' + items + "</ul>"
+        else:
+            seen = "".join(f"<li>{_esc(formatting.describe_gap(g))}</li>" for g in sub["largest"].values())
+            lead = report_summary.power_note(sub) + (
+                f'<p>The largest gaps seen, none beyond the adjusted threshold:</p><ul class="gaps">{seen}</ul>'
+                if seen else "")
+        if not sub["comparisons"]:  # nothing was tested: the power note above says why
+            parts.append(title + lead)
+            continue
+        parts.append(title + lead + (
+            f'<p class="note">Each group is compared with all other cases on {", ".join(GAP_LABELS[m] for m in sub["gap_metrics"])} '
+            f"({sub['comparisons']} comparisons of groups with at least {sub['min_gap_cases']} cases); a gap is named "
+            f"when it exceeds {sub['z_named']:.2f} bootstrap standard errors (Bonferroni-adjusted 5%).</p>"))
+    return _section("Heterogeneity of performance across subgroups", "23b", "".join(parts)) if parts else ""
+
+
+_NOT_UPDATED = "<p>None: the model is evaluated as exported, without recalibration or refitting.</p>"
+
+
+def _updated_from(update: Mapping[str, Any]) -> str:
+    return (f"{_esc(update['parent_name'])} (export sha256 {_esc(update['parent_checksum'][:12])}) "
+            f"{_esc(formatting.describe_update(update))}")
+
+
+def _updating(members: Sequence[Mapping[str, Any]]) -> str:
+    """TRIPOD 24 for one evaluated model: each member an update made at a new site (ehr-adapt), or none."""
+    body = "".join(f"<p>{_esc(m.get('name', 'the model'))} is {_updated_from(m['update'])}.</p>"
+                   for m in members if m.get("update"))
+    return _section("Model updating", "24", body or _NOT_UPDATED)
+
+
+def _updating_compared(doc: Mapping[str, Any]) -> str:
+    """TRIPOD 24 for a comparison: which side updates the other (same cases before and after), each side's updates."""
+    relation = doc.get("relation")
+    body = ""
+    if relation:
+        updated, other = relation["updated"].upper(), "B" if relation["updated"] == "a" else "A"
+        body += (f"<p><b>{updated} is {other} {_esc(formatting.describe_update(relation['update']))}</b>: both "
+                 f"scored on the same {_num(doc['n'])} cases, so the paired differences above are what the update "
+                 "changed on them.</p>")
+    for side, updates in (doc.get("updates") or {}).items():
+        body += "".join(f"<p>{side.upper()} is {_updated_from(u)}.</p>" for u in updates
+                        if not relation or u != relation["update"])
+    return _section("Model updating", "24", body or _NOT_UPDATED)
+
+
+# --------------------------------------------------------------------------- pages
+
+
+def render(doc: Mapping[str, Any]) -> str:
+    """The page of a metrics.json (one model, ensemble or baseline) or a comparison.json (two prediction files)."""
+    body = _render_comparison(doc) if "a" in doc.get("clinical", {}) else _render_single(doc)
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_esc(TITLE)}</title>'
+            f"<style>{_CSS}</style></head><body>{body}</body></html>\n")
+
+
+def _method(card: Mapping[str, Any]) -> str:
+    """The architecture a model card's config names (its "method" field is the config's name)."""
+    return str(((card.get("config") or {}).get("model") or {}).get("method") or card.get("method", "?"))
+
+
+def _render_single(doc: Mapping[str, Any]) -> str:
+    clinical = doc["clinical"]
+    members = (doc.get("model") or {}).get("members") or []
+    if doc.get("baseline"):
+        what = f"{doc['baseline']['kind']} baseline"
+    else:
+        what = " + ".join(f"{m.get('name', '?')} ({_method(m)}, K = {m.get('ensemble_size', '?')})"
+                          for m in members) or "model"
+    meta = (f"{_esc(what)} · split <b>{_esc(doc.get('split', 'test'))}</b> · {_num(doc['n'])} admissions · "
+            f"S = {doc['S']} samples x K = {doc['K']} members · {doc.get('ci_level', 0.95):.0%} intervals · "
+            f"seed {doc.get('seed', 0)}")
+    sha = doc.get("data_manifest_sha256")
+    meta += f" · data manifest sha256 {_esc(sha[:12])}" if sha else ""
+    performance = (report_summary.key_cards(doc, clinical) + _overall(doc) + _roc(doc)
+                   + report_summary.threshold_section(clinical) + report_summary.calibration_warning(clinical)
+                   + _calibration([("model", clinical["calibration"])])
+                   + _risk_histogram(doc)
+                   + _decision([("model", clinical["decision_curve"])])
+                   + _selective([("model", clinical["selective"])], doc.get("referral"))
+                   + report_summary.selective_brier_table(clinical) + _truth(doc.get("truth"))
+                   + (_subgroups([("model", clinical.get("subgroups"))]) if clinical.get("subgroups") else ""))
+    return (f"<h1>{_esc(TITLE)}</h1><p class=\"meta\">{meta}</p>" + report_summary.summary_box(doc)
+            + _participants(doc.get("population")) + _analysis_numbers(doc.get("population"), doc)
+            + _specification(doc) + _section("Model performance", "23a", performance)
+            + _heterogeneity([("model", clinical.get("subgroups"))]) + _updating(members) + _footer())
+
+
+def _paired_clinical_rows(paired: Mapping[str, Any] | None) -> list[list[str]]:
+    """Rows of B - A for calibration slope, calibration-in-the-large and net benefit per threshold."""
+    if not paired:
+        return []
+    cells = [("calibration slope", paired["slope"]), ("calibration-in-the-large", paired["intercept"])]
+    cells += [(f"net benefit at {float(t):.0%}", c) for t, c in paired["net_benefit"].items()]
+    return [[name, _num(c["a"], 4), _num(c["b"], 4), f"{c['difference']:+.4f}",
+             f"{_num(c['lower'], 4)} to {_num(c['upper'], 4)}"] for name, c in cells]
+
+
+def _render_comparison(doc: Mapping[str, Any]) -> str:
+    clinical = doc["clinical"]
+    names = ("A", "B")
+    models = {n: clinical[n.lower()] for n in names}
+    rows = [[name, _num(r["a"], 4), _num(r["b"], 4), f"{r['difference']:+.4f}" if r["difference"] is not None
+             else "n/a", f"{_num(r['lower'], 4)} to {_num(r['upper'], 4)}"] for name, r in doc["metrics"].items()]
+    rows += _paired_clinical_rows(clinical.get("paired_clinical"))
+    paired = _table(["Metric", "A", "B", "B - A", "95% interval (paired bootstrap)"], rows)
+    absent = clinical.get("absent_scores") or {}
+    sel_rows = []
+    for score, cells in clinical["selective_difference"].items():
+        if score in absent:  # a constant score cannot order cases: no comparison to make
+            sel_rows.append([SCORE_LABELS.get(score, score), "all", "absent" if "A" in absent[score] else "",
+                             "absent" if "B" in absent[score] else "", "not compared: constant over the cases in "
+                             + " and ".join(absent[score])])
+            continue
+        for key in ("aurc", "augrc", "risk_at_coverage", "coverage_at_risk"):
+            c = cells[key]
+            sel_rows.append([SCORE_LABELS.get(score, score), key.replace("_", " "), _num(c["a"]), _num(c["b"]),
+                             f"{c['difference']:+.3f} ({_num(c['lower'])} to {_num(c['upper'])})"])
+    sel_diff = ("<h3>Selective prediction: B - A on the same cases</h3>"
+                + _table(["refer by", "number", "A", "B", "B - A (95% CI)"], sel_rows, left=2))
+    performance = ("<h3>Paired differences on the same cases</h3>" + paired
+                   + _calibration([(n, models[n]["calibration"]) for n in names])
+                   + _decision([(n, models[n]["decision_curve"]) for n in names])
+                   + _selective([(n, models[n]["selective"]) for n in names], None) + sel_diff
+                   + (_subgroups([(n, models[n].get("subgroups")) for n in names])
+                      if any(models[n].get("subgroups") for n in names) else ""))
+    named = doc.get("names") or {"a": doc["a"], "b": doc["b"]}
+    meta = (f"A = {_esc(named['a'])} ({_esc(doc['a'])})<br>B = {_esc(named['b'])} ({_esc(doc['b'])})<br>"
+            f"{_num(doc['n'])} paired cases, {_num(doc['n_bootstrap'])} bootstrap resamples, seed {doc['seed']}")
+    return (f"<h1>{_esc(TITLE)}: comparison</h1><p class=\"meta\">{meta}</p>" + _participants(doc.get("population"))
+            + _section("Model performance", "23a", performance)
+            + _heterogeneity([(n, models[n].get("subgroups")) for n in names]) + _updating_compared(doc) + _footer())
+
+
+def _footer() -> str:
+    return ('<p class="meta">Written by ehr-eval from the metrics.json / comparison.json beside this page; every '
+            "number here is in that file.</p>")
+
+
+def write(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> pathlib.Path:
+    """Renders doc (metrics.json or comparison.json contents) to path; returns the path."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(doc), encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------- text for the CLI
+
+
+def format_clinical(clinical: Mapping[str, Any]) -> str:
+    """The clinical statistics as a few lines of text (ehr-eval prints them)."""
+    cal = clinical["calibration"]
+    lines = [f"calibration-in-the-large {_ci(cal['intercept'], 3, signed=True)}, slope {_ci(cal['slope'])}, "
+             f"observed/expected {_num(cal['observed_over_expected'])}"]
+    nb = "  ".join(f"{row['threshold']:.0%}: {_ci(row['model'])}" for row in clinical["decision_curve"]["table"])
+    lines.append(f"net benefit {nb}")
+    sel = clinical["selective"]
+    lines.append(f"{'refer by':<22}{'AURC':>8}{'AUGRC':>8}{'err@' + format(sel['target_coverage'], 'g'):>9}"
+                 f"{'cov@' + format(sel['target_risk'], 'g'):>9}")
+    for score, cells in sel["scores"].items():
+        lines.append(f"{score:<22}" + "".join(f"{_num(cells[k]['estimate']):>{w}}" for k, w in
+                                              (("aurc", 8), ("augrc", 8), ("risk_at_coverage", 9),
+                                               ("coverage_at_risk", 9))))
+    sub = clinical.get("subgroups")
+    if sub:
+        named = sub["gaps"] or []
+        lines.append("subgroups served worse: " + ("; ".join(formatting.describe_gap(g) for g in named)
+                                                   if named else "none beyond the adjusted threshold"))
+    return "\n".join(lines)
+
+
+def format_selective_difference(diff: Mapping[str, Any]) -> str:
+    """B - A of the selective numbers per referral score, as text."""
+    lines = [f"{'selective, refer by':<22}{'AURC B - A':>24}{'AUGRC B - A':>24}"]
+    for score, cells in diff.items():
+        lines.append(f"{score:<22}" + "".join(
+            f"{cells[k]['difference']:+.4f} [{_num(cells[k]['lower'], 4)}, {_num(cells[k]['upper'], 4)}]".rjust(24)
+            for k in ("aurc", "augrc")))
+    return "\n".join(lines)

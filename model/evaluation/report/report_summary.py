@@ -1,0 +1,193 @@
+"""The report's first screen and its small-sample statements (model.evaluation.report.report_html renders the rest).
+
+Everything here reads numbers already in the metrics.json (``clinical.small_sample``,
+``clinical.selective_brier``, ``clinical.subgroups.power``, ``population.dataset``) and says what a
+governance board signs: which data, which design, how many cases and deaths, and for each headline
+number whether this evaluation is large enough to estimate it (model.evaluation.statistics.small_sample holds the rule).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from model.evaluation.report.html_cells import card, ci, esc, interval_text, num, pct, table
+from model.evaluation.statistics.small_sample import NOT_ESTIMABLE
+
+SCORE_NAMES = {"predictive_entropy": "predictive entropy", "mutual_information": "mutual information",
+               "predictive_std": "std of sampled p", "risk": "highest p first"}
+UNCERTAINTY = ("predictive_entropy", "mutual_information", "predictive_std")
+
+
+def _events(doc: Mapping[str, Any]) -> int:
+    return int(round(doc["n"] * doc["prevalence"]))
+
+
+def _rule(clinical: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (clinical.get("small_sample") or {}).get("estimability") or {}
+
+
+def calibration_text(clinical: Mapping[str, Any]) -> str:
+    """Slope and calibration-in-the-large as a sentence, or why they are not estimable here."""
+    rule, cal = _rule(clinical), clinical["calibration"]
+    if rule and not rule["calibration_estimable"]:
+        return (f"not estimable at this size ({rule['smaller_class']} deaths or survivors; the rule needs "
+                f"{rule['min_calibration_events']})")
+    return f"slope {ci(cal['slope'], 2)}, calibration-in-the-large {ci(cal['intercept'], 2, signed=True)}"
+
+
+def calibration_warning(clinical: Mapping[str, Any]) -> str:
+    """A note above the calibration table when the small-sample rule says it is not estimable here."""
+    rule = _rule(clinical)
+    if not rule or rule["calibration_estimable"]:
+        return ""
+    return (f'<p class="note warn">Calibration slope and calibration-in-the-large are {NOT_ESTIMABLE} '
+            f"({rule['smaller_class']} deaths or survivors, fewer than the {rule['min_calibration_events']} a "
+            "logistic recalibration needs): the fits below are shown for completeness and should not be read.</p>")
+
+
+def uncertainty_verdict(clinical: Mapping[str, Any]) -> str:
+    """Which referral measure keeps the lowest Brier score, whether it beats highest-p-first, which are absent."""
+    sb = clinical.get("selective_brier")
+    if not sb or not sb.get("scores"):
+        return "not measured in this file"
+    cells = sb["scores"]
+    ranked = sorted((s for s in cells if s in UNCERTAINTY), key=lambda s: cells[s]["aurc"]["estimate"])
+    absent = [SCORE_NAMES.get(s, s) for s in sb.get("absent", [])]
+    if not ranked:
+        return "no uncertainty measure varies over the cases: referral can only follow p"
+    best = ranked[0]
+    text = (f"referral by {SCORE_NAMES[best]} keeps the lowest Brier score (AURC {ci(cells[best]['aurc'], 4)}); "
+            + "; ".join(f"{SCORE_NAMES[s]} {cells[s]['aurc']['estimate']:.4f}" for s in ranked[1:]))
+    risk = cells.get("risk")
+    if risk:
+        mine, theirs = cells[best]["aurc"], risk["aurc"]
+        overlap = theirs["lower"] is None or mine["lower"] is None or (
+            mine["upper"] >= theirs["lower"] and theirs["upper"] >= mine["lower"])
+        text += (f"; highest p first {risk['aurc']['estimate']:.4f}"
+                 + (": the intervals overlap, so at this size the uncertainty is not shown to refer better than "
+                    "the risk itself" if overlap else ""))
+    return text + (f"; absent (constant over the cases): {', '.join(absent)}" if absent else "")
+
+
+def subgroup_verdict(sub: Mapping[str, Any] | None) -> str:
+    """Named gaps, or the power the absence of one has (smallest AUROC gap detectable at 80 %)."""
+    if not sub:
+        return "no subgroup attributes in this file"
+    if sub.get("gaps"):
+        return "served worse: " + "; ".join(f"{g['attribute'].replace('_', ' ')} = {g['group']}" for g in sub["gaps"])
+    power = sub.get("power") or {}
+    if not power.get("groups_tested"):
+        return ("not testable at this size: no group has the 5 deaths and 5 survivors (in it and in the rest) an "
+                "AUROC comparison needs")
+    return (f"no gap named, with limited power: at {power['power']:.0%} power the Bonferroni-adjusted test detects "
+            f"an AUROC gap of {power['smallest_detectable_auc_gap']:.3f} in the best-powered group and only "
+            f"{power['largest_detectable_auc_gap']:.3f} in the weakest of the {power['groups_tested']} groups tested")
+
+
+def limitations(doc: Mapping[str, Any]) -> list[str]:
+    """What this evaluation cannot show, from its own numbers."""
+    out = []
+    rule = _rule(doc["clinical"])
+    if rule.get("note"):
+        out.append(rule["note"])
+    dataset = (doc.get("population") or {}).get("dataset") or {}
+    out.append("internal validation only (random split of one source): no temporal, geographic or external test")
+    if dataset.get("synthetic"):
+        out.append("synthetic data: performance here says how the pipeline behaves, not how it would do on patients")
+    if dataset.get("dates"):
+        out.append(f"dates {dataset['dates']}")
+    return out
+
+
+def summary_box(doc: Mapping[str, Any]) -> str:
+    """The first screen: dataset, design, n and events, discrimination, calibration, utility, verdicts, limitations."""
+    clinical = doc["clinical"]
+    dataset = (doc.get("population") or {}).get("dataset") or {}
+    nb = {row["threshold"]: row for row in clinical["decision_curve"]["table"]}.get(0.1)
+    rows = [("Dataset", dataset.get("name", "not named in this file (no data folder given)")),
+            ("Design", dataset.get("design", "not recorded")),
+            ("Cases", f"{num(doc['n'])} on the {doc.get('split', 'test')} split, {num(_events(doc))} deaths"),
+            ("Discrimination", f"AUC-ROC {ci((doc.get('ci') or {}).get('auc_roc'))}"),
+            ("Calibration", calibration_text(clinical)),
+            ("Utility", "n/a" if nb is None else f"net benefit at a 10% threshold {ci(nb['model'])}, gain over "
+                                                  f"treat all / none {ci(nb['gain_over_default'], signed=True)}"),
+            ("Uncertainty", uncertainty_verdict(clinical)),
+            ("Subgroups", subgroup_verdict(clinical.get("subgroups")))]
+    items = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in rows)
+    limits = "".join(f"<li>{esc(x)}</li>" for x in limitations(doc))
+    return (f'<div class="summary" id="summary"><h2>Summary</h2><dl>{items}</dl>'
+            f"<b>Limitations of this evaluation</b><ul>{limits}</ul></div>")
+
+
+def key_cards(doc: Mapping[str, Any], clinical: Mapping[str, Any]) -> str:
+    """The headline cards, each with its small-sample note; calibration greyed where not estimable."""
+    rule = _rule(clinical)
+    note = rule.get("card_note", "") if rule else ""
+    cal_ok = not rule or rule.get("calibration_estimable", True)
+    cal = clinical["calibration"]
+    cards = [card("Cases (deaths)", f"{num(doc['n'])} ({num(_events(doc))})", "", note),
+             card("AUC-ROC", *interval_text((doc.get("ci") or {}).get("auc_roc")), note)]
+    for key, cell, signed in (("Calibration slope (ideal 1)", cal["slope"], False),
+                              ("Calibration-in-the-large (ideal 0)", cal["intercept"], True)):
+        if cal_ok:
+            cards.append(card(key, *interval_text(cell, 2, signed=signed), note))
+        else:
+            value = interval_text(cell, 2, signed=signed)[0]
+            reason = (f"{rule['smaller_class']} deaths or survivors, fewer than the {rule['min_calibration_events']} "
+                      "a logistic recalibration needs")
+            cards.append(card(key, value, "not estimable at this size", reason, grey=True))
+    cards.append(card("Brier score", *interval_text((doc.get("ci") or {}).get("brier")), note))
+    table_rows = {row["threshold"]: row for row in clinical["decision_curve"]["table"]}
+    if 0.1 in table_rows:
+        cards.append(card("Net benefit at 10% threshold", *interval_text(table_rows[0.1]["model"]), note))
+    if doc.get("referral"):
+        r = doc["referral"]
+        cards.append(card("Referred to a clinician", pct(r["referred_fraction"]),
+                          f"by {r['measure'].replace('_', ' ')}"))
+    return '<div class="cards">' + "".join(cards) + "</div>"
+
+
+def threshold_section(clinical: Mapping[str, Any]) -> str:
+    """Sensitivity, specificity, PPV, NPV with Wilson intervals at the decision threshold and the curve's thresholds."""
+    ss = clinical.get("small_sample")
+    if not ss:
+        return ""
+    rows = [[f"{t['threshold']:.0%}", num(t["tp"] + t["fp"]), ci(t["sensitivity"]), ci(t["specificity"]),
+             ci(t["ppv"]), ci(t["npv"])] for t in ss["thresholds"]]
+    note = ('<p class="note">Positive: predicted risk at least the threshold. The first row is the decision threshold '
+            "of the accuracy figure (0.5); the others are the thresholds the decision curve tabulates, where a "
+            "clinician would act. Wilson score 95% intervals, which keep their width at 0% and 100%; a ratio with "
+            f"no cases in its denominator is n/a. No-information rate (always predicting the commoner outcome): "
+            f"{ss['no_information_rate']:.3f}.</p>")
+    return ("<h3>Sensitivity, specificity and predictive values at clinical thresholds</h3>"
+            + table(["threshold", "predicted positive", "sensitivity", "specificity", "PPV", "NPV"], rows) + note)
+
+
+def selective_brier_table(clinical: Mapping[str, Any]) -> str:
+    """The decision-aligned referral numbers: Brier score of the kept cases per measure."""
+    sb = clinical.get("selective_brier")
+    if not sb:
+        return ""
+    rows = [[SCORE_NAMES.get(s, s), ci(c["aurc"], 4), ci(c["risk_at_coverage"], 4), ci(c["full_coverage_risk"], 4)]
+            for s, c in sb["scores"].items()]
+    rows += [[SCORE_NAMES.get(s, s), "absent: constant over the cases", "", ""] for s in sb.get("absent", [])]
+    cov = sb["target_coverage"]
+    return ("<h4>Referral judged by the Brier score of the kept cases</h4>"
+            + table(["refer by", "AURC (mean kept Brier)", f"Brier at {cov:.0%} coverage", "Brier, no referral"], rows)
+            + f'<p class="note">Verdict: {esc(uncertainty_verdict(clinical))}.</p>')
+
+
+def dataset_paragraph(population: Mapping[str, Any]) -> str:
+    """The data's name, design, date handling and missing-data handling, for the participants section."""
+    d = population.get("dataset")
+    if not d:
+        return ""
+    return (f"<p><b>Data.</b> {esc(d['name'])}. <b>Design.</b> {esc(d['design'])}. <b>Dates.</b> {esc(d['dates'])}. "
+            f"<b>Missing data.</b> {esc(d['missing_data'])}.</p>")
+
+
+def power_note(sub: Mapping[str, Any]) -> str:
+    """The heterogeneity verdict's power as a note."""
+    verdict = subgroup_verdict(sub)
+    return f'<p class="note">{esc(verdict[0].upper() + verdict[1:])}.</p>'
+

@@ -1,0 +1,97 @@
+"""FastAPI dependencies: each hands a route one piece of the app's state.
+
+create_app puts the settings, the loaded model, the batcher and the metrics on
+``app.state``; routes ask for them here instead of importing globals, so an app is fully
+described by what its factory was given. Every prediction route (/v1, FHIR, CDS Hooks) takes
+the one ``ServingDep`` bundle and the same query parameters, declared once below, so the
+route modules share them without importing each other.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Query, Request, status
+
+from serving.inference.batching import Arrival, MicroBatcher
+from serving.monitoring.telemetry import ServiceMetrics
+from serving.monitoring.monitor import Monitor
+from serving.inference.served_model import ServedModel
+from serving.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    """The app's Settings."""
+    return request.app.state.settings
+
+
+def get_metrics(request: Request) -> ServiceMetrics:
+    """The app's metrics registry."""
+    return request.app.state.metrics
+
+
+def get_predictor(request: Request) -> ServedModel:
+    """The loaded model; 503 while start-up has not loaded it yet."""
+    predictor = getattr(request.app.state, "predictor", None)
+    if predictor is None:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the model is not loaded yet",
+                            headers={"Retry-After": "1"})
+    return predictor
+
+
+def get_monitor(request: Request) -> Monitor | None:
+    """The population monitor; None before the model is loaded."""
+    return getattr(request.app.state, "monitor", None)
+
+
+def get_batcher(request: Request) -> MicroBatcher:
+    """The app's micro-batcher."""
+    return request.app.state.batcher
+
+
+async def get_arrival(request: Request) -> AsyncIterator[Arrival]:
+    """Announces a predict request to the batcher as soon as it is routed (before body validation).
+
+    The worker then knows a request is about to join and may wait up to --max-wait-ms for it.
+    Async on purpose: FastAPI would run a plain generator in a worker thread, and the count
+    must only change on the event loop.
+    """
+    with get_batcher(request).arrival() as arrival:
+        yield arrival
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ServedModelDep = Annotated[ServedModel, Depends(get_predictor)]
+BatcherDep = Annotated[MicroBatcher, Depends(get_batcher)]
+ArrivalDep = Annotated[Arrival, Depends(get_arrival)]
+MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+MonitorDep = Annotated[Monitor | None, Depends(get_monitor)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Serving:
+    """What a prediction route needs from the app, in one dependency (/v1/predict, FHIR, CDS Hooks)."""
+
+    settings: Settings
+    predictor: ServedModel
+    batcher: MicroBatcher
+    arrival: Arrival
+    metrics: ServiceMetrics
+    monitor: Monitor | None
+
+
+def _serving(settings: SettingsDep, predictor: ServedModelDep, batcher: BatcherDep, arrival: ArrivalDep,
+             metrics: MetricsDep, monitor: MonitorDep) -> Serving:
+    """The app's settings, model, batcher, metrics and monitor, and this request's arrival."""
+    return Serving(settings, predictor, batcher, arrival, metrics, monitor)
+
+
+ServingDep = Annotated[Serving, Depends(_serving)]
+NumSamplesQuery = Annotated[int | None, Query(
+    ge=1, description="Monte-Carlo samples S per ensemble member; default and upper limit are server "
+                      "settings (25 and 100 unless changed). The response holds S*K samples.")]
+SeedQuery = Annotated[int | None, Query(
+    ge=0, le=2**63 - 1, description="Seed for reproducible samples: the same request with the same seed "
+                                    "gives the same answer. Without it every call draws fresh samples.")]
+IncludeSamplesQuery = Annotated[bool, Query(description="Return all S*K sampled probabilities.")]

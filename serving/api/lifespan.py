@@ -1,0 +1,134 @@
+"""The app's lifespan: load the model, start the micro-batcher, warm up, and drain at shutdown.
+
+Until the warm-up's first forward pass has run, /readyz answers 503 'starting'; at shutdown it
+turns 503 again before the batcher drains, so load balancers stop sending first.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import AsyncContextManager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from serving.inference import precision as precision_choice
+from serving.inference.batching import MicroBatcher
+from serving.inference.encoding import encode
+from serving.monitoring.telemetry import ServiceMetrics
+from serving.monitoring.monitor import Monitor
+from serving.inference.served_model import ServedModel
+from serving.schemas import AdmissionRequest, Patient, PredictRequest
+from serving.settings import Settings
+
+logger = logging.getLogger("serving.app")  # log filters and alerts select the service by this name
+
+
+def warmup_request(events: bool = True, meds_codes=None) -> PredictRequest:
+    """A minimal admission (one event, or none) for the warm-up passes; its prediction is thrown away.
+
+    A model trained on MEDS data reads MEDS codes: its event is a code its map reads as an event.
+    """
+    admit = dt.datetime(2150, 1, 1, 8, 0)
+    event = {"source": "lab", "code": "warmup"}
+    if meds_codes is not None:
+        rule = next((r for r in meds_codes.events if r.item_range is None), meds_codes.events[0])
+        event = {"code": f"{rule.prefix}//{rule.item_range[0] if rule.item_range else 'warmup'}"}
+    return PredictRequest(
+        patient=Patient(gender="U", age_years=60.0),
+        admission=AdmissionRequest(admit_time=admit.isoformat(), admission_type="EMERGENCY"),
+        events=[{"time": (admit + dt.timedelta(hours=1)).isoformat(), **event}] if events else [],
+    )
+
+
+async def warm_up(app: FastAPI, predictor: ServedModel, batcher: MicroBatcher, settings: Settings) -> None:
+    """Forward passes on the model thread, then /readyz turns 'ok'; a failure of the first keeps it 503.
+
+    bfloat16 compiles its fused LSTM step (XLA) once per batch shape (0.1-0.2 s each at Table-7
+    size) and per loop (all sequences full, or some padded), so every batch the micro-batcher
+    can form at the default num_samples, 1 .. max_batch admissions of equal and of unequal bag
+    counts, runs once here instead of making the first patient in a batch of that shape wait.
+    Before /readyz turns ok: compiling alongside the first requests slowed them instead. The
+    warm-up admissions have at most one bag, so each pass costs little beyond its compilation.
+    """
+    try:
+        # The unit registry too: the first request with a value to convert must not wait for it.
+        await run_in_threadpool(predictor.export.harmoniser.converter.load)
+        one, empty = [(await run_in_threadpool(encode, warmup_request(events, predictor.export.meds_codes),
+                                               predictor.export)).example
+                      for events in (True, False)]
+        await batcher.run_in_model_thread(predictor.forward, [one], settings.default_num_samples, 0)
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:
+        logger.error("warm-up forward pass failed (%s: %s); /readyz stays 503", type(err).__name__, err)
+        return
+    if predictor.choice.requested == precision_choice.AUTO:
+        try:
+            timing = [(await run_in_threadpool(encode, r, predictor.export)).example
+                      for r in precision_choice.timing_requests(predictor.export)]
+            await batcher.run_in_model_thread(predictor.choose_precision, timing, settings.default_num_samples)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # the float32 pass above worked: serve it
+            logger.warning("precision auto: timing failed (%s: %s); serving float32", type(err).__name__, err)
+    choice = predictor.choice
+    logger.info("precision: serving %s (--precision %s): %s", choice.served, choice.requested, choice.reason)
+    if predictor.precision == "bfloat16":  # float32 compiles nothing per shape
+        try:
+            for n in range(1, settings.max_batch + 1):
+                for batch in ([one] * n, [one] * (n - 1) + [empty]):  # no bag padded, some padded
+                    await batcher.run_in_model_thread(predictor.forward, batch, settings.default_num_samples, 0)
+            logger.info("bfloat16 step compiled for batches of 1-%d admissions at num_samples=%d",
+                        settings.max_batch, settings.default_num_samples)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # the model did answer one pass: serve, and compile the rest on demand
+            logger.warning("bfloat16 warm-up stopped (%s); other batch shapes compile on first use",
+                           type(err).__name__)
+    app.state.ready = True
+    app.state.metrics.ready.set(1)
+    logger.info("model warmed up; ready")
+
+
+def model_lifespan(settings: Settings, metrics: ServiceMetrics,
+                   predictor: ServedModel | None = None) -> Callable[[FastAPI], AsyncContextManager[None]]:
+    """The lifespan of an app: loads settings.model_dir unless a loaded `predictor` is given."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        model = (predictor if predictor is not None
+                 else await run_in_threadpool(ServedModel.load, settings.model_dir, settings.precision))
+        export = model.export
+        card = export.card
+        metrics.model_info.labels(name=card.name, version=card.version, checksum=export.checksum).set(1)
+        batcher = MicroBatcher(model, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000.0,
+                               max_queue=settings.max_queue, metrics=metrics)
+        await batcher.start()
+        app.state.predictor = model
+        app.state.batcher = batcher
+        app.state.monitor = Monitor(export, settings.monitor_window, metrics, refresh_s=settings.monitor_refresh_s)
+        if export.reference is None:
+            logger.info("the export carries no reference population: /v1/monitor answers 'unavailable'")
+        logger.info("referral: %s", export.metrics.referral.describe())
+        if settings.warmup:
+            warm = asyncio.create_task(warm_up(app, model, batcher, settings))
+        else:
+            warm = None
+            app.state.ready = True
+            metrics.ready.set(1)
+        try:
+            yield
+        finally:
+            app.state.ready = False  # tell load balancers first, then drain
+            metrics.ready.set(0)
+            if warm is not None:
+                warm.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await warm
+            await batcher.stop()
+
+    return lifespan
