@@ -80,10 +80,10 @@ def add_local_run_arguments(parser: argparse.ArgumentParser, scope: str) -> argp
 
 def local_workers(value: str) -> int:
     """argparse type: a worker count from 1 to spill.max_local_workers() (2 per core of this machine)."""
-    # why: spill loads Beam (~1 s), which --help and the other commands never need; its import chatter is
-    # silenced, as in main's runner check, so that a misuse stays one line.
+    # Beam's import chatter is silenced, as in main's runner check, so that a misuse stays one line.
     logging.disable(logging.WARNING)
     try:
+        # why: spill loads Beam (~1 s), which --help and the other commands never need
         from ehr_pipeline.job import spill
     finally:
         logging.disable(logging.NOTSET)

@@ -4,7 +4,8 @@ The modules: ``spec`` names the SequenceExample's features, their types and allo
 (``AdmissionContext``) and imports nothing of the project; ``config`` is the pipeline
 configuration (pydantic, from YAML); ``layout`` names the files of a data folder and reads and
 writes them; ``integrity`` checks a folder against its manifest (checksums, schema version)
-before anything reads it; ``splits`` says which split and shard a patient's records land in; ``protos``
+before anything reads it; ``output_folder`` writes every command's output folder whole or not at
+all and refuses to replace what the command did not write; ``splits`` says which split and shard a patient's records land in; ``protos``
 declares TensorFlow's Example protos with protobuf alone and ``tfrecord`` frames records
 without TensorFlow; ``tf_parse`` parses the records into tensors.
 
@@ -13,7 +14,7 @@ at module level, so it is not re-exported here: the trainer imports it by its pa
 """
 from __future__ import annotations
 
-from ehr_pipeline.contract import integrity, layout, protos, spec, tfrecord
+from ehr_pipeline.contract import integrity, layout, output_folder, protos, spec, tfrecord
 from ehr_pipeline.contract.config import (
     SPLIT_NAMES,
     BaggingConfig,
@@ -35,6 +36,7 @@ __all__ = [
     "integrity",
     "layout",
     "load_pipeline_config",
+    "output_folder",
     "parse_pipeline_config",
     "protos",
     "shard_of",

@@ -2,7 +2,7 @@
 
 Every export answers through float32 (exact: ehr-eval's numbers) and through bfloat16 matmul
 operands (model.export.load). Which is faster depends on the machine, and CPU flags do not settle it:
-bench/serving.py found bfloat16's model pass faster on a 2-core Xeon with AMX (34.0 against
+bench/service/service_latency.py found bfloat16's model pass faster on a 2-core Xeon with AMX (34.0 against
 66.9 ms) and on one CPU with AVX-512 bfloat16 and no AMX (62.7 against 89.2 ms), slower on
 another of that kind (76 against 62 ms) and not faster on an AVX2-only one (docs/serving.md).
 So the service measures at warm-up instead of guessing: it times both signatures on admissions of

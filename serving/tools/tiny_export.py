@@ -3,7 +3,7 @@
 ``write_tiny_model_export`` writes a real export directory (``model.export.write.write_export``)
 around a tiny rank-1 model that was never trained: the real featurizer, architecture, stateless
 seeded sampling and SavedModel, with random weights, so its probabilities mean nothing. Its model
-card says so in its name. It lives in the package, not beside the tests, because bench/serving.py
+card says so in its name. It lives in the package, not beside the tests, because bench/service/service_latency.py
 and docs/serving.md use it as well as the test suite; it needs ``model``, so it sits in the top layer.
 """
 from __future__ import annotations

@@ -124,7 +124,7 @@ def test_strongly_connected_finds_a_planted_circle_and_nothing_else():
 def test_import_graph_reads_lazy_imports_and_skips_type_checking_ones():
     graph = import_graph()
     assert "model.export.load" in graph["model.export.predict"]  # module-level
-    assert "model.export.predict" in graph["serving.predictor"]  # inside ServedModel.forward
+    assert "model.export.predict" in graph["serving.inference.served_model"]  # inside ServedModel.forward
     # `from ehr_pipeline.contract import BaggingConfig, spec`: a module, and a name of the package's front door
     assert {"ehr_pipeline.contract.spec", "ehr_pipeline.contract"} <= graph["ehr_pipeline.encode.bagging"]
     planted = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ehr_pipeline.encode import bagging\n"
@@ -165,7 +165,7 @@ def test_only_command_lines_import_the_command_lines():
 def test_the_service_and_the_export_reader_start_without_tensorflow():
     # The service loads TensorFlow only with the SavedModel; importing its modules (and the
     # export contract they read) must stay cheap for --help and for the app factory.
-    code = ("import sys, serving.app, serving.cli, serving.settings, model.export_contract, model.export.load, "
+    code = ("import sys, serving.api.app, serving.cli, serving.settings, model.export_contract, model.export.load, "
             "model.training.config, model.fit, model.fit.experiment, model.evaluation.against_reference, "
             "model.cli.ehr_train, model.cli.ehr_eval, model.cli.ehr_analyze, model.cli.ehr_adapt, model.adapt.config, "
             "model.image.cli, "
@@ -186,7 +186,7 @@ def test_route_modules_share_dependencies_not_each_other():
     # What two route modules share (dependencies, the prediction use case) lives in a module of
     # its own; a route module importing another would tie their endpoints together.
     routes = _route_modules()
-    assert {"serving.routes", "serving.fhir_routes"} <= routes
+    assert {"serving.api.routes", "serving.api.fhir_routes"} <= routes
     graph = import_graph()
     crossing = sorted(f"{m} -> {t}" for m in routes for t in graph[m] & routes)
     assert not crossing, f"route modules import route modules: {crossing}"
@@ -402,7 +402,7 @@ def test_a_module_name_of_ehr_pipeline_names_one_thing_across_the_layers():
 def test_the_service_road_loads_neither_beam_nor_tensorflow_nor_pyarrow():
     # A request's road: the contract, the encoding hop, the MEDS code map, the population monitor.
     code = ("import sys, ehr_pipeline.contract, ehr_pipeline.encode, ehr_pipeline.meds, ehr_pipeline.shift, "
-            "ehr_pipeline.fhir, serving.encoding, serving.app; "
+            "ehr_pipeline.fhir, serving.inference.encoding, serving.api.app; "
             "print(sorted(m for m in ('apache_beam', 'tensorflow', 'pyarrow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": ""})
@@ -504,3 +504,45 @@ def test_a_module_name_of_model_or_serving_names_one_thing_across_the_layers():
     shared = sorted(n for n, where in tops.items() if len(where & {"model", "serving", "ehr_pipeline"}) > 1
                     and n not in SHARED_MODULE_NAMES)
     assert not shared, f"module names that two layers use for different things: {shared}"
+
+
+# ----------------------------------------------------------------------------- the rooms of serving and evaluation
+
+def _rooms_under(folder: str) -> dict[str, str]:
+    """Module of the folder (dotted) -> its room: the module or sub-package directly under the folder."""
+    depth = folder.count(".") + 1
+    return {m: ".".join(m.split(".")[:depth + 1]) for m in _modules()
+            if m.startswith(folder + ".") and m.count(".") >= depth}
+
+
+def _arrows_between_rooms(folder: str) -> set[tuple[str, str]]:
+    """(room, room it imports) between two rooms of a folder, lazy and type-only imports included."""
+    rooms = _rooms_under(folder)
+    return {(rooms[m], rooms[t]) for m, targets in import_graph(type_only=True).items() if m in rooms
+            for t in targets if t in rooms and rooms[m] != rooms[t]}
+
+
+def test_serving_is_at_most_ten_rooms_tied_by_twenty_arrows_and_the_service_never_imports_its_tools():
+    rooms = set(_rooms_under("serving").values())
+    arrows = _arrows_between_rooms("serving")
+    assert len(rooms) <= 10 and len(arrows) <= 20, (sorted(rooms), sorted(arrows))
+    assert not strongly_connected({r: {t for m, t in arrows if m == r} for r in rooms})
+    assert not [a for a in arrows if a[1] == "serving.tools"], "the service imports serving.tools"
+
+
+def test_evaluation_is_statistics_and_the_page_and_the_statistics_never_read_the_page():
+    rooms = set(_rooms_under("model.evaluation").values())
+    arrows = _arrows_between_rooms("model.evaluation")
+    assert len(rooms) <= 8 and len(arrows) <= 12, (sorted(rooms), sorted(arrows))
+    assert ("model.evaluation.statistics", "model.evaluation.report") not in arrows
+    assert not strongly_connected({r: {t for m, t in arrows if m == r} for r in rooms})
+
+
+def test_sub_packages_of_serving_and_evaluation_hold_at_most_ten_modules_in_no_loop():
+    graph = import_graph(type_only=True)
+    for package in ("serving.api", "serving.inference", "serving.monitoring", "serving.tools",
+                    "model.evaluation.statistics", "model.evaluation.report"):
+        members = {m for m in _modules() if m.startswith(package + ".")}
+        assert len(members) <= 10, f"{package}: {len(members)} modules"
+        inner = {m: graph[m] & members for m in members}
+        assert not strongly_connected(inner), f"{package}: import loop"
