@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "written whole when the release is complete (required)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier `synth` release in --out whole; a folder synth did not write, or "
-                             "one holding files it did not write, is refused with or without it")
+                             "one holding files it did not write, is refused with or without it (default: refuse "
+                             "any non-empty --out)")
     parser.add_argument("--dialect", choices=DIALECTS, default="demo",
                         help="CSV dialect: 'demo' = quoted UPPERCASE header and quoted strings as in the "
                              "MIMIC-III demo, 'physionet' = lowercase header, minimal quoting (default: %(default)s)")

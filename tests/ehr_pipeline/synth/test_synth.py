@@ -19,6 +19,8 @@ import pytest
 
 from ehr_pipeline import reader
 from ehr_pipeline.encode.units import NOT_USED
+from ehr_pipeline.contract import output_folder
+from ehr_pipeline.contract.output_folder import OutputFolderError
 from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.synth import SynthConfig, add_arguments, catalog, generate_release, recompute, run
 from ehr_pipeline.synth.site import SITES
@@ -64,7 +66,7 @@ def test_same_seed_gives_byte_identical_files_and_another_seed_differs(tmp_path)
     generate_release(tmp_path / "b", seed=5, **args)
     generate_release(tmp_path / "c", seed=6, **args)
     a, b, c = (_files(tmp_path / x) for x in "abc")
-    assert len(a) == 15 and a == b
+    assert len(a) == 16 and a == b  # 13 tables, the truth, the manifest and the output marker
     differing = {n for n in a if a[n] != c[n]}
     assert {"ADMISSIONS.csv.gz", "LABEVENTS.csv.gz", "CHARTEVENTS.csv.gz", "SYNTH_TRUTH.csv"} <= differing
     # Whole chunks do not depend on how many patients follow them.
@@ -79,7 +81,8 @@ def test_same_seed_gives_byte_identical_files_and_another_seed_differs(tmp_path)
 def test_every_table_is_written_with_its_schema_header(fixture, suffix, request):
     out, summary = request.getfixturevalue(fixture)
     names = {p.name for p in out.iterdir()}
-    assert names == {f"{t}{suffix}" for t in table_schemas.TABLES} | {"SYNTH_TRUTH.csv", "SYNTH_MANIFEST.json"}
+    assert names == {f"{t}{suffix}" for t in table_schemas.TABLES} | {"SYNTH_TRUTH.csv", "SYNTH_MANIFEST.json",
+                                                                       output_folder.MARKER}
     for table, schema in table_schemas.TABLES.items():
         path = out / f"{table}{suffix}"
         opener = gzip.open if suffix.endswith(".gz") else open
@@ -317,8 +320,13 @@ def test_cli_flags_have_help_with_defaults_and_run_writes_a_release(tmp_path, ca
                                   "0.1", "--no-progress"])) == 0
     assert "admissions" in capsys.readouterr().out
     assert (out / "ADMISSIONS.csv.gz").exists()
+    # A second release into the same folder is refused without --overwrite, and leaves the first whole.
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(OutputFolderError, match="--overwrite"):
+        run(parser.parse_args(["--patients", "10", "--seed", "4", "--out", str(out), "--no-progress"]))
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     # Switching to plain CSV replaces the gzipped tables instead of leaving two copies.
-    assert run(parser.parse_args(["--patients", "10", "--seed", "3", "--out", str(out), "--no-gzip",
+    assert run(parser.parse_args(["--patients", "10", "--seed", "3", "--out", str(out), "--no-gzip", "--overwrite",
                                   "--dialect", "physionet", "--events-scale", "0.1", "--no-progress"])) == 0
     assert not list(out.glob("*.gz")) and len(list(out.glob("*.csv"))) == 14
     assert run(parser.parse_args(["--patients", "10", "--out", str(out), "--trigger-offset-seconds", "100"])) == 2
@@ -356,7 +364,7 @@ SITE_TABLES = ("ADMISSIONS", "PATIENTS", "ICUSTAYS", "LABEVENTS", "CHARTEVENTS",
 def test_site_a_writes_the_bytes_it_always_wrote(tmp_path, truth):
     generate_release(tmp_path, patients=20, seed=1, events_scale=0.1, gzip=False, show_progress=False, **truth)
     digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16]
-               for p in sorted(tmp_path.iterdir()) if p.name != "SYNTH_MANIFEST.json"}
+               for p in sorted(tmp_path.iterdir()) if p.name not in ("SYNTH_MANIFEST.json", output_folder.MARKER)}
     assert digests == SITE_A_DIGESTS
     manifest = json.loads((tmp_path / "SYNTH_MANIFEST.json").read_text())
     assert manifest["site"]["name"] == "A" and manifest["site"]["lab_bias"] == {}
@@ -612,7 +620,7 @@ def test_site_is_a_validated_cli_flag(tmp_path, capsys):
         assert f"{name}: " in help_text
     for name in ("B", "C"):
         assert run(parser.parse_args(["--patients", "5", "--out", str(tmp_path), "--site", name, "--events-scale",
-                                      "0.1", "--no-progress"])) == 0
+                                      "0.1", "--no-progress", "--overwrite"])) == 0
         assert json.loads((tmp_path / "SYNTH_MANIFEST.json").read_text())["site"]["name"] == name
 
 
