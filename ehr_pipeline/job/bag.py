@@ -84,7 +84,7 @@ def admission_context(hadm: int, meta: dict) -> spec.AdmissionContext:
 
 
 def _dead_value(meta: dict, hadm: int, times, codes, values, problem) -> DeadValue:
-    """The dead letter of one value units.Harmoniser did not use (a units.Problem), with its reason."""
+    """The dead letter of one value units.Harmoniser did not use (a units.UnusedValue), with its reason."""
     i = problem.index
     return DeadValue(subject_id=int(meta["SUBJECT_ID"]), hadm_id=int(hadm), time=int(times[i]), code=str(codes[i]),
                      value=float(values[i]), unit=problem.unit, canonical_unit=problem.canonical, detail=problem.why,

@@ -506,6 +506,33 @@ def test_a_module_name_of_model_or_serving_names_one_thing_across_the_layers():
     assert not shared, f"module names that two layers use for different things: {shared}"
 
 
+def class_names_defined_twice(sources: Mapping[str, str]) -> dict[str, list[str]]:
+    """Public class name -> the modules that define it, for names defined in more than one place.
+
+    A name with a leading underscore is its module's own (never imported), so it may repeat.
+    """
+    where: dict[str, list[str]] = {}
+    for module, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(module)
+    return {name: sorted(modules) for name, modules in where.items() if len(modules) > 1}
+
+
+def test_the_duplicate_class_check_catches_a_planted_twin_and_ignores_private_names():
+    sources = {"a": "class Reading:\n    pass\nclass _Model:\n    pass\n",
+               "b": "def f():\n    class Reading:\n        pass\nclass _Model:\n    pass\n",
+               "c": "class Other:\n    pass\n"}
+    assert class_names_defined_twice(sources) == {"Reading": ["a", "b"]}
+
+
+def test_no_class_name_is_defined_twice_in_the_product():
+    # `Admission`, `Column`, `Problem`, `Reading` and `UnitPlan` once each named two concepts.
+    sources = {name: path.read_text(encoding="utf-8") for name, path in _modules().items()}
+    twice = class_names_defined_twice(sources)
+    assert not twice, f"class names defined twice, for two concepts: {twice}"
+
+
 # ----------------------------------------------------------------------------- the rooms of serving and evaluation
 
 def _rooms_under(folder: str) -> dict[str, str]:
