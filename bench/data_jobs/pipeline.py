@@ -157,7 +157,7 @@ def child_source(kind: str, path: str) -> dict:
                                          JOB_BLOCK_SIZE)
         for table in events.TABLE_SOURCE:
             for file in reader.locate_table_files(path, table):
-                for kind_, payload in dofn._read(table, str(file)):
+                for kind_, payload in dofn.read_items(table, str(file)):
                     if kind_ == transforms.COUNTS and payload[0] == f"rows/{table}/read":
                         rows += payload[1]
         examples = coh.table.num_rows

@@ -55,13 +55,14 @@ class ReadMimicTable(beam.DoFn):
     def process(self, element):
         table, path = element
         try:
-            yield from self._read(table, path)
+            yield from self.read_items(table, path)
         except ReaderError as e:
             # Raised here it would reach the driver as a runner-specific traceback (or not at
             # all); as an output it becomes the driver's one-line error.
             yield FATAL, str(e)
 
-    def _read(self, table: str, path: str):
+    def read_items(self, table: str, path: str):
+        """The tagged items of one file or part; a ReaderError propagates (``process`` makes it FATAL)."""
         dead: list = []
         reader, blocks, index = open_event_table(table, path, self._file_index, dead.append, self._block)
         for batch in blocks:

@@ -77,7 +77,7 @@ class SpillTable(ReadMimicTable):
         table, path = element
         writer = spill.FrameWriter(layout.join(self._spill, EVENTS_DIR), bucket_folder)
         try:
-            for kind, payload in self._read(table, path):
+            for kind, payload in self.read_items(table, path):
                 if kind == EVENTS:
                     hadm, chunk = payload
                     writer.write(spill.bucket_of(self._bounds, hadm), hadm, chunk)
