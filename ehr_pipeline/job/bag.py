@@ -17,7 +17,7 @@ from ehr_pipeline.encode import units as units_mod  # 'units' names the events' 
 from ehr_pipeline.job import vocab
 from ehr_pipeline.job.chunks import concat_chunks
 from ehr_pipeline.job.sinks import DEAD_VALUES, DeadValue
-from ehr_pipeline.job.transforms import COUNTS, DEAD, KV, RECORDS, STATS, UNITS, OneList, Select, Tagged, count, counted
+from ehr_pipeline.job.items import COUNTS, DEAD, KV, RECORDS, STATS, UNITS, OneList, Select, Tagged, count, counted
 
 
 @beam.typehints.with_input_types(KV, dict)  # the example, then the unit plan (BagBucket passes it)

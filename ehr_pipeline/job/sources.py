@@ -1,4 +1,4 @@
-"""The job's two sources: MIMIC-III CSV tables or a MEDS dataset -> the same tagged items (``transforms``).
+"""The job's two sources: MIMIC-III CSV tables or a MEDS dataset -> the same tagged items (``items``).
 
 ``ReadMimicTable`` reads one MIMIC-III table file into the events of cohort admissions (as
 chunks, ``chunks``), the unit census, counts, dead letters and one-line FATAL errors; the
@@ -17,7 +17,7 @@ from ehr_pipeline.job import gzip_split
 from ehr_pipeline.job.chunks import pack_chunk
 from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.meds.standard import MedsError
-from ehr_pipeline.job.transforms import (
+from ehr_pipeline.job.items import (
     COUNTS,
     DEAD,
     EVENTS,

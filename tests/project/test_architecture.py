@@ -164,8 +164,8 @@ def test_only_command_lines_import_the_command_lines():
 
 def test_the_service_and_the_export_reader_start_without_tensorflow():
     # The service loads TensorFlow only with the SavedModel; importing its modules (and the
-    # export contract they read) must stay cheap for --help and for the app factory.
-    code = ("import sys, serving.api.app, serving.cli, serving.settings, model.export_contract, model.export.load, "
+    # export layout they read) must stay cheap for --help and for the app factory.
+    code = ("import sys, serving.api.app, serving.cli, serving.settings, model.export_layout, model.export.load, "
             "model.training.config, model.fit, model.fit.experiment, model.evaluation.against_reference, "
             "model.cli.ehr_train, model.cli.ehr_eval, model.cli.ehr_analyze, model.cli.ehr_adapt, model.adapt.config, "
             "model.image.cli, "
@@ -425,7 +425,7 @@ def _model_floors() -> dict[str, int]:
 
 
 def _part_of(module: str) -> str | None:
-    """'model.evaluation.metrics' -> 'model.evaluation', 'model.export_contract' -> itself; None outside model's parts."""
+    """'model.evaluation.metrics' -> 'model.evaluation', 'model.export_layout' -> itself; None outside model's parts."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "model" and len(parts) > 1 else None
 
@@ -442,8 +442,8 @@ def test_the_floors_table_lists_every_part_of_model():
     floors = _model_floors()
     assert set(floors) == parts, f"the floors table lists {sorted(set(floors) - parts)} that do not exist and " \
                                  f"misses {sorted(parts - set(floors))}"
-    # the order the house asks for: the export contract at the bottom, then layers, export < evaluation < training < cli
-    assert floors["model.export_contract"] == 0
+    # the order the house asks for: the export layout at the bottom, then layers, export < evaluation < training < cli
+    assert floors["model.export_layout"] == 0
     assert floors["model.layers"] <= floors["model.export"] < floors["model.evaluation"] < floors["model.training"] \
         < floors["model.cli"]
     assert floors["model.image"] == floors["model.training"]  # beside it, on the same core
