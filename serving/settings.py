@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from ehr_base.yaml_config import describe_errors
-from model.export_contract import MAX_SAMPLES
+from model.export_layout import MAX_SAMPLES
 
 API_KEYS_ENV = "EHR_API_KEYS"  # comma-separated keys; merged with --api-keys-file
 MIN_API_KEY_LENGTH = 16  # shorter keys are guessable by brute force over the network

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import command_line, machine_info, publish, run_child  # noqa: E402
 
-_JOB_IMPORTS = ("import ehr_pipeline.cli, ehr_pipeline.job, ehr_pipeline.job.transforms, ehr_pipeline.encode.seqex; "
+_JOB_IMPORTS = ("import ehr_pipeline.cli, ehr_pipeline.job, ehr_pipeline.job.items, ehr_pipeline.encode.seqex; "
                 "import apache_beam.runners.portability.fn_api_runner")
 _WITH_TF = "import tensorflow; "
 # The job's CLI, with TensorFlow imported first on the "with" side.

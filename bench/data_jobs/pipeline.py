@@ -142,7 +142,7 @@ def child_source(kind: str, path: str) -> dict:
     import apache_beam  # noqa: F401
 
     from ehr_pipeline import meds, reader
-    from ehr_pipeline.job import sources, transforms
+    from ehr_pipeline.job import items, sources
     from ehr_pipeline.job.run import _read_cohort_tables
     from ehr_pipeline.meds import source as meds_source
     from ehr_pipeline.mimic import cohort, events
@@ -157,8 +157,8 @@ def child_source(kind: str, path: str) -> dict:
                                          JOB_BLOCK_SIZE)
         for table in events.TABLE_SOURCE:
             for file in reader.locate_table_files(path, table):
-                for kind_, payload in dofn._read(table, str(file)):
-                    if kind_ == transforms.COUNTS and payload[0] == f"rows/{table}/read":
+                for kind_, payload in dofn.read_items(table, str(file)):
+                    if kind_ == items.COUNTS and payload[0] == f"rows/{table}/read":
                         rows += payload[1]
         examples = coh.table.num_rows
     else:
@@ -167,9 +167,9 @@ def child_source(kind: str, path: str) -> dict:
         for file in meds_source.data_files(path):
             for out in src.read_file(file):
                 for kind_, payload in sources.meds_items(out):
-                    if kind_ == transforms.COUNTS and payload[0] == "rows/MEDS/read":
+                    if kind_ == items.COUNTS and payload[0] == "rows/MEDS/read":
                         rows += payload[1]
-                    elif kind_ == transforms.EXAMPLE:
+                    elif kind_ == items.EXAMPLE:
                         examples += 1
     return {"rows": rows, "examples": examples, "wall_s": time.perf_counter() - started, "cpu_s": _cpu_s() - cpu0,
             "baseline_mb": baseline, "peak_mb": peak_rss_mb()}

@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from bench.harness import command_line, publish
 
-    from model.export_contract import json_ready
+    from model.export_layout import json_ready
 
     from ehr_base.cli_args import setup_logging
 

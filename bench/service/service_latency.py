@@ -230,10 +230,10 @@ def edward2_cell_pass(units: int, input_dim: int, k: int, rows: int, steps: int,
     """ms of edward2's LSTMCellRank1 unrolled over `steps` in a plain tf.function (rows = S*K sequences)."""
     import tensorflow as tf
 
-    from model.layers import rank1
+    from model.layers import factory
     from model.training.config import load_config
 
-    cell = rank1.lstm_cell(units, load_config(TABLE7_CONFIG).model.posterior.model_copy(update={"ensemble_size": k}))
+    cell = factory.lstm_cell(units, load_config(TABLE7_CONFIG).model.posterior.model_copy(update={"ensemble_size": k}))
     x = tf.random.normal([steps, rows, input_dim])
     cell.build(tf.TensorShape([rows, input_dim]))
 
@@ -252,10 +252,10 @@ def lstm_layer_pass(units: int, input_dim: int, k: int, rows: int, steps: int, r
     """ms of our Rank1LSTM alone (noise included) per matmul precision, and the bfloat16 matmul floor."""
     import tensorflow as tf
 
-    from model.layers import rank1
+    from model.layers import factory
     from model.training.config import load_config
 
-    layer = rank1.lstm(units, load_config(TABLE7_CONFIG).model.posterior.model_copy(update={"ensemble_size": k}))
+    layer = factory.lstm(units, load_config(TABLE7_CONFIG).model.posterior.model_copy(update={"ensemble_size": k}))
     x = tf.random.normal([rows, steps, input_dim])
     layer.build(x.shape)
     out = {}

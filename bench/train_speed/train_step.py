@@ -30,7 +30,7 @@ import model  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads
 import tensorflow as tf  # noqa: E402
 
 from bench import harness  # noqa: E402
-from model.layers import rank1  # noqa: E402
+from model.layers import factory  # noqa: E402
 from model.layers.posterior import PosteriorConfig  # noqa: E402
 
 N_TRAIN = 40_000  # KL scale 1/N_train: a MIMIC-III-sized training set
@@ -47,18 +47,18 @@ def _build(variant: str, hidden: int, config: PosteriorConfig, input_dim: int,
     """(model, is_bayesian) for one variant name; trainable_input puts a Dense(input_dim) in front."""
     det = PosteriorConfig(method="deterministic", l2=config.l2)
     if variant == "deterministic, fast loop":
-        layers, bayes = [rank1.lstm(hidden, det), rank1.dense(1, det)], False
+        layers, bayes = [factory.lstm(hidden, det), factory.dense(1, det)], False
     elif variant == "deterministic, keras LSTM":
         layers, bayes = [tf.keras.layers.LSTM(hidden, kernel_regularizer=tf.keras.regularizers.l2(config.l2),
                                               recurrent_regularizer=tf.keras.regularizers.l2(config.l2)),
-                         rank1.dense(1, det)], False
+                         factory.dense(1, det)], False
     elif variant == "rank-1, fast loop":
-        layers, bayes = [rank1.lstm(hidden, config), rank1.dense(1, config)], True
+        layers, bayes = [factory.lstm(hidden, config), factory.dense(1, config)], True
     elif variant == "batchensemble, fast loop":
         be = PosteriorConfig(method="batchensemble", ensemble_size=config.ensemble_size, l2=config.l2)
-        layers, bayes = [rank1.lstm(hidden, be), rank1.dense(1, be)], False
+        layers, bayes = [factory.lstm(hidden, be), factory.dense(1, be)], False
     elif variant == "rank-1, edward2 cell in keras RNN":
-        layers, bayes = [tf.keras.layers.RNN(rank1.lstm_cell(hidden, config)), rank1.dense(1, config)], True
+        layers, bayes = [tf.keras.layers.RNN(factory.lstm_cell(hidden, config)), factory.dense(1, config)], True
     else:
         raise ValueError(variant)
     if trainable_input:
@@ -75,9 +75,9 @@ def _train_step(net: tf.keras.Model, bayes: bool, xla: bool):
         with tf.GradientTape() as tape:
             logits = net(x, training=True)
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits))
-            loss += rank1.l2_loss(net)
+            loss += factory.l2_loss(net)
             if bayes:
-                loss += rank1.kl_loss(net) / N_TRAIN
+                loss += factory.kl_loss(net) / N_TRAIN
         grads = tape.gradient(loss, net.trainable_variables)
         optimizer.apply_gradients(zip(grads, net.trainable_variables))
         return loss

@@ -354,7 +354,7 @@ def canonical_units(counts: Mapping[str, Mapping[str, int]], converter: Converte
     return dict(sorted(out.items()))
 
 
-class Problem(NamedTuple):
+class UnusedValue(NamedTuple):
     """One value not used: which event, its outcome (a key of NOT_USED), its unit, the code's canonical unit, why."""
 
     index: int
@@ -370,7 +370,7 @@ class Harmonised:
 
     values: np.ndarray  # float64, NaN where there was no value or it is not used
     outcomes: np.ndarray  # object [n]: one of OUTCOMES per event with a value, "" where there is no value
-    problems: tuple[Problem, ...]  # one per value not used, by event index
+    problems: tuple[UnusedValue, ...]  # one per value not used, by event index
 
     def counts(self, codes: np.ndarray | None = None) -> dict[str, int]:
         """Events per outcome (every outcome listed); with codes, keyed 'source/outcome'."""
@@ -453,7 +453,7 @@ class Harmoniser:
         units = np.asarray(list(units) if not isinstance(units, np.ndarray) else units, dtype=object)
         outcomes = np.full(values.shape, "", dtype=object)
         has = ~np.isnan(values)
-        problems: list[Problem] = []
+        problems: list[UnusedValue] = []
         if not has.any():
             return Harmonised(values, outcomes, ())
         # One resolution per distinct (code, unit) pair: a block has thousands of events, tens of pairs.
@@ -475,7 +475,7 @@ class Harmoniser:
             if conversion is None:
                 values[at] = np.nan
                 canonical = self.canonical.get(code, "")
-                problems.extend(Problem(int(i), outcome, str(unit), canonical, why) for i in at)
+                problems.extend(UnusedValue(int(i), outcome, str(unit), canonical, why) for i in at)
             elif not conversion.identity:
                 values[at] = conversion.apply(values[at])
         problems.sort()

@@ -3,7 +3,7 @@
 The modules: ``run`` builds and runs the bagging job (``run_job``, ``run_meds_job``) and writes
 the data folder's side files and manifest (``manifest``); its named composite transforms are the
 two readers (``sources``), the bagging step (``bag``, which calls ``encode.encode_admission``),
-and the dead-letter files (``sinks``), all speaking the items and counters of ``transforms``.
+and the dead-letter files (``sinks``), all speaking the items and counters of ``items``.
 Every job spills events, examples, records and dead values to disk instead of shuffling them
 (``spill``: frame files, buckets, options): the MIMIC-III job's stages are ``spill_stages`` (after
 splitting big gzip tables, ``gzip_split``), the MEDS job's ``meds_stages``; ``chunks`` packs an

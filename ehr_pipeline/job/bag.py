@@ -17,7 +17,7 @@ from ehr_pipeline.encode import units as units_mod  # 'units' names the events' 
 from ehr_pipeline.job import vocab
 from ehr_pipeline.job.chunks import concat_chunks
 from ehr_pipeline.job.sinks import DEAD_VALUES, DeadValue
-from ehr_pipeline.job.transforms import COUNTS, DEAD, KV, RECORDS, STATS, UNITS, OneList, Select, Tagged, count, counted
+from ehr_pipeline.job.items import COUNTS, DEAD, KV, RECORDS, STATS, UNITS, OneList, Select, Tagged, count, counted
 
 
 @beam.typehints.with_input_types(KV, dict)  # the example, then the unit plan (BagBucket passes it)
@@ -84,7 +84,7 @@ def admission_context(hadm: int, meta: dict) -> spec.AdmissionContext:
 
 
 def _dead_value(meta: dict, hadm: int, times, codes, values, problem) -> DeadValue:
-    """The dead letter of one value units.Harmoniser did not use (a units.Problem), with its reason."""
+    """The dead letter of one value units.Harmoniser did not use (a units.UnusedValue), with its reason."""
     i = problem.index
     return DeadValue(subject_id=int(meta["SUBJECT_ID"]), hadm_id=int(hadm), time=int(times[i]), code=str(codes[i]),
                      value=float(values[i]), unit=problem.unit, canonical_unit=problem.canonical, detail=problem.why,

@@ -27,7 +27,7 @@ from ehr_pipeline.contract import layout
 from ehr_pipeline.job import spill
 from ehr_pipeline.job.sources import PREDICTION_TIME, SUBJECTS, ReadMedsFile, split_subject_errors
 from ehr_pipeline.job.spill_stages import EVENTS_DIR, SPILL, BagBucket, SlotFiles, bucket_folder, bucket_items
-from ehr_pipeline.job.transforms import COUNTS, EXAMPLE, OneList, Tagged, count, select
+from ehr_pipeline.job.items import COUNTS, EXAMPLE, OneList, Tagged, count, select
 from ehr_pipeline.meds import labels as meds_labels
 
 # MEDS parquet bytes of input per bucket: ~6 B per row on disk, so ~5M rows, whose examples take a

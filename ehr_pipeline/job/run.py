@@ -1,7 +1,7 @@
 """The Beam job: a source (MIMIC-III CSVs or a MEDS dataset) -> one bagged SequenceExample per example.
 
 The graph, as ``_run_pipeline`` builds it from the composite transforms of ``sources``, ``bag``,
-``sinks`` and ``spill_stages`` (their shared items and counters: ``transforms``):
+``sinks`` and ``spill_stages`` (their shared items and counters: ``items``):
 
   SpillSource | MedsSource     -> tagged items: a bucket's spill files (events of a HADM_ID range, or
                                   whole examples of a key hash); unit census, counts, dead rows
@@ -35,10 +35,10 @@ from ehr_pipeline.contract import layout, output_folder, spec
 from ehr_pipeline.fhir import codes as fhir_codes
 from ehr_pipeline.job import gzip_split, spill
 from ehr_pipeline.job import manifest as manifest_mod
-from ehr_pipeline.job import transforms as tr
 from ehr_pipeline.job import vocab
 from ehr_pipeline.job.bag import SumCodeStats, UnitPlan
 from ehr_pipeline.job.dedup import RepeatFinder
+from ehr_pipeline.job.items import COUNTS, FATAL, STATS, Select, SumCounts, ToJsonFile, select
 from ehr_pipeline.job.meds_stages import BagMedsBucket, MedsSource, meds_bucket_count
 from ehr_pipeline.job.sinks import WriteDeadLetters, write_dead_letter_files
 from ehr_pipeline.job.spill_stages import BagBucket, BagBuckets, MergeShards, SpillSource
@@ -303,18 +303,18 @@ def _run_pipeline(source, out_dir: str, config, loinc: dict, reference: tuple[di
     written = bagged | "Write" >> write
     dead = (items, bagged) | "WriteDeadLetters" >> WriteDeadLetters(out_dir)
     counts = (
-        (items | "SourceCounts" >> tr.Select(tr.COUNTS), bagged | "BagCounts" >> tr.Select(tr.COUNTS), written, dead)
-        | "SumCounts" >> tr.SumCounts()
-        | "WriteCounts" >> tr.ToJsonFile(layout.join(tmp, "counts.json"))
+        (items | "SourceCounts" >> Select(COUNTS), bagged | "BagCounts" >> Select(COUNTS), written, dead)
+        | "SumCounts" >> SumCounts()
+        | "WriteCounts" >> ToJsonFile(layout.join(tmp, "counts.json"))
     )
     stats = (
         bagged
-        | "Stats" >> tr.Select(tr.STATS)
+        | "Stats" >> Select(STATS)
         | "SumStats" >> beam.CombinePerKey(SumCodeStats())
-        | "WriteStats" >> tr.ToJsonFile(layout.join(tmp, "code_stats.json"))
+        | "WriteStats" >> ToJsonFile(layout.join(tmp, "code_stats.json"))
     )
-    plan_done = plan | "WriteUnitPlan" >> tr.ToJsonFile(layout.join(tmp, "unit_plan.json"), single=True)
-    errors = items | "Fatal" >> beam.FlatMap(tr.select(tr.FATAL)) | "WriteErrors" >> tr.ToJsonFile(
+    plan_done = plan | "WriteUnitPlan" >> ToJsonFile(layout.join(tmp, "unit_plan.json"), single=True)
+    errors = items | "Fatal" >> beam.FlatMap(select(FATAL)) | "WriteErrors" >> ToJsonFile(
         layout.join(tmp, "errors.json"))
     # One final sink that depends on every branch: the Dask runner computes only the
     # last transform's graph, so a branch left dangling would silently never run.

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import apache_beam as beam
 
 from ehr_pipeline.contract import SPLIT_NAMES, layout
-from ehr_pipeline.job.transforms import DEAD, KV, Select, count
+from ehr_pipeline.job.items import DEAD, KV, Select, count
 from ehr_pipeline.reader import DeadLetter
 
 # Values not used because of their unit (units.NOT_USED: not convertible, ambiguous, a placeholder,

@@ -1,4 +1,4 @@
-"""The job's two sources: MIMIC-III CSV tables or a MEDS dataset -> the same tagged items (``transforms``).
+"""The job's two sources: MIMIC-III CSV tables or a MEDS dataset -> the same tagged items (``items``).
 
 ``ReadMimicTable`` reads one MIMIC-III table file into the events of cohort admissions (as
 chunks, ``chunks``), the unit census, counts, dead letters and one-line FATAL errors; the
@@ -17,7 +17,7 @@ from ehr_pipeline.job import gzip_split
 from ehr_pipeline.job.chunks import pack_chunk
 from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.meds.standard import MedsError
-from ehr_pipeline.job.transforms import (
+from ehr_pipeline.job.items import (
     COUNTS,
     DEAD,
     EVENTS,
@@ -55,13 +55,14 @@ class ReadMimicTable(beam.DoFn):
     def process(self, element):
         table, path = element
         try:
-            yield from self._read(table, path)
+            yield from self.read_items(table, path)
         except ReaderError as e:
             # Raised here it would reach the driver as a runner-specific traceback (or not at
             # all); as an output it becomes the driver's one-line error.
             yield FATAL, str(e)
 
-    def _read(self, table: str, path: str):
+    def read_items(self, table: str, path: str):
+        """The tagged items of one file or part; a ReaderError propagates (``process`` makes it FATAL)."""
         dead: list = []
         reader, blocks, index = open_event_table(table, path, self._file_index, dead.append, self._block)
         for batch in blocks:

@@ -36,10 +36,10 @@ from ehr_pipeline.job.dedup import RepeatFinder
 from ehr_pipeline.mimic.events import DUPLICATE_ROW_ID
 from ehr_pipeline.job.sinks import DEAD_VALUES, DeadValue, group_by_every_shard
 from ehr_pipeline.job.sources import ReadMimicTable
-from ehr_pipeline.job.transforms import COUNTS, DEAD, EVENTS, FATAL, KV, RECORDS, STATS, Select, Tagged, count
+from ehr_pipeline.job.items import COUNTS, DEAD, EVENTS, FATAL, KV, RECORDS, STATS, Select, Tagged, count
 from ehr_pipeline.reader import DeadLetter, ReaderError
 
-# The spilling stages' own kinds of items (transforms' vocabulary):
+# The spilling stages' own kinds of items (beside ``items``' kinds):
 SPILL = "spill"  # (bucket, frame file of events)
 BUCKET = "bucket"  # (bucket, [frame files or None]): stage C's element
 PLAN = "plan"  # the unit plan, joined to every bucket
@@ -77,7 +77,7 @@ class SpillTable(ReadMimicTable):
         table, path = element
         writer = spill.FrameWriter(layout.join(self._spill, EVENTS_DIR), bucket_folder)
         try:
-            for kind, payload in self._read(table, path):
+            for kind, payload in self.read_items(table, path):
                 if kind == EVENTS:
                     hadm, chunk = payload
                     writer.write(spill.bucket_of(self._bounds, hadm), hadm, chunk)

@@ -76,7 +76,7 @@ def _text_list(t: pa.DataType) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class Column:
+class MedsColumn:
     """One column of a MEDS schema: its MEDS type, the Arrow types accepted for it, required, nulls allowed."""
 
     name: str
@@ -95,37 +95,37 @@ class Schema:
     """A MEDS file kind ('data', 'label', 'code metadata', 'subject split') and its columns."""
 
     kind: str
-    columns: tuple[Column, ...]
+    columns: tuple[MedsColumn, ...]
 
-    def column(self, name: str) -> Column:
+    def column(self, name: str) -> MedsColumn:
         """The column named `name`."""
         return next(c for c in self.columns if c.name == name)
 
 
 DATA = Schema("data", (
-    Column("subject_id", pa.int64(), is_integer, required=True, nullable=False),
-    Column("time", pa.timestamp("us"), _timestamp, required=True, nullable=True),
-    Column("code", pa.string(), is_text, required=True, nullable=False),
-    Column("numeric_value", pa.float32(), _number, required=False, nullable=True),
-    Column("text_value", pa.large_string(), is_text, required=False, nullable=True),
+    MedsColumn("subject_id", pa.int64(), is_integer, required=True, nullable=False),
+    MedsColumn("time", pa.timestamp("us"), _timestamp, required=True, nullable=True),
+    MedsColumn("code", pa.string(), is_text, required=True, nullable=False),
+    MedsColumn("numeric_value", pa.float32(), _number, required=False, nullable=True),
+    MedsColumn("text_value", pa.large_string(), is_text, required=False, nullable=True),
 ))
 # boolean_value is optional in MEDS; this job's tasks are binary, so it is required here (LABEL_VALUES says why).
 LABELS = Schema("label", (
-    Column("subject_id", pa.int64(), is_integer, required=True, nullable=False),
-    Column("prediction_time", pa.timestamp("us"), _timestamp, required=True, nullable=False),
-    Column("boolean_value", pa.bool_(), _boolean, required=True, nullable=False),
-    Column("integer_value", pa.int64(), is_integer, required=False, nullable=False),
-    Column("float_value", pa.float32(), _number, required=False, nullable=False),
-    Column("categorical_value", pa.string(), is_text, required=False, nullable=False),
+    MedsColumn("subject_id", pa.int64(), is_integer, required=True, nullable=False),
+    MedsColumn("prediction_time", pa.timestamp("us"), _timestamp, required=True, nullable=False),
+    MedsColumn("boolean_value", pa.bool_(), _boolean, required=True, nullable=False),
+    MedsColumn("integer_value", pa.int64(), is_integer, required=False, nullable=False),
+    MedsColumn("float_value", pa.float32(), _number, required=False, nullable=False),
+    MedsColumn("categorical_value", pa.string(), is_text, required=False, nullable=False),
 ))
 CODES = Schema("code metadata", (
-    Column("code", pa.string(), is_text, required=True, nullable=False),
-    Column("description", pa.string(), is_text, required=False, nullable=True),
-    Column("parent_codes", pa.list_(pa.string()), _text_list, required=False, nullable=True),
+    MedsColumn("code", pa.string(), is_text, required=True, nullable=False),
+    MedsColumn("description", pa.string(), is_text, required=False, nullable=True),
+    MedsColumn("parent_codes", pa.list_(pa.string()), _text_list, required=False, nullable=True),
 ))
 SPLITS = Schema("subject split", (
-    Column("subject_id", pa.int64(), is_integer, required=True, nullable=False),
-    Column("split", pa.string(), is_text, required=True, nullable=False),
+    MedsColumn("subject_id", pa.int64(), is_integer, required=True, nullable=False),
+    MedsColumn("split", pa.string(), is_text, required=True, nullable=False),
 ))
 # MEDS' label value columns other than boolean_value: a file whose rows carry one is a task this job
 # cannot learn (multi-class, ordinal, regression), refused rather than read as binary.

@@ -20,7 +20,7 @@ from model.training.config import ExperimentConfig, parse_config
 from model.training.ehr_model import build_model
 from model.training.inputs import Featurizer
 from model.training.train import featurizer_for
-from model.export_contract import MODEL_CARD
+from model.export_layout import MODEL_CARD
 
 
 class AdaptError(ValueError):

@@ -32,7 +32,7 @@ from ehr_base.cli_args import OneLineParser, existing_dir, output_dir, positive_
 from ehr_pipeline.contract import SPLIT_NAMES, integrity, output_folder
 from model.cli import EXIT_SHIFT, FAIL_ON
 from model.cli.ehr_eval import resolve_model_dir
-from model.export_contract import MAX_SAMPLES
+from model.export_layout import MAX_SAMPLES
 from model.evaluation.statistics import metrics
 from model.export.load import ExportError
 from model.image.cli import wants_image

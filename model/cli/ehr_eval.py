@@ -29,7 +29,7 @@ from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, fract
                                usage_error)
 from ehr_pipeline.contract import output_folder
 from model.cli import EXIT_SHIFT, FAIL_ON
-from model.export_contract import EXPORT_DIR, MANIFEST, MAX_SAMPLES, UNCERTAINTY_MEASURES
+from model.export_layout import EXPORT_DIR, MANIFEST, MAX_SAMPLES, UNCERTAINTY_MEASURES
 from model.evaluation.statistics import clinical_stats
 from model.export.load import ExportError
 from model.image import cli as image_cli

@@ -21,7 +21,7 @@ from model.evaluation import dataset_identity
 from model.evaluation.report import plots, report_html
 from model.evaluation.statistics import against_truth, clinical_stats, curves, metrics, metrics_report
 from model.evaluation.statistics import paired_clinical, referral_choice
-from model.export_contract import DECISION_THRESHOLD, UNCERTAINTY_MEASURES, json_ready
+from model.export_layout import DECISION_THRESHOLD, UNCERTAINTY_MEASURES, json_ready
 
 if TYPE_CHECKING:  # annotations only: reading a data folder needs TensorFlow, writing a report does not
     from model.data_folder import DataFiles, SplitRecords

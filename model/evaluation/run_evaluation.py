@@ -29,7 +29,7 @@ from ehr_pipeline.contract import SPLIT_NAMES, integrity, output_folder
 from ehr_pipeline.meds import labels as meds_labels
 from ehr_pipeline.shift import Profile, population
 from model import data_folder
-from model.export_contract import MAX_SAMPLES, REFERENCE_PROFILE
+from model.export_layout import MAX_SAMPLES, REFERENCE_PROFILE
 from model.data_folder import DataFiles, SplitRecords
 from model.evaluation import against_reference, evaluate, unit_check
 from model.evaluation.statistics import clinical_stats, metrics, referral_choice

@@ -61,8 +61,8 @@ from ehr_pipeline.contract import layout, output_folder, spec
 from ehr_pipeline.encode import units as units_mod
 from ehr_pipeline.meds import code_map as meds_codes_mod
 from ehr_pipeline.shift import Profile
-from model import export_contract
-from model.export_contract import (ADAPTATION, ADMISSION_TYPES_FILE, DECISION_THRESHOLD, FORMAT_VERSION, MANIFEST, METRICS, MODEL_CARD,
+from model import export_layout
+from model.export_layout import (ADAPTATION, ADMISSION_TYPES_FILE, DECISION_THRESHOLD, FORMAT_VERSION, MANIFEST, METRICS, MODEL_CARD,
                             OUTPUT, PIPELINE_CONFIG, PRECISIONS, REFERENCE_PROFILE, SAVED_MODEL_DIR, SIGNATURE,
                             SIGNATURE_INPUTS, SIGNATURES)
 
@@ -132,8 +132,8 @@ class ReferralPolicy(_Loose):
     @pydantic.field_validator("measure")
     @classmethod
     def _known_measure(cls, value: str) -> str:
-        if value not in export_contract.UNCERTAINTY_MEASURES:
-            raise ValueError(f"must be one of {export_contract.UNCERTAINTY_MEASURES}")
+        if value not in export_layout.UNCERTAINTY_MEASURES:
+            raise ValueError(f"must be one of {export_layout.UNCERTAINTY_MEASURES}")
         return value
 
 

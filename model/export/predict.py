@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from ehr_pipeline.contract import spec, tf_parse
 from model.export.load import load_export
-from model.export_contract import MAX_SAMPLES, PRECISIONS, SIGNATURES
+from model.export_layout import MAX_SAMPLES, PRECISIONS, SIGNATURES
 from model.layers.noise import Noise
 
 INPUT_SIGNATURE = (

@@ -22,7 +22,7 @@ import tensorflow as tf
 import ehr_base
 from ehr_pipeline.contract import layout, output_folder
 from ehr_pipeline.shift import Profile
-from model.export_contract import (ADAPTATION, ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
+from model.export_layout import (ADAPTATION, ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
                             SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, json_ready)
 from model.data_folder import admission_type_counts
 from model.export.load import ExportError, load_export, write_manifest

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from model.layers import rank1
+from model.layers import factory
 from model.layers.weight_posteriors import is_weight_posterior_layer
 
 
@@ -34,7 +34,7 @@ def member_nll(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
 
 def kl_divergence(model: tf.Module) -> tf.Tensor:
     """Unscaled KL(q || prior) of every stochastic part (rank-1 factors, embeddings, mean-field / k-tied weights), nats."""
-    total = rank1.kl_loss(model)
+    total = factory.kl_loss(model)
     for layer in [m for m in model.submodules if is_weight_posterior_layer(m)]:
         # edward2 registers its weight KL as the layer's regularisation loss.
         for term in layer.losses:
@@ -55,5 +55,5 @@ def kl_weight(step, *, kl_scale: float, annealing_steps: int, num_train_examples
 
 def l2_penalty(model: tf.Module) -> tf.Tensor:
     """The L2 penalty on the point-estimated shared weights (the Normal prior on W)."""
-    return tf.cast(rank1.l2_loss(model), tf.float32)
+    return tf.cast(factory.l2_loss(model), tf.float32)
 

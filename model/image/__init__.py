@@ -1,6 +1,6 @@
 """Image-classification variants of the rank-1 models (paper Sections 4.2-4.3: WRN-28-10 on CIFAR).
 
-The same layer factory (``model.layers.rank1``) and posterior (``model.layers.posterior``) as the EHR LSTM
+The same layer factory (``model.layers.factory``) and posterior (``model.layers.posterior``) as the EHR LSTM
 build every conv and dense layer here; only the architectures, the data and the corrupted
 evaluation are image-specific.
 

@@ -19,7 +19,7 @@ import sys
 from ehr_base import console
 from ehr_base.cli_args import OneLineParser, setup_logging, usage_error
 from ehr_base.yaml_config import ConfigError, read_yaml
-from model.export_contract import MAX_SAMPLES
+from model.export_layout import MAX_SAMPLES
 from model.image.config import is_image_config, load_config
 
 log = logging.getLogger("model.image")

@@ -17,7 +17,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_base import yaml_config
-from model.export_contract import MAX_SAMPLES
+from model.export_layout import MAX_SAMPLES
 from model.image.corruptions import CIFAR_C_CORRUPTIONS, CORRUPTIONS, SEVERITIES
 from model.layers.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig
 from model.fit.experiment import ExperimentBase

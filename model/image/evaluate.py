@@ -19,7 +19,7 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from model.evaluation.statistics import metrics, multiclass
-from model.export_contract import MAX_SAMPLES, json_ready
+from model.export_layout import MAX_SAMPLES, json_ready
 from model.image import corruptions
 from model.image.config import ImageExperimentConfig
 from model.image.data import ImageData

@@ -1,4 +1,4 @@
-"""Rank-1 Wide ResNet, ResNet-style and MLP image classifiers, every conv and dense layer from ``model.layers.rank1``.
+"""Rank-1 Wide ResNet, ResNet-style and MLP image classifiers, every conv and dense layer from ``model.layers.factory``.
 
 Batch layout (the same as the EHR model and edward2's rank-1 layers): the model tiles the
 input batch of B images S*K times; row block k (S*B rows) belongs to ensemble member k and
@@ -19,7 +19,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from model.image.config import RESNET_BLOCKS, ImageModelConfig
-from model.layers import rank1
+from model.layers import factory
 
 __all__ = ["EnsembleBatchNorm", "ImageModel", "build_model", "count_parameters"]
 
@@ -48,7 +48,7 @@ def _batch_norm(config: ImageModelConfig, name: str) -> tf.keras.layers.Layer:
 
 def _conv(filters: int, kernel: int, config: ImageModelConfig, stride: int, name: str) -> tf.keras.layers.Layer:
     # No bias: a batch norm follows every convolution and would cancel it.
-    return rank1.conv2d(filters, kernel, config.posterior, strides=stride, padding="same", use_bias=False, name=name)
+    return factory.conv2d(filters, kernel, config.posterior, strides=stride, padding="same", use_bias=False, name=name)
 
 
 class _Block(tf.keras.layers.Layer):
@@ -99,9 +99,9 @@ class ImageModel(tf.keras.Model):
         self.hidden = []
         if config.architecture == "mlp":
             # Paper 003's MLP (App. D.1): flattened pixels -> `depth` ReLU layers of `width` units -> head.
-            self.hidden = [rank1.dense(w, config.posterior, activation="relu", name=f"dense{i + 1}")
+            self.hidden = [factory.dense(w, config.posterior, activation="relu", name=f"dense{i + 1}")
                            for i in range(config.depth)]
-            self.head = rank1.dense(num_classes, config.posterior, name="head")
+            self.head = factory.dense(num_classes, config.posterior, name="head")
             return
         if config.architecture == "wide_resnet":
             # Zagoruyko & Komodakis 2016: three groups of (depth - 4) / 6 blocks, 16w / 32w / 64w filters.
@@ -124,7 +124,7 @@ class ImageModel(tf.keras.Model):
                                           name=f"group{g}_block{b}"))
                 in_filters = filters
         self.final_bn = _batch_norm(config, "final_bn") if preactivation else None
-        self.head = rank1.dense(num_classes, config.posterior, name="head")
+        self.head = factory.dense(num_classes, config.posterior, name="head")
 
     def call(self, images, num_samples: int = 1, training=None):
         k, s = self.ensemble_size, num_samples  # s may be a tensor (predict_logits traces it once)

@@ -1,7 +1,7 @@
 """The Bayesian building blocks every model here is made of: the posteriors over weights and
 how they become Keras layers.
 
-``rank1`` is the layer factory (a ``PosteriorConfig`` from ``posterior`` -> dense, conv and LSTM
+``factory`` is the layer factory (a ``PosteriorConfig`` from ``posterior`` -> dense, conv and LSTM
 layers); beside it the posterior families it draws on (edward2's rank-1 factors through
 ``_edward2``, ``weight_posteriors``' whole-matrix Gaussians, ``bella``'s particle adapters moved
 by ``svgd``), the stochastic code embeddings, the masked rank-1 LSTM and the explicit noise

@@ -190,7 +190,7 @@ class BellaLSTMCell(_Particles, tf.keras.layers.LSTMCell):
         return h_new, [h_new, c_new]
 
 
-# --- the factory's entry (registered in model.layers.rank1) --------------------------------------
+# --- the factory's entry (registered in model.layers.factory) --------------------------------------
 
 def dense(units, config, *, activation, use_bias, name):
     """Factory builder: BellaDense."""

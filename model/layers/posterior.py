@@ -1,7 +1,7 @@
 """Typed configuration of the weight posterior shared by every rank-1 layer.
 
 One ``PosteriorConfig`` describes the whole network's posterior (the paper tunes these
-hyperparameters once per model, Appendix B); the layer factory in ``model.layers.rank1`` turns
+hyperparameters once per model, Appendix B); the layer factory in ``model.layers.factory`` turns
 it into concrete layers. Field names follow the paper's Tables 5-7 and
 uncertainty-baselines so published settings can be copied verbatim.
 """
@@ -13,7 +13,7 @@ from typing import Annotated, Literal, get_args
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-# Every posterior the layer factory builds (model.layers.rank1.BUILDERS has one entry per name):
+# Every posterior the layer factory builds (model.layers.factory.BUILDERS has one entry per name):
 #   deterministic, rank1, batchensemble (point-mass rank-1 factors), bella (particle adapters),
 #   mean_field and ktied_normal (posteriors over whole weight matrices, model.layers.weight_posteriors).
 Method = Literal["deterministic", "rank1", "batchensemble", "bella", "mean_field", "ktied_normal"]

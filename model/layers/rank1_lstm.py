@@ -1,6 +1,6 @@
 """An LSTM layer for rank-1 (and deterministic) cells over a tiled [batch*K, T, d] batch.
 
-The layer does not own parameters: it wraps a cell built by ``model.layers.rank1.lstm_cell``
+The layer does not own parameters: it wraps a cell built by ``model.layers.factory.lstm_cell``
 (edward2's ``LSTMCellRank1`` or a plain Keras ``LSTMCell``) and computes exactly what
 ``tf.keras.layers.RNN(cell)`` computes. Sharing the cell means the trainable variables, the
 priors, the KL in ``losses`` and checkpoints are the reference's by construction.

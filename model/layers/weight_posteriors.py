@@ -16,7 +16,7 @@ Both families plug into the same edward2 layers as trainable initializers (a Ker
 that returns an ``ed.RandomVariable``), so they share the Flipout estimator, the KL
 against the zero-mean Normal prior ``N(0, prior_stddev^2)`` (analytic, elementwise: the
 k-tied stddev matrix is materialised once, O(mn) memory, never the mn x mn covariance)
-and the KL annealing of the trainers. ``model.layers.rank1`` registers them as the posteriors
+and the KL annealing of the trainers. ``model.layers.factory`` registers them as the posteriors
 "mean_field" and "ktied_normal".
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from ehr_base import yaml_config
-from model.export_contract import MAX_SAMPLES
+from model.export_layout import MAX_SAMPLES
 from model.evaluation.statistics.metrics import DEFAULT_REFERRAL_RATE
 from model.fit.experiment import ExperimentBase
 from model.layers.posterior import KERNEL_PENALTY_METHODS, PosteriorConfig

@@ -22,7 +22,7 @@ Forward pass for N admissions, S samples and K members (docs/model.md has the pi
      its Laplace posterior (model.training.wide).
 
 The result is reshaped to [N, S*K], sample-major (column m = s*K + k), the layout of
-``model.evaluation.statistics.metrics``. Layers come from the factory ``model.layers.rank1``; which posterior they carry
+``model.evaluation.statistics.metrics``. Layers come from the factory ``model.layers.factory``; which posterior they carry
 is data (``ModelConfig.method``).
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Mapping, NamedTuple
 
 import tensorflow as tf
 
-from model.layers import rank1
+from model.layers import factory
 from model.layers.embeddings import EmbeddingConfig, StochasticEmbedding
 from model.layers.noise import Noise, call_sampling
 from model.layers.rank1_lstm import Rank1LSTM
@@ -71,7 +71,7 @@ class EHRModel(tf.keras.Model):
         # A deterministic, shared scorer like the token projection: one learned query.
         self.attention = (tf.keras.layers.Dense(config.attention_heads, use_bias=False, name="attention_query")
                           if config.pooling == "attention" else None)
-        cell = rank1.lstm_cell(config.rnn_dim, posterior, name="lstm_cell")
+        cell = factory.lstm_cell(config.rnn_dim, posterior, name="lstm_cell")
         # Two loops over one cell (same variables, priors and KL; checkpoints see "lstm/cell"):
         # training runs keras' RNN, which at the configured sizes is no slower than our loop
         # (docs/model_layers.md); inference runs Rank1LSTM, which is faster there and has the
@@ -80,15 +80,15 @@ class EHRModel(tf.keras.Model):
         self.lstm = tf.keras.layers.RNN(cell, name="lstm")
         # Same layer name: whichever loop builds the cell first, its variables are "lstm/lstm_cell/..."
         # (Bella maps a deterministic base's weights by name).
-        self.fast_lstm = None if rank1.samples_weights(posterior) else Rank1LSTM(cell, name="lstm")
+        self.fast_lstm = None if factory.samples_weights(posterior) else Rank1LSTM(cell, name="lstm")
         self.train_with_fast_lstm = config.method == "bella"
-        self.hidden = rank1.dense(config.hidden_layer_dim, posterior, activation="relu", name="hidden")
-        self.output_layer = rank1.dense(1, posterior, name="logit")
+        self.hidden = factory.dense(config.hidden_layer_dim, posterior, activation="relu", name="hidden")
+        self.output_layer = factory.dense(1, posterior, name="logit")
         self.wide = None
         if config.wide and config.wide_posterior == "laplace":
             self.wide = GaussianLinear(window_aggregate_dim, name="wide_logit")
         elif config.wide:  # no bias: the output layer has one
-            self.wide = rank1.dense(1, posterior, use_bias=False, name="wide_logit",
+            self.wide = factory.dense(1, posterior, use_bias=False, name="wide_logit",
                                     kernel_regularizer=tf.keras.regularizers.L1(config.wide_l1) if config.wide_l1
                                     else None)
 

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from model import data_folder
-from model.export_contract import EXPORT_DIR
+from model.export_layout import EXPORT_DIR
 from model.evaluation import against_reference
 from model.evaluation import evaluate as evaluation
 from model.evaluation.statistics import metrics, referral_choice

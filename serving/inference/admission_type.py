@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from model.export.load import Export
-from model.export_contract import ADMISSION_TYPES_FILE
+from model.export_layout import ADMISSION_TYPES_FILE
 from serving.schemas import InputError, PredictRequest
 
 KIND = "admission_type_unknown"  # the warning's kind (ehr_input_warnings_total{kind})

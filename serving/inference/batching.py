@@ -11,7 +11,7 @@ model, in a dedicated thread so the event loop keeps accepting, parsing and answ
 meanwhile; requests that arrive during a forward pass form the next batch.
 
 Only requests that agree on ``num_samples`` and ``seed`` can share a pass (the signature
-takes one of each). The export contract keys every example's noise by (seed, example
+takes one of each). The export layout keys every example's noise by (seed, example
 bytes), so a seeded result is the same whoever shares its pass. Unseeded requests share
 one fresh random seed per pass; two byte-identical unseeded requests in the same pass
 therefore get the same draw, which is still a valid draw for each.

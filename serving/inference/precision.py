@@ -29,7 +29,7 @@ import numpy as np
 
 from ehr_pipeline.contract import spec
 from model.export.load import Export
-from model.export_contract import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
+from model.export_layout import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
 from serving.schemas import AdmissionRequest, Patient, PredictRequest
 
 AUTO = "auto"

@@ -164,8 +164,8 @@ def test_only_command_lines_import_the_command_lines():
 
 def test_the_service_and_the_export_reader_start_without_tensorflow():
     # The service loads TensorFlow only with the SavedModel; importing its modules (and the
-    # export contract they read) must stay cheap for --help and for the app factory.
-    code = ("import sys, serving.api.app, serving.cli, serving.settings, model.export_contract, model.export.load, "
+    # export layout they read) must stay cheap for --help and for the app factory.
+    code = ("import sys, serving.api.app, serving.cli, serving.settings, model.export_layout, model.export.load, "
             "model.training.config, model.fit, model.fit.experiment, model.evaluation.against_reference, "
             "model.cli.ehr_train, model.cli.ehr_eval, model.cli.ehr_analyze, model.cli.ehr_adapt, model.adapt.config, "
             "model.image.cli, "
@@ -425,7 +425,7 @@ def _model_floors() -> dict[str, int]:
 
 
 def _part_of(module: str) -> str | None:
-    """'model.evaluation.metrics' -> 'model.evaluation', 'model.export_contract' -> itself; None outside model's parts."""
+    """'model.evaluation.metrics' -> 'model.evaluation', 'model.export_layout' -> itself; None outside model's parts."""
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "model" and len(parts) > 1 else None
 
@@ -442,8 +442,8 @@ def test_the_floors_table_lists_every_part_of_model():
     floors = _model_floors()
     assert set(floors) == parts, f"the floors table lists {sorted(set(floors) - parts)} that do not exist and " \
                                  f"misses {sorted(parts - set(floors))}"
-    # the order the house asks for: the export contract at the bottom, then layers, export < evaluation < training < cli
-    assert floors["model.export_contract"] == 0
+    # the order the house asks for: the export layout at the bottom, then layers, export < evaluation < training < cli
+    assert floors["model.export_layout"] == 0
     assert floors["model.layers"] <= floors["model.export"] < floors["model.evaluation"] < floors["model.training"] \
         < floors["model.cli"]
     assert floors["model.image"] == floors["model.training"]  # beside it, on the same core
@@ -504,6 +504,33 @@ def test_a_module_name_of_model_or_serving_names_one_thing_across_the_layers():
     shared = sorted(n for n, where in tops.items() if len(where & {"model", "serving", "ehr_pipeline"}) > 1
                     and n not in SHARED_MODULE_NAMES)
     assert not shared, f"module names that two layers use for different things: {shared}"
+
+
+def class_names_defined_twice(sources: Mapping[str, str]) -> dict[str, list[str]]:
+    """Public class name -> the modules that define it, for names defined in more than one place.
+
+    A name with a leading underscore is its module's own (never imported), so it may repeat.
+    """
+    where: dict[str, list[str]] = {}
+    for module, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where.setdefault(node.name, []).append(module)
+    return {name: sorted(modules) for name, modules in where.items() if len(modules) > 1}
+
+
+def test_the_duplicate_class_check_catches_a_planted_twin_and_ignores_private_names():
+    sources = {"a": "class Reading:\n    pass\nclass _Model:\n    pass\n",
+               "b": "def f():\n    class Reading:\n        pass\nclass _Model:\n    pass\n",
+               "c": "class Other:\n    pass\n"}
+    assert class_names_defined_twice(sources) == {"Reading": ["a", "b"]}
+
+
+def test_no_class_name_is_defined_twice_in_the_product():
+    # `Admission`, `Column`, `Problem`, `Reading` and `UnitPlan` once each named two concepts.
+    sources = {name: path.read_text(encoding="utf-8") for name, path in _modules().items()}
+    twice = class_names_defined_twice(sources)
+    assert not twice, f"class names defined twice, for two concepts: {twice}"
 
 
 # ----------------------------------------------------------------------------- the rooms of serving and evaluation

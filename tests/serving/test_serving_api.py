@@ -25,7 +25,7 @@ import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline.contract import PipelineConfig, spec
 from ehr_pipeline.encode import ages, bagging, seqex, units
 from model.evaluation.statistics import metrics as model_metrics
-from model.export_contract import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
+from model.export_layout import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
 from serving.inference import precision
 from serving.api.app import create_app
 from serving.inference.encoding import encode

@@ -21,7 +21,7 @@ from ehr_pipeline.contract import PipelineConfig, spec
 from ehr_pipeline.encode import magnitudes, seqex
 from ehr_pipeline.job import bag
 from ehr_pipeline.job import chunks as chunks_mod
-from ehr_pipeline.job.transforms import RECORDS
+from ehr_pipeline.job.items import RECORDS
 from ehr_pipeline.mimic import events as ev
 from model.export.load import read_export
 from serving.inference.encoding import encode

@@ -1,7 +1,7 @@
 """Test and benchmark fixtures of the service (not shipped): a fixture export and an in-process server.
 
 ``write_fixture_export`` writes a SMALL REAL export directory (manifest, JSON files and a
-tf.saved_model with the exact ``serving_default`` signature of the export contract) whose
+tf.saved_model with the exact ``serving_default`` signature of the export layout) whose
 model is a TEST FIXTURE, NOT A CLINICAL MODEL: a seeded stochastic function of the event
 counts and the age. It exists so the service can be tested end to end (parsing, bagging,
 SavedModel call, uncertainty summaries, checksums) without training anything. Its model
@@ -39,7 +39,7 @@ def write_manifest(directory: str | os.PathLike) -> dict[str, str]:
 
 
 def _fixture_module(ensemble_size: int, output_scale: float, bfloat16_offset: float | None = None):
-    """A tf.Module whose serving_default has the export contract's signature (fixture maths)."""
+    """A tf.Module whose serving_default has the export layout's signature (fixture maths)."""
     import tensorflow as tf
 
     class FixtureModel(tf.Module):
@@ -61,7 +61,7 @@ def _fixture_module(ensemble_size: int, output_scale: float, bfloat16_offset: fl
             age = parsed[spec.AGE_YEARS]
             logit = -1.5 + 0.6 * tf.math.log1p(total) + 0.03 * (age - 60.0)
             n = tf.shape(examples)[0]
-            # Noise keyed by (seed, fingerprint of the example), as the export contract requires:
+            # Noise keyed by (seed, fingerprint of the example), as the export layout requires:
             # an example's samples never depend on which other examples share the call.
             keys = tf.bitcast(tf.fingerprint(examples), tf.int64)
             noise = tf.map_fn(
@@ -105,7 +105,7 @@ def write_fixture_export(
     """
     import tensorflow as tf
 
-    from model.export_contract import SIGNATURES
+    from model.export_layout import SIGNATURES
 
     root = pathlib.Path(directory)
     root.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from model.export_contract import UNCERTAINTY_MEASURES
+from model.export_layout import UNCERTAINTY_MEASURES
 from model.evaluation.statistics.metrics import (EPS, REFERRAL_RATES, as_labels, as_matrix,
                                       as_pair, auc_roc, ece, expected_entropy, member_disagreement, nll,
                                       refer, referral_count, referral_threshold, tie_groups, uncertainties)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from model.export_contract import DECISION_THRESHOLD, json_ready
+from model.export_layout import DECISION_THRESHOLD, json_ready
 from model.evaluation.statistics import against_truth, metrics, small_sample
 # Re-exported: the report's calibration numbers are read from here, where the rest of its statistics are.
 from model.evaluation.statistics.logistic_calibration import calibration_estimates, calibration_fit, logit  # noqa: F401

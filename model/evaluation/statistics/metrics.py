@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from model.export_contract import UNCERTAINTY_MEASURES
+from model.export_layout import UNCERTAINTY_MEASURES
 
 # Clipping for probability inputs: Keras' backend epsilon, so an NLL computed here from
 # saturated float32 probabilities matches the loss Keras reports for the same numbers.

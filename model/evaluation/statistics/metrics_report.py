@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from model.export_contract import UNCERTAINTY_MEASURES, json_ready
+from model.export_layout import UNCERTAINTY_MEASURES, json_ready
 from model.evaluation.statistics.against_truth import as_truth, truth_report
 from model.evaluation.statistics.metrics import (BOOTSTRAP_METHODS, NUM_BINS, REFERRAL_RATES, SCALAR_METRICS,
                                       accuracy, as_labels, as_matrix, as_pair, auc_pr,

@@ -283,7 +283,7 @@ def test_the_meds_path_needs_no_meds_package_and_the_mimic_path_imports_none_of_
     import sys
 
     code = ("import sys; import ehr_pipeline.job, ehr_pipeline.meds.source, ehr_pipeline.meds.labels, "
-            "ehr_pipeline.meds.standard, ehr_pipeline.job.transforms, ehr_pipeline.job.to_meds, ehr_pipeline.cli; "
+            "ehr_pipeline.meds.standard, ehr_pipeline.job.items, ehr_pipeline.job.to_meds, ehr_pipeline.cli; "
             "print(sorted(m for m in ('meds', 'aces', 'polars', 'meds_evaluation') if m in sys.modules))")
     root = REPO_ROOT
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from sklearn.metrics import average_precision_score, brier_score_loss, roc_auc_score
 
-from model.export_contract import UNCERTAINTY_MEASURES
+from model.export_layout import UNCERTAINTY_MEASURES
 from model.evaluation.report import formatting
 from model.evaluation.statistics import metrics as m, metrics_report, multiclass
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from model.cli import ehr_analyze
 from model.evaluation import posterior_rank as pr
-from model.layers import rank1
+from model.layers import factory
 from model.layers.posterior import PosteriorConfig
 from tests.support.paths import REPO_ROOT
 
@@ -38,7 +38,7 @@ def test_spectrum_helpers_against_numpy():
 
 @pytest.mark.parametrize("planted", [1, 2, 3])
 def test_planted_rank_is_recovered_from_a_mean_field_layer(planted):
-    layer = rank1.dense(12, PosteriorConfig(method="mean_field", ensemble_size=1), use_bias=False)
+    layer = factory.dense(12, PosteriorConfig(method="mean_field", ensemble_size=1), use_bias=False)
     model = tf.keras.Sequential([layer])
     model(tf.zeros([1, 20]))
     (site,) = pr.stddev_sites(model)
@@ -61,7 +61,7 @@ def test_planted_rank_is_recovered_from_a_mean_field_layer(planted):
 
 
 def test_ktied_sites_are_reported_not_replaced():
-    layer = rank1.dense(6, PosteriorConfig(method="ktied_normal", ensemble_size=1, ktied_rank=2))
+    layer = factory.dense(6, PosteriorConfig(method="ktied_normal", ensemble_size=1, ktied_rank=2))
     model = tf.keras.Sequential([layer])
     model(tf.zeros([1, 9]))
     (site,) = pr.stddev_sites(model)

@@ -19,7 +19,7 @@ from model.cli import EXIT_SHIFT, ehr_analyze, ehr_eval
 from model.evaluation.statistics import metrics
 from model.evaluation.against_reference import SHIFT_JSON, SHIFT_MD, SHIFT_PNG
 from model.export.load import ExportError, read_export, write_manifest
-from model.export_contract import REFERENCE_PROFILE
+from model.export_layout import REFERENCE_PROFILE
 from model.export.predict import predict_probs
 from tests.support.ehr_testdata import read_json, write_data_dir
 

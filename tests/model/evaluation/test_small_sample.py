@@ -18,7 +18,7 @@ from statsmodels.stats.proportion import proportion_confint
 from model.evaluation import dataset_identity, evaluate
 from model.evaluation.report import html_cells, report_html
 from model.evaluation.statistics import referral_choice, small_sample
-from model.export_contract import json_ready
+from model.export_layout import json_ready
 
 
 @pytest.mark.parametrize("k,n", [(0, 4), (4, 4), (1, 6), (3, 11), (57, 386), (0, 1)])

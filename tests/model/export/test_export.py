@@ -1,4 +1,4 @@
-"""The export contract: files and checksums, and the SavedModel predicting exactly what the
+"""The export layout: files and checksums, and the SavedModel predicting exactly what the
 in-memory model predicts for the same examples and seed."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ehr_pipeline.contract import spec, tfrecord
 from ehr_pipeline.encode import seqex
 from model import data_folder
 from model.export.load import ExportError, ReferralPolicy, load_export
-from model.export_contract import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
+from model.export_layout import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
 from model.export.predict import Predictor, predict_probs
 from model.training.config import parse_config
 from model.training.train import load_run, train

@@ -11,7 +11,7 @@ import tensorflow as tf
 from model.image.config import ImageModelConfig
 from model.fit.training_loop import count_parameters
 from model.image.models import EnsembleBatchNorm, ImageModel, build_model
-from model.layers import rank1
+from model.layers import factory
 from model.layers._edward2 import ed
 from model.layers.posterior import PosteriorConfig
 
@@ -46,7 +46,7 @@ def _tiled(x: np.ndarray) -> tf.Tensor:
 def test_rank1_conv_tiled_forward_equals_per_member_convolution(use_bias, stride):
     """Row e of member k: ((x_e * r_ke) conv W) * s_ke + b_k, with r, s the draws of that row."""
     config = PosteriorConfig(method="rank1", ensemble_size=K, dropout_rate=0.05, random_sign_init=-0.5)
-    layer = rank1.conv2d(4, 3, config, strides=stride, padding="same", use_bias=use_bias)
+    layer = factory.conv2d(4, 3, config, strides=stride, padding="same", use_bias=use_bias)
     x = np.random.RandomState(0).randn(E, 6, 6, 2).astype(np.float32)
     layer(_tiled(x))  # build
     layer.alpha_initializer = _Recorder(layer.alpha_initializer)
@@ -80,8 +80,8 @@ def images():
 def test_every_conv_and_dense_comes_from_the_factory(monkeypatch):
     made = []
     for name in ("conv2d", "dense"):
-        original = getattr(rank1, name)
-        monkeypatch.setattr(rank1, name, lambda *a, _f=original, _n=name, **kw: made.append(_n) or _f(*a, **kw))
+        original = getattr(factory, name)
+        monkeypatch.setattr(factory, name, lambda *a, _f=original, _n=name, **kw: made.append(_n) or _f(*a, **kw))
     model = build_model(_tiny("rank1"), (8, 8, 1), 10)
     convs = [m for m in model.submodules if isinstance(m, tf.keras.layers.Conv2D)]
     dense = [m for m in model.submodules if isinstance(m, (tf.keras.layers.Dense, ed.layers.DenseRank1))]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model.layers import rank1
+from model.layers import factory
 from model.layers.embeddings import EmbeddingConfig, StochasticEmbedding
 
 V, DIM = 50, 4
@@ -48,7 +48,7 @@ def test_kl_matches_direct_formula_over_the_whole_table():
     mu, sigma = layer.mean.numpy(), np.log1p(np.exp(layer.raw_stddev.numpy()))
     expected = np.sum(np.log(0.7 / sigma) + (sigma**2 + mu**2) / (2 * 0.7**2) - 0.5)
     assert float(layer.kl_divergence()) == pytest.approx(expected, rel=1e-5)
-    assert float(rank1.kl_loss(layer)) == pytest.approx(expected, rel=1e-5)
+    assert float(factory.kl_loss(layer)) == pytest.approx(expected, rel=1e-5)
     assert sum(float(v) for v in layer.losses) == pytest.approx(expected, rel=1e-5)
 
 
@@ -56,7 +56,7 @@ def test_deterministic_mode_is_a_plain_lookup():
     layer = _layer(stochastic=False)
     ids = tf.constant([[1, 2], [2, 1]])
     np.testing.assert_array_equal(layer(ids).numpy(), tf.gather(layer.mean, ids).numpy())
-    assert float(rank1.kl_loss(layer)) == 0.0 and layer.losses == []
+    assert float(factory.kl_loss(layer)) == 0.0 and layer.losses == []
     assert [v.name.split("/")[-1] for v in layer.trainable_variables] == ["mean:0"]
 
 

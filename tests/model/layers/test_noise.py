@@ -8,7 +8,7 @@ from scipy import stats
 import tensorflow as tf
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from model.layers import rank1
+from model.layers import factory
 from model.layers._edward2 import ed
 from model.layers.embeddings import StochasticEmbedding
 from model.layers.noise import BOX_MULLER_MIN_U, Noise, standard_draw, stateless_standard_normal
@@ -90,7 +90,7 @@ K, E, D, U = 2, 3, 4, 5  # members, examples, input dim, units
 @pytest.mark.parametrize("distribution", ["normal", "cauchy"])
 def test_rank1_dense_with_noise_equals_the_per_member_computation(distribution):
     config = PosteriorConfig(ensemble_size=K, distribution=distribution, dropout_rate=0.05)
-    layer = rank1.dense(U, config, name="hidden")
+    layer = factory.dense(U, config, name="hidden")
     x = np.random.RandomState(0).randn(K * E, D).astype(np.float32)
     layer(x)
     layer.ensemble_bias.assign(np.random.RandomState(1).randn(K, U).astype(np.float32))
@@ -116,7 +116,7 @@ def test_rank1_dense_with_noise_equals_the_per_member_computation(distribution):
 
 def test_rank1_lstm_with_noise_uses_the_same_factor_layout():
     config = PosteriorConfig(ensemble_size=K, dropout_rate=0.05)
-    lstm = rank1.lstm(3, config, name="lstm")
+    lstm = factory.lstm(3, config, name="lstm")
     x = tf.constant(np.random.RandomState(0).randn(K * E, 4, D), tf.float32)
     lstm(x)
     noise = _noise()
@@ -164,7 +164,7 @@ def _weights(init, noise: Noise) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_flipout_dense_with_noise_equals_the_manual_computation():
-    layer = rank1.dense(U, _ktied_config(), name="head")
+    layer = factory.dense(U, _ktied_config(), name="head")
     x = np.random.RandomState(0).randn(E, D).astype(np.float32)
     layer(x)
     noise = _noise()
@@ -176,7 +176,7 @@ def test_flipout_dense_with_noise_equals_the_manual_computation():
 
 
 def test_flipout_lstm_cell_with_explicit_draws_equals_edward2s_own_step():
-    cell = rank1.lstm_cell(U, _ktied_config(), name="cell")
+    cell = factory.lstm_cell(U, _ktied_config(), name="cell")
     rnn = tf.keras.layers.RNN(cell)
     x = tf.constant(np.random.RandomState(0).randn(E, 4, D), tf.float32)
     rnn(x)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model.layers import rank1
+from model.layers import factory
 from model.layers.posterior import PosteriorConfig
 from model.layers.rank1_lstm import Rank1LSTM
 
@@ -24,7 +24,7 @@ def _reference_samples(cell):
 
 
 def _run_both(config, lengths=None):
-    cell = rank1.lstm_cell(U, config)
+    cell = factory.lstm_cell(U, config)
     reference = tf.keras.layers.RNN(cell, return_sequences=True, return_state=True)
     fast = Rank1LSTM(cell, return_sequences=True, return_state=True)
     x = _inputs()
@@ -51,7 +51,7 @@ def test_fast_lstm_equals_edward2_reference_given_same_noise(kwargs):
     # Shared cell: identical variables and identical KL.
     assert [id(v) for v in fast.trainable_variables] == [id(v) for v in reference.trainable_variables]
     if config.distribution == "normal":
-        assert float(rank1.kl_loss(fast)) == pytest.approx(float(rank1.kl_loss(reference)), rel=1e-6)
+        assert float(factory.kl_loss(fast)) == pytest.approx(float(factory.kl_loss(reference)), rel=1e-6)
 
 
 def test_fast_lstm_masking_by_sequence_length_matches_masked_reference():
@@ -68,7 +68,7 @@ def test_fast_lstm_masking_by_sequence_length_matches_masked_reference():
 
 def test_padding_does_not_change_the_final_state():
     config = PosteriorConfig(ensemble_size=K)
-    fast = rank1.lstm(U, config)
+    fast = factory.lstm(U, config)
     x = _inputs()
     fast.build(x.shape)
     noise = fast.sample_perturbations(K * E)
@@ -81,7 +81,7 @@ def test_padding_does_not_change_the_final_state():
 @pytest.mark.parametrize("return_sequences", [False, True])
 def test_bfloat16_inference_path_stays_close_to_float32_and_keeps_masking(kwargs, return_sequences):
     config = PosteriorConfig(ensemble_size=1 if kwargs.get("method") else K, **kwargs)
-    fast = rank1.lstm(U, config, return_sequences=return_sequences, return_state=True)
+    fast = factory.lstm(U, config, return_sequences=return_sequences, return_state=True)
     x = _inputs()
     rows = int(x.shape[0])
     fast.build(x.shape)
@@ -107,7 +107,7 @@ def test_bfloat16_inference_path_stays_close_to_float32_and_keeps_masking(kwargs
 def test_bfloat16_path_without_padding_skips_the_mask_and_equals_the_masked_loop(return_sequences):
     # All sequences at full length: the layer runs its unmasked loop. Shortening one row sends the
     # same batch through the masked loop; every other row must come out the same.
-    fast = rank1.lstm(U, PosteriorConfig(ensemble_size=K), return_sequences=return_sequences, return_state=True)
+    fast = factory.lstm(U, PosteriorConfig(ensemble_size=K), return_sequences=return_sequences, return_state=True)
     x = _inputs()
     rows = int(x.shape[0])
     fast.build(x.shape)
@@ -119,13 +119,13 @@ def test_bfloat16_path_without_padding_skips_the_mask_and_equals_the_masked_loop
         np.testing.assert_allclose(b[1:], a[1:], rtol=0, atol=1e-6)
     assert not np.allclose(short[-1][0], full[-1][0])  # the shortened row did stop early
 def test_unknown_matmul_dtype_is_refused():
-    fast = rank1.lstm(U, PosteriorConfig(ensemble_size=K))
+    fast = factory.lstm(U, PosteriorConfig(ensemble_size=K))
     with pytest.raises(ValueError, match="matmul_dtype"):
         fast(_inputs(), matmul_dtype="float16")
 
 
 def test_deterministic_fast_lstm_equals_keras_lstm():
-    cell = rank1.lstm_cell(U, PosteriorConfig(method="deterministic"))
+    cell = factory.lstm_cell(U, PosteriorConfig(method="deterministic"))
     reference = tf.keras.layers.RNN(cell, return_sequences=True)
     fast = Rank1LSTM(cell, return_sequences=True)
     x = _inputs()
@@ -135,7 +135,7 @@ def test_deterministic_fast_lstm_equals_keras_lstm():
 
 def test_gradients_match_reference_and_reach_every_variable():
     config = PosteriorConfig(ensemble_size=K, dropout_rate=0.05)
-    cell = rank1.lstm_cell(U, config)
+    cell = factory.lstm_cell(U, config)
     reference = tf.keras.layers.RNN(cell)
     fast = Rank1LSTM(cell)
     x = _inputs()
@@ -149,14 +149,14 @@ def test_gradients_match_reference_and_reach_every_variable():
         np.testing.assert_allclose(g_ours.numpy(), g_ref.numpy(), rtol=1e-4, atol=1e-5)
     # With its own sampling, every posterior parameter (means and stddevs) gets a gradient.
     with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(fast(x) ** 2) + rank1.kl_loss(fast)
+        loss = tf.reduce_sum(fast(x) ** 2) + factory.kl_loss(fast)
     grads = tape.gradient(loss, fast.trainable_variables)
     assert all(g is not None and np.any(g.numpy() != 0) for g in grads), [v.name for v in fast.trainable_variables]
 
 
 def test_sampled_perturbations_follow_the_member_posteriors():
     config = PosteriorConfig(ensemble_size=K, dropout_rate=0.2, random_sign_init=-0.5)
-    fast = rank1.lstm(U, config)
+    fast = factory.lstm(U, config)
     fast.build([None, T, D])
     n = 3000
     draws = fast.sample_perturbations(K * n)
@@ -170,18 +170,18 @@ def test_sampled_perturbations_follow_the_member_posteriors():
 
 
 def test_each_sequence_draws_its_own_sample():
-    fast = rank1.lstm(U, PosteriorConfig(ensemble_size=K, dropout_rate=0.2))
+    fast = factory.lstm(U, PosteriorConfig(ensemble_size=K, dropout_rate=0.2))
     x = tf.constant(np.repeat(np.random.RandomState(0).randn(1, T, D), K * E, axis=0).astype(np.float32))
     y = fast(x).numpy()
     assert not np.allclose(y[0], y[1])  # same member, same input, different sample
-    batchensemble = rank1.lstm(U, PosteriorConfig(method="batchensemble", ensemble_size=K))
+    batchensemble = factory.lstm(U, PosteriorConfig(method="batchensemble", ensemble_size=K))
     y = batchensemble(x).numpy()
     np.testing.assert_allclose(y[0], y[1])  # point masses: only members differ
     assert not np.allclose(y[0], y[E])
 
 
 def test_xla_compiled_forward_matches_eager():
-    fast = rank1.lstm(U, PosteriorConfig(ensemble_size=K), return_sequences=True)
+    fast = factory.lstm(U, PosteriorConfig(ensemble_size=K), return_sequences=True)
     x = _inputs()
     fast.build(x.shape)
     noise = fast.sample_perturbations(K * E)

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
-from model.layers import rank1
+from model.layers import factory
 from model.layers import weight_posteriors as wp
 from model.layers.posterior import PosteriorConfig
 from model.fit import losses
@@ -36,8 +36,8 @@ def _built(shape, k=2, **kwargs) -> wp.TrainableKTiedNormal:
 
 
 def test_built_by_the_factory_and_validated():
-    assert {"mean_field", "ktied_normal"} <= set(rank1.BUILDERS)
-    assert rank1.samples_weights(_config()) and not rank1.samples_weights(PosteriorConfig())
+    assert {"mean_field", "ktied_normal"} <= set(factory.BUILDERS)
+    assert factory.samples_weights(_config()) and not factory.samples_weights(PosteriorConfig())
     with pytest.raises(ValueError, match="ktied_rank"):
         _config(k=0)
     with pytest.raises(ValueError, match="ensemble_size must be 1"):
@@ -71,7 +71,7 @@ def test_k_equal_min_mn_represents_any_positive_stddev_matrix(shape):
 def test_initial_stddevs_average_the_mean_field_init():
     config = _config(k=3)
     tf.random.set_seed(1)
-    layer = rank1.dense(300, config)
+    layer = factory.dense(300, config)
     layer(tf.zeros([1, 200]))
     a = wp.stddev_matrix(layer.kernel_initializer).numpy()
     assert a.min() > 0
@@ -125,7 +125,7 @@ def test_dense_layer_output_moments_match_the_manual_computation():
     # Flipout: y = x mu + ((x * s_in) (W - mu)) * s_out, so y_j ~ N(x mu_j, sum_i x_i^2 (U V^T)_ij^2)
     # for every row, whatever its signs.
     tf.random.set_seed(4)
-    layer = rank1.dense(3, _config(k=2), use_bias=False)
+    layer = factory.dense(3, _config(k=2), use_bias=False)
     x = tf.constant(np.random.default_rng(5).normal(size=(1, 8)), tf.float32)
     layer(x)
     layer.kernel_initializer.log_u.assign(layer.kernel_initializer.log_u + 2.0)
@@ -140,7 +140,7 @@ def test_dense_layer_output_moments_match_the_manual_computation():
 
 def test_conv2d_kernel_is_tied_as_a_matrix_and_output_moments_match():
     tf.random.set_seed(6)
-    layer = rank1.conv2d(4, 3, _config(k=2), padding="same", use_bias=False)
+    layer = factory.conv2d(4, 3, _config(k=2), padding="same", use_bias=False)
     x = tf.constant(np.random.default_rng(7).normal(size=(1, 5, 5, 2)), tf.float32)
     layer(x)
     init = layer.kernel_initializer
@@ -155,7 +155,7 @@ def test_conv2d_kernel_is_tied_as_a_matrix_and_output_moments_match():
 
 
 def test_lstm_cell_ties_kernel_and_recurrent_kernel_and_model_kl_sums_them():
-    cell = rank1.lstm_cell(3, _config(k=1))
+    cell = factory.lstm_cell(3, _config(k=1))
     rnn = tf.keras.layers.RNN(cell)
     model = tf.keras.Sequential([rnn])
     model(tf.zeros([2, 4, 5]))
@@ -176,9 +176,9 @@ def test_lstm_cell_ties_kernel_and_recurrent_kernel_and_model_kl_sums_them():
 
 def test_parameter_count_is_mn_plus_k_m_plus_n():
     for k in (1, 3):
-        layer = rank1.dense(30, _config(k=k), use_bias=False)
+        layer = factory.dense(30, _config(k=k), use_bias=False)
         layer(tf.zeros([1, 20]))
         assert sum(v.shape.num_elements() for v in layer.trainable_variables) == 20 * 30 + k * (20 + 30)
-    mf = rank1.dense(30, _config(method="mean_field"), use_bias=False)
+    mf = factory.dense(30, _config(method="mean_field"), use_bias=False)
     mf(tf.zeros([1, 20]))
     assert sum(v.shape.num_elements() for v in mf.trainable_variables) == 2 * 20 * 30

@@ -12,7 +12,7 @@ from ehr_pipeline.encode import bagging, seqex
 from model import data_folder
 from model.evaluation.statistics import metrics
 from model.export.predict import Predictor, predict_probs, stateful_random_ops
-from model.layers import rank1
+from model.layers import factory
 from model.layers.noise import Noise
 from model.training import train as train_module
 from model.fit import losses
@@ -160,8 +160,8 @@ def test_kl_collects_every_stochastic_part_and_nothing_else(data):
     np.testing.assert_allclose(float(losses.kl_divergence(emb_only)), float(emb_only.embedding.kl_divergence()),
                                rtol=1e-6)
     r1 = _model(fz, "rank1")
-    np.testing.assert_allclose(float(losses.kl_divergence(r1)), float(rank1.kl_loss(r1)), rtol=1e-6)
-    assert float(rank1.kl_loss(r1)) > float(r1.embedding.kl_divergence()) > 0  # factors + embeddings
+    np.testing.assert_allclose(float(losses.kl_divergence(r1)), float(factory.kl_loss(r1)), rtol=1e-6)
+    assert float(factory.kl_loss(r1)) > float(r1.embedding.kl_divergence()) > 0  # factors + embeddings
     mf = _model(fz, "fully_bayesian")
     # The mean-field weights' KL comes on top of the embeddings' (edward2 keeps it in layer.losses).
     assert float(losses.kl_divergence(mf)) > float(mf.embedding.kl_divergence()) + 1.0
@@ -301,9 +301,9 @@ def test_wide_l1_replaces_l2_on_the_wide_kernel_only(data):
     model = _wide_model(featurizer, "rank1", wide_l1=0.01, l2=1e-3)
     others = [layer for layer in model.layers if layer is not model.wide]
     kernel = model.wide.kernel.numpy()
-    want = float(rank1.l2_loss(others)) + 0.01 * np.abs(kernel).sum()
+    want = float(factory.l2_loss(others)) + 0.01 * np.abs(kernel).sum()
     assert float(losses.l2_penalty(model)) == pytest.approx(want, rel=1e-5)
-    assert float(rank1.l2_loss(others)) > 0
+    assert float(factory.l2_loss(others)) > 0
 
 
 def test_a_laplace_wide_part_starts_the_model_as_the_fitted_regression(data):

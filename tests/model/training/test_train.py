@@ -19,7 +19,7 @@ from ehr_base.yaml_config import ConfigError
 from model import data_folder
 from model.cli.ehr_train import parse_overrides
 from model.training.config import parse_config
-from model.export_contract import EXPORT_DIR
+from model.export_layout import EXPORT_DIR
 from model.fit.training_loop import BEST_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError
 from model.training.train import load_run, train
 from tests.support.ehr_testdata import read_json, tiny_config_dict, write_data_dir

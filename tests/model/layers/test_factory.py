@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from model.layers import posterior, rank1
+from model.layers import factory, posterior
 from model.layers._edward2 import ed
 from model.layers.posterior import PosteriorConfig
 
@@ -69,15 +69,15 @@ def test_config_resolution_and_presets():
 
 def test_factory_rejects_non_config():
     with pytest.raises(TypeError, match="PosteriorConfig"):
-        rank1.dense(3, {"method": "rank1"})
+        factory.dense(3, {"method": "rank1"})
 
 
 # --- the method mapping -----------------------------------------------------------------
 
 def test_every_method_has_a_builder_and_every_builder_a_method():
-    assert set(rank1.BUILDERS) == set(posterior.METHODS)
+    assert set(factory.BUILDERS) == set(posterior.METHODS)
     with pytest.raises(TypeError):
-        rank1.BUILDERS["k_tied_normal"] = rank1.BUILDERS["rank1"]  # read-only: no import-time registration
+        factory.BUILDERS["k_tied_normal"] = factory.BUILDERS["rank1"]  # read-only: no import-time registration
 
 
 # --- dense: tiled forward pass vs per-member computation -------------------------------
@@ -96,7 +96,7 @@ def _dense_manual(x, kernel, alpha, gamma, bias, additive=False):
 @pytest.mark.parametrize("additive", [False, True])
 def test_batchensemble_dense_equals_per_member_computation(additive):
     config = PosteriorConfig(method="batchensemble", ensemble_size=K, use_additive_perturbation=additive)
-    layer = rank1.dense(U, config)
+    layer = factory.dense(U, config)
     x = np.random.RandomState(0).randn(E, D).astype(np.float32)
     y = layer(_tiled(x)).numpy()
     bias = np.random.RandomState(1).randn(K, U).astype(np.float32)
@@ -109,7 +109,7 @@ def test_batchensemble_dense_equals_per_member_computation(additive):
 
 def test_rank1_dense_with_vanishing_stddev_equals_mean_member_computation():
     config = PosteriorConfig(ensemble_size=K, dropout_rate=1e-14)  # sigma = 1e-7: a point mass
-    layer = rank1.dense(U, config)
+    layer = factory.dense(U, config)
     x = np.random.RandomState(0).randn(E, D).astype(np.float32)
     y = layer(_tiled(x)).numpy()
     alpha = layer.alpha_initializer.mean.numpy()
@@ -122,7 +122,7 @@ def test_rank1_dense_samples_per_example_and_matches_member_moments():
     """Each row draws its own r, s; the per-member average converges to E[(x r) W s] = (x mu_r) W mu_s."""
     k, n = 2, 4000
     config = PosteriorConfig(ensemble_size=k, dropout_rate=0.01, use_additive_perturbation=True)
-    layer = rank1.dense(3, config, use_bias=False)
+    layer = factory.dense(3, config, use_bias=False)
     x = np.random.RandomState(0).randn(1, D).astype(np.float32)
     y = layer(tf.constant(np.repeat(x, k * n, axis=0))).numpy().reshape(k, n, 3)
     assert np.std(y[0], axis=0).min() > 0  # identical inputs, different samples (also at inference)
@@ -140,7 +140,7 @@ def test_rank1_dense_samples_per_example_and_matches_member_moments():
 
 def test_conv2d_tiled_forward_equals_per_member_convolution():
     config = PosteriorConfig(method="batchensemble", ensemble_size=K)
-    layer = rank1.conv2d(4, 3, config, padding="same")
+    layer = factory.conv2d(4, 3, config, padding="same")
     x = np.random.RandomState(0).randn(E, 6, 6, 2).astype(np.float32)
     y = layer(_tiled(x)).numpy()
     alpha, gamma, bias = layer.alpha.numpy(), layer.gamma.numpy(), layer.ensemble_bias.numpy()
@@ -152,7 +152,7 @@ def test_conv2d_tiled_forward_equals_per_member_convolution():
 def test_rank1_lstm_cell_matches_per_member_manual_lstm():
     """edward2's cell via the factory: read back the per-sequence samples, redo each member by hand."""
     config = PosteriorConfig(ensemble_size=K, dropout_rate=0.05)
-    cell = rank1.lstm_cell(U, config)
+    cell = factory.lstm_cell(U, config)
     rnn = tf.keras.layers.RNN(cell, return_sequences=True)
     x = np.random.RandomState(0).randn(E, 4, D).astype(np.float32)
     y = rnn(_tiled(x)).numpy()
@@ -178,25 +178,25 @@ def test_rank1_lstm_cell_matches_per_member_manual_lstm():
 @pytest.mark.parametrize("distribution, attr", [("normal", "stddev"), ("cauchy", "scale")])
 def test_stddev_init_is_dropout_parameterisation(distribution, attr):
     p = 0.1
-    layer = rank1.dense(U, PosteriorConfig(distribution=distribution, dropout_rate=p, ensemble_size=K))
+    layer = factory.dense(U, PosteriorConfig(distribution=distribution, dropout_rate=p, ensemble_size=K))
     layer(tf.zeros([K, D]))
     for init in (layer.alpha_initializer, layer.gamma_initializer):
         np.testing.assert_allclose(_softplus(getattr(init, attr).numpy()), math.sqrt(p / (1 - p)), rtol=1e-5)
 
 
 def test_random_sign_init_conventions():
-    layer = rank1.dense(64, PosteriorConfig(random_sign_init=0.5, ensemble_size=K))
+    layer = factory.dense(64, PosteriorConfig(random_sign_init=0.5, ensemble_size=K))
     layer(tf.zeros([K, 64]))
     means = np.concatenate([layer.alpha_initializer.mean.numpy().ravel(), layer.gamma_initializer.mean.numpy().ravel()])
     assert set(np.unique(means)) == {-1.0, 1.0}
-    ones = rank1.dense(8, PosteriorConfig(random_sign_init=1.0, ensemble_size=K))
+    ones = factory.dense(8, PosteriorConfig(random_sign_init=1.0, ensemble_size=K))
     ones(tf.zeros([K, 8]))
     assert np.all(ones.alpha_initializer.mean.numpy() == 1.0)
-    normal = rank1.dense(256, PosteriorConfig(method="batchensemble", random_sign_init=-0.5, ensemble_size=K))
+    normal = factory.dense(256, PosteriorConfig(method="batchensemble", random_sign_init=-0.5, ensemble_size=K))
     normal(tf.zeros([K, 256]))
     g = normal.gamma.numpy()
     assert abs(g.mean() - 1.0) < 0.1 and abs(g.std() - 0.5) < 0.1
-    flat = rank1.dense(4, PosteriorConfig(method="batchensemble", random_sign_init=0.0, ensemble_size=K))
+    flat = factory.dense(4, PosteriorConfig(method="batchensemble", random_sign_init=0.0, ensemble_size=K))
     flat(tf.zeros([K, 4]))
     assert np.all(flat.alpha.numpy() == 1.0)
 
@@ -205,7 +205,7 @@ def test_random_sign_init_conventions():
 
 def test_normal_kl_is_analytic_and_summed_over_members():
     config = PosteriorConfig(ensemble_size=K, prior_mean=1.0, prior_stddev=0.3, dropout_rate=0.2, l2=0.0)
-    layer = rank1.dense(U, config)
+    layer = factory.dense(U, config)
     layer(tf.zeros([K, D]))
     # Move the posterior away from its initial values so every term of the formula matters.
     layer.alpha_initializer.stddev.assign_add(np.random.RandomState(0).randn(K, D).astype(np.float32) * 0.3)
@@ -214,9 +214,9 @@ def test_normal_kl_is_analytic_and_summed_over_members():
         mu, sigma = init.mean.numpy(), _softplus(init.stddev.numpy())
         per_member = [_normal_kl(mu[m], sigma[m], 1.0, 0.3) for m in range(K)]
         expected += sum(per_member)
-    kl = float(rank1.kl_loss(layer))
+    kl = float(factory.kl_loss(layer))
     assert kl == pytest.approx(expected, rel=1e-5)
-    assert kl == pytest.approx(float(rank1.kl_loss(layer)), rel=0)  # analytic: no sampling noise
+    assert kl == pytest.approx(float(factory.kl_loss(layer)), rel=0)  # analytic: no sampling noise
     assert sum(float(v) for v in layer.losses) == pytest.approx(expected, rel=1e-5)  # l2 = 0
 
 
@@ -228,7 +228,7 @@ def _cauchy_kl(loc, scale, prior_loc, prior_scale):
 def test_cauchy_kl_is_a_one_sample_estimate_of_the_closed_form():
     config = PosteriorConfig(distribution="cauchy", ensemble_size=K, prior_mean=0.5, prior_stddev=0.3,
                              dropout_rate=0.1)
-    layer = rank1.dense(U, config)
+    layer = factory.dense(U, config)
     layer(tf.zeros([K, D]))
     rng = np.random.RandomState(0)
     expected = 0.0
@@ -238,7 +238,7 @@ def test_cauchy_kl_is_a_one_sample_estimate_of_the_closed_form():
     # Each call draws one sample of q: the draws differ, and their mean is the closed form. Traced
     # once, as the training step runs it (an eager call costs ~0.1 s; 4000 traced ones ~2 s).
     tf.random.set_seed(0)
-    one_sample = tf.function(lambda: rank1.kl_loss(layer), autograph=False)
+    one_sample = tf.function(lambda: factory.kl_loss(layer), autograph=False)
     draws = np.array([float(one_sample()) for _ in range(4000)])
     assert np.all(np.isfinite(draws)) and draws.std() > 0.1 * abs(expected)
     standard_error = draws.std() / np.sqrt(draws.size)
@@ -248,33 +248,33 @@ def test_cauchy_kl_is_a_one_sample_estimate_of_the_closed_form():
 
 def test_batchensemble_and_deterministic_have_no_kl():
     for method in ("batchensemble", "deterministic"):
-        model = tf.keras.Sequential([rank1.dense(U, PosteriorConfig(method=method, ensemble_size=K, l2=1e-3)),
-                                     rank1.dense(1, PosteriorConfig(method=method, ensemble_size=K, l2=1e-3))])
+        model = tf.keras.Sequential([factory.dense(U, PosteriorConfig(method=method, ensemble_size=K, l2=1e-3)),
+                                     factory.dense(1, PosteriorConfig(method=method, ensemble_size=K, l2=1e-3))])
         model(tf.zeros([K, D]))
-        assert float(rank1.kl_loss(model)) == 0.0
+        assert float(factory.kl_loss(model)) == 0.0
         names = " ".join(v.name for v in model.trainable_variables)
         assert "stddev" not in names
         # All of model.losses is L2 then; l2_loss finds exactly it.
-        assert float(rank1.l2_loss(model)) == pytest.approx(sum(float(v) for v in model.losses), rel=1e-6)
-    assert isinstance(rank1.dense(1, PosteriorConfig(method="deterministic")), tf.keras.layers.Dense)
+        assert float(factory.l2_loss(model)) == pytest.approx(sum(float(v) for v in model.losses), rel=1e-6)
+    assert isinstance(factory.dense(1, PosteriorConfig(method="deterministic")), tf.keras.layers.Dense)
 
 
 def test_kl_and_l2_are_separated_in_a_model():
     config = PosteriorConfig(ensemble_size=K, l2=1e-2)
-    model = tf.keras.Sequential([rank1.dense(U, config, activation="relu"), rank1.dense(1, config)])
+    model = tf.keras.Sequential([factory.dense(U, config, activation="relu"), factory.dense(1, config)])
     model(tf.zeros([K, D]))
     kernels = [layer.kernel.numpy() for layer in model.layers]
-    assert float(rank1.l2_loss(model)) == pytest.approx(1e-2 * sum(np.sum(w**2) for w in kernels), rel=1e-5)
-    assert float(rank1.kl_loss(model)) + float(rank1.l2_loss(model)) == pytest.approx(
+    assert float(factory.l2_loss(model)) == pytest.approx(1e-2 * sum(np.sum(w**2) for w in kernels), rel=1e-5)
+    assert float(factory.kl_loss(model)) + float(factory.l2_loss(model)) == pytest.approx(
         sum(float(v) for v in model.losses), rel=1e-5)
-    assert float(rank1.kl_loss(model.layers)) == pytest.approx(float(rank1.kl_loss(model)), rel=1e-6)
+    assert float(factory.kl_loss(model.layers)) == pytest.approx(float(factory.kl_loss(model)), rel=1e-6)
 
 
 def test_softplus_inverse_roundtrip():
     for x in (1e-7, 0.03, 1.0, 50.0, 1000.0):
-        assert float(tf.nn.softplus(tf.constant(rank1.softplus_inverse(x), tf.float64))) == pytest.approx(x, rel=1e-9)
+        assert float(tf.nn.softplus(tf.constant(factory.softplus_inverse(x), tf.float64))) == pytest.approx(x, rel=1e-9)
 
 
 def test_edward2_loaded_through_one_module():
-    # model.layers.rank1.DenseRank1 only adds the explicit-noise path to the one edward2 class.
-    assert type(rank1.dense(1, PosteriorConfig())).__bases__ == (ed.layers.DenseRank1,)
+    # model.layers.factory.DenseRank1 only adds the explicit-noise path to the one edward2 class.
+    assert type(factory.dense(1, PosteriorConfig())).__bases__ == (ed.layers.DenseRank1,)

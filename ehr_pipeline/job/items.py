@@ -1,4 +1,4 @@
-"""The Beam job's vocabulary: the kinds of its items, its counters, and the small transforms every stage uses.
+"""The Beam job's items: their kinds, the job's counters, and the small transforms every stage uses.
 
 The job is composed of named composite PTransforms (``sources``, ``bag``, ``sinks``); ``run``
 wires them:

@@ -1,4 +1,4 @@
-"""The export directory's contract: its file names, format version, signatures and limits.
+"""The export directory's layout: its file names, format version, signatures and limits.
 
 The bottom of ``model``: training writes these names, ``model.export.load`` reads them, the
 service and the command lines check requests and flags against them. It imports nothing of the
