@@ -134,9 +134,19 @@ def flag_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _export_or_given(path: str) -> str:
+    """The export a --model names (itself, or its run folder's export/), or the path as given when it is neither."""
+    try:
+        return str(resolve_model_dir(path))
+    except FileNotFoundError:
+        return path
+
+
 def output_problem(args: argparse.Namespace) -> str | None:
     """Why --out or --export-ensemble may not be written (output_folder.check_target), or None; before any work."""
-    inputs = [*(args.model or []), *(args.compare or []), *([args.data] if args.data else []),
+    # A run folder given as --model stands for its export: a report beside the export, in the run, is fine.
+    models = [_export_or_given(m) for m in args.model or []]
+    inputs = [*models, *(args.compare or []), *([args.data] if args.data else []),
               *([args.truth] if args.truth else [])]
     for flag, target, kind in (("--out", args.out, output_folder.EVALUATION),
                                ("--export-ensemble", args.export_ensemble, output_folder.MODEL_EXPORT)):

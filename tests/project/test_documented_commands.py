@@ -116,7 +116,7 @@ COMMANDS: list[Run | Skip] = [
          r"--direct_running_mode=multi_processing$",
          "the local multi-process runner with /data paths (a cluster's mount); docs/pipeline.md's example of "
          "the same runner (--workers) runs"),
-    Run(r"^ehr-pipeline run --mimic-dir DIR --out out/data --workers 8$", check="wrote out/data",
+    Run(r"^ehr-pipeline run --mimic-dir DIR --out out/data --workers 8 --overwrite$", check="wrote out/data",
         subs=(("DIR", DEMO), ("--workers 8", "--workers 2")),
         why="DIR is a placeholder: the demo; 8 worker processes on a 2-core test machine: 2"),
     Run(r"^ehr-pipeline run --mimic-dir out/", check="wrote out/"),
@@ -166,7 +166,7 @@ COMMANDS: list[Run | Skip] = [
     # ---- ehr-eval
     Skip(r"^ehr-eval .*DATA_DIR", "DATA_DIR and the run folders are placeholders (a synopsis); the README's "
                                   "ehr-eval commands run the same forms"),
-    Run(r"^ehr-eval --model runs/rank1/export --data out/data --split test --samples 25 --out runs/rank1/eval$",
+    Run(r"^ehr-eval --model runs/rank1/export --data out/data --split test --samples 25 --out runs/rank1-test$",
         check="nll"),
     Skip(r"^ehr-eval --model runs/det-0 --model runs/det-1 --model runs/det-2 --data out/data --export-ensemble ",
          "three runs evaluated and written as one ensemble export, ~60 s CPU; tests/model/evaluation/test_evaluate.py runs "
