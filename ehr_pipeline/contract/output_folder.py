@@ -287,20 +287,25 @@ def _read_owner(path: pathlib.Path) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
+def process_gone(pid: int, host: str) -> bool:
+    """Whether process `pid` of machine `host` has ended; another machine's, or another user's, counts as running."""
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def _alive(owner: dict) -> bool:
     """Whether the process a note names may still run (another host's: assumed alive, never removed)."""
-    if owner.get("host") != socket.gethostname():
-        return True
     try:
         pid = int(owner.get("pid"))
     except (TypeError, ValueError):
         return True
-    if pid == os.getpid():
+    if pid == os.getpid() and owner.get("host") == socket.gethostname():
         return False  # this process is starting a new run: its own earlier staging is a leftover
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return not process_gone(pid, str(owner.get("host")))

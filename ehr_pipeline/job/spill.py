@@ -33,7 +33,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ehr_pipeline.contract import layout
+from ehr_pipeline.contract import layout, output_folder
 from ehr_pipeline.job import gzip_split
 
 log = logging.getLogger(__name__)
@@ -116,17 +116,6 @@ def _owner() -> dict:
     return {"pid": os.getpid(), "host": socket.gethostname(), "started": round(time.time(), 3)}
 
 
-def _alive(pid: int) -> bool:
-    """Whether a process of this machine exists (another user's counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_dead_spill_folders(temp_dir: str) -> list[str]:
     """Removes the spill folders in a local temp_dir whose owner file names a process of this machine that is gone.
 
@@ -135,7 +124,7 @@ def remove_dead_spill_folders(temp_dir: str) -> list[str]:
     """
     if "://" in temp_dir or not os.path.isdir(temp_dir):
         return []
-    removed, host = [], socket.gethostname()
+    removed = []
     for name in sorted(os.listdir(temp_dir)):
         folder = os.path.join(temp_dir, name)
         if not name.startswith(SPILL_PREFIX) or not os.path.isdir(folder):
@@ -146,7 +135,7 @@ def remove_dead_spill_folders(temp_dir: str) -> list[str]:
             pid, owner_host = int(owner["pid"]), str(owner["host"])
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not a folder a run marked: not ours to judge
-        if owner_host != host or _alive(pid):
+        if not output_folder.process_gone(pid, owner_host):
             continue
         size = folder_bytes(folder)
         remove_folder(folder)
