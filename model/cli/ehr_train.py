@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigMismatchError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-train", err)
     log.info("finished at step %d in %s", result.step, result.out_dir)
+    if result.best.get("stop_reason"):
+        print(f"stopped: {result.best['stop_reason']}")
     if result.test_report is not None:
         print(formatting.format_table(result.test_report))
         print(f"export: {result.export_dir}")

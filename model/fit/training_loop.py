@@ -109,39 +109,124 @@ def fast_weight_refs(model: tf.Module) -> set:
     return refs
 
 
+@dataclasses.dataclass(frozen=True)
+class StopRule:
+    """When validation has stopped improving: early stopping and the plateau schedule, in validations."""
+
+    patience: int = 0  # stop after this many validations without a significant improvement; 0 = never stop
+    min_delta: float = 0.0  # nats per example: an NLL counts as an improvement only when lower by more than this
+    decay_patience: int = 0  # plateau schedule: decay after this many validations without one; 0 = no decay
+    decay_factor: float = 1.0  # plateau schedule: the learning rate's factor at each decay
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Where a run's validations stand under a StopRule (``advance`` folds one validation in)."""
+
+    validations: int = 0
+    best_nll: float = float("inf")  # the lowest NLL so far: its checkpoint is the one kept
+    best_index: int | None = None  # the validation (0-based) that reached it
+    reference_nll: float = float("inf")  # the last significant improvement's NLL: patience counts from it
+    since_improvement: int = 0  # validations since the last significant improvement
+    since_decay: int = 0  # validations since that improvement or the last decay, whichever came later
+    decays: int = 0  # plateau decays so far: the learning rate is decay_factor ** decays of its start
+    stop: bool = False
+    new_best: bool = False  # this validation is the lowest so far (save its checkpoint)
+    decayed: bool = False  # this validation decayed the learning rate
+
+
+def advance(progress: Progress, nll: float, rule: StopRule) -> Progress:
+    """The Progress after one more validation NLL (nats per example); pure, so a run's stop is replayable.
+
+    The best checkpoint is the lowest NLL, however small the gain; patience and the plateau
+    decay count from the last NLL that beat its reference by more than min_delta. A NaN never
+    improves. With min_delta 0 and no decay this is plain patience on the lowest NLL.
+    """
+    p = progress
+    new_best = nll < p.best_nll
+    significant = nll < p.reference_nll - rule.min_delta
+    since_improvement = 0 if significant else p.since_improvement + 1
+    since_decay = 0 if significant else p.since_decay + 1
+    decayed = bool(rule.decay_patience) and since_decay >= rule.decay_patience
+    return Progress(
+        validations=p.validations + 1,
+        best_nll=nll if new_best else p.best_nll,
+        best_index=p.validations if new_best else p.best_index,
+        reference_nll=nll if significant else p.reference_nll,
+        since_improvement=since_improvement,
+        since_decay=0 if decayed else since_decay,
+        decays=p.decays + int(decayed),
+        stop=bool(rule.patience) and since_improvement >= rule.patience,
+        new_best=new_best, decayed=decayed)
+
+
+def replay(nlls, rule: StopRule) -> Progress:
+    """The Progress after a sequence of validation NLLs, stopping where the rule stops (what a run does)."""
+    progress = Progress()
+    for nll in nlls:
+        progress = advance(progress, float(nll), rule)
+        if progress.stop:
+            break
+    return progress
+
+
 @dataclasses.dataclass
 class BestTracker:
-    """Keeps the checkpoint with the lowest validation NLL; counts validations since (early stopping)."""
+    """Keeps the checkpoint with the lowest validation NLL; applies the StopRule (early stop, plateau decay)."""
 
     out: pathlib.Path
     patience: int  # 0 = never stop early
     step: int | None = None
     validation_nll: float = float("inf")
-    since_best: int = 0
+    since_best: int = 0  # validations since the last significant improvement (StopRule.min_delta)
     stopped_early: bool = False
+    rule: StopRule | None = None  # None: StopRule(patience)
+    progress: Progress = dataclasses.field(default_factory=Progress)
+    stop_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.rule is None:
+            self.rule = StopRule(self.patience)
 
     @classmethod
-    def load(cls, out: pathlib.Path, patience: int) -> BestTracker:
+    def load(cls, out: pathlib.Path, patience: int, rule: StopRule | None = None) -> BestTracker:
         """The tracker of a run folder, resumed from BEST_FILE when there is one."""
         path = out / BEST_FILE
         if not path.exists():
-            return cls(out, patience)
+            return cls(out, patience, rule=rule)
         doc = json.loads(path.read_text())
-        return cls(out, patience, doc["step"], doc["validation_nll"], doc["validations_since_best"],
-                   doc["stopped_early"])
+        best = float("inf") if doc["validation_nll"] is None else doc["validation_nll"]
+        reference = doc.get("reference_nll")
+        # Folders written before the plateau schedule lack its keys: their counts start where patience stood.
+        progress = Progress(validations=doc.get("validations", 0), best_nll=best,
+                            reference_nll=best if reference is None else reference,
+                            since_improvement=doc["validations_since_best"],
+                            since_decay=doc.get("validations_since_decay", doc["validations_since_best"]),
+                            decays=doc.get("learning_rate_decays", 0), stop=doc["stopped_early"])
+        return cls(out, patience, doc["step"], best, doc["validations_since_best"], doc["stopped_early"],
+                   rule=rule, progress=progress, stop_reason=doc.get("stop_reason"))
 
     def update(self, step: int, validation_nll: float, checkpoint: tf.train.Checkpoint) -> bool:
         """Records one validation (saving the model if it is the best); True when training should stop."""
-        if validation_nll < self.validation_nll:
-            self.step, self.validation_nll, self.since_best = step, validation_nll, 0
+        self.progress = advance(self.progress, validation_nll, self.rule)
+        if self.progress.new_best:
+            self.step, self.validation_nll = step, validation_nll
             # max_to_keep=1: only the best survives, whatever the periodic manager deletes.
             tf.train.CheckpointManager(checkpoint, str(self.out / BEST_DIR), max_to_keep=1).save(
                 checkpoint_number=step)
-        else:
-            self.since_best += 1
-        self.stopped_early = bool(self.patience) and self.since_best >= self.patience
+        self.since_best = self.progress.since_improvement
+        self.stopped_early = self.progress.stop
+        if self.stopped_early:
+            self.stop_reason = (f"early stop at step {step}: no validation NLL lower by more than "
+                                f"{self.rule.min_delta:g} in {self.rule.patience} validations "
+                                f"(best {self.validation_nll:.4f} at step {self.step})")
         self.write()
         return self.stopped_early
+
+    @property
+    def learning_rate_factor(self) -> float:
+        """The plateau schedule's factor on the starting learning rate (1.0 without decays)."""
+        return self.rule.decay_factor ** self.progress.decays
 
     def write(self) -> None:
         """Writes BEST_FILE."""
@@ -149,9 +234,14 @@ class BestTracker:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form of BEST_FILE."""
+        p = self.progress
         return {"step": self.step, "validation_nll": self.validation_nll if self.step is not None else None,
                 "validations_since_best": self.since_best, "patience": self.patience,
-                "stopped_early": self.stopped_early}
+                "stopped_early": self.stopped_early, "stop_reason": self.stop_reason,
+                "min_delta": self.rule.min_delta, "validations": p.validations,
+                "reference_nll": p.reference_nll if p.validations else None,
+                "validations_since_decay": p.since_decay, "learning_rate_decays": p.decays,
+                "learning_rate_factor": self.learning_rate_factor}
 
     def restore_into(self, model: tf.keras.Model) -> None:
         """Loads the best checkpoint's weights into model (no-op when nothing was validated)."""
@@ -217,15 +307,27 @@ class LoopSettings:
     keep_checkpoints: int
     early_stopping_patience: int  # 0 = never stop early
     best_metric: str  # the validation key whose minimum is the best checkpoint (an NLL)
+    early_stopping_min_delta: float = 0.0  # nats per example (StopRule.min_delta)
+    lr_decay_patience: int = 0  # the plateau schedule's patience in validations; 0 = no plateau schedule
+    lr_decay_factor: float = 1.0
+
+    @property
+    def stop_rule(self) -> StopRule:
+        """The rule BestTracker applies to the validations."""
+        return StopRule(self.early_stopping_patience, self.early_stopping_min_delta, self.lr_decay_patience,
+                        self.lr_decay_factor)
 
     @classmethod
     def of(cls, train_config, *, name: str, max_steps: int, num_train_examples: int, kl_annealing_steps: int,
            best_metric: str) -> LoopSettings:
         """The settings of a trainer's train config (EHR or image: the fields share their names)."""
         tc = train_config
+        # The image trainer's config has its own epoch-based schedule and no plateau fields.
+        plateau = getattr(tc, "lr_schedule", None) == "plateau"
         return cls(name, max_steps, num_train_examples, tc.kl_scale, kl_annealing_steps, tc.clip_norm,
                    tc.log_every_steps, tc.eval_every_steps, tc.checkpoint_every_steps, tc.keep_checkpoints,
-                   tc.early_stopping_patience, best_metric)
+                   tc.early_stopping_patience, best_metric, getattr(tc, "early_stopping_min_delta", 0.0),
+                   tc.lr_decay_patience if plateau else 0, tc.lr_decay_factor if plateau else 1.0)
 
 
 @dataclasses.dataclass
@@ -242,14 +344,18 @@ def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Va
         strategy: tf.distribute.Strategy, train_data: Callable[[int], tf.data.Dataset], likelihood: Likelihood,
         validate: Callable[[], dict[str, float]] | None, settings: LoopSettings, out: pathlib.Path,
         particles=None, progress: bool = True) -> LoopResult:
-    """Trains (or resumes) `model` to settings.max_steps; returns the logs and the best-checkpoint tracker.
+    """Trains (or resumes) `model` to settings.max_steps or an early stop; returns the logs and the best tracker.
 
     fast_opt carries the rank-1 factors and their posteriors (``fast_weight_refs``), slow_opt
     the rest; a LossScaleOptimizer as slow_opt (float16) carries every weight (model.training.mixed_precision).
-    learning_rate: slow_opt's rate or schedule, logged. train_data(resume_step): an endless
+    learning_rate: slow_opt's rate or schedule, logged. Under the plateau schedule (settings.lr_decay_patience)
+    both optimizers' rates are plain values the loop multiplies by lr_decay_factor at each decay. train_data(resume_step): an endless
     dataset of (inputs, labels) batches. particles: Bella's bella.ParticleUpdate, or None.
     """
     s = settings
+    # The starting rates, read before a restore: a resumed run sets them from best.json's decay count.
+    start_rates = ((float(slow_opt.learning_rate), float(fast_opt.learning_rate)) if s.lr_decay_patience
+                   else None)
     checkpoint = tf.train.Checkpoint(model=model, slow_optimizer=slow_opt, fast_optimizer=fast_opt, step=step)
     manager = tf.train.CheckpointManager(checkpoint, str(out / CHECKPOINT_DIR), max_to_keep=s.keep_checkpoints)
     # Optimizer slots exist before the restore, so it fills them instead of deferring.
@@ -264,7 +370,9 @@ def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Va
     writer = tf.summary.create_file_writer(str(out / TENSORBOARD_DIR))
     history: list[dict[str, float]] = []
     validation: list[dict[str, float]] = []
-    best = BestTracker.load(out, s.early_stopping_patience)
+    best = BestTracker.load(out, s.early_stopping_patience, s.stop_rule)
+    if start_rates is not None:
+        _scale_rates(slow_opt, fast_opt, start_rates, best.learning_rate_factor)
     if best.stopped_early:
         log.info("run stopped early at step %d (best step %s): not training further", start, best.step)
     iterator = iter(dist_ds)
@@ -294,18 +402,32 @@ def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Va
             log.info("step %d validation %s", current, {k: round(v, 4) for k, v in row.items() if k != "step"})
             write_scalars(writer, "validation", {k: v for k, v in row.items() if k != "step"}, current)
             stop = best.update(current, row.get(s.best_metric, float("inf")), checkpoint)
+            if best.progress.decayed and start_rates is not None and not stop:
+                _scale_rates(slow_opt, fast_opt, start_rates, best.learning_rate_factor)
+                log.info("learning rate x%g at step %d (now %.3g): no validation NLL lower by more than %g in %d "
+                         "validations", s.lr_decay_factor, current, start_rates[0] * best.learning_rate_factor,
+                         s.early_stopping_min_delta, s.lr_decay_patience)
             if stop:
-                log.info("early stop at step %d: no better validation NLL in %d validations (best %.4f at step %d)",
-                         current, s.early_stopping_patience, best.validation_nll, best.step)
+                log.info("%s", best.stop_reason)
         if current % s.checkpoint_every_steps == 0 or stop:
             manager.save(checkpoint_number=current)
     bar.close()
     final_step = int(step.numpy())
+    if not best.stopped_early:
+        best.stop_reason = f"max_steps {s.max_steps} reached" + (
+            f" (best validation NLL {best.validation_nll:.4f} at step {best.step})" if best.step is not None else "")
+        log.info("training ended at step %d: %s", final_step, best.stop_reason)
     if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(f"-{final_step}"):
         manager.save(checkpoint_number=final_step)
     writer.flush()
     best.write()
     return LoopResult(final_step, history, validation, best)
+
+
+def _scale_rates(slow_opt, fast_opt, start_rates: tuple[float, float], factor: float) -> None:
+    """Sets both optimizers' learning rates to their starting rates times factor (the plateau schedule)."""
+    slow_opt.learning_rate = start_rates[0] * factor
+    fast_opt.learning_rate = start_rates[1] * factor
 
 
 def _train_step(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Variable,

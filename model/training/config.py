@@ -139,9 +139,17 @@ class TrainConfig(_Model):
 
     batch_size: _PosInt = Field(128, description="B examples per step; the model sees B*K rows.")
     learning_rate: _PosFloat = 3.0352e-4
-    lr_schedule: Literal["constant", "cosine"] = Field(
-        "constant", description="constant (Table 7), or cosine decay from learning_rate to 0 at max_steps: a "
-                                "small final step size lowers the minibatch noise in the weights that are kept.")
+    lr_schedule: Literal["constant", "cosine", "plateau"] = Field(
+        "constant", description="constant (Table 7); cosine decay from learning_rate to 0 at max_steps: a "
+                                "small final step size lowers the minibatch noise in the weights that are kept; or "
+                                "plateau: the rate is multiplied by lr_decay_factor after lr_decay_patience "
+                                "validations without a validation NLL lower by more than early_stopping_min_delta, "
+                                "so a run that stops early has still ended on small steps (needs eval_every_steps).")
+    lr_decay_factor: Annotated[float, Field(gt=0.0, lt=1.0)] = Field(
+        0.5, description="plateau: the learning rate's factor at each decay.")
+    lr_decay_patience: _PosInt = Field(
+        2, description="plateau: validations without a significant improvement before each decay; below "
+                       "early_stopping_patience, so the rate decays before the run stops.")
     fast_weight_lr_multiplier: _PosFloat = Field(
         1.0, description="Learning-rate factor of the rank-1 factors (alpha/gamma) and their posteriors.")
     clip_norm: _PosFloat = Field(7.29199, description="Global-norm gradient clipping.")
@@ -155,7 +163,13 @@ class TrainConfig(_Model):
         1000, description="Validation every N steps and at the last step (0 = none: the last step is exported). "
                           "The checkpoint with the best validation mixture NLL is the one evaluated and exported.")
     early_stopping_patience: _NonNegInt = Field(
-        0, description="Stop after this many validations in a row without a better validation NLL (0 = never).")
+        0, description="Stop after this many validations in a row without a better validation NLL (0 = never); "
+                       "the best validated checkpoint is the one evaluated and exported, whether or not the run "
+                       "stopped early.")
+    early_stopping_min_delta: _NonNegFloat = Field(
+        0.0, description="Nats per example: a validation NLL counts as better (resets early_stopping_patience and "
+                         "the plateau schedule's count) only when below the last such one by more than this; the "
+                         "lowest NLL's checkpoint is kept whatever the gain. 0 = any decrease counts.")
     eval_samples: _PosInt = Field(4, description="S samples per member for the periodic validation.")
     checkpoint_every_steps: _PosInt = 500
     keep_checkpoints: _PosInt = 3
@@ -170,6 +184,12 @@ class TrainConfig(_Model):
                            "the hardware has it (CPUs, GPUs >= compute capability 8.0), else float16 with loss "
                            "scaling; or a Keras policy name (model.training.mixed_precision).")
     seed: _Int = 0
+
+    @pydantic.model_validator(mode="after")
+    def _plateau_needs_validation(self) -> TrainConfig:
+        if self.lr_schedule == "plateau" and not self.eval_every_steps:
+            raise ValueError("lr_schedule 'plateau' decays on validation NLL: set eval_every_steps > 0")
+        return self
 
 
 # The scikit-learn baselines (model.training.baselines): here, so `ehr-eval --help` lists them

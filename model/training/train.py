@@ -56,7 +56,10 @@ class TrainResult:
 
 
 def learning_rate(tc, peak: float):
-    """The optimizer's learning rate: a constant, or a cosine decay from peak to 0 over max_steps."""
+    """The optimizer's learning rate: a constant, or a cosine decay from peak to 0 over max_steps.
+
+    The plateau schedule starts as the constant peak; the training loop lowers it on validation (StopRule).
+    """
     if tc.lr_schedule == "cosine":
         return tf.keras.optimizers.schedules.CosineDecay(peak, decay_steps=tc.max_steps, alpha=0.0)
     return peak
@@ -139,7 +142,9 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
 
     validator = make_validator(model, inputs.dataset(files, featurizer, "validation", ec.batch_size),
                                tc.eval_samples, ec.num_bins)
-    loop = training_loop.run(model, slow_opt=slow_opt, fast_opt=fast_opt, learning_rate=slow_rate,
+    # The plateau schedule changes the optimizer's own rate between steps: log that, not the starting value.
+    logged_rate = (lambda _: slow_opt.learning_rate) if tc.lr_schedule == "plateau" else slow_rate
+    loop = training_loop.run(model, slow_opt=slow_opt, fast_opt=fast_opt, learning_rate=logged_rate,
                              step=step, strategy=strategy, train_data=train_data,
                              likelihood=BernoulliLikelihood(tc.loss), validate=validator, settings=settings,
                              out=out, particles=particles, progress=progress)
