@@ -3,6 +3,7 @@
 Sub-commands:
   summarize  read every table of a release and count rows / dead letters
   synth      write a synthetic MIMIC-III release with known death probabilities
+  synth-counterfactual  a temporal release with its trajectories changed, and the truth's answer before and after
   run        the Beam job: bag admissions (MIMIC-III) or label rows (MEDS) into SequenceExample TFRecords
   to-meds    convert a MIMIC-III release to a MEDS 0.4 dataset (a Beam job)
   shard      split a big table into parts that workers read in parallel
@@ -68,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "synth", "write a synthetic MIMIC-III release with known death probabilities")
     synth_cli.add_arguments(p)
 
+    p = _command(sub, "synth-counterfactual",
+                 "a temporal synthetic release with its trajectories changed, and the truth's logit before and after")
+    synth_cli.add_counterfactual_arguments(p)
+
     p = _command(sub, "run", "the Beam job: bag each admission into a SequenceExample (extra args go to Beam)")
     run_command.add_arguments(p)
 
@@ -131,6 +136,8 @@ def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: 
         return summarize_command(args.mimic_dir, args.dead_letter_dir)
     if args.command == "synth":
         return synth_cli.run(args)
+    if args.command == "synth-counterfactual":
+        return synth_cli.run_counterfactual(args)
     if args.command == "run":
         return run_command.run(args, extra)
     if args.command == "to-meds":
@@ -189,7 +196,7 @@ def _misuse(args: argparse.Namespace, beam_args: list[str]) -> str | None:
             return f"--meds-dir: {err}"
         if args.labels is not None and not os.path.exists(args.labels):
             return f"--labels: {args.labels} does not exist"
-    if args.command in ("run", "to-meds", "synth"):
+    if args.command in ("run", "to-meds", "synth", "synth-counterfactual"):
         problem = _output_problem(args)
         if problem:
             return problem
@@ -204,7 +211,7 @@ def _misuse(args: argparse.Namespace, beam_args: list[str]) -> str | None:
 
 # What each command's --out holds, in its marker: a command replaces only its own kind of folder.
 OUTPUT_KINDS = {"run": output_folder.DATA_FOLDER, "to-meds": output_folder.MEDS_DATASET,
-                "synth": output_folder.SYNTHETIC_RELEASE}
+                "synth": output_folder.SYNTHETIC_RELEASE, "synth-counterfactual": output_folder.SYNTHETIC_RELEASE}
 
 
 def _output_problem(args: argparse.Namespace) -> str | None:
@@ -212,7 +219,8 @@ def _output_problem(args: argparse.Namespace) -> str | None:
     if output_folder.is_url(args.out):
         return None
     inputs = [p for p in (getattr(args, "mimic_dir", None), getattr(args, "meds_dir", None),
-                          getattr(args, "labels", None), getattr(args, "dictionary_dir", None)) if p is not None]
+                          getattr(args, "labels", None), getattr(args, "dictionary_dir", None),
+                          getattr(args, "release", None)) if p is not None]
     try:
         output_folder.check_target(args.out, kind=OUTPUT_KINDS[args.command], overwrite=args.overwrite,
                                    inputs=[str(p) for p in inputs])

@@ -11,7 +11,8 @@ decide who dies and how a hospital records it; ``events`` and ``coding`` draw th
 and the undated records; ``blocks`` keeps rows in memory and ``generator`` turns a chunk of
 patients into Arrow tables; ``writer`` streams them into per-table files in either dialect and
 ``release`` drives the whole; ``recompute`` recomputes the truth's inputs from a written
-release; ``cli`` is ``ehr-pipeline synth``.
+release; ``counterfactual`` copies a temporal release with its trajectories changed and records the
+truth's answer before and after; ``cli`` is ``ehr-pipeline synth`` and ``synth-counterfactual``.
 """
 from ehr_pipeline.synth.cli import add_arguments, run
 from ehr_pipeline.synth.config import SynthConfig

@@ -1,14 +1,16 @@
-"""`ehr-pipeline synth`: argument definitions and the command body.
+"""`ehr-pipeline synth` and `ehr-pipeline synth-counterfactual`: argument definitions and the command bodies.
 
 Wiring in ehr_pipeline/cli/main.py is one line per hook:
-``synth.add_arguments(sub.add_parser("synth", help=...))`` and dispatch to ``synth.run(args)``.
+``synth.add_arguments(sub.add_parser("synth", help=...))`` and dispatch to ``synth.run(args)``;
+likewise ``add_counterfactual_arguments`` / ``run_counterfactual``.
 """
 from __future__ import annotations
 
 import argparse
 import pathlib
 
-from ehr_base.cli_args import output_dir, usage_error
+from ehr_base.cli_args import existing_dir, output_dir, usage_error
+from ehr_pipeline.synth.counterfactual import CHANGES, CounterfactualError, make_counterfactual
 from ehr_pipeline.synth.config import DIALECTS, PLANTABLE_TYPES, TRUTH_FAMILIES, SynthConfig
 from ehr_pipeline.synth.release import write_release
 from ehr_pipeline.synth.site import SITES
@@ -77,5 +79,33 @@ def run(args: argparse.Namespace) -> int:
     if cfg.dictionary_dir is not None and not cfg.dictionary_dir.is_dir():
         return usage_error("ehr-pipeline synth", f"--dictionary-dir {cfg.dictionary_dir} is not a directory")
     summary = write_release(cfg, pathlib.Path(args.out), show_progress=args.progress, overwrite=args.overwrite)
+    print(summary.format())
+    return 0
+
+
+def add_counterfactual_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds the synth-counterfactual flags to a (sub)parser."""
+    # default=SUPPRESS on the required flags: the help then shows no "(default: None)" beside "(required)".
+    parser.add_argument("--release", type=existing_dir, required=True, default=argparse.SUPPRESS,
+                        help="a `synth --truth temporal` release to change (required)")
+    parser.add_argument("--change", choices=CHANGES, default="reverse-course",
+                        help="reverse-course: each single-admission patient's pre-admission creatinine results in "
+                             "reverse time order (same values; the truth's trend term changes) "
+                             "(default: %(default)s)")
+    parser.add_argument("--out", type=output_dir, required=True, default=argparse.SUPPRESS,
+                        help="output directory: new, empty, or (with --overwrite) an earlier synthetic release; "
+                             "written whole with SYNTH_COUNTERFACTUAL.csv (the truth's logit before and after per "
+                             "admission) (required)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier synthetic release in --out whole; without it a non-empty --out "
+                             "is refused")
+
+
+def run_counterfactual(args: argparse.Namespace) -> int:
+    """Runs `synth-counterfactual` with parsed arguments; prints the summary; returns the exit code."""
+    try:
+        summary = make_counterfactual(args.release, args.out, args.change, overwrite=args.overwrite)
+    except CounterfactualError as e:
+        return usage_error("ehr-pipeline synth-counterfactual", e)
     print(summary.format())
     return 0
