@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from model.export_layout import UNCERTAINTY_MEASURES
-from model.evaluation.statistics.metrics import (EPS, REFERRAL_RATES, as_labels, as_matrix,
+from model.evaluation.statistics.metrics import (EPS, REFERRAL_RATES, as_labels, as_matrix, bootstrap_interval,
                                       as_pair, auc_roc, ece, expected_entropy, member_disagreement, nll,
                                       refer, referral_count, referral_threshold, tie_groups, uncertainties)
 
@@ -194,3 +194,88 @@ def truth_report(probs, y, truth, K: int, S: int, *, referral_rates: Sequence[fl
                                         referral_rates, seed=seed),
     }
 
+
+
+# A truth change counts as "large" in the counterfactual's sign agreement from this many logit units
+# (a factor e on the odds): smaller ones are within what a model's noise may flip.
+LARGE_TRUTH_CHANGE = 1.0
+
+
+def counterfactual_response(model_before, model_after, truth_before, truth_after, *,
+                            large: float = LARGE_TRUTH_CHANGE, n_bootstrap: int = 1000, alpha: float = 0.05,
+                            seed: int = 0) -> dict[str, Any]:
+    """How a model's logit follows the truth's when the trajectories change: all inputs logits [N] of the same cases.
+
+    slope: least-squares slope (with intercept) of the model's logit change on the truth's, with a
+    case-bootstrap (1 - alpha) interval; 1 means the model moves as the truth does, 0 not at all.
+    sign_agreement: the share of the cases with |truth change| >= large whose model change has the
+    truth change's sign (0.5 is a coin). mean_abs_dp / truth_mean_abs_dp: mean |change of the
+    probability| of the model and of the truth. Cases whose truth does not change count in the slope
+    (they pin the intercept) and in neither share.
+    """
+    logits = [np.asarray(x, np.float64) for x in (model_before, model_after, truth_before, truth_after)]
+    if len({x.shape for x in logits}) != 1 or logits[0].ndim != 1:
+        raise ValueError(f"model and truth logits must be [N] alike, got {[x.shape for x in logits]}")
+    model_before, model_after, truth_before, truth_after = logits
+    dm, dt = model_after - model_before, truth_after - truth_before
+
+    def slope(rows: np.ndarray) -> float:
+        x, y = dt[rows], dm[rows]
+        dx = x - x.mean()
+        sxx = float(dx @ dx)
+        return float(dx @ (y - y.mean())) / sxx if sxx > 0 else float("nan")
+
+    n = dt.size
+    everything = np.arange(n)
+    rng = np.random.default_rng(seed)
+    replicates = [slope(rng.integers(0, n, n)) for _ in range(n_bootstrap)]
+    estimate = slope(everything)
+    interval = bootstrap_interval(replicates, estimate, alpha)
+    big = np.abs(dt) >= large
+    moved = dt != 0
+    dp_model = np.abs(_sigmoid(model_after) - _sigmoid(model_before))
+    dp_truth = np.abs(_sigmoid(truth_after) - _sigmoid(truth_before))
+    return {"n": int(n), "n_changed": int(moved.sum()), "slope": estimate, "slope_lower": interval["lower"],
+            "slope_upper": interval["upper"], "n_large": int(big.sum()),
+            "sign_agreement": float(np.mean(np.sign(dm[big]) == np.sign(dt[big]))) if big.any() else float("nan"),
+            "mean_abs_dp": float(dp_model[moved].mean()) if moved.any() else float("nan"),
+            "truth_mean_abs_dp": float(dp_truth[moved].mean()) if moved.any() else float("nan")}
+
+
+def _sigmoid(logit) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(logit, np.float64)))
+
+
+def uncertainty_where_decided(uncertainty, decided, undecided, *, n_bootstrap: int = 1000, alpha: float = 0.05,
+                              seed: int = 0) -> dict[str, Any]:
+    """Mean uncertainty where the trajectory decides the truth minus where it does not, with a bootstrap interval.
+
+    uncertainty: one score per case [N] (mutual information, interval width, ...); decided / undecided:
+    bool masks [N] of two disjoint groups of the same test cases (e.g. the largest and the smallest
+    |trajectory terms| of the truth's logit). Cases are resampled together, so the interval of the
+    difference holds whatever the two groups share (the same model, the same release). A posterior
+    that knows what it has not learned has difference > 0.
+    """
+    u = np.asarray(uncertainty, np.float64)
+    a, b = np.asarray(decided, bool), np.asarray(undecided, bool)
+    if not (u.shape == a.shape == b.shape) or u.ndim != 1:
+        raise ValueError(f"uncertainty and masks must be [N] alike, got {u.shape}, {a.shape}, {b.shape}")
+    if (a & b).any():
+        raise ValueError("the decided and undecided groups overlap")
+    if not a.any() or not b.any():
+        raise ValueError("each group needs at least one case")
+
+    def difference(rows: np.ndarray) -> float:
+        ra, rb = a[rows], b[rows]
+        if not ra.any() or not rb.any():
+            return float("nan")
+        return float(u[rows][ra].mean() - u[rows][rb].mean())
+
+    n = u.size
+    rng = np.random.default_rng(seed)
+    replicates = [difference(rng.integers(0, n, n)) for _ in range(n_bootstrap)]
+    estimate = difference(np.arange(n))
+    interval = bootstrap_interval(replicates, estimate, alpha)
+    return {"decided_mean": float(u[a].mean()), "undecided_mean": float(u[b].mean()), "difference": estimate,
+            "lower": interval["lower"], "upper": interval["upper"], "n_decided": int(a.sum()),
+            "n_undecided": int(b.sum()), "ratio": float(u[a].mean() / u[b].mean()) if u[b].mean() > 0 else float("nan")}
