@@ -209,7 +209,8 @@ def counterfactual_response(model_before, model_after, truth_before, truth_after
     slope: least-squares slope (with intercept) of the model's logit change on the truth's, with a
     case-bootstrap (1 - alpha) interval; 1 means the model moves as the truth does, 0 not at all.
     sign_agreement: the share of the cases with |truth change| >= large whose model change has the
-    truth change's sign (0.5 is a coin). mean_abs_dp / truth_mean_abs_dp: mean |change of the
+    truth change's sign, a model change of exactly 0 counting half (0.5 is a coin, or a model that
+    cannot see the change, such as one on window aggregates). mean_abs_dp / truth_mean_abs_dp: mean |change of the
     probability| of the model and of the truth. Cases whose truth does not change count in the slope
     (they pin the intercept) and in neither share.
     """
@@ -237,9 +238,16 @@ def counterfactual_response(model_before, model_after, truth_before, truth_after
     dp_truth = np.abs(_sigmoid(truth_after) - _sigmoid(truth_before))
     return {"n": int(n), "n_changed": int(moved.sum()), "slope": estimate, "slope_lower": interval["lower"],
             "slope_upper": interval["upper"], "n_large": int(big.sum()),
-            "sign_agreement": float(np.mean(np.sign(dm[big]) == np.sign(dt[big]))) if big.any() else float("nan"),
+            "sign_agreement": _sign_agreement(dm[big], dt[big]) if big.any() else float("nan"),
             "mean_abs_dp": float(dp_model[moved].mean()) if moved.any() else float("nan"),
             "truth_mean_abs_dp": float(dp_truth[moved].mean()) if moved.any() else float("nan")}
+
+
+def _sign_agreement(model_change: np.ndarray, truth_change: np.ndarray) -> float:
+    """Share of the cases where the model moves the truth's way; a model that does not move counts half (a coin)."""
+    same = np.sign(model_change) == np.sign(truth_change)
+    still = model_change == 0
+    return float(np.mean(np.where(still, 0.5, same.astype(np.float64))))
 
 
 def _sigmoid(logit) -> np.ndarray:

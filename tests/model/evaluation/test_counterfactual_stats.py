@@ -45,6 +45,8 @@ def test_a_model_that_ignores_the_change_agrees_in_sign_by_its_noise_only():
     ma = mb + rng.normal(0, 0.01, tb.size)
     out = counterfactual_response(mb, ma, tb, ta, n_bootstrap=200)
     assert abs(out["slope"]) < 0.01 and 0.4 < out["sign_agreement"] < 0.6
+    blind = counterfactual_response(mb, mb, tb, ta, n_bootstrap=50)  # cannot see the change at all
+    assert blind["sign_agreement"] == 0.5 and blind["slope"] == 0.0 and blind["mean_abs_dp"] == 0.0
     with pytest.raises(ValueError, match=r"\[N\] alike"):
         counterfactual_response(mb, ma[:-1], tb, ta)
 

@@ -1,0 +1,225 @@
+"""Does a model's answer move as the truth's does when only the trajectory changes? The counterfactual bench.
+
+  python bench/methods/counterfactual.py --patients 3000 --scale medium           # the issue's size
+  python bench/methods/counterfactual.py --patients 1000 --scale tiny --methods deterministic
+
+A `synth --truth temporal` release (site A) and its counterfactual (`ehr-pipeline
+synth-counterfactual --change reverse-course`: each single-admission patient's pre-admission
+creatinine results in reverse time order; same values, so the same vocabulary and statistics)
+are bagged by the Beam job. Every method of the comparison (bench/methods/compare_setup.py: its
+configs at --scale, trained as compare_runs.train_run trains them; a deep ensemble of
+ENSEMBLE_SIZE deterministic runs with --deep-ensemble; the logistic and boosted-tree baselines; the
+well-specified logistic on the truth's own design) is trained on the original release and scores
+the test split of both. Per method (model.evaluation.statistics.against_truth.counterfactual_response):
+the slope of its logit change (the logit of the predictive mean) regressed on the truth's, with a
+case-bootstrap interval; the share of the cases whose truth logit moves by >= 1 where the model
+moves the same way; its mean |dp| beside the truth's.
+
+Then, for the methods with several members or samples (rank-1), whether the posterior knows what it
+has not learned (against_truth.uncertainty_where_decided): mean mutual information and 95%-interval
+width on the original test cases where the truth's trajectory terms (10 x trend + the readmission
+term, the truth's own TemporalModel.design) are largest in size (top quartile) minus where they are
+smallest (bottom quartile), with a case-bootstrap interval.
+
+--early-stop trains with the plateau schedule and early stopping on validation NLL
+(train.lr_schedule plateau, patience, min_delta) up to --steps, in runs of their own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
+from bench.harness import command_line, machine_info, publish  # noqa: E402
+from bench.methods.compare_runs import load_split, make_data, make_release, predict, train_run, truth_design  # noqa: E402
+from bench.methods.compare_setup import (BASELINES, DEEP_ENSEMBLE, ENSEMBLE_SIZE, METHODS, SCALES,  # noqa: E402
+                                         WELL_SPECIFIED)
+from ehr_pipeline.synth.counterfactual import COUNTERFACTUAL_FILE, make_counterfactual  # noqa: E402
+from ehr_pipeline.synth.temporal import temporal_model  # noqa: E402
+from model.evaluation.statistics.against_truth import (LARGE_TRUTH_CHANGE, all_uncertainties,  # noqa: E402
+                                                       counterfactual_response, uncertainty_where_decided)
+
+SECTION = "counterfactual"
+# --early-stop: the plateau schedule and early stopping (model.fit.training_loop.StopRule), in validations.
+EARLY_STOP = {"lr_schedule": "plateau", "early_stopping_patience": 6, "early_stopping_min_delta": 0.001,
+              "lr_decay_patience": 3, "lr_decay_factor": 0.5}
+# The uncertainty comparison's groups: quartiles of |the truth's trajectory contribution to the logit|.
+DECIDED_QUANTILE, UNDECIDED_QUANTILE = 0.75, 0.25
+EPS = 1e-7
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the bench."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--patients", type=int, default=3000, help="patients of the temporal release")
+    p.add_argument("--seed", type=int, default=11, help="the release's seed (and the runs' seed)")
+    p.add_argument("--scale", choices=tuple(SCALES), default="medium", help="model sizes and optimisation "
+                   "(bench/methods/compare_setup.py SCALES)")
+    p.add_argument("--steps", type=int, default=None, help="max_steps per run (default: the scale's)")
+    p.add_argument("--methods", nargs="+", default=["deterministic", "rank1_normal"], choices=METHODS,
+                   help="network methods to train")
+    p.add_argument("--deep-ensemble", action="store_true",
+                   help=f"also train the other {ENSEMBLE_SIZE - 1} members of a deep ensemble of deterministic runs")
+    p.add_argument("--no-baselines", action="store_true", help="skip the logistic, boosted-tree and well-specified rows")
+    p.add_argument("--early-stop", action="store_true",
+                   help=f"train with {EARLY_STOP} up to --steps (runs of their own)")
+    p.add_argument("--samples", type=int, default=25, help="S evaluation samples per member (1 for deterministic)")
+    p.add_argument("--n-bootstrap", type=int, default=1000, help="case resamples of the intervals")
+    p.add_argument("--work", default="out/counterfactual", help="folder for releases, data and runs")
+    p.add_argument("--out", default="docs/benchmarks.md", help="markdown file that receives the section")
+    p.add_argument("--no-write", action="store_true", help="print the section only")
+    return p
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, EPS, 1.0 - EPS)
+    return np.log(p) - np.log1p(-p)
+
+
+def _mean_logit(probs: np.ndarray) -> np.ndarray:
+    """Logit of the predictive mean of [N, M] sampled probabilities."""
+    return _logit(np.asarray(probs, np.float64).reshape(len(probs), -1).mean(axis=1))
+
+
+def _train_args(args: argparse.Namespace) -> argparse.Namespace:
+    """What compare_runs.run_config reads, with the early-stopping settings folded in when asked."""
+    ns = argparse.Namespace(scale=args.scale, steps=args.steps, samples=args.samples)
+    if args.early_stop:
+        # compare_runs.run_config reads a run's settings from SCALES by name: the variant is registered
+        # there, for this process only, under a name of its own (its runs get their own folders too).
+        scale = SCALES[args.scale]
+        ns.scale = f"{args.scale}+early_stop"
+        SCALES[ns.scale] = {**scale, "train": {**scale["train"], **EARLY_STOP}}
+    return ns
+
+
+def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dict]:
+    """{method: {'before': [N, M] probs, 'after': [N, M] probs, 'K': members, 'S': samples}} on the test split."""
+    release, reversed_ = work / "release", work / "release_reversed"
+    make_release("A", args.patients, args.seed, release, truth="temporal")
+    if not (reversed_ / COUNTERFACTUAL_FILE).exists():
+        make_counterfactual(release, reversed_, "reverse-course")
+    make_data(release, work / "data")
+    make_data(reversed_, work / "data_reversed")
+    before = load_split(work / "data", release, "test")
+    after = load_split(work / "data_reversed", reversed_, "test")
+    if not np.array_equal(before.hadm_ids, after.hadm_ids):
+        raise RuntimeError("the counterfactual's test split holds other admissions than the original's")
+    targs = _train_args(args)
+    tag = "_es" if args.early_stop else ""
+    truth = release / "SYNTH_TRUTH.csv"
+    out: dict[str, dict] = {}
+
+    def scored(name: str, exports: list, samples: int, seconds: float, steps: list[int]) -> None:
+        from model.export.load import load_export
+
+        loaded = [load_export(str(e)) for e in exports]
+        out[name] = {"before": predict(loaded, before, samples, args.seed),
+                     "after": predict(loaded, after, samples, args.seed),
+                     "K": sum(e.ensemble_size for e in loaded), "S": samples, "seconds": seconds, "steps": steps}
+
+    def run_steps(export: pathlib.Path) -> int:
+        return int(json.loads((export.parent / "best.json").read_text())["step"] or 0)
+
+    for method in args.methods:
+        seeds = range(ENSEMBLE_SIZE if method == "deterministic" and args.deep_ensemble else 1)
+        runs = [train_run(method, args.seed * ENSEMBLE_SIZE + k, targs, work / "data", truth, work,
+                          f"{method}{tag}_s{args.seed * ENSEMBLE_SIZE + k}") for k in seeds]
+        samples = 1 if method in ("deterministic", "batchensemble") else args.samples
+        scored(method, [runs[0][0]], samples, runs[0][2], [run_steps(runs[0][0])])
+        if len(runs) > 1:
+            scored(DEEP_ENSEMBLE, [r[0] for r in runs], 1, sum(r[2] for r in runs), [run_steps(r[0]) for r in runs])
+    if not args.no_baselines:
+        from model.training.baselines import fit_baseline
+
+        for kind in BASELINES:
+            started = time.time()
+            fitted = fit_baseline(work / "data", kind, seed=0)
+            out[kind] = {"before": fitted.predict_data(work / "data", "test")[:, None],
+                         "after": fitted.predict_data(work / "data_reversed", "test")[:, None],
+                         "K": 1, "S": 1, "seconds": time.time() - started, "steps": []}
+        out[WELL_SPECIFIED] = _well_specified(work, before.hadm_ids)
+    return out
+
+
+def _well_specified(work: pathlib.Path, test_ids: np.ndarray) -> dict:
+    """The truth's own design with coefficients fitted on the training split, scored before and after."""
+    from sklearn.linear_model import LogisticRegression
+
+    started = time.time()
+    rows = truth_design(work / "release")
+    rows_after = truth_design(work / "release_reversed")
+    train = load_split(work / "data", work / "release", "train")
+    fit = LogisticRegression(C=1e6, max_iter=5000).fit(np.stack([rows[h] for h in train.hadm_ids]), train.labels)
+    return {"before": fit.predict_proba(np.stack([rows[h] for h in test_ids]))[:, 1:],
+            "after": fit.predict_proba(np.stack([rows_after[h] for h in test_ids]))[:, 1:],
+            "K": 1, "S": 1, "seconds": time.time() - started, "steps": []}
+
+
+def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict], argv) -> str:
+    """The section's markdown: the counterfactual table and, for sampled posteriors, the uncertainty table."""
+    ids = load_split(work / "data", work / "release", "test").hadm_ids
+    cf = pd.read_csv(work / "release_reversed" / COUNTERFACTUAL_FILE).set_index("HADM_ID").reindex(ids)
+    truth_before, truth_after = cf.LOGIT_BEFORE.to_numpy(), cf.LOGIT_AFTER.to_numpy()
+    lines = [f"Command: `{command_line(__file__, argv)}`", "",
+             f"One site-A temporal release ({args.patients:,} patients, seed {args.seed}) and its reverse-course "
+             f"counterfactual; {len(ids):,} test admissions, {int(cf.CHANGED.sum()):,} of them changed (the truth's "
+             f"mean |dP| there {np.abs(cf.P_DEATH_AFTER - cf.P_DEATH_BEFORE)[cf.CHANGED == 1].mean():.3f}). "
+             f"Scale {args.scale}{' with early stopping ' + str(EARLY_STOP) if args.early_stop else ''}, "
+             f"run seed {args.seed}; one release and one run per method: a measurement, not a finding.", "",
+             f"| method | slope (95% CI) | sign agreement, |truth change| >= {LARGE_TRUTH_CHANGE:g} | mean abs dp "
+             "(truth) | steps (best) | train s |",
+             "|---|---|---|---|---|---|"]
+    for name, s in scores.items():
+        r = counterfactual_response(_mean_logit(s["before"]), _mean_logit(s["after"]), truth_before, truth_after,
+                                    n_bootstrap=args.n_bootstrap, seed=args.seed)
+        steps = ", ".join(str(v) for v in s["steps"]) or "-"
+        lines.append(f"| {name} | {r['slope']:.3f} ({r['slope_lower']:.3f}, {r['slope_upper']:.3f}) | "
+                     f"{r['sign_agreement']:.2f} (n={r['n_large']}) | {r['mean_abs_dp']:.4f} "
+                     f"({r['truth_mean_abs_dp']:.4f}) | {steps} | {s['seconds']:.0f} |")
+    sampled = {n: s for n, s in scores.items() if s["K"] * s["S"] > 1 and n != DEEP_ENSEMBLE}
+    if sampled:
+        release = work / "release"
+        rows = truth_design(release)
+        design = np.stack([rows[h] for h in ids])
+        trajectory = np.abs(design[:, -2:] @ temporal_model(1.0).coefficients())
+        decided = trajectory >= np.quantile(trajectory, DECIDED_QUANTILE)
+        undecided = trajectory <= np.quantile(trajectory, UNDECIDED_QUANTILE)
+        lines += ["", "Does the posterior know what it has not learned? Mean uncertainty on the original test cases "
+                  f"whose |trajectory terms of the truth's logit| is in the top quartile (n={int(decided.sum())}) "
+                  f"minus the bottom quartile (n={int(undecided.sum())}), 95% case-bootstrap interval:", "",
+                  "| method | measure | decided | undecided | difference (95% CI) |", "|---|---|---|---|---|"]
+        for name, s in sampled.items():
+            measures = all_uncertainties(s["before"], s["K"], s["S"])
+            for measure in ("mutual_information", "interval_width_95"):
+                u = uncertainty_where_decided(measures[measure], decided, undecided, n_bootstrap=args.n_bootstrap,
+                                              seed=args.seed)
+                lines.append(f"| {name} | {measure} | {u['decided_mean']:.4f} | {u['undecided_mean']:.4f} | "
+                             f"{u['difference']:+.4f} ({u['lower']:+.4f}, {u['upper']:+.4f}) |")
+    lines += ["", machine_info()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Makes the releases, trains and scores every method, prints and writes the section; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    work = pathlib.Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    scores = score_methods(args, work)
+    section = SECTION + ("_early_stop" if args.early_stop else "")
+    publish(section, report(args, work, scores, argv), args.out, write=not args.no_write)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
