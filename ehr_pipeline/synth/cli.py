@@ -10,7 +10,8 @@ import argparse
 import pathlib
 
 from ehr_base.cli_args import existing_dir, output_dir, usage_error
-from ehr_pipeline.synth.counterfactual import CHANGES, CounterfactualError, make_counterfactual
+from ehr_pipeline.synth.counterfactual import (CHANGES, DEFAULT_DELAY_DAYS, CounterfactualError,
+                                               make_counterfactual)
 from ehr_pipeline.synth.config import DIALECTS, PLANTABLE_TYPES, TRUTH_FAMILIES, SynthConfig
 from ehr_pipeline.synth.release import write_release
 from ehr_pipeline.synth.site import SITES
@@ -90,7 +91,12 @@ def add_counterfactual_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a `synth --truth temporal` release to change (required)")
     parser.add_argument("--change", choices=CHANGES, default="reverse-course",
                         help="reverse-course: each single-admission patient's pre-admission creatinine results in "
-                             "reverse time order (same values; the truth's trend term changes) "
+                             "reverse time order (same values; the truth's trend term changes); delay-readmission: "
+                             "each readmission, with all its rows, --days later after the previous discharge (the "
+                             "readmission term changes by ln(gap / (gap + days)), the age term by the years moved) "
+                             "(default: %(default)s)")
+    parser.add_argument("--days", type=int, default=DEFAULT_DELAY_DAYS,
+                        help="delay-readmission: days each readmission moves after the previous discharge "
                              "(default: %(default)s)")
     parser.add_argument("--out", type=output_dir, required=True, default=argparse.SUPPRESS,
                         help="output directory: new, empty, or (with --overwrite) an earlier synthetic release; "
@@ -104,7 +110,8 @@ def add_counterfactual_arguments(parser: argparse.ArgumentParser) -> None:
 def run_counterfactual(args: argparse.Namespace) -> int:
     """Runs `synth-counterfactual` with parsed arguments; prints the summary; returns the exit code."""
     try:
-        summary = make_counterfactual(args.release, args.out, args.change, overwrite=args.overwrite)
+        summary = make_counterfactual(args.release, args.out, args.change, days=args.days,
+                                      overwrite=args.overwrite)
     except CounterfactualError as e:
         return usage_error("ehr-pipeline synth-counterfactual", e)
     print(summary.format())

@@ -10,6 +10,11 @@ whose effect on the truth is known exactly:
   course's least-squares trend changes sign with the values' order only approximately (visits
   are not evenly spaced), so the truth's change is 10 x (trend after - trend before) per admission,
   which SYNTH_COUNTERFACTUAL.csv records.
+* ``delay-readmission``: each patient's k-th admission (k = 0, 1, ...) with every timed row of it
+  (its events, ICU stays, prescriptions, the clinic course before it, and the dates of death after
+  the last one) moves k x ``days`` later, so every readmission comes ``days`` later after the
+  previous discharge: the truth's readmission term changes by ln(gap / (gap + days)), and its age
+  term by the years the admission moved (date of birth stays), both as the truth's own code computes.
 
 The truth is not re-derived here: both logits are the release's own model
 (generator.release_model, the TemporalModel that wrote P_DEATH) applied to the features that
@@ -49,7 +54,8 @@ from ehr_pipeline.synth.temporal import COURSE_WINDOW_DAYS, TemporalModel
 
 log = logging.getLogger(__name__)
 
-CHANGES = ("reverse-course",)
+CHANGES = ("reverse-course", "delay-readmission")
+DEFAULT_DELAY_DAYS = 180
 COUNTERFACTUAL_FILE = "SYNTH_COUNTERFACTUAL.csv"
 COUNTERFACTUAL_COLUMNS = ["HADM_ID", "CHANGED", "LOGIT_BEFORE", "LOGIT_AFTER", "P_DEATH_BEFORE", "P_DEATH_AFTER"]
 # A result moves with its unit and flag: a course is the same set of results, in another order.
@@ -71,22 +77,24 @@ class CounterfactualSummary:
     change: str
     admissions: int
     changed: int  # admissions whose trajectory changed
-    rows_changed: int  # LABEVENTS rows given another result
+    rows_changed: int  # rows given another result (reverse-course) or moved in time (delay-readmission)
     mean_abs_logit_change: float  # over the changed admissions
     mean_abs_p_change: float
 
     def format(self) -> str:
         """A one-paragraph report."""
         return (f"counterfactual ({self.change}) in {self.out_dir}: {self.changed:,} of {self.admissions:,} admissions "
-                f"changed ({self.rows_changed:,} LABEVENTS rows); the truth's logit moves by "
+                f"changed ({self.rows_changed:,} rows); the truth's logit moves by "
                 f"{self.mean_abs_logit_change:.3f} on average (|dP| {self.mean_abs_p_change:.3f}) where changed")
 
 
 def make_counterfactual(release: str | pathlib.Path, out: str | pathlib.Path, change: str, *,
-                        overwrite: bool = False) -> CounterfactualSummary:
-    """Writes the counterfactual of a temporal release (``change`` one of CHANGES) to out, whole or not at all."""
+                        days: int = DEFAULT_DELAY_DAYS, overwrite: bool = False) -> CounterfactualSummary:
+    """Writes the counterfactual of a temporal release (``change`` one of CHANGES; days: delay-readmission's) to out."""
     if change not in CHANGES:
         raise CounterfactualError(f"change must be one of {CHANGES}, got {change!r}")
+    if change == "delay-readmission" and not (isinstance(days, int) and days > 0):
+        raise CounterfactualError(f"days must be a whole number > 0, got {days!r}")
     release = pathlib.Path(release)
     manifest = _temporal_manifest(release)
     model = release_model(_config_of(manifest))
@@ -99,15 +107,19 @@ def make_counterfactual(release: str | pathlib.Path, out: str | pathlib.Path, ch
         for path in release.iterdir():
             if path.name not in (output_folder.MARKER, MANIFEST_FILE, TRUTH_FILE) and path.is_file():
                 shutil.copy2(path, staging / path.name)
-        lab_path = reader.locate_table(release, "LABEVENTS")
-        labs, dialect = read_typed(lab_path, "LABEVENTS")
-        perm = reversed_course_order(labs, before["ADMISSIONS"])
-        rows_changed = int(np.count_nonzero(perm != np.arange(perm.size)))
-        write_typed(_permute_results(labs, perm), staging / lab_path.name, "LABEVENTS", dialect,
-                    manifest.get("compresslevel", 1))
+        level = manifest.get("compresslevel", 1)
+        if change == "reverse-course":
+            lab_path = reader.locate_table(release, "LABEVENTS")
+            labs, dialect = read_typed(lab_path, "LABEVENTS")
+            perm = reversed_course_order(labs, before["ADMISSIONS"])
+            rows_changed = int(np.count_nonzero(perm != np.arange(perm.size)))
+            write_typed(_permute_results(labs, perm), staging / lab_path.name, "LABEVENTS", dialect, level)
+        else:
+            rows_changed = _delay_readmissions(release, staging, before["ADMISSIONS"], days, level)
         after = recompute.read_tables(staging)
         logit_after = truth_logit(model, after, manifest)
-        summary = _write_truths(release, staging, manifest, change, logit_before, logit_after, rows_changed)
+        summary = _write_truths(release, staging, manifest, change, logit_before, logit_after, rows_changed,
+                                days if change == "delay-readmission" else None)
     summary = dataclasses.replace(summary, out_dir=pathlib.Path(out))
     log.info("%s", summary.format())
     return summary
@@ -222,8 +234,66 @@ def _permute_results(labs: pa.Table, perm: np.ndarray) -> pa.Table:
     return labs
 
 
+def readmission_shifts(admissions: pd.DataFrame, days: int) -> pd.Series:
+    """HADM_ID -> seconds each admission moves: k x days for a patient's k-th admission (0-based, by ADMITTIME)."""
+    order = admissions.groupby("SUBJECT_ID").ADMITTIME.rank(method="first").to_numpy(dtype=np.int64) - 1
+    return pd.Series(order * days * DAY, index=admissions.HADM_ID.to_numpy())
+
+
+def _row_shifts(frame: pa.Table, admissions: pd.DataFrame, shifts: pd.Series, time_column: str) -> np.ndarray:
+    """Seconds each row moves: its admission's; a row without HADM_ID moves with the patient's next admission
+    at or after its time (a clinic course precedes its admission), else with the patient's last."""
+    hadm = frame["HADM_ID"].to_pandas()
+    out = np.array(hadm.map(shifts), dtype=float)  # a writable copy
+    loose = np.flatnonzero(hadm.isna().to_numpy())
+    if loose.size:
+        rows = pd.DataFrame({"SUBJECT_ID": frame["SUBJECT_ID"].to_numpy(zero_copy_only=False)[loose],
+                             "t": pc.cast(frame[time_column], pa.int64()).to_numpy(zero_copy_only=False)[loose],
+                             "row": loose}).sort_values("t")
+        adm = pd.DataFrame({"SUBJECT_ID": admissions.SUBJECT_ID.to_numpy(), "t": admissions.ADMITTIME.to_numpy(),
+                            "shift": shifts.reindex(admissions.HADM_ID).to_numpy()}).sort_values("t")
+        forward = pd.merge_asof(rows, adm, on="t", by="SUBJECT_ID", direction="forward")
+        backward = pd.merge_asof(rows, adm, on="t", by="SUBJECT_ID", direction="backward")
+        out[forward.row.to_numpy()] = forward["shift"].fillna(backward["shift"]).to_numpy()
+    if np.isnan(out).any():
+        raise CounterfactualError(f"{int(np.isnan(out).sum())} rows belong to no admission of their patient")
+    return out.astype(np.int64)
+
+
+def _shifted(frame: pa.Table, columns: list[str], seconds: np.ndarray) -> pa.Table:
+    """frame with each timestamp column moved by seconds per row (nulls stay null)."""
+    for name in columns:
+        moved = pc.add(pc.cast(frame[name], pa.int64()), pa.array(seconds))
+        frame = frame.set_column(frame.column_names.index(name), name, pc.cast(moved, frame.schema.field(name).type))
+    return frame
+
+
+def _delay_readmissions(release: pathlib.Path, staging: pathlib.Path, admissions: pd.DataFrame, days: int,
+                        compresslevel: int) -> int:
+    """Rewrites every table with times in staging, each readmission k x days later; returns the rows moved."""
+    shifts = readmission_shifts(admissions, days)
+    last = shifts.groupby(admissions.set_index("HADM_ID").SUBJECT_ID.reindex(shifts.index).to_numpy()).max()
+    moved = 0
+    for table, schema in table_schemas.TABLES.items():
+        times = [c.name for c in schema.columns if c.type == table_schemas.ColType.TIMESTAMP]
+        path = reader.locate_table(release, table)
+        if not times or path is None:
+            continue
+        frame, dialect = read_typed(path, table)
+        if table == "PATIENTS":  # the dates of death follow the last admission; DOB stays
+            times = [t for t in times if t != "DOB"]
+            seconds = last.reindex(frame["SUBJECT_ID"].to_numpy()).fillna(0).to_numpy(dtype=np.int64)
+        else:
+            seconds = _row_shifts(frame, admissions, shifts, times[0])
+        if seconds.any():
+            write_typed(_shifted(frame, times, seconds), staging / path.name, table, dialect, compresslevel)
+            moved += int(np.count_nonzero(seconds))
+    return moved
+
+
 def _write_truths(release: pathlib.Path, staging: pathlib.Path, manifest: dict, change: str,
-                  logit_before: pd.Series, logit_after: pd.Series, rows_changed: int) -> CounterfactualSummary:
+                  logit_before: pd.Series, logit_after: pd.Series, rows_changed: int,
+                  days: int | None) -> CounterfactualSummary:
     """SYNTH_TRUTH.csv (counterfactual P_DEATH), SYNTH_COUNTERFACTUAL.csv and the manifest, in staging."""
     truth = pacsv.read_csv(release / TRUTH_FILE)
     ids = truth["HADM_ID"].to_numpy()
@@ -245,7 +315,7 @@ def _write_truths(release: pathlib.Path, staging: pathlib.Path, manifest: dict, 
         mean_abs_logit_change=float(np.abs(after - before)[changed].mean()) if changed.any() else 0.0,
         mean_abs_p_change=float(np.abs(p_after - p_before)[changed].mean()) if changed.any() else 0.0)
     doc = {**manifest, "counterfactual": {"change": change, "admissions_changed": summary.changed,
-                                          "labevents_rows_changed": rows_changed,
+                                          "rows_changed": rows_changed, **({"days": days} if days else {}),
                                           "file": COUNTERFACTUAL_FILE, "outcome": "DIED is the original release's"}}
     (staging / MANIFEST_FILE).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return summary

@@ -99,3 +99,51 @@ def test_a_counterfactual_is_refused_for_a_linear_release_or_a_counterfactual(pa
     with pytest.raises(CounterfactualError, match="not temporal"):
         make_counterfactual(tmp_path / "linear", tmp_path / "out", "reverse-course")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def delayed(pair):
+    original, _ = pair
+    out = original.parent / "delayed"
+    assert pipeline_main(["synth-counterfactual", "--release", str(original), "--change", "delay-readmission",
+                          "--days", "180", "--out", str(out)]) == 0
+    return original, out
+
+
+def test_each_readmission_moves_180_days_later_with_all_its_rows(delayed):
+    original, out = delayed
+    a, b = read(original, "ADMISSIONS"), read(out, "ADMISSIONS")
+    k = a.groupby("SUBJECT_ID").ADMITTIME.rank(method="first").to_numpy() - 1
+    shift = (k * 180 * DAY).astype(np.int64)
+    for column in ("ADMITTIME", "DISCHTIME"):
+        np.testing.assert_array_equal(b[column].to_numpy() - a[column].to_numpy(), shift)
+    by_hadm = dict(zip(a.HADM_ID, shift))
+    for table in ("LABEVENTS", "CHARTEVENTS", "ICUSTAYS"):
+        x, y = read(original, table), read(out, table)
+        time = "INTIME" if table == "ICUSTAYS" else "CHARTTIME"
+        assert len(x) == len(y)
+        moved = y[time].to_numpy() - x[time].to_numpy()
+        with_hadm = x.HADM_ID.notna().to_numpy()
+        np.testing.assert_array_equal(moved[with_hadm], x.HADM_ID[with_hadm].astype(int).map(by_hadm).to_numpy())
+    np.testing.assert_array_equal(read(original, "PATIENTS").DOB, read(out, "PATIENTS").DOB)
+    assert (pd.read_csv(out / "SYNTH_TRUTH.csv").DIED == pd.read_csv(original / "SYNTH_TRUTH.csv").DIED).all()
+
+
+def test_the_truth_moves_by_the_readmission_term_and_the_age_term(delayed):
+    original, out = delayed
+    cf = pd.read_csv(out / COUNTERFACTUAL_FILE).set_index("HADM_ID")
+    manifest = json.loads((out / "SYNTH_MANIFEST.json").read_text())
+    adm = read(original, "ADMISSIONS").sort_values(["SUBJECT_ID", "ADMITTIME"])
+    gap = ((adm.ADMITTIME - adm.groupby("SUBJECT_ID").DISCHTIME.shift()) / DAY).set_axis(adm.HADM_ID)
+    k = adm.groupby("SUBJECT_ID").cumcount().set_axis(adm.HADM_ID)
+    dob = read(original, "PATIENTS").set_index("SUBJECT_ID").DOB.reindex(adm.SUBJECT_ID).to_numpy()
+    year = 365.2425 * DAY
+    age = pd.Series((adm.ADMITTIME.to_numpy() - dob) / year, index=adm.HADM_ID)
+    age_after = age + k * 180 * DAY / year
+    readmission = manifest["truth"]["trajectory"]["readmission"] * np.log(gap / (gap + 180)).fillna(0.0)
+    ageing = manifest["mortality_model"]["age"] * (np.minimum(age_after, 90) - np.minimum(age, 90))
+    expected = (readmission + ageing).reindex(cf.index)
+    np.testing.assert_allclose(cf.LOGIT_AFTER - cf.LOGIT_BEFORE, expected, atol=1e-9)
+    assert cf.CHANGED.sum() == (k > 0).sum() > 30
+    assert (cf.LOGIT_AFTER - cf.LOGIT_BEFORE)[cf.CHANGED == 1].max() < 0  # a later readmission is a safer one
+    assert manifest["counterfactual"] == {**manifest["counterfactual"], "change": "delay-readmission", "days": 180}
