@@ -4,9 +4,10 @@
   python bench/methods/counterfactual.py --patients 1000 --scale tiny --methods deterministic
 
 A `synth --truth temporal` release (site A) and its counterfactual (`ehr-pipeline
-synth-counterfactual --change reverse-course`: each single-admission patient's pre-admission
-creatinine results in reverse time order; same values, so the same vocabulary and statistics)
-are bagged by the Beam job. Every method of the comparison (bench/methods/compare_setup.py: its
+synth-counterfactual --change CHANGE`; reverse-course: each single-admission patient's pre-admission
+creatinine results in reverse time order, same values, so the same vocabulary and statistics;
+delay-readmission: each readmission 180 days later after the previous discharge) are bagged by
+the Beam job. Every method of the comparison (bench/methods/compare_setup.py: its
 configs at --scale, trained as compare_runs.train_run trains them; a deep ensemble of
 ENSEMBLE_SIZE deterministic runs with --deep-ensemble; the logistic and boosted-tree baselines; the
 well-specified logistic on the truth's own design) is trained on the original release and scores
@@ -43,7 +44,8 @@ from bench.harness import command_line, machine_info, publish  # noqa: E402
 from bench.methods.compare_runs import load_split, make_data, make_release, predict, train_run, truth_design  # noqa: E402
 from bench.methods.compare_setup import (BASELINES, DEEP_ENSEMBLE, ENSEMBLE_SIZE, METHODS, SCALES,  # noqa: E402
                                          WELL_SPECIFIED)
-from ehr_pipeline.synth.counterfactual import COUNTERFACTUAL_FILE, make_counterfactual  # noqa: E402
+from ehr_pipeline.synth.counterfactual import (CHANGES, COUNTERFACTUAL_FILE, DEFAULT_DELAY_DAYS,  # noqa: E402
+                                               make_counterfactual)
 from ehr_pipeline.synth.temporal import temporal_model  # noqa: E402
 from model.evaluation.statistics.against_truth import (LARGE_TRUTH_CHANGE, all_uncertainties,  # noqa: E402
                                                        counterfactual_response, uncertainty_where_decided)
@@ -63,9 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--patients", type=int, default=3000, help="patients of the temporal release")
     p.add_argument("--seed", type=int, default=11, help="the release's seed (and the runs' seed)")
+    p.add_argument("--change", choices=CHANGES, default="reverse-course", help="the counterfactual "
+                   f"(ehr-pipeline synth-counterfactual --change; delay-readmission by {DEFAULT_DELAY_DAYS} days)")
     p.add_argument("--scale", choices=tuple(SCALES), default="medium", help="model sizes and optimisation "
                    "(bench/methods/compare_setup.py SCALES)")
-    p.add_argument("--steps", type=int, default=None, help="max_steps per run (default: the scale's)")
+    p.add_argument("--steps", type=int, default=None, help="max_steps per run; none: the scale's")
     p.add_argument("--methods", nargs="+", default=["deterministic", "rank1_normal"], choices=METHODS,
                    help="network methods to train")
     p.add_argument("--deep-ensemble", action="store_true",
@@ -105,14 +109,14 @@ def _train_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dict]:
     """{method: {'before': [N, M] probs, 'after': [N, M] probs, 'K': members, 'S': samples}} on the test split."""
-    release, reversed_ = work / "release", work / "release_reversed"
+    release, changed = work / "release", _changed_release(work, args.change)
     make_release("A", args.patients, args.seed, release, truth="temporal")
-    if not (reversed_ / COUNTERFACTUAL_FILE).exists():
-        make_counterfactual(release, reversed_, "reverse-course")
+    if not (changed / COUNTERFACTUAL_FILE).exists():
+        make_counterfactual(release, changed, args.change)
     make_data(release, work / "data")
-    make_data(reversed_, work / "data_reversed")
+    make_data(changed, work / f"data_{args.change}")
     before = load_split(work / "data", release, "test")
-    after = load_split(work / "data_reversed", reversed_, "test")
+    after = load_split(work / f"data_{args.change}", changed, "test")
     if not np.array_equal(before.hadm_ids, after.hadm_ids):
         raise RuntimeError("the counterfactual's test split holds other admissions than the original's")
     targs = _train_args(args)
@@ -128,8 +132,11 @@ def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dic
                      "after": predict(loaded, after, samples, args.seed),
                      "K": sum(e.ensemble_size for e in loaded), "S": samples, "seconds": seconds, "steps": steps}
 
-    def run_steps(export: pathlib.Path) -> int:
-        return int(json.loads((export.parent / "best.json").read_text())["step"] or 0)
+    def run_steps(export: pathlib.Path) -> str:
+        """'best step, validation NLL; why it ended' of a run (its best.json)."""
+        best = json.loads((export.parent / "best.json").read_text())
+        ended = (best.get("stop_reason") or "").split(":")[0].split(" (")[0].replace(" reached", "")
+        return f"{best['step']}, {best['validation_nll']:.4f}; {ended}"
 
     for method in args.methods:
         seeds = range(ENSEMBLE_SIZE if method == "deterministic" and args.deep_ensemble else 1)
@@ -146,19 +153,24 @@ def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dic
             started = time.time()
             fitted = fit_baseline(work / "data", kind, seed=0)
             out[kind] = {"before": fitted.predict_data(work / "data", "test")[:, None],
-                         "after": fitted.predict_data(work / "data_reversed", "test")[:, None],
+                         "after": fitted.predict_data(work / f"data_{args.change}", "test")[:, None],
                          "K": 1, "S": 1, "seconds": time.time() - started, "steps": []}
-        out[WELL_SPECIFIED] = _well_specified(work, before.hadm_ids)
+        out[WELL_SPECIFIED] = _well_specified(work, changed, before.hadm_ids)
     return out
 
 
-def _well_specified(work: pathlib.Path, test_ids: np.ndarray) -> dict:
+def _changed_release(work: pathlib.Path, change: str) -> pathlib.Path:
+    """The counterfactual release of a change in the work folder."""
+    return work / f"release_{change}"
+
+
+def _well_specified(work: pathlib.Path, changed: pathlib.Path, test_ids: np.ndarray) -> dict:
     """The truth's own design with coefficients fitted on the training split, scored before and after."""
     from sklearn.linear_model import LogisticRegression
 
     started = time.time()
     rows = truth_design(work / "release")
-    rows_after = truth_design(work / "release_reversed")
+    rows_after = truth_design(changed)
     train = load_split(work / "data", work / "release", "train")
     fit = LogisticRegression(C=1e6, max_iter=5000).fit(np.stack([rows[h] for h in train.hadm_ids]), train.labels)
     return {"before": fit.predict_proba(np.stack([rows[h] for h in test_ids]))[:, 1:],
@@ -169,21 +181,22 @@ def _well_specified(work: pathlib.Path, test_ids: np.ndarray) -> dict:
 def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict], argv) -> str:
     """The section's markdown: the counterfactual table and, for sampled posteriors, the uncertainty table."""
     ids = load_split(work / "data", work / "release", "test").hadm_ids
-    cf = pd.read_csv(work / "release_reversed" / COUNTERFACTUAL_FILE).set_index("HADM_ID").reindex(ids)
+    cf = pd.read_csv(_changed_release(work, args.change) / COUNTERFACTUAL_FILE).set_index("HADM_ID").reindex(ids)
     truth_before, truth_after = cf.LOGIT_BEFORE.to_numpy(), cf.LOGIT_AFTER.to_numpy()
-    lines = [f"Command: `{command_line(__file__, argv)}`", "",
-             f"One site-A temporal release ({args.patients:,} patients, seed {args.seed}) and its reverse-course "
+    title = f"## Counterfactual: {args.change}{', early stopping' if args.early_stop else ''}"
+    lines = [f"{title} (`bench/methods/counterfactual.py`)", "", f"Command: `{command_line(__file__, argv)}`", "",
+             f"One site-A temporal release ({args.patients:,} patients, seed {args.seed}) and its {args.change} "
              f"counterfactual; {len(ids):,} test admissions, {int(cf.CHANGED.sum()):,} of them changed (the truth's "
              f"mean |dP| there {np.abs(cf.P_DEATH_AFTER - cf.P_DEATH_BEFORE)[cf.CHANGED == 1].mean():.3f}). "
              f"Scale {args.scale}{' with early stopping ' + str(EARLY_STOP) if args.early_stop else ''}, "
              f"run seed {args.seed}; one release and one run per method: a measurement, not a finding.", "",
-             f"| method | slope (95% CI) | sign agreement, |truth change| >= {LARGE_TRUTH_CHANGE:g} | mean abs dp "
-             "(truth) | steps (best) | train s |",
+             f"| method | slope (95% CI) | sign agreement, truth change >= {LARGE_TRUTH_CHANGE:g} in size | mean abs dp "
+             "(truth) | best step, validation NLL; end | train s |",
              "|---|---|---|---|---|---|"]
     for name, s in scores.items():
         r = counterfactual_response(_mean_logit(s["before"]), _mean_logit(s["after"]), truth_before, truth_after,
                                     n_bootstrap=args.n_bootstrap, seed=args.seed)
-        steps = ", ".join(str(v) for v in s["steps"]) or "-"
+        steps = " / ".join(s["steps"]) or "-"
         lines.append(f"| {name} | {r['slope']:.3f} ({r['slope_lower']:.3f}, {r['slope_upper']:.3f}) | "
                      f"{r['sign_agreement']:.2f} (n={r['n_large']}) | {r['mean_abs_dp']:.4f} "
                      f"({r['truth_mean_abs_dp']:.4f}) | {steps} | {s['seconds']:.0f} |")
@@ -196,7 +209,7 @@ def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict]
         decided = trajectory >= np.quantile(trajectory, DECIDED_QUANTILE)
         undecided = trajectory <= np.quantile(trajectory, UNDECIDED_QUANTILE)
         lines += ["", "Does the posterior know what it has not learned? Mean uncertainty on the original test cases "
-                  f"whose |trajectory terms of the truth's logit| is in the top quartile (n={int(decided.sum())}) "
+                  f"whose trajectory terms of the truth's logit are in the top quartile in size (n={int(decided.sum())}) "
                   f"minus the bottom quartile (n={int(undecided.sum())}), 95% case-bootstrap interval:", "",
                   "| method | measure | decided | undecided | difference (95% CI) |", "|---|---|---|---|---|"]
         for name, s in sampled.items():
@@ -216,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     work = pathlib.Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     scores = score_methods(args, work)
-    section = SECTION + ("_early_stop" if args.early_stop else "")
+    section = f"{SECTION}_{args.change}" + ("_early_stop" if args.early_stop else "")
     publish(section, report(args, work, scores, argv), args.out, write=not args.no_write)
     return 0
 
