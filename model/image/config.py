@@ -199,7 +199,7 @@ class ImageEvalConfig(_Model):
     seed: _Int = Field(0, description="Sampling seed of the final evaluation.")
 
 
-# Mirrors model.training.config's ExperimentConfig, parse_config and load_config: each task keeps
+# Mirrors model.ehr.config's ExperimentConfig, parse_config and load_config: each task keeps
 # entry points typed with its own config, and the shared work is in yaml_config.
 class ImageExperimentConfig(ExperimentBase):
     """One image training run: ``task: image``, a name and four sections."""

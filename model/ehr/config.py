@@ -83,14 +83,14 @@ class ModelConfig(_Model):
                        "and the bag vector is attention_heads x embedding_dim wide.")
     wide: bool = Field(
         False, description="Add a linear ('wide') part to the logit on the admission window's per-code aggregates "
-                           "(log counts, min / max / mean / last z-scores, context; model.training.inputs); wide_posterior "
+                           "(log counts, min / max / mean / last z-scores, context; model.ehr.inputs); wide_posterior "
                            "says how it is trained.")
     wide_window_hours: _PosFloat = Field(48.0, description="wide: the window, hours before the prediction time.")
     wide_posterior: Literal["factory", "laplace"] = Field(
         "factory", description="wide: 'factory' trains the linear part with the LSTM under the method's posterior; "
-                               "'laplace' fits model.training.baselines' logistic regression on the training split before the "
+                               "'laplace' fits model.ehr.baselines' logistic regression on the training split before the "
                                "first step (penalty and C by validation NLL), fixes it with its Laplace posterior "
-                               "(model.training.wide) and lets the LSTM learn the residual from 0.")
+                               "(model.ehr.wide) and lets the LSTM learn the residual from 0.")
     wide_l1: _NonNegFloat = Field(
         0.0, description="wide: L1 penalty (per example) on the linear part's kernel in place of l2, which selects "
                          "a few analytes among hundreds of columns; 0 keeps l2. deterministic / rank1 / "
@@ -168,11 +168,11 @@ class TrainConfig(_Model):
     mixed_precision: bool | Literal["float32", "mixed_bfloat16", "mixed_float16"] = Field(
         False, description="16-bit layer compute (variables, loss, NLL and KL stay float32): true = bfloat16 where "
                            "the hardware has it (CPUs, GPUs >= compute capability 8.0), else float16 with loss "
-                           "scaling; or a Keras policy name (model.training.mixed_precision).")
+                           "scaling; or a Keras policy name (model.ehr.mixed_precision).")
     seed: _Int = 0
 
 
-# The scikit-learn baselines (model.training.baselines): here, so `ehr-eval --help` lists them
+# The scikit-learn baselines (model.ehr.baselines): here, so `ehr-eval --help` lists them
 # without importing TensorFlow, which the baselines' featurizer needs.
 BASELINE_KINDS = ("logistic", "gbm")
 
