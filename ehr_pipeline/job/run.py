@@ -1,7 +1,8 @@
 """The Beam job: a source (MIMIC-III CSVs or a MEDS dataset) -> one bagged SequenceExample per example.
 
 The graph, as ``_run_pipeline`` builds it from the composite transforms of ``sources``, ``bag``,
-``sinks`` and ``spill_stages`` (their shared items and counters: ``items``):
+``sinks`` and the stages ``spill_source``, ``spill_bag``, ``spill_merge`` (their shared items and
+counters: ``items``):
 
   SpillSource | MedsSource     -> tagged items: a bucket's spill files (events of a HADM_ID range, or
                                   whole examples of a key hash); unit census, counts, dead rows
@@ -41,7 +42,9 @@ from ehr_pipeline.job.dedup import RepeatFinder
 from ehr_pipeline.job.items import COUNTS, FATAL, STATS, Select, SumCounts, ToJsonFile, select
 from ehr_pipeline.job.meds_stages import BagMedsBucket, MedsSource, meds_bucket_count
 from ehr_pipeline.job.sinks import WriteDeadLetters, write_dead_letter_files
-from ehr_pipeline.job.spill_stages import BagBucket, BagBuckets, MergeShards, SpillSource
+from ehr_pipeline.job.spill_bag import BagBucket, BagBuckets
+from ehr_pipeline.job.spill_merge import MergeShards
+from ehr_pipeline.job.spill_source import SpillSource
 from ehr_pipeline.meds import labels as meds_labels
 from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.mimic import cohort as cohort_mod

@@ -2,7 +2,7 @@
 
 ``ReadMimicTable`` reads one MIMIC-III table file into the events of cohort admissions (as
 chunks, ``chunks``), the unit census, counts, dead letters and one-line FATAL errors; the
-MIMIC-III job's stage A (``spill_stages.SpillSource``) spills its events to disk. ``ReadMedsFile``
+MIMIC-III job's stage A (``spill_source.SpillSource``) spills its events to disk. ``ReadMedsFile``
 reads one MEDS data file into one EXAMPLE item per example, its cohort row and event chunks
 together: it computes the task per subject on the worker that reads its file (docs/meds.md), and
 the MEDS job's stage A (``meds_stages.MedsSource``) spills the examples to disk.

@@ -24,7 +24,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from ehr_pipeline.contract import PipelineConfig
 from ehr_pipeline.job import SpillOptions, gzip_split, run_job, run_to_meds, spill
 from ehr_pipeline.job.run import DASK_RUNNER, with_local_workers
-from ehr_pipeline.job.spill_stages import BUCKET, PLAN, BagBuckets, with_plan
+from ehr_pipeline.job.spill import BUCKET, PLAN
+from ehr_pipeline.job.spill_bag import BagBuckets, with_plan
 from tests.support.job_outputs import CONFIG, output_digests
 from tests.support.job_runners import RUNNER_ARG, SideInputRecordingRunner
 
