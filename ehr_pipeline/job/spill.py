@@ -37,7 +37,7 @@ from apache_beam.io.filesystems import FileSystems
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ehr_pipeline.contract import layout, output_folder
-from ehr_pipeline.job import gzip_split
+from ehr_pipeline.job import temp_disk
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def remove_dead_spill_folders(temp_dir: str) -> list[str]:
 @contextlib.contextmanager
 def spill_run(out_dir: str, temp_dir: str | None, disk_inputs: list[tuple[str, str]], split_threshold: int):
     """A run's spill folder for the ``with`` block: marked with its owner, removed at the end however the run
-    ends (an error, Ctrl-C, SIGTERM), and a full disk inside turned into gzip_split.NotEnoughDiskError.
+    ends (an error, Ctrl-C, SIGTERM), and a full disk inside turned into temp_disk.NotEnoughDiskError.
 
     ``disk_inputs`` ((table, file) inputs) and ``split_threshold`` size the temporary disk the error asks for.
     Folders of earlier runs that died in temp_dir are removed first (``remove_dead_spill_folders``).
@@ -159,7 +159,7 @@ def spill_run(out_dir: str, temp_dir: str | None, disk_inputs: list[tuple[str, s
     if temp_dir is not None:
         remove_dead_spill_folders(layout.absolute(temp_dir))
     folder = spill_folder(out_dir, temp_dir)
-    with _removed_on_sigterm(), gzip_split.disk_full_is_one_line(folder, disk_inputs, split_threshold):
+    with _removed_on_sigterm(), temp_disk.disk_full_is_one_line(folder, disk_inputs, split_threshold):
         try:
             if temp_dir is not None:
                 with FileSystems.create(layout.join(folder, OWNER_FILE), compression_type=_RAW) as f:
