@@ -13,9 +13,10 @@ import os
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ehr_base import yaml_config
+from ehr_base.yaml_config import ConfigModel
 from model.export_layout import MAX_SAMPLES
 from model.evaluation.statistics.metrics import DEFAULT_REFERRAL_RATE
 from model.fit.experiment import ExperimentBase
@@ -48,11 +49,7 @@ FACTORY_METHODS = {"deterministic": "deterministic", "bayesian_embeddings": "det
                    "ktied_normal": "ktied_normal", "bella": "bella"}
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelConfig(_Model):
+class ModelConfig(ConfigModel):
     """Architecture and posterior of the EHR model (see docs/model.md)."""
 
     method: Method = "rank1"
@@ -134,7 +131,7 @@ class ModelConfig(_Model):
         return self.method in STOCHASTIC_EMBEDDING_METHODS
 
 
-class TrainConfig(_Model):
+class TrainConfig(ConfigModel):
     """Optimisation of one run (defaults: Table 7, Gaussian rank-1 RNN)."""
 
     batch_size: _PosInt = Field(128, description="B examples per step; the model sees B*K rows.")
@@ -177,7 +174,7 @@ class TrainConfig(_Model):
 BASELINE_KINDS = ("logistic", "gbm")
 
 
-class EvalConfig(_Model):
+class EvalConfig(ConfigModel):
     """Evaluation and export settings."""
 
     num_samples: Annotated[int, Field(strict=True, ge=1, le=MAX_SAMPLES)] = Field(

@@ -12,7 +12,7 @@ def test_parts_hold_every_row_once(demo_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(table_parts, "ROWS_PER_BLOCK", 1000)  # several blocks per part on a small table
     paths, rows = table_parts.write_table_parts(src, "LABEVENTS", tmp_path, parts=4, show_progress=False)
     assert rows == 76074
-    assert [p.name for p in paths] == [table_parts.part_name("LABEVENTS", i, 4) for i in range(4)]
+    assert [p.name for p in paths] == [table_parts.part_name("LABEVENTS", i, 4, "gz") for i in range(4)]
     assert reader.locate_table_files(tmp_path, "LABEVENTS") == paths
     whole, _ = reader.read_table(src, "LABEVENTS")
     pieces = [reader.read_table(p, "LABEVENTS")[0] for p in paths]
