@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import io
 import json
 import logging
 import os
@@ -92,23 +91,6 @@ def test_a_malformed_row_in_a_part_is_dead_lettered_naming_the_part_and_its_line
     text = pa.input_stream(part, compression="zstd").read().decode()
     assert text.split("\n")[letters[0]["line"] - 1] == bad
     assert manifest["balanced"]
-
-
-def test_split_parts_hold_every_record_once_and_cut_outside_quotes(tmp_path):
-    rows = [["ROW_ID", "TEXT"]] + [[str(i), f'line one\nline "two" of {i}' if i % 7 == 0 else f"plain {i}"]
-                                   for i in range(3000)]
-    rows[1500][1] = 'a field longer than a block,\n"quoted",\n' * 100  # its newlines span several blocks
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows(rows)
-    src = tmp_path / "T.csv.gz"
-    src.write_bytes(gzip.compress(buf.getvalue().encode()))
-    parts = table_parts.split_file(str(src), "LABEVENTS", str(tmp_path / "parts"), parts=3, block=1000)
-    got = []
-    for part in parts:
-        records = list(csv.reader(io.StringIO(pa.input_stream(part, compression="zstd").read().decode())))
-        assert records[0] == rows[0] and len(records) > 1  # each part: the header, then whole records
-        got.extend(records[1:])
-    assert sorted(got, key=lambda r: int(r[0])) == rows[1:]
 
 
 def test_frame_files_of_two_attempts_never_share_a_name(tmp_path):
