@@ -4,6 +4,8 @@ Every YAML config of the project (the pipeline's, the EHR and image experiments'
 ``load`` and every rejected config, the service's settings included, is described by
 ``describe_errors``: one line that names the file and each bad field by its dotted path,
 e.g. ``runs.yaml: invalid experiment config: train.batch_sise: Extra inputs are not permitted``.
+Their sections share one base, ``ConfigModel`` (unknown fields rejected, frozen), or
+``StrictConfigModel`` (no conversion either) where the data layer asks for it.
 
 It lives at the bottom of the layering (no TensorFlow, no Beam) so the pipeline, the model
 and the service all import it.
@@ -21,6 +23,20 @@ M = TypeVar("M", bound=pydantic.BaseModel)
 
 class ConfigError(ValueError):
     """A configuration file that cannot be read or does not validate."""
+
+
+class ConfigModel(pydantic.BaseModel):
+    """Base of every config section: an unknown field is an error (a misspelt key never passes as the
+    default), and a loaded config is immutable (hashable, shared without copies)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class StrictConfigModel(ConfigModel):
+    """A ``ConfigModel`` that converts nothing (YAML's ``1.5`` or ``"3"`` is no int, ``1`` no bool): the data
+    layer's configs, where a quietly converted value would change what a job writes."""
+
+    model_config = pydantic.ConfigDict(strict=True)
 
 
 def describe_errors(err: pydantic.ValidationError) -> str:

@@ -74,8 +74,8 @@ def synthetic_data(tmp_path_factory) -> pathlib.Path:
 def trained_rank1(tmp_path_factory) -> dict:
     """A tiny rank-1 run trained once per session: data, run folder, export, loss history, config."""
     # TensorFlow loads only for the tests that ask for a trained model.
-    from model.training.config import parse_config
-    from model.training.train import train
+    from model.ehr.config import parse_config
+    from model.ehr.train import train
     from tests.support.ehr_testdata import tiny_config_dict, write_data_dir
 
     # kl_scale < 1: with 160 training admissions the full KL / N_train would swamp the likelihood.

@@ -209,7 +209,7 @@ def run_grid(args: argparse.Namespace, work: pathlib.Path) -> None:
             target = preds / f"{kind}_s{seed}.npz"
             if target.exists():
                 continue
-            from model.training.baselines import fit_baseline
+            from model.ehr.baselines import fit_baseline
 
             started = time.time()
             fitted = fit_baseline(data[f"A{seed}"], kind, seed=0)

@@ -107,7 +107,7 @@ def truth_design(release: pathlib.Path, harmonised: bool = True) -> dict[int, np
 
 
 def run_config(method: str, seed: int, args: argparse.Namespace):
-    from model.training.config import load_config
+    from model.ehr.config import load_config
 
     name, model_overrides = VARIANTS.get(method, (method, {}))
     config = load_config(ROOT / "configs" / f"ehr_{name}.yaml")
@@ -125,7 +125,7 @@ def run_config(method: str, seed: int, args: argparse.Namespace):
 def train_run(method: str, seed: int, args, data: pathlib.Path, truth: pathlib.Path, work: pathlib.Path,
            name: str | None = None):
     """(export folder, trainable parameters, train seconds) of one run (runs/NAME); a finished run is reused."""
-    from model.training.train import train
+    from model.ehr.train import train
 
     run_dir = work / "runs" / (name or f"{method}_s{seed}")
     export_dir = run_dir / "export"

@@ -14,7 +14,7 @@ METHODS = ("deterministic", "batchensemble", "bayesian_embeddings", "fully_bayes
 # Rows that are another row's config with a model setting changed: {row: (config name, model overrides)}.
 # rank1_normal_wide: with a linear part on the admission window's aggregates (ModelConfig.wide),
 # trained with the LSTM; rank1_normal_laplace: that part fitted first as the logistic regression
-# with its Laplace posterior (model.training.wide), the LSTM learning the residual.
+# with its Laplace posterior (model.ehr.wide), the LSTM learning the residual.
 VARIANTS = {"ktied_normal_k1": ("ktied_normal", {"ktied_rank": 1}),
             "ktied_normal_k3": ("ktied_normal", {"ktied_rank": 3}),
             "rank1_normal_wide": ("rank1_normal", {"wide": True}),

@@ -147,7 +147,7 @@ def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dic
         if len(runs) > 1:
             scored(DEEP_ENSEMBLE, [r[0] for r in runs], 1, sum(r[2] for r in runs), [run_steps(r[0]) for r in runs])
     if not args.no_baselines:
-        from model.training.baselines import fit_baseline
+        from model.ehr.baselines import fit_baseline
 
         for kind in BASELINES:
             started = time.time()

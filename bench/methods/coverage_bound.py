@@ -4,12 +4,12 @@
 
 The medium comparison's best-covering model, ``rank1_normal_laplace``, covers P_DEATH with its
 95% interval in ~88% of site-A test cases, short of the 90% target; nearly all of its spread
-comes from the Laplace posterior over the logistic regression it starts from (model.training.wide). This
+comes from the Laplace posterior over the logistic regression it starts from (model.ehr.wide). This
 script asks whether another posterior over that regression, chosen without the truth, would
 cover 90%. On site A's training split it fits the regression chosen exactly as the trainer does
-(model.training.baselines, L1 or L2 and C by validation NLL) and compares posteriors over its weights:
+(model.ehr.baselines, L1 or L2 and C by validation NLL) and compares posteriors over its weights:
 
-* ``laplace``: the shipped one (model.training.wide.fit_laplace): the Hessian plus a unit prior over the
+* ``laplace``: the shipped one (model.ehr.wide.fit_laplace): the Hessian plus a unit prior over the
   columns the fit keeps;
 * ``laplace xTAU``: the same covariance scaled by TAU (a tempered posterior);
 * ``sandwich``: the misspecification-robust sampling covariance P^-1 J P^-1;
@@ -77,7 +77,7 @@ class Posterior:
 
 def posteriors(params: dict, args: argparse.Namespace) -> list[Posterior]:
     """The posteriors compared, the shipped one first."""
-    from model.training.wide import laplace_posterior
+    from model.ehr.wide import laplace_posterior
 
     def gaussian(tau: float = 1.0, sandwich: bool = False, **kwargs) -> Callable:
         def draw(pipeline, x, y):
@@ -104,7 +104,7 @@ def bootstrap_draws(pipeline, x: np.ndarray, y: np.ndarray, refits: int, seed: i
     """Raw-column weights [refits, 1 + F] of the pipeline refitted on bootstrap resamples of (x, y)."""
     from sklearn.base import clone
 
-    from model.training.wide import raw_coefficients
+    from model.ehr.wide import raw_coefficients
 
     rng = np.random.default_rng(seed)
     resamples = (rng.integers(0, len(y), len(y)) for _ in range(refits))
@@ -154,8 +154,8 @@ def run(args: argparse.Namespace) -> tuple[list[dict], dict]:
     from bench.methods.compare_runs import make_data, make_release
     from model.evaluation.statistics import metrics, metrics_report
     from model.evaluation.evaluate import load_truth
-    from model.training import baselines
-    from model.training.inputs import Featurizer
+    from model.ehr import baselines
+    from model.ehr.inputs import Featurizer
     from model.data_folder import load_data_files
 
     work = pathlib.Path(args.work)

@@ -10,7 +10,7 @@ release with the project's generator, runs the Beam job on it, and fits, on rand
 its training split (REPEATS draws per size), two models chosen and read exactly as in
 bench/methods/compare_methods.py:
 
-* ``logistic``: model.training.baselines' logistic regression on the 634 window aggregates (L1 or L2 and C
+* ``logistic``: model.ehr.baselines' logistic regression on the 634 window aggregates (L1 or L2 and C
   chosen by NLL on the full validation split), the strongest general-purpose learner of the
   medium comparison;
 * ``well_specified_logistic``: the truth's own nine terms recomputed from the tables, with
@@ -80,8 +80,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     from bench.methods.compare_runs import make_data, make_release, truth_design
     from model.evaluation.statistics import metrics
     from model.evaluation.evaluate import load_truth
-    from model.training import baselines
-    from model.training.inputs import Featurizer
+    from model.ehr import baselines
+    from model.ehr.inputs import Featurizer
     from model.data_folder import load_data_files
 
     work = pathlib.Path(args.work)

@@ -153,9 +153,9 @@ def write_table7_export(directory: pathlib.Path, bags: int = BAGS) -> pathlib.Pa
     from model.export import write as export_writer
     from model.export.predict import Predictor
     from model import data_folder
-    from model.training import inputs
-    from model.training.config import load_config
-    from model.training.ehr_model import build_model
+    from model.ehr import inputs
+    from model.ehr.config import load_config
+    from model.ehr.ehr_model import build_model
     from serving.tools.tiny_export import DEFAULT_VOCABULARY
 
     config = load_config(TABLE7_CONFIG).model
@@ -231,7 +231,7 @@ def edward2_cell_pass(units: int, input_dim: int, k: int, rows: int, steps: int,
     import tensorflow as tf
 
     from model.layers import factory
-    from model.training.config import load_config
+    from model.ehr.config import load_config
 
     cell = factory.lstm_cell(units, load_config(TABLE7_CONFIG).model.posterior.model_copy(update={"ensemble_size": k}))
     x = tf.random.normal([steps, rows, input_dim])
@@ -253,7 +253,7 @@ def lstm_layer_pass(units: int, input_dim: int, k: int, rows: int, steps: int, r
     import tensorflow as tf
 
     from model.layers import factory
-    from model.training.config import load_config
+    from model.ehr.config import load_config
 
     layer = factory.lstm(units, load_config(TABLE7_CONFIG).model.posterior.model_copy(update={"ensemble_size": k}))
     x = tf.random.normal([rows, steps, input_dim])
@@ -446,9 +446,9 @@ def main(argv: list[str] | None = None) -> int:
         print({k: v for k, v in timings.items() if k != "bags"}, flush=True)
         card_model = export.card_raw.get("config", {}).get("model", {})
         units = int(card_model.get("rnn_dim", 8))
-        from model.training.config import ModelConfig
-        from model.training.ehr_model import bag_vector_dim
-        from model.training.inputs import CONTEXT_DIM
+        from model.ehr.config import ModelConfig
+        from model.ehr.ehr_model import bag_vector_dim
+        from model.ehr.inputs import CONTEXT_DIM
 
         input_dim = bag_vector_dim(ModelConfig.model_validate(card_model))
         rows = args.num_samples * export.ensemble_size

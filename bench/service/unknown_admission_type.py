@@ -32,7 +32,7 @@ MODEL = {"embedding_dim": 16, "rnn_dim": 32, "hidden_layer_dim": 32, "pooling": 
 TRAIN = {"batch_size": 32, "learning_rate": 3e-3, "lr_schedule": "cosine", "eval_every_steps": 250,
          "early_stopping_patience": 4, "checkpoint_every_steps": 500, "log_every_steps": 100,
          "shuffle_buffer": 4096, "kl_annealing_steps": 1000, "kl_scale": 0.3}
-OTHER_SLOT = "UNKNOWN"  # a string outside model.training.inputs.ADMISSION_TYPES: the untrained "other" slot
+OTHER_SLOT = "UNKNOWN"  # a string outside model.ehr.inputs.ADMISSION_TYPES: the untrained "other" slot
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,8 +54,8 @@ def _prepare(seed: int, args: argparse.Namespace, work: pathlib.Path) -> tuple[p
     from ehr_pipeline.contract import PipelineConfig
     from ehr_pipeline.job import run_job
     from ehr_pipeline.synth import SynthConfig, write_release
-    from model.training.config import load_config
-    from model.training.train import train
+    from model.ehr.config import load_config
+    from model.ehr.train import train
 
     release, data, run = work / f"release_{seed}", work / f"data_{seed}", work / f"run_{seed}"
     if not (release / "SYNTH_TRUTH.csv").exists():

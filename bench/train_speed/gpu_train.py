@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from model.cli.ehr_train import parse_overrides
     from model.evaluation.report import formatting
-    from model.training.config import load_config
-    from model.training.train import train
+    from model.ehr.config import load_config
+    from model.ehr.train import train
 
     overrides = parse_overrides([f"train.mixed_precision={args.precision}", *args.overrides])
     config = load_config(args.config).with_overrides(**overrides).with_train_overrides(max_steps=args.steps)

@@ -4,7 +4,7 @@ Each variant runs in a child process pinned to 1 or 2 cores (CPU affinity, and T
 thread pools sized to match), reads the training split of a pipeline output folder, and
 times batches after a warm-up:
 
-  stream   the trainer's pipeline (model.training.inputs.dataset, training=True): shuffled shards read
+  stream   the trainer's pipeline (model.ehr.inputs.dataset, training=True): shuffled shards read
            in parallel (interleave), batches of serialized protos parsed at once, featurized
   cached   train.cache_featurized: the first epoch's featurized batches kept in memory and
            replayed reshuffled: from the second epoch on, a step costs no parsing or featurizing
@@ -41,7 +41,7 @@ def child(data: str, variant: str, cores: int, batch_size: int, batches: int) ->
     tf.config.threading.set_intra_op_parallelism_threads(cores)
     tf.config.threading.set_inter_op_parallelism_threads(cores)
     from model import data_folder
-    from model.training import inputs
+    from model.ehr import inputs
 
     files = data_folder.load_data_files(data)
     featurizer = inputs.Featurizer.from_data_files(files)
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(child(args.data, args.child[0], int(args.child[1]), args.batch_size, args.batches)))
         return
     sys.path.insert(0, str(ROOT))
-    from model.training.config import load_config
+    from model.ehr.config import load_config
 
     rows = []
     for variant in args.variants:

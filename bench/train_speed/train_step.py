@@ -10,7 +10,7 @@ Steps are timed one by one, round-robin across variants (the machine is shared: 
 every variant alike), and the median is reported.
 
 The parameter overhead of the LSTM alone says little about the paper's claim, which is about
-whole models; so the whole EHR model (``model.training.ehr_model.build_model`` with the model sections
+whole models; so the whole EHR model (``model.ehr.ehr_model.build_model`` with the model sections
 of configs/ehr_rank1_normal.yaml and configs/ehr_deterministic.yaml) is also counted, per
 vocabulary size.
 """
@@ -138,9 +138,9 @@ def whole_model_parameters(vocab_sizes) -> list[dict]:
     factors alone add, separated from the embedding table's stddevs, which any Bayesian
     embedding has and which are not part of the rank-1 parameterisation.
     """
-    from model.training.config import load_config
+    from model.ehr.config import load_config
     from model.fit.training_loop import count_parameters
-    from model.training.ehr_model import build_model
+    from model.ehr.ehr_model import build_model
 
     rank1_cfg = load_config(ROOT / RANK1_CONFIG).model
     det_cfg = load_config(ROOT / DETERMINISTIC_CONFIG).model
@@ -159,7 +159,7 @@ def _parameters_markdown(rows) -> str:
     lines = [
         "### Parameter overhead of the whole EHR model",
         "",
-        f"`model.training.ehr_model.build_model` with the model sections of `{RANK1_CONFIG}` (rank-1 Normal, "
+        f"`model.ehr.ehr_model.build_model` with the model sections of `{RANK1_CONFIG}` (rank-1 Normal, "
         f"K=4, Table 7 sizes: embedding 32, LSTM 512, hidden 512) and `{DETERMINISTIC_CONFIG}` (same sizes); "
         "trainable scalars. 848 ids is the demo vocabulary (841 codes + 7 OOV ids); full MIMIC-III "
         "with the pipeline's defaults gives ~10k-20k ids. `bayesian embeddings` is the rank-1 config's "

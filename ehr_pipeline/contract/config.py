@@ -14,9 +14,10 @@ import os
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ehr_base import yaml_config
+from ehr_base.yaml_config import StrictConfigModel
 from ehr_pipeline.contract import spec
 
 # Strict: YAML `1.5` must not quietly become the integer 1, nor `true` the integer 1.
@@ -26,11 +27,7 @@ _Source = Literal[spec.SOURCES]  # type: ignore[valid-type]  # Literal over the 
 _SPLIT_SUM_TOLERANCE = 1e-9  # 0.8 + 0.1 + 0.1 is not exactly 1.0 in binary floating point
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class BaggingConfig(_Model):
+class BaggingConfig(StrictConfigModel):
     """How one admission's events become time bags (see ``bagging.bag_events``)."""
 
     bagging_time_precision: _StrictInt = Field(
@@ -45,7 +42,7 @@ class BaggingConfig(_Model):
                     "as a bag, so it is the first to go.")
 
 
-class SplitsConfig(_Model):
+class SplitsConfig(StrictConfigModel):
     """Fractions of patients per split; a patient's admissions all land in one split."""
 
     train: _Fraction = 0.8
@@ -64,7 +61,7 @@ class SplitsConfig(_Model):
 SPLIT_NAMES: tuple[str, ...] = tuple(SplitsConfig.model_fields)
 
 
-class ShardsConfig(_Model):
+class ShardsConfig(StrictConfigModel):
     """Number of TFRecord files written per split."""
 
     train: _StrictInt = Field(8, gt=0)
@@ -72,7 +69,7 @@ class ShardsConfig(_Model):
     test: _StrictInt = Field(1, gt=0)
 
 
-class VocabConfig(_Model):
+class VocabConfig(StrictConfigModel):
     """Which codes get their own vocabulary entry; the rest share an out-of-vocabulary id."""
 
     min_count: _StrictInt = Field(
@@ -82,13 +79,13 @@ class VocabConfig(_Model):
         10000, gt=0, description="Most codes kept per source, most frequent first.")
 
 
-class NumericConfig(_Model):
+class NumericConfig(StrictConfigModel):
     """Normalisation of numeric values (z-scores from training-split statistics)."""
 
     clip_z: float = Field(10.0, gt=0.0, description="z-scores are clipped to [-clip_z, clip_z].")
 
 
-class PipelineConfig(_Model):
+class PipelineConfig(StrictConfigModel):
     """Everything the Beam job needs besides its input and output paths."""
 
     trigger_offset_seconds: _StrictInt = Field(

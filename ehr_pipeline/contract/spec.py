@@ -30,7 +30,7 @@ AGE_YEARS = "age_years"  # float, age at admission in years, capped at 90
 GENDER = "gender"  # bytes, "M" / "F" / "U"
 ADMISSION_TYPE = "admission_type"  # bytes, e.g. "EMERGENCY"
 # Who the admission is, as ADMISSIONS records it: the evaluation reports metrics per group of
-# these. No model reads them (model.training.inputs and the noise key in model.export.predict leave them out),
+# these. No model reads them (model.ehr.inputs and the noise key in model.export.predict leave them out),
 # and the service, which is not told them, writes NOT_RECORDED.
 ETHNICITY = "ethnicity"  # bytes, ADMISSIONS.ETHNICITY as written, e.g. "WHITE"
 INSURANCE = "insurance"  # bytes, ADMISSIONS.INSURANCE as written, e.g. "Medicare"

@@ -2,7 +2,7 @@
 
 ``UnitPlan`` sums the sources' unit census into the plan (each code's canonical unit, LOINC and
 training medians), known only once every file is read; the bagging stage
-(``spill_stages.BagBuckets``) joins it to every bucket by key, and ``BagExample`` encodes each
+(``spill_bag.BagBuckets``) joins it to every bucket by key, and ``BagExample`` encodes each
 example with ``encode.encode_admission``, the function the service calls too. What it yields
 besides the record: counts, the values set aside for their unit (dead letters,
 ``sinks.DeadValue``) and the train split's code statistics.

@@ -8,7 +8,7 @@ at once, each with its table, ROW_ID, file and line (``chunks``' origin). There 
 file (the release's files in the job's order), then by line, is kept and the others are dropped
 before bagging, so the record is the one the release without the repeats gives. A row of a big
 table the job split into parts is named by the release's file and its line there
-(``gzip_split.part_lines``): parts are dealt blocks round-robin, so their order is not the file's.
+(``mimic.table_parts.part_lines``): parts are dealt blocks round-robin, so their order is not the file's.
 
 How a repeat is counted. The manifest counts rows, and one row may feed several admissions of its
 patient; a row is a repeat (``duplicate_row_id``) when it is dropped from the FIRST admission it

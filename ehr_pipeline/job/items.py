@@ -10,7 +10,7 @@ wires them:
     ...      counts, dead letters, statistics -> files (run.run_job reads them back)
 
 A source yields, on ONE PCollection, ``(kind, payload)`` pairs: a bucket of spilled events or
-examples (``spill_stages``: its own kinds; a MEDS file's reader yields ``EXAMPLE`` (example key,
+examples (``spill``: the spilling stages' own kinds; a MEDS file's reader yields ``EXAMPLE`` (example key,
 [its cohort row (a dict), its event chunks (bytes)]) before they are spilled), ``UNITS`` ((code, unit), (rows, magnitude
 sketch)) for the unit census, ``COUNTS`` (name, n), ``DEAD`` (file, dead letter) and ``FATAL``
 (a one-line error). Both roads bag each example with the same ``BagExample``.

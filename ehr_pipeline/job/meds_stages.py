@@ -6,9 +6,9 @@
                     its bucket (example key mod buckets). Only (bucket, file) references leave it,
                     beside the unit census, counts, dead rows, each file's subjects and the labelled
                     examples' prediction times.
-    BagMedsBucket   stage C: ``spill_stages.BagBucket`` with a bucket's examples read from its
+    BagMedsBucket   stage C: ``spill_bag.BagBucket`` with a bucket's examples read from its
                     frames, in key order.
-    MergeShards     stage D (``spill_stages``, ``merge=True``): a shard's runs merged by key.
+    MergeShards     stage D (``spill_merge``, ``merge=True``): a shard's runs merged by key.
 
 Example keys are not known before the files are read (a label row's key is a hash of its subject
 and time), so buckets are hashes of keys, not ranges, and stage D merges where the MIMIC-III job
@@ -26,7 +26,9 @@ import apache_beam as beam
 from ehr_pipeline.contract import layout
 from ehr_pipeline.job import spill
 from ehr_pipeline.job.sources import PREDICTION_TIME, SUBJECTS, ReadMedsFile, split_subject_errors
-from ehr_pipeline.job.spill_stages import EVENTS_DIR, SPILL, BagBucket, SlotFiles, bucket_folder, bucket_items
+from ehr_pipeline.job.spill import EVENTS_DIR, SPILL, bucket_folder
+from ehr_pipeline.job.spill_bag import BagBucket
+from ehr_pipeline.job.spill_source import SlotFiles, bucket_items
 from ehr_pipeline.job.items import COUNTS, EXAMPLE, OneList, Tagged, count, select
 from ehr_pipeline.meds import labels as meds_labels
 

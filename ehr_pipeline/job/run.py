@@ -1,7 +1,8 @@
 """The Beam job: a source (MIMIC-III CSVs or a MEDS dataset) -> one bagged SequenceExample per example.
 
 The graph, as ``_run_pipeline`` builds it from the composite transforms of ``sources``, ``bag``,
-``sinks`` and ``spill_stages`` (their shared items and counters: ``items``):
+``sinks`` and the stages ``spill_source``, ``spill_bag``, ``spill_merge`` (their shared items and
+counters: ``items``):
 
   SpillSource | MedsSource     -> tagged items: a bucket's spill files (events of a HADM_ID range, or
                                   whole examples of a key hash); unit census, counts, dead rows
@@ -14,7 +15,7 @@ The MIMIC-III job builds the cohort on the driver (ADMISSIONS + PATIENTS, ~60k a
 full release); each worker parses whole blocks of a CSV file with pyarrow, drops events of patients
 outside the cohort and at or after their trigger, and spills the rest to disk by admission range
 (``spill``): its memory does not grow with the release (docs/pipeline.md, "Bounded memory"). Big
-gzip tables are first split into parts (``gzip_split``) so every worker reads a share. The MEDS
+gzip tables are first split into parts (``mimic.table_parts``) so every worker reads a share. The MEDS
 source reads one data file per worker, subject by subject, computes the task there (docs/meds.md)
 and spills whole examples by key (``meds_stages``): the same bounded memory.
 """
@@ -33,7 +34,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from ehr_pipeline import meds
 from ehr_pipeline.contract import layout, output_folder, spec
 from ehr_pipeline.fhir import codes as fhir_codes
-from ehr_pipeline.job import gzip_split, spill
+from ehr_pipeline.job import spill, temp_disk
 from ehr_pipeline.job import manifest as manifest_mod
 from ehr_pipeline.job import vocab
 from ehr_pipeline.job.bag import SumCodeStats, UnitPlan
@@ -41,11 +42,14 @@ from ehr_pipeline.job.dedup import RepeatFinder
 from ehr_pipeline.job.items import COUNTS, FATAL, STATS, Select, SumCounts, ToJsonFile, select
 from ehr_pipeline.job.meds_stages import BagMedsBucket, MedsSource, meds_bucket_count
 from ehr_pipeline.job.sinks import WriteDeadLetters, write_dead_letter_files
-from ehr_pipeline.job.spill_stages import BagBucket, BagBuckets, MergeShards, SpillSource
+from ehr_pipeline.job.spill_bag import BagBucket, BagBuckets
+from ehr_pipeline.job.spill_merge import MergeShards
+from ehr_pipeline.job.spill_source import SpillSource
 from ehr_pipeline.meds import labels as meds_labels
 from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.mimic import cohort as cohort_mod
 from ehr_pipeline.mimic import events as ev
+from ehr_pipeline.mimic import table_parts
 from ehr_pipeline.reader import ReaderError, check_header, locate_table, locate_table_files, read_table
 
 log = logging.getLogger(__name__)
@@ -197,12 +201,24 @@ def _spill_road(event_inputs, coh, metas, cohort_index, spill_dir: str, resource
 
 
 def split_inputs(inputs: list[tuple[str, str]], spill_dir: str, threshold: int) -> list[tuple[str, str]]:
-    """(table, file) inputs with gzip files over `threshold` bytes split into parts: free disk checked first."""
-    gzip_split.check_free_space(spill_dir, inputs, threshold)
+    """(table, file) inputs with every gzip file over `threshold` bytes replaced by its zstd parts (in the spill
+    folder's parts/, ``table_parts.split_file``): free disk checked first."""
+    temp_disk.check_free_space(spill_dir, inputs, threshold)
     if "://" in spill_dir:  # the reader reads local files: parts of a split need a local folder
         log.info("temporary folder %s is not local: big gzip inputs are read whole, not split", spill_dir)
         return inputs
-    return gzip_split.split_large_inputs(inputs, layout.join(spill_dir, "parts"), threshold)
+    out_dir, out = layout.join(spill_dir, "parts"), []
+    for table, path in inputs:
+        parts = table_parts.parts_for(os.path.getsize(path), threshold)
+        if parts and table_parts.is_gzip(path):
+            log.info("splitting %s (%d bytes) into %d parts in %s", path, os.path.getsize(path), parts, out_dir)
+            # A folder per input file: two parts of one table (`ehr-pipeline shard`'s) split apart.
+            paths = table_parts.split_file(path, table, os.path.join(out_dir, os.path.basename(path)), parts,
+                                           table_parts.block_bytes(threshold))
+            out.extend((table, p) for p in paths)
+        else:
+            out.append((table, path))
+    return out
 
 
 def work_bytes(item: tuple[str, str]) -> int:

@@ -2,7 +2,7 @@
 
 Dead letters are written whole and sorted (by file and line, or by admission and time), so a rerun
 on the same input gives byte-identical files on any runner; the TFRecord shards are written by
-``spill_stages.MergeShards`` from the sorted runs grouped here.
+``spill_merge.MergeShards`` from the sorted runs grouped here.
 ``DeadValue`` is the dead letter of a value set aside for its unit: the reader's ``DeadLetter``
 names a row of a file, which no longer exists after the shuffle.
 """

@@ -2,7 +2,7 @@
 
 ``ReadMimicTable`` reads one MIMIC-III table file into the events of cohort admissions (as
 chunks, ``chunks``), the unit census, counts, dead letters and one-line FATAL errors; the
-MIMIC-III job's stage A (``spill_stages.SpillSource``) spills its events to disk. ``ReadMedsFile``
+MIMIC-III job's stage A (``spill_source.SpillSource``) spills its events to disk. ``ReadMedsFile``
 reads one MEDS data file into one EXAMPLE item per example, its cohort row and event chunks
 together: it computes the task per subject on the worker that reads its file (docs/meds.md), and
 the MEDS job's stage A (``meds_stages.MedsSource``) spills the examples to disk.
@@ -13,7 +13,6 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from ehr_pipeline.job import gzip_split
 from ehr_pipeline.job.chunks import pack_chunk
 from ehr_pipeline.meds import source as meds_source
 from ehr_pipeline.meds.standard import MedsError
@@ -29,6 +28,7 @@ from ehr_pipeline.job.items import (
     counted,
 )
 from ehr_pipeline.mimic import events as ev
+from ehr_pipeline.mimic import table_parts
 from ehr_pipeline.reader import ReaderError, TableReader
 
 
@@ -43,7 +43,7 @@ class ReadMimicTable(beam.DoFn):
     ``files``: every (table, file) input of the job in file order, as the release holds them; with it
     each chunk carries its events' origin (their file's index, ROW_IDs, lines), which the bagging stage
     drops repeats by. A part of a split table names the file it was cut from and that file's lines
-    (``gzip_split.part_lines``).
+    (``table_parts.part_lines``).
     """
 
     def __init__(self, cohort_index, discharges, block_size_bytes: int, files: list[tuple[str, str]] | None = None):
@@ -90,14 +90,14 @@ def open_event_table(table: str, path: str, file_index: dict | None, on_dead_let
     """(reader, its typed blocks for ev.extract, the file's index or None) of one event-table file or part.
 
     With ``file_index`` ((table, release file) -> index) the blocks carry ev.ORIGIN_COLUMNS: ROW_ID and
-    the line in the release's file (a part of a split table is mapped back, ``gzip_split.part_lines``).
+    the line in the release's file (a part of a split table is mapped back, ``table_parts.part_lines``).
     """
     columns = ev.EXTRACTORS[table][1]
     if file_index is None:
         reader = TableReader(path, table, columns=columns, on_dead_letter=on_dead_letter,
                              block_size_bytes=block_size_bytes)
         return reader, iter(reader), None
-    found = gzip_split.part_lines(path)
+    found = table_parts.part_lines(path)
     source, to_file = found if found is not None else (path, None)
     reader = TableReader(path, table, columns=(*columns, ev.ROW_ID), on_dead_letter=on_dead_letter,
                          block_size_bytes=block_size_bytes)

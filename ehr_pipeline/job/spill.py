@@ -10,6 +10,9 @@ A frame file is a sequence of ``<q HADM_ID, I payload bytes, payload>`` frames, 
 writer (one bundle attempt) under a name of its own (a uuid): a retried bundle leaves orphans,
 never duplicates, because only files named in references are read. Every file goes through
 Beam's FileSystems, so the folder may be a bucket (gs://, s3://) every worker sees.
+
+The stages around the folder, one module each (``spill_source`` A, ``spill_bag`` C, ``spill_merge``
+D; the MEDS job's in ``meds_stages``), hand each other the kinds of items and sub-folders named here.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from apache_beam.io.filesystems import FileSystems
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ehr_pipeline.contract import layout, output_folder
-from ehr_pipeline.job import gzip_split
+from ehr_pipeline.job import temp_disk
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +151,7 @@ def remove_dead_spill_folders(temp_dir: str) -> list[str]:
 @contextlib.contextmanager
 def spill_run(out_dir: str, temp_dir: str | None, disk_inputs: list[tuple[str, str]], split_threshold: int):
     """A run's spill folder for the ``with`` block: marked with its owner, removed at the end however the run
-    ends (an error, Ctrl-C, SIGTERM), and a full disk inside turned into gzip_split.NotEnoughDiskError.
+    ends (an error, Ctrl-C, SIGTERM), and a full disk inside turned into temp_disk.NotEnoughDiskError.
 
     ``disk_inputs`` ((table, file) inputs) and ``split_threshold`` size the temporary disk the error asks for.
     Folders of earlier runs that died in temp_dir are removed first (``remove_dead_spill_folders``).
@@ -156,7 +159,7 @@ def spill_run(out_dir: str, temp_dir: str | None, disk_inputs: list[tuple[str, s
     if temp_dir is not None:
         remove_dead_spill_folders(layout.absolute(temp_dir))
     folder = spill_folder(out_dir, temp_dir)
-    with _removed_on_sigterm(), gzip_split.disk_full_is_one_line(folder, disk_inputs, split_threshold):
+    with _removed_on_sigterm(), temp_disk.disk_full_is_one_line(folder, disk_inputs, split_threshold):
         try:
             if temp_dir is not None:
                 with FileSystems.create(layout.join(folder, OWNER_FILE), compression_type=_RAW) as f:
@@ -215,6 +218,22 @@ def ensure_open_files(buckets: int, remedy: str | None) -> int:
     raise OpenFilesError(
         f"{buckets:,} buckets need about {needed:,} open files per process, and this one may open {soft:,} "
         f"(hard limit {hard:,}): raise it (ulimit -n {needed}){' or ' + remedy if remedy else ''}")
+
+
+# The spilling stages' own kinds of items (beside ``items``' kinds), passed from one stage's module to the next:
+SPILL = "spill"  # (bucket, frame file of events): stage A's reference (spill_source)
+BUCKET = "bucket"  # (bucket, [frame files or None]): stage C's element (spill_bag)
+PLAN = "plan"  # the unit plan, joined to every bucket
+RUN = "run"  # ((split, shard), (bucket, frame file of records)): stage D's input (spill_merge)
+DEAD_RUN = "dead_run"  # (dead-letter file name, (bucket, JSONL run, lines))
+
+# The spill folder's sub-folders: stage A's events, stage C's record runs and dead-value runs.
+EVENTS_DIR, RUNS_DIR, DEAD_DIR = "events", "runs", "dead"
+
+
+def bucket_folder(bucket: int) -> str:
+    """A bucket's folder name among the frame files."""
+    return f"b{bucket:05d}"
 
 
 def bucket_count(admissions: int, workers: int, per_bucket: int) -> int:

@@ -29,7 +29,7 @@ from ehr_pipeline.job.run import (log_temp_bytes, pipeline_options, release_lab_
                                   with_local_workers, work_bytes)
 from ehr_pipeline.job.sinks import WriteDeadLetters, write_dead_letter_files
 from ehr_pipeline.job.sources import open_event_table
-from ehr_pipeline.job.spill_stages import SlotFiles
+from ehr_pipeline.job.spill_source import SlotFiles
 from ehr_pipeline.job.items import COUNTS, DEAD, FATAL, KV, OneList, Select, Tagged, count, select
 from ehr_pipeline.meds.from_mimic import (
     MANIFEST,

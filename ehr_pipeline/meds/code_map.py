@@ -32,9 +32,10 @@ import os
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ehr_base import yaml_config
+from ehr_base.yaml_config import StrictConfigModel
 from ehr_pipeline.contract import spec
 
 SEPARATOR = "//"  # MEDS joins code parts with it
@@ -57,11 +58,7 @@ _StrictInt = Annotated[int, Field(strict=True)]
 _Strs = Annotated[tuple[str, ...], Field(strict=False)]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class EventRule(_Model):
+class EventRule(StrictConfigModel):
     """MEDS codes starting with ``prefix`` are events of ``source``; see the module docstring."""
 
     prefix: str = Field(min_length=1, description="Leading parts of the code, '//'-joined, e.g. 'LAB'.")
@@ -92,7 +89,7 @@ DEFAULT_EVENTS = _rules(
 )
 
 
-class MedsCodes(_Model):
+class MedsCodes(StrictConfigModel):
     """How MEDS codes become the project's events and the built-in task's admissions (docs/meds.md)."""
 
     events: Annotated[tuple[EventRule, ...], Field(strict=False)] = Field(DEFAULT_EVENTS, description="Event rules, first match wins.")

@@ -3,9 +3,10 @@
 The modules: ``cohort`` decides which admissions become examples (trigger time, label, context);
 ``events`` turns typed rows of each event table into events (code, time known, value, unit)
 and cuts them to the cohort; ``summary`` counts every row of a release (``ehr-pipeline
-summarize``); ``table_parts`` splits one big table file into parts that workers read in
-parallel (``ehr-pipeline shard``). The MEDS source builds its task with ``cohort`` and cuts its
-events with ``events`` too, so both sources follow one set of rules (docs/task.md).
+summarize``); ``table_parts`` cuts one big table file into parts that workers read in
+parallel (the job's own parts on every run, and ``ehr-pipeline shard``'s). The MEDS source
+builds its task with ``cohort`` and cuts its events with ``events`` too, so both sources follow
+one set of rules (docs/task.md).
 
 pyarrow and numpy only: no Beam, no TensorFlow.
 """

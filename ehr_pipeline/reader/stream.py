@@ -1,7 +1,7 @@
 """The decompressed bytes of a table file, whatever its name says it holds.
 
 The content decides, never the name: export tools write plain text as TABLE.csv.gz and gzip as
-TABLE.csv. zstd is read too: the job splits a big gzip table into zstd parts (job/gzip_split.py).
+TABLE.csv. zstd is read too: the job splits a big gzip table into zstd parts (mimic/table_parts.py).
 Other containers are refused with a line naming what was found instead of failing inside a
 decompressor.
 """

@@ -12,7 +12,7 @@ Which parts, and why:
     Its mode given the rest of the network is solved first (``bias_shift``, a concave problem in
     one number per member): a site's risk may sit two logits away, which the variational fit's
     small steps (Adam at 1e-2, a few dozen of them at a few hundred admissions) would not cover;
-  * the Laplace wide part (model.training.wide): its Gaussian posterior N(m_0, A A^T) is the prior
+  * the Laplace wide part (model.ehr.wide): its Gaussian posterior N(m_0, A A^T) is the prior
     of a Laplace update, solved first and in closed form (Newton in the coordinates u of
     w = m_0 + A u, prior N(0, I), so columns the training fit dropped stay dropped), with the rest
     of the network's logit (mean over samples) as an offset.
@@ -37,8 +37,8 @@ from model.export.predict import Predictor, predict_probs
 from model.layers import FACTOR_SITES
 from model.layers._edward2 import ed
 from model.layers.noise import posterior_loc_scale
-from model.training.inputs import Featurizer
-from model.training.wide import GaussianLinear
+from model.ehr.inputs import Featurizer
+from model.ehr.wide import GaussianLinear
 
 log = logging.getLogger(__name__)
 

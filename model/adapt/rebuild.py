@@ -16,10 +16,10 @@ import tensorflow as tf
 from ehr_pipeline.contract import layout
 from model.data_folder import DataFiles
 from model.export.load import LoadedExport
-from model.training.config import ExperimentConfig, parse_config
-from model.training.ehr_model import build_model
-from model.training.inputs import Featurizer
-from model.training.train import featurizer_for
+from model.ehr.config import ExperimentConfig, parse_config
+from model.ehr.ehr_model import build_model
+from model.ehr.inputs import Featurizer
+from model.ehr.train import featurizer_for
 from model.export_layout import MODEL_CARD
 
 

@@ -31,8 +31,8 @@ from model.adapt.weight_fit import fit_weights
 from model.export.load import LoadedExport
 from model.export.predict import Predictor, predict_probs
 from model.fit import losses
-from model.training.baselines import SplitFeatures
-from model.training.wide import GaussianLinear, fit_laplace
+from model.ehr.baselines import SplitFeatures
+from model.ehr.wide import GaussianLinear, fit_laplace
 
 log = logging.getLogger(__name__)
 

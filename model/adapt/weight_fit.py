@@ -24,7 +24,7 @@ from model.adapt.local_data import LocalSample
 from model.evaluation.statistics import metrics
 from model.export.predict import Predictor, predict_probs
 from model.fit import losses
-from model.training.inputs import Featurizer
+from model.ehr.inputs import Featurizer
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The model's command lines, one module per command: ``ehr_train`` (``ehr-train``),
 ``ehr_eval`` (``ehr-eval``) and ``ehr_analyze`` (``ehr-analyze``).
 
-They parse and check arguments, then hand over to ``model.training``, ``model.evaluation``
+They parse and check arguments, then hand over to ``model.ehr``, ``model.evaluation``
 and ``model.export`` (or to ``model.image.cli`` for image configs). Each imports TensorFlow
 only once the arguments are valid, so ``--help`` and usage errors answer at once: their
 function-level imports of the project's own code say so with a ``# why:`` comment, and every

@@ -99,7 +99,7 @@ def _ehr_evaluator(args) -> tuple[Any, Callable[[], dict[str, float]], int]:
     # why: these import TensorFlow, which loads only once the arguments are valid
     from model import data_folder
     from model.export.predict import Predictor, predict_probs
-    from model.training.train import load_run
+    from model.ehr.train import load_run
 
     if args.data is None:
         raise ValueError("an EHR run needs --data (the Beam job's output folder)")

@@ -33,7 +33,7 @@ from model.export_layout import EXPORT_DIR, MANIFEST, MAX_SAMPLES, UNCERTAINTY_M
 from model.evaluation.statistics import clinical_stats
 from model.export.load import ExportError
 from model.image import cli as image_cli
-from model.training.config import BASELINE_KINDS, EvalConfig
+from model.ehr.config import BASELINE_KINDS, EvalConfig
 
 log = logging.getLogger("model.eval")
 
@@ -247,7 +247,7 @@ def _baseline(args: argparse.Namespace) -> int:
     # why: the use case and the baselines' featurizer import TensorFlow; --help answers before it loads
     from model.evaluation import evaluate as evaluation, run_evaluation
     from model.evaluation.report import formatting, report_html
-    from model.training.baselines import fit_baseline
+    from model.ehr.baselines import fit_baseline
 
     try:
         request = run_evaluation.BaselineRequest(

@@ -20,9 +20,9 @@ from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, outpu
 from ehr_base.yaml_config import ConfigError
 from model.evaluation.report import formatting
 from model.image import cli as image_cli
-from model.training.config import load_config
+from model.ehr.config import load_config
 
-log = logging.getLogger("model.training.train")
+log = logging.getLogger("model.ehr.train")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # why: after devices.configure, which must run before anything sets up TensorFlow's devices
     from model.fit.training_loop import ConfigMismatchError
-    from model.training.train import train
+    from model.ehr.train import train
 
     try:
         result = train(config, args.data, args.out, progress=not args.no_progress,

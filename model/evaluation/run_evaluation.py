@@ -74,7 +74,7 @@ class EvaluationRequest(ReportSettings):
 
 
 class BaselineRequest(ReportSettings):
-    """A baseline of model.training.baselines to fit on train, choose on validation and report like a model."""
+    """A baseline of model.ehr.baselines to fit on train, choose on validation and report like a model."""
 
     kind: str
 
@@ -280,7 +280,7 @@ def _shift_of_split(exports: Sequence[LoadedExport], request: EvaluationRequest,
 
 
 def evaluate_baseline(request: BaselineRequest, fit: Callable[..., Any]) -> dict[str, Any]:
-    """Fits a baseline with `fit` (model.training.baselines.fit_baseline: the caller's, as training sits above
+    """Fits a baseline with `fit` (model.ehr.baselines.fit_baseline: the caller's, as training sits above
     evaluation) and reports it like a model (S = K = 1), with the same files; returns the report."""
     integrity.verify_folder(request.data_dir, SPLIT_NAMES)
     result = fit(request.data_dir, request.kind, request.seed, splits=tuple(dict.fromkeys(("validation",

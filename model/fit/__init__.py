@@ -1,4 +1,4 @@
-"""The fitting machinery both trainers share (the EHR model's ``model.training`` and ``model.image``).
+"""The fitting machinery both trainers share (the EHR model's ``model.ehr`` and ``model.image``).
 
 ``training_loop`` (the step, fast-weight optimizers, checkpoints, resume), ``losses`` (NLL, the
 KL of the weight posteriors, its annealing), ``devices`` (one device or a mirrored strategy) and

@@ -347,9 +347,10 @@ def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Va
     """Trains (or resumes) `model` to settings.max_steps or an early stop; returns the logs and the best tracker.
 
     fast_opt carries the rank-1 factors and their posteriors (``fast_weight_refs``), slow_opt
-    the rest; a LossScaleOptimizer as slow_opt (float16) carries every weight (model.training.mixed_precision).
+    the rest; a LossScaleOptimizer as slow_opt (float16) carries every weight (model.ehr.mixed_precision).
     learning_rate: slow_opt's rate or schedule, logged. Under the plateau schedule (settings.lr_decay_patience)
-    both optimizers' rates are plain values the loop multiplies by lr_decay_factor at each decay. train_data(resume_step): an endless
+    both optimizers' rates are plain values the loop multiplies by lr_decay_factor at each decay.
+    train_data(resume_step): an endless
     dataset of (inputs, labels) batches. particles: Bella's bella.ParticleUpdate, or None.
     """
     s = settings
@@ -437,7 +438,7 @@ def _train_step(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, ste
     s = settings
     variables = model.trainable_variables
     loss_scaled = isinstance(slow_opt, tf.keras.mixed_precision.LossScaleOptimizer)
-    # Under loss scaling every weight goes to the one (scaled) optimizer: multiplier 1 (model.training.mixed_precision).
+    # Under loss scaling every weight goes to the one (scaled) optimizer: multiplier 1 (model.ehr.mixed_precision).
     fast = set() if loss_scaled else fast_weight_refs(model)
     fast_mask = [v.ref() in fast for v in variables]
     with strategy.scope():

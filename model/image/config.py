@@ -14,9 +14,10 @@ import os
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ehr_base import yaml_config
+from ehr_base.yaml_config import ConfigModel
 from model.export_layout import MAX_SAMPLES
 from model.image.corruptions import CIFAR_C_CORRUPTIONS, CORRUPTIONS, SEVERITIES
 from model.layers.posterior import WEIGHT_POSTERIOR_METHODS, PosteriorConfig
@@ -32,11 +33,7 @@ _Fraction = Annotated[float, Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
 DATASETS = {"digits": 10, "cifar10": 10, "cifar100": 100}  # name -> number of classes
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DataConfig(_Model):
+class DataConfig(ConfigModel):
     """Which images, how they are split and augmented, and which corruptions evaluate them."""
 
     dataset: Literal["digits", "cifar10", "cifar100"] = "digits"
@@ -97,7 +94,7 @@ class DataConfig(_Model):
 RESNET_BLOCKS = {10: (1, 1, 1, 1), 18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 
 
-class ImageModelConfig(_Model):
+class ImageModelConfig(ConfigModel):
     """Architecture and posterior of an image model (see docs/image_models.md)."""
 
     architecture: Literal["wide_resnet", "resnet", "mlp"] = "wide_resnet"
@@ -151,7 +148,7 @@ class ImageModelConfig(_Model):
         return self.posterior.method in ("rank1", *WEIGHT_POSTERIOR_METHODS) or self.mc_dropout_rate > 0
 
 
-class ImageTrainConfig(_Model):
+class ImageTrainConfig(ConfigModel):
     """Optimisation of one run (the CIFAR configs follow the paper's Table 5)."""
 
     batch_size: _PosInt = Field(64, description="B examples per step; the model sees B*K rows.")
@@ -188,7 +185,7 @@ class ImageTrainConfig(_Model):
         return value
 
 
-class ImageEvalConfig(_Model):
+class ImageEvalConfig(ConfigModel):
     """Final evaluation settings."""
 
     num_samples: Annotated[int, Field(strict=True, ge=1, le=MAX_SAMPLES)] = Field(
@@ -199,7 +196,7 @@ class ImageEvalConfig(_Model):
     seed: _Int = Field(0, description="Sampling seed of the final evaluation.")
 
 
-# Mirrors model.training.config's ExperimentConfig, parse_config and load_config: each task keeps
+# Mirrors model.ehr.config's ExperimentConfig, parse_config and load_config: each task keeps
 # entry points typed with its own config, and the shared work is in yaml_config.
 class ImageExperimentConfig(ExperimentBase):
     """One image training run: ``task: image``, a name and four sections."""

@@ -1,6 +1,6 @@
 """An admission whose type nobody gave: the risk averaged over the training admission types.
 
-The model reads the admission type as a one-hot input (``model.training.inputs.ADMISSION_TYPES`` and
+The model reads the admission type as a one-hot input (``model.ehr.inputs.ADMISSION_TYPES`` and
 an "other" slot). An adult MIMIC-III training split holds EMERGENCY, ELECTIVE and URGENT
 only, so the NEWBORN and "other" slots never moved from their initial weights: sending an
 unknown type through "other" would answer with an untrained input, and picking the most

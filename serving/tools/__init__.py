@@ -4,5 +4,5 @@
 serving.tools.demo``); ``server_process`` runs ``python -m serving`` in a child process and waits
 for /readyz (the demo, the quickstart notebook, benches and tests); ``tiny_export`` writes a tiny
 untrained export through the real exporter, to try the API, test the service and benchmark its
-overheads.
+overheads. They run from a checkout: the wheel leaves this package out (pyproject.toml).
 """

@@ -22,9 +22,9 @@ from ehr_pipeline.encode import bagging, seqex
 from model import data_folder
 from model.export import write as export_writer
 from model.export.predict import Predictor
-from model.training import inputs
-from model.training.config import ModelConfig
-from model.training.ehr_model import build_model
+from model.ehr import inputs
+from model.ehr.config import ModelConfig
+from model.ehr.ehr_model import build_model
 
 # The admission types of the tiny export's training split (MIMIC-III's adult shares, roughly).
 DEFAULT_ADMISSION_TYPES = {"EMERGENCY": 16, "ELECTIVE": 3, "URGENT": 1}

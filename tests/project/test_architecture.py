@@ -166,10 +166,10 @@ def test_the_service_and_the_export_reader_start_without_tensorflow():
     # The service loads TensorFlow only with the SavedModel; importing its modules (and the
     # export layout they read) must stay cheap for --help and for the app factory.
     code = ("import sys, serving.api.app, serving.cli, serving.settings, model.export_layout, model.export.load, "
-            "model.training.config, model.fit, model.fit.experiment, model.evaluation.against_reference, "
+            "model.ehr.config, model.fit, model.fit.experiment, model.evaluation.against_reference, "
             "model.cli.ehr_train, model.cli.ehr_eval, model.cli.ehr_analyze, model.cli.ehr_adapt, model.adapt.config, "
             "model.image.cli, "
-            "model.layers, model.training, model.evaluation, model.export, model.cli; "
+            "model.layers, model.ehr, model.evaluation, model.export, model.cli; "
             "print(sorted(m for m in ('tensorflow', 'tf_keras', 'edward2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": ""})
@@ -442,11 +442,11 @@ def test_the_floors_table_lists_every_part_of_model():
     floors = _model_floors()
     assert set(floors) == parts, f"the floors table lists {sorted(set(floors) - parts)} that do not exist and " \
                                  f"misses {sorted(parts - set(floors))}"
-    # the order the house asks for: the export layout at the bottom, then layers, export < evaluation < training < cli
+    # the order the house asks for: the export layout at the bottom, then layers, export < evaluation < ehr < cli
     assert floors["model.export_layout"] == 0
-    assert floors["model.layers"] <= floors["model.export"] < floors["model.evaluation"] < floors["model.training"] \
+    assert floors["model.layers"] <= floors["model.export"] < floors["model.evaluation"] < floors["model.ehr"] \
         < floors["model.cli"]
-    assert floors["model.image"] == floors["model.training"]  # beside it, on the same core
+    assert floors["model.image"] == floors["model.ehr"]  # beside it, on the same core
 
 
 def test_no_part_of_model_imports_upward_or_sideways():
@@ -465,11 +465,11 @@ def test_the_parts_of_model_form_no_loop():
 
 
 def test_the_part_check_catches_a_planted_loop():
-    planted = ast.parse("def f():\n    from model.training import train\n")
+    planted = ast.parse("def f():\n    from model.ehr import train\n")
     targets = _imported_names(planted, "model.export.write", False, _modules())
-    assert {_part_of(t) for t in targets} == {"model.training"}
+    assert {_part_of(t) for t in targets} == {"model.ehr"}
     floors = _model_floors()
-    assert floors["model.training"] >= floors["model.export"]  # so the test above would name it
+    assert floors["model.ehr"] >= floors["model.export"]  # so the test above would name it
 
 
 def lazy_imports_without_the_marker(source: str) -> list[int]:
@@ -478,10 +478,10 @@ def lazy_imports_without_the_marker(source: str) -> list[int]:
 
 
 def test_the_marker_check_wants_why_and_ignores_other_imports():
-    bare = "def f():\n    from model.training import train\n"
-    other_comment = "def f():\n    # TensorFlow\n    from model.training import train\n"
-    above = "def f():\n    # why: TensorFlow loads only after the arguments\n    from model.training import train\n    import os\n"
-    inline = "def f():\n    from model.training import train  # why: TensorFlow\n"
+    bare = "def f():\n    from model.ehr import train\n"
+    other_comment = "def f():\n    # TensorFlow\n    from model.ehr import train\n"
+    above = "def f():\n    # why: TensorFlow loads only after the arguments\n    from model.ehr import train\n    import os\n"
+    inline = "def f():\n    from model.ehr import train  # why: TensorFlow\n"
     other = "def f():\n    import tensorflow as tf\n"
     assert lazy_imports_without_the_marker(bare) == [2]
     assert lazy_imports_without_the_marker(other_comment) == [3]

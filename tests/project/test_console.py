@@ -48,7 +48,7 @@ def test_tensorflow_imported_by_any_module_first_prints_no_start_up_lines():
     plain = _native_lines(_stderr_of(f"import os; os.environ['TF_USE_LEGACY_KERAS'] = '1'; {use}"))
     if not plain:
         pytest.skip("TensorFlow printed no start-up lines on this machine: nothing to hide")
-    assert not _native_lines(_stderr_of(f"import ehr_base; import model.training.inputs; {use}"))
+    assert not _native_lines(_stderr_of(f"import ehr_base; import model.ehr.inputs; {use}"))
     shown = _native_lines(_stderr_of(f"import ehr_base; from ehr_base import console; console.verbose_native_logs(); "
                                      f"{use}"))
     assert shown, "with -v the start-up lines must reach the terminal"

@@ -91,7 +91,7 @@ class Skip:
 
 DEMO = "../shared/mimic-iii-demo"
 SYNTHETIC = "../shared/synthetic-release"  # a small `ehr-pipeline synth` release, CHARTEVENTS included
-TRAINING = ("trains for minutes (the digits) to hours (Table-7 size); tests/model/training/test_train.py and "
+TRAINING = ("trains for minutes (the digits) to hours (Table-7 size); tests/model/ehr/test_train.py and "
             "tests/model/image/test_image_train.py run the trainer at tiny size")
 SYNOPSIS = "a synopsis: brackets and capitals mark optional flags and placeholders"
 
@@ -470,7 +470,7 @@ def test_documented_training_configs_and_overrides_load():
     from ehr_base.yaml_config import read_yaml
     from model.cli.ehr_train import parse_overrides
     from model.image.config import is_image_config, load_config as load_image_config
-    from model.training.config import load_config
+    from model.ehr.config import load_config
 
     checked = 0
     for command in all_commands():

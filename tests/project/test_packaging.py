@@ -67,6 +67,15 @@ def test_the_wheel_declares_every_console_script(wheel):
     assert not any(n.startswith(("tests/", "bench/", "scripts/")) for n in names)
 
 
+def test_the_wheel_leaves_out_the_tools_the_service_never_imports(wheel):
+    # serving/tools/ (demo, server process, tiny test export) runs from a checkout; the service's own rooms ship.
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+    assert not [n for n in names if n.startswith("serving/tools/")]
+    for room in ("api", "inference", "monitoring"):
+        assert f"serving/{room}/__init__.py" in names
+
+
 @pytest.mark.slow
 def test_fresh_environment_runs_every_console_script_from_the_wheel(wheel, tmp_path):
     env_dir = tmp_path / "fresh"

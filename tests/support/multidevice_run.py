@@ -84,8 +84,8 @@ KEEP = ("step", "loss", "nll", "kl", "kl_weight", "l2", "grad_norm")
 
 
 def ehr(out: pathlib.Path) -> dict:
-    from model.training.config import parse_config
-    from model.training.train import train
+    from model.ehr.config import parse_config
+    from model.ehr.train import train
 
     data = write_data_dir(out / "data")
     doc = tiny_config_dict("rank1", steps=6, log_every_steps=1, checkpoint_every_steps=2)
@@ -119,9 +119,9 @@ def image(out: pathlib.Path) -> dict:
 
 def draws(out: pathlib.Path) -> dict:
     """Logits of the SAME examples on both replicas: equal only if the replicas share their noise."""
-    from model.training import inputs
-    from model.training.config import parse_config
-    from model.training.ehr_model import build_model
+    from model.ehr import inputs
+    from model.ehr.config import parse_config
+    from model.ehr.ehr_model import build_model
 
     data = write_data_dir(out / "data", sizes=(("train", 16), ("validation", 4), ("test", 4)))
     doc = tiny_config_dict("rank1")

@@ -135,7 +135,7 @@ def test_configs_are_frozen():
 ])
 def test_every_yaml_config_reports_the_file_and_fields_on_one_line(tmp_path, loader, text, want):
     from model.image import config as image
-    from model.training import config as experiment
+    from model.ehr import config as experiment
 
     load = {"pipeline": load_pipeline_config, "experiment": experiment.load_config, "image": image.load_config}
     path = write(tmp_path, text)

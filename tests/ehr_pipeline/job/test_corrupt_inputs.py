@@ -1,6 +1,6 @@
 """Truncated or corrupt compressed tables on every road that decompresses them: one line naming the file.
 
-The split of big gzip tables (``gzip_split``), ``ehr-pipeline shard`` (``mimic.table_parts``) and the
+The job's split of big gzip tables and ``ehr-pipeline shard`` (both ``mimic.table_parts``) and the
 reader of zstd parts each meet the same damaged bytes; each must raise the reader's CorruptFileError
 naming the file (the CLI prints it as one line, exit 2), never an EOFError or zlib.error, and must leave
 no half-written part behind. The expected outcome is computed apart: Python's gzip module on the same
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ehr_pipeline.contract import PipelineConfig
-from ehr_pipeline.job import SpillOptions, gzip_split, run_job, run_to_meds
+from ehr_pipeline.job import SpillOptions, run_job, run_to_meds
 from ehr_pipeline.mimic import table_parts
 from ehr_pipeline.reader import CorruptFileError, ReaderError, read_table
 from tests.support.job_outputs import CONFIG
@@ -54,7 +54,7 @@ def test_a_gzip_table_cut_anywhere_fails_the_split_naming_the_file(tmp_path_fact
     folder = tmp_path_factory.mktemp("cut")
     src = _write(folder, "DIAGNOSES_ICD.csv.gz", GZ[:cut])
     with pytest.raises(CorruptFileError) as err:
-        gzip_split.split_file(str(src), "DIAGNOSES_ICD", str(folder / "parts"), 3, 64 << 10)
+        table_parts.split_file(str(src), "DIAGNOSES_ICD", str(folder / "parts"), 3, 64 << 10)
     assert str(src) in str(err.value) and "\n" not in str(err.value)
     assert not list((folder / "parts").iterdir())  # no part, not even an unfinished one
 
@@ -67,12 +67,12 @@ def test_a_corrupt_byte_fails_the_split_naming_the_file_or_changes_nothing(tmp_p
     folder = tmp_path_factory.mktemp("flip")
     src = _write(folder, "DIAGNOSES_ICD.csv.gz", bytes(damaged))
     if _python_gzip_reads(bytes(damaged)):  # a header byte gzip ignores (mtime, OS): the same table
-        paths = gzip_split.split_file(str(src), "DIAGNOSES_ICD", str(folder / "parts"), 3, 64 << 10)
+        paths = table_parts.split_file(str(src), "DIAGNOSES_ICD", str(folder / "parts"), 3, 64 << 10)
         rows = sorted(line for p in paths for line in pa.input_stream(p, compression="zstd").read().splitlines()[1:])
         assert rows == sorted(gzip.decompress(bytes(damaged)).splitlines()[1:])
         return
     with pytest.raises(ReaderError) as err:
-        gzip_split.split_file(str(src), "DIAGNOSES_ICD", str(folder / "parts"), 3, 64 << 10)
+        table_parts.split_file(str(src), "DIAGNOSES_ICD", str(folder / "parts"), 3, 64 << 10)
     assert str(src) in str(err.value) and "\n" not in str(err.value)
     assert not list((folder / "parts").iterdir())
 

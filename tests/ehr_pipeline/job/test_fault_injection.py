@@ -75,9 +75,9 @@ def job_outputs(releases, tmp_path_factory) -> dict[str, pathlib.Path]:
 
 # The side files (vocabulary, statistics, units) are written just before the manifest: one kill covers both.
 JOB_STAGES = {
-    "reading and spilling": "ehr_pipeline.job.spill_stages:SpillTable.process",
-    "bagging": "ehr_pipeline.job.spill_stages:BagBucket.process",
-    "writing shards": "ehr_pipeline.job.spill_stages:MergeShard.process@2",
+    "reading and spilling": "ehr_pipeline.job.spill_source:SpillTable.process",
+    "bagging": "ehr_pipeline.job.spill_bag:BagBucket.process",
+    "writing shards": "ehr_pipeline.job.spill_merge:MergeShard.process@2",
     "manifest": "ehr_pipeline.job.manifest:build_manifest",
     "moving into place": "ehr_pipeline.contract.output_folder:_swap_in",
 }
@@ -113,7 +113,7 @@ def test_a_job_killed_at_any_stage_leaves_the_previous_data_folder(releases, job
 
 def test_a_full_disk_or_a_truncated_table_leaves_the_previous_data_folder(releases, previous_data, tmp_path):
     before = tree(previous_data)
-    full = faulty("ehr_pipeline.job.spill_stages:MergeShard.process", "enospc", "ehr_pipeline.cli.main:main",
+    full = faulty("ehr_pipeline.job.spill_merge:MergeShard.process", "enospc", "ehr_pipeline.cli.main:main",
                   *_job_args(releases, previous_data))
     assert full.returncode != 0 and "No space left on device" in full.stderr
     assert tree(previous_data) == before and only_staging_beside(previous_data) == []

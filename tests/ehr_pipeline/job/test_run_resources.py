@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from ehr_pipeline.cli.main import build_parser
-from ehr_pipeline.job import SpillOptions, gzip_split, spill
+from ehr_pipeline.job import SpillOptions, spill, temp_disk
 from tests.support.paths import REPO_ROOT
 
 
@@ -88,12 +88,12 @@ def test_a_run_marks_its_folder_and_removes_it_on_sigterm(tmp_path):
 def test_a_full_disk_inside_the_run_is_one_line_naming_the_folder_and_the_bytes(tmp_path):
     table = tmp_path / "LABEVENTS.csv.gz"
     table.write_bytes(b"\x1f\x8b" + b"\0" * 998)
-    with pytest.raises(gzip_split.NotEnoughDiskError) as err:
+    with pytest.raises(temp_disk.NotEnoughDiskError) as err:
         with spill.spill_run(str(tmp_path / "out"), str(tmp_path / "scratch"), [("LABEVENTS", str(table))],
                              1 << 20) as folder:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     message = str(err.value)
-    needed = int(gzip_split.SPILL_BYTES_PER_INPUT_BYTE * 1000)
+    needed = int(temp_disk.SPILL_BYTES_PER_INPUT_BYTE * 1000)
     assert message.startswith(f"{folder}: the disk filled up") and f"about {needed:,} bytes" in message
     assert "\n" not in message and not os.path.exists(folder)
 
@@ -102,9 +102,9 @@ def test_a_full_disk_is_recognised_in_a_beam_workers_error_text():
     # What the local runner raises on the driver for a worker's OSError: its traceback as text.
     worker = RuntimeError("Pipeline failed: Traceback ...\n    f.write(...)\nOSError: [Errno 28] No space left on device "
                           "[while running 'Source/SpillTables']")
-    assert gzip_split.is_disk_full(worker)
-    assert not gzip_split.is_disk_full(RuntimeError("OSError: [Errno 2] No such file or directory"))
+    assert temp_disk.is_disk_full(worker)
+    assert not temp_disk.is_disk_full(RuntimeError("OSError: [Errno 2] No such file or directory"))
     try:
         raise ValueError("a bundle failed") from OSError(errno.EDQUOT, "quota")
     except ValueError as chained:
-        assert gzip_split.is_disk_full(chained)
+        assert temp_disk.is_disk_full(chained)

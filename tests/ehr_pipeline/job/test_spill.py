@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import io
 import json
 import logging
 import os
@@ -22,9 +21,11 @@ from apache_beam.pipeline import PipelineVisitor
 from apache_beam.testing.util import assert_that, equal_to
 
 from ehr_pipeline.contract import PipelineConfig
-from ehr_pipeline.job import SpillOptions, gzip_split, run_job, run_to_meds, spill
+from ehr_pipeline.job import SpillOptions, run_job, run_to_meds, spill, temp_disk
 from ehr_pipeline.job.run import DASK_RUNNER, with_local_workers
-from ehr_pipeline.job.spill_stages import BUCKET, PLAN, BagBuckets, with_plan
+from ehr_pipeline.job.spill import BUCKET, PLAN
+from ehr_pipeline.job.spill_bag import BagBuckets, with_plan
+from ehr_pipeline.mimic import table_parts
 from tests.support.job_outputs import CONFIG, output_digests
 from tests.support.job_runners import RUNNER_ARG, SideInputRecordingRunner
 
@@ -81,32 +82,15 @@ def test_a_malformed_row_in_a_part_is_dead_lettered_naming_the_part_and_its_line
     letters = [json.loads(x) for x in (tmp_path / "out" / "dead_letter" / "CHARTEVENTS.jsonl").read_text().splitlines()]
     assert [d["raw"] for d in letters] == [bad] and manifest["tables"]["CHARTEVENTS"]["dead_lettered"]
     # The same split, redone here: the part named holds the row on the line named.
-    parts = gzip_split.split_file(str(broken / "CHARTEVENTS.csv.gz"), "CHARTEVENTS", str(tmp_path / "parts"),
-                                  gzip_split.parts_for((broken / "CHARTEVENTS.csv.gz").stat().st_size, threshold),
-                                  gzip_split.block_bytes(threshold))
+    parts = table_parts.split_file(str(broken / "CHARTEVENTS.csv.gz"), "CHARTEVENTS", str(tmp_path / "parts"),
+                                   table_parts.parts_for((broken / "CHARTEVENTS.csv.gz").stat().st_size, threshold),
+                                   table_parts.block_bytes(threshold))
     name = pathlib.Path(letters[0]["file"]).name
     assert name.startswith("CHARTEVENTS-") and name.endswith(".csv.zst")
     part = next(p for p in parts if pathlib.Path(p).name == name)
     text = pa.input_stream(part, compression="zstd").read().decode()
     assert text.split("\n")[letters[0]["line"] - 1] == bad
     assert manifest["balanced"]
-
-
-def test_split_parts_hold_every_record_once_and_cut_outside_quotes(tmp_path):
-    rows = [["ROW_ID", "TEXT"]] + [[str(i), f'line one\nline "two" of {i}' if i % 7 == 0 else f"plain {i}"]
-                                   for i in range(3000)]
-    rows[1500][1] = 'a field longer than a block,\n"quoted",\n' * 100  # its newlines span several blocks
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerows(rows)
-    src = tmp_path / "T.csv.gz"
-    src.write_bytes(gzip.compress(buf.getvalue().encode()))
-    parts = gzip_split.split_file(str(src), "LABEVENTS", str(tmp_path / "parts"), parts=3, block=1000)
-    got = []
-    for part in parts:
-        records = list(csv.reader(io.StringIO(pa.input_stream(part, compression="zstd").read().decode())))
-        assert records[0] == rows[0] and len(records) > 1  # each part: the header, then whole records
-        got.extend(records[1:])
-    assert sorted(got, key=lambda r: int(r[0])) == rows[1:]
 
 
 def test_frame_files_of_two_attempts_never_share_a_name(tmp_path):
@@ -141,10 +125,10 @@ def test_not_enough_disk_is_one_line_naming_the_folder_and_the_bytes(tmp_path):
     with open(huge, "wb") as f:
         f.write(b"\x1f\x8b")
         f.truncate(2**43)  # sparse: 8 TiB by its size, nothing on disk
-    with pytest.raises(gzip_split.NotEnoughDiskError, match=r"scratch: [\d,]+ bytes free, the job needs about "
+    with pytest.raises(temp_disk.NotEnoughDiskError, match=r"scratch: [\d,]+ bytes free, the job needs about "
                                                             r"[\d,]+ for its temporary files") as err:
-        gzip_split.check_free_space(str(tmp_path / "scratch"), [("CHARTEVENTS", str(huge))], 64 << 20)
-    needed = int(gzip_split.PART_BYTES_PER_GZIP_BYTE * 2**43 + gzip_split.SPILL_BYTES_PER_INPUT_BYTE * 2**43)
+        temp_disk.check_free_space(str(tmp_path / "scratch"), [("CHARTEVENTS", str(huge))], 64 << 20)
+    needed = int(temp_disk.PART_BYTES_PER_GZIP_BYTE * 2**43 + temp_disk.SPILL_BYTES_PER_INPUT_BYTE * 2**43)
     assert "\n" not in str(err.value) and f"{needed:,}" in str(err.value)
 
 

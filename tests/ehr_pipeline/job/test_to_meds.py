@@ -176,7 +176,7 @@ def test_the_meds_job_on_the_converted_demo_gives_the_same_bytes(demo_dir, tmp_p
 
 def test_dead_values_of_hashed_buckets_are_merged_in_file_order(tmp_path):
     from ehr_pipeline.job.sinks import DeadValue
-    from ehr_pipeline.job.spill_stages import ConcatDeadRuns
+    from ehr_pipeline.job.spill_merge import ConcatDeadRuns
 
     rng = np.random.default_rng(4)
     values = [DeadValue(int(h), int(h), int(t), f"lab:{c}", float(v), "mg", "g", "no", "not_convertible")

@@ -129,8 +129,8 @@ def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
 
     from model.evaluation.evaluate import MEDS_PREDICTIONS_FILE
     from model.evaluation.run_evaluation import EvaluationRequest, evaluate_exports
-    from model.training.config import parse_config
-    from model.training.train import train
+    from model.ehr.config import parse_config
+    from model.ehr.train import train
     from serving.api.app import create_app
     from serving.inference.served_model import ServedModel
     from serving.settings import make_settings

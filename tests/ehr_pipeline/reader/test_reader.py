@@ -464,7 +464,7 @@ def _zstd(data: bytes) -> bytes:
 
 @pytest.mark.parametrize("name", ["LABEVENTS-00000-of-00002.csv.zst", "LABEVENTS.csv.gz"])
 def test_zstd_is_read_by_its_magic_bytes(demo_dir, tmp_path, name):
-    """The job's split parts are zstd (job/gzip_split.py): every row as from the demo's gzip file."""
+    """The job's split parts are zstd (mimic/table_parts.py): every row as from the demo's gzip file."""
     original = locate_table(demo_dir, "LABEVENTS")
     path = tmp_path / name
     path.write_bytes(_zstd(gzip.decompress(original.read_bytes())))

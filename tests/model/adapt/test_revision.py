@@ -11,9 +11,9 @@ from model.adapt.local_data import LocalSample
 from model.adapt.recalibration import fit_intercept_slope, logits_of
 from model.adapt.revision import fit_revision, revision_variables
 from model.export.predict import Predictor, example_noise, predict_probs
-from model.training import inputs
-from model.training.config import parse_config
-from model.training.ehr_model import build_model
+from model.ehr import inputs
+from model.ehr.config import parse_config
+from model.ehr.ehr_model import build_model
 from tests.support.ehr_testdata import tiny_config_dict, write_data_dir
 
 SAMPLES, SEED = 4, 7

@@ -13,7 +13,7 @@ from model.evaluation import evaluate
 from model.evaluation.statistics import against_truth, metrics, metrics_report
 from model.evaluation.evaluate import PLOT_FILES, TRUTH_PLOT_FILE, load_truth
 from model.export.predict import predict_probs
-from model.training import baselines
+from model.ehr import baselines
 from tests.support.ehr_testdata import read_json
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -15,8 +15,8 @@ from model import data_folder
 from model.export.load import ExportError, ReferralPolicy, load_export
 from model.export_layout import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
 from model.export.predict import Predictor, predict_probs
-from model.training.config import parse_config
-from model.training.train import load_run, train
+from model.ehr.config import parse_config
+from model.ehr.train import load_run, train
 from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 REQUIRED = {"saved_model/saved_model.pb", "model_card.json", "pipeline_config.json", "vocabulary.json",

@@ -11,9 +11,9 @@ from ehr_pipeline.contract import tf_parse
 from model import data_folder
 from model.export import predict as predict_module
 from model.export.predict import Predictor, predict_probs, stateful_random_ops
-from model.training import inputs
-from model.training.config import ModelConfig
-from model.training.ehr_model import build_model
+from model.ehr import inputs
+from model.ehr.config import ModelConfig
+from model.ehr.ehr_model import build_model
 from tests.support.ehr_testdata import write_data_dir
 
 

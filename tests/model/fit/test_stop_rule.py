@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 from model.fit.training_loop import BEST_FILE, BestTracker, Progress, StopRule, advance, replay
-from model.training.config import parse_config
-from model.training.train import train
+from model.ehr.config import parse_config
+from model.ehr.train import train
 from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 

@@ -191,8 +191,8 @@ def test_bella_needs_a_zero_prior_mean_and_a_shared_batch_norm():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, synthetic_data):
-    from model.training.config import parse_config
-    from model.training.train import train
+    from model.ehr.config import parse_config
+    from model.ehr.train import train
 
     base = tmp_path_factory.mktemp("bella")
     data = synthetic_data
@@ -208,7 +208,7 @@ def runs(tmp_path_factory, synthetic_data):
 
 @pytest.mark.slow
 def test_training_moves_only_the_adapters_and_records_the_base(runs):
-    from model.training.train import load_run
+    from model.ehr.train import load_run
     from model.fit.training_loop import model_checkpoint
 
     _, det_model, _, _ = load_run(runs["det"], runs["data"])

@@ -13,9 +13,10 @@ import os
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from ehr_base import yaml_config
+from ehr_base.yaml_config import ConfigModel
 from model.export_layout import MAX_SAMPLES
 from model.evaluation.statistics.metrics import DEFAULT_REFERRAL_RATE
 from model.fit.experiment import ExperimentBase
@@ -48,11 +49,7 @@ FACTORY_METHODS = {"deterministic": "deterministic", "bayesian_embeddings": "det
                    "ktied_normal": "ktied_normal", "bella": "bella"}
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelConfig(_Model):
+class ModelConfig(ConfigModel):
     """Architecture and posterior of the EHR model (see docs/model.md)."""
 
     method: Method = "rank1"
@@ -83,14 +80,14 @@ class ModelConfig(_Model):
                        "and the bag vector is attention_heads x embedding_dim wide.")
     wide: bool = Field(
         False, description="Add a linear ('wide') part to the logit on the admission window's per-code aggregates "
-                           "(log counts, min / max / mean / last z-scores, context; model.training.inputs); wide_posterior "
+                           "(log counts, min / max / mean / last z-scores, context; model.ehr.inputs); wide_posterior "
                            "says how it is trained.")
     wide_window_hours: _PosFloat = Field(48.0, description="wide: the window, hours before the prediction time.")
     wide_posterior: Literal["factory", "laplace"] = Field(
         "factory", description="wide: 'factory' trains the linear part with the LSTM under the method's posterior; "
-                               "'laplace' fits model.training.baselines' logistic regression on the training split before the "
+                               "'laplace' fits model.ehr.baselines' logistic regression on the training split before the "
                                "first step (penalty and C by validation NLL), fixes it with its Laplace posterior "
-                               "(model.training.wide) and lets the LSTM learn the residual from 0.")
+                               "(model.ehr.wide) and lets the LSTM learn the residual from 0.")
     wide_l1: _NonNegFloat = Field(
         0.0, description="wide: L1 penalty (per example) on the linear part's kernel in place of l2, which selects "
                          "a few analytes among hundreds of columns; 0 keeps l2. deterministic / rank1 / "
@@ -134,7 +131,7 @@ class ModelConfig(_Model):
         return self.method in STOCHASTIC_EMBEDDING_METHODS
 
 
-class TrainConfig(_Model):
+class TrainConfig(ConfigModel):
     """Optimisation of one run (defaults: Table 7, Gaussian rank-1 RNN)."""
 
     batch_size: _PosInt = Field(128, description="B examples per step; the model sees B*K rows.")
@@ -182,7 +179,7 @@ class TrainConfig(_Model):
     mixed_precision: bool | Literal["float32", "mixed_bfloat16", "mixed_float16"] = Field(
         False, description="16-bit layer compute (variables, loss, NLL and KL stay float32): true = bfloat16 where "
                            "the hardware has it (CPUs, GPUs >= compute capability 8.0), else float16 with loss "
-                           "scaling; or a Keras policy name (model.training.mixed_precision).")
+                           "scaling; or a Keras policy name (model.ehr.mixed_precision).")
     seed: _Int = 0
 
     @pydantic.model_validator(mode="after")
@@ -192,12 +189,12 @@ class TrainConfig(_Model):
         return self
 
 
-# The scikit-learn baselines (model.training.baselines): here, so `ehr-eval --help` lists them
+# The scikit-learn baselines (model.ehr.baselines): here, so `ehr-eval --help` lists them
 # without importing TensorFlow, which the baselines' featurizer needs.
 BASELINE_KINDS = ("logistic", "gbm")
 
 
-class EvalConfig(_Model):
+class EvalConfig(ConfigModel):
     """Evaluation and export settings."""
 
     num_samples: Annotated[int, Field(strict=True, ge=1, le=MAX_SAMPLES)] = Field(

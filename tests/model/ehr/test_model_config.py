@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from ehr_base.yaml_config import ConfigError
-from model.training.config import ExperimentConfig, load_config, parse_config
+from model.ehr.config import ExperimentConfig, load_config, parse_config
 from tests.support.paths import REPO_ROOT
 
 CONFIGS = REPO_ROOT / "configs"

@@ -18,13 +18,13 @@ from ehr_pipeline.job import run_job
 from ehr_pipeline.synth import generate_release
 from model.data_folder import load_data_files, read_split
 from model.export.predict import ServingModule
-from model.training.baselines import fit_baseline
-from model.training.config import parse_config
-from model.training.inputs import Featurizer
-from model.training.train import load_run, train
+from model.ehr.baselines import fit_baseline
+from model.ehr.config import parse_config
+from model.ehr.inputs import Featurizer
+from model.ehr.train import load_run, train
 from tests.support.ehr_testdata import tiny_config_dict
 
-WINDOW_SECONDS = 48 * 3600.0  # the baselines' window (model.training.baselines' default)
+WINDOW_SECONDS = 48 * 3600.0  # the baselines' window (model.ehr.baselines' default)
 
 
 def reverse_bags(parsed: dict) -> dict:

@@ -4,7 +4,7 @@ The examples come from the pipeline's TFRecords through ``ehr_pipeline.contract.
 parser the trainer and the service use), and the predictions go through ``model.evaluation.statistics.metrics``
 and the same report files as the LSTMs, so a baseline sits in the same tables.
 
-The features are the Featurizer's "window_aggregates" (``model.training.inputs``), the columns the EHR
+The features are the Featurizer's "window_aggregates" (``model.ehr.inputs``), the columns the EHR
 model's linear part reads: per code id (vocabulary codes and one out-of-vocabulary column per
 source) log(1 + events) inside the admission window (bags whose newest event lies at most
 ``window_hours`` before the trigger) and in older history; per code with training statistics
@@ -25,9 +25,9 @@ from threadpoolctl import threadpool_limits
 
 from ehr_pipeline.contract import spec, tf_parse
 from model.evaluation.statistics import metrics
-from model.training.config import BASELINE_KINDS
+from model.ehr.config import BASELINE_KINDS
 from model.data_folder import DataFiles, load_data_files, read_split
-from model.training.inputs import Featurizer
+from model.ehr.inputs import Featurizer
 
 log = logging.getLogger(__name__)
 

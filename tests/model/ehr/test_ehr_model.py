@@ -14,11 +14,11 @@ from model.evaluation.statistics import metrics
 from model.export.predict import Predictor, predict_probs, stateful_random_ops
 from model.layers import factory
 from model.layers.noise import Noise
-from model.training import train as train_module
+from model.ehr import train as train_module
 from model.fit import losses
-from model.training import inputs
-from model.training.config import parse_config
-from model.training.ehr_model import bag_vector_dim, build_model
+from model.ehr import inputs
+from model.ehr.config import parse_config
+from model.ehr.ehr_model import bag_vector_dim, build_model
 from model.fit.training_loop import fast_weight_refs
 from tests.support.ehr_testdata import tiny_config_dict, write_data_dir
 

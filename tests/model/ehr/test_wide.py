@@ -1,4 +1,4 @@
-"""model.training.wide: the fitted logistic regression's Laplace posterior on raw columns, and the layer that samples it."""
+"""model.ehr.wide: the fitted logistic regression's Laplace posterior on raw columns, and the layer that samples it."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 from model.layers.noise import Noise
-from model.training import baselines
-from model.training.wide import PRIOR_PRECISION, GaussianLinear, fit_laplace, laplace_posterior
+from model.ehr import baselines
+from model.ehr.wide import PRIOR_PRECISION, GaussianLinear, fit_laplace, laplace_posterior
 
 
 @pytest.fixture(scope="module")

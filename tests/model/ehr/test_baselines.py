@@ -1,4 +1,4 @@
-"""model.training.baselines on real TFRecords: the aggregates against a plain-Python loop over each
+"""model.ehr.baselines on real TFRecords: the aggregates against a plain-Python loop over each
 SequenceExample, the fitted models against scikit-learn fitted directly."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sklearn.preprocessing import StandardScaler
 from ehr_pipeline.contract import spec
 from ehr_pipeline.encode import seqex
 from model import data_folder
-from model.training import baselines, inputs
+from model.ehr import baselines, inputs
 from tests.support.ehr_testdata import write_data_dir
 
 

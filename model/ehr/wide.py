@@ -1,8 +1,8 @@
 """A fitted logistic regression with its Laplace posterior, as the EHR model's linear ("wide") part.
 
 ``model.wide_posterior: laplace`` makes the wide part the logistic regression of
-``model.training.baselines`` (penalty and C chosen by validation NLL) fitted on the training split's
-window aggregates (``model.training.inputs``), with a Gaussian posterior N(w, H^-1) over its intercept
+``model.ehr.baselines`` (penalty and C chosen by validation NLL) fitted on the training split's
+window aggregates (``model.ehr.inputs``), with a Gaussian posterior N(w, H^-1) over its intercept
 and weights: H is the Hessian of the training NLL at w, plus a unit prior precision, over the
 columns the fit kept (an L1 fit drops most; dropped columns stay at 0 with no variance). The
 trainer fits it before the first step and freezes it; the LSTM then learns the residual.
@@ -21,8 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 from model.layers.noise import Noise
-from model.training import baselines
-from model.training.baselines import SplitFeatures
+from model.ehr import baselines
+from model.ehr.baselines import SplitFeatures
 
 PRIOR_PRECISION = 1.0  # of the standardised weights: keeps H invertible where columns are collinear
 
@@ -38,7 +38,7 @@ class LaplaceFit:
 
 
 def fit_laplace(train: SplitFeatures, val: SplitFeatures, seed: int = 0) -> LaplaceFit:
-    """Fits model.training.baselines' logistic regression (chosen on validation) and its Laplace posterior, on raw columns."""
+    """Fits model.ehr.baselines' logistic regression (chosen on validation) and its Laplace posterior, on raw columns."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(limits=1):

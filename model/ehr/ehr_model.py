@@ -16,10 +16,10 @@ Forward pass for N admissions, S samples and K members (docs/model.md has the pi
   5. the final state, concatenated with the admission context, goes through a dense
      hidden layer and a dense output layer (one logit per row);
   6. with ``ModelConfig.wide``, a linear layer adds its logit from the admission window's
-     per-code aggregates (model.training.inputs "window_aggregates"): the extremes a severity score sums,
+     per-code aggregates (model.ehr.inputs "window_aggregates"): the extremes a severity score sums,
      which the LSTM would otherwise have to carry across bags itself. It is a factory layer under
      the method's posterior, or (``wide_posterior: laplace``) a fitted logistic regression with
-     its Laplace posterior (model.training.wide).
+     its Laplace posterior (model.ehr.wide).
 
 The result is reshaped to [N, S*K], sample-major (column m = s*K + k), the layout of
 ``model.evaluation.statistics.metrics``. Layers come from the factory ``model.layers.factory``; which posterior they carry
@@ -35,9 +35,9 @@ from model.layers import factory
 from model.layers.embeddings import EmbeddingConfig, StochasticEmbedding
 from model.layers.noise import Noise, call_sampling
 from model.layers.rank1_lstm import Rank1LSTM
-from model.training.config import ModelConfig
-from model.training.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
-from model.training.wide import GaussianLinear
+from model.ehr.config import ModelConfig
+from model.ehr.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
+from model.ehr.wide import GaussianLinear
 
 
 class HeadInputs(NamedTuple):
@@ -50,7 +50,7 @@ class HeadInputs(NamedTuple):
 
 
 class EHRModel(tf.keras.Model):
-    """features (model.training.inputs.Featurizer output) -> logits [N, S*K], sample-major."""
+    """features (model.ehr.inputs.Featurizer output) -> logits [N, S*K], sample-major."""
 
     def __init__(self, config: ModelConfig, vocab_size: int, window_aggregate_dim: int | None = None, **kwargs):
         super().__init__(**kwargs)

@@ -18,10 +18,10 @@ import yaml
 from ehr_base.yaml_config import ConfigError
 from model import data_folder
 from model.cli.ehr_train import parse_overrides
-from model.training.config import parse_config
+from model.ehr.config import parse_config
 from model.export_layout import EXPORT_DIR
 from model.fit.training_loop import BEST_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, BestTracker, ConfigMismatchError
-from model.training.train import load_run, train
+from model.ehr.train import load_run, train
 from tests.support.ehr_testdata import read_json, tiny_config_dict, write_data_dir
 from tests.support.paths import REPO_ROOT
 
@@ -165,7 +165,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
 
 
 def test_cached_featurized_batches_replay_an_epoch_in_a_new_order(tmp_path):
-    from model.training import inputs
+    from model.ehr import inputs
 
     data = write_data_dir(tmp_path / "data", sizes=(("train", 40), ("validation", 4), ("test", 4)))
     files = data_folder.load_data_files(data)

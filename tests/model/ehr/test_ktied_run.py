@@ -15,8 +15,8 @@ from tests.support.ehr_testdata import read_json, tiny_config_dict
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, synthetic_data):
-    from model.training.config import parse_config
-    from model.training.train import train
+    from model.ehr.config import parse_config
+    from model.ehr.train import train
 
     base = tmp_path_factory.mktemp("ktied_run")
     data, run = synthetic_data, base / "run"

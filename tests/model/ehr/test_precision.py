@@ -1,5 +1,5 @@
 """Mixed precision on the CPU: a bfloat16 gradient step stays within a tolerance of float32's, while the
-loss terms stay float32; float16 goes through a loss-scale optimizer (model.training.mixed_precision)."""
+loss terms stay float32; float16 goes through a loss-scale optimizer (model.ehr.mixed_precision)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,10 +8,10 @@ import tensorflow as tf
 
 from model import data_folder
 from model.fit import losses
-from model.training import inputs, mixed_precision
-from model.training.config import parse_config
-from model.training.ehr_model import build_model
-from model.training.train import train
+from model.ehr import inputs, mixed_precision
+from model.ehr.config import parse_config
+from model.ehr.ehr_model import build_model
+from model.ehr.train import train
 from tests.support.ehr_testdata import tiny_config_dict
 
 

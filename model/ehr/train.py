@@ -31,11 +31,11 @@ from model.fit import devices as device_layout
 from model.fit import losses, training_loop
 from model.fit.training_loop import CHECKPOINT_DIR, CONFIG_FILE, count_parameters, model_checkpoint
 from model.layers import bella
-from model.training import inputs, mixed_precision
-from model.training.baselines import read_features
-from model.training.config import ExperimentConfig, ModelConfig, parse_config
-from model.training.ehr_model import build_model
-from model.training.wide import fit_laplace
+from model.ehr import inputs, mixed_precision
+from model.ehr.baselines import read_features
+from model.ehr.config import ExperimentConfig, ModelConfig, parse_config
+from model.ehr.ehr_model import build_model
+from model.ehr.wide import fit_laplace
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
 
 def start_from_laplace_fit(model: tf.keras.Model, files: data_folder.DataFiles, featurizer: inputs.Featurizer,
                            seed: int) -> None:
-    """Fits the wide part's logistic regression and Laplace posterior (model.training.wide); the LSTM's output starts at 0."""
+    """Fits the wide part's logistic regression and Laplace posterior (model.ehr.wide); the LSTM's output starts at 0."""
     fit = fit_laplace(*(read_features(files, split, featurizer) for split in ("train", "validation")), seed=seed)
     log.info("wide part: logistic regression %s, validation NLL %.4f, Laplace posterior over %d columns",
              fit.params, fit.validation_nll, int(np.count_nonzero(np.abs(fit.scale).sum(axis=0))))
