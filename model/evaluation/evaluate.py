@@ -369,14 +369,15 @@ def update_relation(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any
 def add_clinical(report: dict[str, Any], probs: np.ndarray, labels: Sequence[int], *, measure: str,
                  threshold: float, attributes: Mapping[str, np.ndarray] | None, truth: np.ndarray | None,
                  n_bootstrap: int, seed: int, num_bins: int, target_coverage: float,
-                 target_risk: float) -> np.ndarray:
-    """Puts clinical_stats.clinical_report into report["clinical"]; returns the referred mask it used."""
+                 target_risk: float, operating: Mapping[str, Any] | None = None) -> np.ndarray:
+    """Puts clinical_stats.clinical_report into report["clinical"] (at the small_sample.choose_threshold record
+    `operating`, None: the default); returns the referred mask it used."""
     u = metrics.uncertainties(probs)
     referred = metrics.refer(u[measure], threshold)
     report["clinical"] = clinical_stats.clinical_report(
         metrics.predictive_mean(probs), np.asarray(labels), u, referred=referred, attributes=attributes,
         truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins, target_coverage=target_coverage,
-        target_risk=target_risk)
+        target_risk=target_risk, operating=operating)
     # The decision-aligned view of referral (Brier of the kept cases), beside the 0/1 error one.
     report["clinical"]["selective_brier"] = json_ready(referral_choice.brier_selective(
         metrics.predictive_mean(probs), np.asarray(labels), {**u, clinical_stats.RISK_SCORE: metrics.predictive_mean(

@@ -52,7 +52,7 @@ figure{margin:10px 0}figure img{max-width:100%;border:1px solid #e2e8f0}figcapti
 .note{font-size:12.5px;color:#445;background:#f6f8fa;border-left:3px solid #a0aec0;padding:6px 10px}
 .warn{border-left-color:#c05621;background:#fffaf0}ul.gaps li{margin-bottom:4px}
 .card.grey{opacity:.55}.card .ss{font-size:11px;color:#9c4221;margin-top:3px}
-.summary{border:2px solid #2b6cb0;border-radius:6px;padding:4px 14px;background:#f7fafc;font-size:13px}
+.summary{border:2px solid #2b6cb0;border-radius:6px;padding:2px 14px;background:#f7fafc;font-size:12.5px;line-height:1.3}
 .summary h2{margin-top:6px}.summary dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:4px 0}
 .summary dt{font-weight:600}.summary dd{margin:0}.summary ul{margin:2px 0 6px}
 """

@@ -7,7 +7,7 @@ number whether this evaluation is large enough to estimate it (model.evaluation.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from model.evaluation.report.html_cells import card, ci, esc, interval_text, num, pct, table
@@ -56,14 +56,15 @@ def uncertainty_verdict(clinical: Mapping[str, Any]) -> str:
     if not ranked:
         return "no uncertainty measure varies over the cases: referral can only follow p"
     best = ranked[0]
-    text = (f"referral by {SCORE_NAMES[best]} keeps the lowest Brier score (AURC {ci(cells[best]['aurc'], 4)}); "
-            + "; ".join(f"{SCORE_NAMES[s]} {cells[s]['aurc']['estimate']:.4f}" for s in ranked[1:]))
+    text = (f"referral by {SCORE_NAMES[best]} keeps the lowest Brier score (AURC, the kept cases' mean Brier score "
+            f"over all coverages: {ci(cells[best]['aurc'], 4)})"
+            + "".join(f"; AURC referring by {SCORE_NAMES[s]} {cells[s]['aurc']['estimate']:.4f}" for s in ranked[1:]))
     risk = cells.get("risk")
     if risk:
         mine, theirs = cells[best]["aurc"], risk["aurc"]
         overlap = theirs["lower"] is None or mine["lower"] is None or (
             mine["upper"] >= theirs["lower"] and theirs["upper"] >= mine["lower"])
-        text += (f"; highest p first {risk['aurc']['estimate']:.4f}"
+        text += (f"; AURC referring highest p first {risk['aurc']['estimate']:.4f}"
                  + (": the intervals overlap, so at this size the uncertainty is not shown to refer better than "
                     "the risk itself" if overlap else ""))
     return text + (f"; absent (constant over the cases): {', '.join(absent)}" if absent else "")
@@ -99,18 +100,73 @@ def limitations(doc: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def operating_text(clinical: Mapping[str, Any]) -> str:
+    """The operating threshold and why it is the one (small_sample.choose_threshold's record)."""
+    op = clinical.get("operating_threshold")
+    if not op:
+        return "0.5 (no operating threshold recorded in this file)"
+    return f"{op['threshold']:.3g}: {op['rationale']}"
+
+
+def at_threshold_text(clinical: Mapping[str, Any], n: int) -> str:
+    """Who the operating threshold flags: predicted positives, sensitivity and specificity with Wilson intervals."""
+    row = clinical["small_sample"]["thresholds"][0]
+    positives = row["tp"] + row["fp"]
+    sens, spec = row["sensitivity"], row["specificity"]
+    return (f"{positives} of {n} flagged (risk at least {row['threshold']:.3g}); sensitivity "
+            f"{row['tp']}/{row['tp'] + row['fn']} = {ci(sens, 2)}; specificity {row['tn']}/{row['tn'] + row['fp']} "
+            f"= {ci(spec, 2)}")
+
+
+def observed_expected_text(clinical: Mapping[str, Any]) -> str:
+    """Mean predicted risk against the observed rate, and O/E with its interval."""
+    cal, oe = clinical["calibration"], (clinical.get("decision") or {}).get("observed_expected")
+    text = f"mean predicted risk {cal['expected']:.3f} against {cal['observed']:.3f} observed"
+    if oe:
+        text += f"; observed / expected deaths {oe['observed']} / {oe['expected']:.1f} = {ci(oe, 2)}"
+    return text
+
+
+def _percent_range(pair: Sequence[float]) -> str:
+    return f"{pair[0]:.0%}" if pair[0] == pair[1] else f"{pair[0]:.0%} to {pair[1]:.0%}"
+
+
+def utility_text(clinical: Mapping[str, Any]) -> str:
+    """Where the model's net benefit beats both treat-all and treat-none, and the gain at each tabulated threshold."""
+    decision = clinical.get("decision") or {}
+    span = decision.get("curve_range")
+    runs = decision.get("useful_ranges")
+    text = ""
+    if runs is not None and span:
+        where = (", ".join(_percent_range(r) for r in runs) if runs else "no threshold")
+        text = (f"above both treat-all and treat-none at {where} (of the {_percent_range(span)} the decision curve "
+                "covers; point estimates); ")
+    gains = "; ".join(f"{row['threshold']:.0%} {ci(row['gain_over_default'], signed=True)}"
+                      for row in clinical["decision_curve"]["table"])
+    return text + f"gain in net benefit over the better of treat all / none at {gains}"
+
+
+def baseline_text(doc: Mapping[str, Any]) -> str:
+    """Which baseline stands beside this page's model."""
+    if doc.get("baseline"):
+        return f"this page is the {doc['baseline']['kind']} baseline itself"
+    return ("none in this file: ehr-eval --baseline logistic, then --compare of its predictions.csv with this one, "
+            "sets a baseline beside the model")
+
+
 def summary_box(doc: Mapping[str, Any]) -> str:
-    """The first screen: dataset, design, n and events, discrimination, calibration, utility, verdicts, limitations."""
+    """The first screen: dataset, design, n and events, the decision facts, verdicts, limitations."""
     clinical = doc["clinical"]
     dataset = (doc.get("population") or {}).get("dataset") or {}
-    nb = {row["threshold"]: row for row in clinical["decision_curve"]["table"]}.get(0.1)
     rows = [("Dataset", dataset.get("name", "not named in this file (no data folder given)")),
             ("Design", dataset.get("design", "not recorded")),
             ("Cases", f"{num(doc['n'])} on the {doc.get('split', 'test')} split, {num(_events(doc))} deaths"),
+            ("Operating threshold", operating_text(clinical)),
+            ("At that threshold", at_threshold_text(clinical, doc["n"])),
             ("Discrimination", f"AUC-ROC {ci((doc.get('ci') or {}).get('auc_roc'))}"),
-            ("Calibration", calibration_text(clinical)),
-            ("Utility", "n/a" if nb is None else f"net benefit at a 10% threshold {ci(nb['model'])}, gain over "
-                                                  f"treat all / none {ci(nb['gain_over_default'], signed=True)}"),
+            ("Calibration", observed_expected_text(clinical) + "; " + calibration_text(clinical)),
+            ("Net benefit", utility_text(clinical)),
+            ("Baseline", baseline_text(doc)),
             ("Uncertainty", uncertainty_verdict(clinical)),
             ("Subgroups", subgroup_verdict(clinical.get("subgroups")))]
     items = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in rows)
@@ -154,8 +210,8 @@ def threshold_section(clinical: Mapping[str, Any]) -> str:
         return ""
     rows = [[f"{t['threshold']:.0%}", num(t["tp"] + t["fp"]), ci(t["sensitivity"]), ci(t["specificity"]),
              ci(t["ppv"]), ci(t["npv"])] for t in ss["thresholds"]]
-    note = ('<p class="note">Positive: predicted risk at least the threshold. The first row is the decision threshold '
-            "of the accuracy figure (0.5); the others are the thresholds the decision curve tabulates, where a "
+    note = ('<p class="note">Positive: predicted risk at least the threshold. The first row is the operating threshold '
+            "(see the summary for why it is the one); the others are the thresholds the decision curve tabulates, where a "
             "clinician would act. Wilson score 95% intervals, which keep their width at 0% and 100%; a ratio with "
             f"no cases in its denominator is n/a. No-information rate (always predicting the commoner outcome): "
             f"{ss['no_information_rate']:.3f}.</p>")

@@ -34,7 +34,7 @@ def model_report(trained_rank1, tmp_path_factory):
     data = trained_rank1["data"]
     code = ehr_eval.main(["--model", str(trained_rank1["run"]), "--data", str(data), "--samples", "3",
                           "--truth", str(data / "SYNTH_TRUTH.csv"), "--bootstrap", "30", "--out", str(out),
-                          "--no-progress"])
+                          "--threshold", "sensitivity:0.8", "--no-progress"])
     assert code == 0
     return out
 
@@ -73,6 +73,22 @@ def test_model_report_is_the_metrics_json_rendered(model_report):
         for row in groups.values():
             cell = row["auc_roc_hm"]
             assert cell["estimable"] is False or cell["lower"] < cell["estimate"] < cell["upper"]
+    # The decision facts, recomputed from predictions.csv: the operating threshold's flags, O/E, the rule's record.
+    pred = evaluate.read_predictions(model_report / evaluate.PREDICTIONS_FILE)
+    op = clinical["operating_threshold"]
+    assert op["rule"] == "sensitivity:0.8" and op["chosen_on"] in ("validation", "default")
+    assert op["threshold"] == clinical["small_sample"]["thresholds"][0]["threshold"]
+    if op["chosen_on"] == "default":  # the page says why no rule was applied
+        assert op["validation"]["events"] < 10 and "too small" in op["rationale"]
+    flagged = pred.p >= op["threshold"]
+    summary = page[page.index('id="summary"'):page.index("</div>", page.index('id="summary"'))]
+    assert f"{int(flagged.sum())} of {doc['n']} flagged" in summary
+    sens = f"sensitivity {int((flagged & (pred.labels == 1)).sum())}/{int(pred.labels.sum())} = "
+    assert sens in summary
+    oe = clinical["decision"]["observed_expected"]
+    assert oe["estimate"] == pytest.approx(pred.labels.sum() / pred.p.sum(), rel=1e-4)
+    assert f"= {oe['estimate']:.2f} ({oe['lower']:.2f} to {oe['upper']:.2f})" in summary
+    assert html.escape(op["rationale"]) in summary and "Baseline" in summary
     # Who the cases are: every split of the data folder, counted as the data's manifest counts them.
     splits = doc["population"]["splits"]
     assert {name: s["n"] for name, s in splits.items()} == {"train": 160, "validation": 48, "test": 48}
