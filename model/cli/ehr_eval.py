@@ -241,7 +241,8 @@ def _compare(args: argparse.Namespace) -> int:
     try:
         comparison = evaluation.compare_predictions(*args.compare, truth_path=args.truth, n_bootstrap=args.bootstrap,
                                                     seed=args.seed, num_bins=args.num_bins,
-                                                    target_coverage=args.target_coverage, target_risk=args.target_risk)
+                                                    target_coverage=args.target_coverage, target_risk=args.target_risk,
+                                                    threshold=args.threshold)
     except (FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
     print(formatting.format_comparison(comparison))

@@ -18,6 +18,8 @@ each pure and checked against an independent computation in the tests:
   survivors, or at complete separation (AUROC 0 or 1), where that standard error is zero;
 * ``observed_expected``: observed / expected deaths with the log-scale interval of Debray et al.
   (BMJ 2017; 356:i6460), the expected count taken as fixed;
+* ``subgroup_estimate``: the cell a subgroup table and forest plot show for a metric, or none;
+* ``supported_decimals``: the rounding rule, decimals from an interval's standard error;
 * ``estimability``: the small-sample rule of the headline numbers (docs/model.md, "Small samples");
 * ``detectable_auc_gap``: the smallest AUROC gap between a group and the rest that the
   heterogeneity test could find at 80 % power, so "no gap named" states its own power.
@@ -162,6 +164,35 @@ def estimability(events: int, n: int) -> dict[str, Any]:
     return {"events": int(events), "n": int(n), "smaller_class": int(smaller), "calibration_estimable": calibration,
             "precise": precise, "note": note, "card_note": card_note, "min_calibration_events": MIN_CALIBRATION_EVENTS,
             "precise_events": PRECISE_EVENTS}
+
+
+def subgroup_estimate(row: dict[str, Any], key: str, min_cases: int) -> dict[str, Any]:
+    """The cell of a subgroup_report row to show for metric `key`, or {estimate None, estimable False, reason}.
+
+    The death rate carries its Wilson interval at any size; the AUROC its Hanley-McNeil one, not estimable
+    under MIN_AUC_EVENTS deaths or survivors or at complete separation; every other metric is not estimable
+    in a group of fewer than `min_cases` cases (the heterogeneity test's MIN_GAP_CASES, below which a
+    bootstrap of the group is itself unreliable).
+    """
+    if key == "observed_rate" and row.get("observed_rate_wilson"):
+        return row["observed_rate_wilson"]
+    if key == "auc_roc" and row.get("auc_roc_hm"):
+        cell = row["auc_roc_hm"]
+        return cell if cell.get("estimable", True) else {"estimate": None, "lower": None, "upper": None,
+                                                         "estimable": False, "reason": cell["reason"]}
+    if row["n"] < min_cases:
+        return {"estimate": None, "lower": None, "upper": None, "estimable": False,
+                "reason": f"fewer than {min_cases} cases"}
+    return row.get(key) or {"estimate": None, "lower": None, "upper": None}
+
+
+def supported_decimals(lower: float | None, upper: float | None, most: int = 3, alpha: float = 0.05) -> int:
+    """Decimals an estimate with this (1 - alpha) interval supports: 1 - floor(log10(SE)), SE the interval's width
+    over 2 z, between 0 and `most` (an SE of 0.16 gives 2 decimals, 0.03 gives 3); `most` without an interval."""
+    if lower is None or upper is None or not math.isfinite(lower) or not math.isfinite(upper) or upper <= lower:
+        return most
+    se = (upper - lower) / (2.0 * float(norm.ppf(1.0 - alpha / 2.0)))
+    return max(0, min(most, 1 - math.floor(math.log10(se))))
 
 
 def detectable_auc_gap(auc: float, events: int, non_events: int, rest_events: int, rest_non_events: int,
