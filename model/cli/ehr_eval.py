@@ -30,7 +30,7 @@ from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, fract
 from ehr_pipeline.contract import output_folder
 from model.cli import EXIT_SHIFT, FAIL_ON
 from model.export_layout import EXPORT_DIR, MANIFEST, MAX_SAMPLES, UNCERTAINTY_MEASURES
-from model.evaluation.statistics import clinical_stats
+from model.evaluation.statistics import clinical_stats, small_sample
 from model.export.load import ExportError
 from model.image import cli as image_cli
 from model.ehr.config import BASELINE_KINDS, EvalConfig
@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-risk", type=fraction, default=clinical_stats.TARGET_RISK,
                         help="selective prediction: report the largest coverage whose kept cases' error rate "
                              "(p > 0.5 against the label) is at most this")
+    parser.add_argument("--threshold", default=small_sample.DEFAULT_THRESHOLD, type=_threshold_rule,
+                        metavar="RULE",
+                        help="operating threshold of the report (summary, threshold table): a probability, used as "
+                             "given, or sensitivity:TARGET, the highest risk threshold reaching TARGET sensitivity "
+                             "on the validation split (with fewer than 10 validation deaths the default is used "
+                             "and the report says so); the default is the export's decision threshold, where "
+                             "accuracy is counted")
     parser.add_argument("--export-ensemble", default=None, metavar="DIR", type=output_dir,
                         help="also write the --model exports as one ensemble export (MODEL_DIR) here")
     parser.add_argument("--fail-on-shift", choices=FAIL_ON, default="never",
@@ -106,6 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true",
                    help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
     return parser
+
+
+def _threshold_rule(text: str) -> str:
+    """--threshold's value as given, once small_sample.parse_rule accepts it (argparse says why not)."""
+    try:
+        small_sample.parse_rule(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix(f"--threshold {text!r}: ")) from None
+    return text
 
 
 def resolve_model_dir(path: str) -> pathlib.Path:
@@ -194,7 +210,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             referral_rate=args.referral_rate, referral_measure=args.referral_measure, n_bootstrap=args.bootstrap,
             num_bins=args.num_bins, out_dir=args.out, export_ensemble=args.export_ensemble, overwrite=args.overwrite,
             progress=not args.no_progress, target_coverage=args.target_coverage, target_risk=args.target_risk,
-            force_units=args.force)
+            force_units=args.force, threshold=args.threshold)
         result = run_evaluation.evaluate_exports(request)
     except (ExportError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
@@ -225,7 +241,8 @@ def _compare(args: argparse.Namespace) -> int:
     try:
         comparison = evaluation.compare_predictions(*args.compare, truth_path=args.truth, n_bootstrap=args.bootstrap,
                                                     seed=args.seed, num_bins=args.num_bins,
-                                                    target_coverage=args.target_coverage, target_risk=args.target_risk)
+                                                    target_coverage=args.target_coverage, target_risk=args.target_risk,
+                                                    threshold=args.threshold)
     except (FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)
     print(formatting.format_comparison(comparison))
@@ -254,7 +271,7 @@ def _baseline(args: argparse.Namespace) -> int:
             kind=args.baseline, data_dir=args.data, split=args.split, seed=args.seed, truth_path=args.truth,
             referral_rate=args.referral_rate, referral_measure=args.referral_measure, n_bootstrap=args.bootstrap,
             num_bins=args.num_bins, out_dir=args.out, overwrite=args.overwrite, target_coverage=args.target_coverage,
-            target_risk=args.target_risk)
+            target_risk=args.target_risk, threshold=args.threshold)
         report = run_evaluation.evaluate_baseline(request, fit_baseline)
     except (FileNotFoundError, ValueError) as err:
         return usage_error("ehr-eval", err)

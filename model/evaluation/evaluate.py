@@ -20,7 +20,7 @@ import numpy as np
 from model.evaluation import dataset_identity
 from model.evaluation.report import plots, report_html
 from model.evaluation.statistics import against_truth, clinical_stats, curves, metrics, metrics_report
-from model.evaluation.statistics import paired_clinical, referral_choice
+from model.evaluation.statistics import paired_clinical, referral_choice, small_sample
 from model.export_layout import DECISION_THRESHOLD, UNCERTAINTY_MEASURES, json_ready
 
 if TYPE_CHECKING:  # annotations only: reading a data folder needs TensorFlow, writing a report does not
@@ -253,8 +253,12 @@ def _reordered(pred: Predictions, order: np.ndarray) -> Predictions:
 def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str], *,
                         truth_path: str | os.PathLike[str] | None = None, n_bootstrap: int = 1000, seed: int = 0,
                         num_bins: int = metrics.NUM_BINS, target_coverage: float = clinical_stats.TARGET_COVERAGE,
-                        target_risk: float = clinical_stats.TARGET_RISK) -> dict[str, Any]:
+                        target_risk: float = clinical_stats.TARGET_RISK,
+                        threshold: str = small_sample.DEFAULT_THRESHOLD) -> dict[str, Any]:
     """Paired bootstrap of model B minus model A (metrics_report.paired_bootstrap) on the cases both files hold.
+
+    ``threshold``: ehr-eval --threshold; a rule needs a validation split, which two predictions files have not,
+    so only a probability is applied (the record says so otherwise).
 
     The two files must hold the same admissions with the same labels (order may differ). The
     truth comes from ``truth_path`` or else from A's P_TRUTH column; without either,
@@ -272,7 +276,8 @@ def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLik
     b = _reordered(b, order)
     diffs = metrics_report.paired_bootstrap(a.p, b.p, a.labels, truth, n=n_bootstrap, seed=seed, num_bins=num_bins)
     settings = dict(truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins,
-                    target_coverage=target_coverage, target_risk=target_risk)
+                    target_coverage=target_coverage, target_risk=target_risk,
+                    operating=small_sample.choose_threshold(small_sample.parse_rule(threshold)))
     clinical = {"a": clinical_stats.clinical_report(a.p, a.labels, a.uncertainties, referred=a.referred,
                                                     attributes=a.attributes or None, **settings),
                 "b": clinical_stats.clinical_report(b.p, b.labels, b.uncertainties, referred=b.referred,
@@ -369,14 +374,15 @@ def update_relation(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any
 def add_clinical(report: dict[str, Any], probs: np.ndarray, labels: Sequence[int], *, measure: str,
                  threshold: float, attributes: Mapping[str, np.ndarray] | None, truth: np.ndarray | None,
                  n_bootstrap: int, seed: int, num_bins: int, target_coverage: float,
-                 target_risk: float) -> np.ndarray:
-    """Puts clinical_stats.clinical_report into report["clinical"]; returns the referred mask it used."""
+                 target_risk: float, operating: Mapping[str, Any] | None = None) -> np.ndarray:
+    """Puts clinical_stats.clinical_report into report["clinical"] (at the small_sample.choose_threshold record
+    `operating`, None: the default); returns the referred mask it used."""
     u = metrics.uncertainties(probs)
     referred = metrics.refer(u[measure], threshold)
     report["clinical"] = clinical_stats.clinical_report(
         metrics.predictive_mean(probs), np.asarray(labels), u, referred=referred, attributes=attributes,
         truth=truth, n_bootstrap=n_bootstrap, seed=seed, num_bins=num_bins, target_coverage=target_coverage,
-        target_risk=target_risk)
+        target_risk=target_risk, operating=operating)
     # The decision-aligned view of referral (Brier of the kept cases), beside the 0/1 error one.
     report["clinical"]["selective_brier"] = json_ready(referral_choice.brier_selective(
         metrics.predictive_mean(probs), np.asarray(labels), {**u, clinical_stats.RISK_SCORE: metrics.predictive_mean(

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ehr_pipeline.contract import SPLIT_NAMES, integrity, output_folder
 from ehr_pipeline.meds import labels as meds_labels
@@ -32,7 +32,7 @@ from model import data_folder
 from model.export_layout import MAX_SAMPLES, REFERENCE_PROFILE
 from model.data_folder import DataFiles, SplitRecords
 from model.evaluation import against_reference, evaluate, unit_check
-from model.evaluation.statistics import clinical_stats, metrics, referral_choice
+from model.evaluation.statistics import clinical_stats, metrics, referral_choice, small_sample
 from model.evaluation.against_reference import ShiftResult
 from model.export import write as export_writer
 from model.export.load import LoadedExport, load_export, read_export
@@ -60,6 +60,19 @@ class ReportSettings(BaseModel):
     overwrite: bool = False  # replace an earlier report in out_dir (and export in export_ensemble) whole
     target_coverage: float = Field(clinical_stats.TARGET_COVERAGE, gt=0.0, le=1.0)
     target_risk: float = Field(clinical_stats.TARGET_RISK, gt=0.0, lt=1.0)
+    threshold: str = small_sample.DEFAULT_THRESHOLD  # a probability, or a rule on validation: small_sample.parse_rule
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold_parses(cls, value: str) -> str:
+        small_sample.parse_rule(value)
+        return value
+
+    def operating(self, validation: Callable[[], tuple[Any, Any]]) -> dict[str, Any]:
+        """The operating threshold's record; validation() gives (p, y) of the validation split, read only for a
+        rule."""
+        rule = small_sample.parse_rule(self.threshold)
+        return small_sample.choose_threshold(rule, *(validation() if rule.kind != "probability" else (None, None)))
 
 
 class EvaluationRequest(ReportSettings):
@@ -175,10 +188,13 @@ def evaluate_exports(request: EvaluationRequest) -> Evaluation:
     report = report_of(request.split)
     evaluated = scores(request.split)
     truth = _truth(request, evaluated.split.hadm_ids)
+    operating = request.operating(lambda: (metrics.predictive_mean(scores("validation").probs),
+                                           scores("validation").split.labels))
     referred = evaluate.add_clinical(
         report, evaluated.probs, evaluated.split.labels, measure=measure, threshold=threshold,
         attributes=evaluated.split.attributes, truth=truth, n_bootstrap=request.n_bootstrap, seed=request.seed,
-        num_bins=request.num_bins, target_coverage=request.target_coverage, target_risk=request.target_risk)
+        num_bins=request.num_bins, target_coverage=request.target_coverage, target_risk=request.target_risk,
+        operating=operating)
     report["population"] = evaluate.population(files, splits)
     report["model"] = evaluate.model_description(
         [e.model_card for e in exports], [e.metrics for e in exports], checksums=[e.files.checksum for e in exports],
@@ -299,10 +315,12 @@ def evaluate_baseline(request: BaselineRequest, fit: Callable[..., Any]) -> dict
     files = data_folder.load_data_files(request.data_dir)
     splits = _read_splits(files)
     attributes = evaluate.case_attributes(splits[request.split], pred.hadm_ids.tolist())
+    validation = result.predictions["validation"]
     referred = evaluate.add_clinical(
         report, pred.probs, pred.labels, measure=measure, threshold=threshold, attributes=attributes, truth=truth,
         n_bootstrap=request.n_bootstrap, seed=request.seed, num_bins=request.num_bins,
-        target_coverage=request.target_coverage, target_risk=request.target_risk)
+        target_coverage=request.target_coverage, target_risk=request.target_risk,
+        operating=request.operating(lambda: (metrics.predictive_mean(validation.probs), validation.labels)))
     report["population"] = evaluate.population(files, splits)
     if request.out_dir is not None:
         with report_folder(request, [request.data_dir]) as out:

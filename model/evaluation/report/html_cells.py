@@ -3,12 +3,17 @@
 One spelling of an interval for the whole page. An interval of zero width is never printed: a bootstrap
 of a handful of cases can collapse to a point (every resample has the same AUROC), which reads as
 certainty where there is least of it, so such a cell says the interval is not estimable at this size.
+A cell the small-sample rule marks not estimable (``"estimable": False``) shows no number at all, only
+why. An estimate with an interval is rounded to the decimals its standard error supports
+(small_sample.supported_decimals; ``digits`` is then the most shown).
 """
 from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from model.evaluation.statistics.small_sample import supported_decimals
 
 NO_INTERVAL = "interval not estimable at this size"
 
@@ -31,15 +36,28 @@ def _degenerate(cell: Mapping[str, Any]) -> bool:
     return cell.get("lower") is not None and cell.get("lower") == cell.get("upper")
 
 
+def not_estimable(cell: Mapping[str, Any]) -> str:
+    """The text of a cell the small-sample rule marks not estimable: the reason, no number."""
+    return f"not estimable ({cell.get('reason', 'at this size')})"
+
+
+def _format(cell: Mapping[str, Any], digits: int, signed: bool) -> str:
+    """The format of a cell's numbers: `digits` at most, fewer where its interval's standard error is wider."""
+    places = supported_decimals(cell.get("lower"), cell.get("upper"), digits)
+    return f"{{:+.{places}f}}" if signed else f"{{:.{places}f}}"
+
+
 def ci(cell: Mapping[str, Any] | None, digits: int = 3, signed: bool = False) -> str:
-    """'estimate (lower to upper)' of an {estimate, lower, upper} cell; a zero-width interval is named as such."""
+    """'estimate (lower to upper)' of an {estimate, lower, upper} cell; a zero-width interval is named as such, a
+    cell marked not estimable shows only why."""
+    if cell and cell.get("estimable") is False:
+        return not_estimable(cell)
     if not cell or cell.get("estimate") is None:
         return "n/a" if not cell or not cell.get("reason") else f"n/a ({cell['reason']})"
-    fmt = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
-    if cell.get("estimable") is False:
-        return f"{fmt.format(cell['estimate'])} ({cell.get('reason', NO_INTERVAL)})"
     if _degenerate(cell):
+        fmt = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
         return f"{fmt.format(cell['estimate'])} ({NO_INTERVAL})"
+    fmt = _format(cell, digits, signed)
     interval = ("" if cell.get("lower") is None or cell.get("upper") is None
                 else f" ({fmt.format(cell['lower'])} to {fmt.format(cell['upper'])})")
     return fmt.format(cell["estimate"]) + interval
@@ -73,12 +91,14 @@ def card(key: str, value: str, interval: str = "", note: str = "", grey: bool = 
 
 
 def interval_text(cell: Mapping[str, Any] | None, digits: int = 3, signed: bool = False) -> tuple[str, str]:
-    """(estimate, '95% CI lower to upper') of a cell for a card; a zero-width interval is named as such."""
+    """(estimate, '95% CI lower to upper') of a cell for a card; a zero-width interval is named as such, a cell
+    marked not estimable gives no number."""
+    if cell and cell.get("estimable") is False:
+        return "not estimable", cell.get("reason", "at this size")
     if not cell or cell.get("estimate") is None:
         return "n/a", ""
-    fmt = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
-    if cell.get("lower") is None:
-        return fmt.format(cell["estimate"]), ""
-    if _degenerate(cell):
-        return fmt.format(cell["estimate"]), NO_INTERVAL
+    if cell.get("lower") is None or _degenerate(cell):
+        fmt = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
+        return fmt.format(cell["estimate"]), "" if cell.get("lower") is None else NO_INTERVAL
+    fmt = _format(cell, digits, signed)
     return fmt.format(cell["estimate"]), f"95% CI {fmt.format(cell['lower'])} to {fmt.format(cell['upper'])}"

@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from model.evaluation.statistics import against_truth
+from model.evaluation.statistics import against_truth, small_sample
 
 _DPI = 120
 
@@ -226,12 +226,15 @@ def calibration_figure(models: Sequence[tuple[str, Mapping]]) -> Figure:
     top = 0.0
     for i, (label, cal) in enumerate(models):
         colour = _COLOURS[i % len(_COLOURS)]
+        # No smoothed curve where the small-sample rule calls calibration not estimable (the page passes None).
         sm = cal["smoothed"]
-        x = _none_to_nan(sm["p"])
-        ax.fill_between(x, _none_to_nan(sm["lower"]), _none_to_nan(sm["upper"]), color=colour, alpha=0.18, lw=0)
-        slope, large = cal["slope"]["estimate"], cal["intercept"]["estimate"]
-        text = "" if slope is None else f" (slope {slope:.2f}, CITL {large:+.2f})"
-        ax.plot(x, _none_to_nan(sm["observed"]), color=colour, lw=2, label=f"{label}: LOWESS{text}")
+        x = _none_to_nan(sm["p"]) if sm else np.array([])
+        if sm:
+            ax.fill_between(x, _none_to_nan(sm["lower"]), _none_to_nan(sm["upper"]), color=colour, alpha=0.18,
+                            lw=0)
+            slope, large = cal["slope"]["estimate"], cal["intercept"]["estimate"]
+            text = "" if slope is None else f" (slope {slope:.2f}, CITL {large:+.2f})"
+            ax.plot(x, _none_to_nan(sm["observed"]), color=colour, lw=2, label=f"{label}: LOWESS{text}")
         bins = cal["binned"]
         mean_p = [b["mean_p"] for b in bins]
         observed = np.array([b["observed"] for b in bins])
@@ -239,7 +242,7 @@ def calibration_figure(models: Sequence[tuple[str, Mapping]]) -> Figure:
         err = np.clip(np.array([observed - [b["lower"] for b in bins], [b["upper"] for b in bins] - observed]), 0, None)
         ax.errorbar(mean_p, observed, yerr=err, fmt="o", ms=4, color=colour, alpha=0.8, capsize=2,
                     label=f"{label}: deciles of p (95% CI)")
-        top = max(top, np.nanmax(_none_to_nan(sm["upper"]) if len(x) else 0), max(b["upper"] for b in bins),
+        top = max(top, np.nanmax(_none_to_nan(sm["upper"])) if len(x) else 0, max(b["upper"] for b in bins),
                   max(mean_p))
     top = min(1.0, 1.1 * top + 0.02)
     _diagonal_axes(ax, top, "perfect calibration", ("predicted risk of in-hospital death", "observed proportion"),
@@ -361,23 +364,33 @@ def selective_figure(models: Sequence[tuple[str, Mapping]], target_risk: float |
     return fig
 
 
+def forest_rows(subgroups: Mapping, metric_names: Sequence[tuple[str, str]]) -> list[tuple[str, str, dict]]:
+    """(attribute, group, {metric: cell}) of the groups with at least one estimable cell among metric_names
+    (small_sample.subgroup_estimate: the page's tables show the same cells)."""
+    out = []
+    for attribute, groups in subgroups["attributes"].items():
+        for group, row in groups.items():
+            cells = {m: small_sample.subgroup_estimate(row, m, subgroups["min_gap_cases"]) for m, _ in metric_names}
+            if any(c.get("estimate") is not None for c in cells.values()):
+                out.append((attribute, group, {**cells, "n": row["n"]}))
+    return out
+
+
 def subgroup_figure(subgroups: Mapping, metric_names: Sequence[tuple[str, str]]) -> Figure:
-    """Forest plot: per subgroup, each metric's estimate and interval, with the overall value as a line."""
-    rows = [(attribute, group, row) for attribute, groups in subgroups["attributes"].items()
-            for group, row in groups.items()]
+    """Forest plot: per subgroup, each metric's estimate and interval where estimable (forest_rows)."""
+    rows = forest_rows(subgroups, metric_names)
     fig = _new_figure(3.4 * len(metric_names) + 2.2, 0.26 * len(rows) + 1.2)
     axes = np.atleast_1d(fig.subplots(1, len(metric_names), sharey=True))
     y = np.arange(len(rows))[::-1]
     labels = [f"{attribute}: {group} (n={row['n']})" for attribute, group, row in rows]
     for ax, (metric, title) in zip(axes, metric_names):
         for yi, (_, _, row) in zip(y, rows):
-            cell = row.get(metric) or {}
+            cell = row[metric]
             est, lo, hi = cell.get("estimate"), cell.get("lower"), cell.get("upper")
             if est is None:
                 continue
-            small = row["n"] < subgroups.get("min_gap_cases", 0)
-            colour = "lightgray" if small else "tab:blue"
-            if lo is not None and hi is not None:
+            colour = "tab:blue"
+            if lo is not None and hi is not None and lo < hi:
                 ax.plot([lo, hi], [yi, yi], color=colour, lw=1.5)
             ax.plot([est], [yi], "o", color=colour, ms=4)
         ax.set_title(title, fontsize=9)

@@ -20,6 +20,7 @@ from typing import Any
 from model.evaluation.statistics import clinical_stats, small_sample
 from model.evaluation.report import formatting, plots, report_summary
 from model.evaluation.report.html_cells import card as _card, ci as _ci, esc as _esc, interval_text as _interval_text
+from model.evaluation.report.html_cells import NO_INTERVAL
 from model.evaluation.report.html_cells import num as _num, pct as _pct, section as _section, table as _table
 
 TITLE = "In-hospital mortality after the first 24 hours: evaluation report"
@@ -52,7 +53,8 @@ figure{margin:10px 0}figure img{max-width:100%;border:1px solid #e2e8f0}figcapti
 .note{font-size:12.5px;color:#445;background:#f6f8fa;border-left:3px solid #a0aec0;padding:6px 10px}
 .warn{border-left-color:#c05621;background:#fffaf0}ul.gaps li{margin-bottom:4px}
 .card.grey{opacity:.55}.card .ss{font-size:11px;color:#9c4221;margin-top:3px}
-.summary{border:2px solid #2b6cb0;border-radius:6px;padding:4px 14px;background:#f7fafc;font-size:13px}
+.summary{border:2px solid #2b6cb0;border-radius:6px;padding:2px 14px;background:#f7fafc;font-size:12.5px;
+line-height:1.3}
 .summary h2{margin-top:6px}.summary dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:4px 0}
 .summary dt{font-weight:600}.summary dd{margin:0}.summary ul{margin:2px 0 6px}
 """
@@ -138,6 +140,25 @@ def _analysis_numbers(population: Mapping[str, Any] | None, doc: Mapping[str, An
                     _table(["Split", "used for", "admissions", "deaths"], rows, left=2))
 
 
+SOURCE_NAMES = {"lab": "labs", "chart": "charted observations (vital signs)", "input": "inputs",
+                "output": "outputs", "prescription": "prescriptions", "diagnosis": "earlier admissions' diagnoses",
+                "procedure": "earlier admissions' procedures"}
+
+
+def _input_sources(population: Mapping[str, Any] | None) -> str:
+    """' (labs, ...)' from the sources the data's splits actually hold, and which it had none of."""
+    splits = (population or {}).get("splits") or {}
+    missing = [s.get("missing_source") or {} for s in splits.values() if s.get("n")]
+    sources = sorted({src for m in missing for src in m})
+    if not sources:
+        return " (the data folder's sources are not recorded in this file)"
+    held = [src for src in sources if any(m.get(src, 1.0) < 1.0 for m in missing)]
+    none = [src for src in sources if src not in held]
+    text = " (" + ", ".join(SOURCE_NAMES.get(s, s) for s in held) + ")"
+    return text + (f"; this data had no {', '.join(SOURCE_NAMES.get(s, s) for s in none)} events at all"
+                   if none else "")
+
+
 def _specification(doc: Mapping[str, Any]) -> str:
     model = doc.get("model") or {}
     members = model.get("members") or []
@@ -152,9 +173,9 @@ def _specification(doc: Mapping[str, Any]) -> str:
     parts = []
     if rows:
         parts.append(_table(["Model", "specification", "parameters", "version"], rows, left=2))
-        parts.append('<p class="note">Inputs: age, sex, admission type and the time-bagged events before the '
-                     "prediction time (labs, vital signs, inputs, outputs, prescriptions, earlier admissions' "
-                     "diagnoses and procedures). The full configuration is in each export's model_card.json.</p>")
+        parts.append(f'<p class="note">Inputs: age, sex, admission type and the time-bagged events before the '
+                     f"prediction time{_esc(_input_sources(doc.get('population')))}. The full configuration is in "
+                     "each export's model_card.json.</p>")
         use = members[0].get("intended_use")
         if use:
             parts.append(f"<p><b>Intended use.</b> {_esc(use)}</p><p><b>Limitations.</b> "
@@ -206,6 +227,8 @@ def _risk_histogram(doc: Mapping[str, Any]) -> str:
 
 
 def _calibration(models: Sequence[tuple[str, Mapping]]) -> str:
+    """Calibration table and figure of (label, clinical) pairs, each as the small-sample rule lets it be shown."""
+    models = [(label, report_summary.shown_calibration(clinical)) for label, clinical in models]
     rows = []
     for label, cal in models:
         rows.append([label, _ci(cal["intercept"], 3, signed=True), _ci(cal["slope"]),
@@ -215,8 +238,8 @@ def _calibration(models: Sequence[tuple[str, Mapping]]) -> str:
     note = ('<p class="note">Intercept: logistic recalibration with logit(p) as an offset (slope fixed at 1): '
             "above 0, risks are under-estimated on average. Slope: regression of the outcome on logit(p): below 1, "
             "predictions are too extreme (high risks too high, low risks too low). Wald 95% intervals "
-            "(statsmodels). The curve is a LOWESS smooth of the outcome on p with a bootstrap band; points are "
-            "deciles of p with Wilson intervals.</p>")
+            "(statsmodels). The curve, where estimable, is a LOWESS smooth of the outcome on p with a bootstrap band; "
+            "points are deciles of p with Wilson intervals.</p>")
     fig = _figure(plots.calibration_figure(models), "calibration curve",
                   "Observed proportion of deaths against predicted risk; the dashed diagonal is perfect calibration.")
     return "<h3>Calibration</h3>" + table + note + fig
@@ -243,7 +266,8 @@ def _decision(models: Sequence[tuple[str, Mapping]]) -> str:
     return "<h3>Clinical utility: decision curve analysis</h3>" + fig + note + table
 
 
-def _selective(models: Sequence[tuple[str, Mapping]], referral: Mapping[str, Any] | None) -> str:
+def _selective(models: Sequence[tuple[str, Mapping]], referral: Mapping[str, Any] | None,
+               doc: Mapping[str, Any] | None = None, same_ranking: Sequence[Sequence[str]] = ()) -> str:
     first = models[0][1]
     labels = {k: v.format(cov=first["target_coverage"], risk=first["target_risk"]) for k, v in SELECTIVE_LABELS.items()}
     keys = ("aurc", "augrc", "risk_at_coverage", "coverage_at_risk", "full_coverage_risk")
@@ -260,12 +284,16 @@ def _selective(models: Sequence[tuple[str, Mapping]], referral: Mapping[str, Any
     fig = _figure(plots.selective_figure(models, first["target_risk"]), "risk-coverage curves",
                   "Error rate of the cases the model keeps, as more are referred (right to left).")
     kept = ""
-    if referral and referral.get("kept"):
-        k = referral["kept"]
+    if referral and referral.get("kept") and doc is not None:
+        rows = [[name, _num(a), _num(b), verdict] for name, a, b, verdict in report_summary.kept_changes(doc)]
         kept = ("<p>At the referral rule chosen on validation "
-                f"({_esc(referral['measure'])}, {_pct(referral['referred_fraction'])} referred here), the kept cases "
-                f"score AUC-ROC {_num(k.get('auc_roc'))}, Brier {_num(k.get('brier'))}, accuracy "
-                f"{_num(k.get('accuracy'))}.</p>")
+                f"({_esc(referral['measure'])}, {_pct(referral['referred_fraction'])} referred here), every metric of "
+                "the kept cases against all cases (a metric can worsen while another improves):</p>"
+                + _table(["metric", "all cases", "kept cases", "kept vs all"], rows))
+    same = "".join(f" {SCORE_LABELS.get(a, a)} orders the cases exactly as {SCORE_LABELS.get(b, b)} does: their "
+                   "curves coincide and one hides the other." for a, b in same_ranking)
+    if same:
+        note = note.replace("</p>", _esc(same) + "</p>")
     return "<h3>Uncertainty and referral: selective prediction</h3>" + table + note + fig + kept
 
 
@@ -282,17 +310,10 @@ def _truth(truth: Mapping[str, Any] | None) -> str:
             "release does not, and these rows are absent there.</p>" + _table(["Measure", "value"], rows))
 
 
-def _subgroup_cell(row: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
-    """A subgroup's cell: AUROC and the death rate from their closed-form intervals where the file has them; other
-    metrics of a group under MIN_GAP_CASES without an interval (a bootstrap of a handful of cases is no interval)."""
-    closed_form = {"auc_roc": "auc_roc_hm", "observed_rate": "observed_rate_wilson"}.get(key)
-    if closed_form and row.get(closed_form):
-        return row[closed_form]
-    cell = row.get(key)
-    if cell and cell.get("estimate") is not None and row["n"] < clinical_stats.MIN_GAP_CASES and key != "auc_roc":
-        return {"estimate": cell["estimate"], "estimable": False,
-                "reason": f"fewer than {clinical_stats.MIN_GAP_CASES} cases: no interval"}
-    return cell
+def _subgroup_text(cell: Mapping[str, Any], key: str) -> str:
+    """A subgroup table's cell: the estimate and interval, or "not estimable" (the note above the tables says
+    by which rule)."""
+    return "not estimable" if cell.get("estimable") is False else _ci(cell, 3, signed=key.endswith("expected"))
 
 
 def _subgroups(models: Sequence[tuple[str, Mapping]]) -> str:
@@ -306,13 +327,18 @@ def _subgroups(models: Sequence[tuple[str, Mapping]]) -> str:
         panels = [("auc_roc", "AUC-ROC"), ("observed_minus_expected", "observed - expected")]
         panels += truth_columns[1:] if has_truth else [("brier", "Brier")]
         title = f"{label}: " if len(models) > 1 else ""
-        parts.append(_figure(plots.subgroup_figure(sub, panels), "subgroup forest plot",
-                             f"{title}estimates with 95% bootstrap intervals per subgroup; grey: fewer than "
-                             f"{sub['min_gap_cases']} cases."))
+        if plots.forest_rows(sub, panels):
+            parts.append(_figure(plots.subgroup_figure(sub, panels), "subgroup forest plot",
+                                 f"{title}estimates with 95% intervals per subgroup, only where estimable (a group "
+                                 f"of at least {sub['min_gap_cases']} cases; an AUROC with "
+                                 f"{small_sample.MIN_AUC_EVENTS} deaths and survivors)."))
+        else:
+            parts.append(f'<p class="note">{_esc(title)}no forest plot: no subgroup estimate is estimable at this '
+                         "size (see the tables).</p>")
         for attribute, groups in sub["attributes"].items():
-            rows = [[group, _num(row["n"]), _num(row["events"])] + [_ci(_subgroup_cell(row, k), 3,
-                                                                        signed=k.endswith("expected"))
-                                                                    for k, _ in columns]
+            rows = [[group, _num(row["n"]), _num(row["events"])]
+                    + [_subgroup_text(small_sample.subgroup_estimate(row, k, sub["min_gap_cases"]), k)
+                       for k, _ in columns]
                     for group, row in groups.items()]
             parts.append(f"<h3>{_esc(title)}{_esc(attribute.replace('_', ' '))}</h3>"
                          + _table(["group", "n", "deaths"] + [name for _, name in columns], rows))
@@ -320,7 +346,8 @@ def _subgroups(models: Sequence[tuple[str, Mapping]]) -> str:
             '<p class="note">AUC-ROC with a logit-scale Hanley-McNeil 95% interval, not estimable with fewer than '
             f"{small_sample.MIN_AUC_EVENTS} deaths or survivors or at complete separation; the death rate with a "
             "Wilson interval; every other metric with a percentile bootstrap 95% interval (basic for ECE) within each "
-            "group. AUC-PR, Brier and NLL move with a group's death rate, ECE with its size and |p - P_DEATH| with "
+            f"group, not estimable in a group of fewer than {clinical_stats.MIN_GAP_CASES} cases. AUC-PR, Brier and "
+            "NLL move with a group's death rate, ECE with its size and |p - P_DEATH| with "
             "its risk: compare groups on AUC-ROC, observed - expected and, where the truth is known, the error on "
             "the log-odds scale.</p>" + "".join(parts))
 
@@ -413,10 +440,11 @@ def _render_single(doc: Mapping[str, Any]) -> str:
     meta += f" · data manifest sha256 {_esc(sha[:12])}" if sha else ""
     performance = (report_summary.key_cards(doc, clinical) + _overall(doc) + _roc(doc)
                    + report_summary.threshold_section(clinical) + report_summary.calibration_warning(clinical)
-                   + _calibration([("model", clinical["calibration"])])
+                   + _calibration([("model", clinical)])
                    + _risk_histogram(doc)
                    + _decision([("model", clinical["decision_curve"])])
-                   + _selective([("model", clinical["selective"])], doc.get("referral"))
+                   + _selective([("model", clinical["selective"])], doc.get("referral"), doc,
+                                (clinical.get("selective_brier") or {}).get("same_ranking", ()))
                    + report_summary.selective_brier_table(clinical) + _truth(doc.get("truth"))
                    + (_subgroups([("model", clinical.get("subgroups"))]) if clinical.get("subgroups") else ""))
     return (f"<h1>{_esc(TITLE)}</h1><p class=\"meta\">{meta}</p>" + report_summary.summary_box(doc)
@@ -425,14 +453,25 @@ def _render_single(doc: Mapping[str, Any]) -> str:
             + _heterogeneity([("model", clinical.get("subgroups"))]) + _updating(members) + _footer())
 
 
-def _paired_clinical_rows(paired: Mapping[str, Any] | None) -> list[list[str]]:
-    """Rows of B - A for calibration slope, calibration-in-the-large and net benefit per threshold."""
+def _paired_clinical_rows(paired: Mapping[str, Any] | None, calibration: bool = True) -> list[list[str]]:
+    """Rows of B - A for calibration slope, calibration-in-the-large (not estimable unless `calibration`: the
+    small-sample rule holds for both sides) and net benefit per threshold."""
     if not paired:
         return []
     cells = [("calibration slope", paired["slope"]), ("calibration-in-the-large", paired["intercept"])]
-    cells += [(f"net benefit at {float(t):.0%}", c) for t, c in paired["net_benefit"].items()]
-    return [[name, _num(c["a"], 4), _num(c["b"], 4), f"{c['difference']:+.4f}",
-             f"{_num(c['lower'], 4)} to {_num(c['upper'], 4)}"] for name, c in cells]
+    rows = [] if calibration else [[name, "not estimable", "not estimable", "", "not estimable at this size"]
+                                   for name, _ in cells]
+    cells = (cells if calibration else []) + [(f"net benefit at {float(t):.0%}", c)
+                                              for t, c in paired["net_benefit"].items()]
+    return rows + [[name, _num(c["a"], 4), _num(c["b"], 4), f"{c['difference']:+.4f}", _paired_interval(c)]
+                   for name, c in cells]
+
+
+def _paired_interval(cell: Mapping[str, Any]) -> str:
+    """'lower to upper' of a paired difference; a collapsed one (lower = upper) named as such."""
+    if cell.get("lower") is not None and cell.get("lower") == cell.get("upper"):
+        return NO_INTERVAL
+    return f"{_num(cell['lower'], 4)} to {_num(cell['upper'], 4)}"
 
 
 def _render_comparison(doc: Mapping[str, Any]) -> str:
@@ -440,8 +479,9 @@ def _render_comparison(doc: Mapping[str, Any]) -> str:
     names = ("A", "B")
     models = {n: clinical[n.lower()] for n in names}
     rows = [[name, _num(r["a"], 4), _num(r["b"], 4), f"{r['difference']:+.4f}" if r["difference"] is not None
-             else "n/a", f"{_num(r['lower'], 4)} to {_num(r['upper'], 4)}"] for name, r in doc["metrics"].items()]
-    rows += _paired_clinical_rows(clinical.get("paired_clinical"))
+             else "n/a", _paired_interval(r)] for name, r in doc["metrics"].items()]
+    rows += _paired_clinical_rows(clinical.get("paired_clinical"),
+                                  all(report_summary.calibration_estimable(models[n]) for n in names))
     paired = _table(["Metric", "A", "B", "B - A", "95% interval (paired bootstrap)"], rows)
     absent = clinical.get("absent_scores") or {}
     sel_rows = []
@@ -458,15 +498,19 @@ def _render_comparison(doc: Mapping[str, Any]) -> str:
     sel_diff = ("<h3>Selective prediction: B - A on the same cases</h3>"
                 + _table(["refer by", "number", "A", "B", "B - A (95% CI)"], sel_rows, left=2))
     performance = ("<h3>Paired differences on the same cases</h3>" + paired
-                   + _calibration([(n, models[n]["calibration"]) for n in names])
+                   + "".join(f"<h4>{n}</h4>" + report_summary.threshold_section(models[n]) for n in names)
+                   + _calibration([(n, models[n]) for n in names])
                    + _decision([(n, models[n]["decision_curve"]) for n in names])
                    + _selective([(n, models[n]["selective"]) for n in names], None) + sel_diff
                    + (_subgroups([(n, models[n].get("subgroups")) for n in names])
                       if any(models[n].get("subgroups") for n in names) else ""))
     named = doc.get("names") or {"a": doc["a"], "b": doc["b"]}
-    meta = (f"A = {_esc(named['a'])} ({_esc(doc['a'])})<br>B = {_esc(named['b'])} ({_esc(doc['b'])})<br>"
-            f"{_num(doc['n'])} paired cases, {_num(doc['n_bootstrap'])} bootstrap resamples, seed {doc['seed']}")
-    return (f"<h1>{_esc(TITLE)}: comparison</h1><p class=\"meta\">{meta}</p>" + _participants(doc.get("population"))
+    sides = "<br>".join(f"{side.upper()} = {_esc(doc[side])}" if str(named[side]) == str(doc[side]) else
+                        f"{side.upper()} = {_esc(named[side])} ({_esc(doc[side])})" for side in ("a", "b"))
+    meta = (f"{sides}<br>{_num(doc['n'])} paired cases, {_num(doc['n_bootstrap'])} bootstrap resamples, seed "
+            f"{doc['seed']}")
+    return (f"<h1>{_esc(TITLE)}: comparison</h1><p class=\"meta\">{meta}</p>" + report_summary.comparison_summary(doc)
+            + _participants(doc.get("population"))
             + _section("Model performance", "23a", performance)
             + _heterogeneity([(n, models[n].get("subgroups")) for n in names]) + _updating_compared(doc) + _footer())
 

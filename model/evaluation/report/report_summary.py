@@ -7,10 +7,11 @@ number whether this evaluation is large enough to estimate it (model.evaluation.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from model.evaluation.report.html_cells import card, ci, esc, interval_text, num, pct, table
+from model.evaluation.statistics.clinical_stats import ETHNICITY_GROUPS
 from model.evaluation.statistics.small_sample import NOT_ESTIMABLE
 
 SCORE_NAMES = {"predictive_entropy": "predictive entropy", "mutual_information": "mutual information",
@@ -40,9 +41,28 @@ def calibration_warning(clinical: Mapping[str, Any]) -> str:
     rule = _rule(clinical)
     if not rule or rule["calibration_estimable"]:
         return ""
-    return (f'<p class="note warn">Calibration slope and calibration-in-the-large are {NOT_ESTIMABLE} '
-            f"({rule['smaller_class']} deaths or survivors, fewer than the {rule['min_calibration_events']} a "
-            "logistic recalibration needs): the fits below are shown for completeness and should not be read.</p>")
+    return (f'<p class="note warn">Calibration slope, calibration-in-the-large and the smoothed calibration curve are '
+            f"{NOT_ESTIMABLE} ({rule['smaller_class']} deaths or survivors, fewer than the "
+            f"{rule['min_calibration_events']} a logistic recalibration needs): none is shown. The observed rate, the "
+            "mean predicted risk and the deciles of p with their Wilson intervals remain.</p>")
+
+
+def calibration_estimable(clinical: Mapping[str, Any]) -> bool:
+    """Whether the small-sample rule lets this page show calibration slope, calibration-in-the-large and LOWESS."""
+    rule = _rule(clinical)
+    return not rule or rule["calibration_estimable"]
+
+
+def shown_calibration(clinical: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The calibration cells the page may show: slope, calibration-in-the-large and the LOWESS curve replaced by
+    not-estimable cells where the small-sample rule says so."""
+    rule, cal = _rule(clinical), clinical["calibration"]
+    if calibration_estimable(clinical):
+        return cal
+    reason = (f"{rule['smaller_class']} deaths or survivors, fewer than the {rule['min_calibration_events']} a "
+              "logistic recalibration needs")
+    gone = {"estimate": None, "lower": None, "upper": None, "estimable": False, "reason": reason}
+    return {**cal, "slope": gone, "intercept": gone, "smoothed": None}
 
 
 def uncertainty_verdict(clinical: Mapping[str, Any]) -> str:
@@ -56,21 +76,67 @@ def uncertainty_verdict(clinical: Mapping[str, Any]) -> str:
     if not ranked:
         return "no uncertainty measure varies over the cases: referral can only follow p"
     best = ranked[0]
-    text = (f"referral by {SCORE_NAMES[best]} keeps the lowest Brier score (AURC {ci(cells[best]['aurc'], 4)}); "
-            + "; ".join(f"{SCORE_NAMES[s]} {cells[s]['aurc']['estimate']:.4f}" for s in ranked[1:]))
+    text = (f"referral by {SCORE_NAMES[best]} keeps the lowest Brier score (AURC, the kept cases' mean Brier score "
+            f"over all coverages: {ci(cells[best]['aurc'], 4)})"
+            + "".join(f"; AURC referring by {SCORE_NAMES[s]} {cells[s]['aurc']['estimate']:.4f}" for s in ranked[1:]))
     risk = cells.get("risk")
     if risk:
         mine, theirs = cells[best]["aurc"], risk["aurc"]
         overlap = theirs["lower"] is None or mine["lower"] is None or (
             mine["upper"] >= theirs["lower"] and theirs["upper"] >= mine["lower"])
-        text += (f"; highest p first {risk['aurc']['estimate']:.4f}"
+        text += (f"; AURC referring highest p first {risk['aurc']['estimate']:.4f}"
                  + (": the intervals overlap, so at this size the uncertainty is not shown to refer better than "
                     "the risk itself" if overlap else ""))
+    same = [f"{SCORE_NAMES.get(a, a)} orders the cases as {SCORE_NAMES.get(b, b)} does (the same referrals, one "
+            "curve under the other)" for a, b in sb.get("same_ranking", [])]
+    text += "".join(f"; {x}" for x in same)
     return text + (f"; absent (constant over the cases): {', '.join(absent)}" if absent else "")
 
 
+KEPT_METRICS = {"auc_roc": ("AUC-ROC", +1), "auc_pr": ("AUC-PR", +1), "brier": ("Brier score", -1),
+                "nll": ("NLL", -1), "ece": ("ECE", -1), "accuracy": ("accuracy at p > 0.5", +1)}
+
+
+def kept_changes(doc: Mapping[str, Any]) -> list[tuple[str, float | None, float | None, str]]:
+    """(metric, all cases, kept cases, 'better' / 'worse' / 'unchanged') for every metric of the referral rule's
+    kept cases (doc["referral"]["kept"] against doc["overall"])."""
+    kept, overall = (doc.get("referral") or {}).get("kept") or {}, doc.get("overall") or {}
+    out = []
+    for key, (name, sign) in KEPT_METRICS.items():
+        a, b = overall.get(key), kept.get(key)
+        if a is None or b is None or a != a or b != b:  # NaN: undefined on these cases
+            out.append((name, a, b, "undefined"))
+            continue
+        out.append((name, a, b, "unchanged" if a == b else "better" if sign * (b - a) > 0 else "worse"))
+    return out
+
+
+def referral_text(doc: Mapping[str, Any]) -> str:
+    """What the referral rule does here: the share referred, and every kept-case metric against all cases."""
+    r = doc.get("referral")
+    if not r or not r.get("kept"):
+        return "no referral rule in this file"
+    changes = "; ".join(f"{name} {a:.3f} to {b:.3f} ({verdict})" for name, a, b, verdict in kept_changes(doc)
+                        if verdict != "undefined")
+    return (f"{r['referred_fraction']:.0%} referred by {SCORE_NAMES.get(r['measure'], r['measure'])} (the rule chosen "
+            f"on validation); " + (f"all cases to kept cases: {changes}" if changes else
+                                   "no metric is defined on the kept cases"))
+
+
+def absent_groups(sub: Mapping[str, Any] | None) -> list[str]:
+    """The report's ethnicity groups with no case in the evaluated split: nothing can be said about them."""
+    present = set(((sub or {}).get("attributes") or {}).get("ethnicity") or {})
+    return [g for g, _ in ETHNICITY_GROUPS if g not in present] if present else []
+
+
 def subgroup_verdict(sub: Mapping[str, Any] | None) -> str:
-    """Named gaps, or the power the absence of one has (smallest AUROC gap detectable at 80 %)."""
+    """Named gaps, or the power the absence of one has (smallest AUROC gap detectable at 80 %); absent groups."""
+    absent = absent_groups(sub)
+    return _subgroup_verdict(sub) + (f"; no {', '.join(absent)} patients in the evaluated cases, so nothing is known "
+                                     "of the model's performance for them" if absent else "")
+
+
+def _subgroup_verdict(sub: Mapping[str, Any] | None) -> str:
     if not sub:
         return "no subgroup attributes in this file"
     if sub.get("gaps"):
@@ -99,19 +165,75 @@ def limitations(doc: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def operating_text(clinical: Mapping[str, Any]) -> str:
+    """The operating threshold and why it is the one (small_sample.choose_threshold's record)."""
+    op = clinical.get("operating_threshold")
+    if not op:
+        return "0.5 (no operating threshold recorded in this file)"
+    return f"{op['threshold']:.3g}: {op['rationale']}"
+
+
+def at_threshold_text(clinical: Mapping[str, Any], n: int) -> str:
+    """Who the operating threshold flags: predicted positives, sensitivity and specificity with Wilson intervals."""
+    row = clinical["small_sample"]["thresholds"][0]
+    positives = row["tp"] + row["fp"]
+    sens, spec = row["sensitivity"], row["specificity"]
+    return (f"{positives} of {n} flagged (risk at least {row['threshold']:.3g}); sensitivity "
+            f"{row['tp']}/{row['tp'] + row['fn']} = {ci(sens, 2)}; specificity {row['tn']}/{row['tn'] + row['fp']} "
+            f"= {ci(spec, 2)}")
+
+
+def observed_expected_text(clinical: Mapping[str, Any]) -> str:
+    """Mean predicted risk against the observed rate, and O/E with its interval."""
+    cal, oe = clinical["calibration"], (clinical.get("decision") or {}).get("observed_expected")
+    text = f"mean predicted risk {cal['expected']:.3f} against {cal['observed']:.3f} observed"
+    if oe:
+        text += f"; observed / expected deaths {oe['observed']} / {oe['expected']:.1f} = {ci(oe, 2)}"
+    return text
+
+
+def _percent_range(pair: Sequence[float]) -> str:
+    return f"{pair[0]:.0%}" if pair[0] == pair[1] else f"{pair[0]:.0%} to {pair[1]:.0%}"
+
+
+def utility_text(clinical: Mapping[str, Any]) -> str:
+    """Where the model's net benefit beats both treat-all and treat-none, and the gain at each tabulated threshold."""
+    decision = clinical.get("decision") or {}
+    span = decision.get("curve_range")
+    runs = decision.get("useful_ranges")
+    text = ""
+    if runs is not None and span:
+        where = (", ".join(_percent_range(r) for r in runs) if runs else "no threshold")
+        text = (f"above both treat-all and treat-none at {where} (of the {_percent_range(span)} the decision curve "
+                "covers; point estimates); ")
+    gains = "; ".join(f"{row['threshold']:.0%} {ci(row['gain_over_default'], signed=True)}"
+                      for row in clinical["decision_curve"]["table"])
+    return text + f"gain in net benefit over the better of treat all / none at {gains}"
+
+
+def baseline_text(doc: Mapping[str, Any]) -> str:
+    """Which baseline stands beside this page's model."""
+    if doc.get("baseline"):
+        return f"this page is the {doc['baseline']['kind']} baseline itself"
+    return ("none in this file: ehr-eval --baseline logistic, then --compare of its predictions.csv with this one, "
+            "sets a baseline beside the model")
+
+
 def summary_box(doc: Mapping[str, Any]) -> str:
-    """The first screen: dataset, design, n and events, discrimination, calibration, utility, verdicts, limitations."""
+    """The first screen: dataset, design, n and events, the decision facts, verdicts, limitations."""
     clinical = doc["clinical"]
     dataset = (doc.get("population") or {}).get("dataset") or {}
-    nb = {row["threshold"]: row for row in clinical["decision_curve"]["table"]}.get(0.1)
     rows = [("Dataset", dataset.get("name", "not named in this file (no data folder given)")),
             ("Design", dataset.get("design", "not recorded")),
             ("Cases", f"{num(doc['n'])} on the {doc.get('split', 'test')} split, {num(_events(doc))} deaths"),
+            ("Operating threshold", operating_text(clinical)),
+            ("At that threshold", at_threshold_text(clinical, doc["n"])),
             ("Discrimination", f"AUC-ROC {ci((doc.get('ci') or {}).get('auc_roc'))}"),
-            ("Calibration", calibration_text(clinical)),
-            ("Utility", "n/a" if nb is None else f"net benefit at a 10% threshold {ci(nb['model'])}, gain over "
-                                                  f"treat all / none {ci(nb['gain_over_default'], signed=True)}"),
+            ("Calibration", observed_expected_text(clinical) + "; " + calibration_text(clinical)),
+            ("Net benefit", utility_text(clinical)),
+            ("Baseline", baseline_text(doc)),
             ("Uncertainty", uncertainty_verdict(clinical)),
+            ("Referral", referral_text(doc)),
             ("Subgroups", subgroup_verdict(clinical.get("subgroups")))]
     items = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in rows)
     limits = "".join(f"<li>{esc(x)}</li>" for x in limitations(doc))
@@ -119,23 +241,40 @@ def summary_box(doc: Mapping[str, Any]) -> str:
             f"<b>Limitations of this evaluation</b><ul>{limits}</ul></div>")
 
 
+def comparison_summary(doc: Mapping[str, Any]) -> str:
+    """The comparison page's first screen: for A and B the same decision facts as a single page, and the paired
+    Brier score difference."""
+    n = doc["n"]
+    rows = [("Cases", f"{num(n)} paired cases, the same for A and B")]
+    for side in ("a", "b"):
+        c, name = doc["clinical"][side], side.upper()
+        rows += [(f"{name}: operating threshold", operating_text(c)),
+                 (f"{name}: at that threshold", at_threshold_text(c, n)),
+                 (f"{name}: calibration", observed_expected_text(c) + "; " + calibration_text(c)),
+                 (f"{name}: net benefit", utility_text(c))]
+    brier = (doc.get("metrics") or {}).get("brier")
+    if brier and None not in (brier.get("a"), brier.get("b"), brier.get("lower"), brier.get("upper")):
+        better = "B" if brier["b"] < brier["a"] else "A"
+        rows.append(("Brier score", f"A {brier['a']:.3f}, B {brier['b']:.3f}: {better} lower; B - A "
+                                    f"{brier['difference']:+.3f} ({brier['lower']:+.3f} to {brier['upper']:+.3f}, "
+                                    "paired bootstrap)"))
+    items = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in rows)
+    return f'<div class="summary" id="summary"><h2>Summary</h2><dl>{items}</dl></div>'
+
+
 def key_cards(doc: Mapping[str, Any], clinical: Mapping[str, Any]) -> str:
     """The headline cards, each with its small-sample note; calibration greyed where not estimable."""
     rule = _rule(clinical)
     note = rule.get("card_note", "") if rule else ""
-    cal_ok = not rule or rule.get("calibration_estimable", True)
-    cal = clinical["calibration"]
     cards = [card("Cases (deaths)", f"{num(doc['n'])} ({num(_events(doc))})", "", note),
              card("AUC-ROC", *interval_text((doc.get("ci") or {}).get("auc_roc")), note)]
-    for key, cell, signed in (("Calibration slope (ideal 1)", cal["slope"], False),
-                              ("Calibration-in-the-large (ideal 0)", cal["intercept"], True)):
-        if cal_ok:
+    shown = shown_calibration(clinical)
+    for key, cell, signed in (("Calibration slope (ideal 1)", shown["slope"], False),
+                              ("Calibration-in-the-large (ideal 0)", shown["intercept"], True)):
+        if cell.get("estimable", True):
             cards.append(card(key, *interval_text(cell, 2, signed=signed), note))
-        else:
-            value = interval_text(cell, 2, signed=signed)[0]
-            reason = (f"{rule['smaller_class']} deaths or survivors, fewer than the {rule['min_calibration_events']} "
-                      "a logistic recalibration needs")
-            cards.append(card(key, value, "not estimable at this size", reason, grey=True))
+        else:  # the reason where the number would be, greyed
+            cards.append(card(key, "not estimable", "", cell["reason"], grey=True))
     cards.append(card("Brier score", *interval_text((doc.get("ci") or {}).get("brier")), note))
     table_rows = {row["threshold"]: row for row in clinical["decision_curve"]["table"]}
     if 0.1 in table_rows:
@@ -154,8 +293,8 @@ def threshold_section(clinical: Mapping[str, Any]) -> str:
         return ""
     rows = [[f"{t['threshold']:.0%}", num(t["tp"] + t["fp"]), ci(t["sensitivity"]), ci(t["specificity"]),
              ci(t["ppv"]), ci(t["npv"])] for t in ss["thresholds"]]
-    note = ('<p class="note">Positive: predicted risk at least the threshold. The first row is the decision threshold '
-            "of the accuracy figure (0.5); the others are the thresholds the decision curve tabulates, where a "
+    note = ('<p class="note">Positive: predicted risk at least the threshold. The first row is the operating threshold '
+            "(see the summary for why it is the one); the others are the thresholds the decision curve tabulates, where a "
             "clinician would act. Wilson score 95% intervals, which keep their width at 0% and 100%; a ratio with "
             f"no cases in its denominator is n/a. No-information rate (always predicting the commoner outcome): "
             f"{ss['no_information_rate']:.3f}.</p>")

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from model.export_layout import DECISION_THRESHOLD, json_ready
+from model.export_layout import json_ready
 from model.evaluation.statistics import against_truth, metrics, small_sample
 # Re-exported: the report's calibration numbers are read from here, where the rest of its statistics are.
 from model.evaluation.statistics.logistic_calibration import calibration_estimates, calibration_fit, logit  # noqa: F401
@@ -210,6 +210,20 @@ def decision_curve(p, y, referred=None, *, thresholds: Sequence[float] = DCA_THR
          "gain_over_default": {"estimate": float(gain[j]), **_interval(boot_gain[:, j], gain[j], alpha)}}
         for j in range(tt.size)]
     return out
+
+
+def useful_ranges(curve: Mapping[str, Any]) -> list[list[float]]:
+    """Runs of the decision curve's thresholds (probabilities) where the model's net benefit is above both
+    treat-all and treat-none, as [first, last] pairs; point estimates (the table holds the intervals)."""
+    t = np.asarray(curve["thresholds"])
+    better = np.asarray(curve["model"]) > np.maximum(np.asarray(curve["treat_all"]), 0.0)
+    runs: list[list[float]] = []
+    for j in np.flatnonzero(better):
+        if runs and runs[-1][1] == float(t[j - 1]):
+            runs[-1][1] = float(t[j])
+        else:
+            runs.append([float(t[j]), float(t[j])])
+    return runs
 
 
 def _interval(replicates, estimate: float, alpha: float, method: str = "percentile",
@@ -459,10 +473,13 @@ def subgroup_report(p, y, labels: Mapping[str, np.ndarray], truth=None, *, n_boo
 def clinical_report(p, y, scores: Mapping[str, np.ndarray], *, referred=None,
                     attributes: Mapping[str, Sequence] | None = None, truth=None, n_bootstrap: int = 1000,
                     alpha: float = 0.05, seed: int = 0, num_bins: int = metrics.NUM_BINS,
-                    target_coverage: float = TARGET_COVERAGE, target_risk: float = TARGET_RISK) -> dict[str, Any]:
+                    target_coverage: float = TARGET_COVERAGE, target_risk: float = TARGET_RISK,
+                    operating: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Calibration, decision curve, selective numbers and subgroups of one set of predictions (JSON-ready).
 
     ``scores``: referral scores per case (the uncertainty measures); "risk" (p itself) is added.
+    ``operating``: small_sample.choose_threshold's record (None: the default 0.5, given); its threshold is
+    the first row of the threshold table, and the record goes into the report as "operating_threshold".
     """
     p, y = metrics.as_pair(p, y)
     all_scores = {**{k: np.asarray(v, np.float64) for k, v in scores.items()}, RISK_SCORE: p}
@@ -474,9 +491,17 @@ def clinical_report(p, y, scores: Mapping[str, np.ndarray], *, referred=None,
         "selective": selective_summary(p, y, all_scores, target_coverage=target_coverage, target_risk=target_risk,
                                        n_bootstrap=n_bootstrap, alpha=alpha, seed=seed),
     }
-    # The decision threshold first, then the decision curve's tabulated thresholds.
-    report["small_sample"] = small_sample.small_sample_report(p, y, (DECISION_THRESHOLD, *DCA_TABLE_THRESHOLDS),
+    operating = dict(operating or small_sample.choose_threshold(small_sample.parse_rule(
+        small_sample.DEFAULT_THRESHOLD)))
+    # The operating threshold first, then the decision curve's tabulated thresholds.
+    report["small_sample"] = small_sample.small_sample_report(p, y, (operating["threshold"], *DCA_TABLE_THRESHOLDS),
                                                                 alpha)
+    report["operating_threshold"] = operating
+    # The decision facts the summary states: O/E with its interval, where the model beats both defaults.
+    report["decision"] = {"observed_expected": small_sample.observed_expected(int(y.sum()), float(p.sum()),
+                                                                              int(y.size), alpha),
+                          "useful_ranges": useful_ranges(report["decision_curve"]),
+                          "curve_range": [float(DCA_THRESHOLDS[0]), float(DCA_THRESHOLDS[-1])]}
     if attributes:
         report["subgroups"] = subgroup_report(p, y, subgroup_labels(attributes), truth, n_bootstrap=n_bootstrap,
                                               alpha=alpha, seed=seed, num_bins=num_bins)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from scipy.stats import rankdata
 
 from model.evaluation.statistics import clinical_stats, metrics
 
@@ -55,7 +56,16 @@ def brier_selective(p, y, scores: Mapping[str, np.ndarray], *,
         out["scores"][name] = cells
     ranked = sorted(out["scores"], key=lambda s: out["scores"][s]["aurc"]["estimate"])
     out["best"] = ranked[0] if ranked else None
+    out["same_ranking"] = same_rankings({k: v for k, v in scores.items() if k in out["scores"]})
     return out
+
+
+def same_rankings(scores: Mapping[str, np.ndarray]) -> list[list[str]]:
+    """Pairs of scores that order the cases identically (Spearman correlation 1, ties alike), so referring by one
+    refers the same cases as the other: with every p below 0.5 the predictive entropy is the risk ranking."""
+    ranks = {name: rankdata(np.asarray(score, dtype=np.float64)) for name, score in scores.items()}
+    names = list(ranks)
+    return [[a, b] for i, a in enumerate(names) for b in names[i + 1:] if np.array_equal(ranks[a], ranks[b])]
 
 
 def choose(probs, labels) -> dict[str, Any]:

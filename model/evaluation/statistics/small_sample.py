@@ -7,9 +7,19 @@ each pure and checked against an independent computation in the tests:
 * ``wilson_interval``: the Wilson score interval of a proportion (never of zero width, also at 0/n
   and n/n), for sensitivity, specificity, PPV, NPV and subgroup rates;
 * ``threshold_metrics``: those four at a risk threshold, with the counts behind them;
+* ``parse_rule`` / ``choose_threshold``: the operating threshold (``ehr-eval --threshold``), a
+  probability given, or a rule (``sensitivity:0.8``: the highest threshold whose validation
+  sensitivity is at least 0.8) applied only where the validation split has at least
+  ``MIN_CALIBRATION_EVENTS`` deaths: with fewer, a sensitivity moves in steps above 10 % and the
+  threshold a rule picks is one patient's risk, so the default (the export's decision threshold, 0.5,
+  which carries no clinical rationale) is used and the record says why;
 * ``auc_interval``: the Hanley-McNeil (1982) standard error of an AUROC, its interval built on the
   logit scale so it stays inside (0, 1); not estimable below ``MIN_AUC_EVENTS`` deaths or
   survivors, or at complete separation (AUROC 0 or 1), where that standard error is zero;
+* ``observed_expected``: observed / expected deaths with the log-scale interval of Debray et al.
+  (BMJ 2017; 356:i6460), the expected count taken as fixed;
+* ``subgroup_estimate``: the cell a subgroup table and forest plot show for a metric, or none;
+* ``supported_decimals``: the rounding rule, decimals from an interval's standard error;
 * ``estimability``: the small-sample rule of the headline numbers (docs/model.md, "Small samples");
 * ``detectable_auc_gap``: the smallest AUROC gap between a group and the rest that the
   heterogeneity test could find at 80 % power, so "no gap named" states its own power.
@@ -27,12 +37,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 from scipy.stats import norm
 
 from model.evaluation.statistics import metrics
+from model.export_layout import DECISION_THRESHOLD
 
 # Fewer deaths or survivors than this: calibration slope, calibration-in-the-large and the
 # LOWESS curve are not estimable (ten events per fitted parameter, Peduzzi et al. 1996).
@@ -118,6 +130,20 @@ def auc_interval(auc: float | None, events: int, non_events: int, alpha: float =
             "estimable": True}
 
 
+def observed_expected(events: int, expected: float, n: int, alpha: float = 0.05) -> dict[str, Any]:
+    """O/E = events / expected (expected: the sum of predicted risks) with a log-scale Wald interval,
+    SE(ln O/E) = sqrt((1 - O/n) / O) (Debray et al. 2017); not estimable with no deaths or no survivors."""
+    if events <= 0 or events >= n or expected <= 0:
+        return {"estimate": None if expected <= 0 else events / expected, "lower": None, "upper": None,
+                "estimable": False, "observed": int(events), "expected": float(expected),
+                "reason": "no deaths or no survivors"}
+    ratio = events / expected
+    se = math.sqrt((1.0 - events / n) / events)
+    z = float(norm.ppf(1.0 - alpha / 2.0))
+    return {"estimate": ratio, "lower": ratio * math.exp(-z * se), "upper": ratio * math.exp(z * se),
+            "observed": int(events), "expected": float(expected)}
+
+
 def estimability(events: int, n: int) -> dict[str, Any]:
     """The small-sample rule for a set of cases: whether calibration is estimable, whether numbers are precise."""
     smaller = min(events, n - events)
@@ -138,6 +164,35 @@ def estimability(events: int, n: int) -> dict[str, Any]:
     return {"events": int(events), "n": int(n), "smaller_class": int(smaller), "calibration_estimable": calibration,
             "precise": precise, "note": note, "card_note": card_note, "min_calibration_events": MIN_CALIBRATION_EVENTS,
             "precise_events": PRECISE_EVENTS}
+
+
+def subgroup_estimate(row: dict[str, Any], key: str, min_cases: int) -> dict[str, Any]:
+    """The cell of a subgroup_report row to show for metric `key`, or {estimate None, estimable False, reason}.
+
+    The death rate carries its Wilson interval at any size; the AUROC its Hanley-McNeil one, not estimable
+    under MIN_AUC_EVENTS deaths or survivors or at complete separation; every other metric is not estimable
+    in a group of fewer than `min_cases` cases (the heterogeneity test's MIN_GAP_CASES, below which a
+    bootstrap of the group is itself unreliable).
+    """
+    if key == "observed_rate" and row.get("observed_rate_wilson"):
+        return row["observed_rate_wilson"]
+    if key == "auc_roc" and row.get("auc_roc_hm"):
+        cell = row["auc_roc_hm"]
+        return cell if cell.get("estimable", True) else {"estimate": None, "lower": None, "upper": None,
+                                                         "estimable": False, "reason": cell["reason"]}
+    if row["n"] < min_cases:
+        return {"estimate": None, "lower": None, "upper": None, "estimable": False,
+                "reason": f"fewer than {min_cases} cases"}
+    return row.get(key) or {"estimate": None, "lower": None, "upper": None}
+
+
+def supported_decimals(lower: float | None, upper: float | None, most: int = 3, alpha: float = 0.05) -> int:
+    """Decimals an estimate with this (1 - alpha) interval supports: 1 - floor(log10(SE)), SE the interval's width
+    over 2 z, between 0 and `most` (an SE of 0.16 gives 2 decimals, 0.03 gives 3); `most` without an interval."""
+    if lower is None or upper is None or not math.isfinite(lower) or not math.isfinite(upper) or upper <= lower:
+        return most
+    se = (upper - lower) / (2.0 * float(norm.ppf(1.0 - alpha / 2.0)))
+    return max(0, min(most, 1 - math.floor(math.log10(se))))
 
 
 def detectable_auc_gap(auc: float, events: int, non_events: int, rest_events: int, rest_non_events: int,
@@ -177,3 +232,78 @@ def subgroup_power(sub: dict[str, Any], auc: float, events: int, n: int, alpha: 
                     "smallest_detectable_auc_gap": min(detectable) if detectable else None,
                     "largest_detectable_auc_gap": max(detectable) if detectable else None}
     return sub["power"]
+
+
+# --------------------------------------------------------------------------- the operating threshold
+
+# --threshold's default: the export's decision threshold, where accuracy is counted.
+DEFAULT_THRESHOLD = f"{DECISION_THRESHOLD:g}"
+RULES = ("sensitivity",)
+
+
+class ThresholdRule(BaseModel):
+    """A parsed --threshold: a probability given, or a target sensitivity to reach on validation."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["probability", "sensitivity"]
+    value: float = Field(gt=0.0, lt=1.0)
+
+    @property
+    def text(self) -> str:
+        """The rule as --threshold spells it."""
+        return f"{self.value:g}" if self.kind == "probability" else f"{self.kind}:{self.value:g}"
+
+
+def parse_rule(text: str) -> ThresholdRule:
+    """'0.3' or 'sensitivity:0.8' as a ThresholdRule; ValueError with one line naming what is wrong."""
+    kind, _, value = text.rpartition(":")
+    kind = kind or "probability"
+    if kind not in ("probability", *RULES):
+        raise ValueError(f"--threshold {text!r}: a probability in (0, 1) or {', '.join(RULES)}:TARGET")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"--threshold {text!r}: {value!r} is not a number") from None
+    if not 0.0 < number < 1.0 or not math.isfinite(number):
+        raise ValueError(f"--threshold {text!r}: {number:g} is outside (0, 1)")
+    return ThresholdRule(kind=kind, value=number)
+
+
+def sensitivity_threshold(p, y, target: float) -> float:
+    """Highest threshold t (a probability) with mean(p[y == 1] >= t) >= target: the k-th highest death's risk."""
+    p, y = metrics.as_pair(p, y)
+    deaths = np.sort(p[y == 1])[::-1]
+    if deaths.size == 0:
+        raise ValueError("no deaths: a target sensitivity cannot be placed")
+    k = max(1, math.ceil(target * deaths.size - 1e-12))
+    return float(deaths[k - 1])
+
+
+def choose_threshold(rule: ThresholdRule, p_validation=None, y_validation=None) -> dict[str, Any]:
+    """The operating threshold for a rule, with where it came from and why (JSON-ready, for metrics.json)."""
+    if rule.kind == "probability":
+        default = rule.text == DEFAULT_THRESHOLD
+        rationale = ("the default, the export's decision threshold (where accuracy is counted): no clinical "
+                     "rationale; give ehr-eval --threshold for one" if default else
+                     "given with ehr-eval --threshold; its clinical rationale is for the user to state")
+        return {"threshold": rule.value, "rule": rule.text, "chosen_on": "default" if default else "given",
+                "rationale": rationale, "validation": None}
+    if p_validation is None:
+        return {"threshold": DECISION_THRESHOLD, "rule": rule.text, "chosen_on": "default",
+                "rationale": f"the default: {rule.text} needs a validation split, which this evaluation has not",
+                "validation": None}
+    p, y = metrics.as_pair(p_validation, y_validation)
+    events, n = int(y.sum()), int(y.size)
+    validation = {"n": n, "events": events}
+    if events < MIN_CALIBRATION_EVENTS:
+        return {"threshold": DECISION_THRESHOLD, "rule": rule.text, "chosen_on": "default", "validation": validation,
+                "rationale": f"the default: validation too small to choose by {rule.text} ({events} deaths in {n} "
+                             f"cases, fewer than the {MIN_CALIBRATION_EVENTS} a target sensitivity "
+                             "needs)"}
+    t = sensitivity_threshold(p, y, rule.value)
+    reached = float(np.mean(p[y == 1] >= t))
+    return {"threshold": t, "rule": rule.text, "chosen_on": "validation", "validation": {**validation,
+                                                                                          "sensitivity": reached},
+            "rationale": f"chosen on the validation split ({n} cases, {events} deaths) as the highest risk "
+                         f"threshold reaching sensitivity {rule.value:g} there ({reached:.2f})"}

@@ -34,7 +34,7 @@ def model_report(trained_rank1, tmp_path_factory):
     data = trained_rank1["data"]
     code = ehr_eval.main(["--model", str(trained_rank1["run"]), "--data", str(data), "--samples", "3",
                           "--truth", str(data / "SYNTH_TRUTH.csv"), "--bootstrap", "30", "--out", str(out),
-                          "--no-progress"])
+                          "--threshold", "sensitivity:0.8", "--no-progress"])
     assert code == 0
     return out
 
@@ -73,6 +73,22 @@ def test_model_report_is_the_metrics_json_rendered(model_report):
         for row in groups.values():
             cell = row["auc_roc_hm"]
             assert cell["estimable"] is False or cell["lower"] < cell["estimate"] < cell["upper"]
+    # The decision facts, recomputed from predictions.csv: the operating threshold's flags, O/E, the rule's record.
+    pred = evaluate.read_predictions(model_report / evaluate.PREDICTIONS_FILE)
+    op = clinical["operating_threshold"]
+    assert op["rule"] == "sensitivity:0.8" and op["chosen_on"] in ("validation", "default")
+    assert op["threshold"] == clinical["small_sample"]["thresholds"][0]["threshold"]
+    if op["chosen_on"] == "default":  # the page says why no rule was applied
+        assert op["validation"]["events"] < 10 and "too small" in op["rationale"]
+    flagged = pred.p >= op["threshold"]
+    summary = page[page.index('id="summary"'):page.index("</div>", page.index('id="summary"'))]
+    assert f"{int(flagged.sum())} of {doc['n']} flagged" in summary
+    sens = f"sensitivity {int((flagged & (pred.labels == 1)).sum())}/{int(pred.labels.sum())} = "
+    assert sens in summary
+    oe = clinical["decision"]["observed_expected"]
+    assert oe["estimate"] == pytest.approx(pred.labels.sum() / pred.p.sum(), rel=1e-4)
+    assert f"= {oe['estimate']:.2f} ({oe['lower']:.2f} to {oe['upper']:.2f})" in summary
+    assert html.escape(op["rationale"]) in summary and "Baseline" in summary
     # Who the cases are: every split of the data folder, counted as the data's manifest counts them.
     splits = doc["population"]["splits"]
     assert {name: s["n"] for name, s in splits.items()} == {"train": 160, "validation": 48, "test": 48}
@@ -84,6 +100,64 @@ def test_model_report_is_the_metrics_json_rendered(model_report):
     with open(model_report / evaluate.PREDICTIONS_FILE) as f:
         row = next(csv.DictReader(f))
     assert {"REFERRED", "GENDER", "AGE_YEARS", "ADMISSION_TYPE", "ETHNICITY", "INSURANCE"} <= set(row)
+
+
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?%?")
+
+
+def _leaves(doc, numbers: list, texts: list) -> None:
+    """Every number and every string of a JSON document (lists and mappings walked)."""
+    if isinstance(doc, dict):
+        for value in doc.values():
+            _leaves(value, numbers, texts)
+    elif isinstance(doc, list):
+        for value in doc:
+            _leaves(value, numbers, texts)
+    elif isinstance(doc, bool) or doc is None:
+        return
+    elif isinstance(doc, (int, float)):
+        numbers.append(float(doc))
+    elif isinstance(doc, str):
+        texts.append(doc)
+
+
+def _from_json(token: str, numbers: list, texts: list) -> bool:
+    """Whether a printed number is a metrics.json number rounded to the decimals shown (a percentage: of a
+    fraction), or a number written in one of its strings (a rule's reason, a rationale)."""
+    if any(token in NUMBER.findall(t) for t in texts):
+        return True
+    percent = token.endswith("%")
+    text = token.rstrip("%").replace(",", "").lstrip("+")
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    value = float(text)
+    return any(abs(round(100 * v if percent else v, decimals) - value) < 10 ** -decimals / 2 + 1e-9
+               for v in numbers)
+
+
+def test_every_number_of_the_summary_is_a_metrics_json_number_and_none_is_printed_where_not_estimable(model_report):
+    """Each summary sentence's numbers come from metrics.json; a not-estimable quantity shows no number."""
+    doc = read_json(model_report / "metrics.json")
+    page = (model_report / evaluate.REPORT_HTML).read_text(encoding="utf-8")
+    numbers, texts = [], []
+    _leaves(doc, numbers, texts)
+    summary = page[page.index('id="summary"'):page.index("</dl>", page.index('id="summary"'))]
+    sentences = re.findall(r"<dt>(.*?)</dt><dd>(.*?)</dd>", summary)
+    assert [k for k, _ in sentences][:6] == ["Dataset", "Design", "Cases", "Operating threshold", "At that threshold",
+                                             "Discrimination"]
+    for key, sentence in sentences:
+        text = html.unescape(sentence).replace("AUC-ROC", "").replace("p > 0.5", "")
+        for token in NUMBER.findall(text):
+            assert _from_json(token, numbers, texts), (key, token, text)
+    # Not estimable: the reason where the number would be, on the page and in no figure's alt text.
+    text = html.unescape(re.sub(r"<[^>]+>", " ", re.sub(r'src="data:[^"]*"', "", page)))
+    assert not re.search(r"\d\.\d+\s*\(?not estimable", text)
+    assert not any(re.search(r"\d\.\d", alt) for alt in re.findall(r'alt="([^"]*)"', page))
+    rule = doc["clinical"]["small_sample"]["estimability"]
+    if not rule["calibration_estimable"]:
+        cal = doc["clinical"]["calibration"]
+        for key, signed in (("slope", False), ("intercept", True)):
+            for digits in (2, 3):
+                assert html_cells.ci(cal[key], digits, signed) not in page
 
 
 def test_model_report_renders_in_chromium_with_every_figure(model_report, tmp_path):
@@ -154,6 +228,14 @@ def test_compare_marks_a_constant_measure_absent_and_pairs_calibration_and_net_b
     assert paired["net_benefit"]["0.1"]["lower"] < paired["net_benefit"]["0.1"]["upper"]
     page = (out / evaluate.REPORT_HTML).read_text(encoding="utf-8")
     assert "not compared: constant over the cases in A" in page and "calibration slope" in page
+    # The same decision facts as a single page, for both; a model without a card named once, by its file.
+    summary = page[page.index('id="summary"'):page.index("</dl>", page.index('id="summary"'))]
+    for side in ("a", "b"):
+        row = doc["clinical"][side]["small_sample"]["thresholds"][0]
+        flagged = int(np.sum((a.p if side == "a" else b.p) >= row["threshold"]))
+        assert f"{side.upper()}: at that threshold</dt><dd>{flagged} of {n} flagged" in summary
+    assert page.count(f"A = {tmp_path / 'a.csv'}") == 1 and f"({tmp_path / 'a.csv'})" not in page
+    assert page.count("Sensitivity, specificity and predictive values") == 2
 
 
 @pytest.mark.slow

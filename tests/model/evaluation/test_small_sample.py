@@ -16,7 +16,7 @@ from sklearn.metrics import confusion_matrix, roc_auc_score
 from statsmodels.stats.proportion import proportion_confint
 
 from model.evaluation import dataset_identity, evaluate
-from model.evaluation.report import html_cells, report_html
+from model.evaluation.report import html_cells, plots, report_html, report_summary
 from model.evaluation.statistics import referral_choice, small_sample
 from model.export_layout import json_ready
 
@@ -148,5 +148,78 @@ def test_a_demo_sized_page_says_its_size_on_every_headline_and_prints_no_zero_wi
     headline = [c for c in cards if "Referred" not in c]
     assert len(headline) >= 6 and all('class="ss"' in c for c in headline)
     assert page.count('class="card grey"') == 2 and "not estimable at this size" in page
+    # Calibration is not estimable here: its fitted numbers appear nowhere, nor the LOWESS curve.
+    clinical = report["clinical"]
+    for key, signed in (("slope", False), ("intercept", True)):
+        cell = clinical["calibration"][key]
+        for digits in (2, 3):
+            assert html_cells.ci(cell, digits, signed) not in page
+    reason = report_summary.shown_calibration(clinical)["slope"]["reason"]
+    calibration_cards = [re.sub("<[^>]+>", "", c) for c in cards if "Calibration" in c]
+    assert len(calibration_cards) == 2
+    assert all("not estimable" in c and not re.search(r"\d", re.sub(r"\(ideal \d\)", "", c.replace(reason, "")))
+               for c in calibration_cards)
+    shown = report_summary.shown_calibration(clinical)
+    legend = [t.get_text() for t in plots.calibration_figure([("model", shown)]).axes[0].get_legend().get_texts()]
+    assert not any("LOWESS" in t or "slope" in t for t in legend) and any("deciles" in t for t in legend)
+    # Subgroups of 1-6 cases: no metric but the death rate, and no forest plot.
+    for groups in clinical["subgroups"]["attributes"].values():
+        for row in groups.values():
+            for key in ("auc_roc", "brier", "observed_minus_expected", "mean_p"):
+                assert small_sample.subgroup_estimate(row, key, 20)["estimate"] is None
+            assert small_sample.subgroup_estimate(row, "observed_rate", 20)["estimate"] == row["events"] / row["n"]
+    assert "no forest plot" in page and "subgroup forest plot" not in page
     assert "No subgroup is served worse" not in page and "not testable at this size" in page
     assert "0 comparisons" not in page
+
+
+@pytest.mark.parametrize("lower, upper, most, decimals", [(0.357, 1.0, 3, 2), (0.70, 0.82, 3, 3), (0.0, 0.004, 4, 4),
+                                                          (-100.0, 300.0, 3, 0), (None, None, 3, 3), (0.5, 0.5, 3, 3)])
+def test_supported_decimals_follow_the_standard_error(lower, upper, most, decimals):
+    assert small_sample.supported_decimals(lower, upper, most) == decimals
+    if lower is not None and upper > lower:  # the SE's first significant digit is the last one printed, or finer
+        se = (upper - lower) / (2 * 1.959964)
+        assert decimals in (0, most) or 10 ** (1 - decimals) <= se < 10 ** (2 - decimals)
+
+
+def test_a_not_estimable_cell_prints_no_number():
+    cell = {"estimate": 0.0, "lower": None, "upper": None, "estimable": False, "reason": "fewer than 5 deaths"}
+    assert html_cells.ci(cell) == "not estimable (fewer than 5 deaths)"
+    assert html_cells.interval_text(cell) == ("not estimable", "fewer than 5 deaths")
+    assert html_cells.ci({"estimate": 0.75, "lower": 0.357, "upper": 1.0}) == "0.75 (0.36 to 1.00)"
+
+
+def test_same_rankings_names_entropy_as_the_risk_ranking_when_every_p_is_below_a_half():
+    rng = np.random.default_rng(8)
+    p = rng.uniform(0.01, 0.45, 50)
+    entropy = -(p * np.log(p) + (1 - p) * np.log(1 - p))
+    other = rng.random(50)
+    assert referral_choice.same_rankings({"predictive_entropy": entropy, "risk": p, "mutual_information": other}) \
+        == [["predictive_entropy", "risk"]]
+    q = np.append(p, 0.9)  # one risk above 0.5: entropy no longer follows p
+    e = -(q * np.log(q) + (1 - q) * np.log(1 - q))
+    assert referral_choice.same_rankings({"predictive_entropy": e, "risk": q}) == []
+
+
+def test_referral_states_every_kept_case_metric_and_which_way_it_moved():
+    doc = {"overall": {"auc_roc": 0.75, "auc_pr": 0.6, "brier": 0.260, "nll": 0.7, "ece": 0.2, "accuracy": 0.64},
+           "referral": {"measure": "predictive_entropy", "referred_fraction": 0.09,
+                        "kept": {"auc_roc": 0.875, "auc_pr": 0.6, "brier": 0.273, "nll": 0.65, "ece": 0.25,
+                                 "accuracy": float("nan")}}}
+    changes = {name: verdict for name, _, _, verdict in report_summary.kept_changes(doc)}
+    assert changes == {"AUC-ROC": "better", "AUC-PR": "unchanged", "Brier score": "worse", "NLL": "better",
+                       "ECE": "worse", "accuracy at p > 0.5": "undefined"}
+    text = report_summary.referral_text(doc)
+    assert "Brier score 0.260 to 0.273 (worse)" in text and "AUC-ROC 0.750 to 0.875 (better)" in text
+
+
+def test_inputs_are_listed_from_the_data_and_absent_groups_are_named():
+    population = {"splits": {"train": {"n": 40, "missing_source": {"lab": 0.1, "chart": 1.0, "diagnosis": 0.5}},
+                             "test": {"n": 11, "missing_source": {"lab": 0.0, "chart": 1.0, "diagnosis": 1.0}}}}
+    text = report_html._input_sources(population)
+    assert "labs" in text and "earlier admissions' diagnoses" in text
+    assert text.endswith("this data had no charted observations (vital signs) events at all")
+    assert "vital signs" not in text.split(";")[0]
+    sub = {"attributes": {"ethnicity": {"WHITE": {}, "UNKNOWN": {}}}, "gaps": [], "power": {"groups_tested": 0}}
+    assert report_summary.absent_groups(sub) == ["BLACK", "HISPANIC", "ASIAN"]
+    assert "no BLACK, HISPANIC, ASIAN patients in the evaluated cases" in report_summary.subgroup_verdict(sub)
