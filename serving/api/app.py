@@ -21,7 +21,7 @@ from serving.api.api_docs import install_docs
 from serving.api.auth import AuthGuard, require_api_key
 from serving.api.dependencies import ServedModelDep, ServingDep
 from serving.api.errors import install_error_handlers
-from serving.api.fhir_routes import cds_router, fhir_router
+from serving.api.fhir_routes import cds_router, fhir_open_router, fhir_router
 from serving.api.lifespan import model_lifespan
 from serving.monitoring.telemetry import ServiceMetrics
 from serving.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
@@ -67,6 +67,7 @@ def create_app(settings: Settings, predictor: ServedModel | None = None) -> Fast
     app.include_router(metrics_router)
     app.include_router(v1_router)
     app.include_router(fhir_router)
+    app.include_router(fhir_open_router)
     app.include_router(cds_router)
     # The Open Inference Protocol's routes take the app's dependencies as arguments: serving.oip is a room
     # below this one and must not import it. Its health routes are open, like /healthz.
