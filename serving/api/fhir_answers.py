@@ -324,9 +324,10 @@ def prefetch_bundle(prefetch: dict[str, Any], keys: Sequence[str],
 
 
 def capability_statement(software_version: str) -> dict[str, Any]:
-    """The service's CapabilityStatement (R4): the $predict-mortality operation and the StructureDefinitions it serves."""
+    """The service's CapabilityStatement (R4): the $predict-mortality operation and the definitions it serves."""
     return {
-        "resourceType": "CapabilityStatement", "status": "active", "date": dt.date.today().isoformat(), "kind": "instance",
+        "resourceType": "CapabilityStatement", "status": "active", "date": dt.date.today().isoformat(),
+        "kind": "instance",
         "publisher": "ehr-uncertainty", "fhirVersion": "4.0.1", "format": ["json"],
         "software": {"name": "ehr-uncertainty prediction service", "version": software_version},
         "implementation": {"description": "In-hospital mortality risk with its uncertainty from a rank-1 Bayesian "

@@ -128,7 +128,8 @@ def _bags(proto, num_bags: int, where: str) -> bagging.Bags:
             offset_seconds=np.asarray([v[0] for v in steps[spec.BAG_OFFSET]], np.int64),
             row_splits=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), codes=np.asarray(codes, object),
             counts=flat[spec.BAG_COUNTS], value_count=flat[spec.BAG_VALUE_COUNT], value_mean=flat[spec.BAG_VALUE_MEAN],
-            value_last=flat[spec.BAG_VALUE_LAST], value_min=flat[spec.BAG_VALUE_MIN], value_max=flat[spec.BAG_VALUE_MAX],
+            value_last=flat[spec.BAG_VALUE_LAST], value_min=flat[spec.BAG_VALUE_MIN],
+            value_max=flat[spec.BAG_VALUE_MAX],
             has_history_bag=False, n_events_used=int(sum(flat[spec.BAG_COUNTS])), n_dropped_by_reason={})
     except ValueError as err:
         raise ProtocolError(f"{where}: bags: {err}") from None

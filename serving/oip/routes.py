@@ -57,6 +57,24 @@ OUTPUTS = (
     ("refer", "BOOL", ("N",), "refer to a clinician: the uncertainty exceeds the export's referral threshold"),
 )
 _OUTPUT_NAMES = tuple(o[0] for o in OUTPUTS)
+_ERROR = {"content": {"application/json": {"schema": {"type": "object", "required": ["error"],
+                                                      "properties": {"error": {"type": "string"}}}}}}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {**_ERROR, "description": "The protocol or the model refuses the request (the field named)."},
+    401: {**_ERROR, "description": "Missing or invalid API key."},
+    404: {**_ERROR, "description": "Another model or version than the one served."},
+    503: {**_ERROR, "description": "Model not loaded yet, or too many requests waiting."},
+}
+_TENSOR = {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
+    "name": {"type": "string", "enum": ["admission_json", "sequence_example"]},
+    "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    "datatype": {"type": "string", "enum": ["BYTES"]}, "data": {"type": "array"},
+    "parameters": {"type": "object"}}}
+_INFER_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["inputs"], "properties": {
+        "id": {"type": "string"}, "parameters": {"type": "object"},
+        "inputs": {"type": "array", "items": _TENSOR, "minItems": 1},
+        "outputs": {"type": "array", "items": {"type": "object", "required": ["name"]}}}}}}}}
 
 
 def protocol_error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
@@ -208,7 +226,7 @@ def oip_routers(serving_dep: Any, model_dep: Any) -> tuple[APIRouter, APIRouter]
         is_ready = bool(getattr(request.app.state, "ready", False))
         return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
-    @keyed.get("", summary="OIP v2: server metadata")
+    @keyed.get("", summary="OIP v2: server metadata", responses={401: _ERRORS[401]})
     async def server_metadata() -> dict:
         return {"name": SERVER_NAME, "version": __version__, "extensions": [BINARY_EXTENSION]}
 
@@ -221,32 +239,34 @@ def oip_routers(serving_dep: Any, model_dep: Any) -> tuple[APIRouter, APIRouter]
         is_ready = bool(getattr(request.app.state, "ready", False))
         return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 503)
 
-    @keyed.get("/models/{name}", summary="OIP v2: model metadata")
+    @keyed.get("/models/{name}", summary="OIP v2: model metadata", responses=_ERRORS)
     @_answer_errors
     async def model_metadata_route(name: str, predictor: model_dep) -> Response:
         return await metadata(predictor, name, None)
 
-    @keyed.get("/models/{name}/versions/{version}", summary="OIP v2: model metadata of one version")
+    @keyed.get("/models/{name}/versions/{version}", summary="OIP v2: model metadata of one version", responses=_ERRORS)
     @_answer_errors
     async def version_metadata_route(name: str, version: str, predictor: model_dep) -> Response:
         return await metadata(predictor, name, version)
 
-    @keyed.get("/models/{name}/ready", summary="OIP v2: the model is ready")
+    @keyed.get("/models/{name}/ready", summary="OIP v2: the model is ready", responses=_ERRORS)
     @_answer_errors
     async def model_ready_route(request: Request, name: str, predictor: model_dep) -> Response:
         return await model_ready(request, predictor, name, None)
 
-    @keyed.get("/models/{name}/versions/{version}/ready", summary="OIP v2: this version of the model is ready")
+    @keyed.get("/models/{name}/versions/{version}/ready", summary="OIP v2: this version of the model is ready",
+               responses=_ERRORS)
     @_answer_errors
     async def version_ready_route(request: Request, name: str, version: str, predictor: model_dep) -> Response:
         return await model_ready(request, predictor, name, version)
 
-    @keyed.post("/models/{name}/infer", summary="OIP v2: infer")
+    @keyed.post("/models/{name}/infer", summary="OIP v2: infer", openapi_extra=_INFER_BODY, responses=_ERRORS)
     @_answer_errors
     async def infer_route(request: Request, name: str, serving: serving_dep) -> Response:
         return await _infer(request, serving, name, None)
 
-    @keyed.post("/models/{name}/versions/{version}/infer", summary="OIP v2: infer with one version")
+    @keyed.post("/models/{name}/versions/{version}/infer", summary="OIP v2: infer with one version",
+                openapi_extra=_INFER_BODY, responses=_ERRORS)
     @_answer_errors
     async def version_infer_route(request: Request, name: str, version: str, serving: serving_dep) -> Response:
         return await _infer(request, serving, name, version)

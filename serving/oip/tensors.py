@@ -213,7 +213,8 @@ def int_parameter(parameters: Mapping[str, Any], name: str, low: int, high: int)
     return value
 
 
-def encode_response(head: dict, outputs: Sequence[OutputTensor], binary: Mapping[str, bool]) -> tuple[bytes, int | None]:
+def encode_response(head: dict, outputs: Sequence[OutputTensor],
+                    binary: Mapping[str, bool]) -> tuple[bytes, int | None]:
     """The response body for `outputs` after the `head` fields, and the JSON's length when binary tensors follow."""
     tensors, raw = [], []
     for out in outputs:
