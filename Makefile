@@ -15,10 +15,10 @@ PYTEST_XDIST := -n $(PYTEST_WORKERS) $(if $(filter 0,$(PYTEST_WORKERS)),,--dist 
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-test.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.txt -c constraints.txt
+	$(BIN)/python -m pip install -q -r requirements.txt -r requirements-test.txt -c constraints.txt
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 

@@ -9,22 +9,25 @@ only assembles the app; each concern lives in its own module:
 * ``serving.api.errors``: the exception handlers;
 * ``serving.api.routes`` and ``serving.api.fhir_routes``: the endpoints;
 * ``serving.api.auth``: the API-key check and its per-address failure budget;
+* ``serving.oip``: the Open Inference Protocol v2 endpoints (/v2), built around the dependencies given here;
 * ``serving.api.api_docs``: /docs, with Swagger UI's assets served from here.
 """
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from serving import __version__
 from serving.api.api_docs import install_docs
-from serving.api.auth import AuthGuard
+from serving.api.auth import AuthGuard, require_api_key
+from serving.api.dependencies import ServedModelDep, ServingDep
 from serving.api.errors import install_error_handlers
-from serving.api.fhir_routes import cds_router, fhir_router
+from serving.api.fhir_routes import cds_router, fhir_open_router, fhir_router
 from serving.api.lifespan import model_lifespan
 from serving.monitoring.telemetry import ServiceMetrics
 from serving.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from serving.inference.served_model import ServedModel
 from serving.api.routes import health_router, metrics_router, v1_router
+from serving.oip import oip_routers
 from serving.settings import Settings
 
 DESCRIPTION = """\
@@ -64,6 +67,12 @@ def create_app(settings: Settings, predictor: ServedModel | None = None) -> Fast
     app.include_router(metrics_router)
     app.include_router(v1_router)
     app.include_router(fhir_router)
+    app.include_router(fhir_open_router)
     app.include_router(cds_router)
+    # The Open Inference Protocol's routes take the app's dependencies as arguments: serving.oip is a room
+    # below this one and must not import it. Its health routes are open, like /healthz.
+    oip_health, oip_keyed = oip_routers(ServingDep, ServedModelDep)
+    app.include_router(oip_health)
+    app.include_router(oip_keyed, dependencies=[Depends(require_api_key)])
     install_docs(app)
     return app

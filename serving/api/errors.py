@@ -2,7 +2,8 @@
 
 Client mistakes are 4xx with the field named (an OperationOutcome for FHIR clients): 400 for a body
 that is not JSON, 422 for JSON that does not fit the schema, on every route that takes a body; a full
-queue or a stopped batcher is 503 with Retry-After. Unhandled exceptions are answered by
+queue or a stopped batcher is 503 with Retry-After. Under /v2 (the Open Inference Protocol) every
+answer is the protocol's ``{"error": "..."}`` instead, which its clients read. Unhandled exceptions are answered by
 ``serving.api.middleware.RequestContextMiddleware``, which logs them without their message.
 """
 from __future__ import annotations
@@ -15,11 +16,27 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.api.fhir_answers import FHIR_JSON, operation_outcome
 from serving.inference.batching import BatcherStoppedError, QueueFullError
+from serving.oip import protocol_error
+from serving.oip.routes import PREFIX as OIP_PREFIX
 from serving.schemas import InputError
 
 
 def _request_id(request: Request) -> str | None:
     return getattr(request.state, "request_id", None)
+
+
+def _is_oip(request: Request) -> bool:
+    """Open Inference Protocol clients (tritonclient, the kserve SDK) read {"error": "..."} and nothing else."""
+    return request.url.path == OIP_PREFIX or request.url.path.startswith(OIP_PREFIX + "/")
+
+
+def _answer(request: Request, status: int, detail, headers=None) -> JSONResponse:
+    """{"detail", "request_id"}, or the protocol's {"error"} under /v2."""
+    if _is_oip(request):
+        return protocol_error(status, detail if isinstance(detail, str) else str(jsonable_encoder(detail)), headers)
+    return JSONResponse(status_code=status, content=jsonable_encoder({"detail": detail,
+                                                                      "request_id": _request_id(request)}),
+                        headers=headers)
 
 
 def _error_items(errors) -> list[dict]:
@@ -54,7 +71,10 @@ def install_error_handlers(app: FastAPI, fhir_prefix: str) -> None:
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         reason = _not_json(exc.errors())
         if reason is not None:
-            return JSONResponse(status_code=400, content={"detail": reason, "request_id": _request_id(request)})
+            return _answer(request, 400, reason)
+        if _is_oip(request):
+            first = _error_items(exc.errors())[0]
+            return _answer(request, 400, f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
         if request.url.path.startswith(fhir_prefix + "/"):  # FHIR clients read OperationOutcomes
             items = _error_items(exc.errors())
             return JSONResponse(status_code=422, media_type=FHIR_JSON, content=operation_outcome(
@@ -69,15 +89,12 @@ def install_error_handlers(app: FastAPI, fhir_prefix: str) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(status_code=exc.status_code, content=jsonable_encoder(
-            {"detail": exc.detail, "request_id": _request_id(request)}), headers=getattr(exc, "headers", None))
+        return _answer(request, exc.status_code, exc.detail, getattr(exc, "headers", None))
 
     @app.exception_handler(QueueFullError)
     async def queue_full(request: Request, exc: QueueFullError) -> JSONResponse:
-        return JSONResponse(status_code=503, headers={"Retry-After": "1"},
-                            content={"detail": str(exc), "request_id": _request_id(request)})
+        return _answer(request, 503, str(exc), {"Retry-After": "1"})
 
     @app.exception_handler(BatcherStoppedError)
     async def stopped(request: Request, exc: BatcherStoppedError) -> JSONResponse:
-        return JSONResponse(status_code=503, headers={"Retry-After": "1"},
-                            content={"detail": str(exc), "request_id": _request_id(request)})
+        return _answer(request, 503, str(exc), {"Retry-After": "1"})

@@ -3,9 +3,21 @@
 Pure functions of a ``PatientPrediction`` (the same object /v1/predict answers with) and of
 what the FHIR mapping reported, so the numbers in every form are the same numbers. The
 uncertainty travels in documented extensions (docs/fhir.md).
+
+A RiskAssessment is marked as HL7's AI Transparency on FHIR guide asks: ``meta.security`` AIAST,
+a Provenance naming the model (a contained Device with its version and export checksum), the
+posterior interval as the guide's AIconfidence Range, and ``qualitativeRisk`` from the interval
+and the decision threshold. Our own extensions carry canonical URLs under ``CANONICAL_BASE``,
+each defined by a StructureDefinition in ``serving/fhir_definitions/`` that /fhir/r4 serves;
+the older ``urn:`` copies stay beside them for the deprecation period docs/fhir.md states.
 """
 from __future__ import annotations
 
+import copy
+import datetime as dt
+import functools
+import json
+import pathlib
 import re
 import uuid
 from collections.abc import Iterable, Sequence
@@ -18,6 +30,18 @@ from serving.schemas import Calibration, ModelIdentity, PatientPrediction
 FHIR_JSON = "application/fhir+json"
 EXTENSION = "urn:ehr-uncertainty:fhir:extension:"  # + name; each is described in docs/fhir.md
 MODEL_SYSTEM = "urn:ehr-uncertainty:model"
+# Our extensions' canonical URLs (+ name): identifiers, as FHIR canonicals are; each names a
+# StructureDefinition of DEFINITIONS that the service serves at /fhir/r4/StructureDefinition/{name}.
+CANONICAL_BASE = "http://ehr-uncertainty.org/fhir/StructureDefinition/"
+DEFINITIONS = pathlib.Path(__file__).resolve().parents[1] / "fhir_definitions"
+# HL7 AI Transparency on FHIR (STU1 ballot): the security label of AI-asserted data and the confidence extension.
+V3_OBSERVATION_VALUE = "http://terminology.hl7.org/CodeSystem/v3-ObservationValue"
+AI_ASSERTED = {"system": V3_OBSERVATION_VALUE, "code": "AIAST", "display": "Artificial Intelligence asserted"}
+AI_CONFIDENCE = "http://hl7.org/fhir/uv/aitransparency/StructureDefinition/AIconfidence"
+RISK_PROBABILITY = "http://terminology.hl7.org/CodeSystem/risk-probability"
+PROVENANCE_PARTICIPANT = "http://terminology.hl7.org/CodeSystem/provenance-participant-type"
+UCUM = "http://unitsofmeasure.org"
+MODEL_DEVICE_ID = "model"
 MAX_LISTED = 50  # unmapped / unknown codes listed in an answer (the counts are exact)
 SUMMARY_LIMIT = 140  # CDS Hooks: a card's summary must be shorter than this
 
@@ -124,7 +148,61 @@ def risk_assessment(mapped: MappedAdmission, p: PatientPrediction, *, model: Mod
         answer["basis"] = [{"reference": clean(ref)} for ref in mapped.basis]
     if notes:
         answer["note"] = [{"text": clean(n)} for n in notes]
-    return answer
+    return with_ai_transparency(answer, p, model)
+
+
+# ----------------------------------------------------------------------------- AI transparency
+
+
+@functools.cache
+def structure_definitions() -> dict[str, dict[str, Any]]:
+    """Our extensions' StructureDefinitions by id, as shipped in DEFINITIONS (read once)."""
+    return {d["id"]: d for d in (json.loads(f.read_text(encoding="utf-8"))
+                                 for f in sorted(DEFINITIONS.glob("StructureDefinition-*.json")))}
+
+
+def qualitative_risk(p: PatientPrediction) -> dict[str, Any]:
+    """risk-probability 'high' when the whole interval lies above the decision threshold, 'low' when it lies at or
+    below it, else 'moderate' (the samples disagree about the side): the rule docs/fhir.md states."""
+    threshold = p.decision_threshold
+    code = "high" if p.interval.lower > threshold else "low" if p.interval.upper <= threshold else "moderate"
+    return {"coding": [{"system": RISK_PROBABILITY, "code": code, "display": code.capitalize() + " likelihood"}]}
+
+
+def _percent_quantity(x: float) -> dict[str, Any]:
+    return {"value": round(100.0 * float(x), 6), "unit": "%", "system": UCUM, "code": "%"}
+
+
+def _canonical_copies(extensions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each urn: extension again under its canonical URL (sub-extension urls are relative names, kept)."""
+    return [{**copy.deepcopy(e), "url": CANONICAL_BASE + e["url"][len(EXTENSION):]}
+            for e in extensions if e["url"].startswith(EXTENSION)]
+
+
+def with_ai_transparency(answer: dict[str, Any], p: PatientPrediction, model: ModelIdentity) -> dict[str, Any]:
+    """The RiskAssessment marked as the AI Transparency guide asks, and its extensions under canonical URLs too."""
+    device = {"resourceType": "Device", "id": MODEL_DEVICE_ID,
+              "deviceName": [{"name": model.name, "type": "model-name"}],
+              "version": [{"type": {"text": "model version"}, "value": model.version},
+                          {"type": {"text": "export manifest sha256"}, "value": model.checksum},
+                          {"type": {"text": "served precision"}, "value": model.precision}],
+              "note": [{"text": "Research model, not a medical device."}]}
+    provenance = {"resourceType": "Provenance", "id": "provenance", "target": [{"reference": "#"}],
+                  "recorded": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                  "agent": [{"type": {"coding": [{"system": PROVENANCE_PARTICIPANT, "code": "author",
+                                                  "display": "Author"}]},
+                             "who": {"reference": f"#{MODEL_DEVICE_ID}", "display": f"{model.name} {model.version}"}}]}
+    prediction = answer["prediction"][0]
+    prediction["qualitativeRisk"] = qualitative_risk(p)
+    prediction["extension"] = [
+        *prediction["extension"], *_canonical_copies(prediction["extension"]),
+        {"url": AI_CONFIDENCE, "valueRange": {"low": _percent_quantity(p.interval.lower),
+                                              "high": _percent_quantity(p.interval.upper)}}]
+    marked = {"resourceType": answer["resourceType"], "id": answer["id"],
+              "meta": {"security": [dict(AI_ASSERTED)]}, "contained": [device, provenance]}
+    rest = {k: v for k, v in answer.items() if k not in marked}
+    rest["extension"] = [*answer["extension"], *_canonical_copies(answer["extension"])]
+    return {**marked, **rest, "performer": {"reference": f"#{MODEL_DEVICE_ID}"}}
 
 
 # ----------------------------------------------------------------------------- CDS Hooks
@@ -243,3 +321,26 @@ def prefetch_bundle(prefetch: dict[str, Any], keys: Sequence[str],
             entries.append(entry)
             origins.append(origin)
     return {"resourceType": "Bundle", "type": "collection", "entry": entries}, origins
+
+
+def capability_statement(software_version: str) -> dict[str, Any]:
+    """The service's CapabilityStatement (R4): the $predict-mortality operation and the definitions it serves."""
+    return {
+        "resourceType": "CapabilityStatement", "status": "active", "date": dt.date.today().isoformat(),
+        "kind": "instance",
+        "publisher": "ehr-uncertainty", "fhirVersion": "4.0.1", "format": ["json"],
+        "software": {"name": "ehr-uncertainty prediction service", "version": software_version},
+        "implementation": {"description": "In-hospital mortality risk with its uncertainty from a rank-1 Bayesian "
+                                          "model; research model, not a medical device."},
+        "rest": [{
+            "mode": "server",
+            "security": {"description": "The operation takes an API key (X-API-Key header or 'Authorization: Bearer "
+                                        "<key>'); this statement and the StructureDefinitions are open."},
+            "resource": [{"type": "StructureDefinition", "interaction": [{"code": "read"}],
+                          "supportedProfile": sorted(d["url"] for d in structure_definitions().values())}],
+            "operation": [{"name": "predict-mortality", "definition": CANONICAL_BASE.replace(
+                "StructureDefinition", "OperationDefinition") + "predict-mortality",
+                "documentation": "POST a Bundle of one patient's records; the answer is a RiskAssessment "
+                                 "(docs/fhir.md)."}],
+        }],
+    }

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from ehr_pipeline.fhir.mapping import FhirInputError, MappedAdmission, ModelCodes, map_bundle, read_bundle
+from serving import __version__
 from serving.api import fhir_answers
 from serving.api.auth import require_api_key
 from serving.api.dependencies import NumSamplesQuery, SeedQuery, Serving, ServingDep
@@ -64,6 +65,8 @@ _FHIR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 fhir_router = APIRouter(prefix="/fhir/r4", tags=["fhir"], dependencies=[Depends(require_api_key)])
+# What a FHIR client reads before it calls: the CapabilityStatement and our extensions' definitions (no patient data).
+fhir_open_router = APIRouter(prefix="/fhir/r4", tags=["fhir"])
 cds_router = APIRouter(tags=["cds-hooks"], dependencies=[Depends(require_api_key)])
 
 EncounterQuery = Annotated[str | None, Query(
@@ -201,6 +204,24 @@ async def predict_mortality(
         mapped, prediction, model=model_identity(predictor), calibration=calibration(export),
         num_samples=samples, ensemble_size=export.ensemble_size, request_id=request.state.request_id)
     return JSONResponse(answer, media_type=fhir_answers.FHIR_JSON)
+
+
+@fhir_open_router.get("/metadata", summary="FHIR CapabilityStatement", response_class=JSONResponse)
+async def capability_statement() -> JSONResponse:
+    """What this FHIR endpoint does: the $predict-mortality operation and the StructureDefinitions it serves."""
+    return JSONResponse(fhir_answers.capability_statement(__version__), media_type=fhir_answers.FHIR_JSON)
+
+
+@fhir_open_router.get("/StructureDefinition/{definition_id}", summary="One of our extensions' StructureDefinitions",
+                      response_class=JSONResponse)
+async def structure_definition(definition_id: str, request: Request) -> JSONResponse:
+    """The StructureDefinition of one of the answer's extensions (their canonical URLs end in its id)."""
+    found = fhir_answers.structure_definitions().get(definition_id)
+    if found is None:
+        return outcome_response([("StructureDefinition", f"no StructureDefinition {definition_id[:64]!r} here; "
+                                  f"these are served: {', '.join(sorted(fhir_answers.structure_definitions()))}",
+                                  "not-found")], 404, request)
+    return JSONResponse(found, media_type=fhir_answers.FHIR_JSON)
 
 
 # ------------------------------------------------------------------------------- CDS Hooks

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serving.api.auth import API_KEY_HEADER, AuthGuard
 from serving.monitoring.telemetry import ServiceMetrics
+from serving.oip.routes import PREFIX as OIP_PREFIX
 
 logger = logging.getLogger("serving.app")  # log filters and alerts select the service by this name
 
@@ -179,7 +180,10 @@ class BodyLimitMiddleware:
     async def _refuse(self, scope: Scope, send: Send, status: int, message: str, headers=None) -> None:
         self._name_route(scope)
         request_id = scope.get("state", {}).get("request_id")
-        response = JSONResponse(status_code=status, content={"detail": message, "request_id": request_id},
+        # Open Inference Protocol clients read {"error": ...} (serving.oip), every other client {"detail": ...}.
+        oip = scope.get("path", "") == OIP_PREFIX or scope.get("path", "").startswith(OIP_PREFIX + "/")
+        content = {"error": message} if oip else {"detail": message, "request_id": request_id}
+        response = JSONResponse(status_code=status, content=content,
                                 headers={**(headers or {}), "Connection": "close"})  # the body stays unread
         await response(scope, None, send)  # type: ignore[arg-type]  # a JSONResponse never receives
 

@@ -1,0 +1,275 @@
+"""The Open Inference Protocol v2 endpoints (KServe v2 REST), on the same app as /v1.
+
+``oip_routers`` builds two routers around the dependencies the app hands it (the app assembles the
+service and imports this room, so this room cannot import the app's dependencies back):
+
+* open, like /healthz: ``GET /v2/health/live`` and ``GET /v2/health/ready``;
+* with the API key, like /v1: ``GET /v2`` (server metadata), ``GET /v2/models/{name}[/versions/{v}]``
+  (model metadata), ``.../ready`` and ``POST .../infer``.
+
+An infer request holds one of two inputs, each a BYTES tensor of one element per admission:
+``admission_json``, the very JSON body /v1/predict takes, which goes through ``predict_admissions``
+like every other route; or ``sequence_example``, serialized ``tf.train.SequenceExample`` records
+(base64 text in JSON, raw with the binary-data extension), checked by ``serving.oip.records`` against
+the export's contract before the model sees them. Request parameters ``num_samples`` and ``seed`` are
+/v1's query parameters. Errors are the protocol's ``{"error": "..."}`` with a 4xx or 503 status.
+"""
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pydantic
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from serving import __version__
+from serving.inference.prediction import check_event_limit, predict_admissions
+from serving.inference.served_model import ServedModel
+from serving.oip import records
+from serving.oip.tensors import (
+    BINARY_EXTENSION,
+    HEADER_LENGTH,
+    InferRequest,
+    InputTensor,
+    OutputTensor,
+    ProtocolError,
+    base64_element,
+    encode_response,
+    int_parameter,
+    parse_request,
+)
+from serving.schemas import InputError, PredictRequest
+
+PREFIX = "/v2"
+SERVER_NAME = "ehr-uncertainty"
+ADMISSION_JSON = "admission_json"
+SEQUENCE_EXAMPLE = "sequence_example"
+_MAX_SEED = 2**63 - 1
+# (name, datatype, shape with -1 for the admissions and S, K for the sampled probabilities, what it is)
+OUTPUTS = (
+    ("probability", "FP64", ("N",), "predictive mean probability of in-hospital death"),
+    ("sampled_probabilities", "FP64", ("N", "S", "K"), "the S samples of each of the K ensemble members"),
+    ("predictive_entropy", "FP64", ("N",), "total uncertainty H[E p], nats"),
+    ("mutual_information", "FP64", ("N",), "epistemic uncertainty H[E p] - E H[p], nats"),
+    ("interval_lower", "FP64", ("N",), "2.5th percentile of the sampled probabilities"),
+    ("interval_upper", "FP64", ("N",), "97.5th percentile of the sampled probabilities"),
+    ("refer", "BOOL", ("N",), "refer to a clinician: the uncertainty exceeds the export's referral threshold"),
+)
+_OUTPUT_NAMES = tuple(o[0] for o in OUTPUTS)
+_ERROR = {"content": {"application/json": {"schema": {"type": "object", "required": ["error"],
+                                                      "properties": {"error": {"type": "string"}}}}}}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {**_ERROR, "description": "The protocol or the model refuses the request (the field named)."},
+    401: {**_ERROR, "description": "Missing or invalid API key."},
+    404: {**_ERROR, "description": "Another model or version than the one served."},
+    503: {**_ERROR, "description": "Model not loaded yet, or too many requests waiting."},
+}
+_TENSOR = {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
+    "name": {"type": "string", "enum": ["admission_json", "sequence_example"]},
+    "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+    "datatype": {"type": "string", "enum": ["BYTES"]}, "data": {"type": "array"},
+    "parameters": {"type": "object"}}}
+_INFER_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["inputs"], "properties": {
+        "id": {"type": "string"}, "parameters": {"type": "object"},
+        "inputs": {"type": "array", "items": _TENSOR, "minItems": 1},
+        "outputs": {"type": "array", "items": {"type": "object", "required": ["name"]}}}}}}}}
+
+
+def protocol_error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    """The protocol's error answer."""
+    return JSONResponse(status_code=status, content={"error": message}, headers=headers)
+
+
+def _check_model(predictor: ServedModel, name: str, version: str | None) -> None:
+    """ProtocolError 404 unless `name` (and `version`, when given) are the served model's."""
+    card = predictor.export.card
+    if name != card.name:
+        raise ProtocolError(f"model {name[:80]!r} is not served here (this server serves {card.name!r})", 404)
+    if version is not None and version != card.version:
+        raise ProtocolError(f"model {card.name!r} has no version {version[:40]!r} here (served: {card.version!r})",
+                            404)
+
+
+def model_metadata(predictor: ServedModel) -> dict:
+    """The protocol's model metadata: name, versions, platform, and the input and output tensors."""
+    export = predictor.export
+    sizes = {"N": -1, "S": -1, "K": export.ensemble_size}
+    return {
+        "name": export.card.name, "versions": [export.card.version], "platform": "tensorflow_savedmodel",
+        "inputs": [
+            {"name": ADMISSION_JSON, "datatype": "BYTES", "shape": [-1],
+             "parameters": {"description": "one /v1/predict request body (JSON text) per admission"}},
+            {"name": SEQUENCE_EXAMPLE, "datatype": "BYTES", "shape": [-1],
+             "parameters": {"description": "one serialized tf.train.SequenceExample per admission (base64 in JSON)",
+                            "schema_version": export.schema_version}},
+        ],
+        "outputs": [{"name": n, "datatype": d, "shape": [sizes[s] for s in shape], "parameters": {"description": w}}
+                    for n, d, shape, w in OUTPUTS],
+        "parameters": {"checksum": export.checksum, "precision": predictor.precision},
+    }
+
+
+def _output_tensors(probs: np.ndarray, probability, lower, upper, entropy, mi, refer, ensemble_size: int,
+                    num_samples: int) -> list[OutputTensor]:
+    """The outputs in OUTPUTS' order; probs [N, S*K] sample-major becomes [N, S, K]."""
+    values = (probability, probs.reshape(len(probs), num_samples, ensemble_size), entropy, mi, lower, upper, refer)
+    return [OutputTensor(name, datatype, np.asarray(v)) for (name, datatype, _, _), v in zip(OUTPUTS, values)]
+
+
+def _admissions(tensor: InputTensor) -> list[PredictRequest]:
+    """The /v1/predict bodies of an admission_json tensor; ProtocolError naming the element and field."""
+    out = []
+    for i, element in enumerate(tensor.elements):
+        try:
+            out.append(PredictRequest.model_validate_json(element))
+        except pydantic.ValidationError as err:
+            first = err.errors(include_input=False, include_context=False)[0]
+            loc = ".".join(str(p) for p in first.get("loc", ())) or "body"
+            raise ProtocolError(f"input {ADMISSION_JSON!r} element {i}: {loc}: {first.get('msg', 'invalid')}"
+                                f"{f' (and {err.error_count() - 1} more)' if err.error_count() > 1 else ''}") from None
+    return out
+
+
+def _single_input(req: InferRequest) -> InputTensor:
+    unknown = sorted(set(req.inputs) - {ADMISSION_JSON, SEQUENCE_EXAMPLE})
+    if unknown or len(req.inputs) != 1:
+        raise ProtocolError(f"send exactly one input, {ADMISSION_JSON!r} or {SEQUENCE_EXAMPLE!r}; got "
+                            f"{sorted(req.inputs)}")
+    [tensor] = req.inputs.values()
+    return tensor
+
+
+def _binary_map(req: InferRequest) -> dict[str, bool]:
+    """Output name -> sent as binary, for the outputs to send (all when the request names none)."""
+    if req.outputs is None:
+        return {name: req.binary_default for name in _OUTPUT_NAMES}
+    unknown = sorted(set(req.outputs) - set(_OUTPUT_NAMES))
+    if unknown:
+        raise ProtocolError(f"unknown output(s) {unknown}; this model has {list(_OUTPUT_NAMES)}")
+    return dict(req.outputs)
+
+
+async def _infer(request: Request, serving: Any, name: str, version: str | None) -> Response:
+    """One infer call: parse, score through the prediction road, answer the named tensors."""
+    settings, predictor = serving.settings, serving.predictor
+    _check_model(predictor, name, version)
+    req = parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
+    num_samples = int_parameter(req.parameters, "num_samples", 1, settings.max_num_samples)
+    num_samples = settings.default_num_samples if num_samples is None else num_samples
+    seed = int_parameter(req.parameters, "seed", 0, _MAX_SEED)
+    tensor, binary = _single_input(req), _binary_map(req)
+    if not 1 <= len(tensor.elements) <= settings.max_patients:
+        raise ProtocolError(f"input {tensor.name!r}: 1 to {settings.max_patients} admissions per request, got "
+                            f"{len(tensor.elements)}")
+    export = predictor.export
+    common = dict(num_samples=num_samples, seed=seed, batcher=serving.batcher, arrival=serving.arrival,
+                  metrics=serving.metrics, monitor=serving.monitor)
+    if tensor.name == ADMISSION_JSON:
+        admissions = _admissions(tensor)
+        locs = [(ADMISSION_JSON, i) for i in range(len(admissions))]
+        try:
+            for body, loc in zip(admissions, locs):
+                check_event_limit(body, settings, loc)
+            predictions = await predict_admissions(admissions, locs, include_samples=True, predictor=predictor,
+                                                   **common)
+        except InputError as err:
+            raise ProtocolError(f"input {err.loc[0]!r} element {err.loc[1]}: "
+                                f"{'.'.join(str(p) for p in err.loc[2:]) or 'body'}: {err.msg}") from None
+        probs = np.asarray([p.samples for p in predictions], np.float64)
+        outputs = _output_tensors(probs, [p.probability for p in predictions],
+                                  [p.interval.lower for p in predictions], [p.interval.upper for p in predictions],
+                                  [p.predictive_entropy for p in predictions], [p.epistemic for p in predictions],
+                                  [p.refer for p in predictions], export.ensemble_size, num_samples)
+    else:
+        schema_version = int_parameter(req.parameters, "schema_version", 0, 2**31)
+        checked = [records.check_record(e if tensor.from_binary else base64_element(e, f"{SEQUENCE_EXAMPLE}[{i}]"),
+                                        export, f"input {SEQUENCE_EXAMPLE!r} element {i}", schema_version)
+                   for i, e in enumerate(tensor.elements)]
+        probs, s = await records.predict_records(checked, export=export, **common)
+        outputs = _output_tensors(probs, s.probability, s.lower, s.upper, s.predictive_entropy, s.epistemic, s.refer,
+                                  export.ensemble_size, num_samples)
+    head = {"model_name": export.card.name, "model_version": export.card.version,
+            **({"id": req.id} if req.id is not None else {}),
+            "parameters": {"num_samples": num_samples, "ensemble_size": export.ensemble_size,
+                           "checksum": export.checksum, "precision": predictor.precision}}
+    content, json_size = encode_response(head, [o for o in outputs if o.name in binary], binary)
+    if json_size is None:
+        return Response(content, media_type="application/json")
+    return Response(content, media_type="application/octet-stream",
+                    headers={"Inference-Header-Content-Length": str(json_size)})
+
+
+def _answer_errors(handler: Callable) -> Callable:
+    """The route's ProtocolErrors as the protocol's error answers (FastAPI reads the signature through wraps)."""
+    @functools.wraps(handler)
+    async def wrapped(*args, **kwargs):
+        try:
+            return await handler(*args, **kwargs)
+        except ProtocolError as err:
+            return protocol_error(err.status, str(err))
+    return wrapped
+
+
+def oip_routers(serving_dep: Any, model_dep: Any) -> tuple[APIRouter, APIRouter]:
+    """(open health router, keyed router) of the protocol; serving_dep and model_dep are the app's Annotated deps."""
+    health = APIRouter(prefix=PREFIX, tags=["open inference protocol"])
+    keyed = APIRouter(prefix=PREFIX, tags=["open inference protocol"])
+
+    @health.get("/health/live", summary="OIP v2: the server is live")
+    async def live() -> dict:
+        return {"live": True}
+
+    @health.get("/health/ready", summary="OIP v2: the server is ready (model loaded and warmed up)")
+    async def ready(request: Request) -> Response:
+        is_ready = bool(getattr(request.app.state, "ready", False))
+        return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
+
+    @keyed.get("", summary="OIP v2: server metadata", responses={401: _ERRORS[401]})
+    async def server_metadata() -> dict:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": [BINARY_EXTENSION]}
+
+    async def metadata(predictor: ServedModel, name: str, version: str | None) -> Response:
+        _check_model(predictor, name, version)
+        return JSONResponse(model_metadata(predictor))
+
+    async def model_ready(request: Request, predictor: ServedModel, name: str, version: str | None) -> Response:
+        _check_model(predictor, name, version)
+        is_ready = bool(getattr(request.app.state, "ready", False))
+        return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 503)
+
+    @keyed.get("/models/{name}", summary="OIP v2: model metadata", responses=_ERRORS)
+    @_answer_errors
+    async def model_metadata_route(name: str, predictor: model_dep) -> Response:
+        return await metadata(predictor, name, None)
+
+    @keyed.get("/models/{name}/versions/{version}", summary="OIP v2: model metadata of one version", responses=_ERRORS)
+    @_answer_errors
+    async def version_metadata_route(name: str, version: str, predictor: model_dep) -> Response:
+        return await metadata(predictor, name, version)
+
+    @keyed.get("/models/{name}/ready", summary="OIP v2: the model is ready", responses=_ERRORS)
+    @_answer_errors
+    async def model_ready_route(request: Request, name: str, predictor: model_dep) -> Response:
+        return await model_ready(request, predictor, name, None)
+
+    @keyed.get("/models/{name}/versions/{version}/ready", summary="OIP v2: this version of the model is ready",
+               responses=_ERRORS)
+    @_answer_errors
+    async def version_ready_route(request: Request, name: str, version: str, predictor: model_dep) -> Response:
+        return await model_ready(request, predictor, name, version)
+
+    @keyed.post("/models/{name}/infer", summary="OIP v2: infer", openapi_extra=_INFER_BODY, responses=_ERRORS)
+    @_answer_errors
+    async def infer_route(request: Request, name: str, serving: serving_dep) -> Response:
+        return await _infer(request, serving, name, None)
+
+    @keyed.post("/models/{name}/versions/{version}/infer", summary="OIP v2: infer with one version",
+                openapi_extra=_INFER_BODY, responses=_ERRORS)
+    @_answer_errors
+    async def version_infer_route(request: Request, name: str, version: str, serving: serving_dep) -> Response:
+        return await _infer(request, serving, name, version)
+
+    return health, keyed
+
