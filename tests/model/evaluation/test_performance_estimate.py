@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from model.evaluation.statistics import performance_estimate as pe
+from model.evaluation.statistics import metrics_report as pe
 
 THRESHOLDS = (0.1, 0.3)
 
