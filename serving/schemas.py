@@ -278,6 +278,9 @@ class PatientPrediction(BaseModel):
                                 description="Ways this input differs from what the model was trained on.")
     samples: list[float] | None = Field(
         None, description="All S*K sampled probabilities, sample-major (column s*K + k), with include_samples=true.")
+    prediction_id: str | None = Field(
+        None, description="Key of this prediction in the server's outcome store: POST its outcome to /v1/outcomes "
+                          "when known. Null when the server keeps no outcomes (no --outcome-dir).")
 
 
 class _Answer(BaseModel):
@@ -356,6 +359,27 @@ class MonitorResponse(BaseModel):
                                                   "--monitor-refresh-s when admissions keep coming); null when none "
                                                   "was made.")
     model: ModelIdentity
+    outcomes: dict[str, Any] | None = Field(
+        None, description="With an outcome store: the outcomes received, realized performance beside the "
+                          "performance expected on the same predictions, and the O/E alarm (docs/serving.md "
+                          "'Outcomes'); outcomes are matched to their prediction, not to the window.")
+
+
+class OutcomeRequest(BaseModel):
+    """POST /v1/outcomes body: the outcome of one answered admission."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prediction_id: str = Field(min_length=1, max_length=64, description="The prediction_id of the answer.")
+    outcome: Literal[0, 1] = Field(description="1: died in hospital, 0: discharged alive.")
+
+
+class OutcomeResponse(BaseModel):
+    """POST /v1/outcomes answer."""
+
+    prediction_id: str
+    stored: bool = Field(description="True when this call stored the outcome; false when the same outcome was "
+                                     "stored before (sending it again changes nothing).")
 
 
 class Health(BaseModel):

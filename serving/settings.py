@@ -118,6 +118,16 @@ class Settings(BaseModel):
     shutdown_timeout_s: float = Field(
         15.0, gt=0.0, le=600.0, description="After SIGTERM, longest wait for open requests before closing them, "
                                             "seconds; then the server exits.")
+    outcome_dir: pathlib.Path | None = Field(
+        None, description="Folder of the outcome store (outcomes.sqlite): every answer gets a prediction_id, "
+                          "POST /v1/outcomes takes the outcome keyed by it, /v1/monitor and /metrics report realized "
+                          "beside expected performance (docs/serving.md 'Outcomes'). None: off, nothing stored.")
+    outcome_retention_days: float = Field(
+        90.0, gt=0.0, le=3650.0, description="Days a prediction and its outcome are kept in the outcome store; "
+                                             "older rows are deleted at start and hourly.")
+    outcome_keep_admissions: bool = Field(
+        False, description="Also keep each encoded admission (the model's input tensors, no names or free text) "
+                           "in the outcome store, as local data for ehr-adapt; off: only probabilities are kept.")
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

@@ -11,6 +11,11 @@ alpha:
   2. revision vs recalibration in the large (df p - 1): not significant -> recalibrate the intercept;
   3. revision vs logistic recalibration (df p - 2): not significant -> recalibrate; else revise.
 
+Where only probabilities and outcomes exist (the service's outcome store without the admissions),
+revision cannot be fitted: ``recalibration_closed_test`` runs the same procedure with logistic
+recalibration as the largest model (none vs recalibrate, df 2; recalibrate-intercept vs
+recalibrate, df 1), and says that revision was not tested.
+
 Pure: log-likelihoods in, the chosen step and every test out.
 """
 from __future__ import annotations
@@ -73,3 +78,21 @@ def closed_test(log_likelihoods: dict[str, float], revision_parameters: int, alp
         if test.p_value >= alpha:
             return ClosedTestResult(simpler, tuple(tests), alpha)
     return ClosedTestResult("revision", tuple(tests), alpha)
+
+
+def recalibration_closed_test(log_likelihoods: dict[str, float], alpha: float = ALPHA) -> ClosedTestResult:
+    """The closed test among none, recalibrate-intercept and recalibrate (logistic recalibration the largest
+    model): for outcomes without the admissions, where revision cannot be fitted."""
+    missing = [s for s in STEPS[:-1] if s not in log_likelihoods]
+    if missing:
+        raise ValueError(f"closed test needs the log-likelihood of every recalibration step, missing {missing}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    tests = []
+    for simpler, df in (("none", 2), ("recalibrate-intercept", 1)):
+        statistic = max(0.0, 2.0 * (log_likelihoods["recalibrate"] - log_likelihoods[simpler]))
+        test = LikelihoodRatioTest(simpler, statistic, df, float(stats.chi2.sf(statistic, df)))
+        tests.append(test)
+        if test.p_value >= alpha:
+            return ClosedTestResult(simpler, tuple(tests), alpha)
+    return ClosedTestResult("recalibrate", tuple(tests), alpha)

@@ -105,6 +105,13 @@ def original(logits: np.ndarray, labels: np.ndarray) -> RecalibrationFit:
     return RecalibrationFit(0.0, 1.0, log_likelihood(logits, labels), 0)
 
 
+def fit_ladder(logits: np.ndarray, labels: np.ndarray) -> dict[str, RecalibrationFit]:
+    """The three rungs probabilities alone can fit, by the names of closed_test.STEPS: none, recalibrate-intercept,
+    recalibrate."""
+    return {"none": original(logits, labels), "recalibrate-intercept": fit_intercept(logits, labels),
+            "recalibrate": fit_intercept_slope(logits, labels)}
+
+
 def compose(first: tuple[float, float], then: tuple[float, float]) -> tuple[float, float]:
     """(a, b) of applying `first` and then `then`: a2 + b2 (a1 + b1 l) = (a2 + b2 a1) + b2 b1 l."""
     (a1, b1), (a2, b2) = first, then

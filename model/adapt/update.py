@@ -60,9 +60,7 @@ def adapt(loaded: LoadedExport, local: LocalData, config: AdaptConfig, *, progre
         return _weights(loaded, sample, config, progress)
     probs = predict_probs(loaded, sample.records, config.samples, config.seed, batch_size=config.batch_predict)
     logits = recal.logits_of(probs)
-    fits = {"none": recal.original(logits, sample.labels),
-            "recalibrate-intercept": recal.fit_intercept(logits, sample.labels),
-            "recalibrate": recal.fit_intercept_slope(logits, sample.labels)}
+    fits = recal.fit_ladder(logits, sample.labels)
     record: dict[str, Any] = {"fits": {k: dataclasses.asdict(v) for k, v in fits.items()}}
     step = config.method
     network = None

@@ -14,7 +14,8 @@ singular_values.png into --out (default RUN_DIR/posterior_rank).
 shift (docs/shift.md): the new data folder (the Beam job's output, all its splits by default)
 against the population the model learnt from (the export's reference_profile.json): per-code
 value distributions in the model's units, unit mismatches and conversions, out-of-vocabulary
-codes, charting frequency, case mix and the model's mutual information. Prints the findings
+codes, charting frequency, case mix, the model's mutual information and the performance it expects
+there before any outcome arrives (model.evaluation.statistics.metrics_report.estimate_performance). Prints the findings
 worst first; writes shift.json, shift.md and shift.png into --out; exits with code 3 when the
 level reaches --fail-on (2: a usage error, 0 otherwise).
 """
@@ -83,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the data folder the model was trained on: its reference is computed from it (for exports "
                         "without reference_profile.json, or to replace it)")
     p.add_argument("--no-model", action="store_true",
-                   help="leave out the model's mutual information (no forward passes: faster)")
+                   help="leave out the model's mutual information and expected performance (no forward passes: faster)")
     p.add_argument("--samples", type=positive_int, default=None,
                    help="S samples per member for the mutual information; None = the reference's (else 25)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -232,7 +233,7 @@ def shift(args) -> int:
                            reference_data=args.reference_data, progress=not args.no_progress)
     except (ExportError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-analyze", err)
-    print(result.report.text())
+    print(result.text())
     if args.out:
         with output_folder.staged(args.out, kind=output_folder.EVALUATION, command="ehr-analyze shift",
                                   overwrite=args.overwrite, inputs=[str(model_dir), args.data]) as staging:

@@ -202,6 +202,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     # why: the use case imports TensorFlow; --help and usage errors answer before it loads
     from model.evaluation import evaluate as evaluation, run_evaluation
     from model.evaluation.report import formatting, report_html
+    from model.evaluation.report.performance_table import estimate_markdown
 
     try:
         request = run_evaluation.EvaluationRequest(
@@ -220,6 +221,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(f"referral ({r['measure']} > {r['threshold']}, chosen on validation for rate {r['rate']}): "
           f"{r['referred_fraction']:.3f} referred")
     print(report_html.format_clinical(report["clinical"]))
+    performance = report[run_evaluation.PERFORMANCE_KEY]
+    print(estimate_markdown(performance["estimate"], performance["realized"], performance.get("truth_expected")))
     shifted = result.shift
     if shifted is not None:
         print(shifted.report.text(limit=15))

@@ -8,7 +8,9 @@ predictions to a known truth:
   information on the validation split, as training's export writes it (reference_profile.json);
 * ``current_profile``: new data (serialized examples, their units.json) binned on the reference,
   in the model's vocabulary, with the model's mutual information when it scored them;
-* ``compare`` and ``ShiftResult``: the report, and whether it reaches a command's ``--fail-on`` level;
+* ``compare`` and ``ShiftResult``: the report, the performance the model expects on the new data
+  (``statistics.metrics_report.estimate_performance``, when it scored them), and whether the report reaches a
+  command's ``--fail-on`` level;
 * ``write_outputs``: shift.json, shift.md and shift.png.
 
 The use cases that score data for it (``ehr-analyze shift``, ``ehr-eval`` on other data) are
@@ -28,6 +30,7 @@ import numpy as np
 
 from ehr_pipeline import shift
 from ehr_pipeline.shift import Profile, population
+from model.evaluation.report.performance_table import estimate_markdown
 from model.evaluation.report.plots import shift_plot
 from model.export.load import vocabulary_ranks
 
@@ -40,11 +43,18 @@ SHIFT_PNG = "shift.png"
 
 @dataclasses.dataclass(frozen=True)
 class ShiftResult:
-    """A report with the two profiles it compared."""
+    """A report with the two profiles it compared, and the performance expected on the new data (or None)."""
 
     report: shift.ShiftReport
     reference: Profile
     current: Profile
+    performance: dict[str, Any] | None = None
+
+    def text(self) -> str:
+        """The report in words, then the expected performance's table when the model scored the data."""
+        if self.performance is None:
+            return self.report.text()
+        return self.report.text() + "\n\n" + estimate_markdown(self.performance)
 
     def fails(self, fail_on: str) -> bool:
         """True when the report's level reaches `fail_on` ('never' never does)."""
@@ -93,8 +103,13 @@ def write_outputs(out_dir: str | os.PathLike[str], result: ShiftResult,
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = {**result.report.to_json(), "current_profile": result.current.to_json(), **(extra or {})}
+    if result.performance is not None:
+        doc["performance_estimate"] = result.performance
     paths = {"json": out / SHIFT_JSON, "markdown": out / SHIFT_MD, "plot": out / SHIFT_PNG}
     paths["json"].write_text(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n", encoding="utf-8")
-    paths["markdown"].write_text(result.report.markdown(), encoding="utf-8")
+    markdown = result.report.markdown()
+    if result.performance is not None:
+        markdown += "\n## Expected performance (before outcomes)\n\n" + estimate_markdown(result.performance) + "\n"
+    paths["markdown"].write_text(markdown, encoding="utf-8")
     shift_plot(result.report, paths["plot"])
     return paths

@@ -32,13 +32,18 @@ from model import data_folder
 from model.export_layout import MAX_SAMPLES, REFERENCE_PROFILE
 from model.data_folder import DataFiles, SplitRecords
 from model.evaluation import against_reference, evaluate, unit_check
-from model.evaluation.statistics import clinical_stats, metrics, referral_choice, small_sample
+from model.evaluation.statistics import clinical_stats, metrics, metrics_report, referral_choice, small_sample
 from model.evaluation.against_reference import ShiftResult
+from model.evaluation.report.performance_table import estimate_markdown
 from model.export import write as export_writer
 from model.export.load import LoadedExport, load_export, read_export
 from model.export.predict import predict_probs
 
 log = logging.getLogger(__name__)
+
+# metrics.json's key of the expected performance beside the realized one, and its table's file.
+PERFORMANCE_KEY = "performance_estimate"
+PERFORMANCE_MD = "performance_estimate.md"
 
 Measure = Literal["predictive_entropy", "mutual_information", "predictive_std"]
 
@@ -195,6 +200,9 @@ def evaluate_exports(request: EvaluationRequest) -> Evaluation:
         attributes=evaluated.split.attributes, truth=truth, n_bootstrap=request.n_bootstrap, seed=request.seed,
         num_bins=request.num_bins, target_coverage=request.target_coverage, target_risk=request.target_risk,
         operating=operating)
+    report[PERFORMANCE_KEY] = performance_beside_outcomes(
+        evaluated.probs, evaluated.split.labels, truth, decision_threshold=exports[0].files.metrics.decision_threshold,
+        seed=request.seed)
     report["population"] = evaluate.population(files, splits)
     report["model"] = evaluate.model_description(
         [e.model_card for e in exports], [e.metrics for e in exports], checksums=[e.files.checksum for e in exports],
@@ -214,6 +222,19 @@ def evaluate_exports(request: EvaluationRequest) -> Evaluation:
         export_dir = _export_ensemble(request, exports, test_report, validation_probs, measure=measure, rate=rate,
                                       threshold=threshold, data_sha=data_sha)
     return Evaluation(report, shifted, export_dir)
+
+
+def performance_beside_outcomes(probs: np.ndarray, labels: Sequence[int], truth: np.ndarray | None, *,
+                                decision_threshold: float, seed: int = 0) -> dict[str, Any]:
+    """The performance the model expected on these cases before their labels, the realized one beside it and,
+    with a known truth, the truth-expected one (outcomes drawn from it): metrics.json's performance_estimate."""
+    thresholds = metrics_report.decision_thresholds(decision_threshold)
+    estimate = metrics_report.estimate_performance(probs, thresholds=thresholds, seed=seed)
+    p = metrics.predictive_mean(probs)
+    out = {"estimate": estimate, "realized": metrics_report.realized_beside(estimate["posterior"], p, labels)}
+    if truth is not None:
+        out["truth_expected"] = metrics_report.expected_performance(p, truth, thresholds=thresholds, seed=seed)
+    return out
 
 
 def _truth(request: ReportSettings, hadm_ids: Sequence[int]) -> np.ndarray | None:
@@ -254,6 +275,9 @@ def _write_outputs(request: EvaluationRequest, out: pathlib.Path, report: dict, 
                                     split.hadm_ids, split.subject_ids, times, ensemble_size, request.num_samples)
     if shifted is not None:
         against_reference.write_outputs(out, shifted)
+    performance = report[PERFORMANCE_KEY]
+    (out / PERFORMANCE_MD).write_text(estimate_markdown(performance["estimate"], performance["realized"],
+                                                        performance.get("truth_expected")) + "\n", encoding="utf-8")
 
 
 def _export_ensemble(request: EvaluationRequest, exports: Sequence[LoadedExport], test_report: Mapping[str, Any],
@@ -377,11 +401,16 @@ def run_shift(model_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str
     else:
         reference = export.reference
     mi = None
+    estimate = None
     s = samples or reference.mi_samples or 25
-    if loaded is not None and reference.mutual_information is not None:
-        log.info("scoring %d admissions (S = %d) for the model's mutual information", len(records), s)
-        mi = metrics.mutual_information(predict_probs(loaded, records, s, seed, batch_size=batch_size,
-                                                      progress=progress))
+    if loaded is not None:
+        log.info("scoring %d admissions (S = %d) for the model's mutual information and expected performance",
+                 len(records), s)
+        probs = predict_probs(loaded, records, s, seed, batch_size=batch_size, progress=progress)
+        if reference.mutual_information is not None:
+            mi = metrics.mutual_information(probs)
+        estimate = metrics_report.estimate_performance(
+            probs, thresholds=metrics_report.decision_thresholds(export.metrics.decision_threshold), seed=seed)
     current = against_reference.current_profile(export, reference, records, data_dir, mutual_information=mi,
                                                 samples=s, description=f"{', '.join(splits)} of {data_dir}")
-    return ShiftResult(against_reference.compare(export, reference, current), reference, current)
+    return ShiftResult(against_reference.compare(export, reference, current), reference, current, estimate)

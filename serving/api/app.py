@@ -56,6 +56,8 @@ def create_app(settings: Settings, predictor: ServedModel | None = None) -> Fast
     app.state.metrics = metrics
     app.state.predictor = None
     app.state.monitor = None
+    app.state.outcomes = None  # the outcome store and its monitor, opened at start-up with settings.outcome_dir
+    app.state.outcome_monitor = None
     app.state.ready = False
     app.state.auth = AuthGuard(settings, metrics)  # one failure table for the middleware and the routes
     # Last added runs first: the request id, log line and metrics cover 413s too.

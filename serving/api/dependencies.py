@@ -17,6 +17,8 @@ from fastapi import Depends, HTTPException, Query, Request, status
 from serving.inference.batching import Arrival, MicroBatcher
 from serving.monitoring.telemetry import ServiceMetrics
 from serving.monitoring.monitor import Monitor
+from serving.monitoring.outcome_monitor import OutcomeMonitor
+from serving.monitoring.outcome_store import OutcomeStore
 from serving.inference.served_model import ServedModel
 from serving.settings import Settings
 
@@ -45,6 +47,16 @@ def get_monitor(request: Request) -> Monitor | None:
     return getattr(request.app.state, "monitor", None)
 
 
+def get_outcomes(request: Request) -> OutcomeStore | None:
+    """The outcome store; None when the server keeps no outcomes (no --outcome-dir) or before start-up."""
+    return getattr(request.app.state, "outcomes", None)
+
+
+def get_outcome_monitor(request: Request) -> OutcomeMonitor | None:
+    """Realized beside expected performance over the outcomes received; None without an outcome store."""
+    return getattr(request.app.state, "outcome_monitor", None)
+
+
 def get_batcher(request: Request) -> MicroBatcher:
     """The app's micro-batcher."""
     return request.app.state.batcher
@@ -67,6 +79,8 @@ BatcherDep = Annotated[MicroBatcher, Depends(get_batcher)]
 ArrivalDep = Annotated[Arrival, Depends(get_arrival)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 MonitorDep = Annotated[Monitor | None, Depends(get_monitor)]
+OutcomesDep = Annotated[OutcomeStore | None, Depends(get_outcomes)]
+OutcomeMonitorDep = Annotated[OutcomeMonitor | None, Depends(get_outcome_monitor)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +93,13 @@ class Serving:
     arrival: Arrival
     metrics: ServiceMetrics
     monitor: Monitor | None
+    outcomes: OutcomeStore | None = None
 
 
 def _serving(settings: SettingsDep, predictor: ServedModelDep, batcher: BatcherDep, arrival: ArrivalDep,
-             metrics: MetricsDep, monitor: MonitorDep) -> Serving:
-    """The app's settings, model, batcher, metrics and monitor, and this request's arrival."""
-    return Serving(settings, predictor, batcher, arrival, metrics, monitor)
+             metrics: MetricsDep, monitor: MonitorDep, outcomes: OutcomesDep) -> Serving:
+    """The app's settings, model, batcher, metrics, monitor and outcome store, and this request's arrival."""
+    return Serving(settings, predictor, batcher, arrival, metrics, monitor, outcomes)
 
 
 ServingDep = Annotated[Serving, Depends(_serving)]

@@ -144,6 +144,8 @@ def risk_assessment(mapped: MappedAdmission, p: PatientPrediction, *, model: Mod
                          "model; the spread is the model's uncertainty",
         }],
     }
+    if p.prediction_id is not None:  # the key of POST /v1/outcomes (an outcome store is configured)
+        answer["identifier"] = [{"system": EXTENSION + "prediction-id", "value": p.prediction_id}]
     if mapped.basis:
         answer["basis"] = [{"reference": clean(ref)} for ref in mapped.basis]
     if notes:

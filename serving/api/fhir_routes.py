@@ -145,7 +145,7 @@ async def _predict_mapped(mapped: MappedAdmission, serving: Serving, num_samples
         [prediction] = await predict_admissions(
             [request], [("body",)], num_samples=num_samples, seed=seed, include_samples=False,
             predictor=serving.predictor, batcher=serving.batcher, arrival=serving.arrival, metrics=serving.metrics,
-            monitor=serving.monitor)
+            monitor=serving.monitor, outcomes=serving.outcomes)
     except InputError as err:
         code = "too-costly" if err.kind == "too_long" else "value"
         raise FhirError([(_expression(err.loc, mapped), err.msg, code)]) from None

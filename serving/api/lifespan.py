@@ -15,11 +15,14 @@ from typing import AsyncContextManager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from model.evaluation.statistics import metrics_report
 from serving.inference import precision as precision_choice
 from serving.inference.batching import MicroBatcher
 from serving.inference.encoding import encode
 from serving.monitoring.telemetry import ServiceMetrics
 from serving.monitoring.monitor import Monitor
+from serving.monitoring.outcome_monitor import OutcomeMonitor
+from serving.monitoring.outcome_store import OutcomeStore
 from serving.inference.served_model import ServedModel
 from serving.schemas import AdmissionRequest, Patient, PredictRequest
 from serving.settings import Settings
@@ -94,6 +97,41 @@ async def warm_up(app: FastAPI, predictor: ServedModel, batcher: MicroBatcher, s
     logger.info("model warmed up; ready")
 
 
+# How often rows past the outcome store's retention period are deleted, seconds.
+PURGE_EVERY_S = 3600.0
+
+
+def open_outcomes(app: FastAPI, settings: Settings, model: ServedModel, metrics: ServiceMetrics) -> OutcomeStore | None:
+    """The outcome store of settings.outcome_dir (None: off) and its monitor on app.state, rows past retention
+    deleted now."""
+    if settings.outcome_dir is None:
+        return None
+    store = OutcomeStore(settings.outcome_dir, retention_s=settings.outcome_retention_days * 86400.0,
+                         keep_admissions=settings.outcome_keep_admissions)
+    deleted = store.purge()
+    export = model.export
+    app.state.outcomes = store
+    app.state.outcome_monitor = OutcomeMonitor(
+        store, metrics, model_version=export.card.version, refresh_s=settings.monitor_refresh_s,
+        thresholds=metrics_report.decision_thresholds(export.metrics.decision_threshold))
+    logger.info("outcome store %s: %s, %d rows past %g days deleted%s", store.path, store.counts(), deleted,
+                settings.outcome_retention_days, "; keeping encoded admissions" if store.keep_admissions else "")
+    return store
+
+
+async def purge_periodically(store: OutcomeStore, every_s: float = PURGE_EVERY_S) -> None:
+    """Deletes the outcome store's rows past retention every `every_s` seconds, until cancelled."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            deleted = await run_in_threadpool(store.purge)
+        except Exception as err:  # a full disk must not stop the service; the next hour tries again
+            logger.error("outcome store purge failed: %s: %s", type(err).__name__, err)
+            continue
+        if deleted:
+            logger.info("outcome store: %d rows past retention deleted", deleted)
+
+
 def model_lifespan(settings: Settings, metrics: ServiceMetrics,
                    predictor: ServedModel | None = None) -> Callable[[FastAPI], AsyncContextManager[None]]:
     """The lifespan of an app: loads settings.model_dir unless a loaded `predictor` is given."""
@@ -113,6 +151,8 @@ def model_lifespan(settings: Settings, metrics: ServiceMetrics,
         app.state.monitor = Monitor(export, settings.monitor_window, metrics, refresh_s=settings.monitor_refresh_s)
         if export.reference is None:
             logger.info("the export carries no reference population: /v1/monitor answers 'unavailable'")
+        store = await run_in_threadpool(open_outcomes, app, settings, model, metrics)
+        purge = asyncio.create_task(purge_periodically(store)) if store is not None else None
         logger.info("referral: %s", export.metrics.referral.describe())
         if settings.warmup:
             warm = asyncio.create_task(warm_up(app, model, batcher, settings))
@@ -130,5 +170,10 @@ def model_lifespan(settings: Settings, metrics: ServiceMetrics,
                 with contextlib.suppress(asyncio.CancelledError):
                     await warm
             await batcher.stop()
+            if purge is not None:
+                purge.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await purge
+                store.close()
 
     return lifespan

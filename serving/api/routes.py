@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from serving.api.auth import require_api_key, require_metrics_key
@@ -12,12 +12,15 @@ from serving.api.dependencies import (
     MetricsDep,
     MonitorDep,
     NumSamplesQuery,
+    OutcomeMonitorDep,
+    OutcomesDep,
     SeedQuery,
     ServedModelDep,
     ServingDep,
     SettingsDep,
 )
 from serving.monitoring.monitor import MonitorReading
+from serving.monitoring.outcome_store import OutcomeError
 from serving.inference.prediction import (
     check_event_limit,
     calibration,
@@ -33,6 +36,8 @@ from serving.schemas import (
     InputError,
     ModelInfo,
     MonitorResponse,
+    OutcomeRequest,
+    OutcomeResponse,
     PatientPrediction,
     PredictRequest,
     PrecisionInfo,
@@ -83,13 +88,16 @@ async def readyz(request: Request, response: Response) -> Health:
                     responses={200: {"content": {"text/plain": {}, "application/openmetrics-text": {}},
                                      "description": "Prometheus text format; OpenMetrics when the Accept header "
                                                     "asks for it."}})
-async def prometheus(request: Request, metrics: MetricsDep, monitor: MonitorDep) -> Response:
+async def prometheus(request: Request, metrics: MetricsDep, monitor: MonitorDep,
+                     outcome_monitor: OutcomeMonitorDep) -> Response:
     """Request counts by route and status, latencies, errors, batch sizes, population shift (no patient data)."""
     # Off the event loop: a scrape takes milliseconds to render (the shift gauges are refreshed
     # first when the monitor's report is due; only the first report is made while it waits).
     def render() -> tuple[bytes, str]:
         if monitor is not None:
             monitor.report()
+        if outcome_monitor is not None:
+            outcome_monitor.reading()
         return metrics.render(request.headers.get("accept"))
 
     body, content_type = await run_in_threadpool(render)
@@ -131,7 +139,7 @@ async def predict(
     [prediction] = await predict_admissions(
         [body], [("body",)], num_samples=samples, seed=seed, include_samples=include_samples,
         predictor=predictor, batcher=serving.batcher, arrival=serving.arrival, metrics=serving.metrics,
-        monitor=serving.monitor)
+        monitor=serving.monitor, outcomes=serving.outcomes)
     _log(request, "predict", [prediction], samples)
     export = predictor.export
     return PredictResponse(**prediction.model_dump(), num_samples=samples, ensemble_size=export.ensemble_size,
@@ -162,7 +170,7 @@ async def predict_batch(
     predictions = await predict_admissions(
         body.patients, locs, num_samples=samples, seed=seed, include_samples=include_samples,
         predictor=predictor, batcher=serving.batcher, arrival=serving.arrival, metrics=serving.metrics,
-        monitor=serving.monitor)
+        monitor=serving.monitor, outcomes=serving.outcomes)
     _log(request, "predict_batch", predictions, samples)
     export = predictor.export
     return BatchResponse(predictions=predictions, num_samples=samples, ensemble_size=export.ensemble_size,
@@ -193,7 +201,8 @@ async def model_info(settings: SettingsDep, predictor: ServedModelDep) -> ModelI
 
 
 @v1_router.get("/monitor", response_model=MonitorResponse, summary="Population shift of the recent admissions")
-async def monitor_report(settings: SettingsDep, predictor: ServedModelDep, monitor: MonitorDep) -> MonitorResponse:
+async def monitor_report(settings: SettingsDep, predictor: ServedModelDep, monitor: MonitorDep,
+                         outcome_monitor: OutcomeMonitorDep) -> MonitorResponse:
     """The shift report of the last --monitor-window admissions against the model's training population.
 
     Per-code value distributions in the model's units, values that arrived in other units, codes
@@ -202,12 +211,33 @@ async def monitor_report(settings: SettingsDep, predictor: ServedModelDep, monit
     reason in one line, logged and counted in ehr_monitor_errors_total) when the report could not be made.
     """
     reading = (await run_in_threadpool(monitor.report)) if monitor is not None else MonitorReading(None, 0)
+    outcomes = (await run_in_threadpool(outcome_monitor.reading)) if outcome_monitor is not None else None
     if reading.report is None:
         return MonitorResponse(level="error" if reading.error else "unavailable", admissions=reading.admissions,
                                window=settings.monitor_window, findings=[], summary={}, error=reading.error,
                                age_s=reading.age_s(),
-                               model=model_identity(predictor))
+                               model=model_identity(predictor), outcomes=outcomes)
     doc = reading.report.to_json()
     return MonitorResponse(level=reading.report.level, admissions=reading.admissions, window=settings.monitor_window,
                            findings=[ShiftFinding(**f) for f in doc["findings"]], summary=doc["summary"],
-                           age_s=reading.age_s(), model=model_identity(predictor))
+                           age_s=reading.age_s(), model=model_identity(predictor), outcomes=outcomes)
+
+
+@v1_router.post("/outcomes", response_model=OutcomeResponse, summary="The outcome of an answered admission",
+                responses={404: {"model": ErrorResponse, "description": "No such prediction, or no outcome store."},
+                           409: {"model": ErrorResponse, "description": "A different outcome was stored for it."},
+                           410: {"model": ErrorResponse, "description": "The prediction is past the retention "
+                                                                        "period: its row was deleted."}})
+async def post_outcome(body: OutcomeRequest, outcomes: OutcomesDep) -> OutcomeResponse:
+    """Stores the outcome (1 died, 0 survived) of the prediction a /v1/predict or FHIR answer named.
+
+    Idempotent: the same outcome sent again answers stored=false and changes nothing; a different
+    one is a 409. Off (404) unless the server keeps outcomes (--outcome-dir).
+    """
+    if outcomes is None:
+        raise HTTPException(404, "this server keeps no outcomes (start it with --outcome-dir)")
+    try:
+        stored = await run_in_threadpool(outcomes.record_outcome, body.prediction_id, body.outcome)
+    except OutcomeError as err:
+        raise HTTPException(err.status, str(err)) from None
+    return OutcomeResponse(prediction_id=body.prediction_id, stored=stored)

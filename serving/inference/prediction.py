@@ -18,6 +18,7 @@ from serving.inference.batching import Arrival, MicroBatcher
 from serving.inference.encoding import Encoded, encode
 from serving.monitoring.telemetry import ServiceMetrics
 from serving.monitoring.monitor import Monitor
+from serving.monitoring.outcome_store import OutcomeStore
 from serving.inference.served_model import ServedModel, Summary, summarise
 from serving.schemas import (
     Calibration,
@@ -93,6 +94,7 @@ async def predict_admissions(
     arrival: Arrival,
     metrics: ServiceMetrics,
     monitor: Monitor | None = None,
+    outcomes: OutcomeStore | None = None,
 ) -> list[PatientPrediction]:
     """Encodes, runs (micro-batched) and summarises requests; predictions in request order (each joins the monitor).
 
@@ -127,6 +129,11 @@ async def predict_admissions(
             monitor.record(enc.context, enc.bags, enc.unit_rows, float(s.epistemic[i]))
     metrics.predictions.inc(len(out))
     metrics.referrals.inc(sum(p.refer for p in out))
+    if outcomes is not None:
+        # Off the event loop: the row is on disk (fsync) before the answer names it.
+        ids = await run_in_threadpool(outcomes.record_predictions, export.card.version, [p.probability for p in out],
+                                      probs, [e.example for e in encoded])
+        out = [p.model_copy(update={"prediction_id": i}) for p, i in zip(out, ids)]
     return out
 
 

@@ -73,6 +73,13 @@ def test_shift_on_fresh_data_of_the_same_population_finds_nothing(trained_rank1,
     assert report["current_profile"]["n"] == 120
     assert (out / SHIFT_PNG).read_bytes()[:8] == PNG_MAGIC
     assert (out / SHIFT_MD).read_text().startswith("# Shift report: none")
+    # The performance expected before outcomes: an interval around each estimate, from all 120 admissions.
+    estimate = report["performance_estimate"]["posterior"]
+    assert estimate["n"] == 120 and estimate["columns"] > 1
+    for row in estimate["metrics"].values():
+        assert row["lower"] <= row["estimate"] <= row["upper"]
+    assert [row["threshold"] for row in estimate["net_benefit"]] == [0.05, 0.1, 0.2, 0.3, 0.5]
+    assert "| AUROC |" in printed and "## Expected performance" in (out / SHIFT_MD).read_text()
 
 
 def test_shift_names_creatinine_88_times_the_training_median_and_fails(trained_rank1, new_data, tmp_path, capsys):
@@ -112,6 +119,12 @@ def test_eval_on_other_data_writes_the_shift_report_and_fails_only_when_asked(tr
     shifted = read_json(tmp_path / "eval" / SHIFT_JSON)
     assert shifted["summary"]["n_current"] == 100 and shifted["summary"]["mi_compared"]
     assert (tmp_path / "eval" / SHIFT_PNG).read_bytes()[:8] == PNG_MAGIC
+    # The expected performance beside the realized one, both of the predictive mean on the same 100 cases.
+    performance = read_json(tmp_path / "eval" / "metrics.json")["performance_estimate"]
+    assert performance["estimate"]["posterior"]["n"] == 100
+    assert performance["realized"]["metrics"]["brier"]["value"] == pytest.approx(
+        read_json(tmp_path / "eval" / "metrics.json")["overall"]["brier"], rel=1e-9)
+    assert "| Brier score |" in (tmp_path / "eval" / "performance_estimate.md").read_text()
     assert ehr_eval.main(args + ["--fail-on-shift", "moderate"]) == EXIT_SHIFT
     capsys.readouterr()
     # On the training data itself there is nothing to compare.
