@@ -22,9 +22,9 @@ Per admission: age / 90, one-hot gender, one-hot admission type.
 Time inputs (``TIME_INPUTS``, each switched on by the model config's ``time_inputs``; none by default,
 which is also what an export made before they existed reads): a duration t enters as
 ``time_scales(t)``, exp(-t / tau) for tau = 1 hour, 1 day, 1 week, 30 days, 365 days and
-log(1 + t / 1 day) / 10. Each decay moves most (by 0.37 of its range between 0 and tau, by 0.6 more
-up to 10 tau) around its own tau, so hours, days, weeks, months and years each have a feature that
-tells them apart, where log(1 + hours) / 10 puts 30 to 1,000 days within 0.66-1.0; the log keeps
+log(1 + t / 1 day) / 10. Each decay moves most around its own tau (by 0.63 of its range from 0 to
+tau, by nearly all the rest up to 10 tau), so hours, days, weeks, months and years each have a
+feature that tells them apart, where log(1 + hours) / 10 puts 30 to 1,000 days within 0.66-1.0; the log keeps
 the order over decades. The inputs, appended in TIME_INPUTS order:
   * "bag_gap", per bag: time_scales(time since the previous bag's newest event) and 1 for the first
     bag (its gap is unknown: zeros);
