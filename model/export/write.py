@@ -25,7 +25,7 @@ from ehr_pipeline.shift import Profile
 from model.export_layout import (ADAPTATION, ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
                             SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, json_ready)
 from model.data_folder import admission_type_counts
-from model.export.load import ExportError, load_export, write_manifest
+from model.export.load import ExportError, load_export, read_export, write_manifest
 from model.export.predict import INPUT_SIGNATURE, Predictor, assert_stateless
 
 INTENDED_USE = (
@@ -143,7 +143,7 @@ def write_updated_export(export_dir: str | os.PathLike[str], parent: str | os.Pa
     export_dir, parent = pathlib.Path(export_dir), pathlib.Path(parent)
     if export_dir.resolve() == parent.resolve():
         raise ExportError(f"{export_dir}: the updated export must not replace its parent")
-    card = _with_time_inputs(card, load_export(parent).files.time_inputs if predictor is None
+    card = _with_time_inputs(card, read_export(parent).time_inputs if predictor is None
                              else predictor.module.featurizer.time_inputs)
     with _staged(export_dir, "ehr-adapt", overwrite, [parent, *([data_dir] if data_dir else [])]) as tmp:
         if predictor is None:
