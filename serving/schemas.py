@@ -114,6 +114,11 @@ class AdmissionRequest(_Request):
                           "null or left out when unknown: the risk is then averaged over the training admission "
                           "types by their training frequency, with a warning. A type the training data never "
                           "held is refused.", examples=["EMERGENCY"])
+    previous_discharge_time: IsoDateTime | None = Field(
+        None, description="Discharge time of the patient's previous hospital admission, ISO 8601; no offset means "
+                          "UTC. It must not be after admit_time (the latest discharge at or before it, as the "
+                          "training data took it). null or left out: no previous admission, as the training data "
+                          "records an admission without one.", examples=["2150-01-12T14:00:00"])
 
 
 class Event(_Request):

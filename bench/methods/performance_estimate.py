@@ -78,8 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def train_model(args, data: pathlib.Path, release: pathlib.Path) -> pathlib.Path:
     """The site-A model's export (trained once; a finished run is reused)."""
     # why: TensorFlow loads only once the arguments are valid
-    from model.training.config import load_config
-    from model.training.train import train
+    from model.ehr.config import load_config
+    from model.ehr.train import train
 
     run_dir = args.work / "run"
     if not (run_dir / "export" / "manifest.json").exists():

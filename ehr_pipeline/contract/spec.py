@@ -19,7 +19,8 @@ from typing import Any
 
 # 2: per-code value_min / value_max and the admission's start (admit_offset_seconds).
 # 3: ethnicity and insurance as ADMISSIONS records them (for subgroup reports, never model inputs).
-SCHEMA_VERSION = 3
+# 4: the previous admission's discharge (previous_discharge_seconds).
+SCHEMA_VERSION = 4
 
 # --- context features (one value per admission) ---
 SUBJECT_ID = "subject_id"  # int64
@@ -39,6 +40,12 @@ NUM_BAGS = "num_bags"  # int64, sequence length
 # current admission, older ones are history. Relative, like BAG_OFFSET, so the job and the
 # service (whose ids and clocks differ) write the same value for the same admission.
 ADMIT_OFFSET = "admit_offset_seconds"
+# int64, trigger time minus the discharge of the subject's previous admission, seconds (>= ADMIT_OFFSET:
+# that discharge is at or before this admission's start), or NO_PREVIOUS_DISCHARGE when there is none
+# (ehr_pipeline.encode.previous_stay says which admission is the previous one). Relative to the trigger,
+# like ADMIT_OFFSET.
+PREVIOUS_DISCHARGE = "previous_discharge_seconds"
+NO_PREVIOUS_DISCHARGE = -1
 
 # --- sequence features (one entry per bag, oldest bag first) ---
 BAG_OFFSET = "bag_offset_seconds"  # float [1]: seconds from the bag's newest event to the trigger
@@ -52,7 +59,7 @@ BAG_VALUE_LAST = "value_last"  # float [n_codes]: newest numeric value (0 when v
 BAG_VALUE_MIN = "value_min"  # float [n_codes]: smallest numeric value (0 when value_count = 0)
 BAG_VALUE_MAX = "value_max"  # float [n_codes]: largest numeric value (0 when value_count = 0)
 
-CONTEXT_INT = (SUBJECT_ID, HADM_ID, LABEL, TRIGGER_TIME, NUM_BAGS, ADMIT_OFFSET)
+CONTEXT_INT = (SUBJECT_ID, HADM_ID, LABEL, TRIGGER_TIME, NUM_BAGS, ADMIT_OFFSET, PREVIOUS_DISCHARGE)
 CONTEXT_FLOAT = (AGE_YEARS,)
 CONTEXT_BYTES = (GENDER, ADMISSION_TYPE, ETHNICITY, INSURANCE)
 SEQUENCE_INT = (BAG_COUNTS, BAG_VALUE_COUNT)
@@ -79,9 +86,10 @@ LABELS = (0, 1, LABEL_UNKNOWN)
 GENDERS = ("M", "F", "U")
 # Ethnicity / insurance when nobody recorded them: a null in ADMISSIONS, or a service request.
 NOT_RECORDED = "UNKNOWN"
-# Context features that schema-2 records lack: they parse as NOT_RECORDED, so data written
-# before version 3 still trains and evaluates (its subgroup report then has one group).
-CONTEXT_DEFAULTS = {ETHNICITY: NOT_RECORDED, INSURANCE: NOT_RECORDED}
+# Context features that older records lack: ethnicity and insurance (before version 3) parse as
+# NOT_RECORDED, so such data still trains and evaluates (its subgroup report then has one group);
+# a previous discharge (before version 4) as none.
+CONTEXT_DEFAULTS = {ETHNICITY: NOT_RECORDED, INSURANCE: NOT_RECORDED, PREVIOUS_DISCHARGE: NO_PREVIOUS_DISCHARGE}
 AGE_CAP_YEARS = 90.0  # MIMIC shifts ages over 89 to ~300 years; they are capped to this
 
 # --- files: the Beam job writes them, the trainer reads them ---
@@ -93,7 +101,7 @@ _SHARD_DIGITS = 5
 
 # The context's keys that AdmissionContext holds (NUM_BAGS is derived from the bags).
 CONTEXT_INPUT_KEYS = (SUBJECT_ID, HADM_ID, LABEL, TRIGGER_TIME, ADMIT_OFFSET, AGE_YEARS, GENDER,
-                      ADMISSION_TYPE, ETHNICITY, INSURANCE)
+                      ADMISSION_TYPE, ETHNICITY, INSURANCE, PREVIOUS_DISCHARGE)
 SEQUENCE_KEYS = SEQUENCE_FLOAT + SEQUENCE_INT + SEQUENCE_BYTES
 # Sequence features that hold exactly one value per bag; the others hold one per code.
 ONE_PER_BAG = (BAG_OFFSET,)
@@ -162,6 +170,8 @@ class AdmissionContext:
     admission_type: str
     ethnicity: str = NOT_RECORDED
     insurance: str = NOT_RECORDED
+    # trigger time minus the previous admission's discharge (>= admit_offset_seconds), or NO_PREVIOUS_DISCHARGE
+    previous_discharge_seconds: int = NO_PREVIOUS_DISCHARGE
 
     def __post_init__(self) -> None:
         _check_context(self.features())
@@ -172,7 +182,11 @@ class AdmissionContext:
 
     @classmethod
     def from_features(cls, features: Mapping[str, Any]) -> AdmissionContext:
-        """An AdmissionContext from {feature name: value}; ValueError names missing or unknown keys."""
+        """An AdmissionContext from {feature name: value}; ValueError names missing or unknown keys.
+
+        PREVIOUS_DISCHARGE may be left out: no previous discharge.
+        """
+        features = {PREVIOUS_DISCHARGE: NO_PREVIOUS_DISCHARGE, **features}
         missing = [k for k in CONTEXT_INPUT_KEYS if k not in features]
         unknown = sorted(set(features) - set(CONTEXT_INPUT_KEYS))
         if missing or unknown:
@@ -198,6 +212,11 @@ def _check_context(context: Mapping[str, Any]) -> None:
     if context[ADMIT_OFFSET] < 0:
         raise ValueError(f"context[{ADMIT_OFFSET!r}] (trigger minus admission, s) must be >= 0, "
                          f"got {context[ADMIT_OFFSET]!r}")
+    previous = context[PREVIOUS_DISCHARGE]
+    if previous != NO_PREVIOUS_DISCHARGE and previous < context[ADMIT_OFFSET]:
+        raise ValueError(f"context[{PREVIOUS_DISCHARGE!r}] (trigger minus the previous discharge, s) must be >= "
+                         f"{ADMIT_OFFSET} ({context[ADMIT_OFFSET]}: that discharge precedes this admission) or "
+                         f"{NO_PREVIOUS_DISCHARGE} (none), got {previous!r}")
     if not 0.0 <= context[AGE_YEARS] <= AGE_CAP_YEARS:  # also false for NaN
         raise ValueError(f"context[{AGE_YEARS!r}] must be in [0, {AGE_CAP_YEARS}], "
                          f"got {context[AGE_YEARS]!r}")

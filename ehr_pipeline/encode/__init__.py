@@ -2,7 +2,8 @@
 
 The modules: ``units`` moves values to their codes' canonical units (``Harmoniser``), reading
 unit strings with ``unit_strings`` and judging conversions with ``magnitudes``; ``ages`` computes
-ages on the calendar; ``bagging`` puts events into time bags; ``seqex`` writes the record with
+ages on the calendar; ``previous_stay`` finds an admission's previous discharge; ``bagging`` puts events into
+time bags; ``seqex`` writes the record with
 protobuf alone; ``admission`` holds ``encode_admission``, the one function the job's bagging step
 and the service's encoding call, so the two roads cannot skew.
 
@@ -10,7 +11,7 @@ Pure numpy and protobuf: no Beam, no TensorFlow; cheap enough for the service's 
 """
 from __future__ import annotations
 
-from ehr_pipeline.encode import ages, bagging, magnitudes, seqex, unit_strings, units
+from ehr_pipeline.encode import ages, bagging, magnitudes, previous_stay, seqex, unit_strings, units
 from ehr_pipeline.encode.admission import EncodedAdmission, encode_admission
 from ehr_pipeline.encode.bagging import Bags, bag_events
 from ehr_pipeline.encode.units import Converter, Harmonised, Harmoniser
@@ -26,6 +27,7 @@ __all__ = [
     "bagging",
     "encode_admission",
     "magnitudes",
+    "previous_stay",
     "seqex",
     "unit_strings",
     "units",

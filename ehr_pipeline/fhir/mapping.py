@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pydantic
 
-from ehr_pipeline.encode import bagging
+from ehr_pipeline.encode import bagging, previous_stay
 from ehr_pipeline.fhir import codes
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -87,6 +87,9 @@ class MappedAdmission:
     birth_date: dt.date
     admit_time: dt.datetime  # UTC
     admission_type: str | None  # None: the Encounter does not say (the service averages over the training types)
+    # The previous admission's discharge (UTC): the latest period.end of the other Encounters at or before
+    # admit_time (encode.previous_stay, the job's rule); None when no other Encounter gives one.
+    previous_discharge_time: dt.datetime | None
     events: list[dict[str, Any]]  # the service's Event fields; time = when known (UTC ISO 8601)
     event_references: list[str]  # the resource each event came from, in event order
     basis: list[str]  # references of the resources that became events, each once
@@ -354,6 +357,23 @@ class _Mapper:
                                    "period.start (or name one with the encounter parameter)", "required")])
         return found[max(starts, key=lambda sn: (sn[0] or 0, sn[1]))[1]]
 
+    def previous_discharge(self, encounter: Any, admit_s: int) -> dt.datetime | None:
+        """The previous discharge among the Bundle's other Encounters (their period.end), by the job's rule."""
+        others = [r for _, _, r in self.items if r.get_resource_type() == ENCOUNTER and r is not encounter]
+        starts = [_instant(r.period.start if r.period else None)[0] for r in others]
+        ends = [_instant(r.period.end if r.period else None)[0] for r in others]
+        placed = [(s, e) for s, e in zip(starts, ends) if s is not None]  # one without a start is never earlier
+        found = previous_stay.previous_discharges(
+            [0], [admit_s], np.zeros(len(placed), np.int64), np.array([s for s, _ in placed], np.int64),
+            np.array([e if e is not None else 0 for _, e in placed], np.int64),
+            np.array([e is not None for _, e in placed], bool))
+        for reason, what in ((found.skipped_no_discharge, "without period.end"),
+                             (found.skipped_after_admit, "that ends after this admission began")):
+            if reason[0]:
+                self.warnings.append(f"{int(reason[0])} earlier Encounter(s) {what}: not read as the previous "
+                                     "discharge")
+        return EPOCH + dt.timedelta(seconds=int(found.time[0])) if found.found[0] else None
+
     def admission_type(self, ref: str, encounter: Any) -> str | None:
         """The MIMIC admission type the Encounter states; None, with a warning, when it states none."""
         for concept in getattr(encounter, "type", None) or []:
@@ -499,7 +519,8 @@ class _Mapper:
         return MappedAdmission(
             patient_reference=patient_ref, encounter_reference=encounter_ref,
             gender=codes.GENDER_FROM_FHIR.get(patient.gender or "", "U"), birth_date=patient.birthDate,
-            admit_time=EPOCH + dt.timedelta(seconds=start_s), admission_type=admission_type, events=events,
+            admit_time=EPOCH + dt.timedelta(seconds=start_s), admission_type=admission_type,
+            previous_discharge_time=self.previous_discharge(encounter, start_s), events=events,
             event_references=refs, basis=list(dict.fromkeys(refs)), unmapped=self.unmapped,
             skipped=dict(sorted(self.skipped.items())), warnings=self.warnings)
 

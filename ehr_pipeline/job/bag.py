@@ -80,7 +80,7 @@ def admission_context(hadm: int, meta: dict) -> spec.AdmissionContext:
         subject_id=meta["SUBJECT_ID"], hadm_id=hadm, label=meta["label"], trigger_time=meta["trigger_time"],
         admit_offset_seconds=meta["trigger_time"] - meta["ADMITTIME"], age_years=meta["age_years"],
         gender=meta["gender"], admission_type=meta["admission_type"], ethnicity=meta["ethnicity"],
-        insurance=meta["insurance"])
+        insurance=meta["insurance"], previous_discharge_seconds=meta["previous_discharge_seconds"])
 
 
 def _dead_value(meta: dict, hadm: int, times, codes, values, problem) -> DeadValue:

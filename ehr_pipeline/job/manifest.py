@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ehr_pipeline.contract import SPLIT_NAMES, layout, spec
-from ehr_pipeline.encode import units
+from ehr_pipeline.encode import previous_stay, units
 from ehr_pipeline.mimic.events import DUPLICATE_ROW_ID
 
 MANIFEST_VERSION = 1
@@ -48,12 +48,13 @@ def table_accounting(counts: Mapping[str, int], table: str) -> dict[str, Any]:
 
 
 def build_manifest(*, out_dir, config, counts, tables, cohort_counts, input_doc, vocabulary, labels=None,
-                   seconds=None, runner=None) -> dict[str, Any]:
+                   previous_discharge_counts=None, seconds=None, runner=None) -> dict[str, Any]:
     """Assembles the manifest from the job's counts and the files it wrote (checksummed).
 
     ``tables``: per input table its accounting (``table_accounting``); ``cohort_counts``: the
     built-in task's outcome per admission (kept or the exclusion reason); ``labels``: with a
-    MEDS label file, what became of its rows.
+    MEDS label file, what became of its rows; ``previous_discharge_counts``: the examples with and
+    without a previous discharge, and those with an earlier stay skipped (``encode.previous_stay.COUNTS``).
     """
     del seconds, runner  # deliberately not in the manifest: see module docstring
     cfg = config.to_dict()
@@ -78,7 +79,9 @@ def build_manifest(*, out_dir, config, counts, tables, cohort_counts, input_doc,
         "schema_version": spec.SCHEMA_VERSION,
         "input": dict(input_doc),
         "config": cfg,
-        "cohort": {"admissions": sum(cohort_counts.values()), "counts": dict(sorted(cohort_counts.items()))},
+        "cohort": {"admissions": sum(cohort_counts.values()), "counts": dict(sorted(cohort_counts.items())),
+                   "previous_discharge": {k: int((previous_discharge_counts or {}).get(k, 0))
+                                          for k in previous_stay.COUNTS}},
         "tables": dict(tables),
         "bagging": group(counts, "bagging"),
         "splits": split_info,

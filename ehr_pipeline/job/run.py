@@ -154,7 +154,7 @@ def _mimic_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None
         cohort_tables["ADMISSIONS"], cohort_tables["PATIENTS"],
         trigger_offset_seconds=config.trigger_offset_seconds, min_age_years=config.min_age_years)
     meta_cols = ("SUBJECT_ID", "HADM_ID", "ADMITTIME", "trigger_time", "label", "age_years", "gender",
-                 "admission_type", "ethnicity", "insurance")
+                 "admission_type", "ethnicity", "insurance", "previous_discharge_seconds")
     metas = [(r["HADM_ID"], r) for r in coh.table.select(list(meta_cols)).to_pylist()]
     # Only what the workers need to filter events travels with the DoFn.
     cohort_index = coh.table.select(["SUBJECT_ID", "HADM_ID", "trigger_time"])
@@ -175,6 +175,7 @@ def _mimic_job(mimic_dir: str, out_dir: str, config, beam_args: list[str] | None
         tables[name] = {"rows_read": st.rows_read, "rows_parsed": st.rows_parsed,
                         "dead_lettered": dict(sorted(st.dead_lettered.items())), "balanced": True, "problems": []}
     return _finish(out_dir, config, counts, options, started, tables=tables, cohort_counts=coh.counts,
+                   previous_discharge_counts=coh.previous_discharge_counts,
                    input_doc={"mimic_dir": mimic_dir, "event_tables": sorted({t for t, _ in event_inputs})})
 
 
@@ -294,6 +295,7 @@ def _meds_job(meds_dir: str, out_dir: str, config, beam_args: list[str] | None,
             "file": meds_labels.PREDICTION_TIMES, "sha256": layout.sha256_of(times_path)}}
     return _finish(out_dir, config, counts, options, started, tables={meds_source.TABLE: manifest_mod.table_accounting(
         counts, meds_source.TABLE)}, cohort_counts=cohort_counts, labels=label_doc,
+        previous_discharge_counts=manifest_mod.group(counts, meds_source.PREVIOUS_DISCHARGE_COUNTER),
         input_doc={"meds_dir": meds_dir, "data_files": len(files), "labels_dir": labels_dir,
                    "task": "labels" if labels else "built-in", "splits_from": "subject_splits.parquet"
                    if subject_splits else "hash"})

@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ehr_pipeline.contract import output_folder, spec
-from ehr_pipeline.encode import ages, bagging
+from ehr_pipeline.encode import ages, bagging, previous_stay
 from ehr_pipeline.meds import code_map, standard
 from ehr_pipeline.meds.labels import LABEL_BEFORE_BIRTH, LABEL_DUPLICATE, LABEL_EXAMPLE, LABEL_NO_BIRTH
 from ehr_pipeline.meds.rows import KIND, Rows, TaskRows, synthetic_key, task_rows
@@ -75,6 +75,8 @@ SOURCE_OFF = "source_not_enabled"  # an event of a source the pipeline config le
 MISSING_TIME = events.MISSING_TIME  # an event or task row without a time
 MISSING_CODE = events.MISSING_CODE
 NO_DISCHARGE_AFTER = "no_discharge_after"  # known at the next discharge, and there is none
+# Counter prefix of the examples with / without a previous discharge (encode.previous_stay.COUNTS).
+PREVIOUS_DISCHARGE_COUNTER = "previous_discharge"
 # rows/MEDS/dead_letter/<reason>: a row with a null subject_id belongs to no subject (MEDS: never null);
 # a numeric_value of NaN or +-inf is no measurement, nor is one beyond float32, MEDS' type (a float64 column can
 # hold one): the CSV reader's rule (reader.columns.is_measurement), so both roads keep and refuse the same values.
@@ -428,8 +430,10 @@ class MedsReader:
                                   min_age_years=self.min_age_years)
         for reason, k in coh.counts.items():
             add(f"cohort/{reason}", k)
+        for reason, k in coh.previous_discharge_counts.items():
+            add(f"{PREVIOUS_DISCHARGE_COUNTER}/{reason}", k)
         cols = ("SUBJECT_ID", "HADM_ID", "ADMITTIME", "trigger_time", "label", "age_years", "gender",
-                "admission_type", "ethnicity", "insurance")
+                "admission_type", "ethnicity", "insurance", "previous_discharge_seconds")
         metas = []
         for row in coh.table.select(list(cols)).to_pylist():
             row["split"] = self._split(row["SUBJECT_ID"])
@@ -485,9 +489,16 @@ class MedsReader:
                 admission_type = task.admission_type_of(sid, int(mine[row, 1])) if row is not None else "UNKNOWN"
                 attributes = task.attributes_of(sid, int(mine[row, 1])) if row is not None else \
                     dict.fromkeys(("ethnicity", "insurance"), spec.NOT_RECORDED)
+                # The same rule as the built-in task's cohort, over the subject's admissions.
+                previous = previous_stay.previous_discharges([sid], [admit], mine[:, 0], mine[:, 1], mine[:, 2],
+                                                             mine[:, 2] >= 0)
+                for reason, k in previous.counts().items():
+                    add(f"{PREVIOUS_DISCHARGE_COUNTER}/{reason}", k)
                 metas.append((key, {"SUBJECT_ID": int(sid), "HADM_ID": key, "ADMITTIME": admit, "trigger_time": t,
                                     "label": value, "age_years": float(ages.cap_age(raw_age)), "gender": gender,
-                                    "admission_type": admission_type, **attributes, "split": self._split(sid)}))
+                                    "admission_type": admission_type, **attributes, "split": self._split(sid),
+                                    "previous_discharge_seconds": int(previous.seconds_before(
+                                        [t], spec.NO_PREVIOUS_DISCHARGE)[0])}))
                 times.append((key, int(sid), t_us))
                 add(f"labels/{LABEL_EXAMPLE}", 1)
         index = pa.table({"SUBJECT_ID": pa.array([m["SUBJECT_ID"] for _, m in metas], pa.int64()),

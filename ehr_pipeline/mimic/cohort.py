@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ehr_pipeline.contract import spec
-from ehr_pipeline.encode import ages
+from ehr_pipeline.encode import ages, previous_stay
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,9 @@ COHORT_SCHEMA = pa.schema([
     # trigger: their diagnoses and procedures are known at prediction time.
     pa.field("prior_hadm_ids", pa.list_(pa.int64()), nullable=False),
     pa.field("prior_dischtimes", pa.list_(pa.int64()), nullable=False),
+    # trigger_time minus the previous admission's discharge, s (ehr_pipeline.encode.previous_stay),
+    # spec.NO_PREVIOUS_DISCHARGE when there is none: the record's spec.PREVIOUS_DISCHARGE.
+    pa.field("previous_discharge_seconds", pa.int64(), nullable=False),
 ])
 
 DISCHARGES_SCHEMA = pa.schema([
@@ -87,6 +90,9 @@ class Cohort:
     # Every admission that can be placed in time (cohort or not): the HADM_ID -> DISCHTIME
     # map that puts diagnoses and procedures at the moment they became known.
     discharges: pa.Table  # DISCHARGES_SCHEMA, sorted by HADM_ID
+    # previous_stay.COUNTS -> kept admissions: with / without a previous discharge, and those
+    # that had an earlier stay without a usable discharge (skipped, previous_stay's docstring).
+    previous_discharge_counts: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def as_table(data: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch]) -> pa.Table:
@@ -191,7 +197,8 @@ def _discharge_map(subject: np.ndarray, hadm: np.ndarray, discharged: np.ndarray
 
 
 def _cohort_table(adm: pa.Table, pat: pa.Table, keep: np.ndarray, p_row: np.ndarray,
-                  numbers: dict[str, np.ndarray], discharged: tuple[np.ndarray, np.ndarray, np.ndarray]) -> pa.Table:
+                  numbers: dict[str, np.ndarray], discharged: tuple[np.ndarray, np.ndarray, np.ndarray],
+                  previous: np.ndarray) -> pa.Table:
     """COHORT_SCHEMA rows of the admissions `keep` (in its order): `numbers` by column, then text and prior stays."""
     prior_ids, prior_times = _prior_lists(numbers["SUBJECT_ID"], numbers["HADM_ID"], numbers["trigger_time"],
                                           *discharged)
@@ -216,6 +223,7 @@ def _cohort_table(adm: pa.Table, pat: pa.Table, keep: np.ndarray, p_row: np.ndar
             *(_recorded_text(adm, column, keep) for column in RECORDED_AS_WRITTEN),
             prior_ids,
             prior_times,
+            pa.array(previous, pa.int64()),
         ],
         schema=COHORT_SCHEMA,
     )
@@ -288,8 +296,14 @@ def build_cohort(
     numbers = {"SUBJECT_ID": subject[keep], "HADM_ID": hadm[keep], "ADMITTIME": admit[keep],
                "DISCHTIME": disch[keep], "trigger_time": trigger[keep], "label": died[keep].astype(np.int64),
                "age_years": ages.cap_age(raw_age[keep])}
-    table = _cohort_table(adm, pat, keep, p_row, numbers, discharged)
+    # Previous stays: every row that names its subject and admission time (an HADM_ID seen twice
+    # is not placeable), with its effective discharge where DISCHTIME is recorded.
+    stays = subject_ok & admit_ok & ~duplicate_hadm
+    previous = previous_stay.previous_discharges(numbers["SUBJECT_ID"], numbers["ADMITTIME"], subject[stays],
+                                                 admit[stays], eff_disch[stays], disch_ok[stays])
+    table = _cohort_table(adm, pat, keep, p_row, numbers, discharged,
+                          previous.seconds_before(numbers["trigger_time"], spec.NO_PREVIOUS_DISCHARGE))
     # DEBUG: the job's closing summary reports the cohort (manifest.summary_lines).
     logger.debug("cohort: %d of %d admissions kept; %s", counts[KEPT], n,
                 {k: v for k, v in counts.items() if k != KEPT and v})
-    return Cohort(table=table, counts=counts, discharges=discharges)
+    return Cohort(table=table, counts=counts, discharges=discharges, previous_discharge_counts=previous.counts())

@@ -92,6 +92,12 @@ class ModelConfig(ConfigModel):
         0.0, description="wide: L1 penalty (per example) on the linear part's kernel in place of l2, which selects "
                          "a few analytes among hundreds of columns; 0 keeps l2. deterministic / rank1 / "
                          "batchensemble only.")
+    time_inputs: tuple[Literal["bag_gap", "trigger_scales", "since_admit", "previous_discharge"], ...] = Field(
+        (), description="Time inputs the model reads besides log(1 + hours to the trigger) (model.ehr.inputs, "
+                        "docs/model.md): bag_gap (time since the previous bag), trigger_scales (time to the trigger "
+                        "on hour-to-year scales), since_admit (time since admission), previous_discharge (the "
+                        "previous admission's discharge, marked, with the time since it). None by default: what "
+                        "exports made before they existed read.")
     ktied_rank: _PosInt = Field(2, description="ktied_normal: rank k of every weight matrix's stddevs U V^T.")
     adapter_rank: _PosInt = Field(4, description="bella: rank r of every adapter W + A_p B_p.")
     particle_update: Literal["ensemble", "svgd"] = Field(
@@ -108,6 +114,8 @@ class ModelConfig(ConfigModel):
         if self.wide_l1 > 0 and FACTORY_METHODS[self.method] not in KERNEL_PENALTY_METHODS:
             raise ValueError(f"wide_l1 applies to a point-estimated kernel; method {self.method!r} has none "
                              "(its kernels carry the posterior's own prior)")
+        if len(set(self.time_inputs)) != len(self.time_inputs):
+            raise ValueError(f"time_inputs names one twice: {list(self.time_inputs)}")
         if self.method != "rank1" and self.distribution != "normal":
             raise ValueError(f"distribution={self.distribution!r} only applies to method 'rank1'")
         try:  # the posterior's own rules (e.g. bella's zero prior mean), reported when the file loads

@@ -36,7 +36,7 @@ from model.layers.embeddings import EmbeddingConfig, StochasticEmbedding
 from model.layers.noise import Noise, call_sampling
 from model.layers.rank1_lstm import Rank1LSTM
 from model.ehr.config import ModelConfig
-from model.ehr.inputs import CONTEXT_DIM, NUM_BAG_FEATURES, NUM_VALUE_FEATURES
+from model.ehr.inputs import NUM_VALUE_FEATURES, bag_feature_dim, context_dim
 from model.ehr.wide import GaussianLinear
 
 
@@ -96,9 +96,9 @@ class EHRModel(tf.keras.Model):
         """Creates every variable with a one-admission dummy batch (needed before restoring checkpoints)."""
         ids = tf.RaggedTensor.from_nested_row_lengths(tf.zeros([1], tf.int64), [[1], [1]])
         vals = tf.RaggedTensor.from_nested_row_lengths(tf.zeros([1, NUM_VALUE_FEATURES]), [[1], [1]])
-        bags = tf.RaggedTensor.from_row_lengths(tf.zeros([1, NUM_BAG_FEATURES]), [1])
+        bags = tf.RaggedTensor.from_row_lengths(tf.zeros([1, bag_feature_dim(self.config.time_inputs)]), [1])
         features = {"code_ids": ids, "code_values": vals, "bag_features": bags, "num_bags": tf.ones([1], tf.int32),
-                    "context": tf.zeros([1, CONTEXT_DIM])}
+                    "context": tf.zeros([1, context_dim(self.config.time_inputs)])}
         if self.wide is not None:
             features["window_aggregates"] = tf.zeros([1, self.window_aggregate_dim])
         self(features, num_samples=1, training=True)
@@ -216,7 +216,7 @@ class EHRModel(tf.keras.Model):
 def bag_vector_dim(config: ModelConfig) -> int:
     """Width of one LSTM input step: the pooled tokens (2 or attention_heads x embedding_dim) and the bag features."""
     width = {"mean_max": 2, "attention": config.attention_heads}.get(config.pooling, 1)
-    return config.embedding_dim * width + NUM_BAG_FEATURES
+    return config.embedding_dim * width + bag_feature_dim(config.time_inputs)
 
 
 def build_model(config: ModelConfig, vocab_size: int, window_aggregate_dim: int | None = None) -> EHRModel:

@@ -19,6 +19,24 @@ how often labs are drawn and vitals charted is itself a strong signal of acuity 
 and a pooled token vector keeps it only diluted.
 Per admission: age / 90, one-hot gender, one-hot admission type.
 
+Time inputs (``TIME_INPUTS``, each switched on by the model config's ``time_inputs``; none by default,
+which is also what an export made before they existed reads): a duration t enters as
+``time_scales(t)``, exp(-t / tau) for tau = 1 hour, 1 day, 1 week, 30 days, 365 days and
+log(1 + t / 1 day) / 10. Each decay moves most around its own tau (by 0.63 of its range from 0 to
+tau, by nearly all the rest up to 10 tau), so hours, days, weeks, months and years each have a
+feature that tells them apart, where log(1 + hours) / 10 puts 30 to 1,000 days within 0.66-1.0; the log keeps
+the order over decades. The inputs, appended in TIME_INPUTS order:
+  * "bag_gap", per bag: time_scales(time since the previous bag's newest event) and 1 for the first
+    bag (its gap is unknown: zeros);
+  * "trigger_scales", per bag: time_scales(time from the bag's newest event to the trigger);
+  * "since_admit", per bag in the current admission: time_scales(time from the admission's start to
+    the bag's newest event) (zeros for older history);
+  * "previous_discharge", per bag 1 when the bag lies at or before the previous admission's discharge;
+    per admission 1 when there is a previous discharge, and time_scales(trigger - that discharge)
+    (zeros without one).
+All are differences of the record's offsets (spec.BAG_OFFSET, ADMIT_OFFSET, PREVIOUS_DISCHARGE): computed
+here once, for training and inside the export alike.
+
 With ``window_hours`` set, the Featurizer also writes "window_aggregates", the input of the
 model's linear ("wide") part: per admission, one dense row of
   * log(1 + events) of each code id in the window (bags whose newest event lies at most
@@ -34,7 +52,7 @@ these columns gets them for free. Columns: ``window_aggregate_names``.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -53,14 +71,51 @@ CONTEXT_DIM = 1 + len(spec.GENDERS) + len(ADMISSION_TYPES) + 1
 DEFAULT_CLIP_Z = 10.0  # the pipeline's numeric.clip_z default, for a Featurizer built without a data folder (docs/model.md, Inputs)
 _LOG_SCALE = 10.0  # log1p(hours) reaches ~11 for ten years of history: /10 keeps features ~O(1)
 
+TIME_INPUTS = ("bag_gap", "trigger_scales", "since_admit", "previous_discharge")
+# time_scales: the decays' time constants (s) and the log's unit (s).
+TIME_SCALE_SECONDS = (3600.0, 86400.0, 7 * 86400.0, 30 * 86400.0, 365 * 86400.0)
+_LOG_DAY_SECONDS = 86400.0
+NUM_TIME_SCALES = len(TIME_SCALE_SECONDS) + 1
+# Width each time input adds to a bag's features and to the context.
+_TIME_BAG_WIDTH = {"bag_gap": NUM_TIME_SCALES + 1, "trigger_scales": NUM_TIME_SCALES,
+                   "since_admit": NUM_TIME_SCALES, "previous_discharge": 1}
+_TIME_CONTEXT_WIDTH = {"bag_gap": 0, "trigger_scales": 0, "since_admit": 0, "previous_discharge": 1 + NUM_TIME_SCALES}
+
+
+def time_inputs_in_order(time_inputs) -> tuple[str, ...]:
+    """The time inputs named, in TIME_INPUTS order (the order their features are appended); ValueError on others."""
+    unknown = sorted(set(time_inputs) - set(TIME_INPUTS))
+    if unknown:
+        raise ValueError(f"unknown time inputs {unknown}; known: {TIME_INPUTS}")
+    return tuple(t for t in TIME_INPUTS if t in set(time_inputs))
+
+
+def bag_feature_dim(time_inputs=()) -> int:
+    """Width of a bag's features: NUM_BAG_FEATURES and those of the time inputs."""
+    return NUM_BAG_FEATURES + sum(_TIME_BAG_WIDTH[t] for t in time_inputs_in_order(time_inputs))
+
+
+def context_dim(time_inputs=()) -> int:
+    """Width of the context row: CONTEXT_DIM and that of the time inputs."""
+    return CONTEXT_DIM + sum(_TIME_CONTEXT_WIDTH[t] for t in time_inputs_in_order(time_inputs))
+
+
+def time_scales(seconds: tf.Tensor) -> tf.Tensor:
+    """[..., NUM_TIME_SCALES] of durations (s, >= 0): exp(-t / tau) per TIME_SCALE_SECONDS, log(1 + t / day) / 10."""
+    t = tf.maximum(tf.cast(seconds, tf.float32), 0.0)[..., None]
+    decays = tf.exp(-t / tf.constant(TIME_SCALE_SECONDS, tf.float32))
+    return tf.concat([decays, tf.math.log1p(t / _LOG_DAY_SECONDS) / _LOG_SCALE], axis=-1)
+
 
 
 class Featurizer(tf.Module):
     """Parsed SequenceExample batch (tf_parse.parse_sequence_examples) -> model tensors."""
 
     def __init__(self, vocabulary: Mapping[str, list[str]], numeric_stats: Mapping[str, Mapping[str, float]],
-                 clip_z: float = DEFAULT_CLIP_Z, window_hours: float | None = None, name: str | None = None):
+                 clip_z: float = DEFAULT_CLIP_Z, window_hours: float | None = None, name: str | None = None,
+                 time_inputs: Sequence[str] = ()):
         super().__init__(name=name)
+        self.time_inputs = time_inputs_in_order(time_inputs)
         if not clip_z > 0:
             raise ValueError(f"clip_z must be > 0, got {clip_z}")
         if window_hours is not None and not window_hours > 0:
@@ -91,14 +146,25 @@ class Featurizer(tf.Module):
                           + codes)
 
     @classmethod
-    def from_data_files(cls, files: DataFiles, window_hours: float | None = None) -> Featurizer:
-        """The featurizer of a data folder (its vocabulary, statistics and clip_z); window_hours: see the module."""
-        return cls(files.vocabulary, files.numeric_stats, files.clip_z, window_hours)
+    def from_data_files(cls, files: DataFiles, window_hours: float | None = None,
+                        time_inputs: Sequence[str] = ()) -> Featurizer:
+        """The featurizer of a data folder (its vocabulary, statistics and clip_z); window_hours, time_inputs: see the module."""
+        return cls(files.vocabulary, files.numeric_stats, files.clip_z, window_hours, time_inputs=time_inputs)
+
+    @property
+    def bag_feature_dim(self) -> int:
+        """Width of a "bag_features" row."""
+        return bag_feature_dim(self.time_inputs)
+
+    @property
+    def context_dim(self) -> int:
+        """Width of a "context" row."""
+        return context_dim(self.time_inputs)
 
     @property
     def window_aggregate_dim(self) -> int:
         """Width of a "window_aggregates" row: 2 per code id, 5 per code with statistics, the context."""
-        return 2 * self.vocab_size + len(WINDOW_VALUE_STATS) * len(self.value_codes) + CONTEXT_DIM
+        return 2 * self.vocab_size + len(WINDOW_VALUE_STATS) * len(self.value_codes) + self.context_dim
 
     def window_aggregate_names(self) -> list[str]:
         """One name per "window_aggregates" column, in column order."""
@@ -106,7 +172,10 @@ class Featurizer(tf.Module):
         names += [f"history_log_count[{c}]" for c in self._id_names]
         names += [f"{stat}[{c}]" for stat in WINDOW_VALUE_STATS for c in self.value_codes]
         names += ["age_years/90"] + [f"gender={g}" for g in spec.GENDERS]
-        return names + [f"admission_type={t}" for t in ADMISSION_TYPES] + ["admission_type=other"]
+        names += [f"admission_type={t}" for t in ADMISSION_TYPES] + ["admission_type=other"]
+        if "previous_discharge" in self.time_inputs:
+            names += ["has_previous_discharge"] + [f"previous_discharge_{s}" for s in _time_scale_names()]
+        return names
 
     def code_ids(self, codes: tf.Tensor) -> tf.Tensor:
         """int64 ids of 'source:code' strings (any shape); unknown codes get their source's OOV id."""
@@ -161,10 +230,12 @@ class Featurizer(tf.Module):
         n_flat_bags = codes.values.nrows()
         per_source = tf.reshape(tf.math.unsorted_segment_sum(counts, pair, n_flat_bags * n_sources),
                                 [-1, n_sources])[:, :len(spec.SOURCES)]
+        bag_time, context_time = self._time_features(offsets, admit_offset, in_admission, parsed)
         bag = tf.concat([
             tf.stack([tf.math.log1p(hours) / _LOG_SCALE, tf.math.log1p(codes_per_bag) / _LOG_SCALE,
                       tf.cast(in_admission.flat_values, tf.float32)], axis=-1),
             tf.math.log1p(per_source) / _LOG_SCALE,
+            *bag_time,
         ], axis=-1)
 
         gender = self._genders.lookup(parsed[spec.GENDER])
@@ -174,6 +245,7 @@ class Featurizer(tf.Module):
             parsed[spec.AGE_YEARS][:, None] / spec.AGE_CAP_YEARS,
             tf.one_hot(gender, len(spec.GENDERS)),  # an unknown gender (-1) one-hots to zeros
             tf.one_hot(adm, len(ADMISSION_TYPES) + 1),
+            *context_time,
         ], axis=-1)
         features = {
             "code_ids": codes.with_flat_values(ids),
@@ -193,6 +265,29 @@ class Featurizer(tf.Module):
                 self._window_values(values, weight, stat, usable, token_example, in_window, codes.nrows()),
                 context], axis=-1)
         return features
+
+    def _time_features(self, offsets, admit_offset, in_admission, parsed) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+        """The time inputs' per-bag ([flat bags, .]) and per-admission ([B, .]) features (module docstring)."""
+        flat = offsets.flat_values  # seconds from each bag's newest event to the trigger, oldest bag first
+        row = offsets.value_rowids()
+        bag_parts, context_parts = [], []
+        if "bag_gap" in self.time_inputs:
+            # Oldest first, so a bag's predecessor is the flat element before it, within its own row.
+            first = tf.concat([tf.ones([tf.minimum(tf.size(row), 1)], tf.bool), row[1:] != row[:-1]], axis=0)
+            before = tf.concat([flat[:1], flat[:-1]], axis=0)
+            gap = time_scales(before - flat) * (1.0 - tf.cast(first, tf.float32))[:, None]
+            bag_parts += [gap, tf.cast(first, tf.float32)[:, None]]
+        if "trigger_scales" in self.time_inputs:
+            bag_parts.append(time_scales(flat))
+        if "since_admit" in self.time_inputs:
+            since = tf.gather(admit_offset, row) - flat
+            bag_parts.append(time_scales(since) * tf.cast(in_admission.flat_values, tf.float32)[:, None])
+        if "previous_discharge" in self.time_inputs:
+            previous = tf.cast(parsed[spec.PREVIOUS_DISCHARGE], tf.float32)  # [B] s, NO_PREVIOUS_DISCHARGE = none
+            has = tf.cast(tf.not_equal(parsed[spec.PREVIOUS_DISCHARGE], spec.NO_PREVIOUS_DISCHARGE), tf.float32)
+            bag_parts.append((tf.cast(flat >= tf.gather(previous, row), tf.float32) * tf.gather(has, row))[:, None])
+            context_parts += [has[:, None], time_scales(previous) * has[:, None]]
+        return bag_parts, context_parts
 
     def _window_counts(self, ids, counts, token_example, in_window, batch) -> tf.Tensor:
         """[B, 2 * vocab_size]: log(1 + events) of each id in the window, then in older history."""
@@ -235,6 +330,11 @@ class Featurizer(tf.Module):
         newest = tf.math.unsorted_segment_max(tf.where(use, position, -1), pair, n + 1)[:n]
         window_last = tf.reshape(tf.where(newest >= 0, tf.gather(z_last, tf.maximum(newest, 0)), 0.0), [-1, n_codes])
         return tf.concat([window_min, window_max, window_mean, window_last, 1.0 - tf.cast(seen, tf.float32)], axis=-1)
+
+
+def _time_scale_names() -> list[str]:
+    """One name per time_scales column."""
+    return [f"exp(-t/{s / 3600:g}h)" for s in TIME_SCALE_SECONDS] + ["log1p(t/1d)/10"]
 
 
 def _table(keys: list[str], values, dtype) -> tf.lookup.StaticHashTable:

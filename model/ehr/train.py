@@ -173,7 +173,8 @@ def start_from_laplace_fit(model: tf.keras.Model, files: data_folder.DataFiles, 
 
 def featurizer_for(files: data_folder.DataFiles, mc: ModelConfig) -> inputs.Featurizer:
     """The data folder's featurizer, writing the window aggregates when the model has a wide part."""
-    return inputs.Featurizer.from_data_files(files, window_hours=mc.wide_window_hours if mc.wide else None)
+    return inputs.Featurizer.from_data_files(files, window_hours=mc.wide_window_hours if mc.wide else None,
+                                             time_inputs=mc.time_inputs)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,6 +89,10 @@ class ModelCard(_Loose):
     method: str = Field(min_length=1)
     ensemble_size: int = Field(ge=1)
     created: str | None = None
+    # The time inputs the model reads (model.ehr.inputs.TIME_INPUTS; a deep ensemble's: those any member
+    # reads). None: not recorded, an export made before they existed, which reads none of them (its
+    # SavedModel parses only the features it was made with, so newer records give it the same answers).
+    time_inputs: tuple[str, ...] | None = None
 
 
 class HeldOutMetrics(_Loose):
@@ -238,6 +242,11 @@ class Export:
     def ensemble_size(self) -> int:
         """K, the number of ensemble members."""
         return self.card.ensemble_size
+
+    @property
+    def time_inputs(self) -> tuple[str, ...]:
+        """The time inputs the model reads; () for an export that does not record them (made before they existed)."""
+        return tuple(self.card.time_inputs or ())
 
     @functools.cached_property
     def harmoniser(self) -> units_mod.Harmoniser:

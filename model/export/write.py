@@ -25,7 +25,7 @@ from ehr_pipeline.shift import Profile
 from model.export_layout import (ADAPTATION, ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
                             SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, json_ready)
 from model.data_folder import admission_type_counts
-from model.export.load import ExportError, load_export, write_manifest
+from model.export.load import ExportError, load_export, read_export, write_manifest
 from model.export.predict import INPUT_SIGNATURE, Predictor, assert_stateless
 
 INTENDED_USE = (
@@ -67,6 +67,11 @@ def _finish(tmp: pathlib.Path, source_dir: str | os.PathLike[str], card: dict, m
     _write_json(tmp / METRICS, metrics_doc)
     _write_json(tmp / MODEL_CARD, card)
     write_manifest(tmp)
+
+
+def _with_time_inputs(card: Mapping[str, Any], time_inputs: Sequence[str]) -> dict:
+    """The card with "time_inputs": what the SavedModel reads, so a reader need not trace it (model.export.load)."""
+    return {**card, "time_inputs": list(dict.fromkeys(time_inputs))}
 
 
 @contextlib.contextmanager
@@ -117,6 +122,7 @@ def write_export(export_dir: str | os.PathLike[str], predictor: Predictor, *, da
     An earlier export in MODEL_DIR is replaced (whole, once the new one is complete) only with ``overwrite``.
     """
     export_dir = pathlib.Path(export_dir)
+    card = _with_time_inputs(card, predictor.module.featurizer.time_inputs)
     with _staged(export_dir, command, overwrite, [data_dir]) as tmp:
         module = predictor.module
         tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=module.signatures())
@@ -137,6 +143,8 @@ def write_updated_export(export_dir: str | os.PathLike[str], parent: str | os.Pa
     export_dir, parent = pathlib.Path(export_dir), pathlib.Path(parent)
     if export_dir.resolve() == parent.resolve():
         raise ExportError(f"{export_dir}: the updated export must not replace its parent")
+    card = _with_time_inputs(card, read_export(parent).time_inputs if predictor is None
+                             else predictor.module.featurizer.time_inputs)
     with _staged(export_dir, "ehr-adapt", overwrite, [parent, *([data_dir] if data_dir else [])]) as tmp:
         if predictor is None:
             shutil.copytree(parent / SAVED_MODEL_DIR, tmp / SAVED_MODEL_DIR)
@@ -208,6 +216,7 @@ def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Seque
         signatures[name] = fn.get_concrete_function()
         assert_stateless(signatures[name])
     inputs = [*member_dirs, *([data_dir] if data_dir else [])]
+    card = _with_time_inputs(card, [t for e in loaded for t in e.files.time_inputs])
     with _staged(export_dir, "ehr-eval --export-ensemble", overwrite, inputs) as tmp:
         tf.saved_model.save(module, str(tmp / SAVED_MODEL_DIR), signatures=signatures)
         _finish(tmp, loaded[0].path, card, metrics_doc, loaded[0].files.pipeline_raw, reference)

@@ -127,7 +127,9 @@ def to_request(mapped: MappedAdmission) -> PredictRequest:
     """The mapped Bundle as the /v1/predict request body; FhirError naming the resource when it does not fit."""
     body = {
         "patient": {"gender": mapped.gender, "date_of_birth": mapped.birth_date.isoformat()},
-        "admission": {"admit_time": mapped.admit_time.isoformat(), "admission_type": mapped.admission_type},
+        "admission": {"admit_time": mapped.admit_time.isoformat(), "admission_type": mapped.admission_type,
+                      "previous_discharge_time": None if mapped.previous_discharge_time is None
+                      else mapped.previous_discharge_time.isoformat()},
         "events": mapped.events,
     }
     try:

@@ -109,7 +109,8 @@ def encode(request: PredictRequest, export: Export, loc: tuple[str | int, ...] =
     context = spec.AdmissionContext(
         subject_id=_SERVING_ID, hadm_id=_SERVING_ID, label=spec.LABEL_UNKNOWN, trigger_time=trigger,
         admit_offset_seconds=trigger - admit, age_years=age, gender=patient.gender,
-        admission_type=request.admission.admission_type)
+        admission_type=request.admission.admission_type,
+        previous_discharge_seconds=_previous_discharge(request, admit, trigger, loc))
     # The job's own hop: the same admission gives the same bytes.
     encoded = encode_admission(times, codes, values, written, context, export.harmoniser, pipeline.bagging)
     harmonised, bags = encoded.harmonised, encoded.bags
@@ -170,6 +171,18 @@ def _prediction_seconds(request: PredictRequest, admit: int, offset_s: int, loc:
     if trigger < admit:
         raise InputError(loc + ("prediction_time",), "prediction_time must not precede admission.admit_time")
     return trigger
+
+
+def _previous_discharge(request: PredictRequest, admit: int, trigger: int, loc: tuple[str | int, ...]) -> int:
+    """The record's spec.PREVIOUS_DISCHARGE: prediction time minus the previous discharge (s), or none."""
+    given = request.admission.previous_discharge_time
+    if given is None:
+        return spec.NO_PREVIOUS_DISCHARGE
+    previous = to_seconds(given)
+    if previous > admit:  # the job skips such a stay (encode.previous_stay): a request must say which one it means
+        raise InputError(loc + ("admission", "previous_discharge_time"),
+                         "previous_discharge_time must not be after admission.admit_time")
+    return trigger - previous
 
 
 def _raw_age(request: PredictRequest, admit: int, loc: tuple[str | int, ...]) -> float:

@@ -45,6 +45,10 @@ def build_request(mimic_dir: pathlib.Path, subject_id: int, hadm_id: int, after_
     pat, _ = read_table(locate_table(mimic_dir, "PATIENTS"), "PATIENTS")
     coh = build_cohort(adm, pat)
     row = adm.filter(pc.equal(adm["HADM_ID"], hadm_id)).to_pylist()[0]
+    # The previous stay's discharge as the job found it (the admission is a test example, so in the cohort).
+    (kept,) = coh.table.filter(pc.equal(coh.table["HADM_ID"], hadm_id)).to_pylist() or [None]
+    previous = None if kept is None or kept["previous_discharge_seconds"] == spec.NO_PREVIOUS_DISCHARGE \
+        else kept["trigger_time"] - kept["previous_discharge_seconds"]
     person = pat.filter(pc.equal(pat["SUBJECT_ID"], subject_id)).to_pylist()[0]
     horizon = row["ADMITTIME"] + 86400 + int(after_hours * 3600)
     events = []
@@ -67,7 +71,8 @@ def build_request(mimic_dir: pathlib.Path, subject_id: int, hadm_id: int, after_
         "id": f"demo-{hadm_id}",
         "patient": {"gender": person["GENDER"],
                     "date_of_birth": _iso(person["DOB"])[:10]},
-        "admission": {"admit_time": _iso(row["ADMITTIME"]), "admission_type": row["ADMISSION_TYPE"]},
+        "admission": {"admit_time": _iso(row["ADMITTIME"]), "admission_type": row["ADMISSION_TYPE"],
+                      "previous_discharge_time": None if previous is None else _iso(previous)},
         "events": sorted(events, key=lambda e: e["time"]),
     }
 

@@ -84,7 +84,10 @@ def reference(demo_dir, demo_release):
                            **({} if np.isnan(v) else {"value": float(v)}), **({"unit": u} if u else {})})
         out[row["HADM_ID"]] = {
             "patient": {"gender": row["gender"], "date_of_birth": _iso(dob[row["SUBJECT_ID"]])[:10]},
-            "admission": {"admit_time": _iso(row["ADMITTIME"]), "admission_type": row["admission_type"]},
+            "admission": {"admit_time": _iso(row["ADMITTIME"]), "admission_type": row["admission_type"],
+                          # the job's previous discharge, as a client holding the stay's history sends it
+                          "previous_discharge_time": None if row["previous_discharge_seconds"] < 0
+                          else _iso(row["trigger_time"] - row["previous_discharge_seconds"])},
             "events": events,
         }
     return out

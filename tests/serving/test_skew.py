@@ -22,10 +22,11 @@ from ehr_pipeline.encode import magnitudes, seqex
 from ehr_pipeline.job import bag
 from ehr_pipeline.job import chunks as chunks_mod
 from ehr_pipeline.job.items import RECORDS
+from ehr_pipeline.mimic import cohort as cohort_mod
 from ehr_pipeline.mimic import events as ev
 from model.export.load import read_export
 from serving.inference.encoding import encode
-from serving.schemas import PredictRequest
+from serving.schemas import InputError, PredictRequest
 from tests.support.arrow_rows import batch
 from tests.support.serving_fixtures import write_fixture_export
 
@@ -36,6 +37,22 @@ TRIGGER = ADMIT + CONFIG.trigger_offset_seconds
 HADM, PRIOR, OLD = 0, 1, 2  # the predicted admission (the service's id: 0) and two earlier ones
 DISCHARGES = {HADM: TRIGGER + 3 * DAY, PRIOR: TRIGGER - 5 * DAY, OLD: TRIGGER - 40 * DAY - 7}
 AGE = 67.5
+# A stay admitted before HADM but still in hospital when HADM began: the job skips it (encode.previous_stay),
+# so PRIOR's discharge is the previous one, and a request names that one.
+OVERLAPPING = 3
+
+
+def job_cohort_row() -> dict:
+    """HADM's cohort row (its previous discharge among them), as the job's cohort builds it from ADMISSIONS."""
+    admissions = [(HADM, ADMIT, DISCHARGES[HADM]), (PRIOR, DISCHARGES[PRIOR] - 3 * DAY, DISCHARGES[PRIOR]),
+                  (OLD, DISCHARGES[OLD] - 9 * DAY, DISCHARGES[OLD]), (OVERLAPPING, ADMIT - 2 * DAY, ADMIT + 3600)]
+    coh = cohort_mod.build_cohort(
+        batch("ADMISSIONS", [dict(SUBJECT_ID=0, HADM_ID=h, ADMITTIME=a, DISCHTIME=d, DEATHTIME=None,
+                                  ADMISSION_TYPE="EMERGENCY", HOSPITAL_EXPIRE_FLAG=0) for h, a, d in admissions]),
+        batch("PATIENTS", [dict(SUBJECT_ID=0, GENDER="F", DOB=ADMIT - 68 * 365 * DAY)]),
+        trigger_offset_seconds=CONFIG.trigger_offset_seconds)
+    (row,) = [r for r in coh.table.to_pylist() if r["HADM_ID"] == HADM]
+    return row
 
 # table -> (source, code pool, time column, value column or None); ITEMIDs are integers in
 # the release, drug and ICD-9 codes are text (and may carry whitespace there too).
@@ -120,7 +137,8 @@ def job_record(rows, chunk_order, export) -> bytes:
     meta = {"SUBJECT_ID": 0, "HADM_ID": HADM, "ADMITTIME": ADMIT, "trigger_time": TRIGGER,
             "label": spec.LABEL_UNKNOWN, "age_years": AGE, "gender": "F", "admission_type": "EMERGENCY",
             # What the service writes, as for the ids: a request does not carry them.
-            "ethnicity": spec.NOT_RECORDED, "insurance": spec.NOT_RECORDED}
+            "ethnicity": spec.NOT_RECORDED, "insurance": spec.NOT_RECORDED,
+            "previous_discharge_seconds": job_cohort_row()["previous_discharge_seconds"]}
     dofn = bag.BagExample(CONFIG.to_dict())
     dofn.setup()
     ordered = [chunks[i] for i in chunk_order(len(chunks))]
@@ -148,7 +166,8 @@ def request_body(rows, order) -> dict:
             event["unit"] = unit
         events.append(event)
     return {"patient": {"gender": "F", "age_years": AGE},
-            "admission": {"admit_time": iso(ADMIT), "admission_type": "EMERGENCY"}, "events": events}
+            "admission": {"admit_time": iso(ADMIT), "admission_type": "EMERGENCY",
+                          "previous_discharge_time": iso(DISCHARGES[PRIOR])}, "events": events}
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +203,19 @@ def test_the_issues_cases_value_last_padded_codes_and_prescriptions(export):
     assert ex[spec.BAG_VALUE_LAST] == [[2.0, 0.0]]  # the larger of the two same-time values
     assert ex[spec.BAG_VALUE_MEAN] == [[1.5, 0.0]]
     assert ex[spec.BAG_OFFSET] == [3600.0]
+
+
+def test_the_previous_discharge_reaches_the_record_alike_and_a_later_one_is_refused(export):
+    row = job_cohort_row()
+    assert row["previous_discharge_seconds"] == TRIGGER - DISCHARGES[PRIOR]  # OVERLAPPING skipped, OLD older
+    record = job_record([], lambda n: list(range(n)), export)
+    body = request_body([], [])
+    assert encode(PredictRequest.model_validate(body), export).example == record
+    assert seqex.sequence_example_to_dict(record)[spec.PREVIOUS_DISCHARGE] == TRIGGER - DISCHARGES[PRIOR]
+    # Left out: no previous admission, as the job writes for a first stay.
+    del body["admission"]["previous_discharge_time"]
+    assert seqex.sequence_example_to_dict(encode(PredictRequest.model_validate(body), export).example)[
+        spec.PREVIOUS_DISCHARGE] == spec.NO_PREVIOUS_DISCHARGE
+    body["admission"]["previous_discharge_time"] = iso(ADMIT + 1)
+    with pytest.raises(InputError, match="previous_discharge_time must not be after"):
+        encode(PredictRequest.model_validate(body), export)

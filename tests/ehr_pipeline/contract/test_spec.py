@@ -22,7 +22,8 @@ CONFIG = BaggingConfig(bagging_time_precision=6 * 3600, bagging_aggregate_older_
 def context(hadm_id: int, **overrides) -> dict:
     ctx = {spec.SUBJECT_ID: 100 + hadm_id, spec.HADM_ID: hadm_id, spec.LABEL: hadm_id % 2,
            spec.TRIGGER_TIME: T, spec.ADMIT_OFFSET: DAY + hadm_id, spec.AGE_YEARS: 40.25 + hadm_id, spec.GENDER: "F",
-           spec.ADMISSION_TYPE: "EMERGENCY", spec.ETHNICITY: "HISPANIC OR LATINO", spec.INSURANCE: "Private"}
+           spec.ADMISSION_TYPE: "EMERGENCY", spec.ETHNICITY: "HISPANIC OR LATINO", spec.INSURANCE: "Private",
+           spec.PREVIOUS_DISCHARGE: 40 * DAY + hadm_id}
     ctx.update(overrides)
     return ctx
 
@@ -113,6 +114,7 @@ def test_sequence_example_to_dict_mirrors_the_bags():
     d = seqex.sequence_example_to_dict(seqex.make_sequence_example(context(4, **{spec.LABEL: spec.LABEL_UNKNOWN}), bags))
     assert d == {
         spec.SUBJECT_ID: 104, spec.HADM_ID: 4, spec.LABEL: -1, spec.TRIGGER_TIME: T, spec.ADMIT_OFFSET: DAY + 4,
+        spec.PREVIOUS_DISCHARGE: 40 * DAY + 4,
         spec.AGE_YEARS: 44.25, spec.GENDER: "F", spec.ADMISSION_TYPE: "EMERGENCY", spec.NUM_BAGS: 2,
         spec.ETHNICITY: "HISPANIC OR LATINO", spec.INSURANCE: "Private",
         spec.BAG_OFFSET: [float(DAY), 10.0],
@@ -285,3 +287,20 @@ def test_the_admission_context_is_the_context_features():
         spec.AdmissionContext.from_features({k: v for k, v in context(2).items() if k != spec.INSURANCE})
     with pytest.raises(ValueError, match="gender"):
         dataclasses.replace(built, gender="X")  # replace re-runs the contract's checks
+    # Left out, the previous discharge is none; given, it must precede the admission (>= the admit offset).
+    bare = spec.AdmissionContext.from_features({k: v for k, v in context(2).items() if k != spec.PREVIOUS_DISCHARGE})
+    assert bare.previous_discharge_seconds == spec.NO_PREVIOUS_DISCHARGE
+    assert dataclasses.replace(built, previous_discharge_seconds=built.admit_offset_seconds).previous_discharge_seconds \
+        == DAY + 2  # discharged the second the admission began
+    for bad in (built.admit_offset_seconds - 1, -2):
+        with pytest.raises(ValueError, match=spec.PREVIOUS_DISCHARGE):
+            dataclasses.replace(built, previous_discharge_seconds=bad)
+
+
+def test_a_record_written_before_the_previous_discharge_parses_as_none():
+    # A schema-3 record has no PREVIOUS_DISCHARGE: TensorFlow fills the contract's default (none).
+    proto = seqex.make_sequence_example(context(3), random_bags(3, 20))
+    del proto.context.feature[spec.PREVIOUS_DISCHARGE]
+    out = tf_parse.parse_sequence_examples(tf.constant([proto.SerializeToString(), seqex.serialize(context(4),
+                                                                                                   random_bags(4, 5))]))
+    assert out[spec.PREVIOUS_DISCHARGE].numpy().tolist() == [spec.NO_PREVIOUS_DISCHARGE, 40 * DAY + 4]

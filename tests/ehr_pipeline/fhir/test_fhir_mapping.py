@@ -7,8 +7,11 @@ import gzip
 
 import pytest
 
-from ehr_pipeline.fhir import codes
+from ehr_pipeline.contract import PipelineConfig, spec
+from ehr_pipeline.fhir import codes, convert
 from ehr_pipeline.fhir.mapping import FhirInputError, ModelCodes, map_bundle, read_bundle
+from ehr_pipeline.mimic import cohort as cohort_mod
+from ehr_pipeline.reader import locate_table, read_table
 
 
 # ------------------------------------------------------------------------------- code tables
@@ -304,3 +307,41 @@ def test_request_ids_become_valid_fhir_ids():
         RiskAssessment.model_validate({"resourceType": "RiskAssessment", "status": "final", "id": fhir_id(given),
                                        "subject": {"reference": "Patient/p"}})
     assert fhir_id("bed_12:retry-1") == "bed-12-retry-1"
+
+
+def _stay(rid, start, end=None):
+    return {"resourceType": "Encounter", "id": rid, "status": "finished", "class": {"code": "IMP"},
+            "period": {"start": start, **({"end": end} if end else {})}}
+
+
+def test_the_previous_discharge_is_the_latest_earlier_encounters_end_by_the_jobs_rule():
+    m = _map(_stay("a", "2149-01-01T00:00:00Z", "2149-01-05T12:00:00Z"),
+             _stay("b", "2149-06-01T00:00:00Z"),  # no period.end: skipped
+             _stay("c", "2150-02-27T00:00:00Z", "2150-03-02T00:00:00Z"))  # ends after e began: skipped
+    assert m.previous_discharge_time == dt.datetime(2149, 1, 5, 12, tzinfo=dt.timezone.utc)
+    assert sum("earlier Encounter" in w for w in m.warnings) == 2
+    assert _map().previous_discharge_time is None  # one Encounter: no previous admission
+
+
+def test_bundles_of_the_demo_give_the_jobs_previous_discharge(demo_dir):
+    """Every demo admission of a subject with several stays: the converted Bundle's previous discharge is the cohort's."""
+    admissions, _ = read_table(locate_table(demo_dir, "ADMISSIONS"), "ADMISSIONS")
+    patients, _ = read_table(locate_table(demo_dir, "PATIENTS"), "PATIENTS", columns=cohort_mod.PATIENT_COLUMNS)
+    coh = cohort_mod.build_cohort(admissions.select(list(cohort_mod.ADMISSION_COLUMNS)), patients,
+                                  trigger_offset_seconds=PipelineConfig().trigger_offset_seconds)
+    # Patient and Encounters only (no event tables): the Encounters' periods are what the rule reads.
+    release = convert.Release(admissions, patients, coh.discharges, {}, {})
+    rows = coh.table.to_pylist()
+    stays = {}
+    for r in release.admissions.to_pylist():
+        stays[r["SUBJECT_ID"]] = stays.get(r["SUBJECT_ID"], 0) + 1
+    several = [r for r in rows if stays[r["SUBJECT_ID"]] > 1]
+    with_previous = 0
+    for r in several:
+        mapped = map_bundle(read_bundle(convert.admission_bundle(release, r["HADM_ID"])), ModelCodes({}, {}))
+        previous = mapped.previous_discharge_time
+        got = spec.NO_PREVIOUS_DISCHARGE if previous is None else \
+            r["trigger_time"] - int(previous.timestamp())
+        assert got == r["previous_discharge_seconds"], r["HADM_ID"]
+        with_previous += previous is not None
+    assert with_previous >= 5 and with_previous == coh.previous_discharge_counts["with_previous_discharge"]

@@ -154,6 +154,9 @@ def test_round_trip_built_in_task_equals_the_csv_run(demo_meds, mimic_examples, 
     # The same split of every subject (subject_splits.parquet carries the project's own assignment).
     assert {h: e["split"] for h, e in examples.items()} == {h: e["split"] for h, e in mimic_examples.items()}
     assert manifest["balanced"] and manifest["cohort"]["counts"]["kept"] == 117
+    # The previous discharge (in the contexts compared above) from the MEDS admission and discharge codes.
+    with_previous = sum(e[spec.PREVIOUS_DISCHARGE] != spec.NO_PREVIOUS_DISCHARGE for e in examples.values())
+    assert manifest["cohort"]["previous_discharge"]["with_previous_discharge"] == with_previous > 0
     assert manifest["cohort"]["counts"]["under_age"] == 1 and manifest["cohort"]["counts"]["died_before_trigger"] == 9
     meds_rows = manifest["tables"][TABLE]
     assert meds_rows["rows_read"] == sum(pq.read_metadata(f).num_rows for f in glob.glob(str(meds_dir / "data/*/*")))

@@ -232,3 +232,25 @@ def test_ethnicity_and_insurance_are_carried_as_written_and_unrecorded_when_null
     # Tables without the columns (an ADMISSIONS rebuilt from FHIR) give NOT_RECORDED for every row.
     without = build([adm(1, 11, T0, T0 + 3 * DAY)], [pat(1, ADULT)])
     assert without.table.column("ethnicity").to_pylist() == [spec.NOT_RECORDED]
+
+
+def test_previous_discharge_of_each_admission_and_the_stays_skipped():
+    # Subject 1: three admissions (40 and 30 days apart); subject 2: its second stay has no DISCHTIME,
+    # and its fourth begins before the third ends; subject 3: one admission.
+    adms = [adm(1, 10, T0, T0 + 5 * DAY), adm(1, 11, T0 + 40 * DAY, T0 + 45 * DAY, kind="ELECTIVE"),
+            adm(1, 12, T0 + 75 * DAY, T0 + 80 * DAY + 3600),
+            adm(2, 20, T0, T0 + 3 * DAY), adm(2, 21, T0 + 50 * DAY, None),
+            adm(2, 22, T0 + 100 * DAY, T0 + 110 * DAY), adm(2, 23, T0 + 105 * DAY, T0 + 120 * DAY),
+            adm(3, 30, T0, T0 + 4 * DAY)]
+    coh = build(adms, [pat(s, ADULT) for s in (1, 2, 3)])
+    rows = {r["HADM_ID"]: r for r in coh.table.to_pylist()}
+    none = spec.NO_PREVIOUS_DISCHARGE
+    # trigger (admit + 1 day) minus the previous discharge
+    assert {h: r["previous_discharge_seconds"] for h, r in rows.items()} == {
+        10: none, 11: 36 * DAY, 12: 31 * DAY, 20: none,
+        22: 98 * DAY,  # 21 has no DISCHTIME (excluded, missing_required): 20's discharge is the previous one
+        23: 103 * DAY,  # 22 ends after 23 began: skipped too
+        30: none}
+    assert coh.previous_discharge_counts == {"with_previous_discharge": 4, "without_previous_discharge": 3,
+                                             "earlier_stay_without_discharge": 2,
+                                             "earlier_stay_discharged_after_admit": 1}

@@ -12,10 +12,11 @@ import tensorflow as tf
 from ehr_pipeline.contract import spec, tfrecord
 from ehr_pipeline.encode import seqex
 from model import data_folder
-from model.export.load import ExportError, ReferralPolicy, load_export
+from model.export.load import ExportError, ReferralPolicy, load_export, write_manifest
 from model.export_layout import BFLOAT16_MEAN_TOLERANCE, BFLOAT16_SAMPLE_TOLERANCE
 from model.export.predict import Predictor, predict_probs
 from model.ehr.config import parse_config
+from model.ehr.inputs import TIME_INPUTS
 from model.ehr.train import load_run, train
 from tests.support.ehr_testdata import read_json, tiny_config_dict
 
@@ -168,3 +169,53 @@ def test_the_referral_policy_says_how_its_measure_was_chosen():
     assert "chosen on validation" in line and line.index("predictive_entropy 0.0500") < line.index("mutual_information")
     override = ReferralPolicy.model_validate({**base, "chosen_on_validation": {**chosen, "configured": True}})
     assert "explicit override" in override.describe()
+
+
+def _with_previous_discharge(record: bytes, seconds: int | None) -> bytes:
+    """The record with spec.PREVIOUS_DISCHARGE set to seconds, or without it (as schema 3 wrote records)."""
+    proto = tf.train.SequenceExample.FromString(record)
+    feature = proto.context.feature
+    if seconds is None:
+        del feature[spec.PREVIOUS_DISCHARGE]
+    else:
+        feature[spec.PREVIOUS_DISCHARGE].int64_list.value[:] = [seconds]
+    return proto.SerializeToString()
+
+
+def test_an_export_that_records_no_time_inputs_answers_as_before(trained, tmp_path):
+    """An export made before the time inputs has no "time_inputs" in its card: it reads none, and the
+    previous discharge a newer record carries (or a schema-3 record's lack of it) changes nothing."""
+    assert read_json(trained["export"] / "model_card.json")["time_inputs"] == []
+    old = tmp_path / "old_export"
+    shutil.copytree(trained["export"], old)
+    card = read_json(old / "model_card.json")
+    del card["time_inputs"]
+    (old / "model_card.json").write_text(json.dumps(card, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_manifest(old)
+    loaded = load_export(old)
+    assert loaded.files.time_inputs == () and loaded.files.card.time_inputs is None
+    records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test").records[:8]
+    admit = [seqex.sequence_example_to_dict(r)[spec.ADMIT_OFFSET] for r in records]
+    answers = [predict_probs(loaded, variant, 3, seed=11) for variant in (
+        records, [_with_previous_discharge(r, None) for r in records],
+        [_with_previous_discharge(r, a + 30 * 86400) for r, a in zip(records, admit)])]
+    for other in answers[1:]:
+        np.testing.assert_array_equal(other, answers[0])
+    np.testing.assert_array_equal(answers[0], predict_probs(load_export(trained["export"]), records, 3, seed=11))
+
+
+def test_a_run_with_every_time_input_records_them_and_exports_what_it_trained(tmp_path, synthetic_data):
+    config = parse_config(tiny_config_dict("deterministic", steps=10, eval_every_steps=10))
+    config = config.with_overrides(model={"time_inputs": list(TIME_INPUTS)})
+    result = train(config, synthetic_data, tmp_path / "run", progress=False)
+    _, model, featurizer, _ = load_run(tmp_path / "run", synthetic_data)
+    assert featurizer.time_inputs == TIME_INPUTS
+    exported = load_export(result.export_dir)
+    assert exported.files.time_inputs == TIME_INPUTS
+    records = data_folder.read_split(data_folder.load_data_files(synthetic_data), "test").records
+    in_memory = predict_probs(Predictor(featurizer, model), records, 2, seed=7)
+    np.testing.assert_allclose(predict_probs(exported, records, 2, seed=7), in_memory, rtol=0, atol=1e-6)
+    # It reads the previous discharge: the same admissions said to follow a discharge 3 days ago answer otherwise.
+    moved = [_with_previous_discharge(r, seqex.sequence_example_to_dict(r)[spec.ADMIT_OFFSET] + 3 * 86400)
+             for r in records]
+    assert np.abs(predict_probs(exported, moved, 2, seed=7) - in_memory).max() > 1e-6
