@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="ehr-adapt",
         description="Update an exported model with a site's labelled admissions (a data folder prepared with "
-                    "`ehr-pipeline run --units-from MODEL_DIR`): recalibrate it, revise it, fine-tune it, update its "
+                    "`ehr-pipeline run --units-from MODEL_DIR`, or the service's outcome store): recalibrate it, "
+                    "revise it, fine-tune it, update its "
                     "posterior or retrain it, and write the updated export.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
