@@ -4,10 +4,16 @@ The local data folder is the Beam job's output for the site's own records, prepa
 model's units (``ehr-pipeline run --units-from MODEL_DIR``); it is checked against its manifest
 and its units against the model's exactly as ehr-eval checks data it scores. Every record of the
 split is used or counted by reason (unlabelled, not drawn): the counts go into adaptation.json.
+
+Or the service's outcome store (``ehr-adapt --outcomes``): the encoded admissions the service kept
+(--outcome-keep-admissions) with the outcomes that arrived for them, those the export's model
+version answered, read by ``model.adapt.outcome_file``. The service encoded them in the model's
+units, so no unit plan applies; every row is used or counted by reason as well.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 
@@ -16,6 +22,7 @@ import numpy as np
 from ehr_pipeline.contract import integrity
 from ehr_pipeline.shift import population
 from model import data_folder
+from model.adapt.outcome_file import OutcomeFileError, read_kept_admissions
 from model.adapt.rebuild import AdaptError
 from model.evaluation import unit_check
 from model.export.load import LoadedExport
@@ -53,8 +60,8 @@ class LocalData:
     sample: LocalSample
     data_dir: str
     split: str
-    manifest_sha256: str
-    counts: dict[str, int]  # read, unlabelled, not_drawn, used
+    manifest_sha256: str  # the data folder's; from an outcome store, sha256 of the admissions and outcomes used
+    counts: dict[str, int]  # read, then counts by reason (unlabelled or the store's), not_drawn, used
     units: dict[str, dict[str, int]]  # units.json "codes": rows per code and unit as written at the site
     canonical: dict[str, str]  # code -> the unit the sample's values are in (the model's where converted)
 
@@ -72,23 +79,65 @@ def read_local(loaded: LoadedExport, data_dir: str | os.PathLike[str], split: st
     if counts["unlabelled"]:
         log.warning("%s split %s: %d admission(s) without a 0/1 outcome are not used", data_dir, split,
                     counts["unlabelled"])
-    if sample_size is not None and sample_size > len(labelled):
-        raise AdaptError(f"{data_dir}: split {split!r} has {len(labelled)} labelled admissions, fewer than the "
-                         f"{sample_size} asked for")
-    chosen = labelled if sample_size is None else np.sort(
-        np.random.default_rng(seed).choice(labelled, size=sample_size, replace=False))
-    counts["not_drawn"] = int(len(labelled) - len(chosen))
-    counts["used"] = int(len(chosen))
+    chosen = _draw(labelled, sample_size, seed, f"{data_dir}: split {split!r}", counts)
     records = plan.convert([split_records.records[i] for i in chosen])
-    sample = LocalSample(records, labels[chosen], np.asarray(split_records.hadm_ids, np.int64)[chosen])
-    if sample.events == 0 or sample.events == sample.n:
-        raise AdaptError(f"{data_dir}: the {sample.n} admissions drawn from split {split!r} have "
-                         f"{sample.events} deaths: an update needs both outcomes")
+    sample = _checked(LocalSample(records, labels[chosen], np.asarray(split_records.hadm_ids, np.int64)[chosen]),
+                      f"{data_dir}: the {len(chosen)} admissions drawn from split {split!r}")
     log.info("%s split %s: %d admissions read, %d used (%d deaths), %d unlabelled, %d not drawn", data_dir, split,
              counts["read"], sample.n, sample.events, counts["unlabelled"], counts["not_drawn"])
     written, _ = population.data_units(data_dir)
     return LocalData(sample, data_dir, split, data_folder.manifest_sha256(data_dir), counts, written,
                      dict(plan.canonical))
+
+
+OUTCOME_SPLIT = "outcome-store"  # the split a LocalData read from the service's outcome store names
+
+
+def read_outcomes(loaded: LoadedExport, outcome_dir: str | os.PathLike[str], *, sample_size: int | None,
+                  seed: int) -> LocalData:
+    """The outcome store's kept admissions answered by the export's model version, with their outcomes (all, or
+    `sample_size` drawn with `seed`); AdaptError when the store holds none of them."""
+    outcome_dir = os.fspath(outcome_dir)
+    version = loaded.files.card.version
+    try:
+        kept = read_kept_admissions(outcome_dir, version)
+    except OutcomeFileError as err:
+        raise AdaptError(str(err)) from None
+    labels = np.asarray(kept.outcomes, np.int64)
+    counts = {k: v for k, v in kept.counts.items() if k != "used"}
+    for reason in ("without_outcome", "admission_not_kept", "other_model_version"):
+        if counts[reason]:
+            log.warning("%s: %d prediction(s) not used: %s", outcome_dir, counts[reason], reason.replace("_", " "))
+    chosen = _draw(np.arange(len(labels)), sample_size, seed, f"{outcome_dir}: the outcome store", counts)
+    # The store holds no admission numbers (the service writes them as 0): a row's place stands in for one.
+    sample = _checked(LocalSample([kept.records[i] for i in chosen], labels[chosen], chosen.astype(np.int64)),
+                      f"{outcome_dir}: the {len(chosen)} kept admissions of model version {version}")
+    digest = hashlib.sha256()
+    for record, label in zip(sample.records, sample.labels):
+        digest.update(len(record).to_bytes(8, "little") + record + bytes([int(label)]))
+    log.info("%s: %d predictions read, %d used (%d deaths), %d not drawn", outcome_dir, counts["read"], sample.n,
+             sample.events, counts["not_drawn"])
+    # The service converted every value to the model's units before encoding: the units it was written in are
+    # not kept, and the sample's are the export's own.
+    return LocalData(sample, outcome_dir, OUTCOME_SPLIT, digest.hexdigest(), counts, {}, dict(loaded.files.units))
+
+
+def _draw(candidates: np.ndarray, sample_size: int | None, seed: int, where: str, counts: dict[str, int]) -> np.ndarray:
+    """All candidates, or `sample_size` of them drawn with `seed` (sorted); counts not_drawn and used."""
+    if sample_size is not None and sample_size > len(candidates):
+        raise AdaptError(f"{where} has {len(candidates)} labelled admissions, fewer than the {sample_size} asked for")
+    chosen = candidates if sample_size is None else np.sort(
+        np.random.default_rng(seed).choice(candidates, size=sample_size, replace=False))
+    counts["not_drawn"] = int(len(candidates) - len(chosen))
+    counts["used"] = int(len(chosen))
+    return chosen
+
+
+def _checked(sample: LocalSample, where: str) -> LocalSample:
+    """The sample, or AdaptError when it lacks deaths or survivors."""
+    if sample.events == 0 or sample.events == sample.n:
+        raise AdaptError(f"{where} have {sample.events} deaths: an update needs both outcomes")
+    return sample
 
 
 def split_for_validation(sample: LocalSample, fraction: float, seed: int) -> tuple[LocalSample, LocalSample]:

@@ -1,4 +1,5 @@
-"""ehr-adapt's use case: export + local data folder + settings -> the updated export and a summary."""
+"""ehr-adapt's use case: export + local data (a data folder or the service's outcome store) + settings -> the
+updated export and a summary."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +10,7 @@ import pathlib
 from ehr_pipeline.contract import output_folder
 from model.adapt.config import AdaptConfig
 from model.adapt.export_update import write_update
-from model.adapt.local_data import read_local
+from model.adapt.local_data import read_local, read_outcomes
 from model.adapt.update import adapt
 from model.evaluation.statistics import metrics
 from model.export.load import load_export
@@ -44,8 +45,12 @@ class UpdateResult:
 
 
 def run_update(model_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-               config: AdaptConfig, *, progress: bool = False, overwrite: bool = False) -> UpdateResult:
+               config: AdaptConfig, *, progress: bool = False, overwrite: bool = False,
+               from_outcomes: bool = False) -> UpdateResult:
     """Loads the export, reads the local admissions, updates with config.method and writes the updated export.
+
+    data_dir is a data folder (its config.split is read), or with ``from_outcomes`` the service's outcome
+    store folder (--outcome-dir; the admissions it kept that the export's model version answered).
 
     out_dir is written whole once the update is complete; an earlier export there is replaced only with
     ``overwrite``, and any other folder is refused before the update starts (output_folder.check_target).
@@ -53,7 +58,8 @@ def run_update(model_dir: str | os.PathLike[str], data_dir: str | os.PathLike[st
     output_folder.check_target(out_dir, kind=output_folder.MODEL_EXPORT, overwrite=overwrite,
                                inputs=[str(model_dir), str(data_dir)])
     loaded = load_export(model_dir)
-    local = read_local(loaded, data_dir, config.split, sample_size=config.sample_size, seed=config.seed)
+    local = (read_outcomes(loaded, data_dir, sample_size=config.sample_size, seed=config.seed) if from_outcomes else
+             read_local(loaded, data_dir, config.split, sample_size=config.sample_size, seed=config.seed))
     update = adapt(loaded, local, config, progress=progress)
     update.record["local_nll"] = float(metrics.mixture_nll(update.probs, local.sample.labels))
     export_dir = write_update(out_dir, loaded, local, update, config, overwrite=overwrite)

@@ -3,10 +3,14 @@
   ehr-pipeline run --mimic-dir SITE_RELEASE --out site_data --units-from runs/rank1/export
   ehr-adapt --model runs/rank1/export --data site_data --out runs/rank1_site [--method closed-test]
   ehr-eval --model runs/rank1_site --data site_data --split test --out eval/site_after
+  ehr-adapt --model runs/rank1/export --outcomes OUTCOME_DIR --out runs/rank1_site
+
 
 Only the export is needed (no training data). The local admissions are the data folder's --split
 (train by default; its test split stays untouched for evaluation), all of them or --sample-size
-drawn with --seed. The updated export records its parent's checksum, the method, the admissions
+drawn with --seed. Or --outcomes: the service's outcome store (ehr-serve --outcome-dir, run with
+--outcome-keep-admissions), whose kept admissions with their outcomes, answered by the export's
+model version, are the local data. The updated export records its parent's checksum, the method, the admissions
 and deaths used, and a new reference population; ehr-serve and ehr-eval load it like any export.
 Methods (docs/model.md, "Updating a model at a new site"): none, recalibrate-intercept,
 recalibrate, closed-test (the default: Vergouwe's closed test chooses among them and revision),
@@ -41,13 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="ehr-adapt",
         description="Update an exported model with a site's labelled admissions (a data folder prepared with "
-                    "`ehr-pipeline run --units-from MODEL_DIR`): recalibrate it, revise it, fine-tune it, update its "
+                    "`ehr-pipeline run --units-from MODEL_DIR`, or the service's outcome store): recalibrate it, "
+                    "revise it, fine-tune it, update its "
                     "posterior or retrain it, and write the updated export.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--model", required=True, type=existing_dir, help="the export to update (MODEL_DIR)")
-    parser.add_argument("--data", required=True, type=existing_dir,
-                        help="the site's data folder (Beam job output, prepared with --units-from MODEL_DIR)")
+    local = parser.add_mutually_exclusive_group(required=True)
+    local.add_argument("--data", type=existing_dir,
+                       help="the site's data folder (Beam job output, prepared with --units-from MODEL_DIR)")
+    local.add_argument("--outcomes", type=existing_dir, metavar="OUTCOME_DIR",
+                       help="instead of --data: the service's outcome store folder (ehr-serve --outcome-dir, with "
+                            "--outcome-keep-admissions); its kept admissions that MODEL_DIR's version answered, with "
+                            "their outcomes, are the local data (--split does not apply)")
     parser.add_argument("--out", required=True, type=output_dir,
                         help="where to write the updated export: a new or empty folder, or (with --overwrite) an "
                              "earlier export; never an input, or a folder holding anything else")
@@ -90,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         return usage_error("ehr-adapt", config)
     try:  # before TensorFlow loads and the update runs: a refused --out costs nothing
         output_folder.check_target(args.out, kind=output_folder.MODEL_EXPORT, overwrite=args.overwrite,
-                                   inputs=[args.model, args.data])
+                                   inputs=[args.model, args.data or args.outcomes])
     except output_folder.OutputFolderError as err:
         return usage_error("ehr-adapt", f"--out: {err}")
     console.load_tensorflow(args.verbose)
@@ -98,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     from model.adapt.run_update import run_update
 
     try:
-        result = run_update(args.model, args.data, args.out, config, progress=not args.no_progress,
-                            overwrite=args.overwrite)
+        result = run_update(args.model, args.data or args.outcomes, args.out, config, progress=not args.no_progress,
+                            overwrite=args.overwrite, from_outcomes=args.outcomes is not None)
     except (ExportError, FileNotFoundError, ValueError) as err:
         return usage_error("ehr-adapt", err)
     print(result.summary())

@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI
 from serving import __version__
 from serving.api.api_docs import install_docs
 from serving.api.auth import AuthGuard, require_api_key
-from serving.api.dependencies import ServedModelDep, ServingDep
+from serving.api.dependencies import OutcomesDep, ServedModelDep, ServingDep
 from serving.api.errors import install_error_handlers
 from serving.api.fhir_routes import cds_router, fhir_open_router, fhir_router
 from serving.api.lifespan import model_lifespan
@@ -73,7 +73,7 @@ def create_app(settings: Settings, predictor: ServedModel | None = None) -> Fast
     app.include_router(cds_router)
     # The Open Inference Protocol's routes take the app's dependencies as arguments: serving.oip is a room
     # below this one and must not import it. Its health routes are open, like /healthz.
-    oip_health, oip_keyed = oip_routers(ServingDep, ServedModelDep)
+    oip_health, oip_keyed = oip_routers(ServingDep, ServedModelDep, OutcomesDep)
     app.include_router(oip_health)
     app.include_router(oip_keyed, dependencies=[Depends(require_api_key)])
     install_docs(app)

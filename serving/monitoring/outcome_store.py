@@ -11,6 +11,9 @@ sampled probabilities, and, only when ``keep_admissions`` is set (for updating t
 encoded admission (the model's own tensors: no names, raw identifiers or free text). Rows older
 than the retention period are deleted (``purge``, run at start and then hourly by the app).
 
+The file's schema is ``model.adapt.outcome_file``'s, whose reader ``ehr-adapt --outcomes`` uses to
+take the kept admissions as a site's local data.
+
 SQLite in WAL mode with ``synchronous=FULL``: a row is on disk when ``record_*`` returns, so a
 restart loses nothing; one connection behind a lock serves the event loop's threads.
 """
@@ -26,27 +29,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-STORE_FILE = "outcomes.sqlite"
+from model.adapt.outcome_file import SCHEMA, STORE_FILE, TABLE
+
 # Twelve hex digits of milliseconds since 1970 (until the year 10889) and 20 random hex digits
 # (80 bits): the time says whether an identifier the store no longer holds has expired (410) or
 # was never issued (404), and the random part cannot be guessed.
 _TIME_DIGITS = 12
 _RANDOM_BYTES = 10
 ID_LENGTH = _TIME_DIGITS + 2 * _RANDOM_BYTES
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS predictions (
-    prediction_id TEXT PRIMARY KEY,
-    model_version TEXT NOT NULL,
-    predicted_at REAL NOT NULL,
-    probability REAL NOT NULL,
-    samples BLOB NOT NULL,
-    admission BLOB,
-    outcome INTEGER,
-    outcome_at REAL
-);
-CREATE INDEX IF NOT EXISTS predicted_at ON predictions (predicted_at);
-"""
 
 
 class OutcomeError(ValueError):
@@ -93,7 +83,7 @@ class OutcomeStore:
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(SCHEMA)
 
     def close(self) -> None:
         """Closes the database (everything written is already on disk)."""
@@ -113,7 +103,7 @@ class OutcomeStore:
                 for j, (i, p) in enumerate(zip(ids, probabilities))]
         with self._lock:
             self._db.execute("BEGIN")
-            self._db.executemany("INSERT INTO predictions (prediction_id, model_version, predicted_at, probability, "
+            self._db.executemany(f"INSERT INTO {TABLE} (prediction_id, model_version, predicted_at, probability, "
                                  "samples, admission) VALUES (?, ?, ?, ?, ?, ?)", rows)
             self._db.execute("COMMIT")
         return ids
@@ -125,7 +115,7 @@ class OutcomeStore:
         if outcome not in (0, 1):
             raise OutcomeError(f"outcome must be 0 or 1, got {outcome!r}")
         with self._lock:
-            row = self._db.execute("SELECT predicted_at, outcome FROM predictions WHERE prediction_id = ?",
+            row = self._db.execute(f"SELECT predicted_at, outcome FROM {TABLE} WHERE prediction_id = ?",
                                    (prediction_id,)).fetchone()
             if row is None:
                 created = issued_at(prediction_id)
@@ -141,7 +131,7 @@ class OutcomeStore:
                     raise ConflictingOutcome(f"prediction {prediction_id} already has outcome {row[1]}, "
                                              f"not {outcome}")
                 return False
-            self._db.execute("UPDATE predictions SET outcome = ?, outcome_at = ? WHERE prediction_id = ?",
+            self._db.execute(f"UPDATE {TABLE} SET outcome = ?, outcome_at = ? WHERE prediction_id = ?",
                              (outcome, now, prediction_id))
         return True
 
@@ -149,20 +139,20 @@ class OutcomeStore:
         """Deletes every row older than the retention period; returns how many."""
         now = time.time() if now is None else now
         with self._lock:
-            return self._db.execute("DELETE FROM predictions WHERE predicted_at < ?",
+            return self._db.execute(f"DELETE FROM {TABLE} WHERE predicted_at < ?",
                                     (now - self.retention_s,)).rowcount
 
     def counts(self) -> dict[str, int]:
         """Predictions held and how many of them have their outcome."""
         with self._lock:
             total, with_outcome = self._db.execute(
-                "SELECT COUNT(*), COUNT(outcome) FROM predictions").fetchone()
+                f"SELECT COUNT(*), COUNT(outcome) FROM {TABLE}").fetchone()
         return {"predictions": int(total), "outcomes": int(with_outcome)}
 
     def matched(self, model_version: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(probability [n], sampled probabilities [n, M], outcome [n]) of every prediction with its outcome,
         oldest first; only `model_version`'s when given (samples of another version may have another M)."""
-        query = "SELECT probability, samples, outcome FROM predictions WHERE outcome IS NOT NULL"
+        query = f"SELECT probability, samples, outcome FROM {TABLE} WHERE outcome IS NOT NULL"
         args: tuple = ()
         if model_version is not None:
             query += " AND model_version = ?"
@@ -180,9 +170,3 @@ class OutcomeStore:
         y = np.array([r[2] for r in rows], dtype=np.float64)
         return p, samples, y
 
-    def admissions(self) -> list[tuple[bytes, int]]:
-        """(encoded admission, outcome) of every kept admission with its outcome: the local data of an update."""
-        with self._lock:
-            rows = self._db.execute("SELECT admission, outcome FROM predictions WHERE outcome IS NOT NULL AND "
-                                    "admission IS NOT NULL ORDER BY predicted_at").fetchall()
-        return [(bytes(r[0]), int(r[1])) for r in rows]

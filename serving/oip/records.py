@@ -11,7 +11,8 @@ data. Codes outside the vocabulary are counted, as the JSON road counts them (th
 embedding), not refused.
 
 Scored records then take the road every prediction takes: the micro-batcher, ``summarise``, the
-metrics and the population monitor.
+metrics, the population monitor and, when the server keeps outcomes, the outcome store (the record
+itself is the encoded admission, kept only with --outcome-keep-admissions).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import dataclasses
 
 import numpy as np
 from google.protobuf.message import DecodeError
+from starlette.concurrency import run_in_threadpool
 
 from ehr_pipeline.contract import protos, spec
 from ehr_pipeline.encode import bagging
@@ -26,6 +28,7 @@ from model.export.load import Export
 from serving.inference.batching import Arrival, MicroBatcher
 from serving.inference.served_model import Summary, summarise
 from serving.monitoring.monitor import Monitor
+from serving.monitoring.outcome_store import OutcomeStore
 from serving.monitoring.telemetry import ServiceMetrics
 from serving.oip.tensors import ProtocolError
 
@@ -137,8 +140,10 @@ def _bags(proto, num_bags: int, where: str) -> bagging.Bags:
 
 async def predict_records(records: list[CheckedRecord], *, num_samples: int, seed: int | None, export: Export,
                           batcher: MicroBatcher, arrival: Arrival, metrics: ServiceMetrics,
-                          monitor: Monitor | None) -> tuple[np.ndarray, Summary]:
-    """Sampled probabilities [N, S*K] and their summary for checked records, micro-batched; counted and monitored."""
+                          monitor: Monitor | None, outcomes: OutcomeStore | None = None,
+                          ) -> tuple[np.ndarray, Summary, list[str] | None]:
+    """Sampled probabilities [N, S*K], their summary and the prediction identifiers (None without an outcome
+    store) for checked records, micro-batched; counted, monitored and kept as the JSON road keeps its answers."""
     probs = await batcher.submit([r.example for r in records], num_samples, seed, arrival=arrival)
     summary = summarise(probs, export, num_samples)
     for i, record in enumerate(records):
@@ -147,4 +152,10 @@ async def predict_records(records: list[CheckedRecord], *, num_samples: int, see
             monitor.record(record.context, record.bags, {}, float(summary.epistemic[i]))
     metrics.predictions.inc(len(records))
     metrics.referrals.inc(int(np.sum(summary.refer)))
-    return probs, summary
+    ids = None
+    if outcomes is not None:
+        # The checked record is the encoded admission the JSON road stores (the same bytes reach the model),
+        # so it is kept under the same rule; off the event loop: the row is on disk before the answer names it.
+        ids = await run_in_threadpool(outcomes.record_predictions, export.card.version,
+                                      [float(v) for v in summary.probability], probs, [r.example for r in records])
+    return probs, summary, ids

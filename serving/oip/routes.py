@@ -13,6 +13,12 @@ like every other route; or ``sequence_example``, serialized ``tf.train.SequenceE
 (base64 text in JSON, raw with the binary-data extension), checked by ``serving.oip.records`` against
 the export's contract before the model sees them. Request parameters ``num_samples`` and ``seed`` are
 /v1's query parameters. Errors are the protocol's ``{"error": "..."}`` with a 4xx or 503 status.
+
+When the server keeps outcomes (--outcome-dir), every admission of either input is kept in the outcome
+store as /v1's answers are, and the answer carries one more output, ``prediction_id`` (BYTES, one per
+admission: the key to POST its outcome to /v1/outcomes); the model metadata then lists it. A
+``sequence_example`` record is the encoded admission itself, so it is kept under the same rule as the
+JSON road's (its bytes only with --outcome-keep-admissions).
 """
 import functools
 from collections.abc import Callable
@@ -56,7 +62,8 @@ OUTPUTS = (
     ("interval_upper", "FP64", ("N",), "97.5th percentile of the sampled probabilities"),
     ("refer", "BOOL", ("N",), "refer to a clinician: the uncertainty exceeds the export's referral threshold"),
 )
-_OUTPUT_NAMES = tuple(o[0] for o in OUTPUTS)
+PREDICTION_ID = ("prediction_id", "BYTES", ("N",), "key of the admission's prediction in the outcome store: POST "
+                 "its outcome to /v1/outcomes (only when the server keeps outcomes)")
 _ERROR = {"content": {"application/json": {"schema": {"type": "object", "required": ["error"],
                                                       "properties": {"error": {"type": "string"}}}}}}
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -92,7 +99,12 @@ def _check_model(predictor: ServedModel, name: str, version: str | None) -> None
                             404)
 
 
-def model_metadata(predictor: ServedModel) -> dict:
+def _outputs(keeps_outcomes: bool) -> tuple[tuple, ...]:
+    """The output tensors of this server: prediction_id only when it keeps outcomes."""
+    return (*OUTPUTS, PREDICTION_ID) if keeps_outcomes else OUTPUTS
+
+
+def model_metadata(predictor: ServedModel, keeps_outcomes: bool = False) -> dict:
     """The protocol's model metadata: name, versions, platform, and the input and output tensors."""
     export = predictor.export
     sizes = {"N": -1, "S": -1, "K": export.ensemble_size}
@@ -106,7 +118,7 @@ def model_metadata(predictor: ServedModel) -> dict:
                             "schema_version": export.schema_version}},
         ],
         "outputs": [{"name": n, "datatype": d, "shape": [sizes[s] for s in shape], "parameters": {"description": w}}
-                    for n, d, shape, w in OUTPUTS],
+                    for n, d, shape, w in _outputs(keeps_outcomes)],
         "parameters": {"checksum": export.checksum, "precision": predictor.precision},
     }
 
@@ -141,13 +153,16 @@ def _single_input(req: InferRequest) -> InputTensor:
     return tensor
 
 
-def _binary_map(req: InferRequest) -> dict[str, bool]:
+def _binary_map(req: InferRequest, keeps_outcomes: bool) -> dict[str, bool]:
     """Output name -> sent as binary, for the outputs to send (all when the request names none)."""
+    names = [o[0] for o in _outputs(keeps_outcomes)]
     if req.outputs is None:
-        return {name: req.binary_default for name in _OUTPUT_NAMES}
-    unknown = sorted(set(req.outputs) - set(_OUTPUT_NAMES))
+        return {name: req.binary_default for name in names}
+    if PREDICTION_ID[0] in req.outputs and not keeps_outcomes:
+        raise ProtocolError(f"output {PREDICTION_ID[0]!r}: this server keeps no outcomes (no --outcome-dir)")
+    unknown = sorted(set(req.outputs) - set(names))
     if unknown:
-        raise ProtocolError(f"unknown output(s) {unknown}; this model has {list(_OUTPUT_NAMES)}")
+        raise ProtocolError(f"unknown output(s) {unknown}; this model has {names}")
     return dict(req.outputs)
 
 
@@ -159,7 +174,7 @@ async def _infer(request: Request, serving: Any, name: str, version: str | None)
     num_samples = int_parameter(req.parameters, "num_samples", 1, settings.max_num_samples)
     num_samples = settings.default_num_samples if num_samples is None else num_samples
     seed = int_parameter(req.parameters, "seed", 0, _MAX_SEED)
-    tensor, binary = _single_input(req), _binary_map(req)
+    tensor, binary = _single_input(req), _binary_map(req, serving.outcomes is not None)
     if not 1 <= len(tensor.elements) <= settings.max_patients:
         raise ProtocolError(f"input {tensor.name!r}: 1 to {settings.max_patients} admissions per request, got "
                             f"{len(tensor.elements)}")
@@ -173,7 +188,7 @@ async def _infer(request: Request, serving: Any, name: str, version: str | None)
             for body, loc in zip(admissions, locs):
                 check_event_limit(body, settings, loc)
             predictions = await predict_admissions(admissions, locs, include_samples=True, predictor=predictor,
-                                                   **common)
+                                                   outcomes=serving.outcomes, **common)
         except InputError as err:
             raise ProtocolError(f"input {err.loc[0]!r} element {err.loc[1]}: "
                                 f"{'.'.join(str(p) for p in err.loc[2:]) or 'body'}: {err.msg}") from None
@@ -182,14 +197,17 @@ async def _infer(request: Request, serving: Any, name: str, version: str | None)
                                   [p.interval.lower for p in predictions], [p.interval.upper for p in predictions],
                                   [p.predictive_entropy for p in predictions], [p.epistemic for p in predictions],
                                   [p.refer for p in predictions], export.ensemble_size, num_samples)
+        ids = [p.prediction_id for p in predictions] if serving.outcomes is not None else None
     else:
         schema_version = int_parameter(req.parameters, "schema_version", 0, 2**31)
         checked = [records.check_record(e if tensor.from_binary else base64_element(e, f"{SEQUENCE_EXAMPLE}[{i}]"),
                                         export, f"input {SEQUENCE_EXAMPLE!r} element {i}", schema_version)
                    for i, e in enumerate(tensor.elements)]
-        probs, s = await records.predict_records(checked, export=export, **common)
+        probs, s, ids = await records.predict_records(checked, export=export, outcomes=serving.outcomes, **common)
         outputs = _output_tensors(probs, s.probability, s.lower, s.upper, s.predictive_entropy, s.epistemic, s.refer,
                                   export.ensemble_size, num_samples)
+    if ids is not None:
+        outputs.append(OutputTensor(PREDICTION_ID[0], PREDICTION_ID[1], np.asarray(ids, dtype=object)))
     head = {"model_name": export.card.name, "model_version": export.card.version,
             **({"id": req.id} if req.id is not None else {}),
             "parameters": {"num_samples": num_samples, "ensemble_size": export.ensemble_size,
@@ -212,8 +230,9 @@ def _answer_errors(handler: Callable) -> Callable:
     return wrapped
 
 
-def oip_routers(serving_dep: Any, model_dep: Any) -> tuple[APIRouter, APIRouter]:
-    """(open health router, keyed router) of the protocol; serving_dep and model_dep are the app's Annotated deps."""
+def oip_routers(serving_dep: Any, model_dep: Any, outcomes_dep: Any) -> tuple[APIRouter, APIRouter]:
+    """(open health router, keyed router) of the protocol; serving_dep, model_dep and outcomes_dep (the outcome
+    store or None) are the app's Annotated deps."""
     health = APIRouter(prefix=PREFIX, tags=["open inference protocol"])
     keyed = APIRouter(prefix=PREFIX, tags=["open inference protocol"])
 
@@ -230,9 +249,9 @@ def oip_routers(serving_dep: Any, model_dep: Any) -> tuple[APIRouter, APIRouter]
     async def server_metadata() -> dict:
         return {"name": SERVER_NAME, "version": __version__, "extensions": [BINARY_EXTENSION]}
 
-    async def metadata(predictor: ServedModel, name: str, version: str | None) -> Response:
+    async def metadata(predictor: ServedModel, outcomes: Any, name: str, version: str | None) -> Response:
         _check_model(predictor, name, version)
-        return JSONResponse(model_metadata(predictor))
+        return JSONResponse(model_metadata(predictor, keeps_outcomes=outcomes is not None))
 
     async def model_ready(request: Request, predictor: ServedModel, name: str, version: str | None) -> Response:
         _check_model(predictor, name, version)
@@ -241,13 +260,14 @@ def oip_routers(serving_dep: Any, model_dep: Any) -> tuple[APIRouter, APIRouter]
 
     @keyed.get("/models/{name}", summary="OIP v2: model metadata", responses=_ERRORS)
     @_answer_errors
-    async def model_metadata_route(name: str, predictor: model_dep) -> Response:
-        return await metadata(predictor, name, None)
+    async def model_metadata_route(name: str, predictor: model_dep, outcomes: outcomes_dep) -> Response:
+        return await metadata(predictor, outcomes, name, None)
 
     @keyed.get("/models/{name}/versions/{version}", summary="OIP v2: model metadata of one version", responses=_ERRORS)
     @_answer_errors
-    async def version_metadata_route(name: str, version: str, predictor: model_dep) -> Response:
-        return await metadata(predictor, name, version)
+    async def version_metadata_route(name: str, version: str, predictor: model_dep,
+                                     outcomes: outcomes_dep) -> Response:
+        return await metadata(predictor, outcomes, name, version)
 
     @keyed.get("/models/{name}/ready", summary="OIP v2: the model is ready", responses=_ERRORS)
     @_answer_errors

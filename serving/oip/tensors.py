@@ -218,14 +218,25 @@ def encode_response(head: dict, outputs: Sequence[OutputTensor],
     """The response body for `outputs` after the `head` fields, and the JSON's length when binary tensors follow."""
     tensors, raw = [], []
     for out in outputs:
-        values = np.ascontiguousarray(out.values, dtype=_NUMPY[out.datatype])
-        tensor: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": list(values.shape)}
-        if binary.get(out.name, False):
-            data = values.tobytes()
+        as_binary = binary.get(out.name, False)
+        if out.datatype == "BYTES":
+            # Text elements (the service's BYTES outputs are ASCII identifiers): strings in JSON; in binary
+            # each a 4-byte little-endian length and its bytes, as BYTES inputs travel.
+            texts = [str(v) for v in np.asarray(out.values, dtype=object).reshape(-1)]
+            shape = list(np.shape(out.values))
+            data = b"".join(struct.pack("<I", len(e)) + e for e in (t.encode("utf-8") for t in texts)) \
+                if as_binary else b""
+            values_json: list = texts
+        else:
+            values = np.ascontiguousarray(out.values, dtype=_NUMPY[out.datatype])
+            shape = list(values.shape)
+            data, values_json = (values.tobytes(), []) if as_binary else (b"", values.reshape(-1).tolist())
+        tensor: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": shape}
+        if as_binary:
             tensor["parameters"] = {"binary_data_size": len(data)}
             raw.append(data)
         else:
-            tensor["data"] = values.reshape(-1).tolist()
+            tensor["data"] = values_json
         tensors.append(tensor)
     header = json.dumps({**head, "outputs": tensors}, allow_nan=False).encode("utf-8")
     if not raw:

@@ -7,6 +7,7 @@ cardinalities), which fhir.resources does not: it validates the resources' struc
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from model.export.load import read_export
 from serving.api import fhir_answers
 from serving.api.app import create_app
 from serving.inference.served_model import ServedModel
+from serving.monitoring.outcome_store import STORE_FILE, issued_at
 from serving.settings import make_settings
 from tests.support.serving_fixtures import ThreadedServer
 
@@ -43,9 +45,16 @@ def bundle(events: int = 2) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(fixture_export):
+def outcome_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("fhir-outcomes")
+
+
+@pytest.fixture(scope="module")
+def server(fixture_export, outcome_dir):
     # No warm-up: the answer's shape is under test, and a loaded machine would spend the start-up timeout on it.
-    settings = make_settings(api_keys=[KEY], model_dir=fixture_export, max_wait_ms=1.0, warmup=False)
+    # Outcomes kept: the answer then carries its prediction identifier.
+    settings = make_settings(api_keys=[KEY], model_dir=fixture_export, max_wait_ms=1.0, warmup=False,
+                             outcome_dir=outcome_dir)
     with ThreadedServer(create_app(settings, ServedModel.load(fixture_export))) as srv:
         yield srv
 
@@ -94,6 +103,22 @@ def test_the_answer_is_tagged_and_its_provenance_names_the_model(answer, fixture
     assert agent["type"]["coding"][0]["code"] == "author"
     assert device["deviceName"][0]["name"] == export.card.name
     assert [v["value"] for v in device["version"]][:2] == [export.card.version, export.checksum]
+
+
+def test_the_identifier_is_the_prediction_id_and_takes_its_outcome(answer, client, outcome_dir):
+    [identifier] = answer["identifier"]
+    assert identifier["system"] == fhir_answers.EXTENSION + "prediction-id"
+    pid = identifier["value"]
+    assert issued_at(pid) is not None  # 32 hex digits: the answer's time and 80 random bits
+    keyed = {"X-API-Key": KEY}
+    r = client.post("/v1/outcomes", json={"prediction_id": pid, "outcome": 1}, headers=keyed)
+    assert r.status_code == 200 and r.json() == {"prediction_id": pid, "stored": True}, r.text
+    assert client.post("/v1/outcomes", json={"prediction_id": pid, "outcome": 1},
+                       headers=keyed).json()["stored"] is False
+    # Matched to the probability the RiskAssessment stated.
+    with sqlite3.connect(outcome_dir / STORE_FILE) as db:
+        row = db.execute("SELECT probability, outcome FROM predictions WHERE prediction_id = ?", (pid,)).fetchone()
+    assert row == (answer["prediction"][0]["probabilityDecimal"], 1)
 
 
 def test_qualitative_risk_and_confidence_come_from_the_interval(answer):

@@ -4,13 +4,15 @@ tritonclient[http] (test requirements) speaks the protocol as Triton's users do:
 readiness, metadata, infer with JSON tensors and with the binary-data extension. The reference for
 every number is /v1/predict on the same server, with the same admission and seed: both roads must
 reach the model with the same record (the noise is keyed by seed and record bytes), so the samples
-agree exactly. Protocol error shapes and the record checks are pinned with plain httpx.
+agree exactly. Protocol error shapes and the record checks are pinned with plain httpx. The server keeps
+outcomes, so every answer also carries the ``prediction_id`` tensor that /v1/outcomes takes.
 """
 from __future__ import annotations
 
 import base64
 import datetime as dt
 import json
+import sqlite3
 
 import httpx
 import numpy as np
@@ -22,6 +24,7 @@ import ehr_base  # noqa: F401  (pins the Keras flavour before TensorFlow loads)
 from ehr_pipeline.contract import protos, spec
 from model.export.load import read_export
 from serving.inference.encoding import encode
+from serving.monitoring.outcome_store import STORE_FILE
 from serving.schemas import PredictRequest
 from serving.tools.server_process import ServerProcess
 from tests.support.paths import REPO_ROOT
@@ -50,10 +53,14 @@ def export(fixture_export):
 
 
 @pytest.fixture(scope="module")
-def server(fixture_export, tmp_path_factory):
-    log = tmp_path_factory.mktemp("oip") / "server.log"
-    with ServerProcess(["--model", str(fixture_export), "--max-wait-ms", "1"], env={"EHR_API_KEYS": KEY},
-                       log_path=log, cwd=REPO_ROOT) as srv:
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("oip")
+
+
+@pytest.fixture(scope="module")
+def server(fixture_export, folder):
+    args = ["--model", str(fixture_export), "--max-wait-ms", "1", "--outcome-dir", str(folder / "outcomes")]
+    with ServerProcess(args, env={"EHR_API_KEYS": KEY}, log_path=folder / "server.log", cwd=REPO_ROOT) as srv:
         yield srv
 
 
@@ -92,16 +99,19 @@ def test_tritonclient_reads_health_metadata_and_readiness(triton_client, export)
                                                                       ("sequence_example", "BYTES")]
     outputs = {o["name"]: (o["datatype"], o["shape"]) for o in meta["outputs"]}
     assert outputs["sampled_probabilities"] == ("FP64", [-1, -1, K]) and outputs["refer"] == ("BOOL", [-1])
+    assert outputs["prediction_id"] == ("BYTES", [-1])  # this server keeps outcomes
     with pytest.raises(InferenceServerException, match="not served here"):
         triton_client.get_model_metadata("another-model", headers=HEADERS)
 
 
-def _infer(triton_client, export, tensor_name: str, elements: list[bytes], *, binary: bool):
+def _infer(triton_client, export, tensor_name: str, elements: list[bytes], *, binary: bool,
+           extra_outputs: tuple[str, ...] = ()):
     tensor = triton.InferInput(tensor_name, [len(elements)], "BYTES")
     tensor.set_data_from_numpy(np.array(elements, dtype=object), binary_data=binary)
     outputs = None if binary else [triton.InferRequestedOutput(n, binary_data=False)
                                    for n in ("probability", "sampled_probabilities", "refer", "interval_lower",
-                                             "interval_upper", "predictive_entropy", "mutual_information")]
+                                             "interval_upper", "predictive_entropy", "mutual_information",
+                                             *extra_outputs)]
     # A copy: tritonclient writes its Inference-Header-Content-Length (an int) into the dict it is given.
     return triton_client.infer(export.card.name, [tensor], outputs=outputs, headers=dict(HEADERS),
                                parameters={"seed": SEED, "num_samples": SAMPLES}, request_id="req-1")
@@ -135,6 +145,31 @@ def test_a_serialized_record_scores_as_its_admission_does(triton_client, client,
     result = _infer(triton_client, export, "sequence_example", [element], binary=binary)
     np.testing.assert_array_equal(result.as_numpy("sampled_probabilities")[0].reshape(-1),
                                   v1_samples(client, body)["samples"])
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json-tensors", "binary-extension"])
+def test_every_admission_gets_a_prediction_id_that_takes_its_outcome(triton_client, client, export, folder, binary):
+    bodies = [admission(), admission("50971", 4.1, hours=3)]
+    record = encode(PredictRequest.model_validate(bodies[0]), export).example
+    by_json = _infer(triton_client, export, "admission_json", [json.dumps(b).encode() for b in bodies],
+                     binary=binary, extra_outputs=("prediction_id",))
+    by_record = _infer(triton_client, export, "sequence_example", [record if binary else base64.b64encode(record)],
+                       binary=binary, extra_outputs=("prediction_id",))
+    # tritonclient gives a JSON BYTES element as str, a binary one as bytes.
+    ids = [v.decode() if isinstance(v, bytes) else v
+           for v in (*by_json.as_numpy("prediction_id"), *by_record.as_numpy("prediction_id"))]
+    assert by_json.as_numpy("prediction_id").shape == (2,) and by_record.as_numpy("prediction_id").shape == (1,)
+    assert len(set(ids)) == 3 and all(len(i) == 32 for i in ids)
+    for pid, outcome in zip(ids, (1, 0, 1)):
+        r = client.post("/v1/outcomes", json={"prediction_id": pid, "outcome": outcome}, headers=HEADERS)
+        assert r.status_code == 200 and r.json() == {"prediction_id": pid, "stored": True}, r.text
+    # Each identifier keys the probability its answer gave, whichever input carried the admission; the
+    # admissions themselves are not kept (no --outcome-keep-admissions).
+    answered = [*by_json.as_numpy("probability"), *by_record.as_numpy("probability")]
+    with sqlite3.connect(folder / "outcomes" / STORE_FILE) as db:
+        rows = [db.execute("SELECT probability, outcome, admission FROM predictions WHERE prediction_id = ?",
+                           (pid,)).fetchone() for pid in ids]
+    assert rows == [(float(p), y, None) for p, y in zip(answered, (1, 0, 1))]
 
 
 def _record_without(export, feature: str) -> bytes:

@@ -6,6 +6,7 @@ import sqlite3
 import numpy as np
 import pytest
 
+from model.adapt.outcome_file import OutcomeFileError, read_kept_admissions
 from serving.monitoring import outcome_store
 from serving.monitoring.outcome_store import (ConflictingOutcome, ExpiredPrediction, OutcomeError, OutcomeStore,
                                               UnknownPrediction)
@@ -73,18 +74,27 @@ def test_reopening_the_folder_loses_nothing(tmp_path):
     assert again.record_outcome(ids[0], 0, now=T0 + 2) is True
 
 
-def test_admissions_are_kept_only_when_configured(tmp_path):
+def test_admissions_are_kept_only_when_configured_and_read_through_the_one_reader(tmp_path):
     off = _store(tmp_path / "off")
     [a] = off.record_predictions("1.0", [0.5], [[0.5]], [b"encoded"], now=T0)
     off.record_outcome(a, 1, now=T0)
-    assert off.admissions() == []
+    with pytest.raises(OutcomeFileError, match="1 outcomes without their admission: .*--outcome-keep-admissions"):
+        read_kept_admissions(tmp_path / "off", "1.0")
     with sqlite3.connect(off.path) as db:
         assert db.execute("SELECT admission FROM predictions").fetchone() == (None,)
     on = _store(tmp_path / "on", keep_admissions=True)
-    [b] = on.record_predictions("1.0", [0.5], [[0.5]], [b"encoded"], now=T0)
-    assert on.admissions() == []  # no outcome yet: nothing to learn from
-    on.record_outcome(b, 0, now=T0)
-    assert on.admissions() == [(b"encoded", 0)]
+    [b, c] = on.record_predictions("1.0", [0.5, 0.6], [[0.5], [0.6]], [b"encoded", b"second"], now=T0)
+    [d] = on.record_predictions("2.0", [0.7], [[0.7]], [b"other model"], now=T0 + 1)
+    on.record_outcome(d, 1, now=T0 + 1)
+    with pytest.raises(OutcomeFileError, match="answered by model version\\(s\\) 2.0, not 1.0"):
+        read_kept_admissions(tmp_path / "on", "1.0")  # nothing of this version has its outcome yet
+    on.record_outcome(b, 0, now=T0 + 2)
+    kept = read_kept_admissions(tmp_path / "on", "1.0")  # while the service holds the file open
+    assert (kept.records, kept.outcomes) == ([b"encoded"], [0])
+    assert kept.counts == {"read": 3, "without_outcome": 1, "admission_not_kept": 0, "other_model_version": 1,
+                           "used": 1}
+    with pytest.raises(OutcomeFileError, match="no outcome store here"):
+        read_kept_admissions(tmp_path / "absent", "1.0")
 
 
 def test_matched_keeps_one_version_and_the_samples_every_row_has(tmp_path):

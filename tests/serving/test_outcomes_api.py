@@ -3,6 +3,7 @@ takes the outcome (authenticated, idempotent, clear 4xx), /v1/monitor and /metri
 expected performance, a restart keeps everything and the retention period deletes old rows."""
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 
@@ -134,3 +135,14 @@ def test_without_an_outcome_dir_nothing_is_kept_and_outcomes_are_404(export_dir,
         r = client.post("/v1/outcomes", json={"prediction_id": "0" * 32, "outcome": 1}, headers=HEADERS)
         assert r.status_code == 404 and "--outcome-dir" in r.json()["detail"]
         assert client.get("/v1/monitor", headers=HEADERS).json()["outcomes"] is None
+        # The Open Inference Protocol's answers and metadata have no prediction_id output either.
+        name = predictor.export.card.name
+        one = {"inputs": [{"name": "admission_json", "shape": [1], "datatype": "BYTES",
+                           "data": [json.dumps(admission_requests(1, seed=6)[0])]}]}
+        infer = client.post(f"/v2/models/{name}/infer", json=one, headers=HEADERS)
+        assert infer.status_code == 200 and "prediction_id" not in [o["name"] for o in infer.json()["outputs"]]
+        meta = client.get(f"/v2/models/{name}", headers=HEADERS).json()
+        assert "prediction_id" not in [o["name"] for o in meta["outputs"]]
+        asked = client.post(f"/v2/models/{name}/infer", json={**one, "outputs": [{"name": "prediction_id"}]},
+                            headers=HEADERS)
+        assert asked.status_code == 400 and "keeps no outcomes" in asked.json()["error"]

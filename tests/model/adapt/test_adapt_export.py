@@ -18,6 +18,7 @@ from model.evaluation.statistics import metrics
 from model.export.load import ExportError, load_export
 from model.export.predict import Predictor, predict_probs
 from model.export.write import write_ensemble_export
+from serving.monitoring.outcome_store import OutcomeStore
 from tests.support.adapt_data import relabelled_copy
 
 
@@ -76,6 +77,53 @@ def test_an_ensemble_refuses_a_recalibrated_member(trained_rank1, recalibrated, 
 def test_a_sample_larger_than_the_split_is_refused(trained_rank1, site, tmp_path):
     with pytest.raises(ValueError, match="160 labelled admissions, fewer than the 500"):
         run_update(trained_rank1["export"], site, tmp_path / "x", AdaptConfig(sample_size=500, samples=2))
+
+
+def _service_store(folder, version: str, records: list[bytes], labels, *, keep: bool = True) -> None:
+    """An outcome store written by the service's own class: each record answered by `version`, then its outcome."""
+    store = OutcomeStore(folder, retention_s=10 * 86400.0, keep_admissions=keep)
+    for i, (record, label) in enumerate(zip(records, labels)):
+        [pid] = store.record_predictions(version, [0.5], [[0.5, 0.5]], [record], now=1.8e9 + i)
+        store.record_outcome(pid, int(label), now=1.8e9 + i)
+    store.close()
+
+
+@pytest.mark.slow
+def test_ehr_adapt_reads_the_services_outcome_store_as_its_local_data(trained_rank1, site, recalibrated, tmp_path,
+                                                                     capsys):
+    parent = load_export(trained_rank1["export"])
+    version = parent.files.card.version
+    train = data_folder.read_split(data_folder.load_data_files(site), "train")
+    folder = tmp_path / "outcomes"
+    _service_store(folder, version, train.records, train.labels)
+    # Rows the update cannot use, each counted by reason: another version's, an outcome still to come.
+    _service_store(folder, version + "-other", train.records[:3], train.labels[:3])
+    OutcomeStore(folder, retention_s=86400.0, keep_admissions=True).record_predictions(
+        version, [0.5], [[0.5, 0.5]], [train.records[0]])
+    out = tmp_path / "from-store"
+    assert ehr_adapt.main(["--model", str(trained_rank1["export"]), "--outcomes", str(folder), "--out", str(out),
+                           "--method", "recalibrate", "--samples", "3", "--no-progress"]) == 0
+    record = load_export(out).files.adaptation
+    assert (record.method, record.n, record.events) == ("recalibrate", 160, sum(train.labels))
+    local = record.model_extra["local_data"]
+    assert local["split"] == "outcome-store"
+    assert local["records"] == {"read": 164, "without_outcome": 1, "admission_not_kept": 0, "other_model_version": 3,
+                                "not_drawn": 0, "used": 160}
+    # The same admissions and outcomes as the data folder's train split, in the same order: the same recalibration.
+    folder_fit = load_export(recalibrated.export_dir).files.adaptation.recalibration
+    assert (record.recalibration.intercept, record.recalibration.slope) == pytest.approx(
+        (folder_fit.intercept, folder_fit.slope), rel=1e-6)
+    capsys.readouterr()
+    # One line each: a store of another model version only, and one that kept no admissions.
+    _service_store(tmp_path / "other", "0.0.0-other", train.records[:4], train.labels[:4])
+    _service_store(tmp_path / "unkept", version, train.records[:4], train.labels[:4], keep=False)
+    for name, why in (("other", "answered by model version(s) 0.0.0-other, not " + version),
+                      ("unkept", "only with --outcome-keep-admissions")):
+        assert ehr_adapt.main(["--model", str(trained_rank1["export"]), "--outcomes", str(tmp_path / name),
+                               "--out", str(tmp_path / f"x-{name}"), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert why in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x-other").exists() and not (tmp_path / "x-unkept").exists()
 
 
 @pytest.mark.slow
