@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import csv
 import html
+import json
 import re
 
 import numpy as np
 import pytest
+from sklearn.metrics import roc_curve
 
 from model.cli import ehr_eval
 from model.evaluation import evaluate
-from model.evaluation.report import html_cells, report_html
+from model.evaluation.report import html_cells, plots, report_html
 from model.evaluation.statistics import clinical_stats
 from tests.support.browser import render_check
 from tests.support.ehr_testdata import read_json
@@ -184,8 +186,17 @@ def test_compare_report_renders_both_models(tmp_path, capsys):
     referred = rng.random(n) < 0.1
     evaluate.write_predictions(tmp_path / "a.csv", probs_a, y, ids, 2, 2, truth, attributes, referred)
     evaluate.write_predictions(tmp_path / "b.csv", probs_b, y, ids, 2, 2, truth, attributes, referred)
+    # What ehr-eval wrote beside each file: an export's model card (A) and a baseline fitted on the spot (B).
+    member = {"name": "rank1_lstm", "version": "0.4.0", "method": "rank1", "num_parameters": 12345,
+              "data_manifest_sha256": "ab" * 32, "checksum": "cd" * 32, "config": {"model": {"method": "rank1"}}}
+    baseline = {"kind": "logistic", "seed": 0, "params": {"penalty": "l1", "C": 0.05}, "num_features": 812,
+                "validation_nll": {"penalty=l1,C=0.05": 0.31, "penalty=l2,C=0.1": 0.33}}
+    (tmp_path / "metrics.json").write_text(json.dumps({"model": {"members": [member]}}))
+    (tmp_path / "b").mkdir()
+    evaluate.write_predictions(tmp_path / "b" / "b.csv", probs_b, y, ids, 2, 2, truth, attributes, referred)
+    (tmp_path / "b" / "metrics.json").write_text(json.dumps({"baseline": baseline, "data_manifest_sha256": "ef" * 32}))
     out = tmp_path / "cmp"
-    assert ehr_eval.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--bootstrap", "50",
+    assert ehr_eval.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b" / "b.csv"), "--bootstrap", "50",
                           "--out", str(out)]) == 0
     assert "AURC B - A" in capsys.readouterr().out
     doc = read_json(out / evaluate.COMPARISON_FILE)
@@ -197,9 +208,27 @@ def test_compare_report_renders_both_models(tmp_path, capsys):
     page = (out / evaluate.REPORT_HTML).read_text(encoding="utf-8")
     _no_network(page)
     assert report_html._ci(doc["clinical"]["b"]["calibration"]["slope"]) in page
+    # Each side's card: an export by name, version, method, training data and checksum; the baseline by its
+    # estimator, features and how its settings were chosen, and not called an unchanged model.
+    specification = page[page.index("TRIPOD+AI 22"):page.index("TRIPOD+AI 23a")]
+    for text in ("rank1_lstm", "0.4.0", "rank1, 12,345 parameters", "ab" * 6, "export sha256 " + "cd" * 6,
+                 "logistic baseline", "812 bag aggregates", "penalty=l1, C=0.05, chosen by lowest validation-split "
+                 "NLL among 2 tried", "data manifest sha256 " + "ef" * 6):
+        assert text in specification, text
+    updating = page[page.index("TRIPOD+AI 24"):]
+    assert "B is a logistic baseline fitted on the spot" in updating and "None: the model" not in updating
+    # The ROC figure's curves are in comparison.json and are scikit-learn's on each file's probabilities.
+    for side, pred in (("a", a), ("b", evaluate.read_predictions(tmp_path / "b" / "b.csv"))):
+        fpr, tpr, _ = roc_curve(pred.labels, pred.p)
+        stored = doc["clinical"][side]["curves"]["roc"]
+        assert len(fpr) <= 200 and np.allclose(stored["fpr"], fpr) and np.allclose(stored["tpr"], tpr)
+    # Referral: one panel per model, each with its own four referral orders, not eight lines in one axes.
+    panels = plots.selective_figure([(n, doc["clinical"][n.lower()]["selective"]) for n in "AB"], 0.05).axes
+    assert len(panels) == 2 and all(len(ax.get_lines()) == 5 for ax in panels)  # 4 orders + the target line
+    assert not re.search(r"[-+]0\.0+(?![0-9])", re.sub(r'src="data:[^"]*"', "", page))
     seen = render_check(out / evaluate.REPORT_HTML, tmp_path / "browser")
-    # Calibration, decision curve, risk-coverage of both, and one forest plot per model.
-    assert seen["images"] == 5 and seen["drawn"] == 5
+    # ROC of both, calibration, decision curve, risk-coverage of both, and one forest plot per model.
+    assert seen["images"] == 6 and seen["drawn"] == 6
 
 
 def test_compare_marks_a_constant_measure_absent_and_pairs_calibration_and_net_benefit(tmp_path):
