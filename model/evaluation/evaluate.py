@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+import ehr_base
 from model.evaluation import dataset_identity
 from model.evaluation.report import plots, report_html
 from model.evaluation.statistics import against_truth, clinical_stats, curves, metrics, metrics_report
@@ -111,7 +112,7 @@ def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], pro
     y = np.asarray(labels, dtype=np.float64)
     p = metrics.predictive_mean(probs)
     u = metrics.uncertainties(probs)
-    doc = dict(report)
+    doc = {**report, "software_version": ehr_base.__version__}
     if extra:
         doc.update(extra)
     paths = {"metrics": out / REPORT_FILE}
@@ -295,6 +296,8 @@ def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLik
     members = {side: _members_beside(path) for side, path in (("a", a.path), ("b", b.path))}
     return json_ready({"a": a.path, "b": b.path, "names": {"a": model_name(a.path), "b": model_name(b.path)},
                        "cards": {side: model_card_beside(path) for side, path in (("a", a.path), ("b", b.path))},
+                       "software_version": ehr_base.__version__,
+                       "data_manifest_sha256": _metrics_beside(a.path).get("data_manifest_sha256"),
                        "updates": {side: [m["update"] for m in ms if m.get("update")] for side, ms in members.items()},
                        "relation": update_relation(members["a"], members["b"]),
                        "population": _population_beside(a.path), "n": int(a.labels.size), "n_bootstrap": n_bootstrap, "seed": seed,

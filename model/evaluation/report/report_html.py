@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from model.evaluation.statistics import clinical_stats, small_sample
-from model.evaluation.report import formatting, plots, report_summary
+from model.evaluation.report import formatting, plots, report_summary, tripod_items
 from model.evaluation.report.html_cells import card as _card, ci as _ci, esc as _esc, interval_text as _interval_text
 from model.evaluation.report.html_cells import NO_INTERVAL, fixed as _fixed
 from model.evaluation.report.html_cells import num as _num, pct as _pct, section as _section, table as _table
@@ -472,7 +472,7 @@ def _render_single(doc: Mapping[str, Any]) -> str:
             + _heterogeneity([("model", clinical.get("subgroups"))])
             + (_section("Model updating", "24", "<p>Not applicable: a baseline fitted on the spot on this data folder's "
                                                 "train split, not an existing model updated.</p>")
-               if doc.get("baseline") else _updating(members)) + _footer())
+               if doc.get("baseline") else _updating(members)) + _further_items(doc) + _footer())
 
 
 def _paired_clinical_rows(paired: Mapping[str, Any] | None, calibration: bool = True) -> list[list[str]]:
@@ -583,7 +583,60 @@ def _render_comparison(doc: Mapping[str, Any]) -> str:
     return (f"<h1>{_esc(TITLE)}: comparison</h1><p class=\"meta\">{meta}</p>" + report_summary.comparison_summary(doc)
             + _participants(doc.get("population")) + _model_cards(doc)
             + _section("Model performance", "23a", performance)
-            + _heterogeneity([(n, models[n].get("subgroups")) for n in names]) + _updating_compared(doc) + _footer())
+            + _heterogeneity([(n, models[n].get("subgroups")) for n in names]) + _updating_compared(doc)
+            + _further_items_compared(doc) + _footer())
+
+
+def _settings(doc: Mapping[str, Any], clinical: Mapping[str, Any]) -> str:
+    """The evaluation's own settings, as item 18 names them."""
+    operating = clinical.get("operating_threshold") or {}
+    parts = [f"seed {doc.get('seed', 0)}"]
+    if "S" in doc:
+        parts += [f"split {doc.get('split', 'test')}", f"S = {doc['S']} samples x K = {doc['K']} members"]
+    if doc.get("n_bootstrap"):
+        parts.append(f"{doc['n_bootstrap']} bootstrap resamples")
+    if operating.get("rule"):
+        parts.append(f"--threshold {operating['rule']}")
+    return ", ".join(parts)
+
+
+def _further_items(doc: Mapping[str, Any]) -> str:
+    """TRIPOD+AI 10, 14, 16, 17, 18, 27 of a single page (tripod_items)."""
+    clinical = doc["clinical"]
+    members = (doc.get("model") or {}).get("members") or []
+    baseline = doc.get("baseline")
+    parameters = ([(f"{baseline['kind']} baseline, candidate features", baseline.get("num_features"))] if baseline
+                  else [(m.get("name", "model"), m.get("num_parameters")) for m in members])
+    training = [doc.get("data_manifest_sha256")] if baseline else [m.get("data_manifest_sha256") for m in members]
+    return tripod_items.section_html(
+        doc, parameters=parameters, subgroups=[("model", clinical.get("subgroups"))],
+        absent=report_summary.absent_groups(clinical.get("subgroups")), training_sha=training,
+        evaluated_sha=doc.get("data_manifest_sha256"), version=doc.get("software_version"),
+        settings=_settings(doc, clinical), checksums=[m.get("checksum") for m in members])
+
+
+def _further_items_compared(doc: Mapping[str, Any]) -> str:
+    """TRIPOD+AI 10, 14, 16, 17, 18, 27 of a comparison page, from both sides' cards."""
+    cards = doc.get("cards") or {}
+    parameters, training, checksums = [], [], []
+    for side in ("a", "b"):
+        card = cards.get(side) or {}
+        if card.get("kind") == "baseline":
+            parameters.append((f"{side.upper()} ({card['estimator']} baseline), candidate features",
+                               card.get("num_features")))
+            training.append(card.get("data_manifest_sha256"))
+        for m in card.get("members") or []:
+            parameters.append((f"{side.upper()} ({m.get('name')})", m.get("num_parameters")))
+            training.append(m.get("training_data_sha256"))
+            checksums.append(m.get("checksum"))
+        if card.get("kind", "unknown") == "unknown":
+            training.append(None)
+    clinical = doc["clinical"]
+    absent = sorted(set(report_summary.absent_groups(clinical["a"].get("subgroups"))))
+    return tripod_items.section_html(
+        doc, parameters=parameters, subgroups=[(n, clinical[n.lower()].get("subgroups")) for n in "AB"],
+        absent=absent, training_sha=training, evaluated_sha=doc.get("data_manifest_sha256"),
+        version=doc.get("software_version"), settings=_settings(doc, clinical["a"]), checksums=checksums)
 
 
 def _footer() -> str:
