@@ -605,8 +605,8 @@ def _further_items(doc: Mapping[str, Any]) -> str:
     clinical = doc["clinical"]
     members = (doc.get("model") or {}).get("members") or []
     baseline = doc.get("baseline")
-    parameters = ([(f"{baseline['kind']} baseline, candidate features", baseline.get("num_features"))] if baseline
-                  else [(m.get("name", "model"), m.get("num_parameters")) for m in members])
+    parameters = ([(f"{baseline['kind']} baseline", baseline.get("num_features"), "candidate feature")] if baseline
+                  else [(m.get("name", "model"), m.get("num_parameters"), "parameter") for m in members])
     training = [doc.get("data_manifest_sha256")] if baseline else [m.get("data_manifest_sha256") for m in members]
     return tripod_items.section_html(
         doc, parameters=parameters, subgroups=[("model", clinical.get("subgroups"))],
@@ -622,11 +622,11 @@ def _further_items_compared(doc: Mapping[str, Any]) -> str:
     for side in ("a", "b"):
         card = cards.get(side) or {}
         if card.get("kind") == "baseline":
-            parameters.append((f"{side.upper()} ({card['estimator']} baseline), candidate features",
-                               card.get("num_features")))
+            parameters.append((f"{side.upper()} ({card['estimator']} baseline)", card.get("num_features"),
+                               "candidate feature"))
             training.append(card.get("data_manifest_sha256"))
         for m in card.get("members") or []:
-            parameters.append((f"{side.upper()} ({m.get('name')})", m.get("num_parameters")))
+            parameters.append((f"{side.upper()} ({m.get('name')})", m.get("num_parameters"), "parameter"))
             training.append(m.get("training_data_sha256"))
             checksums.append(m.get("checksum"))
         if card.get("kind", "unknown") == "unknown":

@@ -25,8 +25,9 @@ def _splits(doc: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
     return (doc.get("population") or {}).get("splits") or {}
 
 
-def sample_size(doc: Mapping[str, Any], parameters: Sequence[tuple[str, int | None]]) -> str:
-    """Item 10: the events the data had for training and evaluation, and events per parameter (label, count)."""
+def sample_size(doc: Mapping[str, Any], parameters: Sequence[tuple[str, int | None, str]]) -> str:
+    """Item 10: the events the data had for training and evaluation, and events per parameter ((label, count,
+    unit): "parameter" for a network, "candidate feature" for a baseline)."""
     splits = _splits(doc)
     train = (splits.get("train") or {}).get("events")
     events = int(round(doc["n"] * doc["prevalence"])) if "prevalence" in doc else None
@@ -35,9 +36,9 @@ def sample_size(doc: Mapping[str, Any], parameters: Sequence[tuple[str, int | No
     text = (f"<p>The sample size was not chosen: it is what the data folder held. {evaluated}; a validation needs "
             f"at least {PRECISE_EVENTS} deaths and {PRECISE_EVENTS} survivors for precise estimates (Riley et al. "
             "2021).")
-    per = [f"{esc(label)}: {num(count)} parameters"
-           + (f", {train / count:.2g} deaths per parameter" if train is not None else "")
-           for label, count in parameters if count]
+    per = [f"{esc(label)}: {num(count)} {esc(unit)}s"
+           + (f", {train / count:.2g} deaths per {esc(unit)}" if train is not None else "")
+           for label, count, unit in parameters if count]
     if train is not None:
         text += f" The train split had {num(train)} deaths" + ("; " + "; ".join(per) if per else "") + "."
     elif per:
@@ -107,7 +108,7 @@ def unavailable_inputs(doc: Mapping[str, Any]) -> str:
     return f"<p>{esc(UNKNOWN_CODES)}.{counted}</p>"
 
 
-def section_html(doc: Mapping[str, Any], *, parameters: Sequence[tuple[str, int | None]],
+def section_html(doc: Mapping[str, Any], *, parameters: Sequence[tuple[str, int | None, str]],
                  subgroups: Sequence[tuple[str, Mapping[str, Any] | None]], absent: Sequence[str],
                  training_sha: Sequence[str | None], evaluated_sha: str | None, version: str | None,
                  settings: str, checksums: Sequence[str]) -> str:

@@ -239,7 +239,7 @@ def test_compare_report_renders_both_models(tmp_path, capsys):
     updating = page[page.index("TRIPOD+AI 24"):]
     assert "B is a logistic baseline fitted on the spot" in updating and "None: the model" not in updating
     items = html.unescape(updating[updating.index("TRIPOD+AI 10, 14"):])
-    assert "A (rank1_lstm): 12,345 parameters" in items and "B (logistic baseline), candidate features: 812 parameters" in items
+    assert "A (rank1_lstm): 12,345 parameters" in items and "B (logistic baseline): 812 candidate features" in items
     # B was fitted on another folder than the one A was trained and both were evaluated on: item 16 says so.
     assert f"A different data folder from training (trained on manifest sha256 {'ab' * 6}, {'ef' * 6}" in items
     # The ROC figure's curves are in comparison.json and are scikit-learn's on each file's probabilities.
