@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+import ehr_base
 from model.evaluation import dataset_identity
 from model.evaluation.report import plots, report_html
 from model.evaluation.statistics import against_truth, clinical_stats, curves, metrics, metrics_report
@@ -111,7 +112,7 @@ def write_report(out_dir: str | os.PathLike[str], report: Mapping[str, Any], pro
     y = np.asarray(labels, dtype=np.float64)
     p = metrics.predictive_mean(probs)
     u = metrics.uncertainties(probs)
-    doc = dict(report)
+    doc = {**report, "software_version": ehr_base.__version__}
     if extra:
         doc.update(extra)
     paths = {"metrics": out / REPORT_FILE}
@@ -289,8 +290,14 @@ def compare_predictions(path_a: str | os.PathLike[str], path_b: str | os.PathLik
                 "paired_clinical": paired_clinical.paired_calibration_and_benefit(
                     a.p, b.p, a.labels, n_bootstrap=n_bootstrap, seed=seed),
                 "absent_scores": paired_clinical.absent_scores(a.uncertainties, b.uncertainties)}
+    # The ROC curve of each side, so the page's figure of both is drawn from this file alone.
+    for side, pred in (("a", a), ("b", b)):
+        clinical[side]["curves"] = curves.report_curves(pred.p, pred.labels)
     members = {side: _members_beside(path) for side, path in (("a", a.path), ("b", b.path))}
     return json_ready({"a": a.path, "b": b.path, "names": {"a": model_name(a.path), "b": model_name(b.path)},
+                       "cards": {side: model_card_beside(path) for side, path in (("a", a.path), ("b", b.path))},
+                       "software_version": ehr_base.__version__,
+                       "data_manifest_sha256": _metrics_beside(a.path).get("data_manifest_sha256"),
                        "updates": {side: [m["update"] for m in ms if m.get("update")] for side, ms in members.items()},
                        "relation": update_relation(members["a"], members["b"]),
                        "population": _population_beside(a.path), "n": int(a.labels.size), "n_bootstrap": n_bootstrap, "seed": seed,
@@ -310,6 +317,29 @@ def _metrics_beside(path: str | os.PathLike[str]) -> Mapping[str, Any]:
 def _members_beside(path: str | os.PathLike[str]) -> list[Mapping[str, Any]]:
     """The model_description members of the evaluation that wrote a predictions file ([] for a file from elsewhere)."""
     return list((_metrics_beside(path).get("model") or {}).get("members") or [])
+
+
+def model_card_beside(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What identifies a predictions file's model, from the metrics.json beside it: an export's members (name,
+    version, method, training data's manifest sha256, export checksum) or a baseline fitted on the spot (estimator,
+    features, how its settings were chosen, the data it was fitted on); {"kind": "unknown"} for a file from
+    elsewhere."""
+    doc = _metrics_beside(path)
+    dataset = ((doc.get("population") or {}).get("dataset") or {}).get("name")
+    if doc.get("baseline"):
+        b = doc["baseline"]
+        tried = b.get("validation_nll") or {}
+        return {"kind": "baseline", "estimator": b.get("kind"), "num_features": b.get("num_features"),
+                "params": b.get("params"), "settings_tried": len(tried), "seed": b.get("seed"),
+                "chosen_by": "lowest validation-split NLL", "training_data": dataset,
+                "data_manifest_sha256": doc.get("data_manifest_sha256")}
+    members = _members_beside(path)
+    if not members:
+        return {"kind": "unknown"}
+    return {"kind": "export", "evaluated_on": dataset, "members": [
+        {"name": m.get("name"), "version": m.get("version"), "method": ((m.get("config") or {}).get("model") or {})
+         .get("method") or m.get("method"), "training_data_sha256": m.get("data_manifest_sha256"),
+         "checksum": m.get("checksum"), "num_parameters": m.get("num_parameters")} for m in members]}
 
 
 def model_name(path: str | os.PathLike[str]) -> str:

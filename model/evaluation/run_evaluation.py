@@ -350,7 +350,9 @@ def evaluate_baseline(request: BaselineRequest, fit: Callable[..., Any]) -> dict
         with report_folder(request, [request.data_dir]) as out:
             evaluate.write_report(out, report, pred.probs, pred.labels.tolist(), pred.hadm_ids.tolist(),
                                   measure, request.num_bins, extra={"split": request.split,
-                                                                    "data": os.fspath(request.data_dir)},
+                                                                    "data": os.fspath(request.data_dir),
+                                                                    "data_manifest_sha256":
+                                                                        data_folder.manifest_sha256(request.data_dir)},
                                   truth=truth, attributes=attributes, referred=referred, html=True)
     return report
 

@@ -5,7 +5,9 @@ of a handful of cases can collapse to a point (every resample has the same AUROC
 certainty where there is least of it, so such a cell says the interval is not estimable at this size.
 A cell the small-sample rule marks not estimable (``"estimable": False``) shows no number at all, only
 why. An estimate with an interval is rounded to the decimals its standard error supports
-(small_sample.supported_decimals; ``digits`` is then the most shown).
+(small_sample.supported_decimals; ``digits`` is then the most shown). Every number on the page goes
+through ``fixed``, which never prints a signed zero: -0.0004 at three decimals is "0.000", not "-0.000"
+(a sign that says a difference leans one way where it rounds to none).
 """
 from __future__ import annotations
 
@@ -23,13 +25,21 @@ def esc(value: Any) -> str:
     return html.escape(str(value))
 
 
+def fixed(value: float, places: int, signed: bool = False) -> str:
+    """value with `places` decimals ('+' before a positive one when signed); one that rounds to zero is unsigned."""
+    text = f"{value:+.{places}f}" if signed else f"{value:.{places}f}"
+    if text.lstrip("+-").strip("0.") == "":  # rounds to zero: no sign either way
+        return text.lstrip("+-")
+    return text
+
+
 def num(value: Any, digits: int = 3) -> str:
     """A number for a table cell, 'n/a' for None."""
     if value is None:
         return "n/a"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
-    return f"{value:.{digits}f}"
+    return fixed(value, digits)
 
 
 def _degenerate(cell: Mapping[str, Any]) -> bool:
@@ -41,10 +51,10 @@ def not_estimable(cell: Mapping[str, Any]) -> str:
     return f"not estimable ({cell.get('reason', 'at this size')})"
 
 
-def _format(cell: Mapping[str, Any], digits: int, signed: bool) -> str:
-    """The format of a cell's numbers: `digits` at most, fewer where its interval's standard error is wider."""
+def _format(cell: Mapping[str, Any], digits: int, signed: bool):
+    """The formatter of a cell's numbers: `digits` at most, fewer where its interval's standard error is wider."""
     places = supported_decimals(cell.get("lower"), cell.get("upper"), digits)
-    return f"{{:+.{places}f}}" if signed else f"{{:.{places}f}}"
+    return lambda v: fixed(v, places, signed)
 
 
 def ci(cell: Mapping[str, Any] | None, digits: int = 3, signed: bool = False) -> str:
@@ -55,12 +65,11 @@ def ci(cell: Mapping[str, Any] | None, digits: int = 3, signed: bool = False) ->
     if not cell or cell.get("estimate") is None:
         return "n/a" if not cell or not cell.get("reason") else f"n/a ({cell['reason']})"
     if _degenerate(cell):
-        fmt = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
-        return f"{fmt.format(cell['estimate'])} ({NO_INTERVAL})"
+        return f"{fixed(cell['estimate'], digits, signed)} ({NO_INTERVAL})"
     fmt = _format(cell, digits, signed)
     interval = ("" if cell.get("lower") is None or cell.get("upper") is None
-                else f" ({fmt.format(cell['lower'])} to {fmt.format(cell['upper'])})")
-    return fmt.format(cell["estimate"]) + interval
+                else f" ({fmt(cell['lower'])} to {fmt(cell['upper'])})")
+    return fmt(cell["estimate"]) + interval
 
 
 def pct(value: Any, digits: int = 1) -> str:
@@ -98,7 +107,6 @@ def interval_text(cell: Mapping[str, Any] | None, digits: int = 3, signed: bool 
     if not cell or cell.get("estimate") is None:
         return "n/a", ""
     if cell.get("lower") is None or _degenerate(cell):
-        fmt = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
-        return fmt.format(cell["estimate"]), "" if cell.get("lower") is None else NO_INTERVAL
+        return fixed(cell["estimate"], digits, signed), "" if cell.get("lower") is None else NO_INTERVAL
     fmt = _format(cell, digits, signed)
-    return fmt.format(cell["estimate"]), f"95% CI {fmt.format(cell['lower'])} to {fmt.format(cell['upper'])}"
+    return fmt(cell["estimate"]), f"95% CI {fmt(cell['lower'])} to {fmt(cell['upper'])}"

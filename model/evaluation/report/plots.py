@@ -262,12 +262,13 @@ def _diagonal_axes(ax, top: float, diagonal: str, labels: tuple[str, str], title
     ax.legend(fontsize=7, loc=legend)
 
 
-def roc_figure(curves: Mapping, auc: float | None) -> Figure:
-    """The ROC curve stored in clinical.curves.roc, with the chance diagonal."""
+def roc_figure(models: Sequence[tuple[str, Mapping]]) -> Figure:
+    """The ROC curves stored in clinical.curves.roc, one per (legend label, roc), with the chance diagonal (the
+    caller puts an AUC in the label only where the page shows it, rounded as the page rounds it)."""
     fig = _new_figure(4.6, 4.4)
     ax = fig.subplots()
-    label = "model" if auc is None else f"model (AUC-ROC {auc:.3f})"
-    ax.plot(curves["fpr"], curves["tpr"], color=_COLOURS[0], lw=2, drawstyle="default", label=label)
+    for i, (label, curves) in enumerate(models):
+        ax.plot(curves["fpr"], curves["tpr"], color=_COLOURS[i % len(_COLOURS)], lw=2, label=label)
     _diagonal_axes(ax, 1.0, "chance", ("1 - specificity (false-positive rate)", "sensitivity (true-positive rate)"),
                    "ROC curve", "lower right")
     fig.tight_layout()
@@ -342,24 +343,23 @@ def decision_curve_figure(models: Sequence[tuple[str, Mapping]]) -> Figure:
 
 
 def selective_figure(models: Sequence[tuple[str, Mapping]], target_risk: float | None = None) -> Figure:
-    """Error rate of the kept cases against coverage, one line per referral score (clinical_stats.selective_summary curves)."""
-    fig = _new_figure(6.2, 4.4)
-    ax = fig.subplots()
-    styles = ("-", "--", ":", "-.")
-    for i, (label, sel) in enumerate(models):
+    """Error rate of the kept cases against coverage, one line per referral score (clinical_stats.selective_summary
+    curves); one panel per model, so two models' four scores never overlap in one axes."""
+    fig = _new_figure(6.2 if len(models) == 1 else 4.4 * len(models), 4.4)
+    axes = np.atleast_1d(fig.subplots(1, len(models), sharey=True))
+    for ax, (label, sel) in zip(axes, models):
         curve = sel["curve"]
         for j, (score, risk) in enumerate(curve["risk"].items()):
-            name = score if len(models) == 1 else f"{label}: {score}"
-            colour = _COLOURS[j % len(_COLOURS)]
-            ax.plot(curve["coverage"], _none_to_nan(risk), color=colour, ls=styles[i % len(styles)], lw=1.6,
-                    label=f"refer by {name}" if score != "risk" else f"refer highest p first ({label})")
-    if target_risk is not None:
-        ax.axhline(target_risk, color="gray", lw=0.8, ls=":", label=f"target error {target_risk:g}")
-    ax.set_xlim(1.0, 0.0)
-    ax.set_xlabel("coverage (fraction of cases the model decides alone)")
-    ax.set_ylabel("error rate of the kept cases (p > 0.5 vs outcome)")
-    ax.set_title("Selective prediction: referring the most uncertain first", fontsize=11)
-    ax.legend(fontsize=7)
+            ax.plot(curve["coverage"], _none_to_nan(risk), color=_COLOURS[j % len(_COLOURS)], lw=1.6,
+                    label=f"refer by {score}" if score != "risk" else "refer highest p first")
+        if target_risk is not None:
+            ax.axhline(target_risk, color="gray", lw=0.8, ls=":", label=f"target error {target_risk:g}")
+        ax.set_xlim(1.0, 0.0)
+        ax.set_xlabel("coverage (fraction decided alone)")
+        ax.set_title("Selective prediction: most uncertain referred first" if len(models) == 1 else label,
+                     fontsize=11)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("error rate of the kept cases (p > 0.5 vs outcome)")
     fig.tight_layout()
     return fig
 

@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from model.evaluation.statistics import clinical_stats, small_sample
-from model.evaluation.report import formatting, plots, report_summary
+from model.evaluation.report import formatting, plots, report_summary, tripod_items
 from model.evaluation.report.html_cells import card as _card, ci as _ci, esc as _esc, interval_text as _interval_text
-from model.evaluation.report.html_cells import NO_INTERVAL
+from model.evaluation.report.html_cells import NO_INTERVAL, fixed as _fixed
 from model.evaluation.report.html_cells import num as _num, pct as _pct, section as _section, table as _table
 
 TITLE = "In-hospital mortality after the first 24 hours: evaluation report"
@@ -192,7 +192,9 @@ def _specification(doc: Mapping[str, Any]) -> str:
 
 
 def _overall(doc: Mapping[str, Any]) -> str:
-    ci = doc.get("ci", {})
+    ci = dict(doc.get("ci", {}))
+    if ci.get("auc_roc"):
+        ci["auc_roc"] = report_summary.shown_auc(ci["auc_roc"], doc["clinical"])
     rows = [[METRIC_LABELS[k], _ci(ci.get(k) or {"estimate": doc["overall"].get(k)})] for k in METRIC_LABELS
             if k in doc.get("overall", {})]
     nir = (doc.get("clinical", {}).get("small_sample") or {}).get("no_information_rate")
@@ -202,18 +204,26 @@ def _overall(doc: Mapping[str, Any]) -> str:
     ece = ci.get("ece") or {}
     if ece.get("bias_corrected") is not None:
         note = ('<p class="note">ECE grows with sampling noise, so its interval is the basic bootstrap one, which '
-                f"can lie below the estimate; the bias-corrected ECE is {ece['bias_corrected']:.3f}.</p>")
+                f"can lie below the estimate; the bias-corrected ECE is {_num(ece['bias_corrected'])}.</p>")
     return "<h3>Discrimination and overall performance</h3>" + _table(["Metric", "estimate (95% CI)"], rows) + note
 
 
-def _roc(doc: Mapping[str, Any]) -> str:
-    """The ROC curve of a single-model page, where the file stores it."""
-    roc = (doc["clinical"].get("curves") or {}).get("roc")
-    if not roc or not roc["fpr"]:
+def _roc(models: Sequence[tuple[str, Mapping, Mapping | None]]) -> str:
+    """The ROC curve of each (label, clinical, AUROC cell) whose file stores one; the AUROC in the legend only where
+    the small-sample rule lets the page show it, rounded as the tables round it."""
+    lines = []
+    for label, clinical, auc in models:
+        roc = (clinical.get("curves") or {}).get("roc")
+        if not roc or not roc["fpr"]:
+            continue
+        cell = report_summary.shown_auc(auc, clinical)
+        shown = cell is not None and cell.get("estimable", True) and cell.get("estimate") is not None
+        lines.append((f"{label} (AUC-ROC {_interval_text(cell)[0]})" if shown else label, roc))
+    if not lines:
         return ""
-    auc = (doc.get("ci", {}).get("auc_roc") or {}).get("estimate")
-    return _figure(plots.roc_figure(roc, auc), "ROC curve: sensitivity against 1 - specificity",
-                   "ROC curve over every risk threshold; the dashed diagonal is chance (AUC-ROC 0.5).")
+    return _figure(plots.roc_figure(lines), "ROC curve: sensitivity against 1 - specificity",
+                   f"ROC curve{'s' if len(lines) > 1 else ''} over every risk threshold; the dashed diagonal is chance "
+                   "(AUC-ROC 0.5).")
 
 
 def _risk_histogram(doc: Mapping[str, Any]) -> str:
@@ -361,8 +371,9 @@ def _heterogeneity(models: Sequence[tuple[str, Mapping]]) -> str:
         if sub["gaps"]:
             items = "".join(f"<li><b>{_esc(g['attribute'].replace('_', ' '))} = {_esc(g['group'])}</b> "
                             f"(n = {g['n']}): {_esc(GAP_LABELS.get(g['metric'], g['metric']))} "
-                            f"{g['group_value']:.3f} against {g['rest']:.3f} in the other cases, difference "
-                            f"{g['estimate']:+.3f} (95% CI {g['lower']:+.3f} to {g['upper']:+.3f})</li>"
+                            f"{_num(g['group_value'])} against {_num(g['rest'])} in the other cases, difference "
+                            f"{_fixed(g['estimate'], 3, True)} (95% CI {_fixed(g['lower'], 3, True)} to "
+                            f"{_fixed(g['upper'], 3, True)})</li>"
                             for g in sub["gaps"])
             lead = '<p>The model serves these groups worse than the rest:</p><ul class="gaps">' + items + "</ul>"
         else:
@@ -404,9 +415,16 @@ def _updating_compared(doc: Mapping[str, Any]) -> str:
         body += (f"<p><b>{updated} is {other} {_esc(formatting.describe_update(relation['update']))}</b>: both "
                  f"scored on the same {_num(doc['n'])} cases, so the paired differences above are what the update "
                  "changed on them.</p>")
+    for side, card in (doc.get("cards") or {}).items():
+        if card.get("kind") == "baseline":
+            body += (f"<p>{side.upper()} is a {_esc(card.get('estimator'))} baseline fitted on the spot on the data "
+                     "folder's train split: not an existing model, so not an update of one.</p>")
     for side, updates in (doc.get("updates") or {}).items():
         body += "".join(f"<p>{side.upper()} is {_updated_from(u)}.</p>" for u in updates
                         if not relation or u != relation["update"])
+    if body and len(doc.get("cards") or {}) == 2 and not relation and not doc.get("updates", {}).get("a") \
+            and not doc.get("updates", {}).get("b") and any(c.get("kind") != "baseline" for c in doc["cards"].values()):
+        body += "<p>The other side is evaluated as exported, without recalibration or refitting.</p>"
     return _section("Model updating", "24", body or _NOT_UPDATED)
 
 
@@ -438,7 +456,8 @@ def _render_single(doc: Mapping[str, Any]) -> str:
             f"seed {doc.get('seed', 0)}")
     sha = doc.get("data_manifest_sha256")
     meta += f" · data manifest sha256 {_esc(sha[:12])}" if sha else ""
-    performance = (report_summary.key_cards(doc, clinical) + _overall(doc) + _roc(doc)
+    performance = (report_summary.key_cards(doc, clinical) + _overall(doc)
+                   + _roc([("model", clinical, (doc.get("ci") or {}).get("auc_roc"))])
                    + report_summary.threshold_section(clinical) + report_summary.calibration_warning(clinical)
                    + _calibration([("model", clinical)])
                    + _risk_histogram(doc)
@@ -450,21 +469,67 @@ def _render_single(doc: Mapping[str, Any]) -> str:
     return (f"<h1>{_esc(TITLE)}</h1><p class=\"meta\">{meta}</p>" + report_summary.summary_box(doc)
             + _participants(doc.get("population")) + _analysis_numbers(doc.get("population"), doc)
             + _specification(doc) + _section("Model performance", "23a", performance)
-            + _heterogeneity([("model", clinical.get("subgroups"))]) + _updating(members) + _footer())
+            + _heterogeneity([("model", clinical.get("subgroups"))])
+            + (_section("Model updating", "24", "<p>Not applicable: a baseline fitted on the spot on this data folder's "
+                                                "train split, not an existing model updated.</p>")
+               if doc.get("baseline") else _updating(members)) + _further_items(doc) + _footer())
 
 
 def _paired_clinical_rows(paired: Mapping[str, Any] | None, calibration: bool = True) -> list[list[str]]:
-    """Rows of B - A for calibration slope, calibration-in-the-large (not estimable unless `calibration`: the
-    small-sample rule holds for both sides) and net benefit per threshold."""
+    """Rows of B - A for calibration slope, calibration-in-the-large and net benefit per threshold; a slope
+    difference is flagged, without a number, where either side's slope is not estimable (`calibration` False: the
+    small-sample rule) or its interval is implausibly wide (small_sample.slope_difference_flag)."""
     if not paired:
         return []
-    cells = [("calibration slope", paired["slope"]), ("calibration-in-the-large", paired["intercept"])]
-    rows = [] if calibration else [[name, "not estimable", "not estimable", "", "not estimable at this size"]
-                                   for name, _ in cells]
-    cells = (cells if calibration else []) + [(f"net benefit at {float(t):.0%}", c)
-                                              for t, c in paired["net_benefit"].items()]
-    return rows + [[name, _num(c["a"], 4), _num(c["b"], 4), f"{c['difference']:+.4f}", _paired_interval(c)]
+    rows = []
+    flag = small_sample.slope_difference_flag(paired["slope"], calibration)
+    if flag:
+        rows.append(["calibration slope", "", "", "", flag])
+    if not calibration:
+        rows.append(["calibration-in-the-large", "not estimable", "not estimable", "", "not estimable at this size"])
+    cells = ([] if flag else [("calibration slope", paired["slope"])])
+    cells += [("calibration-in-the-large", paired["intercept"])] if calibration else []
+    cells += [(f"net benefit at {float(t):.0%}", c) for t, c in paired["net_benefit"].items()]
+    return rows + [[name, _num(c["a"], 4), _num(c["b"], 4), _fixed(c["difference"], 4, True), _paired_interval(c)]
                    for name, c in cells]
+
+
+def _card_rows(card: Mapping[str, Any]) -> list[list[str]]:
+    """(field, value) rows of one side's model card (evaluate.model_card_beside)."""
+    if card.get("kind") == "baseline":
+        params = ", ".join(f"{k}={v}" for k, v in (card.get("params") or {}).items())
+        return [["name", f"{card.get('estimator')} baseline (scikit-learn)"],
+                ["version", "none: fitted on the spot by ehr-eval --baseline, not an export"],
+                ["method", "standardised logistic regression" if card.get("estimator") == "logistic"
+                 else "histogram gradient boosting"],
+                ["features", f"{_num(card.get('num_features'))} bag aggregates (per code: log(1 + events) in the "
+                             "admission window and before it; per analyte: window min, max, mean, newest z-score, "
+                             "no-value indicator; age, sex, admission type)"],
+                ["settings", f"{params}, chosen by {card.get('chosen_by')} among {card.get('settings_tried')} tried "
+                             f"(seed {card.get('seed')})"],
+                ["training data", f"train split of {card.get('training_data') or 'the data folder'}"],
+                ["checksum", f"data manifest sha256 {str(card.get('data_manifest_sha256') or 'not recorded')[:12]}"
+                             "; the fitted estimator is not saved"]]
+    if card.get("kind") == "export":
+        rows = []
+        for m in card["members"]:
+            rows += [["name", str(m.get("name"))], ["version", str(m.get("version") or "not recorded")],
+                     ["method", f"{m.get('method')}, {_num(m.get('num_parameters'))} parameters"],
+                     ["training data", f"data manifest sha256 {str(m.get('training_data_sha256') or '?')[:12]}"],
+                     ["checksum", f"export sha256 {str(m.get('checksum') or 'not recorded')[:12]}"]]
+        return rows
+    return [["identity", "not recorded: no metrics.json of ehr-eval beside this predictions file"]]
+
+
+def _model_cards(doc: Mapping[str, Any]) -> str:
+    """Each side's model card (name, version, method, training data, checksum; a baseline's estimator, features and
+    how its settings were chosen)."""
+    cards = doc.get("cards") or {}
+    if not cards:
+        return ""
+    body = "".join(f"<h3>{side.upper()}</h3>" + _table(["field", "value"], _card_rows(cards[side]), left=2)
+                   for side in ("a", "b") if side in cards)
+    return _section("Model specification", "22", body)
 
 
 def _paired_interval(cell: Mapping[str, Any]) -> str:
@@ -478,8 +543,12 @@ def _render_comparison(doc: Mapping[str, Any]) -> str:
     clinical = doc["clinical"]
     names = ("A", "B")
     models = {n: clinical[n.lower()] for n in names}
-    rows = [[name, _num(r["a"], 4), _num(r["b"], 4), f"{r['difference']:+.4f}" if r["difference"] is not None
-             else "n/a", _paired_interval(r)] for name, r in doc["metrics"].items()]
+    auc_shown = all((report_summary.shown_auc({"estimate": 0.5}, models[n]) or {}).get("estimable", True)
+                    for n in names)
+    rows = [[name, _num(r["a"], 4), _num(r["b"], 4), _fixed(r["difference"], 4, True) if r["difference"] is not None
+             else "n/a", _paired_interval(r)] if name != "auc_roc" or auc_shown else
+            [name, "not estimable", "not estimable", "", f"fewer than {small_sample.MIN_AUC_EVENTS} deaths or "
+                                                         "survivors"] for name, r in doc["metrics"].items()]
     rows += _paired_clinical_rows(clinical.get("paired_clinical"),
                                   all(report_summary.calibration_estimable(models[n]) for n in names))
     paired = _table(["Metric", "A", "B", "B - A", "95% interval (paired bootstrap)"], rows)
@@ -494,10 +563,12 @@ def _render_comparison(doc: Mapping[str, Any]) -> str:
         for key in ("aurc", "augrc", "risk_at_coverage", "coverage_at_risk"):
             c = cells[key]
             sel_rows.append([SCORE_LABELS.get(score, score), key.replace("_", " "), _num(c["a"]), _num(c["b"]),
-                             f"{c['difference']:+.3f} ({_num(c['lower'])} to {_num(c['upper'])})"])
+                             f"{_fixed(c['difference'], 3, True)} ({_num(c['lower'])} to {_num(c['upper'])})"])
     sel_diff = ("<h3>Selective prediction: B - A on the same cases</h3>"
                 + _table(["refer by", "number", "A", "B", "B - A (95% CI)"], sel_rows, left=2))
     performance = ("<h3>Paired differences on the same cases</h3>" + paired
+                   + _roc([(n, models[n], (doc["metrics"].get("auc_roc") or {}).get(n.lower()) and
+                            {"estimate": doc["metrics"]["auc_roc"][n.lower()]}) for n in names])
                    + "".join(f"<h4>{n}</h4>" + report_summary.threshold_section(models[n]) for n in names)
                    + _calibration([(n, models[n]) for n in names])
                    + _decision([(n, models[n]["decision_curve"]) for n in names])
@@ -510,9 +581,62 @@ def _render_comparison(doc: Mapping[str, Any]) -> str:
     meta = (f"{sides}<br>{_num(doc['n'])} paired cases, {_num(doc['n_bootstrap'])} bootstrap resamples, seed "
             f"{doc['seed']}")
     return (f"<h1>{_esc(TITLE)}: comparison</h1><p class=\"meta\">{meta}</p>" + report_summary.comparison_summary(doc)
-            + _participants(doc.get("population"))
+            + _participants(doc.get("population")) + _model_cards(doc)
             + _section("Model performance", "23a", performance)
-            + _heterogeneity([(n, models[n].get("subgroups")) for n in names]) + _updating_compared(doc) + _footer())
+            + _heterogeneity([(n, models[n].get("subgroups")) for n in names]) + _updating_compared(doc)
+            + _further_items_compared(doc) + _footer())
+
+
+def _settings(doc: Mapping[str, Any], clinical: Mapping[str, Any]) -> str:
+    """The evaluation's own settings, as item 18 names them."""
+    operating = clinical.get("operating_threshold") or {}
+    parts = [f"seed {doc.get('seed', 0)}"]
+    if "S" in doc:
+        parts += [f"split {doc.get('split', 'test')}", f"S = {doc['S']} samples x K = {doc['K']} members"]
+    if doc.get("n_bootstrap"):
+        parts.append(f"{doc['n_bootstrap']} bootstrap resamples")
+    if operating.get("rule"):
+        parts.append(f"--threshold {operating['rule']}")
+    return ", ".join(parts)
+
+
+def _further_items(doc: Mapping[str, Any]) -> str:
+    """TRIPOD+AI 10, 14, 16, 17, 18, 27 of a single page (tripod_items)."""
+    clinical = doc["clinical"]
+    members = (doc.get("model") or {}).get("members") or []
+    baseline = doc.get("baseline")
+    parameters = ([(f"{baseline['kind']} baseline", baseline.get("num_features"), "candidate feature")] if baseline
+                  else [(m.get("name", "model"), m.get("num_parameters"), "parameter") for m in members])
+    training = [doc.get("data_manifest_sha256")] if baseline else [m.get("data_manifest_sha256") for m in members]
+    return tripod_items.section_html(
+        doc, parameters=parameters, subgroups=[("model", clinical.get("subgroups"))],
+        absent=report_summary.absent_groups(clinical.get("subgroups")), training_sha=training,
+        evaluated_sha=doc.get("data_manifest_sha256"), version=doc.get("software_version"),
+        settings=_settings(doc, clinical), checksums=[m.get("checksum") for m in members])
+
+
+def _further_items_compared(doc: Mapping[str, Any]) -> str:
+    """TRIPOD+AI 10, 14, 16, 17, 18, 27 of a comparison page, from both sides' cards."""
+    cards = doc.get("cards") or {}
+    parameters, training, checksums = [], [], []
+    for side in ("a", "b"):
+        card = cards.get(side) or {}
+        if card.get("kind") == "baseline":
+            parameters.append((f"{side.upper()} ({card['estimator']} baseline)", card.get("num_features"),
+                               "candidate feature"))
+            training.append(card.get("data_manifest_sha256"))
+        for m in card.get("members") or []:
+            parameters.append((f"{side.upper()} ({m.get('name')})", m.get("num_parameters"), "parameter"))
+            training.append(m.get("training_data_sha256"))
+            checksums.append(m.get("checksum"))
+        if card.get("kind", "unknown") == "unknown":
+            training.append(None)
+    clinical = doc["clinical"]
+    absent = sorted(set(report_summary.absent_groups(clinical["a"].get("subgroups"))))
+    return tripod_items.section_html(
+        doc, parameters=parameters, subgroups=[(n, clinical[n.lower()].get("subgroups")) for n in "AB"],
+        absent=absent, training_sha=training, evaluated_sha=doc.get("data_manifest_sha256"),
+        version=doc.get("software_version"), settings=_settings(doc, clinical["a"]), checksums=checksums)
 
 
 def _footer() -> str:
@@ -533,7 +657,7 @@ def write(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> pathlib.Path:
 
 def format_clinical(clinical: Mapping[str, Any]) -> str:
     """The clinical statistics as a few lines of text (ehr-eval prints them)."""
-    cal = clinical["calibration"]
+    cal = report_summary.shown_calibration(clinical)
     lines = [f"calibration-in-the-large {_ci(cal['intercept'], 3, signed=True)}, slope {_ci(cal['slope'])}, "
              f"observed/expected {_num(cal['observed_over_expected'])}"]
     nb = "  ".join(f"{row['threshold']:.0%}: {_ci(row['model'])}" for row in clinical["decision_curve"]["table"])
@@ -558,6 +682,6 @@ def format_selective_difference(diff: Mapping[str, Any]) -> str:
     lines = [f"{'selective, refer by':<22}{'AURC B - A':>24}{'AUGRC B - A':>24}"]
     for score, cells in diff.items():
         lines.append(f"{score:<22}" + "".join(
-            f"{cells[k]['difference']:+.4f} [{_num(cells[k]['lower'], 4)}, {_num(cells[k]['upper'], 4)}]".rjust(24)
+            f"{_fixed(cells[k]['difference'], 4, True)} [{_num(cells[k]['lower'], 4)}, {_num(cells[k]['upper'], 4)}]".rjust(24)
             for k in ("aurc", "augrc")))
     return "\n".join(lines)

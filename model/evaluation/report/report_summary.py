@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from model.evaluation.report.html_cells import card, ci, esc, interval_text, num, pct, table
+from model.evaluation.report.html_cells import card, ci, esc, fixed, interval_text, num, pct, table
 from model.evaluation.statistics.clinical_stats import ETHNICITY_GROUPS
-from model.evaluation.statistics.small_sample import NOT_ESTIMABLE
+from model.evaluation.statistics.small_sample import NOT_ESTIMABLE, headline_auc
 
 SCORE_NAMES = {"predictive_entropy": "predictive entropy", "mutual_information": "mutual information",
                "predictive_std": "std of sampled p", "risk": "highest p first"}
@@ -25,6 +25,12 @@ def _events(doc: Mapping[str, Any]) -> int:
 
 def _rule(clinical: Mapping[str, Any]) -> Mapping[str, Any]:
     return (clinical.get("small_sample") or {}).get("estimability") or {}
+
+
+def shown_auc(cell: Mapping[str, Any] | None, clinical: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The AUROC cell the page may show for these cases (small_sample.headline_auc: the subgroups' rule)."""
+    rule = _rule(clinical)
+    return headline_auc(cell, rule["events"], rule["n"]) if rule else cell
 
 
 def calibration_text(clinical: Mapping[str, Any]) -> str:
@@ -104,6 +110,10 @@ def kept_changes(doc: Mapping[str, Any]) -> list[tuple[str, float | None, float 
     out = []
     for key, (name, sign) in KEPT_METRICS.items():
         a, b = overall.get(key), kept.get(key)
+        auc = shown_auc({"estimate": a}, doc["clinical"]) if key == "auc_roc" and "clinical" in doc else None
+        if auc is not None and auc.get("estimable") is False:  # the kept cases are fewer still
+            out.append((name, None, None, f"not estimable ({auc['reason']})"))
+            continue
         if a is None or b is None or a != a or b != b:  # NaN: undefined on these cases
             out.append((name, a, b, "undefined"))
             continue
@@ -117,7 +127,7 @@ def referral_text(doc: Mapping[str, Any]) -> str:
     if not r or not r.get("kept"):
         return "no referral rule in this file"
     changes = "; ".join(f"{name} {a:.3f} to {b:.3f} ({verdict})" for name, a, b, verdict in kept_changes(doc)
-                        if verdict != "undefined")
+                        if verdict != "undefined" and a is not None)
     return (f"{r['referred_fraction']:.0%} referred by {SCORE_NAMES.get(r['measure'], r['measure'])} (the rule chosen "
             f"on validation); " + (f"all cases to kept cases: {changes}" if changes else
                                    "no metric is defined on the kept cases"))
@@ -228,7 +238,7 @@ def summary_box(doc: Mapping[str, Any]) -> str:
             ("Cases", f"{num(doc['n'])} on the {doc.get('split', 'test')} split, {num(_events(doc))} deaths"),
             ("Operating threshold", operating_text(clinical)),
             ("At that threshold", at_threshold_text(clinical, doc["n"])),
-            ("Discrimination", f"AUC-ROC {ci((doc.get('ci') or {}).get('auc_roc'))}"),
+            ("Discrimination", f"AUC-ROC {ci(shown_auc((doc.get('ci') or {}).get('auc_roc'), clinical))}"),
             ("Calibration", observed_expected_text(clinical) + "; " + calibration_text(clinical)),
             ("Net benefit", utility_text(clinical)),
             ("Baseline", baseline_text(doc)),
@@ -256,7 +266,8 @@ def comparison_summary(doc: Mapping[str, Any]) -> str:
     if brier and None not in (brier.get("a"), brier.get("b"), brier.get("lower"), brier.get("upper")):
         better = "B" if brier["b"] < brier["a"] else "A"
         rows.append(("Brier score", f"A {brier['a']:.3f}, B {brier['b']:.3f}: {better} lower; B - A "
-                                    f"{brier['difference']:+.3f} ({brier['lower']:+.3f} to {brier['upper']:+.3f}, "
+                                    f"{fixed(brier['difference'], 3, True)} ({fixed(brier['lower'], 3, True)} to "
+                                    f"{fixed(brier['upper'], 3, True)}, "
                                     "paired bootstrap)"))
     items = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in rows)
     return f'<div class="summary" id="summary"><h2>Summary</h2><dl>{items}</dl></div>'
@@ -266,8 +277,9 @@ def key_cards(doc: Mapping[str, Any], clinical: Mapping[str, Any]) -> str:
     """The headline cards, each with its small-sample note; calibration greyed where not estimable."""
     rule = _rule(clinical)
     note = rule.get("card_note", "") if rule else ""
+    auc = shown_auc((doc.get("ci") or {}).get("auc_roc"), clinical)
     cards = [card("Cases (deaths)", f"{num(doc['n'])} ({num(_events(doc))})", "", note),
-             card("AUC-ROC", *interval_text((doc.get("ci") or {}).get("auc_roc")), note)]
+             card("AUC-ROC", *interval_text(auc), note, grey=auc is not None and auc.get("estimable") is False)]
     shown = shown_calibration(clinical)
     for key, cell, signed in (("Calibration slope (ideal 1)", shown["slope"], False),
                               ("Calibration-in-the-large (ideal 0)", shown["intercept"], True)):

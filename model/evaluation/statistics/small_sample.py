@@ -54,6 +54,10 @@ MIN_CALIBRATION_EVENTS = 10
 PRECISE_EVENTS = 100
 # A subgroup AUROC needs at least this many deaths and survivors (and 0 < AUROC < 1).
 MIN_AUC_EVENTS = 5
+# A paired calibration-slope difference whose 95% interval is wider than this says nothing a reader can use:
+# the ideal slope is 1 and 0 means no discrimination left, so an interval spanning more than twice that
+# distance comes from resamples near separation (the demo's -5.47 to 11.58), not from the models.
+MAX_SLOPE_DIFFERENCE_WIDTH = 2.0
 # Power the heterogeneity verdict states its detectable gap at.
 POWER = 0.8
 NOT_ESTIMABLE = "not estimable at this size"
@@ -164,6 +168,29 @@ def estimability(events: int, n: int) -> dict[str, Any]:
     return {"events": int(events), "n": int(n), "smaller_class": int(smaller), "calibration_estimable": calibration,
             "precise": precise, "note": note, "card_note": card_note, "min_calibration_events": MIN_CALIBRATION_EVENTS,
             "precise_events": PRECISE_EVENTS}
+
+
+def headline_auc(cell: dict[str, Any] | None, events: int, n: int) -> dict[str, Any] | None:
+    """The whole evaluation's AUROC cell as the page may show it: the subgroups' rule (MIN_AUC_EVENTS deaths and
+    survivors) applied to all cases, so an AUROC of 4 deaths is not estimable on page 1 as in a subgroup."""
+    if cell is None or min(events, n - events) >= MIN_AUC_EVENTS:
+        return cell
+    return {"estimate": None, "lower": None, "upper": None, "estimable": False,
+            "reason": f"fewer than {MIN_AUC_EVENTS} deaths or survivors"}
+
+
+def slope_difference_flag(cell: dict[str, Any], estimable: bool) -> str | None:
+    """Why a paired calibration-slope difference B - A must not be read, or None: either side's slope is not
+    estimable (small-sample rule), or its 95% interval is wider than MAX_SLOPE_DIFFERENCE_WIDTH."""
+    if not estimable:
+        return "not estimable: a side's calibration slope is not estimable at this size"
+    lower, upper = cell.get("lower"), cell.get("upper")
+    if lower is None or upper is None or not math.isfinite(lower) or not math.isfinite(upper):
+        return "not estimable: no interval"
+    if upper - lower > MAX_SLOPE_DIFFERENCE_WIDTH:
+        return (f"not interpretable: its 95% interval is {upper - lower:.0f} slope units wide (more than "
+                f"{MAX_SLOPE_DIFFERENCE_WIDTH:g}), from near-separation in a resample")
+    return None
 
 
 def subgroup_estimate(row: dict[str, Any], key: str, min_cases: int) -> dict[str, Any]:

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import csv
 import html
+import json
 import re
 
 import numpy as np
 import pytest
+from sklearn.metrics import roc_curve
 
 from model.cli import ehr_eval
 from model.evaluation import evaluate
-from model.evaluation.report import html_cells, report_html
+from model.evaluation.report import html_cells, plots, report_html
 from model.evaluation.statistics import clinical_stats
 from tests.support.browser import render_check
 from tests.support.ehr_testdata import read_json
@@ -160,6 +162,27 @@ def test_every_number_of_the_summary_is_a_metrics_json_number_and_none_is_printe
                 assert html_cells.ci(cal[key], digits, signed) not in page
 
 
+def test_the_page_states_tripod_items_10_14_16_17_18_27_from_the_file_or_leaves_them_to_the_user(model_report):
+    doc = read_json(model_report / "metrics.json")
+    page = (model_report / evaluate.REPORT_HTML).read_text(encoding="utf-8")
+    part = html.unescape(re.sub(r"<[^>]+>", " ", page[page.index("TRIPOD+AI 10, 14, 16, 17, 18, 27"):]))
+    member = doc["model"]["members"][0]
+    train = doc["population"]["splits"]["train"]["events"]
+    # 10: the deaths the data had and deaths per parameter, from the file's split and model card.
+    assert f"{train / member['num_parameters']:.2g} deaths per parameter" in part
+    assert f"{member['num_parameters']:,} parameters" in part
+    # 14: the attributes compared; 16: trained on this very folder (the manifests' checksums agree).
+    assert "sex, age band, admission type, ethnicity, insurance" in part
+    assert member["data_manifest_sha256"] == doc["data_manifest_sha256"]
+    assert f"Same data folder as training (manifest sha256 {doc['data_manifest_sha256'][:12]})" in part
+    # 18: version, settings and the export's checksum; 17 and 18's registration left to the user.
+    assert f"ehr-eval {doc['software_version']}" in part and member["checksum"][:12] in part
+    assert "--threshold sensitivity:0.8" in part and part.count("For the user to state:") == 3
+    # 27: the evaluated split's share of cases with no event, per source.
+    for source, share in doc["population"]["splits"]["test"]["missing_source"].items():
+        assert f"no {source} event {100 * share:.1f}%" in part
+
+
 def test_model_report_renders_in_chromium_with_every_figure(model_report, tmp_path):
     seen = render_check(model_report / evaluate.REPORT_HTML, tmp_path)
     # ROC, calibration with the risk histogram under it, decision curve, risk-coverage, subgroup forest plot.
@@ -184,8 +207,17 @@ def test_compare_report_renders_both_models(tmp_path, capsys):
     referred = rng.random(n) < 0.1
     evaluate.write_predictions(tmp_path / "a.csv", probs_a, y, ids, 2, 2, truth, attributes, referred)
     evaluate.write_predictions(tmp_path / "b.csv", probs_b, y, ids, 2, 2, truth, attributes, referred)
+    # What ehr-eval wrote beside each file: an export's model card (A) and a baseline fitted on the spot (B).
+    member = {"name": "rank1_lstm", "version": "0.4.0", "method": "rank1", "num_parameters": 12345,
+              "data_manifest_sha256": "ab" * 32, "checksum": "cd" * 32, "config": {"model": {"method": "rank1"}}}
+    baseline = {"kind": "logistic", "seed": 0, "params": {"penalty": "l1", "C": 0.05}, "num_features": 812,
+                "validation_nll": {"penalty=l1,C=0.05": 0.31, "penalty=l2,C=0.1": 0.33}}
+    (tmp_path / "metrics.json").write_text(json.dumps({"model": {"members": [member]}, "data_manifest_sha256": "ab" * 32}))
+    (tmp_path / "b").mkdir()
+    evaluate.write_predictions(tmp_path / "b" / "b.csv", probs_b, y, ids, 2, 2, truth, attributes, referred)
+    (tmp_path / "b" / "metrics.json").write_text(json.dumps({"baseline": baseline, "data_manifest_sha256": "ef" * 32}))
     out = tmp_path / "cmp"
-    assert ehr_eval.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--bootstrap", "50",
+    assert ehr_eval.main(["--compare", str(tmp_path / "a.csv"), str(tmp_path / "b" / "b.csv"), "--bootstrap", "50",
                           "--out", str(out)]) == 0
     assert "AURC B - A" in capsys.readouterr().out
     doc = read_json(out / evaluate.COMPARISON_FILE)
@@ -197,9 +229,31 @@ def test_compare_report_renders_both_models(tmp_path, capsys):
     page = (out / evaluate.REPORT_HTML).read_text(encoding="utf-8")
     _no_network(page)
     assert report_html._ci(doc["clinical"]["b"]["calibration"]["slope"]) in page
+    # Each side's card: an export by name, version, method, training data and checksum; the baseline by its
+    # estimator, features and how its settings were chosen, and not called an unchanged model.
+    specification = page[page.index("TRIPOD+AI 22"):page.index("TRIPOD+AI 23a")]
+    for text in ("rank1_lstm", "0.4.0", "rank1, 12,345 parameters", "ab" * 6, "export sha256 " + "cd" * 6,
+                 "logistic baseline", "812 bag aggregates", "penalty=l1, C=0.05, chosen by lowest validation-split "
+                 "NLL among 2 tried", "data manifest sha256 " + "ef" * 6):
+        assert text in specification, text
+    updating = page[page.index("TRIPOD+AI 24"):]
+    assert "B is a logistic baseline fitted on the spot" in updating and "None: the model" not in updating
+    items = html.unescape(updating[updating.index("TRIPOD+AI 10, 14"):])
+    assert "A (rank1_lstm): 12,345 parameters" in items and "B (logistic baseline): 812 candidate features" in items
+    # B was fitted on another folder than the one A was trained and both were evaluated on: item 16 says so.
+    assert f"A different data folder from training (trained on manifest sha256 {'ab' * 6}, {'ef' * 6}" in items
+    # The ROC figure's curves are in comparison.json and are scikit-learn's on each file's probabilities.
+    for side, pred in (("a", a), ("b", evaluate.read_predictions(tmp_path / "b" / "b.csv"))):
+        fpr, tpr, _ = roc_curve(pred.labels, pred.p)
+        stored = doc["clinical"][side]["curves"]["roc"]
+        assert len(fpr) <= 200 and np.allclose(stored["fpr"], fpr) and np.allclose(stored["tpr"], tpr)
+    # Referral: one panel per model, each with its own four referral orders, not eight lines in one axes.
+    panels = plots.selective_figure([(n, doc["clinical"][n.lower()]["selective"]) for n in "AB"], 0.05).axes
+    assert len(panels) == 2 and all(len(ax.get_lines()) == 5 for ax in panels)  # 4 orders + the target line
+    assert not re.search(r"[-+]0\.0+(?![0-9])", re.sub(r'src="data:[^"]*"', "", page))
     seen = render_check(out / evaluate.REPORT_HTML, tmp_path / "browser")
-    # Calibration, decision curve, risk-coverage of both, and one forest plot per model.
-    assert seen["images"] == 5 and seen["drawn"] == 5
+    # ROC of both, calibration, decision curve, risk-coverage of both, and one forest plot per model.
+    assert seen["images"] == 6 and seen["drawn"] == 6
 
 
 def test_compare_marks_a_constant_measure_absent_and_pairs_calibration_and_net_benefit(tmp_path):

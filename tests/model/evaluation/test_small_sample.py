@@ -5,6 +5,7 @@ error against a bootstrap of scikit-learn's AUROC, the referral choice against a
 """
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -147,7 +148,16 @@ def test_a_demo_sized_page_says_its_size_on_every_headline_and_prints_no_zero_wi
     cards = re.findall(r'<div class="card[^"]*">(.*?)</div></div>', page)
     headline = [c for c in cards if "Referred" not in c]
     assert len(headline) >= 6 and all('class="ss"' in c for c in headline)
-    assert page.count('class="card grey"') == 2 and "not estimable at this size" in page
+    assert page.count('class="card grey"') == 3 and "not estimable at this size" in page
+    # 4 deaths: the AUROC is under the subgroups' rule too, so no AUROC number on the page or in the ROC legend.
+    auc_card = [re.sub("<[^>]+>", " ", c) for c in cards if "AUC-ROC" in c]
+    assert len(auc_card) == 1 and "not estimable" in auc_card[0] and not re.search(r"\d\.\d", auc_card[0])
+    assert "AUC-ROC not estimable (fewer than 5 deaths or survivors)" in html.unescape(page)
+    assert "AUC-ROC (discrimination)</td><td>not estimable (fewer than 5 deaths or survivors)" in page
+    # No signed zero anywhere, and the command line's text withholds the slope as the page does.
+    assert not re.search(r"[-+]0\.0+(?![0-9])", re.sub(r'src="data:[^"]*"', "", page))
+    text = report_html.format_clinical(report["clinical"])
+    assert "slope not estimable" in text and html_cells.ci(report["clinical"]["calibration"]["slope"]) not in text
     # Calibration is not estimable here: its fitted numbers appear nowhere, nor the LOWESS curve.
     clinical = report["clinical"]
     for key, signed in (("slope", False), ("intercept", True)):
@@ -223,3 +233,25 @@ def test_inputs_are_listed_from_the_data_and_absent_groups_are_named():
     sub = {"attributes": {"ethnicity": {"WHITE": {}, "UNKNOWN": {}}}, "gaps": [], "power": {"groups_tested": 0}}
     assert report_summary.absent_groups(sub) == ["BLACK", "HISPANIC", "ASIAN"]
     assert "no BLACK, HISPANIC, ASIAN patients in the evaluated cases" in report_summary.subgroup_verdict(sub)
+
+
+def test_a_number_that_rounds_to_zero_carries_no_sign():
+    assert [html_cells.fixed(v, 3, signed=True) for v in (-0.0004, 0.0004, -0.0, -0.02, 0.5)] == \
+        ["0.000", "0.000", "0.000", "-0.020", "+0.500"]
+    assert html_cells.ci({"estimate": -0.0001, "lower": -0.05, "upper": 0.04}, 3, signed=True) == \
+        "0.000 (-0.050 to +0.040)"
+
+
+def test_the_headline_auroc_follows_the_subgroups_rule():
+    cell = {"estimate": 0.75, "lower": 0.36, "upper": 1.0}
+    assert small_sample.headline_auc(cell, 4, 11)["estimable"] is False
+    assert small_sample.headline_auc(cell, 5, 11) is cell  # 5 deaths and 6 survivors: shown
+    assert small_sample.headline_auc(cell, 7, 11)["estimable"] is False  # 4 survivors
+
+
+@pytest.mark.parametrize("lower, upper, estimable, flagged", [(-0.2, 0.3, True, None), (-5.47, 11.58, True, "wide"),
+                                                             (-0.2, 0.3, False, "not estimable"),
+                                                             (None, None, True, "no interval")])
+def test_a_calibration_slope_difference_is_flagged_when_unreadable(lower, upper, estimable, flagged):
+    flag = small_sample.slope_difference_flag({"difference": 0.1, "lower": lower, "upper": upper}, estimable)
+    assert flag is None if flagged is None else (flagged in flag or "interpretable" in flag and flagged == "wide")
