@@ -10,9 +10,8 @@ import argparse
 import pathlib
 
 from ehr_base.cli_args import existing_dir, output_dir, usage_error
-from ehr_pipeline.synth.counterfactual import (CHANGES, DEFAULT_DELAY_DAYS, CounterfactualError,
-                                               make_counterfactual)
-from ehr_pipeline.synth.config import DIALECTS, PLANTABLE_TYPES, TRUTH_FAMILIES, SynthConfig
+from ehr_pipeline.synth.config import (COUNTERFACTUAL_CHANGES, DEFAULT_DELAY_DAYS, DIALECTS, PLANTABLE_TYPES,
+                                       TRUTH_FAMILIES, SynthConfig)
 from ehr_pipeline.synth.release import write_release
 from ehr_pipeline.synth.site import SITES
 
@@ -89,7 +88,7 @@ def add_counterfactual_arguments(parser: argparse.ArgumentParser) -> None:
     # default=SUPPRESS on the required flags: the help then shows no "(default: None)" beside "(required)".
     parser.add_argument("--release", type=existing_dir, required=True, default=argparse.SUPPRESS,
                         help="a `synth --truth temporal` release to change (required)")
-    parser.add_argument("--change", choices=CHANGES, default="reverse-course",
+    parser.add_argument("--change", choices=COUNTERFACTUAL_CHANGES, default="reverse-course",
                         help="reverse-course: each single-admission patient's pre-admission creatinine results in "
                              "reverse time order (same values; the truth's trend term changes); delay-readmission: "
                              "each readmission, with all its rows, --days later after the previous discharge (the "
@@ -109,6 +108,10 @@ def add_counterfactual_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_counterfactual(args: argparse.Namespace) -> int:
     """Runs `synth-counterfactual` with parsed arguments; prints the summary; returns the exit code."""
+    # Imported here: the counterfactual reads the tables with pandas, which the job's install group (this CLI's
+    # `run`) does not carry.
+    from ehr_pipeline.synth.counterfactual import CounterfactualError, make_counterfactual
+
     try:
         summary = make_counterfactual(args.release, args.out, args.change, days=args.days,
                                       overwrite=args.overwrite)

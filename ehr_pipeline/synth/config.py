@@ -12,6 +12,9 @@ DIALECTS = ("demo", "physionet")
 TRUTH_FAMILIES = ("linear", "temporal")
 # Admission types a subgroup can be planted in (newborns are excluded from the cohort anyway).
 PLANTABLE_TYPES = ("EMERGENCY", "ELECTIVE", "URGENT")
+# The changes `synth-counterfactual` makes to a temporal release, and how far it delays a readmission (days).
+COUNTERFACTUAL_CHANGES = ("reverse-course", "delay-readmission")
+DEFAULT_DELAY_DAYS = 180
 
 # Patients generated (and seeded) together. Part of a release's identity: the same seed
 # with another chunk size gives other data, so it is a constant, not a knob. 250 patients

@@ -47,15 +47,14 @@ from ehr_pipeline import reader
 from ehr_pipeline.contract import output_folder
 from ehr_pipeline.reader import table_schemas
 from ehr_pipeline.synth import catalog, recompute, writer
-from ehr_pipeline.synth.config import SynthConfig
+from ehr_pipeline.synth.config import COUNTERFACTUAL_CHANGES as CHANGES
+from ehr_pipeline.synth.config import DEFAULT_DELAY_DAYS, SynthConfig
 from ehr_pipeline.synth.generator import release_model
 from ehr_pipeline.synth.release import MANIFEST_FILE, TRUTH_FILE
 from ehr_pipeline.synth.temporal import COURSE_WINDOW_DAYS, TemporalModel
 
 log = logging.getLogger(__name__)
 
-CHANGES = ("reverse-course", "delay-readmission")
-DEFAULT_DELAY_DAYS = 180
 COUNTERFACTUAL_FILE = "SYNTH_COUNTERFACTUAL.csv"
 COUNTERFACTUAL_COLUMNS = ["HADM_ID", "CHANGED", "LOGIT_BEFORE", "LOGIT_AFTER", "P_DEATH_BEFORE", "P_DEATH_AFTER"]
 # A result moves with its unit and flag: a course is the same set of results, in another order.
