@@ -17,7 +17,7 @@ from sklearn.metrics import confusion_matrix, roc_auc_score
 from statsmodels.stats.proportion import proportion_confint
 
 from model.evaluation import dataset_identity, evaluate
-from model.evaluation.report import html_cells, plots, report_html, report_summary
+from model.evaluation.report import design_html, html_cells, plots, report_html, report_summary
 from model.evaluation.statistics import referral_choice, small_sample
 from model.export_layout import json_ready
 
@@ -226,7 +226,7 @@ def test_referral_states_every_kept_case_metric_and_which_way_it_moved():
 def test_inputs_are_listed_from_the_data_and_absent_groups_are_named():
     population = {"splits": {"train": {"n": 40, "missing_source": {"lab": 0.1, "chart": 1.0, "diagnosis": 0.5}},
                              "test": {"n": 11, "missing_source": {"lab": 0.0, "chart": 1.0, "diagnosis": 1.0}}}}
-    text = report_html._input_sources(population)
+    text = design_html.input_sources(population)
     assert "labs" in text and "earlier admissions' diagnoses" in text
     assert text.endswith("this data had no charted observations (vital signs) events at all")
     assert "vital signs" not in text.split(";")[0]
