@@ -12,6 +12,7 @@ without clobbering each other's numbers.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import importlib.metadata
 import math
 import os
@@ -23,6 +24,8 @@ import subprocess
 import sys
 import threading
 import time
+
+import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_PATH = "docs/benchmarks.md"
@@ -202,3 +205,26 @@ def run_child(argv: list[str], env: dict[str, str] | None = None, cwd: str | os.
     done.set()
     poller.join()
     return ChildRun(proc.returncode, stdout, stderr, time.perf_counter() - started, peak[-1] if peak else None)
+
+
+# The service benches' requests: one key and one synthetic admission builder, shared by every service bench.
+API_KEY = "bench-key-0123456789abcdef"
+ADMIT = dt.datetime(2150, 3, 1, 8, 30)
+# (source, code, value or None): MIMIC-style items; values drawn around these centres.
+_ITEMS = [("lab", "50912", 1.1), ("lab", "50971", 4.2), ("lab", "51006", 20.0), ("lab", "50983", 139.0),
+          ("chart", "220045", 88.0), ("chart", "220210", 18.0), ("chart", "220277", 96.0),
+          ("prescription", "Vancomycin", None), ("prescription", "Heparin", None), ("diagnosis", "4019", None)]
+
+
+def make_request(rng: np.random.Generator, n_events: int, trigger_offset_s: int) -> dict:
+    """A synthetic admission with n_events events spread over the hours before the prediction time."""
+    events = []
+    for _ in range(n_events):
+        source, code, centre = _ITEMS[int(rng.integers(len(_ITEMS)))]
+        at = ADMIT + dt.timedelta(seconds=int(rng.integers(0, trigger_offset_s)))
+        event = {"time": at.isoformat(), "source": source, "code": code}
+        if centre is not None:
+            event["value"] = round(float(centre * rng.lognormal(0.0, 0.15)), 2)
+        events.append(event)
+    return {"patient": {"gender": "F", "age_years": float(rng.uniform(20, 90))},
+            "admission": {"admit_time": ADMIT.isoformat(), "admission_type": "EMERGENCY"}, "events": events}

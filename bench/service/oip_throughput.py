@@ -2,7 +2,7 @@
 
 Starts ``python -m serving`` (the ehr-serve CLI) on 127.0.0.1 with an export (the tiny untrained test
 fixture unless --model) and drives it from this process (asyncio + httpx, --concurrency workers) with
-the same synthetic admissions (bench/service/service_latency.py's ``make_request``): as /v1/predict
+the same synthetic admissions (bench/harness.py's ``make_request``): as /v1/predict
 bodies, and as the same bodies inside an OIP ``admission_json`` tensor (JSON tensors). The two
 protocols alternate for --rounds rounds of --requests requests each, so load from other work on the
 machine falls on both alike; the targets are checked as ratios within the run. Then Triton's own
@@ -34,7 +34,7 @@ import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench import harness  # noqa: E402
-from bench.service.service_latency import API_KEY, make_request  # noqa: E402
+from bench.harness import API_KEY, make_request  # noqa: E402
 
 HEADERS = {"X-API-Key": API_KEY}
 

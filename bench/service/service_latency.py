@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import os
 import pathlib
 import statistics
@@ -33,29 +32,8 @@ import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow lo
 import numpy as np  # noqa: E402
 
 from bench import harness  # noqa: E402
+from bench.harness import API_KEY, make_request  # noqa: E402
 from bench.service.latency_report import to_markdown  # noqa: E402
-
-API_KEY = "bench-key-0123456789abcdef"
-ADMIT = dt.datetime(2150, 3, 1, 8, 30)
-# (source, code, value or None): MIMIC-style items; values drawn around these centres.
-_ITEMS = [("lab", "50912", 1.1), ("lab", "50971", 4.2), ("lab", "51006", 20.0), ("lab", "50983", 139.0),
-          ("chart", "220045", 88.0), ("chart", "220210", 18.0), ("chart", "220277", 96.0),
-          ("prescription", "Vancomycin", None), ("prescription", "Heparin", None), ("diagnosis", "4019", None)]
-
-
-def make_request(rng: np.random.Generator, n_events: int, trigger_offset_s: int) -> dict:
-    """A synthetic admission with n_events events spread over the hours before the prediction time."""
-    events = []
-    for _ in range(n_events):
-        source, code, centre = _ITEMS[int(rng.integers(len(_ITEMS)))]
-        at = ADMIT + dt.timedelta(seconds=int(rng.integers(0, trigger_offset_s)))
-        event = {"time": at.isoformat(), "source": source, "code": code}
-        if centre is not None:
-            event["value"] = round(float(centre * rng.lognormal(0.0, 0.15)), 2)
-        events.append(event)
-    return {"patient": {"gender": "F", "age_years": float(rng.uniform(20, 90))},
-            "admission": {"admit_time": ADMIT.isoformat(), "admission_type": "EMERGENCY"}, "events": events}
-
 
 _SCRAPED = ("ehr_model_batch_size_count", "ehr_model_batch_size_sum",
             'ehr_http_request_duration_seconds_count{route="/v1/predict"}',
