@@ -340,8 +340,7 @@ class LoopResult:
     best: BestTracker
 
 
-# long: one loop owns the step, the logs, validation, the schedule's decays and the stop; split, its state
-# (step, trackers, timers) would travel through every piece
+# long: one loop owns the step, logs, validation, decays and the stop; split, its state would travel to every piece
 def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Variable,
         strategy: tf.distribute.Strategy, train_data: Callable[[int], tf.data.Dataset], likelihood: Likelihood,
         validate: Callable[[], dict[str, float]] | None, settings: LoopSettings, out: pathlib.Path,
