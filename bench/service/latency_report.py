@@ -20,7 +20,7 @@ def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespa
              *_http_table(levels)]
     lines += [
         "",
-        f"Run on {dt.date.today().isoformat()} with `python bench/service/service_latency.py{args.cmdline}` "
+        f"Run on {dt.date.today().isoformat()} with `{args.cmdline}` "
         f"(1-minute load average at start: {args.load_at_start:.1f}; other work on the same cores inflates "
         f"every number, which is why the targets are checked as ratios within one run):",
         "",

@@ -142,7 +142,7 @@ def to_markdown(model: dict, rounds: dict[str, list[dict]], tri: dict, args: arg
             f"{b['throughput'] / a['throughput']:.2f}" for a, b in zip(rounds["/v1/predict"], rounds["OIP v2 infer"]))
         + " (their spread is the machine's noise; the target row uses the totals).",
         "",
-        f"Run with `python bench/service/oip_throughput.py{args.cmdline}` (1-minute load average at start: "
+        f"Run with `{args.cmdline}` (1-minute load average at start: "
         f"{args.load_at_start:.1f}):",
         "",
         harness.machine_info(),
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns the exit code."""
     args = build_parser().parse_args(argv)
     args.load_at_start = os.getloadavg()[0]
-    args.cmdline = "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv) if a != "--no-write")
+    args.cmdline = harness.command_line(__file__, argv, drop=("--no-write",))
     from model.export.load import read_export
     from serving.tools.server_process import ServerProcess
     from serving.tools.tiny_export import write_tiny_model_export

@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns the exit code."""
     args = build_parser().parse_args(argv)
     args.load_at_start = os.getloadavg()[0]
-    args.cmdline = "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv) if a != "--no-write")
+    args.cmdline = harness.command_line(__file__, argv, drop=("--no-write",))
     from serving.cli import set_tf_threads
 
     set_tf_threads(args.inter_op_threads)  # before any TensorFlow op, as ehr-serve does
