@@ -193,7 +193,9 @@ def write_typed(frame: pa.Table, path: pathlib.Path, table: str, dialect: str, c
     body = writer.format_rows(frame.select(list(names)), dialect)
     data = writer.header(names, dialect) + bytes(body)
     if path.suffix == ".gz":
-        with gzip.open(path, "wb", compresslevel=compresslevel) as f:
+        # As the generator's writer: mtime=0 and the table's own name, so a re-run writes the same bytes.
+        with open(path, "wb") as raw, gzip.GzipFile(filename=path.name.removesuffix(".gz"), mode="wb", fileobj=raw,
+                                                    compresslevel=compresslevel, mtime=0) as f:
             f.write(data)
     else:
         path.write_bytes(data)

@@ -101,6 +101,14 @@ def test_a_counterfactual_is_refused_for_a_linear_release_or_a_counterfactual(pa
     assert not (tmp_path / "out").exists()
 
 
+def test_a_rerun_writes_the_same_bytes_over_its_own_output(pair):
+    original, reversed_ = pair
+    before = {f.name: f.read_bytes() for f in sorted(reversed_.iterdir()) if f.is_file()}
+    assert pipeline_main(["synth-counterfactual", "--release", str(original), "--change", "reverse-course",
+                          "--out", str(reversed_), "--overwrite"]) == 0
+    assert {f.name: f.read_bytes() for f in sorted(reversed_.iterdir()) if f.is_file()} == before
+
+
 @pytest.fixture(scope="module")
 def delayed(pair):
     original, _ = pair
