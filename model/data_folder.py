@@ -103,6 +103,7 @@ class SplitRecords:
     attributes: dict[str, np.ndarray]  # CASE_ATTRIBUTES -> [N]: who the cases are (for reports, never model inputs)
     num_bags: np.ndarray  # int64 [N]
     sources_present: dict[str, np.ndarray]  # spec.SOURCES -> bool [N]: any event of that source before the trigger
+    code_events: dict[str, int] = dataclasses.field(default_factory=dict)  # "source:code" -> events in the split
 
     def __len__(self) -> int:
         return len(self.records)
@@ -127,8 +128,10 @@ def read_split(files: DataFiles, split: str) -> SplitRecords:
     owner = codes.value_rowids().numpy()
     source = tf.strings.regex_replace(codes.flat_values, spec.CODE_SEPARATOR + ".*$", "").numpy()
     present = {s: np.bincount(owner[source == s.encode()], minlength=len(records)) > 0 for s in spec.SOURCES}
+    names, counts = np.unique(codes.flat_values.numpy(), return_counts=True)
     return SplitRecords(records=records, labels=parsed[spec.LABEL].numpy().tolist(),
                         hadm_ids=parsed[spec.HADM_ID].numpy().tolist(),
                         subject_ids=parsed[spec.SUBJECT_ID].numpy().tolist(),
                         trigger_times=parsed[spec.TRIGGER_TIME].numpy().tolist(), attributes=attributes,
-                        num_bags=parsed[spec.NUM_BAGS].numpy(), sources_present=present)
+                        num_bags=parsed[spec.NUM_BAGS].numpy(), sources_present=present,
+                        code_events={n.decode("utf-8"): int(c) for n, c in zip(names, counts)})

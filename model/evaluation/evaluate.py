@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -364,13 +364,15 @@ def case_attributes(split: SplitRecords, hadm_ids: Sequence[int]) -> dict[str, n
     return {key: values[rows] for key, values in split.attributes.items()}
 
 
-def population(files: DataFiles, splits: Mapping[str, SplitRecords]) -> dict[str, Any]:
-    """clinical_stats.population_profile of a data folder (manifest, every split's cases) and the data's name."""
+def population(files: DataFiles, splits: Mapping[str, SplitRecords], vocabulary: Collection[str]) -> dict[str, Any]:
+    """clinical_stats.population_profile of a data folder (manifest, every split's cases) and the data's name;
+    each split also counts its events whose code is outside `vocabulary` ("source:code", what the model knows)."""
     identity = dataset_identity.dataset_identity(files.manifest, dataset_identity.read_release_manifest(files.manifest))
     return {"dataset": identity, **clinical_stats.population_profile(files.manifest, {
-        name: clinical_stats.split_characteristics(np.asarray(c.labels, np.int64), c.attributes,
-                                                   np.asarray(c.trigger_times, np.int64), c.num_bags,
-                                                   c.sources_present)
+        name: {**clinical_stats.split_characteristics(np.asarray(c.labels, np.int64), c.attributes,
+                                                      np.asarray(c.trigger_times, np.int64), c.num_bags,
+                                                      c.sources_present),
+               "unknown_codes": clinical_stats.unknown_codes(c.code_events, vocabulary)}
         for name, c in splits.items()})}
 
 

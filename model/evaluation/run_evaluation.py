@@ -203,7 +203,9 @@ def evaluate_exports(request: EvaluationRequest) -> Evaluation:
     report[PERFORMANCE_KEY] = performance_beside_outcomes(
         evaluated.probs, evaluated.split.labels, truth, decision_threshold=exports[0].files.metrics.decision_threshold,
         seed=request.seed)
-    report["population"] = evaluate.population(files, splits)
+    # A code is known only if every member knows it: one that does not reads it as out-of-vocabulary.
+    known = frozenset.intersection(*(e.files.vocabulary for e in exports))
+    report["population"] = evaluate.population(files, splits, known)
     report["model"] = evaluate.model_description(
         [e.model_card for e in exports], [e.metrics for e in exports], checksums=[e.files.checksum for e in exports],
         updates=[None if e.files.adaptation is None else e.files.adaptation.summary() for e in exports])
@@ -345,7 +347,9 @@ def evaluate_baseline(request: BaselineRequest, fit: Callable[..., Any]) -> dict
         n_bootstrap=request.n_bootstrap, seed=request.seed, num_bins=request.num_bins,
         target_coverage=request.target_coverage, target_risk=request.target_risk,
         operating=request.operating(lambda: (metrics.predictive_mean(validation.probs), validation.labels)))
-    report["population"] = evaluate.population(files, splits)
+    # The baseline's candidate features are the data folder's vocabulary (built on its train split).
+    features = {code for codes in files.vocabulary.values() for code in codes}
+    report["population"] = evaluate.population(files, splits, features)
     if request.out_dir is not None:
         with report_folder(request, [request.data_dir]) as out:
             evaluate.write_report(out, report, pred.probs, pred.labels.tolist(), pred.hadm_ids.tolist(),

@@ -105,6 +105,12 @@ def unavailable_inputs(doc: Mapping[str, Any]) -> str:
     none = (split.get("bags") or {}).get("none")
     counted = (f" In the evaluated split: {counts}" + (f"; no event at all {pct(none)}" if none is not None else "")
                + "." if counts else " This file records no per-source counts (no data folder was given).")
+    unknown = split.get("unknown_codes")
+    if unknown is not None:
+        rows = [f"{esc(src)} {row['unknown']:,} of {row['events']:,} ({pct(row['share'])}, {row['unknown_codes']:,} "
+                f"distinct code{'s' if row['unknown_codes'] != 1 else ''})" for src, row in sorted(unknown.items())]
+        counted += (" Events whose code the model does not know: " + "; ".join(rows) + "." if rows
+                    else " The evaluated split has no event.")
     return f"<p>{esc(UNKNOWN_CODES)}.{counted}</p>"
 
 

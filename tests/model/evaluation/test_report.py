@@ -181,6 +181,11 @@ def test_the_page_states_tripod_items_10_14_16_17_18_27_from_the_file_or_leaves_
     # 27: the evaluated split's share of cases with no event, per source.
     for source, share in doc["population"]["splits"]["test"]["missing_source"].items():
         assert f"no {source} event {100 * share:.1f}%" in part
+    # 27: and, per source, its events whose code the model does not know (read as out-of-vocabulary).
+    unknown = doc["population"]["splits"]["test"]["unknown_codes"]
+    assert unknown and sum(row["events"] for row in unknown.values()) > 0
+    for source, row in unknown.items():
+        assert f"{source} {row['unknown']:,} of {row['events']:,} ({100 * row['share']:.1f}%" in part
 
 
 def test_model_report_renders_in_chromium_with_every_figure(model_report, tmp_path):
