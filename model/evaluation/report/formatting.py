@@ -5,14 +5,15 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from model.evaluation.report.html_cells import fixed
 from model.evaluation.statistics.metrics import SCALAR_METRICS
 
 
 def _fmt(value, digits: int = 4) -> str:
-    """A number for the table, 'n/a' for None/NaN."""
+    """A number for the table, 'n/a' for None/NaN; one that rounds to zero is printed without a sign."""
     if value is None or (isinstance(value, float) and not np.isfinite(value)):
         return "n/a"
-    return f"{value:.{digits}f}"
+    return fixed(value, digits)
 
 
 def format_table(metrics: Mapping) -> str:

@@ -320,6 +320,15 @@ def test_evaluate_undefined_metrics_become_null():
     assert "n/a" in formatting.format_table(report)
 
 
+def test_the_comparison_table_prints_no_signed_zero():
+    # Two models equal to four decimals: B - A of -0.00004 is "0.0000", the interval's ends keep their sign.
+    row = {"a": 0.12345, "b": 0.12341, "difference": -0.00004, "lower": -0.0213, "upper": 0.0000001}
+    text = formatting.format_comparison({"a": "a/export", "b": "b/export", "n": 40, "n_bootstrap": 200,
+                                         "metrics": {"brier": row}})
+    line = [t for t in text.splitlines() if t.startswith("brier")][0]
+    assert line.split() == ["brier", "0.1235", "0.1234", "0.0000", "[-0.0213,", "0.0000]"]
+
+
 def test_labels_validated():
     with pytest.raises(ValueError):
         m.brier(np.array([0.5]), np.array([2]))
