@@ -78,20 +78,6 @@ COPY --chown=ehr:ehr configs /opt/ehr/configs
 ENTRYPOINT ["ehr-train"]
 CMD ["--help"]
 
-# ---------------------------------------------------------------- serve (default target): the serve set only
-FROM runtime AS serve
-COPY --from=build-serve /opt/venv /opt/venv
-# The export directory (model.export) is mounted here, read-only.
-VOLUME ["/model"]
-EXPOSE 8000
-# No curl in slim images: the standard library does the probe. /healthz needs no API key.
-HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4).status != 200)"]
-# 0.0.0.0 inside the container: ehr-serve then REQUIRES API keys (EHR_API_KEYS or --api-keys-file);
-# it refuses --no-auth on a non-loopback host.
-ENTRYPOINT ["ehr-serve"]
-CMD ["--model", "/model", "--host", "0.0.0.0", "--port", "8000"]
-
 # ---------------------------------------------------------------- beam-worker: the job's workers, no TensorFlow
 # Used as the SDK harness of a portable runner: --sdk_container_image=IMAGE (Dataflow), or
 # --environment_type=DOCKER --environment_config=IMAGE (Flink, Spark). pyproject.toml's `job`
@@ -106,3 +92,18 @@ COPY ehr_pipeline ./ehr_pipeline
 COPY model ./model
 COPY serving ./serving
 RUN pip install --no-cache-dir --no-deps .
+
+# ---------------------------------------------------------------- serve (default target): the serve set only
+# The last stage: what `docker build .` builds when no target is given.
+FROM runtime AS serve
+COPY --from=build-serve /opt/venv /opt/venv
+# The export directory (model.export) is mounted here, read-only.
+VOLUME ["/model"]
+EXPOSE 8000
+# No curl in slim images: the standard library does the probe. /healthz needs no API key.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4).status != 200)"]
+# 0.0.0.0 inside the container: ehr-serve then REQUIRES API keys (EHR_API_KEYS or --api-keys-file);
+# it refuses --no-auth on a non-loopback host.
+ENTRYPOINT ["ehr-serve"]
+CMD ["--model", "/model", "--host", "0.0.0.0", "--port", "8000"]
