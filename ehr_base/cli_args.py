@@ -102,3 +102,15 @@ def setup_logging(verbose: bool = False) -> None:
     # absl/TensorFlow log every tf.data shard and SavedModel input rename at INFO, Beam its BigQuery
     # and type-hint notices: keep ours readable.
     console.quiet_library_loggers(verbose)
+
+
+class DefaultsOnceFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each flag's default said once: argparse's '(default: X)' is added only where the help text
+    does not already say its default (in words argparse's value would contradict, e.g. 'gzip' for True),
+    and not to a required flag, which has none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower() or action.required:
+            return text
+        return super()._get_help_string(action)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, get_args, get_origin
 
 from ehr_base import console
-from ehr_base.cli_args import OneLineParser
+from ehr_base.cli_args import DefaultsOnceFormatter, OneLineParser
 from serving.monitoring import malloc
 from serving.settings import API_KEYS_ENV, Settings, SettingsError, load_api_keys, make_settings
 
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ehr-serve",
         description="Serve an exported rank-1 Bayesian LSTM over HTTP (FastAPI + uvicorn). "
                     f"API keys: ${API_KEYS_ENV} (comma-separated) and/or --api-keys-file.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     for setting in setting_flags():
         _add_setting(p, setting)

@@ -19,6 +19,7 @@ import signal
 import sys
 
 from ehr_base.cli_args import (
+    DefaultsOnceFormatter,
     OneLineParser,
     existing_dir,
     output_dir,
@@ -46,7 +47,7 @@ def _setup_logging(verbose: bool) -> None:
 
 def _command(sub: argparse._SubParsersAction, name: str, help: str) -> argparse.ArgumentParser:
     """A sub-command whose --help shows its defaults, as the top-level one does."""
-    return sub.add_parser(name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return sub.add_parser(name, help=help, formatter_class=DefaultsOnceFormatter)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="ehr-pipeline",
         description="MIMIC-III v1.4 CSV tables -> bagged tf.train.SequenceExample TFRecords.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines, Beam's)")

@@ -25,7 +25,7 @@ import sys
 import pydantic
 
 from ehr_base import console
-from ehr_base.cli_args import OneLineParser, existing_dir, output_dir, setup_logging, usage_error
+from ehr_base.cli_args import DefaultsOnceFormatter, OneLineParser, existing_dir, output_dir, setup_logging, usage_error
 from ehr_pipeline.contract import output_folder
 from model.adapt.config import METHODS, AdaptConfig
 from model.export.load import ExportError
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "`ehr-pipeline run --units-from MODEL_DIR`, or the service's outcome store): recalibrate it, "
                     "revise it, fine-tune it, update its "
                     "posterior or retrain it, and write the updated export.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     parser.add_argument("--model", required=True, type=existing_dir, help="the export to update (MODEL_DIR)")
     local = parser.add_mutually_exclusive_group(required=True)

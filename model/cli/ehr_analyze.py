@@ -29,7 +29,7 @@ import sys
 from typing import Any, Callable
 
 from ehr_base import console
-from ehr_base.cli_args import OneLineParser, existing_dir, output_dir, positive_int, setup_logging, usage_error
+from ehr_base.cli_args import DefaultsOnceFormatter, OneLineParser, existing_dir, output_dir, positive_int, setup_logging, usage_error
 from ehr_pipeline.contract import SPLIT_NAMES, integrity, output_folder
 from model.cli import EXIT_SHIFT, FAIL_ON
 from model.cli.ehr_eval import resolve_model_dir
@@ -46,10 +46,10 @@ FULL = "full"  # row name of the unmodified posterior
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ehr-analyze."""
     parser = OneLineParser(prog="ehr-analyze", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=DefaultsOnceFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("posterior-rank", help="singular values of posterior stddevs; rank-k replacement re-evaluated",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsOnceFormatter)
     p.add_argument("--model", required=True, metavar="RUN_DIR", type=existing_dir, help="run folder of ehr-train (EHR or image)")
     p.add_argument("--data", default=None, type=existing_dir,
                    help="EHR: output folder of the Beam job (required); image: CIFAR folder, None = the run's")
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="debug logging, and the libraries' own notices (TensorFlow's C++ start-up lines)")
 
     p = sub.add_parser("shift", help="new data against the population the model learnt from (exit 3 at --fail-on)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=DefaultsOnceFormatter)
     p.add_argument("--model", required=True, metavar="EXPORT", type=existing_dir,
                    help="export directory (MODEL_DIR) or run folder holding export/")
     p.add_argument("--data", required=True, metavar="NEW_DATA", type=existing_dir,

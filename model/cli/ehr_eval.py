@@ -25,7 +25,7 @@ import sys
 import pydantic
 
 from ehr_base import console
-from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, fraction, output_dir, setup_logging,
+from ehr_base.cli_args import (DefaultsOnceFormatter, OneLineParser, existing_dir, existing_file, fraction, output_dir, setup_logging,
                                usage_error)
 from ehr_pipeline.contract import output_folder
 from model.cli import EXIT_SHIFT, FAIL_ON
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Evaluate exported EHR models on one split: NLL, AUC-PR, AUC-ROC, ECE, Brier with bootstrap "
                     "confidence intervals, uncertainty, selective prediction and referral at the threshold chosen "
                     "on validation. Several --model give a deep ensemble (members side by side along K).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", action="append", metavar="DIR",

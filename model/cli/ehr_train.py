@@ -15,7 +15,7 @@ import sys
 import yaml
 
 from ehr_base import console
-from ehr_base.cli_args import (OneLineParser, existing_dir, existing_file, output_dir, positive_int,
+from ehr_base.cli_args import (DefaultsOnceFormatter, OneLineParser, existing_dir, existing_file, output_dir, positive_int,
                                       setup_logging, usage_error)
 from ehr_base.yaml_config import ConfigError
 from model.evaluation.report import formatting
@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a rank-1 Bayesian (or baseline) LSTM on bagged MIMIC-III SequenceExamples, evaluate it "
                     "on the validation and test splits, and write the export the prediction service loads "
                     "(OUT/export). Re-running the same command resumes from the newest checkpoint.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     parser.add_argument("--config", required=True, type=existing_file, help="experiment YAML (configs/ehr_*.yaml)")
     parser.add_argument("--data", required=True, type=existing_dir,

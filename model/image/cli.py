@@ -17,7 +17,7 @@ import pathlib
 import sys
 
 from ehr_base import console
-from ehr_base.cli_args import OneLineParser, setup_logging, usage_error
+from ehr_base.cli_args import DefaultsOnceFormatter, OneLineParser, setup_logging, usage_error
 from ehr_base.yaml_config import ConfigError, read_yaml
 from model.export_layout import MAX_SAMPLES
 from model.image.config import is_image_config, load_config
@@ -67,7 +67,7 @@ def build_train_parser() -> argparse.ArgumentParser:
         description="Train a rank-1 Bayesian (or baseline) image classifier (task: image configs), then evaluate it "
                     "on the clean and corrupted test sets. Re-running the same command resumes from the newest "
                     "checkpoint.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsOnceFormatter)
     p.add_argument("--config", required=True, help="image experiment YAML (configs/image_*.yaml)")
     p.add_argument("--out", required=True, help="run folder: config.json, checkpoints, tensorboard, eval")
     p.add_argument("--data", default=None, help="CIFAR python-pickle folder (overrides data.data_dir; digits: unused)")
@@ -134,7 +134,7 @@ def build_eval_parser() -> argparse.ArgumentParser:
         description="Evaluate a trained image model (a run folder of ehr-train with a task: image config): NLL, "
                     "accuracy and ECE on the clean test set and on every corruption and intensity, with their "
                     "means cNLL / cA / cECE.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsOnceFormatter)
     p.add_argument("--run", "--model", dest="run", required=True, help="run folder written by ehr-train")
     p.add_argument("--data", default=None, help="CIFAR python-pickle folder (default: the run's data.data_dir)")
     p.add_argument("--corrupted-dir", default=None,

@@ -13,6 +13,7 @@ import sys
 import tempfile
 
 import ehr_base  # noqa: F401  (pins the Keras flavour before anything imports TensorFlow)
+from ehr_base.cli_args import DefaultsOnceFormatter
 from ehr_pipeline.contract import spec, tfrecord
 from ehr_pipeline.encode import seqex
 from serving.tools.server_process import ServerProcess
@@ -79,7 +80,7 @@ def build_request(mimic_dir: pathlib.Path, subject_id: int, hadm_id: int, after_
 
 def main(argv: list[str] | None = None) -> int:
     """Starts ehr-serve on loopback, posts one demo admission, prints the answer, stops the server."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=DefaultsOnceFormatter)
     parser.add_argument("--model", required=True, help="export directory written by ehr-train")
     parser.add_argument("--data", required=True, help="the Beam job's output (to pick a test admission)")
     parser.add_argument("--mimic-dir", required=True, help="the raw release the request is built from")
