@@ -16,7 +16,7 @@ def units_of(t: dict) -> int:
 
 def to_markdown(model: dict, levels: list[dict], t: dict, args: argparse.Namespace) -> str:
     """The benchmark's markdown section, with the issue's targets checked on ratios of this run."""
-    lines = [*_targets(model, levels, t, args), *_threads_table(t, args), *_model_work_table(model, t, args),
+    lines = ["## Service latency (`bench/service/service_latency.py`)", "", *_targets(model, levels, t, args), *_threads_table(t, args), *_model_work_table(model, t, args),
              *_http_table(levels)]
     lines += [
         "",

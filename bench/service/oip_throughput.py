@@ -119,6 +119,7 @@ def to_markdown(model: dict, rounds: dict[str, list[dict]], tri: dict, args: arg
     v1, v2 = total["/v1/predict"], total["OIP v2 infer"]
     ratio, p99_ratio = v2["throughput"] / v1["throughput"], v2["p99"] / v1["p99"]
     lines = [
+        "## OIP v2 against /v1/predict (`bench/service/oip_throughput.py`)", "",
         f"Model: `{model['name']}` {model['version']} (K={model['ensemble_size']}){model['note']}; one admission "
         f"of {args.events} events per request, num_samples={args.num_samples}, concurrency {args.concurrency}, "
         f"{args.rounds} alternating round(s) of {args.requests} requests per protocol; server `--max-batch "

@@ -257,7 +257,7 @@ def summarise(out: dict) -> dict:
 
 def to_markdown(s: dict, rss: dict, meta: dict, args: argparse.Namespace) -> str:
     """The soak's section of docs/benchmarks.md."""
-    lines = [f"Soak of `ehr-serve` ({meta['model']}) on 127.0.0.1: {args.clients} clients for {args.duration:g} s, "
+    lines = ["## Soak of the service (`bench/service/soak.py`)", "", f"Soak of `ehr-serve` ({meta['model']}) on 127.0.0.1: {args.clients} clients for {args.duration:g} s, "
              f"num_samples={args.num_samples}, `--monitor-window {args.monitor_window}`. Admissions: "
              f"{meta['admissions']} ({meta['sources']}); {meta['constant_carriers']} of them carry a value of one "
              f"of the {meta['constant_codes']} codes whose training values are all one value "
