@@ -60,7 +60,8 @@ def test_service_scores_raw_events_like_the_job_record(demo_export, demo_dir):
     # A real uvicorn server on 127.0.0.1 in this process (as `ehr-serve --no-auth`): the claim is about the
     # request's road, not the process boundary, which test_serving_startup's ehr-serve process covers.
     settings = make_settings(model_dir=export, no_auth=True, host="127.0.0.1")
-    with ThreadedServer(create_app(settings, ServedModel.load(export))) as server:
+    # A generous start-up limit, as ehr-serve's process had: the warm-up pass is slow on a loaded 2-core machine.
+    with ThreadedServer(create_app(settings, ServedModel.load(export)), startup_timeout_s=300.0) as server:
         resp = httpx.post(f"{server.base_url}/v1/predict", json=body,
                           params={"num_samples": 5, "seed": 7, "include_samples": "true"}, timeout=60)
     assert resp.status_code == 200, resp.text
