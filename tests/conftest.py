@@ -120,3 +120,24 @@ def tiny_export(tmp_path_factory) -> Callable[..., pathlib.Path]:
         return folder / "export"
 
     return make
+
+
+@pytest.fixture(scope="session")
+def reference_export(tmp_path_factory, tiny_export) -> pathlib.Path:
+    """A tiny untrained export whose reference is its training folder's profile, for the monitor's tests; read-only.
+
+    The folder: 60 / 8 / 8 admissions (seed 0, one train shard) in which chart:211 always records 5.0,
+    a code whose training values are all one value, as the demo's PEEP setting. The soak, the
+    monitor-refresh and the request-road tests serve it: one export (tiny_export's) for the three.
+    """
+    # TensorFlow loads only for the tests that ask for an export.
+    from model.data_folder import load_data_files
+    from model.evaluation import against_reference
+    from tests.support.ehr_testdata import write_data_dir
+
+    # The folder is cheap (well under a second); the export is made once per session by tiny_export.
+    files = load_data_files(write_data_dir(tmp_path_factory.mktemp("reference_export") / "data",
+                                           sizes=(("train", 60), ("validation", 8), ("test", 8)), train_shards=1,
+                                           constant={"chart:211": 5.0}))
+    vocabulary = {s: [c.split(":", 1)[1] for c in codes] for s, codes in files.vocabulary.items()}
+    return tiny_export(vocabulary=vocabulary, reference=against_reference.reference_profile(files))

@@ -25,7 +25,9 @@ class ServerProcess:
     """`python -m serving ARGS` on 127.0.0.1 and a free port; use as a context manager."""
 
     def __init__(self, args: Sequence[str], *, env: Mapping[str, str] | None = None,
-                 log_path: str | os.PathLike, startup_timeout_s: float = 120.0, cwd: str | os.PathLike | None = None):
+                 log_path: str | os.PathLike, startup_timeout_s: float = 300.0, cwd: str | os.PathLike | None = None):
+        # 300 s: TensorFlow's import, the export's load and the warm-up took over 120 s on 2 cores shared
+        # with other work (the soak's server failed to start so); a healthy start returns as soon as it is ready.
         self.args = list(args)
         self.env = {**os.environ, **(env or {})}
         self.log_path = pathlib.Path(log_path)

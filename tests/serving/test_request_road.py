@@ -16,7 +16,6 @@ import pytest
 from serving.api.app import create_app
 from serving.inference.served_model import ServedModel
 from serving.settings import make_settings
-from tests.support.ehr_testdata import write_data_dir
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -44,17 +43,10 @@ PLUMBING = {"serving/api/middleware.py", "serving/api/auth.py", "serving/api/dep
 
 
 @pytest.fixture(scope="module")
-def road(tmp_path_factory, tiny_export) -> dict[str, set[str]]:
+def road(reference_export) -> dict[str, set[str]]:
     from fastapi.testclient import TestClient
 
-    from model.data_folder import load_data_files
-    from model.evaluation import against_reference
-
-    # The same export as the monitor-refresh tests' (one build per session): its training folder's profile.
-    files = load_data_files(write_data_dir(tmp_path_factory.mktemp("road") / "data",
-                                           sizes=(("train", 30), ("validation", 4), ("test", 4)), train_shards=1))
-    vocabulary = {s: [c.split(":", 1)[1] for c in codes] for s, codes in files.vocabulary.items()}
-    export = tiny_export(vocabulary=vocabulary, reference=against_reference.reference_profile(files))
+    export = reference_export  # the monitor-refresh and soak tests' export: its training folder's profile
     app = create_app(make_settings(model_dir=export, no_auth=True, host="127.0.0.1", warmup=False),
                      ServedModel.load(export))
     admit = dt.datetime(2150, 1, 1)

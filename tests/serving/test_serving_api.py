@@ -375,19 +375,6 @@ def test_no_auth_server_on_loopback_needs_no_key(export_dir, predictor):
         assert r.status_code == 200, r.text
 
 
-def test_bfloat16_precision_is_served_and_named_in_every_answer(export_dir, client):
-    low = ServedModel.load(export_dir, "bfloat16")
-    settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", warmup=False,
-                             precision="bfloat16")
-    with ThreadedServer(create_app(settings, low)) as srv:
-        fast = httpx.post(f"{srv.base_url}/v1/predict", params={"seed": 7}, json=body(), timeout=30).json()
-        info = httpx.get(f"{srv.base_url}/v1/model", timeout=30).json()
-    exact = client.post("/v1/predict", params={"seed": 7}, json=body(), headers={"X-API-Key": KEY}).json()
-    assert fast["model"]["precision"] == info["model"]["precision"] == "bfloat16"
-    assert exact["model"]["precision"] == "float32"
-    assert abs(fast["probability"] - exact["probability"]) <= BFLOAT16_MEAN_TOLERANCE  # docs/serving.md
-
-
 def test_precision_auto_is_the_default_and_serves_what_it_measured(export_dir, caplog):
     settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", max_batch=2)
     assert settings.precision == "auto"
@@ -411,8 +398,11 @@ def test_precision_auto_is_the_default_and_serves_what_it_measured(export_dir, c
     (None, "float32", "no bfloat16 signature"),  # an export from before the bfloat16 signature
     (2 * BFLOAT16_MEAN_TOLERANCE, "float32", "beyond the tolerance"),  # however fast it is
 ])
-def test_precision_auto_keeps_float32_without_a_bfloat16_signature_in_tolerance(tmp_path, offset, served, why):
-    export = write_fixture_export(tmp_path / "export", ensemble_size=2, bfloat16_offset=offset)
+def test_precision_auto_keeps_float32_without_a_bfloat16_signature_in_tolerance(tmp_path, fixture_export, offset,
+                                                                               served, why):
+    # Without an offset the export is the session's fixture export (K = 2, no bfloat16 signature).
+    export = fixture_export if offset is None else \
+        write_fixture_export(tmp_path / "export", ensemble_size=2, bfloat16_offset=offset)
     model = ServedModel.load(export, "auto")
     assert model.precision == "float32" and model.choice.requested == "auto"
     examples = [encode(r, model.export).example for r in precision.timing_requests(model.export)]
@@ -433,7 +423,9 @@ def test_precision_rule_serves_bfloat16_only_when_clearly_faster_and_in_toleranc
     assert precision.fixed("bfloat16") == precision.PrecisionChoice("bfloat16", "bfloat16", "--precision bfloat16")
 
 
-def test_bfloat16_warm_up_compiles_every_batch_size_before_turning_ready(export_dir, caplog):
+def test_bfloat16_warm_up_compiles_every_batch_size_before_ready_and_every_answer_names_it(export_dir, client,
+                                                                                           caplog):
+    # One bfloat16 server for both claims (its load and warm-up are most of the cost).
     # bfloat16's fused step compiles per batch shape: the warm-up runs 1 .. max_batch admissions.
     settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", max_batch=3,
                              precision="bfloat16")
@@ -443,9 +435,15 @@ def test_bfloat16_warm_up_compiles_every_batch_size_before_turning_ready(export_
         while httpx.get(f"{srv.base_url}/readyz", timeout=30).status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert httpx.post(f"{srv.base_url}/v1/predict", json=body(), timeout=30).status_code == 200
+        fast = httpx.post(f"{srv.base_url}/v1/predict", params={"seed": 7}, json=body(), timeout=30).json()
+        info = httpx.get(f"{srv.base_url}/v1/model", timeout=30).json()
     compiled = caplog.text.index(
         f"bfloat16 step compiled for batches of 1-3 admissions at num_samples={settings.default_num_samples}")
     assert compiled < caplog.text.index("model warmed up; ready")
+    exact = client.post("/v1/predict", params={"seed": 7}, json=body(), headers={"X-API-Key": KEY}).json()
+    assert fast["model"]["precision"] == info["model"]["precision"] == "bfloat16"
+    assert exact["model"]["precision"] == "float32"
+    assert abs(fast["probability"] - exact["probability"]) <= BFLOAT16_MEAN_TOLERANCE  # docs/serving.md
 
 
 # ------------------------------------------------------------------------------- limits

@@ -9,21 +9,22 @@ import pytest
 
 from ehr_pipeline.contract import PipelineConfig, layout, spec, tfrecord
 from ehr_pipeline.encode import seqex
-from ehr_pipeline.job import run_job
 from model.export.load import read_export
-from serving.tools.demo import build_request, first_test_admission
+from serving.api.app import create_app
 from serving.inference.encoding import encode
+from serving.inference.served_model import ServedModel
 from serving.schemas import PredictRequest
-from serving.tools.server_process import ServerProcess
+from serving.settings import make_settings
+from serving.tools.demo import build_request, first_test_admission
+from tests.support.job_outputs import CONFIG
+from tests.support.serving_fixtures import ThreadedServer
 
 
 @pytest.fixture(scope="module")
-def demo_export(demo_dir, tmp_path_factory, tiny_export):
-    base = tmp_path_factory.mktemp("skew")
-    data = base / "data"
-    config = PipelineConfig.model_validate({"num_shards": {"train": 1, "validation": 1, "test": 1},
-                                            "vocab": {"min_count": 1}})
-    run_job(str(demo_dir), str(data), config)
+def demo_export(demo_run, tiny_export):
+    # The session's demo job output (job_outputs.CONFIG: vocab min_count 1), not a job of its own.
+    data, _, _ = demo_run
+    config = PipelineConfig.model_validate(CONFIG)
     vocab = layout.read_json(str(data / layout.VOCABULARY))["sources"]
     raw_codes = {s: [c.split(":", 1)[1] for c in codes] for s, codes in vocab.items()}
     # The job's own units and lab LOINC codes, as a model trained on this data carries them: values
@@ -35,7 +36,7 @@ def demo_export(demo_dir, tmp_path_factory, tiny_export):
     return data, export
 
 
-def test_service_scores_raw_events_like_the_job_record(demo_export, demo_dir, tmp_path):
+def test_service_scores_raw_events_like_the_job_record(demo_export, demo_dir):
     from model.export.predict import predict_probs
 
     data, export = demo_export
@@ -56,15 +57,18 @@ def test_service_scores_raw_events_like_the_job_record(demo_export, demo_dir, tm
     for key in job:
         np.testing.assert_array_equal(np.asarray(served[key], dtype=object), np.asarray(job[key], dtype=object),
                                       err_msg=key)
-    with ServerProcess(["--model", str(export), "--no-auth", "--log-level", "warning"],
-                       log_path=tmp_path / "server.log") as server:
+    # A real uvicorn server on 127.0.0.1 in this process (as `ehr-serve --no-auth`): the claim is about the
+    # request's road, not the process boundary, which test_serving_startup's ehr-serve process covers.
+    settings = make_settings(model_dir=export, no_auth=True, host="127.0.0.1")
+    # A generous start-up limit, as ehr-serve's process had: the warm-up pass is slow on a loaded 2-core machine.
+    with ThreadedServer(create_app(settings, ServedModel.load(export)), startup_timeout_s=300.0) as server:
         resp = httpx.post(f"{server.base_url}/v1/predict", json=body,
                           params={"num_samples": 5, "seed": 7, "include_samples": "true"}, timeout=60)
     assert resp.status_code == 200, resp.text
     answer = resp.json()
     assert answer["events"]["ignored"]["at_or_after_trigger"] > 0  # the request had later events too
-    # Two processes run the same network on the same record with the same seed, yet their float32 samples
-    # differed by up to 4.4e-5 once, with the suite on 2 busy cores (0 when run alone): TensorFlow's CPU
-    # kernels need not sum in the same order in two processes. The record above carries the exact claim.
+    # The same network on the same record with the same seed, yet float32 samples differed by up to 4.4e-5
+    # once between two processes on 2 busy cores (0 when run alone): TensorFlow's CPU kernels need not sum
+    # in the same order, and the served batch is not predict_probs' call. The record above carries the exact claim.
     np.testing.assert_allclose(answer["samples"], expected, rtol=0, atol=1e-3)
     assert answer["probability"] == pytest.approx(float(np.mean(expected)), abs=1e-3)

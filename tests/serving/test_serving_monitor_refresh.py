@@ -16,21 +16,14 @@ from fastapi.testclient import TestClient
 from serving.api.app import create_app
 from serving.inference.served_model import ServedModel
 from serving.settings import Settings, make_settings
-from tests.support.ehr_testdata import admission_requests, write_data_dir
+from tests.support.ehr_testdata import admission_requests
 
 PARAMS = {"num_samples": 2, "seed": 0}
 
 
 @pytest.fixture(scope="module")
-def export_dir(tmp_path_factory, tiny_export):
-    from model.data_folder import load_data_files
-    from model.evaluation import against_reference
-
-    base = tmp_path_factory.mktemp("monitor_refresh")
-    files = load_data_files(write_data_dir(base / "data", sizes=(("train", 30), ("validation", 4), ("test", 4)),
-                                           train_shards=1))
-    vocabulary = {s: [c.split(":", 1)[1] for c in codes] for s, codes in files.vocabulary.items()}
-    return tiny_export(vocabulary=vocabulary, reference=against_reference.reference_profile(files))
+def export_dir(reference_export):
+    return reference_export  # an export with a reference, so its monitor reports
 
 
 def _client(export_dir, refresh_s: float) -> TestClient:

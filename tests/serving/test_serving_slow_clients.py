@@ -71,8 +71,11 @@ def _metrics(base_url: str) -> str:
 
 
 @pytest.mark.slow  # a server process: TensorFlow's import dominates, minutes on a busy machine
-def test_held_slow_bodies_neither_block_requests_nor_stay(export_dir, tmp_path):
-    with _server(export_dir, tmp_path) as server:
+def test_held_slow_bodies_neither_block_requests_nor_stay_nor_hold_sigterm(export_dir, tmp_path):
+    # One server for both claims (its start is most of the test): the slow bodies first, then SIGTERM
+    # with a trickling client, once every held connection above has been answered or closed.
+    server = _server(export_dir, tmp_path).start()
+    try:
         started = time.monotonic()
         keyed = [_slow(server.base_url, KEY) for _ in range(HELD)]
         anonymous = [_slow(server.base_url, None) for _ in range(50)]
@@ -88,34 +91,35 @@ def test_held_slow_bodies_neither_block_requests_nor_stay(export_dir, tmp_path):
             sock.close()
         time.sleep(1.0)
         text = _metrics(server.base_url)
-    assert 'ehr_http_errors_total{kind="client_disconnect",route="/v1/predict"} 20.0' in text, text
-    assert 'kind="server"' not in text
-    assert not [line for line in server.log().splitlines() if "Too many open files" in line]
+        assert 'ehr_http_errors_total{kind="client_disconnect",route="/v1/predict"} 20.0' in text, text
+        assert 'kind="server"' not in text
+        assert not [line for line in server.log().splitlines() if "Too many open files" in line]
+        took = _sigterm_with_a_trickling_client(server)
+    finally:
+        server.stop()
+    assert took < SHUTDOWN_TIMEOUT_S + 5, f"SIGTERM took {took:.1f} s"
 
 
-@pytest.mark.slow
-def test_sigterm_exits_within_the_shutdown_timeout_despite_a_trickling_client(export_dir, tmp_path):
-    server = _server(export_dir, tmp_path).start()
+def _sigterm_with_a_trickling_client(server: ServerProcess) -> float:
+    """Seconds from SIGTERM to the server's exit while one client trickles a body within the body timeout."""
+    sock = _slow(server.base_url, KEY)
+    stop = threading.Event()
+
+    def trickle():  # one byte well within the body timeout, for as long as it is allowed to
+        while not stop.is_set():
+            try:
+                sock.sendall(b" ")
+            except OSError:
+                return
+            time.sleep(BODY_TIMEOUT_S / 4)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
     try:
-        sock = _slow(server.base_url, KEY)
-        stop = threading.Event()
-
-        def trickle():  # one byte well within the body timeout, for as long as it is allowed to
-            while not stop.is_set():
-                try:
-                    sock.sendall(b" ")
-                except OSError:
-                    return
-                time.sleep(BODY_TIMEOUT_S / 4)
-
-        thread = threading.Thread(target=trickle, daemon=True)
-        thread.start()
         time.sleep(BODY_TIMEOUT_S)  # longer than the body timeout: only the trickle keeps it open
         sent = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         server.proc.wait(timeout=SHUTDOWN_TIMEOUT_S + 15)
-        took = time.monotonic() - sent
+        return time.monotonic() - sent
     finally:
         stop.set()
-        server.stop()
-    assert took < SHUTDOWN_TIMEOUT_S + 5, f"SIGTERM took {took:.1f} s"

@@ -28,7 +28,6 @@ from model.export.load import read_export
 from serving.inference.encoding import encode
 from serving.schemas import InputError, PredictRequest
 from tests.support.arrow_rows import batch
-from tests.support.serving_fixtures import write_fixture_export
 
 DAY = 86400
 CONFIG = PipelineConfig()
@@ -171,8 +170,12 @@ def request_body(rows, order) -> dict:
 
 
 @pytest.fixture(scope="module")
-def export(tmp_path_factory):
-    return read_export(write_fixture_export(tmp_path_factory.mktemp("skew") / "export", pipeline=CONFIG))
+def export(fixture_export):
+    # The session's fixture export: written with the default PipelineConfig (CONFIG); only its contract
+    # (vocabulary, units, pipeline) is read here, never its model.
+    export = read_export(fixture_export)
+    assert export.pipeline == CONFIG
+    return export
 
 
 @settings(max_examples=40, deadline=None)

@@ -140,7 +140,9 @@ def write_fixture_export(
 class ThreadedServer:
     """A real uvicorn server for `app` on 127.0.0.1 and a free port, run in a background thread."""
 
-    def __init__(self, app: Any, *, startup_timeout_s: float = 30.0, wait_ready: bool = True):
+    # 300 s, not 30: TensorFlow's warm-up pass took longer than 30 s with the suite on 2 busy cores (a
+    # module's shared server then errored every test that used it); a healthy start returns far sooner.
+    def __init__(self, app: Any, *, startup_timeout_s: float = 300.0, wait_ready: bool = True):
         import uvicorn
 
         self.config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False,
