@@ -2,13 +2,20 @@
 
 Logical devices must exist before TensorFlow sets up its devices, which the pytest process
 has long done; so the comparisons run here and are written as JSON for the test to check.
+One process runs every job the tests ask for: each process pays TensorFlow's start-up (~5 s here).
 
-  python tests/support/multidevice_run.py ehr|image|draws OUT_DIR
+  python tests/support/multidevice_run.py OUT_DIR JOBS_JSON
+
+JOBS_JSON maps a job (draws, ehr, image, gpu_train) to its argument (the image config; gpu_train's
+command line; null for the others); OUT_DIR/result.json maps each job to its result.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import pathlib
+import runpy
 import shutil
 import sys
 
@@ -83,7 +90,7 @@ def compare(out: pathlib.Path, run) -> dict:
 KEEP = ("step", "loss", "nll", "kl", "kl_weight", "l2", "grad_norm")
 
 
-def ehr(out: pathlib.Path) -> dict:
+def ehr(out: pathlib.Path, _arg: None = None) -> dict:
     from model.ehr.config import parse_config
     from model.ehr.train import train
 
@@ -99,12 +106,12 @@ def ehr(out: pathlib.Path) -> dict:
     return compare(out, run)
 
 
-def image(out: pathlib.Path) -> dict:
+def image(out: pathlib.Path, doc: dict) -> dict:
     from model.image.config import parse_config
     from model.image.data import load_data
     from model.image.train import train
 
-    doc = json.loads(sys.argv[3])  # the test's tiny image config
+    doc = json.loads(json.dumps(doc))  # the test's tiny image config (a copy: edited below)
     doc["model"]["posterior"]["dropout_rate"] = NEAR_DETERMINISTIC["dropout_rate"]
     doc["train"].update(max_steps=6, log_every_steps=1, checkpoint_every_steps=2)
     config = parse_config(doc)
@@ -117,7 +124,7 @@ def image(out: pathlib.Path) -> dict:
     return compare(out, run)
 
 
-def draws(out: pathlib.Path) -> dict:
+def draws(out: pathlib.Path, _arg: None = None) -> dict:
     """Logits of the SAME examples on both replicas: equal only if the replicas share their noise."""
     from model.ehr import inputs
     from model.ehr.config import parse_config
@@ -146,8 +153,21 @@ def draws(out: pathlib.Path) -> dict:
             "logits_again": [r.numpy().tolist() for r in again]}
 
 
+def gpu_train(_out: pathlib.Path, argv: list[str]) -> dict:
+    """bench/train_speed/gpu_train.py's main on argv, in this process (its devices.configure finds cpu:2 made)."""
+    script = pathlib.Path(__file__).resolve().parents[2] / "bench" / "train_speed" / "gpu_train.py"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = runpy.run_path(str(script))["main"](argv)
+    return {"returncode": code, "stdout": stdout.getvalue()}
+
+
+JOBS = {"draws": draws, "ehr": ehr, "image": image, "gpu_train": gpu_train}
+
 if __name__ == "__main__":
-    mode, out_dir = sys.argv[1], pathlib.Path(sys.argv[2])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"ehr": ehr, "draws": draws, "image": image}[mode](out_dir)
-    (out_dir / "result.json").write_text(json.dumps(result))
+    out_dir, jobs = pathlib.Path(sys.argv[1]), json.loads(sys.argv[2])
+    results = {}
+    for name, arg in jobs.items():
+        (out_dir / name).mkdir(parents=True, exist_ok=True)
+        results[name] = JOBS[name](out_dir / name, arg)
+    (out_dir / "result.json").write_text(json.dumps(results))

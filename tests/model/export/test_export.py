@@ -29,6 +29,18 @@ def trained(trained_rank1):
     return trained_rank1
 
 
+@pytest.fixture(scope="module")
+def loaded(trained):
+    """The trained export loaded once for the module's read-only predictions (a load reads the whole SavedModel)."""
+    return load_export(trained["export"])
+
+
+@pytest.fixture(scope="module")
+def restored(trained):
+    """load_run of the trained run, once for the module: (config, model, featurizer, step); read-only."""
+    return load_run(trained["run"], trained["data"])
+
+
 def test_export_holds_the_contract_files(trained):
     export, data = trained["export"], trained["data"]
     manifest = read_json(export / "manifest.json")
@@ -73,12 +85,12 @@ def test_bad_admission_types_file_is_named(trained, tmp_path):
         read_export(copy)
 
 
-def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained):
-    config, model, featurizer, step = load_run(trained["run"], trained["data"])
+def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained, loaded, restored):
+    config, model, featurizer, step = restored
     assert step == trained["best"]["step"]  # the export holds the best validated checkpoint
     records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test").records
     in_memory = predict_probs(Predictor(featurizer, model), records, 5, seed=123)
-    exported = load_export(trained["export"])
+    exported = loaded
     from_export = predict_probs(exported, records, 5, seed=123, batch_size=7)
     assert from_export.shape == (len(records), 5 * config.model.ensemble_size)
     np.testing.assert_allclose(from_export, in_memory, rtol=0, atol=1e-6)
@@ -91,32 +103,33 @@ def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained):
 
 @pytest.mark.parametrize("wide", [{"wide_l1": 1e-3}, {"wide_posterior": "laplace"}])
 def test_a_wide_run_exports_its_window_aggregates(tmp_path, synthetic_data, wide):
-    config = parse_config(tiny_config_dict("rank1", steps=20, eval_every_steps=10))
+    config = parse_config(tiny_config_dict("rank1", steps=10, eval_every_steps=10))
     config = config.with_overrides(model={"wide": True, "wide_window_hours": 24.0, **wide})
     result = train(config, synthetic_data, tmp_path / "run", progress=False)
     _, model, featurizer, _ = load_run(tmp_path / "run", synthetic_data)
     assert featurizer.window_hours == 24.0
     records = data_folder.read_split(data_folder.load_data_files(synthetic_data), "test").records
-    in_memory = predict_probs(Predictor(featurizer, model), records, 3, seed=7)
+    predictor = Predictor(featurizer, model)  # its traced graph reads the variables at each call
+    in_memory = predict_probs(predictor, records, 3, seed=7)
     np.testing.assert_allclose(predict_probs(load_export(result.export_dir), records, 3, seed=7), in_memory,
                                rtol=0, atol=1e-6)
     for weight in model.wide.weights:  # the export would predict otherwise without the wide part
         weight.assign(tf.zeros_like(weight))
-    assert np.abs(predict_probs(Predictor(featurizer, model), records, 3, seed=7) - in_memory).max() > 1e-4
+    assert np.abs(predict_probs(predictor, records, 3, seed=7) - in_memory).max() > 1e-4
 
 
-def test_bfloat16_signature_draws_the_same_noise_and_stays_within_tolerance(trained):
-    config, model, featurizer, _ = load_run(trained["run"], trained["data"])
+def test_bfloat16_signature_draws_the_same_noise_and_stays_within_tolerance(trained, loaded, restored):
+    config, model, featurizer, _ = restored
     records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test").records
-    exact = predict_probs(load_export(trained["export"]), records, 5, seed=123)
+    exact = predict_probs(loaded, records, 5, seed=123)
     low = predict_probs(load_export(trained["export"], "bfloat16"), records, 5, seed=123)
-    switched = load_export(trained["export"]).with_precision("bfloat16")  # what ehr-serve --precision auto does
+    switched = loaded.with_precision("bfloat16")  # what ehr-serve --precision auto does
     np.testing.assert_array_equal(predict_probs(switched, records, 5, seed=123), low)
     diff = np.abs(low - exact)
     assert 0 < diff.max() <= BFLOAT16_SAMPLE_TOLERANCE
     assert np.abs(low.mean(axis=1) - exact.mean(axis=1)).max() <= BFLOAT16_MEAN_TOLERANCE
     # Same noise: a different seed moves the probabilities far more than the precision does.
-    assert np.abs(predict_probs(load_export(trained["export"]), records, 5, seed=124) - exact).max() > 10 * diff.max()
+    assert np.abs(predict_probs(loaded, records, 5, seed=124) - exact).max() > 10 * diff.max()
     in_memory = predict_probs(Predictor(featurizer, model, precision="bfloat16"), records, 5, seed=123)
     np.testing.assert_allclose(low, in_memory, rtol=0, atol=1e-6)
     card = read_json(trained["export"] / "model_card.json")
@@ -182,7 +195,7 @@ def _with_previous_discharge(record: bytes, seconds: int | None) -> bytes:
     return proto.SerializeToString()
 
 
-def test_an_export_that_records_no_time_inputs_answers_as_before(trained, tmp_path):
+def test_an_export_that_records_no_time_inputs_answers_as_before(trained, loaded, tmp_path):
     """An export made before the time inputs has no "time_inputs" in its card: it reads none, and the
     previous discharge a newer record carries (or a schema-3 record's lack of it) changes nothing."""
     assert read_json(trained["export"] / "model_card.json")["time_inputs"] == []
@@ -201,7 +214,7 @@ def test_an_export_that_records_no_time_inputs_answers_as_before(trained, tmp_pa
         [_with_previous_discharge(r, a + 30 * 86400) for r, a in zip(records, admit)])]
     for other in answers[1:]:
         np.testing.assert_array_equal(other, answers[0])
-    np.testing.assert_array_equal(answers[0], predict_probs(load_export(trained["export"]), records, 3, seed=11))
+    np.testing.assert_array_equal(answers[0], predict_probs(loaded, records, 3, seed=11))
 
 
 def test_a_run_with_every_time_input_records_them_and_exports_what_it_trained(tmp_path, synthetic_data):

@@ -2,7 +2,8 @@
 same losses, gradient norms and weights from one checkpoint; different posterior draws per replica;
 a 2-device checkpoint resumes on 1 device. The 2-device work runs in a child process
 (tests/support/multidevice_run.py): logical devices must be set before TensorFlow initialises, which this
-process has done."""
+process has done. One child per module runs the jobs of every selected test (``child``): each process
+pays TensorFlow's start-up."""
 from __future__ import annotations
 
 import json
@@ -24,12 +25,35 @@ from tests.support.paths import REPO_ROOT
 RTOL = 1e-4
 
 
-def _child(mode: str, out: pathlib.Path, *extra: str) -> dict:
+# An MLP has no batch norm (whose per-replica batch statistics would part the runs), so the image
+# trainer on 2 devices must take the 1-device steps exactly as the EHR trainer does: same losses and
+# gradient norms, same weights after 4 steps.
+IMAGE_MLP = {**TINY, "model": {"architecture": "mlp", "depth": 2, "width": 16,
+                               "posterior": {"method": "rank1", "ensemble_size": 2, "random_sign_init": -0.5}}}
+# bench/train_speed/gpu_train.py at tiny size; its --out is added by `child`.
+GPU_TRAIN_TINY = ["model.rnn_dim=16", "model.hidden_layer_dim=16", "eval.num_samples=2", "eval.n_bootstrap=20",
+                  "train.batch_size=8", "train.eval_every_steps=0", "train.log_every_steps=1"]
+GPU_TRAIN_ARGS = ["--patients", "40", "--steps", "4", "--devices", "cpu:2",
+                  *[x for item in GPU_TRAIN_TINY for x in ("--set", item)]]
+# The child's job each test reads (tests/support/multidevice_run.py JOBS).
+JOB_OF_TEST = {"test_ehr_trainer_on_two_devices_equals_one": "ehr",
+               "test_image_trainer_on_two_devices_equals_one": "image",
+               "test_each_replica_draws_its_own_posterior_sample": "draws",
+               "test_gpu_train_script_runs_on_cpu_devices_at_tiny_size": "gpu_train"}
+
+
+@pytest.fixture(scope="module")
+def child(request, tmp_path_factory) -> dict:
+    """The results of one child process that ran the jobs of the selected tests of this module (job -> result)."""
+    out = tmp_path_factory.mktemp("devices")
+    selected = {item.originalname for item in request.session.items if item.module is request.module}
+    args = {"draws": None, "ehr": None, "image": IMAGE_MLP, "gpu_train": ["--out", str(out / "gpu_train"), *GPU_TRAIN_ARGS]}
+    jobs = {job: args[job] for name, job in JOB_OF_TEST.items() if name in selected}
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "support" / "multidevice_run.py"), mode, str(out), *extra],
-                          capture_output=True, text=True, env=env, timeout=1200)
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "support" / "multidevice_run.py"), str(out),
+                           json.dumps(jobs)], capture_output=True, text=True, env=env, timeout=2400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((out / "result.json").read_text())
+    return {**json.loads((out / "result.json").read_text()), "out": out}
 
 
 def _same_rows(a: list[dict], b: list[dict], keys: tuple[str, ...]) -> None:
@@ -67,26 +91,17 @@ def _check_comparison(result: dict, keys: tuple[str, ...]) -> None:
 
 
 @pytest.mark.slow
-def test_ehr_trainer_on_two_devices_equals_one(tmp_path):
-    result = _child("ehr", tmp_path)
-    _check_comparison(result, ("loss", "nll", "kl", "kl_weight", "l2", "grad_norm"))
-
-
-# An MLP has no batch norm (whose per-replica batch statistics would part the runs), so the image
-# trainer on 2 devices must take the 1-device steps exactly as the EHR trainer does: same losses and
-# gradient norms, same weights after 4 steps.
-IMAGE_MLP = {**TINY, "model": {"architecture": "mlp", "depth": 2, "width": 16,
-                               "posterior": {"method": "rank1", "ensemble_size": 2, "random_sign_init": -0.5}}}
+def test_ehr_trainer_on_two_devices_equals_one(child):
+    _check_comparison(child["ehr"], ("loss", "nll", "kl", "kl_weight", "l2", "grad_norm"))
 
 
 @pytest.mark.slow
-def test_image_trainer_on_two_devices_equals_one(tmp_path):
-    result = _child("image", tmp_path, json.dumps(IMAGE_MLP))
-    _check_comparison(result, ("loss", "nll", "kl", "kl_weight", "l2", "grad_norm"))
+def test_image_trainer_on_two_devices_equals_one(child):
+    _check_comparison(child["image"], ("loss", "nll", "kl", "kl_weight", "l2", "grad_norm"))
 
 
-def test_each_replica_draws_its_own_posterior_sample(tmp_path):
-    result = _child("draws", tmp_path)
+def test_each_replica_draws_its_own_posterior_sample(child):
+    result = child["draws"]
     assert result["replicas"] == 2
     first, second = (np.asarray(x) for x in result["logits"])
     # The same examples, weights and members on both replicas: only the draws can differ.
@@ -96,16 +111,15 @@ def test_each_replica_draws_its_own_posterior_sample(tmp_path):
 
 
 @pytest.mark.slow
-def test_gpu_train_script_runs_on_cpu_devices_at_tiny_size(tmp_path):
-    """bench/train_speed/gpu_train.py end to end (synthetic release, Beam job, training, report) on 2 logical CPUs."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    tiny = ["model.rnn_dim=16", "model.hidden_layer_dim=16", "eval.num_samples=2", "eval.n_bootstrap=20",
-            "train.batch_size=8", "train.eval_every_steps=0", "train.log_every_steps=1"]
-    cmd = [sys.executable, str(REPO_ROOT / "bench" / "train_speed" / "gpu_train.py"), "--out", str(tmp_path),
-           "--patients", "40", "--steps", "4", "--devices", "cpu:2", *[x for item in tiny for x in ("--set", item)]]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "gpu_train.json").read_text())
+def test_gpu_train_script_runs_on_cpu_devices_at_tiny_size(child):
+    """bench/train_speed/gpu_train.py end to end (synthetic release, Beam job, training, report) on 2 logical CPUs.
+
+    Its main runs in the module's child process (whose 2 CPU devices it asks for), its synth and Beam job
+    as the console-script subprocesses it starts.
+    """
+    result, out = child["gpu_train"], child["out"] / "gpu_train"
+    assert result["returncode"] == 0
+    summary = json.loads((out / "gpu_train.json").read_text())
     assert summary["steps"] == 4 and summary["steps_per_second"] > 0
     assert summary["devices"] == ["/device:CPU:0", "/device:CPU:1"]
-    assert (tmp_path / "run" / "export").is_dir() and "nll" in proc.stdout
+    assert (out / "run" / "export").is_dir() and "nll" in result["stdout"]
