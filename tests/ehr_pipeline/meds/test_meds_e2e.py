@@ -153,8 +153,9 @@ def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
 
     key = "test-key-meds-0123456789abcdef"
     body = REQUESTS[dataset]
-    # max_batch 2: the warm-up compiles one pass per batch size up to it (docs/serving.md).
-    settings = make_settings(api_keys=[key], model_dir=export, max_batch=2)
+    # max_batch 1: the warm-up compiles one pass per batch size up to it (docs/serving.md), and the requests
+    # here come one at a time.
+    settings = make_settings(api_keys=[key], model_dir=export, max_batch=1)
     with ThreadedServer(create_app(settings, ServedModel.load(export))) as srv:
         r = httpx.post(f"{srv.base_url}/v1/predict", json=body, headers={"X-API-Key": key}, timeout=60)
         assert r.status_code == 200, r.text
