@@ -7,7 +7,9 @@ pytest-xdist (tests/support/shared_dirs.py). Helpers that are not fixtures live 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import pathlib
@@ -141,3 +143,23 @@ def reference_export(tmp_path_factory, tiny_export) -> pathlib.Path:
                                            constant={"chart:211": 5.0}))
     vocabulary = {s: [c.split(":", 1)[1] for c in codes] for s, codes in files.vocabulary.items()}
     return tiny_export(vocabulary=vocabulary, reference=against_reference.reference_profile(files))
+
+
+@pytest.fixture(scope="session")
+def rank1_test_evaluation(trained_rank1, tmp_path_factory) -> dict:
+    """`ehr-eval` of trained_rank1's run on its test split (S = 4, seed 3, its truth, 30 resamples), once per
+    session: the report folder ("out"), its arguments ("argv") and what it printed ("printed"), read-only."""
+    # TensorFlow loads only for the tests that ask for an evaluation.
+    from model.cli import ehr_eval
+
+    def build(base: pathlib.Path) -> None:
+        argv = ["--model", str(trained_rank1["run"]), "--data", str(trained_rank1["data"]), "--split", "test",
+                "--samples", "4", "--seed", "3", "--out", str(base / "eval"), "--truth",
+                str(trained_rank1["data"] / "SYNTH_TRUTH.csv"), "--bootstrap", "30", "--no-progress"]
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            code = ehr_eval.main(argv)
+        (base / "result.json").write_text(json.dumps({"code": code, "argv": argv, "printed": printed.getvalue()}))
+
+    base = built_once(tmp_path_factory, "rank1_test_evaluation", build)
+    return {"out": base / "eval", **json.loads((base / "result.json").read_text())}

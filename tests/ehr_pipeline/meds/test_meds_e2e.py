@@ -2,6 +2,7 @@
 with ACES labels, through run -> train -> eval -> serve; ehr-eval's MEDS predictions scored by meds-evaluation."""
 from __future__ import annotations
 
+import json
 import pathlib
 
 import httpx
@@ -152,8 +153,9 @@ def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
 
     key = "test-key-meds-0123456789abcdef"
     body = REQUESTS[dataset]
-    # max_batch 2: the warm-up compiles one pass per batch size up to it (docs/serving.md).
-    settings = make_settings(api_keys=[key], model_dir=export, max_batch=2)
+    # max_batch 1: the warm-up compiles one pass per batch size up to it (docs/serving.md), and the requests
+    # here come one at a time.
+    settings = make_settings(api_keys=[key], model_dir=export, max_batch=1)
     with ThreadedServer(create_app(settings, ServedModel.load(export))) as srv:
         r = httpx.post(f"{srv.base_url}/v1/predict", json=body, headers={"X-API-Key": key}, timeout=60)
         assert r.status_code == 200, r.text
@@ -166,18 +168,19 @@ def test_trains_evaluates_and_serves_meds_codes(dataset, request, tmp_path):
     assert 0.0 <= out["probability"] <= 1.0 and np.isfinite(out["epistemic"])
 
 
-def test_meds_evaluation_scores_ehr_evals_predictions_alike(trained_rank1, tmp_path):
+def test_meds_evaluation_scores_ehr_evals_predictions_alike(rank1_test_evaluation):
     """ehr-eval's predictions.meds.parquet through meds-evaluation: the same AUROC, AUPRC and Brier."""
     import polars as pl
     from meds_evaluation.evaluate import evaluate_binary_classification
 
     from model.evaluation.evaluate import MEDS_PREDICTIONS_FILE, MEDS_UNCERTAINTY_FILE
-    from model.evaluation.run_evaluation import EvaluationRequest, evaluate_exports
 
-    report = evaluate_exports(EvaluationRequest(model_dirs=(trained_rank1["export"],), data_dir=trained_rank1["data"],
-                                                split="test", num_samples=4, n_bootstrap=20, out_dir=tmp_path)).report
-    predictions = pl.read_parquet(tmp_path / MEDS_PREDICTIONS_FILE)
-    beside = pl.read_parquet(tmp_path / MEDS_UNCERTAINTY_FILE)
+    # The session's one ehr-eval of the trained rank-1 run on its test split (tests/conftest.py).
+    out = rank1_test_evaluation["out"]
+    assert rank1_test_evaluation["code"] == 0
+    report = json.loads((out / "metrics.json").read_text())
+    predictions = pl.read_parquet(out / MEDS_PREDICTIONS_FILE)
+    beside = pl.read_parquet(out / MEDS_UNCERTAINTY_FILE)
     assert {"predictive_entropy", "mutual_information", "hadm_id"} <= set(beside.columns)
     assert beside.select("subject_id", "prediction_time").equals(predictions.select("subject_id", "prediction_time"))
     theirs = evaluate_binary_classification(predictions)["samples_equally_weighted"]

@@ -8,8 +8,10 @@ for byte.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -24,7 +26,7 @@ from ehr_pipeline.meds.labels import PREDICTION_TIMES, exact_prediction_times
 from ehr_pipeline.reader import read_dead_letters
 from tests.support.job_outputs import job_group_site, read_examples
 from tests.support.paths import REPO_ROOT
-from tests.support.hostile_meds import DATA0, FAULTS, LABELS, T0, faulted_meds, write_base
+from tests.support.hostile_meds import DATA0, FAULTS, LABELS, T0, Expect, faulted_meds, write_base
 
 CONFIG = "num_shards: {train: 1, validation: 1, test: 1}\nvocab: {min_count: 1}\n"
 
@@ -56,12 +58,39 @@ def unfaulted(tmp_path_factory) -> dict[bool, dict]:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class FaultedRun:
+    """One faulted dataset's `ehr-pipeline run`: its folders, what the fault expects, exit code and stderr."""
+    meds: pathlib.Path
+    out: pathlib.Path
+    expect: Expect
+    rc: int
+    err: str
+
+
+@pytest.fixture(scope="module")
+def faulted_runs() -> dict[str, FaultedRun]:
+    """The module's job runs by fault: a fault two tests look at is run once (see _faulted_run)."""
+    return {}
+
+
+def _faulted_run(fault: str, runs: dict[str, FaultedRun], factory, capsys) -> FaultedRun:
+    """The fault's run, made by the first test that asks (with its capsys) and read by the others."""
+    if fault not in runs:
+        base = factory.mktemp(fault)
+        meds, out, config = base / "meds", base / "out", base / "pipeline.yaml"
+        expect = faulted_meds(meds, fault)
+        config.write_text(CONFIG)
+        rc, err = _run(meds, out, config, expect.labels, capsys)
+        runs[fault] = FaultedRun(meds, out, expect, rc, err)
+    return runs[fault]
+
+
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_faulted_meds_fails_in_one_exact_line_or_is_accounted_for(fault, unfaulted, tmp_path, capsys):
-    meds, out, config = tmp_path / "meds", tmp_path / "out", tmp_path / "pipeline.yaml"
-    expect = faulted_meds(meds, fault)
-    config.write_text(CONFIG)
-    rc, err = _run(meds, out, config, expect.labels, capsys)
+def test_faulted_meds_fails_in_one_exact_line_or_is_accounted_for(fault, unfaulted, faulted_runs, tmp_path_factory,
+                                                                   capsys):
+    run = _faulted_run(fault, faulted_runs, tmp_path_factory, capsys)
+    out, expect, rc, err = run.out, run.expect, run.rc, run.err
     if expect.error is not None:
         assert (rc, err) == (2, expect.error + "\n")
         assert not (out / "manifest.json").exists()
@@ -79,25 +108,24 @@ def test_faulted_meds_fails_in_one_exact_line_or_is_accounted_for(fault, unfault
         assert {k: e["raw"] for k, e in got.items()} == {k: e["raw"] for k, e in unfaulted[expect.labels].items()}
 
 
+# Each of these faults' runs is the one test_faulted_meds_fails_in_one_exact_line_or_is_accounted_for looks at.
 @pytest.mark.parametrize("fault, lines, reason", [
     ("null_subject_ids_amid_a_subject", [5, 26], "missing_required"),
     ("non_finite_values", [5, 8, 15], "bad_number")])
-def test_unreadable_rows_are_dead_letters_at_their_row(fault, lines, reason, tmp_path, capsys):
-    meds, out, config = tmp_path / "meds", tmp_path / "out", tmp_path / "pipeline.yaml"
-    faulted_meds(meds, fault)
-    config.write_text(CONFIG)
-    assert _run(meds, out, config, False, capsys)[0] == 0
+def test_unreadable_rows_are_dead_letters_at_their_row(fault, lines, reason, faulted_runs, tmp_path_factory, capsys):
+    run = _faulted_run(fault, faulted_runs, tmp_path_factory, capsys)
+    meds, out = run.meds, run.out
+    assert not run.expect.labels and run.rc == 0
     letters = read_dead_letters(out / "dead_letter" / "MEDS.jsonl")
     assert [(d.file, d.line, d.reason) for d in letters] == [(str(meds / DATA0), n, reason) for n in lines]
     assert json.loads(letters[0].raw)["code"] == "LAB//50912//mg/dL"
 
 
-def test_label_times_under_a_second_apart_keep_their_microseconds(tmp_path, capsys):
+def test_label_times_under_a_second_apart_keep_their_microseconds(faulted_runs, tmp_path_factory, capsys):
     """Each example's exact prediction time is written beside the examples (what ehr-eval joins back on)."""
-    meds, out, config = tmp_path / "meds", tmp_path / "out", tmp_path / "pipeline.yaml"
-    faulted_meds(meds, "labels_half_a_second_apart")
-    config.write_text(CONFIG)
-    assert _run(meds, out, config, True, capsys)[0] == 0
+    run = _faulted_run("labels_half_a_second_apart", faulted_runs, tmp_path_factory, capsys)
+    meds, out = run.meds, run.out
+    assert run.expect.labels and run.rc == 0
     labels = pq.read_table(meds / LABELS)
     want = sorted(zip(labels.column("subject_id").to_pylist(),
                       labels.column("prediction_time").cast("int64").to_pylist()))

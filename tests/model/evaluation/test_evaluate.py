@@ -24,13 +24,11 @@ def trained(trained_rank1):
     return trained_rank1
 
 
-def test_eval_writes_report_plots_and_error_vs_truth(trained, tmp_path, capsys):
-    out = tmp_path / "eval"
-    code = ehr_eval.main(["--model", str(trained["run"]), "--data", str(trained["data"]), "--split", "test",
-                          "--samples", "4", "--seed", "3", "--out", str(out), "--truth",
-                          str(trained["data"] / "SYNTH_TRUTH.csv"), "--bootstrap", "30", "--no-progress"])
+def test_eval_writes_report_plots_and_error_vs_truth(trained, rank1_test_evaluation):
+    # The session's one `ehr-eval --model RUN --split test --samples 4 --seed 3 --truth ... --out` (tests/conftest.py),
+    # shared with the MEDS evaluation test, which reads the same folder's predictions.meds.parquet.
+    out, code, printed = (rank1_test_evaluation[k] for k in ("out", "code", "printed"))
     assert code == 0
-    printed = capsys.readouterr().out
     assert "auc_pr" in printed and "vs truth" in printed and "referral" in printed
     report = read_json(out / "metrics.json")
     assert (report["n"], report["K"], report["S"], report["split"]) == (48, 2, 4, "test")
