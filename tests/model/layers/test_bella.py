@@ -196,8 +196,9 @@ def runs(tmp_path_factory, synthetic_data):
 
     base = tmp_path_factory.mktemp("bella")
     data = synthetic_data
-    det = train(parse_config(tiny_config_dict("deterministic", steps=30)), data, base / "det", export_model=False)
-    config = tiny_config_dict("deterministic", steps=20)
+    # Short runs: the checks are on which weights move and on the export, not on what was learnt.
+    det = train(parse_config(tiny_config_dict("deterministic", steps=10)), data, base / "det", export_model=False)
+    config = tiny_config_dict("deterministic", steps=10)
     config["name"] = "tiny_bella"
     config["model"].update(method="bella", ensemble_size=3, prior_mean=0.0, prior_stddev=1.0, adapter_rank=2,
                            particle_update="svgd")
@@ -213,7 +214,7 @@ def test_training_moves_only_the_adapters_and_records_the_base(runs):
 
     _, det_model, _, _ = load_run(runs["det"], runs["data"])
     _, model, _, step = load_run(runs["bella"], runs["data"])
-    assert step == 20
+    assert step == 10
     adapters = {v.ref() for v in bella.adapter_variables(model)}
     by_name = {v.name: v for v in det_model.variables}
     frozen = [v for v in model.variables if v.ref() not in adapters]
