@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ehr-train config, relative to the checkout (default: %(default)s)")
     parser.add_argument("--patients", type=int, default=500,
                         help="patients of the synthetic release, when one is needed (default: %(default)s)")
+    parser.add_argument("--events-scale", type=float, default=1.0,
+                        help="measurement rate of the synthetic release, 1.0 is ~300 events per ICU day; the "
+                             "Beam job's time grows with it (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=None,
                         help="training steps (default: the config's max_steps)")
     parser.add_argument("--samples", type=int, default=25,
@@ -84,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         out = out / "synthetic"
         mimic_dir = out / "release"
         _step("0. Generate a synthetic MIMIC-III release with known death probabilities", "ehr-pipeline",
-              ["synth", "--patients", str(args.patients), "--seed", "0", "--out", str(mimic_dir), "--overwrite",
-               "--no-progress"],
+              ["synth", "--patients", str(args.patients), "--seed", "0", "--events-scale", str(args.events_scale),
+               "--out", str(mimic_dir), "--overwrite", "--no-progress"],
               pipeline_cli.main)
         truth = ["--truth", str(mimic_dir / "SYNTH_TRUTH.csv")]
     data, run = out / "data", out / "run"

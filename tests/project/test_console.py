@@ -27,11 +27,21 @@ def _native_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if any(mark.lower() in line.lower() for mark in _NATIVE_MARKS)]
 
 
+_USE_AND_LIST = "import tensorflow as tf; tf.constant([1.0]) + 1.0; tf.config.list_physical_devices()"
+
+
+@pytest.fixture(scope="module")
+def plain_start_up_lines() -> list[str]:
+    """The start-up lines TensorFlow prints on this machine when nothing hides them (one process, ~5 s)."""
+    # Both tests below ask the same question before theirs (does this machine print any?): one
+    # answer for the module. TensorFlow with device listing, the superset of what each test does.
+    return _native_lines(_stderr_of(f"import os; os.environ['TF_USE_LEGACY_KERAS'] = '1'; {_USE_AND_LIST}"))
+
+
 @pytest.mark.slow
-def test_tensorflow_start_up_lines_are_hidden_unless_verbose():
+def test_tensorflow_start_up_lines_are_hidden_unless_verbose(plain_start_up_lines):
     use = "import tensorflow as tf; tf.constant([1.0]) + 1.0"
-    plain = _native_lines(_stderr_of(f"import os; os.environ['TF_USE_LEGACY_KERAS'] = '1'; {use}"))
-    if not plain:
+    if not plain_start_up_lines:
         pytest.skip("TensorFlow printed no start-up lines on this machine: nothing to hide")
     quiet = _native_lines(_stderr_of(f"from ehr_base import console; console.load_tensorflow(False); {use}"))
     assert not quiet, quiet
@@ -41,12 +51,11 @@ def test_tensorflow_start_up_lines_are_hidden_unless_verbose():
 
 
 @pytest.mark.slow
-def test_tensorflow_imported_by_any_module_first_prints_no_start_up_lines():
+def test_tensorflow_imported_by_any_module_first_prints_no_start_up_lines(plain_start_up_lines):
     # Not through load_tensorflow: a module that imports TensorFlow at its top, before a command
     # gets to load it quietly (ehr-eval printed the CUDA line twice that way).
-    use = "import tensorflow as tf; tf.constant([1.0]) + 1.0; tf.config.list_physical_devices()"
-    plain = _native_lines(_stderr_of(f"import os; os.environ['TF_USE_LEGACY_KERAS'] = '1'; {use}"))
-    if not plain:
+    use = _USE_AND_LIST
+    if not plain_start_up_lines:
         pytest.skip("TensorFlow printed no start-up lines on this machine: nothing to hide")
     assert not _native_lines(_stderr_of(f"import ehr_base; import model.ehr.inputs; {use}"))
     shown = _native_lines(_stderr_of(f"import ehr_base; from ehr_base import console; console.verbose_native_logs(); "
