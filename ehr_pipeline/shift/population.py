@@ -27,7 +27,7 @@ import glob
 import math
 import os
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -301,6 +301,23 @@ def _float(x: Any) -> float:
 # ------------------------------------------------------------------------ a population
 
 
+def unknown_codes(code_events: Mapping[str, int], vocabulary: Collection[str]) -> dict[str, dict[str, Any]]:
+    """Per source: the split's events, those whose code the model does not know (read as the source's
+    out-of-vocabulary token), their share and how many distinct codes they are (the shift report's
+    out-of-vocabulary share; the evaluation report's TRIPOD+AI item 27a)."""
+    known = frozenset(vocabulary)
+    out: dict[str, dict[str, Any]] = {}
+    for code, n in sorted(code_events.items()):
+        row = out.setdefault(code.split(spec.CODE_SEPARATOR, 1)[0], {"events": 0, "unknown": 0, "unknown_codes": 0})
+        row["events"] += n
+        if code not in known:
+            row["unknown"] += n
+            row["unknown_codes"] += 1
+    for row in out.values():
+        row["share"] = row["unknown"] / row["events"] if row["events"] else 0.0
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class CodeStats:
     """One code in a population: admissions holding it, its events, and its values' distribution."""
@@ -360,19 +377,20 @@ class Profile:
                              else (np.zeros(0, dtype=str), np.zeros(0, dtype=np.int64)))
         sources = np.array([c.split(spec.CODE_SEPARATOR, 1)[0] for c in distinct], dtype=object)
         source_of_entry = sources[inverse] if all_codes.size else np.zeros(0, dtype=object)
-        in_vocab = (np.array([c in vocab for c in distinct], dtype=bool) if vocab is not None
-                    else np.ones(distinct.size, dtype=bool))
 
+        events_per_code = np.bincount(inverse, weights=all_events, minlength=distinct.size).astype(np.int64)
+        unknown = unknown_codes(dict(zip(distinct.tolist(), events_per_code.tolist())),
+                                distinct.tolist() if vocab is None else vocab)
         events, oov = {}, {}
         for source in spec.SOURCES:
             mine = source_of_entry == source
             per_admission = np.bincount(which[mine], weights=all_events[mine], minlength=n)[:n]
             events[source] = dist(per_admission, ref.events.get(source) if ref else None)
-            oov[source] = (int(all_events[mine].sum()), int(all_events[mine & ~in_vocab[inverse]].sum()))
+            row = unknown.get(source, {"events": 0, "unknown": 0})
+            oov[source] = (row["events"], row["unknown"])
 
         wanted = None if keep is None else frozenset(keep)
         admissions_per_code = np.bincount(inverse, minlength=distinct.size)
-        events_per_code = np.bincount(inverse, weights=all_events, minlength=distinct.size).astype(np.int64)
         valued = ~np.isnan(all_values)
         order = np.argsort(inverse[valued], kind="stable")
         valued_ids, valued_values = inverse[valued][order], all_values[valued][order]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import ehr_base
+from ehr_pipeline.shift import population as population_stats
 from model.evaluation import dataset_identity
 from model.evaluation.report import plots, report_html
 from model.evaluation.statistics import against_truth, clinical_stats, curves, metrics, metrics_report
@@ -372,7 +373,7 @@ def population(files: DataFiles, splits: Mapping[str, SplitRecords], vocabulary:
         name: {**clinical_stats.split_characteristics(np.asarray(c.labels, np.int64), c.attributes,
                                                       np.asarray(c.trigger_times, np.int64), c.num_bags,
                                                       c.sources_present),
-               "unknown_codes": clinical_stats.unknown_codes(c.code_events, vocabulary)}
+               "unknown_codes": population_stats.unknown_codes(c.code_events, vocabulary)}
         for name, c in splits.items()})}
 
 

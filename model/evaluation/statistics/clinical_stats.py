@@ -23,12 +23,11 @@ statsmodels imports are deferred to the functions that fit.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ehr_pipeline.contract import spec
 from model.export_layout import json_ready
 from model.evaluation.statistics import against_truth, metrics, small_sample
 # Re-exported: the report's calibration numbers are read from here, where the rest of its statistics are.
@@ -546,22 +545,6 @@ def split_characteristics(labels, attributes: Mapping[str, np.ndarray], trigger_
         # Missing = no event of the source before the prediction time.
         "missing_source": {s: float(1.0 - np.mean(v)) for s, v in sources_present.items()},
     }
-
-
-def unknown_codes(code_events: Mapping[str, int], vocabulary: Collection[str]) -> dict[str, dict[str, Any]]:
-    """Per source: the split's events, those whose code the model does not know (read as the source's
-    out-of-vocabulary token), their share and how many distinct codes they are (TRIPOD+AI item 27a)."""
-    known = frozenset(vocabulary)
-    out: dict[str, dict[str, Any]] = {}
-    for code, n in sorted(code_events.items()):
-        row = out.setdefault(code.split(spec.CODE_SEPARATOR, 1)[0], {"events": 0, "unknown": 0, "unknown_codes": 0})
-        row["events"] += n
-        if code not in known:
-            row["unknown"] += n
-            row["unknown_codes"] += 1
-    for row in out.values():
-        row["share"] = row["unknown"] / row["events"]
-    return out
 
 
 def population_profile(manifest: Mapping[str, Any], splits: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

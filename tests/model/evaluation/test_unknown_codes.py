@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from ehr_pipeline.contract import spec
 from model import data_folder
-from model.evaluation.statistics.clinical_stats import unknown_codes
+from ehr_pipeline.shift.population import unknown_codes
 
 
 def test_unknown_codes_are_counted_per_source_against_the_vocabulary():
