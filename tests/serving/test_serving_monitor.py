@@ -4,7 +4,8 @@ The export's reference is its training folder's profile (against_reference.refer
 streams are fresh draws of the same population sent as requests, once as recorded (site A), once
 with creatinine in umol/L and its unit, once with creatinine in umol/L as bare numbers.
 Target: the monitor flags an SI-unit stream within 200 requests and stays quiet on a site-A stream.
-A code whose training values are all one value (the demo's lab:50819, PEEP set, always 5) must
+A code whose training values are all one value (as the demo's PEEP setting, always 5; here chart:211 of the
+session's reference export) must
 leave /v1/monitor and /metrics answering 200, and a monitor whose report fails is logged and
 counted, never a 500.
 """
@@ -14,7 +15,6 @@ import dataclasses
 import logging
 
 import httpx
-import numpy as np
 import pytest
 
 from serving.api.app import create_app
@@ -24,7 +24,7 @@ from tests.support.ehr_testdata import admission_requests, write_data_dir
 from tests.support.serving_fixtures import ThreadedServer
 
 CREATININE = "lab:50912"
-PEEP = "lab:50819"  # constant (5) in every training admission that has it, as on the MIMIC-III demo
+CONSTANT = "chart:211"  # one value (5) in every training admission of reference_export that has it, as PEEP on the demo
 UMOL_PER_MG_DL = 88.4  # creatinine, published SI factor (umol/L per mg/dL)
 STEP = 50  # requests per batch call; the monitor is read after each
 PARAMS = {"num_samples": 2, "seed": 0}
@@ -112,51 +112,27 @@ def test_an_export_without_a_reference_answers_unavailable(fixture_export):
         assert _gauge(client.get("/metrics").text, "ehr_shift_level") == -1.0
 
 
-@pytest.fixture(scope="module")
-def constant_code_export(tmp_path_factory, tiny_export):
-    """An export whose training population carries PEEP = 5 in every admission (a one-value code)."""
-    from ehr_pipeline.shift import population
-    from model.data_folder import load_data_files
-
-    base = tmp_path_factory.mktemp("monitor_constant")
-    files = load_data_files(write_data_dir(base / "data", units={CREATININE: "mg/dL"}))
-    admissions = [_with_code(a, PEEP, 5.0) for a in
-                  population.admissions_from_examples(population.read_records(files.data_dir, "train"))]
-    codes = sorted({c for codes in files.vocabulary.values() for c in codes} | {PEEP.split(":", 1)[1]})
-    vocabulary = {s: [c.split(":", 1)[1] for c in v] for s, v in files.vocabulary.items()}
-    vocabulary["lab"] = vocabulary.get("lab", []) + [PEEP.split(":", 1)[1]]
-    keep = [f"{s}:{c}" for s, v in vocabulary.items() for c in v]
-    reference = population.Profile.build(admissions, vocabulary=keep, keep=keep, canonical={CREATININE: "mg/dL"})
-    assert reference.codes[PEEP].values.median_low == reference.codes[PEEP].values.median_high == 5.0 and codes
-    return tiny_export(vocabulary=vocabulary, reference=reference)
-
-
-def _with_code(a, code: str, value: float):
-    """The admission with one event of `code` at `value` added."""
-    codes = np.append(a.codes, code).astype(object)
-    order = np.argsort(codes.astype(str))
-    return dataclasses.replace(a, codes=codes[order], events=np.append(a.events, 1)[order],
-                               values=np.append(a.values, value)[order])
-
-
-def _with_peep(bodies: list[dict], value: float) -> list[dict]:
+def _with_constant(bodies: list[dict], value: float) -> list[dict]:
+    """The bodies with every CONSTANT event sent at `value` (the code keeps its training frequency)."""
     for body in bodies:
-        time = body["events"][0]["time"] if body["events"] else body["admission"]["admit_time"]
-        body["events"].append({"time": time, "source": "lab", "code": PEEP.split(":", 1)[1], "value": value})
+        for event in body["events"]:
+            if f"{event['source']}:{event['code']}" == CONSTANT:
+                event["value"] = value
     return bodies
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("value, level", [(5.0, "none"), (10.0, "severe")])
-def test_a_code_constant_in_training_keeps_monitor_and_metrics_answering(constant_code_export, value, level):
-    answers = _stream(constant_code_export, _with_peep(admission_requests(100, seed=31), value))
+def test_a_code_constant_in_training_keeps_monitor_and_metrics_answering(reference_export, value, level):
+    # The session's reference export: its training folder records CONSTANT at 5.0 in every admission that has it.
+    answers = _stream(reference_export, _with_constant(admission_requests(100, seed=31), value))
     last = answers[-1]
     assert last["level"] == level, last["findings"]
     assert _gauge(last["metrics"], "ehr_shift_level") == {"none": 0.0, "severe": 2.0}[level]
     assert "ehr_monitor_errors_total" in last["metrics"] and 'stage="report"' not in last["metrics"]
     if value != 5.0:
-        [moved] = [f for f in last["findings"] if f["subject"] == PEEP]
-        assert moved["message"].startswith(f"{PEEP} values are ~2x the training median"), moved["message"]
+        [moved] = [f for f in last["findings"] if f["subject"] == CONSTANT]
+        assert moved["message"].startswith(f"{CONSTANT} values are ~2x the training median"), moved["message"]
 
 
 def test_a_report_that_fails_is_logged_counted_and_answered_not_a_500(fixture_export, caplog):
