@@ -163,3 +163,18 @@ def rank1_test_evaluation(trained_rank1, tmp_path_factory) -> dict:
 
     base = built_once(tmp_path_factory, "rank1_test_evaluation", build)
     return {"out": base / "eval", **json.loads((base / "result.json").read_text())}
+
+
+@pytest.fixture(scope="session")
+def demo_tiny_export(demo_run, tiny_export) -> pathlib.Path:
+    """A tiny untrained export (K = 2) of the session's demo job output, read-only: the job's vocabulary,
+    pipeline config, units and lab LOINC bridge, as a model trained on that output carries them."""
+    from ehr_pipeline.contract import PipelineConfig, layout
+    from tests.support.job_outputs import CONFIG
+
+    data, _, _ = demo_run
+    vocab = layout.read_json(str(data / layout.VOCABULARY))["sources"]
+    # The job's own units and lab LOINC codes: values the job converted are converted by the service alike.
+    return tiny_export(ensemble_size=2, vocabulary={s: [c.split(":", 1)[1] for c in codes] for s, codes in vocab.items()},
+                       pipeline=PipelineConfig.model_validate(CONFIG), units=layout.read_json(str(data / layout.UNITS)),
+                       lab_loinc=layout.read_json(str(data / layout.LAB_LOINC))["codes"])

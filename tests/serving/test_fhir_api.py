@@ -2,9 +2,9 @@
 
 The reference for every FHIR answer is independent of the FHIR code: the Beam job's own event
 extraction (``events.extract`` + ``filter_to_cohort``, the job's canonical order) sent to
-/v1/predict. The model is a tiny UNTRAINED rank-1 export through the real exporter, whose
-vocabulary holds the demo test admissions' codes and whose lab_loinc.json is the demo's
-D_LABITEMS bridge: probabilities mean nothing, the code path is the real one.
+/v1/predict. The model is a tiny UNTRAINED rank-1 export through the real exporter of the session's
+demo job output (tests/conftest.py demo_tiny_export): its vocabulary, units and lab_loinc.json (the
+demo's D_LABITEMS bridge) are the job's; probabilities mean nothing, the code path is the real one.
 """
 from __future__ import annotations
 
@@ -94,13 +94,8 @@ def reference(demo_dir, demo_release):
 
 
 @pytest.fixture(scope="module")
-def export_dir(tiny_export, reference, demo_release):
-    vocab: dict[str, set] = {}
-    for body in reference.values():
-        for e in body["events"]:
-            vocab.setdefault(e["source"], set()).add(e["code"])
-    return tiny_export(ensemble_size=K, vocabulary={s: sorted(c) for s, c in vocab.items()},
-                       lab_loinc=demo_release.lab_loinc)
+def export_dir(demo_tiny_export):
+    return demo_tiny_export  # K = 2: the demo job's vocabulary, units and lab LOINC bridge (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import httpx
 import numpy as np
 import pytest
 
-from ehr_pipeline.contract import PipelineConfig, layout, spec, tfrecord
+from ehr_pipeline.contract import spec, tfrecord
 from ehr_pipeline.encode import seqex
 from model.export.load import read_export
 from serving.api.app import create_app
@@ -16,24 +16,16 @@ from serving.inference.served_model import ServedModel
 from serving.schemas import PredictRequest
 from serving.settings import make_settings
 from serving.tools.demo import build_request, first_test_admission
-from tests.support.job_outputs import CONFIG
 from tests.support.serving_fixtures import ThreadedServer
 
 
 @pytest.fixture(scope="module")
-def demo_export(demo_run, tiny_export):
-    # The session's demo job output (job_outputs.CONFIG: vocab min_count 1), not a job of its own.
+def demo_export(demo_run, demo_tiny_export):
+    # The session's demo job output (job_outputs.CONFIG: vocab min_count 1) and its tiny export, which
+    # carries the job's units and lab LOINC codes: values the job converted (fentanyl in mg to the demo's
+    # more common mcg; urobilinogen in Ehrlich units, which its LOINC code makes mg) are converted alike.
     data, _, _ = demo_run
-    config = PipelineConfig.model_validate(CONFIG)
-    vocab = layout.read_json(str(data / layout.VOCABULARY))["sources"]
-    raw_codes = {s: [c.split(":", 1)[1] for c in codes] for s, codes in vocab.items()}
-    # The job's own units and lab LOINC codes, as a model trained on this data carries them: values
-    # the job converted (fentanyl in mg to the demo's more common mcg; urobilinogen in Ehrlich units,
-    # which its LOINC code makes mg) are converted by the service alike.
-    export = tiny_export(ensemble_size=2, vocabulary=raw_codes, pipeline=config,
-                         units=layout.read_json(str(data / layout.UNITS)),
-                         lab_loinc=layout.read_json(str(data / layout.LAB_LOINC))["codes"])
-    return data, export
+    return data, demo_tiny_export
 
 
 def test_service_scores_raw_events_like_the_job_record(demo_export, demo_dir):
