@@ -343,9 +343,10 @@ def projection(eps: float) -> dict:
     """Full MIMIC-III at PROJECTION_WORKERS workers from a single-worker rate, seconds.
 
     ``ideal``: every event row spread evenly over the workers (total / (workers * eps)).
-    ``bound``: the job's unit of work is one file (gzip cannot be split), so with the release
-    as PhysioNet ships it the worker that draws CHARTEVENTS reads its 330 M rows alone; the run
-    cannot end before that worker does, however many workers there are.
+    ``bound``: the job before it split large gzip tables itself, whose unit of work was one file (gzip
+    cannot be read from the middle): the worker that drew CHARTEVENTS read its 330 M rows alone, and the run
+    could not end before that worker did. (The job now cuts such a table into parts in one sequential
+    decompression pass first; that pass is not modelled.)
     ``sharded``: the same after ``ehr-pipeline shard --table CHARTEVENTS --parts WORKERS``:
     the largest unit of work is then the bigger of one CHARTEVENTS part and LABEVENTS.
     """
@@ -462,9 +463,11 @@ def _projection_text(results: list[dict]) -> list[str]:
         f"INPUTEVENTS_CV {MIMIC_III_ROWS['INPUTEVENTS_CV'] / 1e6:,.1f} M, ...). Rates are the whole job's "
         f"single-worker rate at the largest size ({largest['job_eps']:,.0f} events/s wall, "
         f"{largest['job_eps_cpu']:,.0f} per CPU-second). *Ideal linear* divides all rows evenly over "
-        f"{PROJECTION_WORKERS} workers. The job's unit of work is one file (gzip cannot be split), so "
-        f"with CHARTEVENTS as PhysioNet ships it one worker reads all {chart / 1e6:,.0f} M rows and the run "
-        f"lasts at least {chart / 1e6:,.0f} M / rate. `ehr-pipeline shard --table CHARTEVENTS --parts "
+        f"{PROJECTION_WORKERS} workers. *As one gzip file* models the job before it split large gzip tables "
+        "itself (gzip cannot be read from the middle): with CHARTEVENTS as PhysioNet ships it one worker read all "
+        f"{chart / 1e6:,.0f} M rows and the run lasted at least {chart / 1e6:,.0f} M / rate. The job now cuts a "
+        "gzip table over 64 MiB into parts in one sequential decompression pass before reading them in parallel "
+        "(docs/pipeline.md, \"Every core\"; that pass is not modelled here). `ehr-pipeline shard --table CHARTEVENTS --parts "
         f"{PROJECTION_WORKERS}` (a one-off copy) splits it into parts the job reads in parallel "
         "(`TABLE-*.csv.gz`); then the largest unit is LABEVENTS, read whole by one worker. Not modelled: real rows are wider than synthetic ones, the real kept fraction differs "
         "(synthetic: " + f"{largest['used'] / largest['events']:.0%}" + " of rows used), runner start-up, "
