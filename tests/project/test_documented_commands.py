@@ -655,9 +655,11 @@ def run_document(document: pathlib.Path, session: DocumentSession) -> list[str]:
 @pytest.mark.slow
 def test_documented_commands_run_as_written(small_release, trained_rank1, tmp_path):
     # Two documents at a time: most commands keep one core busy (imports, Python), and each document
-    # has its own folder and server, so the 2-core machine finishes in about half the time. Measured:
-    # 316 s for the 36 commands run, on 2 cores shared with other jobs (load average 3-4), plus the
-    # trained_rank1 fixture the suite builds anyway; -rA prints each command's seconds.
+    # has its own folder and server, so the 2-core machine finishes in about half the time. Measured
+    # on 2 cores shared with other jobs (load average ~10): 842 s for the 37 commands run (1,269 s of
+    # command time over the two threads; 1,023 s and 2,023 s for the 47 run before the skips of
+    # duplicated paths above), plus the trained_rank1 fixture the suite builds anyway; -rA prints each
+    # command's seconds.
     runs = {d: sum(isinstance(classify(c), Run) for c in document_commands(d)) for d in DOCUMENTS}
     documents = sorted((d for d in DOCUMENTS if runs[d]), key=lambda d: -runs[d])  # the longest first
     failures, not_run, timings = [], [], []
