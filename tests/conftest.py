@@ -163,3 +163,23 @@ def rank1_test_evaluation(trained_rank1, tmp_path_factory) -> dict:
 
     base = built_once(tmp_path_factory, "rank1_test_evaluation", build)
     return {"out": base / "eval", **json.loads((base / "result.json").read_text())}
+
+
+@pytest.fixture(scope="session")
+def demo_meds_conversion(demo_dir, tmp_path_factory) -> pathlib.Path:
+    """The real demo through `to-meds` (job_outputs.CONFIG) on two workers with small buckets, once per session:
+    the MEDS dataset's folder (its manifest from_mimic.MANIFEST inside), read-only.
+
+    tests/ehr_pipeline/job/test_to_meds.py pins its bytes (the conversion's own, whatever the workers and the
+    bucket size); the MEDS job's tests read it as the demo's MEDS dataset.
+    """
+    # Beam is imported only by the tests that run a job; collection stays light.
+    from ehr_pipeline.contract import PipelineConfig
+    from ehr_pipeline.job import SpillOptions, run_to_meds
+    from tests.support.job_outputs import CONFIG
+
+    def build(base: pathlib.Path) -> None:
+        run_to_meds(str(demo_dir), str(base / "demo"), PipelineConfig.model_validate(CONFIG),
+                    resources=SpillOptions(workers=2, bucket_rows=20_000))
+
+    return built_once(tmp_path_factory, "demo_meds_conversion", build) / "demo"
