@@ -42,11 +42,12 @@ def _digests(out) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def demo_meds(demo_dir, tmp_path_factory) -> pathlib.Path:
-    """The demo converted on two workers with small buckets; the MEDS job's demo test reads it too."""
-    out = tmp_path_factory.mktemp("meds") / "demo"
-    _convert(demo_dir, out, workers=2, bucket_rows=20_000)
-    return out
+def demo_meds(demo_meds_conversion) -> pathlib.Path:
+    """The demo converted on two workers with small buckets (the session's, tests/conftest.py); the MEDS job's
+    demo test here and the MEDS tests read it too."""
+    manifest = json.loads((demo_meds_conversion / from_mimic.MANIFEST).read_text())
+    assert manifest["balanced"]
+    return demo_meds_conversion
 
 
 @pytest.mark.parametrize("workers,bucket_rows", [(1, 1_000_000), (2, 20_000)])
