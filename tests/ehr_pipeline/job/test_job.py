@@ -91,7 +91,7 @@ def test_outputs_vocabulary_stats_and_checksums(demo_run):
 
 
 def test_rerun_on_synthetic_release_is_byte_identical(pinned_release, tmp_path):
-    """A run writes the bytes pinned from earlier runs of the same release; with CHARTEVENTS in parts: identical records.
+    """A run writes the bytes pinned from earlier runs of its release; with CHARTEVENTS in parts: identical records.
 
     The pin (data/grouped_road_sha256.json, every file but run_info.json, the manifest without its input
     paths) stands for the second run: a rerun that wrote other bytes would differ from it as well.
