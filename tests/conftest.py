@@ -178,3 +178,23 @@ def demo_tiny_export(demo_run, tiny_export) -> pathlib.Path:
     return tiny_export(ensemble_size=2, vocabulary={s: [c.split(":", 1)[1] for c in codes] for s, codes in vocab.items()},
                        pipeline=PipelineConfig.model_validate(CONFIG), units=layout.read_json(str(data / layout.UNITS)),
                        lab_loinc=layout.read_json(str(data / layout.LAB_LOINC))["codes"])
+
+
+@pytest.fixture(scope="session")
+def demo_meds_conversion(demo_dir, tmp_path_factory) -> pathlib.Path:
+    """The real demo through `to-meds` (job_outputs.CONFIG) on two workers with small buckets, once per session:
+    the MEDS dataset's folder (its manifest from_mimic.MANIFEST inside), read-only.
+
+    tests/ehr_pipeline/job/test_to_meds.py pins its bytes (the conversion's own, whatever the workers and the
+    bucket size); the MEDS job's tests read it as the demo's MEDS dataset.
+    """
+    # Beam is imported only by the tests that run a job; collection stays light.
+    from ehr_pipeline.contract import PipelineConfig
+    from ehr_pipeline.job import SpillOptions, run_to_meds
+    from tests.support.job_outputs import CONFIG
+
+    def build(base: pathlib.Path) -> None:
+        run_to_meds(str(demo_dir), str(base / "demo"), PipelineConfig.model_validate(CONFIG),
+                    resources=SpillOptions(workers=2, bucket_rows=20_000))
+
+    return built_once(tmp_path_factory, "demo_meds_conversion", build) / "demo"

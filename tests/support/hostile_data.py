@@ -98,24 +98,28 @@ def _faulted_lab(demo, dest, edit: Callable[[list[str]], list[tuple[int, str]]],
     return Expect(LAB, LAB_GZ, records=len(lines) - 1, dead=tuple(sorted(dead)))
 
 
+def _at_end(lines):
+    n = len(lines)
+    lines += ["1,10006,,50912,2164-10-23 21:09:00,x,1.2.3,mg,", "2,10006,,50912", "3,x,,50912,,,,,"]
+    return [(n + 1, "bad_number"), (n + 2, "field_count"), (n + 3, "bad_number")]
+
+
 def dead_letters_at_end(demo, dest) -> Expect:
-    def edit(lines):
-        n = len(lines)
-        lines += ["1,10006,,50912,2164-10-23 21:09:00,x,1.2.3,mg,", "2,10006,,50912", "3,x,,50912,,,,,"]
-        return [(n + 1, "bad_number"), (n + 2, "field_count"), (n + 3, "bad_number")]
-    return _faulted_lab(demo, dest, edit)
+    return _faulted_lab(demo, dest, _at_end)
+
+
+def _non_finite(lines):
+    out = []
+    for k, text in zip((10, 20, 30), ("inf", "1e400", "nan")):
+        fields = lines[k].split(",")
+        fields[6] = text  # VALUENUM
+        lines[k] = ",".join(fields)
+        out.append((k + 1, "bad_number"))
+    return out
 
 
 def non_finite_numbers(demo, dest) -> Expect:
-    def edit(lines):
-        out = []
-        for k, text in zip((10, 20, 30), ("inf", "1e400", "nan")):
-            fields = lines[k].split(",")
-            fields[6] = text  # VALUENUM
-            lines[k] = ",".join(fields)
-            out.append((k + 1, "bad_number"))
-        return out
-    return _faulted_lab(demo, dest, edit)
+    return _faulted_lab(demo, dest, _non_finite)
 
 
 def stray_quote_physionet(demo, dest) -> Expect:
@@ -133,13 +137,15 @@ def stray_quote_physionet(demo, dest) -> Expect:
     return Expect(LAB, LAB_GZ, records=len(lines) - 1, dead=((1002, "bad_quoting"),))
 
 
+def _lost_quote(lines):
+    k = next(i for i in range(1000, len(lines)) if lines[i].endswith('"mg/dL",'))
+    lines[k] = lines[k][:-2] + ","
+    return [(k + 1, "bad_quoting")]
+
+
 def stray_quote_quoted(demo, dest) -> Expect:
     """The demo's quoted dialect: a unit's closing quote lost, so two rows would read as one."""
-    def edit(lines):
-        k = next(i for i in range(1000, len(lines)) if lines[i].endswith('"mg/dL",'))
-        lines[k] = lines[k][:-2] + ","
-        return [(k + 1, "bad_quoting")]
-    return _faulted_lab(demo, dest, edit)
+    return _faulted_lab(demo, dest, _lost_quote)
 
 
 def unclosed_quote_at_end(demo, dest) -> Expect:
@@ -194,12 +200,20 @@ def shuffled_columns(demo, dest) -> Expect:
     return Expect(LAB, LAB_GZ, records=len(rows) - 1)
 
 
-def nul_in_code(demo, dest) -> Expect:
-    lines = _lines(demo, "DIAGNOSES_ICD")
+DIAGNOSES = "DIAGNOSES_ICD"
+
+
+def _nul(lines):
     lines[40] = lines[40][:-1] + '\x00"'  # ICD9_CODE, the last field: "4019" -> "4019\0"
-    _copy_except(demo, dest, "DIAGNOSES_ICD")
-    _write(dest, "DIAGNOSES_ICD.csv.gz", lines)
-    return Expect("DIAGNOSES_ICD", "DIAGNOSES_ICD.csv.gz", records=len(lines) - 1, dead=((41, "nul_character"),))
+    return [(41, "nul_character")]
+
+
+def nul_in_code(demo, dest) -> Expect:
+    lines = _lines(demo, DIAGNOSES)
+    dead = _nul(lines)
+    _copy_except(demo, dest, DIAGNOSES)
+    _write(dest, f"{DIAGNOSES}.csv.gz", lines)
+    return Expect(DIAGNOSES, f"{DIAGNOSES}.csv.gz", records=len(lines) - 1, dead=tuple(dead))
 
 
 FAULTS: dict[str, Callable[[pathlib.Path, pathlib.Path], Expect]] = {
@@ -214,3 +228,27 @@ FAULTS: dict[str, Callable[[pathlib.Path, pathlib.Path], Expect]] = {
 def faulted_copy(demo: pathlib.Path, dest: pathlib.Path, fault: str) -> Expect:
     """Writes the demo with one fault to dest; returns what reading it must give."""
     return FAULTS[fault](pathlib.Path(demo), pathlib.Path(dest))
+
+
+# Readable faults that can share one faulted copy: each rewrites lines no other touches (LABEVENTS' in the
+# demo's own quoted dialect, appended ones last; DIAGNOSES_ICD's), so each one's dead letters stay its own.
+TOGETHER: dict[str, tuple[str, Callable[[list[str]], list[tuple[int, str]]]]] = {
+    "non_finite_numbers": (LAB, _non_finite), "stray_quote_quoted": (LAB, _lost_quote),
+    "dead_letters_at_end": (LAB, _at_end), "nul_in_code": (DIAGNOSES, _nul)}
+
+
+def faulted_together(demo: pathlib.Path, dest: pathlib.Path) -> dict[str, Expect]:
+    """Writes the demo with every TOGETHER fault at once to dest; returns by fault what reading it must give:
+    its table's physical records and the fault's own dead letters (a table's letters are its faults' union)."""
+    demo, dest = pathlib.Path(demo), pathlib.Path(dest)
+    tables = {table for table, _ in TOGETHER.values()}
+    dest.mkdir(parents=True)
+    for p in demo.glob("*.csv.gz"):
+        if p.name.split(".")[0] not in tables:
+            (dest / p.name).symlink_to(p)
+    lines = {table: _lines(demo, table) for table in tables}
+    dead = {fault: edit(lines[table]) for fault, (table, edit) in TOGETHER.items()}  # dict order: appending last
+    for table, rows in lines.items():
+        _write(dest, f"{table}.csv.gz", rows)
+    return {fault: Expect(table, f"{table}.csv.gz", records=len(lines[table]) - 1, dead=tuple(sorted(dead[fault])))
+            for fault, (table, _) in TOGETHER.items()}

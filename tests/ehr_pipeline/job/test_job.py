@@ -12,9 +12,11 @@ import pytest
 from ehr_pipeline.contract import PipelineConfig, layout, spec
 from ehr_pipeline.encode import units
 from ehr_pipeline.job import run_job
-from tests.support.job_outputs import (CONFIG, independent_cohort, job_group_closure, job_group_site, raw_rows,
-                                       read_examples, utc_seconds)
+from tests.support.job_outputs import (CONFIG, independent_cohort, job_group_closure, job_group_site,
+                                       output_digests, raw_rows, read_examples, utc_seconds)
 from tests.support.paths import REPO_ROOT
+
+GROUPED = json.loads((pathlib.Path(__file__).parent / "data" / "grouped_road_sha256.json").read_text())
 
 # demo_run (tests/conftest.py): the real demo through the job with CONFIG, once per session.
 
@@ -88,53 +90,32 @@ def test_outputs_vocabulary_stats_and_checksums(demo_run):
             assert layout.sha256_of(str(out / name)) == f["sha256"]
 
 
-def test_rerun_on_synthetic_release_is_byte_identical(tmp_path):
-    """Twice on the same release: identical bytes; with CHARTEVENTS in parts: identical records."""
-    from ehr_pipeline.mimic import table_parts
-    from ehr_pipeline.synth import SynthConfig, write_release
+def test_rerun_on_synthetic_release_is_byte_identical(pinned_release, tmp_path):
+    """A run writes the bytes pinned from earlier runs of its release; with CHARTEVENTS in parts: identical records.
 
-    release = tmp_path / "release"
-    write_release(SynthConfig(patients=120, seed=3, events_scale=0.3), release, show_progress=False)
+    The pin (data/grouped_road_sha256.json, every file but run_info.json, the manifest without its input
+    paths) stands for the second run: a rerun that wrote other bytes would differ from it as well.
+    """
+    from ehr_pipeline.mimic import table_parts
+
     config = PipelineConfig.model_validate(CONFIG)
-    out1, out2 = tmp_path / "a", tmp_path / "b"
-    m1 = run_job(str(release), str(out1), config)
-    run_job(str(release), str(out2), config)
+    out1 = tmp_path / "a"
+    m1 = run_job(str(pinned_release), str(out1), config)
+    assert output_digests(out1) == GROUPED["synthetic"]
 
     sharded = tmp_path / "sharded"
     sharded.mkdir()
-    for f in release.iterdir():
+    for f in pinned_release.iterdir():
         if not f.name.startswith("CHARTEVENTS"):
             (sharded / f.name).symlink_to(f)
-    table_parts.write_table_parts(release / "CHARTEVENTS.csv.gz", "CHARTEVENTS", sharded, parts=3, show_progress=False)
+    table_parts.write_table_parts(pinned_release / "CHARTEVENTS.csv.gz", "CHARTEVENTS", sharded, parts=3,
+                                  show_progress=False)
     m3 = run_job(str(sharded), str(tmp_path / "c"), config)
     assert m3["tables"]["CHARTEVENTS"] == m1["tables"]["CHARTEVENTS"]
     assert sorted(ex["raw"] for ex in read_examples(tmp_path / "c").values()) == sorted(
         ex["raw"] for ex in read_examples(out1).values())
     assert m1["balanced"] and m1["tables"]["CHARTEVENTS"]["rows_read"] > 0
     assert sum(s["examples"] for s in m1["splits"].values()) > 50
-    files1 = sorted(p.relative_to(out1) for p in out1.rglob("*") if p.is_file())
-    files2 = sorted(p.relative_to(out2) for p in out2.rglob("*") if p.is_file())
-    assert files1 == files2
-    for rel in files1:
-        if rel.name != "run_info.json":  # how long the run took: the one file that records time
-            assert (out1 / rel).read_bytes() == (out2 / rel).read_bytes(), rel
-
-
-def test_files_are_read_by_content_whatever_their_names(demo_run, demo_dir, tmp_path):
-    """Another site's export: LABEVENTS.csv.gz holding plain text, ADMISSIONS.csv holding gzip."""
-    release = tmp_path / "release"
-    release.mkdir()
-    for f in demo_dir.iterdir():
-        if f.name.startswith(("LABEVENTS", "ADMISSIONS")):
-            continue
-        (release / f.name).symlink_to(f)
-    (release / "LABEVENTS.csv.gz").write_bytes(gzip.decompress((demo_dir / "LABEVENTS.csv.gz").read_bytes()))
-    (release / "ADMISSIONS.csv").write_bytes((demo_dir / "ADMISSIONS.csv.gz").read_bytes())
-    manifest = run_job(str(release), str(tmp_path / "out"), PipelineConfig.model_validate(CONFIG))
-    _, expected, examples = demo_run
-    assert manifest["tables"] == expected["tables"] and manifest["balanced"]
-    assert {h: ex["raw"] for h, ex in read_examples(tmp_path / "out").items()} == {
-        h: ex["raw"] for h, ex in examples.items()}
 
 
 def test_dask_cluster_produces_the_same_records(demo_run, demo_dir, tmp_path, monkeypatch):
@@ -306,12 +287,30 @@ def test_the_job_group_holds_no_tensorflow():
     assert not closure & {"tensorflow", "tf-keras", "keras", "edward2", "tensorflow-probability", "scikit-learn"}
 
 
-def test_the_job_runs_with_only_the_job_group_installed(demo_run, demo_dir, tmp_path):
-    """Writing SequenceExamples needs protobuf only: with nothing but the `job` group importable, the same records."""
+def _renamed_copy(demo_dir, release):
+    """Another site's export: LABEVENTS.csv.gz holding plain text, ADMISSIONS.csv holding gzip; the rest linked."""
+    release.mkdir()
+    for f in demo_dir.iterdir():
+        if f.name.startswith(("LABEVENTS", "ADMISSIONS")):
+            continue
+        (release / f.name).symlink_to(f)
+    (release / "LABEVENTS.csv.gz").write_bytes(gzip.decompress((demo_dir / "LABEVENTS.csv.gz").read_bytes()))
+    (release / "ADMISSIONS.csv").write_bytes((demo_dir / "ADMISSIONS.csv.gz").read_bytes())
+    return release
+
+
+def test_the_job_runs_with_only_the_job_group_installed_and_reads_files_by_content(demo_run, demo_dir, tmp_path):
+    """Writing SequenceExamples needs protobuf only: with nothing but the `job` group importable, the same records.
+
+    The release is another site's export whose files' names do not say what they hold (_renamed_copy): the
+    files are read by their content, whatever their names. One job for both: each alone must give demo_run's
+    records and table accounting, and the two are separate stages (imports, opening a file).
+    """
     import subprocess
     import sys
 
     root = REPO_ROOT
+    release = _renamed_copy(demo_dir, tmp_path / "release")
     site = job_group_site(tmp_path / "site-packages")
     config = tmp_path / "job.yaml"
     config.write_text(json.dumps(CONFIG))  # JSON is YAML
@@ -320,10 +319,11 @@ def test_the_job_runs_with_only_the_job_group_installed(demo_run, demo_dir, tmp_
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(site)])}
     probe = subprocess.run([sys.executable, "-S", "-c", "import tensorflow"], env=env, capture_output=True, text=True)
     assert probe.returncode != 0 and "No module named 'tensorflow'" in probe.stderr
-    done = subprocess.run([sys.executable, "-S", "-m", "ehr_pipeline.cli", "run", "--mimic-dir", str(demo_dir),
+    done = subprocess.run([sys.executable, "-S", "-m", "ehr_pipeline.cli", "run", "--mimic-dir", str(release),
                            "--out", str(out), "--config", str(config)], cwd=root, env=env, capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     _, expected, examples = demo_run
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["tables"] == expected["tables"] and manifest["balanced"]
     assert {h: ex["raw"] for h, ex in read_examples(out).items()} == {h: ex["raw"] for h, ex in examples.items()}
-    assert json.loads((out / "manifest.json").read_text())["tables"] == expected["tables"]

@@ -43,32 +43,34 @@ def test_demo_outputs_equal_the_grouped_job_byte_for_byte(demo_run):
     assert output_digests(out) == GROUPED["demo"]
 
 
-def test_demo_on_two_workers_gives_the_same_bytes(demo_dir, tmp_path):
-    _run(demo_dir, tmp_path / "out", workers=2)
-    assert output_digests(tmp_path / "out") == GROUPED["demo"]
-    assert not (tmp_path / "out" / "_tmp" / "spill").exists()  # the spill folder is gone at the end
+def test_demo_on_two_workers_with_many_buckets_and_split_tables_gives_the_same_bytes(demo_dir, tmp_path, caplog):
+    """Two workers with many buckets, the big tables split into parts: the demo's pinned bytes.
 
-
-def test_synthetic_release_gives_the_same_bytes_on_one_worker(pinned_release, tmp_path):
-    # Few admissions per bucket: many buckets, so stage D concatenates many runs per shard.
-    _run(pinned_release, tmp_path / "out", workers=1, bucket_admissions=20)
-    assert output_digests(tmp_path / "out") == GROUPED["synthetic"]
-
-
-def test_a_gzip_table_split_into_parts_on_two_workers_gives_the_same_bytes(pinned_release, tmp_path, caplog):
-    """Two workers with many buckets (as on one worker above), the big tables split into parts: the same bytes.
-
-    One run for both: two workers' many small buckets and the split tables are separate stages of the job.
+    One run for the three: two workers, many small buckets and the split tables are separate stages of the
+    job. The synthetic release below gets many buckets and split tables on one worker.
     """
-    threshold = 200_000  # CHARTEVENTS (~1.2 MB) in 6 parts, LABEVENTS (~0.5 MB) in 3
+    threshold = 200_000
     temp = tmp_path / "scratch"
     with caplog.at_level(logging.INFO, logger="ehr_pipeline.job"):
-        _run(pinned_release, tmp_path / "out", workers=2, bucket_admissions=20, split_threshold_bytes=threshold,
+        _run(demo_dir, tmp_path / "out", workers=2, bucket_admissions=20, split_threshold_bytes=threshold,
              temp_dir=str(temp))
+    assert output_digests(tmp_path / "out") == GROUPED["demo"]
+    split = [r.getMessage() for r in caplog.records if r.getMessage().startswith("splitting")]
+    parts = table_parts.parts_for((demo_dir / "LABEVENTS.csv.gz").stat().st_size, threshold)
+    assert parts > 1 and any("LABEVENTS.csv.gz" in m and f"into {parts} parts" in m for m in split), split
+    assert temp.is_dir() and not any(temp.iterdir())  # its own folder in --temp-dir, deleted at the end
+
+
+def test_synthetic_release_with_many_buckets_and_split_tables_gives_the_same_bytes_on_one_worker(
+        pinned_release, tmp_path, caplog):
+    # Few admissions per bucket: many buckets, so stage D concatenates many runs per shard.
+    threshold = 200_000  # CHARTEVENTS (~1.2 MB) in 6 parts, LABEVENTS (~0.5 MB) in 3
+    with caplog.at_level(logging.INFO, logger="ehr_pipeline.job"):
+        _run(pinned_release, tmp_path / "out", workers=1, bucket_admissions=20, split_threshold_bytes=threshold)
     assert output_digests(tmp_path / "out") == GROUPED["synthetic"]
     split = [r.getMessage() for r in caplog.records if r.getMessage().startswith("splitting")]
     assert any("CHARTEVENTS.csv.gz" in m and "into 6 parts" in m for m in split), split
-    assert temp.is_dir() and not any(temp.iterdir())  # its own folder in --temp-dir, deleted at the end
+    assert not (tmp_path / "out" / "_tmp" / "spill").exists()  # the spill folder is gone at the end
 
 
 def test_a_malformed_row_in_a_part_is_dead_lettered_naming_the_part_and_its_line(pinned_release, tmp_path):
@@ -82,7 +84,9 @@ def test_a_malformed_row_in_a_part_is_dead_lettered_naming_the_part_and_its_line
     lines[5000] = bad
     (broken / "CHARTEVENTS.csv.gz").write_bytes(gzip.compress("\n".join(lines).encode(), mtime=0))
     threshold = 200_000
-    manifest = _run(broken, tmp_path / "out", workers=2, split_threshold_bytes=threshold)
+    # One worker: the split into parts is made before any worker starts, whatever their number, and the
+    # two-worker runs above already pay for the worker processes (~5 CPU-s each).
+    manifest = _run(broken, tmp_path / "out", workers=1, split_threshold_bytes=threshold)
     letters = [json.loads(x) for x in (tmp_path / "out" / "dead_letter" / "CHARTEVENTS.jsonl").read_text().splitlines()]
     assert [d["raw"] for d in letters] == [bad] and manifest["tables"]["CHARTEVENTS"]["dead_lettered"]
     # The same split, redone here: the part named holds the row on the line named.

@@ -42,11 +42,12 @@ def _digests(out) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def demo_meds(demo_dir, tmp_path_factory) -> pathlib.Path:
-    """The demo converted on two workers with small buckets; the MEDS job's demo test reads it too."""
-    out = tmp_path_factory.mktemp("meds") / "demo"
-    _convert(demo_dir, out, workers=2, bucket_rows=20_000)
-    return out
+def demo_meds(demo_meds_conversion) -> pathlib.Path:
+    """The demo converted on two workers with small buckets (the session's, tests/conftest.py); the MEDS job's
+    demo test here and the MEDS tests read it too."""
+    manifest = json.loads((demo_meds_conversion / from_mimic.MANIFEST).read_text())
+    assert manifest["balanced"]
+    return demo_meds_conversion
 
 
 @pytest.mark.parametrize("workers,bucket_rows", [(1, 1_000_000), (2, 20_000)])
@@ -59,12 +60,10 @@ def test_demo_gives_the_bytes_of_the_grouped_conversion(demo_dir, demo_meds, tmp
     assert not (out / "_tmp").exists()  # MEDS readers glob the folder: no spill left in it
 
 
-def test_synthetic_release_split_into_parts_gives_the_same_bytes(pinned_release, tmp_path):
-    temp = tmp_path / "scratch"
-    # Many buckets of few subjects, CHARTEVENTS and LABEVENTS split into parts, two workers.
-    _convert(pinned_release, tmp_path / "out", workers=2, bucket_rows=5_000, split_threshold_bytes=200_000,
-             temp_dir=str(temp))
-    assert _digests(tmp_path / "out") == GROUPED["synthetic"]
+def test_synthetic_release_split_into_parts_gives_the_same_bytes(synthetic_meds):
+    # Many buckets of few subjects, CHARTEVENTS and LABEVENTS split into parts, two workers (synthetic_meds).
+    out, temp = synthetic_meds, synthetic_meds.parent / "scratch"
+    assert _digests(out) == GROUPED["synthetic"]
     assert temp.is_dir() and not any(temp.iterdir())  # its own folder in --temp-dir, deleted at the end
 
 
@@ -163,25 +162,36 @@ def test_every_subject_falls_in_one_bucket_of_its_own_shard():
 
 @pytest.fixture(scope="module")
 def synthetic_meds(pinned_release, tmp_path_factory) -> pathlib.Path:
-    out = tmp_path_factory.mktemp("meds") / "synthetic"
-    _convert(pinned_release, out, workers=1)
+    """The synthetic release converted with many buckets of few subjects, CHARTEVENTS and LABEVENTS split into
+    parts, on two workers, its temporary files in scratch/ beside it: the split test pins its bytes (the
+    conversion's own, whatever the options), so the MEDS job's tests read it as any conversion of the release."""
+    base = tmp_path_factory.mktemp("meds")
+    out = base / "synthetic"
+    _convert(pinned_release, out, workers=2, bucket_rows=5_000, split_threshold_bytes=200_000,
+             temp_dir=str(base / "scratch"))
     return out
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_the_meds_job_gives_the_bytes_of_the_job_that_grouped_examples(synthetic_meds, tmp_path, workers):
-    """``meds_job_*`` digests: the MEDS job before it spilled (every example through one GroupByKey)."""
+def test_the_meds_job_gives_the_bytes_of_the_job_that_grouped_examples(synthetic_meds, tmp_path):
+    """``meds_job_*`` digests: the MEDS job before it spilled (every example through one GroupByKey).
+
+    One worker here; two workers on the converted demo below (each a pinned output): one run per road.
+    """
     manifest = run_meds_job(str(synthetic_meds), str(tmp_path / "out"), PipelineConfig.model_validate(CONFIG),
-                            resources=SpillOptions(workers=workers))
+                            resources=SpillOptions(workers=1))
     assert manifest["balanced"]
     assert output_digests(tmp_path / "out") == GROUPED["meds_job_synthetic"]
     assert not (tmp_path / "out" / "_tmp" / "spill").exists()
 
 
 def test_the_meds_job_on_the_converted_demo_gives_the_same_bytes(demo_meds, tmp_path):
-    # The conversion the demo test pins (two workers; its bucket size changes no byte of it).
-    run_meds_job(str(demo_meds), str(tmp_path / "out"), PipelineConfig.model_validate(CONFIG))
+    # The conversion the demo test pins (two workers; its bucket size changes no byte of it). The MEDS job
+    # on two workers too (the demo alone would get one): the job's multi-process road, against its pin.
+    manifest = run_meds_job(str(demo_meds), str(tmp_path / "out"), PipelineConfig.model_validate(CONFIG),
+                            resources=SpillOptions(workers=2))
+    assert manifest["balanced"]
     assert output_digests(tmp_path / "out") == GROUPED["meds_job_demo"]
+    assert not (tmp_path / "out" / "_tmp" / "spill").exists()
 
 
 def test_dead_values_of_hashed_buckets_are_merged_in_file_order(tmp_path):

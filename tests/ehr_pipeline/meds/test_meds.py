@@ -14,6 +14,7 @@ What cannot survive the round trip MIMIC-III -> MEDS -> examples, and why (docs/
 from __future__ import annotations
 
 import glob
+import json
 import math
 import pathlib
 
@@ -24,7 +25,7 @@ import pytest
 
 from ehr_pipeline.contract import PipelineConfig, spec
 from ehr_pipeline.job import run_meds_job
-from ehr_pipeline.meds import code_map, standard
+from ehr_pipeline.meds import code_map, from_mimic, standard
 from ehr_pipeline.meds.source import LABEL_EXAMPLE, TABLE, MedsReader, data_files, read_subject_splits
 from tests.support.job_outputs import CONFIG, independent_cohort, read_examples
 from tests.support.paths import REPO_ROOT
@@ -33,12 +34,10 @@ VALUES = (spec.BAG_VALUE_MEAN, spec.BAG_VALUE_LAST, spec.BAG_VALUE_MIN, spec.BAG
 
 
 @pytest.fixture(scope="module")
-def demo_meds(demo_dir, tmp_path_factory):
-    from ehr_pipeline.job import run_to_meds
-
-    out = tmp_path_factory.mktemp("meds") / "demo"
-    manifest = run_to_meds(str(demo_dir), str(out), PipelineConfig.model_validate(CONFIG))
-    return out, manifest
+def demo_meds(demo_meds_conversion):
+    """The session's `to-meds` conversion of the demo (tests/conftest.py; its bytes pinned by the job's tests):
+    (folder, its manifest)."""
+    return demo_meds_conversion, json.loads((demo_meds_conversion / from_mimic.MANIFEST).read_text())
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +99,6 @@ def test_the_shipped_code_map_yaml_is_the_default():
 
 
 def test_to_meds_output_passes_the_meds_schemas_and_accounts_for_every_row(demo_meds, demo_dir):
-    import json
-
     import meds
 
     out, manifest = demo_meds

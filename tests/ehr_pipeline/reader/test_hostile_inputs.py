@@ -5,6 +5,8 @@ at the lines the generator faulted, with every physical record of the table acco
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import os
@@ -16,7 +18,7 @@ import pytest
 from ehr_pipeline import cli
 from ehr_pipeline.reader.dead_letters import read_dead_letters
 from tests.support.paths import REPO_ROOT
-from tests.support.hostile_data import FAULTS, faulted_copy
+from tests.support.hostile_data import FAULTS, TOGETHER, faulted_copy, faulted_together
 
 # Two sources keep each job run short; LABEVENTS and DIAGNOSES_ICD carry the faults.
 JOB_CONFIG = """\
@@ -67,14 +69,40 @@ def test_summarize_accounts_for_every_record_or_fails_in_one_line(fault, demo_di
     assert dead == len(letters)
 
 
+def _job(release, out_dir, config) -> tuple[int, str]:
+    """`ehr-pipeline run` on a release in this process: (exit code, what it wrote to stderr)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = cli.main(["run", "--mimic-dir", str(release), "--out", str(out_dir), "--config", str(config)])
+    return rc, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def together(demo_dir, tmp_path_factory):
+    """One job on the demo with every TOGETHER fault at once (each on lines of its own, its dead letters its
+    own): (what each fault expects, exit code, stderr, output folder). A job each would cost ~5 s apiece."""
+    base = tmp_path_factory.mktemp("together")
+    expects = faulted_together(demo_dir, base / "release")
+    (base / "pipeline.yaml").write_text(JOB_CONFIG)
+    rc, err = _job(base / "release", base / "out", base / "pipeline.yaml")
+    return expects, rc, err, base / "out"
+
+
 @pytest.mark.parametrize("fault", JOB_FAULTS)
-def test_job_accounts_for_every_record_or_fails_in_one_line(fault, demo_dir, tmp_path, capsys):
-    expect = faulted_copy(demo_dir, tmp_path / "release", fault)
-    config = tmp_path / "pipeline.yaml"
-    config.write_text(JOB_CONFIG)
-    out_dir = tmp_path / "out"
-    rc = cli.main(["run", "--mimic-dir", str(tmp_path / "release"), "--out", str(out_dir), "--config", str(config)])
-    _, err = capsys.readouterr()
+def test_job_accounts_for_every_record_or_fails_in_one_line(fault, demo_dir, tmp_path, request):
+    if fault in TOGETHER:  # the run is the module's one run of these faults together
+        expects, rc, err, out_dir = request.getfixturevalue("together")
+        expect = expects[fault]
+        # The table's dead letters: this fault's and those of the others written into the same table.
+        want = sorted(d for e in expects.values() if e.table == expect.table for d in e.dead)
+        assert set(expect.dead) <= set(want)
+    else:
+        expect = faulted_copy(demo_dir, tmp_path / "release", fault)
+        config = tmp_path / "pipeline.yaml"
+        config.write_text(JOB_CONFIG)
+        out_dir = tmp_path / "out"
+        rc, err = _job(tmp_path / "release", out_dir, config)
+        want = list(expect.dead)
     if expect.exit_code:
         _check_fatal(expect, rc, err)
         assert not (out_dir / "manifest.json").exists()
@@ -87,7 +115,7 @@ def test_job_accounts_for_every_record_or_fails_in_one_line(fault, demo_dir, tmp
         path = out_dir / "dead_letter" / f"{name}.jsonl"
         assert (len(read_dead_letters(path)) if path.exists() else 0) == count, name
     letters = read_dead_letters(out_dir / "dead_letter" / f"{expect.table}.jsonl")
-    assert sorted((d.line, d.reason) for d in letters) == list(expect.dead)
+    assert sorted((d.line, d.reason) for d in letters) == want
     for name in ("numeric_stats.json", "vocabulary.json"):
         _strict_json((out_dir / name).read_text())
 
