@@ -300,7 +300,8 @@ def _export_ensemble(request: EvaluationRequest, exports: Sequence[LoadedExport]
                                                       request.num_samples)
     return export_writer.write_ensemble_export(request.export_ensemble, [e.path for e in exports], card=card,
                                                metrics_doc=metrics_doc, reference=reference,
-                                               overwrite=request.overwrite, data_dir=request.data_dir)
+                                               overwrite=request.overwrite, data_dir=request.data_dir,
+                                               members=exports)
 
 
 def _shift_of_split(exports: Sequence[LoadedExport], request: EvaluationRequest, evaluated: _Scored,
