@@ -163,3 +163,16 @@ def rank1_test_evaluation(trained_rank1, tmp_path_factory) -> dict:
 
     base = built_once(tmp_path_factory, "rank1_test_evaluation", build)
     return {"out": base / "eval", **json.loads((base / "result.json").read_text())}
+
+
+@pytest.fixture(scope="session")
+def rank1_export(trained_rank1):
+    """trained_rank1's export loaded once per worker (model.export.load.load_export, float32), read-only.
+
+    A load verifies every checksum and reads the whole SavedModel (seconds each): the tests that
+    predict with, rebuild or compare against the trained export share this one.
+    """
+    # TensorFlow loads only for the tests that ask for the export.
+    from model.export.load import load_export
+
+    return load_export(trained_rank1["export"])
