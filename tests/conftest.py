@@ -198,3 +198,16 @@ def demo_meds_conversion(demo_dir, tmp_path_factory) -> pathlib.Path:
                     resources=SpillOptions(workers=2, bucket_rows=20_000))
 
     return built_once(tmp_path_factory, "demo_meds_conversion", build) / "demo"
+
+
+@pytest.fixture(scope="session")
+def rank1_export(trained_rank1):
+    """trained_rank1's export loaded once per worker (model.export.load.load_export, float32), read-only.
+
+    A load verifies every checksum and reads the whole SavedModel (seconds each): the tests that
+    predict with, rebuild or compare against the trained export share this one.
+    """
+    # TensorFlow loads only for the tests that ask for the export.
+    from model.export.load import load_export
+
+    return load_export(trained_rank1["export"])

@@ -85,7 +85,8 @@ def write_update(out_dir: str | os.PathLike[str], loaded: LoadedExport, local: L
         "metrics_summary": metrics_doc["test"],
         "parent": {"checksum": loaded.files.checksum, "name": loaded.files.card.name},
     })
-    predictor = None if update.network is None else Predictor(update.network.featurizer, update.network.model)
+    predictor = None if update.network is None else (
+        update.predictor or Predictor(update.network.featurizer, update.network.model))
     return write_updated_export(out_dir, loaded.path, predictor=predictor,
                                 adaptation=adaptation_record(loaded, local, update, config), card=card,
                                 metrics_doc=metrics_doc, reference=_reference(loaded, local, update, config),

@@ -46,6 +46,9 @@ class Update:
     network: Rebuilt | None  # the updated network when weights changed; None: the parent's SavedModel is kept
     record: dict[str, Any]  # adaptation.json's method-specific part (fits, tests, fit log)
     probs: np.ndarray  # [N, S*K] the updated model's seeded predictions of the local sample
+    # The network's Predictor that made `probs` (None without a network): the export writer saves its module,
+    # whose float32 signature is then already traced (a trace costs seconds).
+    predictor: Predictor | None = None
 
 
 def _parent_recalibration(loaded: LoadedExport) -> tuple[float, float]:
@@ -80,9 +83,10 @@ def adapt(loaded: LoadedExport, local: LocalData, config: AdaptConfig, *, progre
         log.info("closed test chose %s (%s)", step, ", ".join(
             f"revision vs {t.simpler}: LR {t.statistic:.2f}, df {t.df}, p {t.p_value:.3g}" for t in result.tests))
         if step == "revision":
-            new_probs = predict_probs(Predictor(network.featurizer, network.model), sample.records, config.samples,
-                                      config.seed, batch_size=config.batch_predict)
-            return Update(config.method, (0.0, 1.0), network, record, new_probs)
+            predictor = Predictor(network.featurizer, network.model)
+            new_probs = predict_probs(predictor, sample.records, config.samples, config.seed,
+                                      batch_size=config.batch_predict)
+            return Update(config.method, (0.0, 1.0), network, record, new_probs, predictor)
     chosen = fits[step]
     stored = recal.compose(_parent_recalibration(loaded), (chosen.intercept, chosen.slope))
     moved = (chosen.intercept, chosen.slope)
@@ -121,7 +125,7 @@ def _weights(loaded: LoadedExport, sample: LocalSample, config: AdaptConfig, pro
         record["learning_rate"] = rate
     record["fit"] = fit_log.to_json()
     probs = predict_probs(predictor, sample.records, config.samples, config.seed, batch_size=config.batch_predict)
-    return Update(config.method, (0.0, 1.0), network, record, probs)
+    return Update(config.method, (0.0, 1.0), network, record, probs, predictor)
 
 
 def _refit_laplace(network: Rebuilt, fit: LocalSample, validation: LocalSample, seed: int) -> dict:

@@ -36,7 +36,7 @@ from model.evaluation.statistics import clinical_stats, metrics, metrics_report,
 from model.evaluation.against_reference import ShiftResult
 from model.evaluation.report.performance_table import estimate_markdown
 from model.export import write as export_writer
-from model.export.load import LoadedExport, load_export, read_export
+from model.export.load import LoadedExport, check_export, load_export, read_export
 from model.export.predict import predict_probs
 
 log = logging.getLogger(__name__)
@@ -167,9 +167,12 @@ def evaluate_exports(request: EvaluationRequest) -> Evaluation:
     First the folder is checked against its manifest and the models' schema version, then its units against
     the models' (unit_check.plan_units; force_units scores them as they are).
     """
-    exports = [load_export(d) for d in request.model_dirs]
+    # The folder is checked before any SavedModel is read (a load reads its whole graph library, seconds): the
+    # exports' checked side files name the schema version their models were trained on.
+    checked = [check_export(d)[1] for d in request.model_dirs]
     integrity.verify_folder(request.data_dir, SPLIT_NAMES,
-                            models={str(e.path): e.files.schema_version for e in exports})
+                            models={str(e.directory): e.schema_version for e in checked})
+    exports = [load_export(d) for d in request.model_dirs]
     scoring_units = unit_check.plan_units(exports, request.data_dir, force=request.force_units)
     files = data_folder.load_data_files(request.data_dir)
     splits = _read_splits(files)
@@ -300,7 +303,8 @@ def _export_ensemble(request: EvaluationRequest, exports: Sequence[LoadedExport]
                                                       request.num_samples)
     return export_writer.write_ensemble_export(request.export_ensemble, [e.path for e in exports], card=card,
                                                metrics_doc=metrics_doc, reference=reference,
-                                               overwrite=request.overwrite, data_dir=request.data_dir)
+                                               overwrite=request.overwrite, data_dir=request.data_dir,
+                                               members=exports)
 
 
 def _shift_of_split(exports: Sequence[LoadedExport], request: EvaluationRequest, evaluated: _Scored,

@@ -540,6 +540,14 @@ def _check_signature(signature: Any, where: pathlib.Path, name: str) -> None:
                           f"expected '{OUTPUT}'")
 
 
+def check_export(export_dir: str | os.PathLike[str]) -> tuple[dict, Export]:
+    """load_export's checks without its SavedModel: (manifest, side files), or the ExportError load_export raises."""
+    root = pathlib.Path(export_dir)
+    if not root.is_dir():  # before importing TensorFlow: the commonest mistake fails at once
+        raise ExportError(f"{root}: model directory does not exist or is not a directory")
+    return verify_export(root), read_export(root)
+
+
 def load_export(export_dir: str | os.PathLike[str], precision: str = "float32") -> LoadedExport:
     """Verifies every checksum, validates the JSON side files, then loads the SavedModel (imports TensorFlow).
 
@@ -548,10 +556,7 @@ def load_export(export_dir: str | os.PathLike[str], precision: str = "float32") 
     if precision not in SIGNATURES:
         raise ValueError(f"precision {precision!r}: expected one of {PRECISIONS}")
     root = pathlib.Path(export_dir)
-    if not root.is_dir():  # before importing TensorFlow: the commonest mistake fails at once
-        raise ExportError(f"{root}: model directory does not exist or is not a directory")
-    manifest = verify_export(root)
-    files = read_export(root)
+    manifest, files = check_export(root)
     import tensorflow as tf
 
     where = root / SAVED_MODEL_DIR

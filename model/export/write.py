@@ -25,7 +25,7 @@ from ehr_pipeline.shift import Profile
 from model.export_layout import (ADAPTATION, ADMISSION_TYPES_FILE, FORMAT_VERSION, METRICS, MODEL_CARD, PIPELINE_CONFIG, REFERENCE_PROFILE,
                             SAVED_MODEL_DIR, SIGNATURE, SIGNATURES, json_ready)
 from model.data_folder import admission_type_counts
-from model.export.load import ExportError, load_export, read_export, write_manifest
+from model.export.load import ExportError, LoadedExport, load_export, read_export, write_manifest
 from model.export.predict import INPUT_SIGNATURE, Predictor, assert_stateless
 
 INTENDED_USE = (
@@ -187,14 +187,18 @@ class _EnsembleModule(tf.Module):
 
 def write_ensemble_export(export_dir: str | os.PathLike[str], member_dirs: Sequence[str | os.PathLike[str]], *,
                           card: dict, metrics_doc: dict, reference: Profile | None = None,
-                          overwrite: bool = False, data_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
+                          overwrite: bool = False, data_dir: str | os.PathLike[str] | None = None,
+                          members: Sequence[LoadedExport] | None = None) -> pathlib.Path:
     """Writes MODEL_DIR/ for a deep ensemble of exports made on the same data (same vocabulary/statistics).
 
     reference: the ensemble's reference profile (the members' population with the ensemble's own
     validation mutual information); None writes none. MODEL_DIR may not be, hold or lie inside a member
-    or ``data_dir``; an earlier export there is replaced only with ``overwrite``.
+    or ``data_dir``; an earlier export there is replaced only with ``overwrite``. members: the exports of
+    member_dirs, in order, where the caller has loaded them already (a load reads a whole SavedModel).
     """
-    loaded = [load_export(d) for d in member_dirs]
+    if members is not None and [pathlib.Path(e.path) for e in members] != [pathlib.Path(d) for d in member_dirs]:
+        raise ValueError("members must be the loaded exports of member_dirs, in the same order")
+    loaded = list(members) if members is not None else [load_export(d) for d in member_dirs]
     digests = {(e.manifest["files"][layout.VOCABULARY], e.manifest["files"][layout.NUMERIC_STATS]) for e in loaded}
     if len(digests) != 1:
         raise ExportError("ensemble members were trained on different vocabularies/statistics")

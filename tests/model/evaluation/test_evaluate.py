@@ -24,7 +24,7 @@ def trained(trained_rank1):
     return trained_rank1
 
 
-def test_eval_writes_report_plots_and_error_vs_truth(trained, rank1_test_evaluation):
+def test_eval_writes_report_plots_and_error_vs_truth(trained, rank1_export, rank1_test_evaluation):
     # The session's one `ehr-eval --model RUN --split test --samples 4 --seed 3 --truth ... --out` (tests/conftest.py),
     # shared with the MEDS evaluation test, which reads the same folder's predictions.meds.parquet.
     out, code, printed = (rank1_test_evaluation[k] for k in ("out", "code", "printed"))
@@ -44,7 +44,7 @@ def test_eval_writes_report_plots_and_error_vs_truth(trained, rank1_test_evaluat
     # ehr-eval's probabilities are the export's for the same seed (the service's numbers).
     split_records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test")
     records, labels, hadm_ids = split_records.records, split_records.labels, split_records.hadm_ids
-    probs = predict_probs(trained["export"], records, 4, seed=3)
+    probs = predict_probs(rank1_export, records, 4, seed=3)
     assert [int(r["HADM_ID"]) for r in rows] == hadm_ids and [int(r["LABEL"]) for r in rows] == labels
     np.testing.assert_allclose([float(r["P_MEAN"]) for r in rows], probs.mean(axis=1), atol=2e-6)
     # Against the truth: coverage, correlations and referral, recomputable from the file.
@@ -59,7 +59,7 @@ def test_eval_writes_report_plots_and_error_vs_truth(trained, rank1_test_evaluat
     assert (out / TRUTH_PLOT_FILE).read_bytes()[:8] == PNG_MAGIC
 
 
-def test_deep_ensemble_of_exports_and_its_export(trained, tmp_path, capsys):
+def test_deep_ensemble_of_exports_and_its_export(trained, rank1_export, tmp_path, capsys):
     ens = tmp_path / "ensemble"
     args = ["--model", str(trained["export"]), "--model", str(trained["export"]), "--data", str(trained["data"]),
             "--samples", "2", "--bootstrap", "10", "--no-progress"]
@@ -75,7 +75,7 @@ def test_deep_ensemble_of_exports_and_its_export(trained, tmp_path, capsys):
     assert reference["codes"] == member["codes"] and reference["mi_samples"] == 2
     assert reference["mutual_information"]["n"] == 48
     records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test").records
-    single = predict_probs(trained["export"], records, 2, seed=5).reshape(len(records), 2, 2)
+    single = predict_probs(rank1_export, records, 2, seed=5).reshape(len(records), 2, 2)
     joined = predict_probs(ens, records, 2, seed=5).reshape(len(records), 2, 4)
     np.testing.assert_allclose(joined, np.concatenate([single, single], axis=2), atol=1e-6)
     capsys.readouterr()

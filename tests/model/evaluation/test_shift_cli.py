@@ -34,7 +34,7 @@ def new_data(tmp_path_factory):
             "umol": write_data_dir(base / "umol", sizes=SIZES, seed=8, scale={"lab:50912": 88.4})}
 
 
-def test_training_exports_its_population_with_the_validation_mutual_information(trained_rank1):
+def test_training_exports_its_population_with_the_validation_mutual_information(trained_rank1, rank1_export):
     export = read_export(trained_rank1["export"])
     reference = export.reference
     files = data_folder.load_data_files(trained_rank1["data"])
@@ -42,7 +42,7 @@ def test_training_exports_its_population_with_the_validation_mutual_information(
     # Its MI quantiles are those of the validation split's predictions with the run's S and seed.
     config = trained_rank1["config"]["eval"]
     records = data_folder.read_split(files, "validation").records
-    mi = metrics.mutual_information(predict_probs(trained_rank1["export"], records, config["num_samples"],
+    mi = metrics.mutual_information(predict_probs(rank1_export, records, config["num_samples"],
                                                   config["seed"]))
     np.testing.assert_allclose(reference.mutual_information.edges,
                                np.quantile(mi, population.MI_QUANTILES), rtol=1e-4, atol=1e-9)

@@ -30,9 +30,9 @@ def trained(trained_rank1):
 
 
 @pytest.fixture(scope="module")
-def loaded(trained):
-    """The trained export loaded once for the module's read-only predictions (a load reads the whole SavedModel)."""
-    return load_export(trained["export"])
+def loaded(rank1_export):
+    """The trained export, loaded once for the session's read-only predictions (a load reads the whole SavedModel)."""
+    return rank1_export
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def restored(trained):
     return load_run(trained["run"], trained["data"])
 
 
-def test_export_holds_the_contract_files(trained):
+def test_export_holds_the_contract_files(trained, loaded):
     export, data = trained["export"], trained["data"]
     manifest = read_json(export / "manifest.json")
     assert manifest["format_version"] == 1 and REQUIRED <= set(manifest["files"])
@@ -72,7 +72,7 @@ def test_export_holds_the_contract_files(trained):
                 kind = seqex.sequence_example_to_dict(record)[spec.ADMISSION_TYPE]
                 counted[kind] = counted.get(kind, 0) + 1
     assert read_json(export / "admission_types.json") == {"split": "train", "counts": counted}
-    assert sum(counted.values()) == trained["n_train"] and load_export(export).files.admission_types == counted
+    assert sum(counted.values()) == trained["n_train"] and loaded.files.admission_types == counted
 
 
 def test_bad_admission_types_file_is_named(trained, tmp_path):
@@ -101,17 +101,33 @@ def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained, load
     assert np.abs(predict_probs(exported, records, 5, seed=124) - from_export).max() > 1e-5
 
 
-@pytest.mark.parametrize("wide", [{"wide_l1": 1e-3}, {"wide_posterior": "laplace"}])
-def test_a_wide_run_exports_its_window_aggregates(tmp_path, synthetic_data, wide):
+# The two kinds of wide part take different branches of the model factory and of training (a penalized
+# point kernel; the Laplace logistic regression), so each gets its run. The L1 run also reads every time
+# input: the time inputs are the featurizer's alone (no method- or wide-specific branch), so one training
+# serves test_a_run_with_every_time_input_records_them_and_exports_what_it_trained too.
+WIDE_RUNS = {"wide_l1": {"wide_l1": 1e-3, "time_inputs": list(TIME_INPUTS)},
+             "wide_laplace": {"wide_posterior": "laplace"}}
+
+
+@pytest.fixture(scope="module", params=sorted(WIDE_RUNS))
+def wide_run(request, tmp_path_factory, synthetic_data):
+    """A 10-step rank-1 run of synthetic_data with a 24-hour wide part (WIDE_RUNS), trained once for the module:
+    its run folder; read-only."""
     config = parse_config(tiny_config_dict("rank1", steps=10, eval_every_steps=10))
-    config = config.with_overrides(model={"wide": True, "wide_window_hours": 24.0, **wide})
-    result = train(config, synthetic_data, tmp_path / "run", progress=False)
-    _, model, featurizer, _ = load_run(tmp_path / "run", synthetic_data)
+    config = config.with_overrides(model={"wide": True, "wide_window_hours": 24.0, **WIDE_RUNS[request.param]})
+    out = tmp_path_factory.mktemp(request.param) / "run"
+    result = train(config, synthetic_data, out, progress=False)
+    assert result.export_dir == out / "export"
+    return out
+
+
+def test_a_wide_run_exports_its_window_aggregates(synthetic_data, wide_run):
+    _, model, featurizer, _ = load_run(wide_run, synthetic_data)
     assert featurizer.window_hours == 24.0
     records = data_folder.read_split(data_folder.load_data_files(synthetic_data), "test").records
     predictor = Predictor(featurizer, model)  # its traced graph reads the variables at each call
     in_memory = predict_probs(predictor, records, 3, seed=7)
-    np.testing.assert_allclose(predict_probs(load_export(result.export_dir), records, 3, seed=7), in_memory,
+    np.testing.assert_allclose(predict_probs(load_export(wide_run / "export"), records, 3, seed=7), in_memory,
                                rtol=0, atol=1e-6)
     for weight in model.wide.weights:  # the export would predict otherwise without the wide part
         weight.assign(tf.zeros_like(weight))
@@ -217,13 +233,11 @@ def test_an_export_that_records_no_time_inputs_answers_as_before(trained, loaded
     np.testing.assert_array_equal(answers[0], predict_probs(loaded, records, 3, seed=11))
 
 
-def test_a_run_with_every_time_input_records_them_and_exports_what_it_trained(tmp_path, synthetic_data):
-    config = parse_config(tiny_config_dict("deterministic", steps=10, eval_every_steps=10))
-    config = config.with_overrides(model={"time_inputs": list(TIME_INPUTS)})
-    result = train(config, synthetic_data, tmp_path / "run", progress=False)
-    _, model, featurizer, _ = load_run(tmp_path / "run", synthetic_data)
+@pytest.mark.parametrize("wide_run", ["wide_l1"], indirect=True)  # the run that reads every time input
+def test_a_run_with_every_time_input_records_them_and_exports_what_it_trained(synthetic_data, wide_run):
+    _, model, featurizer, _ = load_run(wide_run, synthetic_data)
     assert featurizer.time_inputs == TIME_INPUTS
-    exported = load_export(result.export_dir)
+    exported = load_export(wide_run / "export")
     assert exported.files.time_inputs == TIME_INPUTS
     records = data_folder.read_split(data_folder.load_data_files(synthetic_data), "test").records
     in_memory = predict_probs(Predictor(featurizer, model), records, 2, seed=7)

@@ -17,6 +17,13 @@ from model.ehr.ehr_model import build_model
 from tests.support.ehr_testdata import write_data_dir
 
 
+# Every test runs on both methods unless it checks the Predictor's threading, a wrapper layer or the
+# noise keys' spelling of the records (the same records under both): those take no method-specific
+# branch (the model is called the same way), so they run on rank-1 only (ONE_METHOD), saving a trace
+# and a prediction pass of the fully Bayesian network each.
+ONE_METHOD = pytest.mark.parametrize("setup", ["rank1"], indirect=True)
+
+
 @pytest.fixture(scope="module", params=["rank1", "fully_bayesian"])
 def setup(request, tmp_path_factory):
     data = write_data_dir(tmp_path_factory.mktemp(f"predict_{request.param}"),
@@ -87,6 +94,7 @@ def _in_threads(*calls):
     return results
 
 
+@ONE_METHOD
 def test_concurrent_threads_with_different_seeds_get_the_sequential_results(setup):
     predictor, records, featurizer, model = setup
     batch = records[:6]
@@ -112,6 +120,7 @@ class _PausedTrace(tf.keras.Model):
         return self.model(features, num_samples=num_samples, matmul_dtype=matmul_dtype, noise=noise)
 
 
+@ONE_METHOD
 def test_a_thread_predicts_while_another_is_tracing(setup):
     """Nothing process-wide is held while a prediction graph is traced (the old sampler's lock was)."""
     predictor, records, featurizer, model = setup
@@ -141,6 +150,7 @@ class _StatefulLayer(tf.keras.Model):
         return logits + tf.random.normal(tf.shape(logits))
 
 
+@ONE_METHOD
 def test_a_layer_drawing_statefully_fails_at_trace_time(setup):
     _, records, featurizer, model = setup
     with pytest.raises(RuntimeError, match="RandomStandardNormal"):
@@ -164,6 +174,7 @@ def _reduce_join_content(parsed: dict) -> tf.Tensor:
     return tf.strings.join(columns, separator="|")
 
 
+@ONE_METHOD
 def test_the_noise_keys_spell_each_example_as_ragged_reduce_join_did(setup):
     # The content strings feed the fingerprint every draw is keyed by: one byte off and every answer moves.
     records = tf.constant(setup[1])
