@@ -355,6 +355,9 @@ def dataset(files: DataFiles, featurizer: Featurizer, split: str, batch_size: in
     fresh order every epoch; a batch's members stay together (they are not reshuffled across
     batches). It removes reading, parsing and featurizing from every later step.
     """
+    # The featurizer has no tensor-dependent Python control flow (the export traces it with autograph
+    # off): converting it with autograph only costs seconds of every dataset's first trace.
+    @tf.autograph.experimental.do_not_convert
     def to_model(parsed):
         feats = featurizer(parsed)
         return feats, tf.cast(feats["label"], tf.float32)

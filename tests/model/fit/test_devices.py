@@ -84,7 +84,8 @@ def _check_comparison(result: dict, keys: tuple[str, ...]) -> None:
     _same_rows(two, one, keys)
     # 4 steps move the weights by ~1e-2; the 1- and 2-device runs end within 1e-5 of each other.
     assert result["moved"] > 1e-3 and result["from2_param_diff"] < 1e-3 * result["moved"]
-    # A checkpoint written on 2 devices resumes on 1 exactly like the one written on 1.
+    # A checkpoint written on 2 devices resumes on 1 taking the 1-device run's steps ("one": the
+    # continuous 1-device run, which on a one-batch training split takes a resumed run's steps).
     _same_rows(result["from4"]["two"], result["from4"]["one"], keys)
     assert [r["step"] for r in result["from4"]["two"]] == [5, 6]
     assert result["from4_param_diff"] < 1e-3 * result["moved"]
