@@ -47,6 +47,7 @@ from bench.methods.compare_setup import (BASELINES, DEEP_ENSEMBLE, ENSEMBLE_SIZE
 from ehr_pipeline.synth.counterfactual import (CHANGES, COUNTERFACTUAL_FILE, DEFAULT_DELAY_DAYS,  # noqa: E402
                                                make_counterfactual)
 from ehr_pipeline.synth.temporal import temporal_model  # noqa: E402
+from model.ehr.inputs import TIME_INPUTS  # noqa: E402
 from model.evaluation.statistics.against_truth import (LARGE_TRUTH_CHANGE, all_uncertainties,  # noqa: E402
                                                        counterfactual_response, uncertainty_where_decided)
 
@@ -77,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-baselines", action="store_true", help="skip the logistic, boosted-tree and well-specified rows")
     p.add_argument("--early-stop", action="store_true",
                    help=f"train with {EARLY_STOP} up to --steps (runs of their own)")
+    p.add_argument("--time-inputs", nargs="+", default=[], choices=TIME_INPUTS, metavar="INPUT",
+                   help=f"train with these model.time_inputs on (any of {', '.join(TIME_INPUTS)}; runs of their own); "
+                        "none: the config's")
     p.add_argument("--samples", type=int, default=25, help="S evaluation samples per member (1 for deterministic)")
     p.add_argument("--n-bootstrap", type=int, default=1000, help="case resamples of the intervals")
     p.add_argument("--work", default="out/counterfactual", help="folder for releases, data and runs")
@@ -96,15 +100,24 @@ def _mean_logit(probs: np.ndarray) -> np.ndarray:
 
 
 def _train_args(args: argparse.Namespace) -> argparse.Namespace:
-    """What compare_runs.run_config reads, with the early-stopping settings folded in when asked."""
+    """What compare_runs.run_config reads, with the early-stopping settings and time inputs folded in when asked."""
     ns = argparse.Namespace(scale=args.scale, steps=args.steps, samples=args.samples)
+    # compare_runs.run_config reads a run's settings from SCALES by name: a variant is registered there,
+    # for this process only, under a name of its own (its runs get their own folders too).
     if args.early_stop:
-        # compare_runs.run_config reads a run's settings from SCALES by name: the variant is registered
-        # there, for this process only, under a name of its own (its runs get their own folders too).
-        scale = SCALES[args.scale]
-        ns.scale = f"{args.scale}+early_stop"
+        scale = SCALES[ns.scale]
+        ns.scale = f"{ns.scale}+early_stop"
         SCALES[ns.scale] = {**scale, "train": {**scale["train"], **EARLY_STOP}}
+    if args.time_inputs:
+        scale = SCALES[ns.scale]
+        ns.scale = f"{ns.scale}+time_inputs"
+        SCALES[ns.scale] = {**scale, "model": {**scale["model"], "time_inputs": list(args.time_inputs)}}
     return ns
+
+
+def _tag(args: argparse.Namespace) -> str:
+    """The suffix of a variant's run folders and section name."""
+    return ("_es" if args.early_stop else "") + ("_ti-" + "-".join(sorted(args.time_inputs)) if args.time_inputs else "")
 
 
 def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dict]:
@@ -120,7 +133,7 @@ def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dic
     if not np.array_equal(before.hadm_ids, after.hadm_ids):
         raise RuntimeError("the counterfactual's test split holds other admissions than the original's")
     targs = _train_args(args)
-    tag = "_es" if args.early_stop else ""
+    tag = _tag(args)
     truth = release / "SYNTH_TRUTH.csv"
     out: dict[str, dict] = {}
 
@@ -183,12 +196,14 @@ def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict]
     ids = load_split(work / "data", work / "release", "test").hadm_ids
     cf = pd.read_csv(_changed_release(work, args.change) / COUNTERFACTUAL_FILE).set_index("HADM_ID").reindex(ids)
     truth_before, truth_after = cf.LOGIT_BEFORE.to_numpy(), cf.LOGIT_AFTER.to_numpy()
-    title = f"## Counterfactual: {args.change}{', early stopping' if args.early_stop else ''}"
+    title = (f"## Counterfactual: {args.change}{', early stopping' if args.early_stop else ''}"
+             f"{', time inputs ' + ' '.join(args.time_inputs) if args.time_inputs else ''}")
     lines = [f"{title} (`bench/methods/counterfactual.py`)", "", f"Command: `{command_line(__file__, argv)}`", "",
              f"One site-A temporal release ({args.patients:,} patients, seed {args.seed}) and its {args.change} "
              f"counterfactual; {len(ids):,} test admissions, {int(cf.CHANGED.sum()):,} of them changed (the truth's "
              f"mean |dP| there {np.abs(cf.P_DEATH_AFTER - cf.P_DEATH_BEFORE)[cf.CHANGED == 1].mean():.3f}). "
-             f"Scale {args.scale}{' with early stopping ' + str(EARLY_STOP) if args.early_stop else ''}, "
+             f"Scale {args.scale}{' with early stopping ' + str(EARLY_STOP) if args.early_stop else ''}"
+             f"{' with model.time_inputs ' + str(list(args.time_inputs)) if args.time_inputs else ''}, "
              f"run seed {args.seed}; one release and one run per method: a measurement, not a finding.", "",
              f"| method | slope (95% CI) | sign agreement, truth change >= {LARGE_TRUTH_CHANGE:g} in size | mean abs dp "
              "(truth) | best step, validation NLL; end | train s |",
@@ -229,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     work = pathlib.Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     scores = score_methods(args, work)
-    section = f"{SECTION}_{args.change}" + ("_early_stop" if args.early_stop else "")
+    section = f"{SECTION}_{args.change}" + ("_early_stop" if args.early_stop else "") + (
+        "_time_inputs" if args.time_inputs else "")
     publish(section, report(args, work, scores, argv), args.out, write=not args.no_write)
     return 0
 
