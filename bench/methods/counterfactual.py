@@ -23,7 +23,9 @@ term, the truth's own TemporalModel.design) are largest in size (top quartile) m
 smallest (bottom quartile), with a case-bootstrap interval.
 
 --early-stop trains with the plateau schedule and early stopping on validation NLL
-(train.lr_schedule plateau, patience, min_delta) up to --steps, in runs of their own.
+(train.lr_schedule plateau, patience, min_delta) up to --steps, in runs of their own;
+--time-inputs NAME ... trains with those model.time_inputs on (docs/model.md, "Time inputs"), in
+runs and a section of their own: the ablation of each input against the same release and seed.
 """
 from __future__ import annotations
 
