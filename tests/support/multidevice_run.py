@@ -79,7 +79,11 @@ def compare(out: pathlib.Path, run) -> dict:
     # The checkpoint of step 4 written on 2 devices, resumed on 1 device.
     two_from4 = run(resume_copy(out / "two_from2", 4, out / "two_from4"), "cpu:1")
     initial = model_variables(resume_copy(out / "base", 2, out / "at2"))
-    after = lambda step: [row for row in base["history"] if row["step"] > step]  # noqa: E731
+
+    def after(step: int) -> list[dict]:
+        """The continuous run's rows after `step`: what a 1-device run resumed there takes."""
+        return [row for row in base["history"] if row["step"] > step]
+
     return {
         "base_steps": [row["step"] for row in base["history"]],
         "from2": {"one": after(2), "two": two["history"]},
