@@ -1,23 +1,15 @@
 """bench/methods/counterfactual.py's variants: early stopping and time inputs reach the runs' configs, in folders of their own."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import pytest
 
-from tests.support.paths import REPO_ROOT
+from tests.support.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(REPO_ROOT))  # bench/ is not installed: its scripts import as bench.FAMILY.NAME
-    spec = importlib.util.spec_from_file_location("bench_counterfactual_under_test",
-                                                  REPO_ROOT / "bench" / "methods" / "counterfactual.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/methods/counterfactual.py", "bench_counterfactual_under_test")
 
 
 @pytest.fixture

@@ -3,23 +3,16 @@ the tables."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 
 import numpy as np
 import pytest
 
-from tests.support.paths import REPO_ROOT
+from tests.support.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_performance_estimate_under_test",
-                                                  REPO_ROOT / "bench" / "methods" / "performance_estimate.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/methods/performance_estimate.py", "bench_performance_estimate_under_test")
 
 
 def test_a_model_that_is_the_truth_is_estimated_at_the_truth_and_covered(bench):

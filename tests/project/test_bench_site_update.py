@@ -1,24 +1,17 @@
 """bench/methods/site_update.py's arithmetic: paired differences over the same cells, and the targets read from them."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from tests.support.paths import REPO_ROOT
+from tests.support.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_site_update_under_test",
-                                                  REPO_ROOT / "bench" / "methods" / "site_update.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script loads
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/methods/site_update.py", "bench_site_update_under_test")
 
 
 def _cell(method: str, train: int, error: float, *, site: str = "D", size: int = 100, coverage: float = 0.5) -> dict:
