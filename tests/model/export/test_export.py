@@ -30,18 +30,12 @@ def trained(trained_rank1):
 
 
 @pytest.fixture(scope="module")
-def loaded(rank1_export):
-    """The trained export, loaded once for the session's read-only predictions (a load reads the whole SavedModel)."""
-    return rank1_export
-
-
-@pytest.fixture(scope="module")
 def restored(trained):
     """load_run of the trained run, once for the module: (config, model, featurizer, step); read-only."""
     return load_run(trained["run"], trained["data"])
 
 
-def test_export_holds_the_contract_files(trained, loaded):
+def test_export_holds_the_contract_files(trained, rank1_export):
     export, data = trained["export"], trained["data"]
     manifest = read_json(export / "manifest.json")
     assert manifest["format_version"] == 1 and REQUIRED <= set(manifest["files"])
@@ -72,7 +66,7 @@ def test_export_holds_the_contract_files(trained, loaded):
                 kind = seqex.sequence_example_to_dict(record)[spec.ADMISSION_TYPE]
                 counted[kind] = counted.get(kind, 0) + 1
     assert read_json(export / "admission_types.json") == {"split": "train", "counts": counted}
-    assert sum(counted.values()) == trained["n_train"] and loaded.files.admission_types == counted
+    assert sum(counted.values()) == trained["n_train"] and rank1_export.files.admission_types == counted
 
 
 def test_bad_admission_types_file_is_named(trained, tmp_path):
@@ -85,12 +79,12 @@ def test_bad_admission_types_file_is_named(trained, tmp_path):
         read_export(copy)
 
 
-def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained, loaded, restored):
+def test_export_predicts_exactly_what_the_in_memory_model_predicts(trained, rank1_export, restored):
     config, model, featurizer, step = restored
     assert step == trained["best"]["step"]  # the export holds the best validated checkpoint
     records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test").records
     in_memory = predict_probs(Predictor(featurizer, model), records, 5, seed=123)
-    exported = loaded
+    exported = rank1_export
     from_export = predict_probs(exported, records, 5, seed=123, batch_size=7)
     assert from_export.shape == (len(records), 5 * config.model.ensemble_size)
     np.testing.assert_allclose(from_export, in_memory, rtol=0, atol=1e-6)
@@ -134,18 +128,18 @@ def test_a_wide_run_exports_its_window_aggregates(synthetic_data, wide_run):
     assert np.abs(predict_probs(predictor, records, 3, seed=7) - in_memory).max() > 1e-4
 
 
-def test_bfloat16_signature_draws_the_same_noise_and_stays_within_tolerance(trained, loaded, restored):
+def test_bfloat16_signature_draws_the_same_noise_and_stays_within_tolerance(trained, rank1_export, restored):
     config, model, featurizer, _ = restored
     records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test").records
-    exact = predict_probs(loaded, records, 5, seed=123)
+    exact = predict_probs(rank1_export, records, 5, seed=123)
     low = predict_probs(load_export(trained["export"], "bfloat16"), records, 5, seed=123)
-    switched = loaded.with_precision("bfloat16")  # what ehr-serve --precision auto does
+    switched = rank1_export.with_precision("bfloat16")  # what ehr-serve --precision auto does
     np.testing.assert_array_equal(predict_probs(switched, records, 5, seed=123), low)
     diff = np.abs(low - exact)
     assert 0 < diff.max() <= BFLOAT16_SAMPLE_TOLERANCE
     assert np.abs(low.mean(axis=1) - exact.mean(axis=1)).max() <= BFLOAT16_MEAN_TOLERANCE
     # Same noise: a different seed moves the probabilities far more than the precision does.
-    assert np.abs(predict_probs(loaded, records, 5, seed=124) - exact).max() > 10 * diff.max()
+    assert np.abs(predict_probs(rank1_export, records, 5, seed=124) - exact).max() > 10 * diff.max()
     in_memory = predict_probs(Predictor(featurizer, model, precision="bfloat16"), records, 5, seed=123)
     np.testing.assert_allclose(low, in_memory, rtol=0, atol=1e-6)
     card = read_json(trained["export"] / "model_card.json")
@@ -211,7 +205,7 @@ def _with_previous_discharge(record: bytes, seconds: int | None) -> bytes:
     return proto.SerializeToString()
 
 
-def test_an_export_that_records_no_time_inputs_answers_as_before(trained, loaded, tmp_path):
+def test_an_export_that_records_no_time_inputs_answers_as_before(trained, rank1_export, tmp_path):
     """An export made before the time inputs has no "time_inputs" in its card: it reads none, and the
     previous discharge a newer record carries (or a schema-3 record's lack of it) changes nothing."""
     assert read_json(trained["export"] / "model_card.json")["time_inputs"] == []
@@ -221,16 +215,16 @@ def test_an_export_that_records_no_time_inputs_answers_as_before(trained, loaded
     del card["time_inputs"]
     (old / "model_card.json").write_text(json.dumps(card, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     write_manifest(old)
-    loaded = load_export(old)
-    assert loaded.files.time_inputs == () and loaded.files.card.time_inputs is None
+    before = load_export(old)
+    assert before.files.time_inputs == () and before.files.card.time_inputs is None
     records = data_folder.read_split(data_folder.load_data_files(trained["data"]), "test").records[:8]
     admit = [seqex.sequence_example_to_dict(r)[spec.ADMIT_OFFSET] for r in records]
-    answers = [predict_probs(loaded, variant, 3, seed=11) for variant in (
+    answers = [predict_probs(before, variant, 3, seed=11) for variant in (
         records, [_with_previous_discharge(r, None) for r in records],
         [_with_previous_discharge(r, a + 30 * 86400) for r, a in zip(records, admit)])]
     for other in answers[1:]:
         np.testing.assert_array_equal(other, answers[0])
-    np.testing.assert_array_equal(answers[0], predict_probs(loaded, records, 3, seed=11))
+    np.testing.assert_array_equal(answers[0], predict_probs(rank1_export, records, 3, seed=11))
 
 
 @pytest.mark.parametrize("wide_run", ["wide_l1"], indirect=True)  # the run that reads every time input
