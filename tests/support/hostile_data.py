@@ -33,10 +33,12 @@ def _lines(demo: pathlib.Path, table: str) -> list[str]:
     return gzip.decompress((demo / f"{table}.csv.gz").read_bytes()).decode("utf-8").rstrip("\n").split("\n")
 
 
-def _copy_except(demo: pathlib.Path, dest: pathlib.Path, table: str) -> None:
+def _copy_except(demo: pathlib.Path, dest: pathlib.Path, *tables: str) -> None:
+    """dest holds links to every demo table but `tables` (the ones the caller rewrites)."""
     dest.mkdir(parents=True, exist_ok=True)
+    skip = {f"{table}.csv.gz" for table in tables}
     for p in demo.glob("*.csv.gz"):
-        if p.name != f"{table}.csv.gz":
+        if p.name not in skip:
             (dest / p.name).symlink_to(p)
 
 
@@ -242,10 +244,7 @@ def faulted_together(demo: pathlib.Path, dest: pathlib.Path) -> dict[str, Expect
     its table's physical records and the fault's own dead letters (a table's letters are its faults' union)."""
     demo, dest = pathlib.Path(demo), pathlib.Path(dest)
     tables = {table for table, _ in TOGETHER.values()}
-    dest.mkdir(parents=True)
-    for p in demo.glob("*.csv.gz"):
-        if p.name.split(".")[0] not in tables:
-            (dest / p.name).symlink_to(p)
+    _copy_except(demo, dest, *tables)
     lines = {table: _lines(demo, table) for table in tables}
     dead = {fault: edit(lines[table]) for fault, (table, edit) in TOGETHER.items()}  # dict order: appending last
     for table, rows in lines.items():
