@@ -6,7 +6,6 @@ version, with the exact code statistics) on the real demo and on the synthetic r
 """
 from __future__ import annotations
 
-import csv
 import gzip
 import json
 import logging
