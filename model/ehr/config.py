@@ -92,11 +92,13 @@ class ModelConfig(ConfigModel):
         0.0, description="wide: L1 penalty (per example) on the linear part's kernel in place of l2, which selects "
                          "a few analytes among hundreds of columns; 0 keeps l2. deterministic / rank1 / "
                          "batchensemble only.")
-    time_inputs: tuple[Literal["bag_gap", "trigger_scales", "since_admit", "previous_discharge"], ...] = Field(
+    time_inputs: tuple[Literal["bag_gap", "trigger_scales", "since_admit", "previous_discharge", "value_change"],
+                       ...] = Field(
         (), description="Time inputs the model reads besides log(1 + hours to the trigger) (model.ehr.inputs, "
                         "docs/model.md): bag_gap (time since the previous bag), trigger_scales (time to the trigger "
                         "on hour-to-year scales), since_admit (time since admission), previous_discharge (the "
-                        "previous admission's discharge, marked, with the time since it). None by default: what "
+                        "previous admission's discharge, marked, with the time since it), value_change (per valued code, its "
+                        "change since the code's previous value and the time between them). None by default: what "
                         "exports made before they existed read.")
     ktied_rank: _PosInt = Field(2, description="ktied_normal: rank k of every weight matrix's stddevs U V^T.")
     adapter_rank: _PosInt = Field(4, description="bella: rank r of every adapter W + A_p B_p.")
@@ -160,7 +162,9 @@ class TrainConfig(ConfigModel):
     clip_norm: _PosFloat = Field(7.29199, description="Global-norm gradient clipping.")
     kl_scale: _NonNegFloat = Field(1.0, description="Weight of KL / N_train in the loss (1 = the ELBO).")
     kl_annealing_steps: _NonNegInt = Field(
-        20000, description="KL weight rises linearly from 0 to kl_scale over these steps (0 = off).")
+        20000, description="KL weight rises linearly from 0 to kl_scale over these steps (0 = off). A method with a KL "
+                           "term keeps no best checkpoint and counts no early-stopping patience until they are over "
+                           "(when they are fewer than max_steps).")
     max_steps: _PosInt = 25000
     loss: Literal["average", "mixture"] = Field(
         "average", description="average: mean per-member NLL (App. D.4); mixture: NLL of the K-mixture (D.5).")

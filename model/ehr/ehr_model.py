@@ -36,7 +36,7 @@ from model.layers.embeddings import EmbeddingConfig, StochasticEmbedding
 from model.layers.noise import Noise, call_sampling
 from model.layers.rank1_lstm import Rank1LSTM
 from model.ehr.config import ModelConfig
-from model.ehr.inputs import NUM_VALUE_FEATURES, bag_feature_dim, context_dim
+from model.ehr.inputs import bag_feature_dim, context_dim, value_feature_dim
 from model.ehr.wide import GaussianLinear
 
 
@@ -95,7 +95,7 @@ class EHRModel(tf.keras.Model):
     def build_for_inputs(self) -> None:
         """Creates every variable with a one-admission dummy batch (needed before restoring checkpoints)."""
         ids = tf.RaggedTensor.from_nested_row_lengths(tf.zeros([1], tf.int64), [[1], [1]])
-        vals = tf.RaggedTensor.from_nested_row_lengths(tf.zeros([1, NUM_VALUE_FEATURES]), [[1], [1]])
+        vals = tf.RaggedTensor.from_nested_row_lengths(tf.zeros([1, value_feature_dim(self.config.time_inputs)]), [[1], [1]])
         bags = tf.RaggedTensor.from_row_lengths(tf.zeros([1, bag_feature_dim(self.config.time_inputs)]), [1])
         features = {"code_ids": ids, "code_values": vals, "bag_features": bags, "num_bags": tf.ones([1], tf.int32),
                     "context": tf.zeros([1, context_dim(self.config.time_inputs)])}

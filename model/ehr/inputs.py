@@ -33,9 +33,14 @@ the order over decades. The inputs, appended in TIME_INPUTS order:
     the bag's newest event) (zeros for older history);
   * "previous_discharge", per bag 1 when the bag lies at or before the previous admission's discharge;
     per admission 1 when there is a previous discharge, and time_scales(trigger - that discharge)
-    (zeros without one).
-All are differences of the record's offsets (spec.BAG_OFFSET, ADMIT_OFFSET, PREVIOUS_DISCHARGE): computed
-here once, for training and inside the export alike.
+    (zeros without one);
+  * "value_change", per valued token (appended to its value features, not to the bag's): the change of the
+    code's z(last) since the code's previous valued bag in the record, 1 when there is one, and
+    time_scales(time between the two bags) (zeros without one). It is the last observation and the time
+    since it that GRU-D (Che et al., 2018) gives every variable: a sequence model reads how a value moves, and
+    how fast, from two numbers next to it instead of differencing across steps through its state.
+All are differences of the record's offsets and values (spec.BAG_OFFSET, ADMIT_OFFSET, PREVIOUS_DISCHARGE,
+BAG_VALUE_LAST): computed here once, for training and inside the export alike.
 
 With ``window_hours`` set, the Featurizer also writes "window_aggregates", the input of the
 model's linear ("wide") part: per admission, one dense row of
@@ -71,15 +76,17 @@ CONTEXT_DIM = 1 + len(spec.GENDERS) + len(ADMISSION_TYPES) + 1
 DEFAULT_CLIP_Z = 10.0  # the pipeline's numeric.clip_z default, for a Featurizer built without a data folder (docs/model.md, Inputs)
 _LOG_SCALE = 10.0  # log1p(hours) reaches ~11 for ten years of history: /10 keeps features ~O(1)
 
-TIME_INPUTS = ("bag_gap", "trigger_scales", "since_admit", "previous_discharge")
+TIME_INPUTS = ("bag_gap", "trigger_scales", "since_admit", "previous_discharge", "value_change")
 # time_scales: the decays' time constants (s) and the log's unit (s).
 TIME_SCALE_SECONDS = (3600.0, 86400.0, 7 * 86400.0, 30 * 86400.0, 365 * 86400.0)
 _LOG_DAY_SECONDS = 86400.0
 NUM_TIME_SCALES = len(TIME_SCALE_SECONDS) + 1
 # Width each time input adds to a bag's features and to the context.
 _TIME_BAG_WIDTH = {"bag_gap": NUM_TIME_SCALES + 1, "trigger_scales": NUM_TIME_SCALES,
-                   "since_admit": NUM_TIME_SCALES, "previous_discharge": 1}
-_TIME_CONTEXT_WIDTH = {"bag_gap": 0, "trigger_scales": 0, "since_admit": 0, "previous_discharge": 1 + NUM_TIME_SCALES}
+                   "since_admit": NUM_TIME_SCALES, "previous_discharge": 1, "value_change": 0}
+_TIME_CONTEXT_WIDTH = {"bag_gap": 0, "trigger_scales": 0, "since_admit": 0, "previous_discharge": 1 + NUM_TIME_SCALES,
+                       "value_change": 0}
+_TIME_VALUE_WIDTH = {"value_change": 2 + NUM_TIME_SCALES}  # per token: dz, has a previous value, time_scales
 
 
 def time_inputs_in_order(time_inputs) -> tuple[str, ...]:
@@ -93,6 +100,11 @@ def time_inputs_in_order(time_inputs) -> tuple[str, ...]:
 def bag_feature_dim(time_inputs=()) -> int:
     """Width of a bag's features: NUM_BAG_FEATURES and those of the time inputs."""
     return NUM_BAG_FEATURES + sum(_TIME_BAG_WIDTH[t] for t in time_inputs_in_order(time_inputs))
+
+
+def value_feature_dim(time_inputs=()) -> int:
+    """Width of a token's "code_values" row: NUM_VALUE_FEATURES and those of the time inputs."""
+    return NUM_VALUE_FEATURES + sum(_TIME_VALUE_WIDTH.get(t, 0) for t in time_inputs_in_order(time_inputs))
 
 
 def context_dim(time_inputs=()) -> int:
@@ -157,6 +169,11 @@ class Featurizer(tf.Module):
         return bag_feature_dim(self.time_inputs)
 
     @property
+    def value_feature_dim(self) -> int:
+        """Width of a "code_values" row."""
+        return value_feature_dim(self.time_inputs)
+
+    @property
     def context_dim(self) -> int:
         """Width of a "context" row."""
         return context_dim(self.time_inputs)
@@ -218,6 +235,12 @@ class Featurizer(tf.Module):
         ], axis=-1)
 
         offsets = parsed[spec.BAG_OFFSET]  # ragged [B, (bags)] seconds
+        token_bag = codes.values.value_rowids()  # [tokens] index into the batch's flat bags
+        token_example = tf.gather(codes.value_rowids(), token_bag)
+        if "value_change" in self.time_inputs:
+            change = self._value_change(values[:, 1], tf.gather(offsets.flat_values, token_bag), stat, usable,
+                                        token_example)
+            values = tf.concat([values, change], axis=-1)
         codes_per_bag = tf.cast(codes.values.row_lengths(), tf.float32)
         hours = tf.maximum(offsets.flat_values, 0.0) / 3600.0
         admit_offset = tf.cast(parsed[spec.ADMIT_OFFSET], tf.float32)  # [B] seconds
@@ -225,7 +248,6 @@ class Featurizer(tf.Module):
         # Events per (bag, source): one segment per pair; an unknown source (never written by
         # the job, refused by the service) lands in a slot that is cut off.
         n_sources = len(spec.SOURCES) + 1
-        token_bag = codes.values.value_rowids()  # [tokens] index into the batch's flat bags
         pair = token_bag * n_sources + self.source_ids(flat_codes)
         n_flat_bags = codes.values.nrows()
         per_source = tf.reshape(tf.math.unsorted_segment_sum(counts, pair, n_flat_bags * n_sources),
@@ -257,7 +279,6 @@ class Featurizer(tf.Module):
             "hadm_id": parsed[spec.HADM_ID],
         }
         if self.window_hours is not None:
-            token_example = tf.gather(codes.value_rowids(), token_bag)
             in_window = tf.gather(offsets.flat_values <= self.window_hours * 3600.0, token_bag)
             weight = tf.cast(parsed[spec.BAG_VALUE_COUNT].flat_values, tf.float32)
             features["window_aggregates"] = tf.concat([
@@ -288,6 +309,31 @@ class Featurizer(tf.Module):
             bag_parts.append((tf.cast(flat >= tf.gather(previous, row), tf.float32) * tf.gather(has, row))[:, None])
             context_parts += [has[:, None], time_scales(previous) * has[:, None]]
         return bag_parts, context_parts
+
+    def _value_change(self, z_last, token_offset, stat, usable, token_example) -> tf.Tensor:
+        """[tokens, 2 + NUM_TIME_SCALES]: "value_change" (module docstring) of each token.
+
+        z_last: the tokens' z(last); token_offset: their bag's seconds before the trigger; stat: their code's row
+        in the statistics; usable: they carry a value with statistics; token_example: their admission.
+        """
+        n_tokens = tf.shape(stat, out_type=tf.int64)[0]
+        position = tf.range(n_tokens)
+        # One key per (admission, code with statistics); each unusable token a key of its own, so it has no
+        # predecessor and none follows it. A stable sort keeps each key's tokens oldest bag first.
+        n_codes = tf.cast(tf.shape(self._mean)[0], tf.int64)
+        key = tf.where(usable, token_example * n_codes + stat, -1 - position)
+        order = tf.argsort(key, stable=True)
+        sorted_key = tf.gather(key, order)
+        same = tf.concat([tf.zeros([tf.minimum(n_tokens, 1)], tf.bool), sorted_key[1:] == sorted_key[:-1]], axis=0)
+        previous_sorted = tf.concat([order[:1], order[:-1]], axis=0)
+        # Back from sorted order to token order: token order[i] has predecessor previous_sorted[i] when same[i].
+        inverse = tf.math.invert_permutation(order)
+        has = tf.gather(same, inverse)
+        previous = tf.gather(previous_sorted, inverse)
+        mask = tf.cast(has, tf.float32)[:, None]
+        dz = (z_last - tf.gather(z_last, previous))[:, None] * mask
+        elapsed = tf.gather(token_offset, previous) - token_offset
+        return tf.concat([dz, mask, time_scales(elapsed) * mask], axis=-1)
 
     def _window_counts(self, ids, counts, token_example, in_window, batch) -> tf.Tensor:
         """[B, 2 * vocab_size]: log(1 + events) of each id in the window, then in older history."""

@@ -30,7 +30,7 @@ from model.export.predict import Predictor, predict_probs
 from model.fit import devices as device_layout
 from model.fit import losses, training_loop
 from model.fit.training_loop import CHECKPOINT_DIR, CONFIG_FILE, count_parameters, model_checkpoint
-from model.layers import bella
+from model.layers import bella, factory
 from model.ehr import inputs, mixed_precision
 from model.ehr.baselines import read_features
 from model.ehr.config import ExperimentConfig, ModelConfig, parse_config
@@ -132,8 +132,11 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
     particles = _adapt_base(model, base_dir, data_dir, out, mc.particle_update, n_train) if base_dir else None
     log.info("training on %d replica(s) (%s), policy %s", strategy.num_replicas_in_sync,
              ", ".join(device_layout.device_names(devices)), policy)
+    # Without a KL term annealing changes nothing, and the warm-up must not hold back the best checkpoint.
+    has_kl = float(factory.kl_loss(model)) > 0.0
     settings = training_loop.LoopSettings.of(tc, name=config.name, max_steps=tc.max_steps, num_train_examples=n_train,
-                                             kl_annealing_steps=tc.kl_annealing_steps, best_metric="mixture_nll")
+                                             kl_annealing_steps=tc.kl_annealing_steps if has_kl else 0,
+                                             best_metric="mixture_nll")
 
     def train_data(start: int) -> tf.data.Dataset:
         return inputs.dataset(files, featurizer, "train", tc.batch_size, training=True,

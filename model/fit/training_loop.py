@@ -312,6 +312,11 @@ class LoopSettings:
     lr_decay_factor: float = 1.0
 
     @property
+    def first_eligible_step(self) -> int:
+        """Validations at or before this step keep no checkpoint and count no patience: the KL warm-up (steps)."""
+        return self.kl_annealing_steps if 0 < self.kl_annealing_steps < self.max_steps else 0
+
+    @property
     def stop_rule(self) -> StopRule:
         """The rule BestTracker applies to the validations."""
         return StopRule(self.early_stopping_patience, self.early_stopping_min_delta, self.lr_decay_patience,
@@ -403,7 +408,11 @@ def run(model: tf.keras.Model, *, slow_opt, fast_opt, learning_rate, step: tf.Va
             validation.append(row)
             log.info("step %d validation %s", current, {k: round(v, 4) for k, v in row.items() if k != "step"})
             write_scalars(writer, "validation", {k: v for k, v in row.items() if k != "step"}, current)
-            stop = best.update(current, row.get(s.best_metric, float("inf")), checkpoint)
+            # Under KL annealing the loss is not yet the ELBO: a checkpoint from the warm-up scores well on
+            # NLL because the prior has not pulled on it, so neither it nor patience counts until the
+            # warm-up ends (unless the whole run is warm-up).
+            if current > s.first_eligible_step:
+                stop = best.update(current, row.get(s.best_metric, float("inf")), checkpoint)
             if best.progress.decayed and start_rates is not None and not stop:
                 _scale_rates(slow_opt, fast_opt, start_rates, best.learning_rate_factor)
                 log.info("learning rate x%g at step %d (now %.3g): no validation NLL lower by more than %g in %d "

@@ -86,7 +86,62 @@ def test_scales_keep_days_and_months_apart():
     np.testing.assert_allclose(got, [scales(p) for p in points], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("names", [(), ("bag_gap",), ("trigger_scales",), ("since_admit",), ("previous_discharge",)])
+def valued_record(events):
+    """One admission from (seconds before the trigger, code, value) events, in the default 1-day bags."""
+    ages = np.array([a for a, _, _ in events], np.int64)
+    bags = bagging.bag_events(TRIGGER - ages, np.array([c for _, c, _ in events], dtype=object),
+                              np.array([v for _, _, v in events], float), TRIGGER, PipelineConfig().bagging)
+    context = spec.AdmissionContext(subject_id=1, hadm_id=2, label=0, trigger_time=TRIGGER, admit_offset_seconds=DAY,
+                                    age_years=60.0, gender="M", admission_type="EMERGENCY")
+    return seqex.serialize(context, bags), bags
+
+
+STATS = {"lab:50912": {"mean": 1.0, "std": 0.5}, "lab:50971": {"mean": 4.0, "std": 0.5}}
+VALUE_VOCAB = {"lab": ["lab:50912", "lab:50971"], "diagnosis": ["diagnosis:4019"]}
+
+
+def naive_value_change(bags):
+    """Per token, oldest bag first: (dz since the code's previous valued bag, 1 if any, time_scales of the gap)."""
+    rows, seen = [], {}
+    for bag, offset in enumerate(bags.offset_seconds.tolist()):
+        entries = slice(bags.row_splits[bag], bags.row_splits[bag + 1])
+        for code, count, last in zip(bags.codes[entries], bags.value_count[entries], bags.value_last[entries]):
+            if code not in STATS or count == 0:
+                rows.append([0.0] * 8)
+                continue
+            z = max(-10.0, min(10.0, (last - STATS[code]["mean"]) / STATS[code]["std"]))
+            if code in seen:
+                z0, t0 = seen[code]
+                rows.append([z - z0, 1.0] + scales(t0 - offset))
+            else:
+                rows.append([0.0] * 8)
+            seen[code] = (z, offset)
+    return np.array(rows)
+
+
+def test_value_change_matches_the_naive_computation():
+    # Two admissions in one batch (a code's history must not leak from one to the next), an unvalued
+    # token between valued ones, a code without statistics, and a value clipped at 10 z.
+    first = [(20 * DAY, "lab:50912", 1.1), (20 * DAY, "lab:50971", 4.2), (13 * DAY, "lab:50912", 1.3),
+             (13 * DAY, "diagnosis:4019", np.nan), (6 * DAY, "lab:50912", np.nan), (5 * DAY, "lab:50912", 1.6),
+             (5 * DAY, "lab:99999", 3.0), (2 * DAY, "lab:50971", 40.0), (HOUR, "lab:50971", 4.1)]
+    second = [(9 * DAY, "lab:50971", 3.9), (3 * DAY, "lab:50912", 0.8), (DAY, "lab:50912", 0.9)]
+    fz = inputs.Featurizer(VALUE_VOCAB, STATS, time_inputs=["value_change"])
+    made = [valued_record(e) for e in (first, second)]
+    feats = fz(tf_parse.parse_sequence_examples(tf.constant([r for r, _ in made])))
+    assert fz.value_feature_dim == inputs.NUM_VALUE_FEATURES + 8
+    assert [naive_value_change(b)[:, 1].sum() for _, b in made] == [4, 1]  # tokens with a previous value
+    for i, (_, bags) in enumerate(made):
+        got = feats["code_values"][i].flat_values.numpy()[:, inputs.NUM_VALUE_FEATURES:]
+        np.testing.assert_allclose(got, naive_value_change(bags), rtol=1e-5, atol=1e-6)
+    # Its change is the only one: the bag features and context are those of no time inputs.
+    old = inputs.Featurizer(VALUE_VOCAB, STATS)(tf_parse.parse_sequence_examples(tf.constant([made[0][0]])))
+    np.testing.assert_array_equal(feats["code_values"][0].flat_values.numpy()[:, :inputs.NUM_VALUE_FEATURES],
+                                  old["code_values"].flat_values.numpy())
+
+
+@pytest.mark.parametrize("names", [(), ("bag_gap",), ("trigger_scales",), ("since_admit",), ("previous_discharge",),
+                                   ("value_change",)])
 def test_each_input_switches_alone_and_the_old_inputs_stay_first(names):
     one = inputs.Featurizer(VOCAB, {}, time_inputs=names)
     parsed = tf_parse.parse_sequence_examples(tf.constant([record(*CASES[0])[0]]))
@@ -96,6 +151,9 @@ def test_each_input_switches_alone_and_the_old_inputs_stay_first(names):
     np.testing.assert_array_equal(got["bag_features"].flat_values.numpy()[:, :inputs.NUM_BAG_FEATURES],
                                   old["bag_features"].flat_values.numpy())
     np.testing.assert_array_equal(got["context"].numpy()[:, :inputs.CONTEXT_DIM], old["context"].numpy())
+    np.testing.assert_array_equal(got["code_values"].flat_values.numpy()[:, :inputs.NUM_VALUE_FEATURES],
+                                  old["code_values"].flat_values.numpy())
+    assert got["code_values"].flat_values.shape[-1] == inputs.value_feature_dim(names)
     assert got["bag_features"].flat_values.shape[-1] == inputs.bag_feature_dim(names)
     assert got["context"].shape[-1] == inputs.context_dim(names)
     if not names:

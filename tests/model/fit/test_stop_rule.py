@@ -7,7 +7,7 @@ import math
 import pytest
 import tensorflow as tf
 
-from model.fit.training_loop import BEST_FILE, BestTracker, Progress, StopRule, advance, replay
+from model.fit.training_loop import BEST_FILE, BestTracker, LoopSettings, Progress, StopRule, advance, replay
 from model.ehr.config import parse_config
 from model.ehr.train import train
 from tests.support.ehr_testdata import read_json, tiny_config_dict
@@ -57,6 +57,16 @@ def test_the_tracker_applies_the_same_rule_and_resumes_it(tmp_path):
     assert "early stop at step 50" in tracker.stop_reason and "best 0.5850 at step 40" in tracker.stop_reason
     resumed = BestTracker.load(tmp_path, patience=3, rule=rule)
     assert resumed.to_dict() == tracker.to_dict() and resumed.learning_rate_factor == 0.125
+
+
+def test_the_kl_warm_up_keeps_no_best_checkpoint_unless_it_is_the_whole_run():
+    def settings(annealing, max_steps):
+        return LoopSettings("run", max_steps, 100, 1.0, annealing, None, 10, 10, 10, 1, 3, "nll")
+
+    assert settings(300, 2000).first_eligible_step == 300
+    # All warm-up (or none): every validation counts, as before the rule.
+    assert settings(3000, 2000).first_eligible_step == settings(2000, 2000).first_eligible_step == 0
+    assert settings(0, 2000).first_eligible_step == 0
 
 
 @pytest.mark.slow
