@@ -29,10 +29,29 @@ ETHNICITIES = ("WHITE", "BLACK/AFRICAN AMERICAN", "HISPANIC OR LATINO", "ASIAN -
 INSURANCES = ("Medicare", "Private", "Medicaid")
 
 
+# course: a pre-admission creatinine course (COURSE_DAYS before the trigger) whose trend moves the truth's
+# logit by COURSE_TREND per ln(mg/dL) per week; "reversed" writes the same values in reverse time order.
+COURSE_DAYS = (20, 13, 6)
+COURSE_TREND = 10.0
+COURSES = (None, "forward", "reversed")
+
+
+def course_logit(hadm_id: int, course: str) -> tuple[float, np.ndarray]:
+    """(the course's term of the truth's logit, its creatinine values oldest first) of one admission."""
+    own = np.random.default_rng([hadm_id, 31])  # the admission's own stream: the shared one stays as it was
+    slope = own.normal(0.0, 0.3)  # ln(mg/dL) per week
+    weeks = (np.mean(COURSE_DAYS) - np.asarray(COURSE_DAYS, float)) / 7.0  # evenly spaced: reversing negates the slope
+    values = np.exp(np.log(1.1) + own.normal(0.0, 0.2) + slope * weeks)
+    if course == "reversed":
+        values, slope = values[::-1], -slope
+    return COURSE_TREND * slope, values
+
+
 def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool,
-               scale: dict[str, float] | None = None, constant: dict[str, float] | None = None) -> tuple:
+               scale: dict[str, float] | None = None, constant: dict[str, float] | None = None,
+               course: str | None = None) -> tuple:
     """(context, bags, P_DEATH, codes, values, times) of one admission; scale multiplies codes' recorded values,
-    constant records each of its codes at one value."""
+    constant records each of its codes at one value, course adds a creatinine course (COURSES)."""
     trigger = T0 + hadm_id * DAY
     n = int(rng.integers(3, 14))
     pool = CODES[:-1] + (["lab:99999"] if rare_codes else [])  # an out-of-vocabulary lab
@@ -47,6 +66,12 @@ def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool,
     lactate = values[[i for i, c in enumerate(codes) if c == "lab:50813"]]
     high_lactate = bool(lactate.size and np.nanmax(lactate) > 1.9)
     p_death = 0.9 if (risky or high_lactate) else 0.05
+    if course is not None:
+        term, course_values = course_logit(hadm_id, course)
+        p_death = 1.0 / (1.0 + np.exp(-(np.log(p_death / (1.0 - p_death)) + term)))
+        codes = codes + ["lab:50912"] * len(COURSE_DAYS)
+        times = np.concatenate([times, trigger - np.asarray(COURSE_DAYS, np.int64) * DAY])
+        values = np.concatenate([values, course_values])
     for code, factor in (scale or {}).items():  # recorded differently, after the truth was drawn
         values = np.where(np.asarray(codes, dtype=object) == code, values * factor, values)
     for code, value in (constant or {}).items():  # a setting charted as a value (PEEP 5): one value everywhere
@@ -66,13 +91,16 @@ def _admission(rng: np.random.Generator, hadm_id: int, rare_codes: bool,
 
 def write_data_dir(out: str | os.PathLike[str], sizes=(("train", 160), ("validation", 48), ("test", 48)),
                    seed: int = 0, train_shards: int = 2, scale: dict[str, float] | None = None,
-                   units: dict[str, str] | None = None, constant: dict[str, float] | None = None) -> pathlib.Path:
+                   units: dict[str, str] | None = None, constant: dict[str, float] | None = None,
+                   course: str | None = None) -> pathlib.Path:
     """Writes a complete pipeline output folder (shards, vocabulary, statistics, manifest, truth CSV).
 
     scale: code -> factor on its recorded values (another site's unit or assay); units: code ->
     the unit its values are in, written to units.json as the job writes it (none without it);
-    constant: code -> the one value it always records.
+    constant: code -> the one value it always records; course: see COURSES (the same admissions either way).
     """
+    if course not in COURSES:
+        raise ValueError(f"course must be one of {COURSES}, got {course!r}")
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -88,7 +116,7 @@ def write_data_dir(out: str | os.PathLike[str], sizes=(("train", 160), ("validat
         for _ in range(n):
             hadm += 1
             context, bags, p_death, codes, values, _ = _admission(rng, hadm, rare_codes=split != "train", scale=scale,
-                                                                  constant=constant)
+                                                                  constant=constant, course=course)
             for code in units or {}:
                 unit_rows[code] = unit_rows.get(code, 0) + int(np.count_nonzero(np.asarray(codes, dtype=object) == code))
             records.append(seqex.make_sequence_example(context, bags).SerializeToString())
