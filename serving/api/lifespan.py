@@ -108,7 +108,8 @@ async def warm_all(app: FastAPI, versions: ModelVersions, settings: Settings, me
     if all(served.ready for served in versions.loaded.values()):
         app.state.ready = True
         metrics.ready.set(1)
-        logger.info("every version warmed up; ready")
+        logger.info("model warmed up; ready (%s %s)", versions.name,
+                    "versions " + ", ".join(versions.loaded) if len(versions.loaded) > 1 else "version " + versions.default)
 
 
 async def start_versions(versions: ModelVersions, settings: Settings, metrics: ServiceMetrics) -> None:

@@ -152,11 +152,34 @@ def _infer(client: httpx.Client, path: str, age: float) -> dict:
 def test_oip_answers_name_the_version_the_split_or_the_route_chose(client):
     meta = client.get(f"/v2/models/{NAME}").json()
     assert (meta["name"], meta["versions"]) == (NAME, ["1", "2"])
-    age = TO_2[0]
+    age = TO_1[0]  # version 1, not the default (2): only the split can have chosen it
     split = _infer(client, f"/v2/models/{NAME}/infer", age)
-    assert (split["model_name"], split["model_version"], split["parameters"]["selected_by"]) == (NAME, "2", "split")
-    named = _infer(client, f"/v2/models/{NAME}/versions/1/infer", age)
-    assert (named["model_version"], named["parameters"]["selected_by"]) == ("1", "request")
+    assert (split["model_name"], split["model_version"], split["parameters"]["selected_by"]) == (NAME, "1", "split")
+    named = _infer(client, f"/v2/models/{NAME}/versions/2/infer", age)
+    assert (named["model_version"], named["parameters"]["selected_by"]) == ("2", "request")
     # Two copies of one export: the same record and seed give the same samples whichever version answers.
     assert split["outputs"][0]["data"] == named["outputs"][0]["data"]
     assert client.get(f"/v2/models/{NAME}/versions/7/ready").status_code == 404
+
+
+def fhir_key_version(birth_date: str) -> str:
+    """The split's version for the FHIR admission below (a female patient admitted 2150-03-01 08:30 UTC)."""
+    key = f"F|{birth_date}|2150-03-01T08:30:00+00:00"
+    return "1" if int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 100 < 90 else "2"
+
+
+def test_a_fhir_answer_and_its_provenance_name_the_version_the_split_gave_its_admission(client):
+    # Version 1: not the default (2, the highest that loaded), so only the split can have chosen it.
+    born = next(d for d in (f"2080-05-{day:02d}" for day in range(1, 29)) if fhir_key_version(d) == "1")
+    bundle = {"resourceType": "Bundle", "type": "collection", "entry": [{"resource": r} for r in (
+        {"resourceType": "Patient", "id": "p1", "gender": "female", "birthDate": born},
+        {"resourceType": "Encounter", "id": "e1", "status": "in-progress",
+         "class": {"system": "http://terminology.hl7.org/CodeSystem/v3-ActCode", "code": "EMER"},
+         "subject": {"reference": "Patient/p1"}, "period": {"start": "2150-03-01T08:30:00Z"}})]}
+    r = client.post("/fhir/r4/$predict-mortality", content=json.dumps(bundle), params={"seed": 3},
+                    headers={"Content-Type": "application/fhir+json"})
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["method"]["coding"][0]["version"] == "1" and answer["method"]["coding"][0]["code"] == NAME
+    [device] = [c for c in answer["contained"] if c["resourceType"] == "Device"]
+    assert device["version"][0]["value"] == "1"
