@@ -134,7 +134,8 @@ def load_versions(settings: Settings) -> ModelVersions:
             loaded[version] = ServedVersion(version, ServedModel.load(folder, settings.precision, name=name,
                                                                       version=version))
         except (ModelDirError, OSError) as err:  # one line: the folder and why; the others still serve
-            failed[version] = " ".join(str(err).split())
+            # Answers to clients name the version, not the server's folders.
+            failed[version] = " ".join(str(err).split()).replace(str(folder), f"{name}/{version}")
             logger.error("model repository: version %s of %s (%s) skipped: %s", version, name, folder,
                          failed[version])
     if not loaded:
