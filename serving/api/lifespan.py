@@ -113,7 +113,8 @@ async def warm_all(app: FastAPI, versions: ModelVersions, settings: Settings, me
 
 
 async def start_versions(versions: ModelVersions, settings: Settings, metrics: ServiceMetrics) -> None:
-    """Each loaded version's micro-batcher (started) and population monitor; the versions' gauges."""
+    """Each loaded version's micro-batcher (started), the default version's population monitor (serving.inference.
+    model_versions says why only its), the versions' gauges."""
     for served in versions.loaded.values():
         export = served.predictor.export
         metrics.model_info.labels(name=versions.name, version=served.version, checksum=export.checksum).set(1)
@@ -121,10 +122,10 @@ async def start_versions(versions: ModelVersions, settings: Settings, metrics: S
                                       max_wait_s=settings.max_wait_ms / 1000.0, max_queue=settings.max_queue,
                                       metrics=metrics)
         await served.batcher.start()
-        served.monitor = Monitor(export, settings.monitor_window, metrics, refresh_s=settings.monitor_refresh_s)
-        if export.reference is None:
-            logger.info("version %s carries no reference population: its monitor answers 'unavailable'",
-                        served.version)
+        if served.version == versions.default:
+            served.monitor = Monitor(export, settings.monitor_window, metrics, refresh_s=settings.monitor_refresh_s)
+            if export.reference is None:
+                logger.info("the export carries no reference population: /v1/monitor answers 'unavailable'")
         metrics.version_ready.labels(name=versions.name, version=served.version).set(0)
     for version in versions.failed:
         metrics.version_ready.labels(name=versions.name, version=version).set(0)

@@ -11,8 +11,10 @@ only when no version loads (as for a broken ``--model``).
 reaches the same version) when there is a split, else the default (``--default-version``, else the highest
 version that loaded). A split's version that did not load hands its admissions to the default version.
 
-Each version has its own micro-batcher and population monitor (the app's lifespan makes them): a forward
-pass runs one model, and a version's shift report compares its admissions with its own training population.
+Each version has its own micro-batcher (the app's lifespan makes them): a forward pass runs one model. The
+population monitor is the default version's alone: /v1/monitor and the ehr_shift_* gauges report one window,
+and its mutual information is one model's; the admissions the split sends to other versions are a sample of
+the same population, so the default's window still watches for shift.
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ DEFAULT, SPLIT, REQUESTED = "default", "split", "request"  # how a request's ver
 
 @dataclasses.dataclass(eq=False)
 class ServedVersion:
-    """One loaded version: its model, and the batcher, monitor and readiness the app's lifespan gives it."""
+    """One loaded version: its model, and the batcher, monitor (the default's only) and readiness the app's lifespan
+    gives it."""
 
     version: str
     predictor: ServedModel

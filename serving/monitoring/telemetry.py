@@ -55,7 +55,7 @@ class ServiceMetrics:
         self.model_info = Gauge(f"{ns}_model_info", "The loaded model (value always 1).",
                                 ("name", "version", "checksum"), registry=reg)
         # Several versions side by side (serving.inference.model_versions): who answered, and the split.
-        self.version_requests = Counter(f"{ns}_model_version_requests_total", "Prediction requests answered by each "
+        self.version_requests = Counter(f"{ns}_model_version_requests_total", "Prediction requests routed to each "
                                         "model version, by how the version was chosen (default, split, request).",
                                         ("name", "version", "selected_by"), registry=reg)
         self.version_share = Gauge(f"{ns}_model_version_share_percent", "Percent of admissions the traffic split "
