@@ -3,8 +3,9 @@
 The model is loaded BEFORE the server binds its port, so a missing, corrupt or tampered
 export stops the process with exit code 2 and one clear line, instead of a server that
 answers 500s; with --model-repository, a version that does not load is skipped with one line
-and only a repository where none loads stops it. API keys come from $EHR_API_KEYS (comma-separated) and/or --api-keys-file;
-running without keys takes an explicit --no-auth and a loopback --host.
+and only a repository where none loads stops it. API keys come from $EHR_API_KEYS
+(comma-separated) and/or --api-keys-file; running without keys takes an explicit --no-auth
+and a loopback --host.
 
 Every setting flag is made from its ``serving.settings.Settings`` field (type, choices, default,
 and the description as help), so a setting is written once.

@@ -349,8 +349,9 @@ class ModelInfo(BaseModel):
     pipeline_config: dict[str, Any] = Field(description="pipeline_config.json: how training data was bagged.")
     vocabulary_size: int = Field(description="Codes the model knows, all sources.")
     limits: dict[str, int] = Field(description="This server's request limits.")
-    versions: list[VersionState] = Field(default_factory=list, description="Every version of the model this server "
-                                                                      "holds; `model` and the rest describe the default.")
+    versions: list[VersionState] = Field(
+        default_factory=list, description="Every version of the model this server holds; `model` and the rest "
+                                          "describe the default.")
 
 
 class ShiftFinding(BaseModel):

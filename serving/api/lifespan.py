@@ -108,8 +108,9 @@ async def warm_all(app: FastAPI, versions: ModelVersions, settings: Settings, me
     if all(served.ready for served in versions.loaded.values()):
         app.state.ready = True
         metrics.ready.set(1)
-        logger.info("model warmed up; ready (%s %s)", versions.name,
-                    "versions " + ", ".join(versions.loaded) if len(versions.loaded) > 1 else "version " + versions.default)
+        served_versions = list(versions.loaded)
+        logger.info("model warmed up; ready (%s version%s %s)", versions.name, "s" if len(served_versions) > 1 else "",
+                    ", ".join(served_versions))
 
 
 async def start_versions(versions: ModelVersions, settings: Settings, metrics: ServiceMetrics) -> None:

@@ -50,7 +50,7 @@ class ServedVersion:
 
 @dataclasses.dataclass(frozen=True)
 class ModelVersions:
-    """The served model's versions: the loaded ones (ascending), the ones that failed and why, the default, the split."""
+    """The served model's versions: the loaded ones (ascending), those that failed and why, the default, the split."""
 
     name: str
     loaded: dict[str, ServedVersion]
