@@ -2,8 +2,10 @@
 
 The model is loaded BEFORE the server binds its port, so a missing, corrupt or tampered
 export stops the process with exit code 2 and one clear line, instead of a server that
-answers 500s. API keys come from $EHR_API_KEYS (comma-separated) and/or --api-keys-file;
-running without keys takes an explicit --no-auth and a loopback --host.
+answers 500s; with --model-repository, a version that does not load is skipped with one line
+and only a repository where none loads stops it. API keys come from $EHR_API_KEYS
+(comma-separated) and/or --api-keys-file; running without keys takes an explicit --no-auth
+and a loopback --host.
 
 Every setting flag is made from its ``serving.settings.Settings`` field (type, choices, default,
 and the description as help), so a setting is written once.
@@ -30,7 +32,8 @@ EXIT_USAGE = 2
 # Flags whose name is not the field's (the rest are --field-name; a bool that defaults to on is
 # --no-field-name): these names are older than the Settings model and scripts use them.
 _FLAG_NAMES = {"model_dir": "--model", "default_num_samples": "--num-samples"}
-_METAVARS = {"model_dir": "DIR"}
+_METAVARS = {"model_dir": "DIR", "model_repository": "REPO", "default_version": "VERSION",
+             "traffic_split": "V=PERCENT,..."}
 # Not flags themselves: the keys come from $EHR_API_KEYS and --api-keys-file.
 _NOT_FLAGS = {"api_keys"}
 
@@ -134,7 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Before TensorFlow starts its thread pools: an arena cap applies to arenas made after it.
     malloc.cap_arenas(settings.malloc_arenas)
-    from serving.inference.served_model import ModelDirError, ServedModel  # why: after the cheap checks, loading imports TensorFlow
+    # why: after the cheap checks, loading imports TensorFlow
+    from serving.inference.model_versions import load_versions
+    from serving.inference.served_model import ModelDirError
 
     # TensorFlow's C++ start-up lines (CUDA probes on a CPU machine) only at --log-level debug.
     with console.native_stderr_muted(verbose=args.log_level == "debug"):
@@ -143,16 +148,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         tf.config.list_physical_devices()
     try:
-        predictor = ServedModel.load(settings.model_dir, settings.precision)
+        versions = load_versions(settings)
     except ModelDirError as err:
-        print(f"ehr-serve: error: bad model directory: {err}", file=sys.stderr)
+        what = "model directory" if settings.model_dir is not None else "model repository"
+        print(f"ehr-serve: error: bad {what}: {err}", file=sys.stderr)
         return EXIT_USAGE
 
     import uvicorn
 
     from serving.api.app import create_app  # why: FastAPI and the app load only once the model has
 
-    app = create_app(settings, predictor)
+    app = create_app(settings, versions=versions)
     # access_log=False: our middleware logs each request without its path or query.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level,
                             access_log=False, server_header=False, lifespan="on", **server_limits(settings))

@@ -186,12 +186,18 @@ class BatchRequest(_Request):
 class ModelIdentity(BaseModel):
     """Which exported model answered."""
 
-    name: str = Field(description="model_card.json name.", examples=["rank1-lstm-mimic"])
-    version: str = Field(description="model_card.json version.", examples=["1.0.0"])
+    name: str = Field(description="The model's name: its folder in the server's model repository, else "
+                                  "model_card.json's name.", examples=["rank1-lstm-mimic"])
+    version: str = Field(description="The version that answered: its folder in the model repository (a positive "
+                                     "integer), else model_card.json's version.", examples=["1.0.0"])
     checksum: str = Field(description="SHA-256 of the export's manifest.json, which pins every file's hash.")
     precision: Literal["float32", "bfloat16"] = Field(
         "float32", description="Operand precision of the LSTM's matmuls in the signature that answered "
                                "(ehr-serve --precision).")
+    selected_by: Literal["default", "split", "request"] = Field(
+        "default", description="How this version was chosen: the server's default version, the traffic split "
+                               "(by a hash of the admission: the same admission always gets the same version), or "
+                               "the request (OIP's /v2/models/NAME/versions/V).")
 
 
 class Calibration(BaseModel):
@@ -321,6 +327,18 @@ class PrecisionInfo(BaseModel):
                                                             "probability, same admissions and seed.")
 
 
+class VersionState(BaseModel):
+    """One version of the served model, as this server holds it."""
+
+    version: str = Field(description="The version's folder in the model repository (or model_card.json's version).")
+    state: Literal["ready", "warming_up", "failed"] = Field(description="failed: it did not load (reason says why); "
+                                                                        "the other versions serve.")
+    default: bool = Field(description="Answers admissions the traffic split does not send elsewhere.")
+    share_percent: int = Field(description="Percent of admissions the traffic split sends to it (100 for the "
+                                           "default without a split).")
+    reason: str | None = Field(None, description="Why it did not load, in one line.")
+
+
 class ModelInfo(BaseModel):
     """GET /v1/model answer."""
 
@@ -331,6 +349,9 @@ class ModelInfo(BaseModel):
     pipeline_config: dict[str, Any] = Field(description="pipeline_config.json: how training data was bagged.")
     vocabulary_size: int = Field(description="Codes the model knows, all sources.")
     limits: dict[str, int] = Field(description="This server's request limits.")
+    versions: list[VersionState] = Field(
+        default_factory=list, description="Every version of the model this server holds; `model` and the rest "
+                                          "describe the default.")
 
 
 class ShiftFinding(BaseModel):

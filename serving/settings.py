@@ -11,9 +11,9 @@ import os
 import pathlib
 from collections.abc import Iterable, Mapping
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ehr_base.yaml_config import describe_errors
 from model.export_layout import MAX_SAMPLES
@@ -47,8 +47,22 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     # One declaration per setting, alike in shape: each becomes a flag with its own help.
-    model_dir: pathlib.Path = Field(
-        description="Export directory written by model.export.write (manifest.json, saved_model/, ...).")
+    model_dir: pathlib.Path | None = Field(
+        None, description="Export directory written by model.export.write (manifest.json, saved_model/, ...), "
+                          "served as the one version; give it or --model-repository.")
+    model_repository: pathlib.Path | None = Field(
+        None, description="Model repository laid out as Triton's, REPO/NAME/VERSION/ with VERSION a positive "
+                          "integer, each an export: every version that loads is served side by side, a broken one "
+                          "is skipped with one log line (docs/serving.md 'Several versions side by side'); "
+                          "instead of --model.")
+    default_version: int | None = Field(
+        None, ge=1, description="The repository's version that answers /v1, FHIR and /v2/models/NAME without "
+                                "--traffic-split; None: the highest version that loaded.")
+    traffic_split: dict[int, int] | None = Field(
+        None, description="Share of admissions per repository version, percent, e.g. '1=90,2=10' (summing to "
+                          "100): an admission's version is fixed by a hash of the admission (sticky: the same "
+                          "admission always reaches the same version); None: every admission gets the default "
+                          "version.")
     host: str = Field("127.0.0.1", description="Interface to bind; --no-auth needs a loopback one.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 = any free port).")
     api_keys: tuple[SecretStr, ...] = Field(
@@ -129,8 +143,26 @@ class Settings(BaseModel):
         False, description="Also keep each encoded admission (the model's input tensors, no names or free text) "
                            "in the outcome store, as local data for ehr-adapt; off: only probabilities are kept.")
 
+    @field_validator("traffic_split", mode="before")
+    @classmethod
+    def _parse_split(cls, value: Any) -> Any:
+        return parse_traffic_split(value) if isinstance(value, str) else value
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
+        if (self.model_dir is None) == (self.model_repository is None):
+            raise ValueError("give exactly one of --model DIR (one export) and --model-repository REPO "
+                             "(REPO/NAME/VERSION/ exports)")
+        if self.model_repository is None and (self.default_version is not None or self.traffic_split):
+            raise ValueError("--default-version and --traffic-split choose among the versions of "
+                             "--model-repository; --model serves one")
+        if self.traffic_split is not None:
+            if len(self.traffic_split) < 2 or any(v < 1 or share < 1 for v, share in self.traffic_split.items()):
+                raise ValueError(f"--traffic-split: two or more versions (positive integers), each a share of at "
+                                 f"least 1 percent, got {self.traffic_split}")
+            if sum(self.traffic_split.values()) != 100:
+                raise ValueError(f"--traffic-split: the shares must sum to 100 percent, got "
+                                 f"{sum(self.traffic_split.values())}")
         if self.no_auth and not is_loopback(self.host):
             raise ValueError(
                 f"--no-auth is only allowed on a loopback host (127.0.0.1, ::1, localhost), got "
@@ -147,6 +179,19 @@ class Settings(BaseModel):
             raise ValueError(f"default_num_samples ({self.default_num_samples}) exceeds "
                              f"max_num_samples ({self.max_num_samples})")
         return self
+
+
+def parse_traffic_split(text: str) -> dict[int, int]:
+    """'1=90,2=10' -> {1: 90, 2: 10} (version -> percent), in the order written; ValueError naming the part."""
+    split: dict[int, int] = {}
+    for part in (p.strip() for p in text.split(",")):
+        version, sep, share = part.partition("=")
+        if not sep or not version.strip().isdigit() or not share.strip().isdigit():
+            raise ValueError(f"--traffic-split: {part[:40]!r} is not VERSION=PERCENT (e.g. '1=90,2=10')")
+        if int(version) in split:
+            raise ValueError(f"--traffic-split: version {int(version)} named twice")
+        split[int(version)] = int(share)
+    return split
 
 
 def parse_api_keys(text: str, *, separator: str | None = None) -> list[str]:

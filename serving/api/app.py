@@ -19,12 +19,13 @@ from fastapi import Depends, FastAPI
 from serving import __version__
 from serving.api.api_docs import install_docs
 from serving.api.auth import AuthGuard, require_api_key
-from serving.api.dependencies import OutcomesDep, ServedModelDep, ServingDep
+from serving.api.dependencies import OutcomesDep, ServingDep, VersionsDep
 from serving.api.errors import install_error_handlers
 from serving.api.fhir_routes import cds_router, fhir_open_router, fhir_router
 from serving.api.lifespan import model_lifespan
 from serving.monitoring.telemetry import ServiceMetrics
 from serving.api.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from serving.inference.model_versions import ModelVersions, single
 from serving.inference.served_model import ServedModel
 from serving.api.routes import health_router, metrics_router, v1_router
 from serving.oip import oip_routers
@@ -40,21 +41,26 @@ Events are bagged by the same code that built the training data. Authenticate wi
 """
 
 
-def create_app(settings: Settings, predictor: ServedModel | None = None) -> FastAPI:
-    """The service app; loads settings.model_dir at start-up unless a loaded `predictor` is given."""
+def create_app(settings: Settings, predictor: ServedModel | None = None,
+               versions: ModelVersions | None = None) -> FastAPI:
+    """The service app; loads settings' model at start-up unless a loaded `predictor` (the one version) or
+    `versions` are given."""
     metrics = ServiceMetrics()
+    if predictor is not None:
+        versions = single(predictor)
     app = FastAPI(
         title="ehr-uncertainty prediction service",
         version=__version__,
         description=DESCRIPTION,
-        lifespan=model_lifespan(settings, metrics, predictor),
+        lifespan=model_lifespan(settings, metrics, versions),
         # serving.api.api_docs serves /docs with its assets (FastAPI's loads them from a CDN); no ReDoc (fonts and
         # script from the internet) and no OAuth redirect page (the service takes API keys).
         docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.predictor = None
+    app.state.predictor = None  # the default version's model, batcher and monitor, set at start-up
+    app.state.versions = None  # every version (serving.inference.model_versions), set at start-up
     app.state.monitor = None
     app.state.outcomes = None  # the outcome store and its monitor, opened at start-up with settings.outcome_dir
     app.state.outcome_monitor = None
@@ -73,7 +79,7 @@ def create_app(settings: Settings, predictor: ServedModel | None = None) -> Fast
     app.include_router(cds_router)
     # The Open Inference Protocol's routes take the app's dependencies as arguments: serving.oip is a room
     # below this one and must not import it. Its health routes are open, like /healthz.
-    oip_health, oip_keyed = oip_routers(ServingDep, ServedModelDep, OutcomesDep)
+    oip_health, oip_keyed = oip_routers(ServingDep, VersionsDep, OutcomesDep)
     app.include_router(oip_health)
     app.include_router(oip_keyed, dependencies=[Depends(require_api_key)])
     install_docs(app)

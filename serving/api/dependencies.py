@@ -15,6 +15,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Query, Request, status
 
 from serving.inference.batching import Arrival, MicroBatcher
+from serving.inference.model_versions import DEFAULT, REQUESTED, ModelVersions, ServedVersion
 from serving.monitoring.telemetry import ServiceMetrics
 from serving.monitoring.monitor import Monitor
 from serving.monitoring.outcome_monitor import OutcomeMonitor
@@ -57,8 +58,17 @@ def get_outcome_monitor(request: Request) -> OutcomeMonitor | None:
     return getattr(request.app.state, "outcome_monitor", None)
 
 
+def get_versions(request: Request) -> ModelVersions:
+    """Every version of the model (serving.inference.model_versions); 503 while start-up has not loaded them."""
+    versions = getattr(request.app.state, "versions", None)
+    if versions is None:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the model is not loaded yet",
+                            headers={"Retry-After": "1"})
+    return versions
+
+
 def get_batcher(request: Request) -> MicroBatcher:
-    """The app's micro-batcher."""
+    """The default version's micro-batcher (the one a request is announced to before it is routed)."""
     return request.app.state.batcher
 
 
@@ -81,6 +91,7 @@ MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 MonitorDep = Annotated[Monitor | None, Depends(get_monitor)]
 OutcomesDep = Annotated[OutcomeStore | None, Depends(get_outcomes)]
 OutcomeMonitorDep = Annotated[OutcomeMonitor | None, Depends(get_outcome_monitor)]
+VersionsDep = Annotated[ModelVersions, Depends(get_versions)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,12 +105,39 @@ class Serving:
     metrics: ServiceMetrics
     monitor: Monitor | None
     outcomes: OutcomeStore | None = None
+    versions: ModelVersions | None = None
+    selected_by: str = DEFAULT  # how predictor's version was chosen (model_identity names it)
+
+    def routed(self, key: str) -> Serving:
+        """This bundle with the version the admission of `key` gets (the split's, or the default), counted."""
+        assert self.versions is not None
+        served, how = self.versions.route(key)
+        return self._with(served, how)
+
+    def addressed(self, version: str) -> Serving | None:
+        """This bundle with the loaded `version` a request named (OIP's .../versions/V), counted; None if not loaded."""
+        assert self.versions is not None
+        served = self.versions.loaded.get(version)
+        return None if served is None else self._with(served, REQUESTED)
+
+    def _with(self, served: ServedVersion, how: str) -> Serving:
+        self.metrics.version_requests.labels(name=served.predictor.name, version=served.version,
+                                             selected_by=how).inc()
+        if served.batcher is self.batcher:
+            return dataclasses.replace(self, selected_by=how)
+        # The request was announced to the default version's batcher before its body was read: that batcher
+        # must not wait for it. Its own version's batcher never heard of it, so it waits for nobody; it still
+        # joins a pass forming there.
+        self.arrival.close()
+        return dataclasses.replace(self, predictor=served.predictor, batcher=served.batcher, monitor=served.monitor,
+                                   selected_by=how)
 
 
 def _serving(settings: SettingsDep, predictor: ServedModelDep, batcher: BatcherDep, arrival: ArrivalDep,
-             metrics: MetricsDep, monitor: MonitorDep, outcomes: OutcomesDep) -> Serving:
-    """The app's settings, model, batcher, metrics, monitor and outcome store, and this request's arrival."""
-    return Serving(settings, predictor, batcher, arrival, metrics, monitor, outcomes)
+             metrics: MetricsDep, monitor: MonitorDep, outcomes: OutcomesDep, versions: VersionsDep) -> Serving:
+    """The app's settings, default model, batcher, metrics, monitor, outcome store and versions, and this request's
+    arrival; a route picks the admission's version with routed() or addressed()."""
+    return Serving(settings, predictor, batcher, arrival, metrics, monitor, outcomes, versions)
 
 
 ServingDep = Annotated[Serving, Depends(_serving)]

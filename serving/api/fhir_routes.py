@@ -35,6 +35,7 @@ from serving import __version__
 from serving.api import fhir_answers
 from serving.api.auth import require_api_key
 from serving.api.dependencies import NumSamplesQuery, SeedQuery, Serving, ServingDep
+from serving.inference.model_versions import key_of
 from serving.inference.prediction import (
     check_event_limit,
     calibration,
@@ -161,6 +162,20 @@ def _read_and_map(document: Any, predictor: Any, encounter: str | None) -> Mappe
         raise FhirError(err.issues) from None
 
 
+async def _route_and_map(document: Any, serving: Serving, encounter: str | None) -> tuple[Serving, MappedAdmission]:
+    """The Bundle mapped, and the version its admission is routed to (serving.routed); FhirError if it does not map.
+
+    The Bundle is mapped with the default version's codes to find the admission; when the split sends it to a
+    version that knows other codes, it is mapped again with that version's.
+    """
+    # fhir.resources validates ~1 ms per resource: off the event loop, like a big /v1 encoding.
+    mapped = await run_in_threadpool(_read_and_map, document, serving.predictor, encounter)
+    routed = serving.routed(key_of(mapped.gender, mapped.birth_date, None, mapped.admit_time))
+    if routed.predictor is not serving.predictor and model_codes(routed.predictor) != model_codes(serving.predictor):
+        mapped = await run_in_threadpool(_read_and_map, document, routed.predictor, encounter)
+    return routed, mapped
+
+
 def _log(route: str, request: Request, mapped: MappedAdmission, p: PatientPrediction) -> None:
     """Counts only, as /v1 logs: no codes, values, times or ids."""
     logger.info("%s request_id=%s resources=%d events=%d used=%d unmapped=%d oov=%d referred=%d", route,
@@ -186,24 +201,23 @@ async def predict_mortality(
     patient's Observations, MedicationRequests, MedicationAdministrations, Conditions and
     Procedures. Invalid FHIR gets 422 with an OperationOutcome naming the element.
     """
-    predictor = serving.predictor
     try:
         samples = resolve_num_samples(num_samples, serving.settings)
         try:
             document = parse_json(await request.body())
         except ValueError as err:
             raise FhirError([("Bundle", str(err), "structure")], status=400) from None
-        # fhir.resources validates ~1 ms per resource: off the event loop, like a big /v1 encoding.
-        mapped = await run_in_threadpool(_read_and_map, document, predictor, encounter)
+        serving, mapped = await _route_and_map(document, serving, encounter)
         prediction = await _predict_mapped(mapped, serving, samples, seed)
     except FhirError as err:
         return outcome_response(err.issues, err.status, request)
     except InputError as err:  # the query's num_samples
         return outcome_response([(".".join(str(p) for p in err.loc), err.msg, "value")], 422, request)
     _log("fhir_predict", request, mapped, prediction)
+    predictor = serving.predictor
     export = predictor.export
     answer = fhir_answers.risk_assessment(
-        mapped, prediction, model=model_identity(predictor), calibration=calibration(export),
+        mapped, prediction, model=model_identity(predictor, serving.selected_by), calibration=calibration(export),
         num_samples=samples, ensemble_size=export.ensemble_size, request_id=request.state.request_id)
     return JSONResponse(answer, media_type=fhir_answers.FHIR_JSON)
 
@@ -313,7 +327,7 @@ def _in_prefetch(issues: list[tuple[str, str, str]], origins: list[str]) -> list
                                                  "(an OperationOutcome)."}})
 async def cds_service(service_id: str, request: Request, serving: ServingDep) -> JSONResponse:
     """Cards for a patient-view or encounter-start hook call, computed from its prefetch."""
-    settings, predictor = serving.settings, serving.predictor
+    settings = serving.settings
     if service_id not in SERVICES:
         return _cds_error(404, "unknown CDS service id", request)
     try:
@@ -341,14 +355,14 @@ async def cds_service(service_id: str, request: Request, serving: ServingDep) ->
     document, origins = fhir_answers.prefetch_bundle(prefetch, list(fhir_answers.prefetch_templates()),
                                                      call.fhirServer)
     try:
-        mapped = await run_in_threadpool(_read_and_map, document, predictor, call.context.encounterId)
+        serving, mapped = await _route_and_map(document, serving, call.context.encounterId)
         prediction = await _predict_mapped(mapped, serving, settings.default_num_samples, None)
     except FhirError as err:
         return outcome_response(_in_prefetch(err.issues, origins), err.status, request)
     _log("cds_service", request, mapped, prediction)
-    export = predictor.export
+    export = serving.predictor.export
     model_url = str(request.base_url).rstrip("/") + "/v1/model"
-    answer = fhir_answers.card(prediction, mapped, model=model_identity(predictor),
+    answer = fhir_answers.card(prediction, mapped, model=model_identity(serving.predictor, serving.selected_by),
                                calibration=calibration(export), num_samples=settings.default_num_samples,
                                ensemble_size=export.ensemble_size, model_url=model_url)
     return JSONResponse({"cards": [answer]})

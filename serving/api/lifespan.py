@@ -1,4 +1,4 @@
-"""The app's lifespan: load the model, start the micro-batcher, warm up, and drain at shutdown.
+"""The app's lifespan: load the model's versions, start a micro-batcher for each, warm up, and drain at shutdown.
 
 Until the warm-up's first forward pass has run, /readyz answers 503 'starting'; at shutdown it
 turns 503 again before the batcher drains, so load balancers stop sending first.
@@ -19,6 +19,7 @@ from model.evaluation.statistics import metrics_report
 from serving.inference import precision as precision_choice
 from serving.inference.batching import MicroBatcher
 from serving.inference.encoding import encode
+from serving.inference.model_versions import ModelVersions, load_versions
 from serving.monitoring.telemetry import ServiceMetrics
 from serving.monitoring.monitor import Monitor
 from serving.monitoring.outcome_monitor import OutcomeMonitor
@@ -47,8 +48,8 @@ def warmup_request(events: bool = True, meds_codes=None) -> PredictRequest:
     )
 
 
-async def warm_up(app: FastAPI, predictor: ServedModel, batcher: MicroBatcher, settings: Settings) -> None:
-    """Forward passes on the model thread, then /readyz turns 'ok'; a failure of the first keeps it 503.
+async def warm_up(predictor: ServedModel, batcher: MicroBatcher, settings: Settings) -> bool:
+    """Forward passes on the model thread; False when the first fails (the version is then not ready).
 
     bfloat16 compiles its fused LSTM step (XLA) once per batch shape (0.1-0.2 s each at Table-7
     size) and per loop (all sequences full, or some padded), so every batch the micro-batcher
@@ -67,8 +68,9 @@ async def warm_up(app: FastAPI, predictor: ServedModel, batcher: MicroBatcher, s
     except asyncio.CancelledError:
         raise
     except Exception as err:
-        logger.error("warm-up forward pass failed (%s: %s); /readyz stays 503", type(err).__name__, err)
-        return
+        logger.error("warm-up forward pass of %s %s failed (%s: %s); /readyz stays 503", predictor.name,
+                     predictor.version, type(err).__name__, err)
+        return False
     if predictor.choice.requested == precision_choice.AUTO:
         try:
             timing = [(await run_in_threadpool(encode, r, predictor.export)).example
@@ -92,9 +94,44 @@ async def warm_up(app: FastAPI, predictor: ServedModel, batcher: MicroBatcher, s
         except Exception as err:  # the model did answer one pass: serve, and compile the rest on demand
             logger.warning("bfloat16 warm-up stopped (%s); other batch shapes compile on first use",
                            type(err).__name__)
-    app.state.ready = True
-    app.state.metrics.ready.set(1)
-    logger.info("model warmed up; ready")
+    logger.info("model %s %s warmed up", predictor.name, predictor.version)
+    return True
+
+
+async def warm_all(app: FastAPI, versions: ModelVersions, settings: Settings, metrics: ServiceMetrics) -> None:
+    """Warms every loaded version in turn (one model thread each, sharing the cores); /readyz turns 'ok' once all
+    are ready, and stays 503 when one failed."""
+    for served in versions.loaded.values():
+        assert served.batcher is not None
+        served.ready = await warm_up(served.predictor, served.batcher, settings)
+        metrics.version_ready.labels(name=versions.name, version=served.version).set(int(served.ready))
+    if all(served.ready for served in versions.loaded.values()):
+        app.state.ready = True
+        metrics.ready.set(1)
+        served_versions = list(versions.loaded)
+        logger.info("model warmed up; ready (%s version%s %s)", versions.name, "s" if len(served_versions) > 1 else "",
+                    ", ".join(served_versions))
+
+
+async def start_versions(versions: ModelVersions, settings: Settings, metrics: ServiceMetrics) -> None:
+    """Each loaded version's micro-batcher (started), the default version's population monitor (serving.inference.
+    model_versions says why only its), the versions' gauges."""
+    for served in versions.loaded.values():
+        export = served.predictor.export
+        metrics.model_info.labels(name=versions.name, version=served.version, checksum=export.checksum).set(1)
+        served.batcher = MicroBatcher(served.predictor, max_batch=settings.max_batch,
+                                      max_wait_s=settings.max_wait_ms / 1000.0, max_queue=settings.max_queue,
+                                      metrics=metrics)
+        await served.batcher.start()
+        if served.version == versions.default:
+            served.monitor = Monitor(export, settings.monitor_window, metrics, refresh_s=settings.monitor_refresh_s)
+            if export.reference is None:
+                logger.info("the export carries no reference population: /v1/monitor answers 'unavailable'")
+        metrics.version_ready.labels(name=versions.name, version=served.version).set(0)
+    for version in versions.failed:
+        metrics.version_ready.labels(name=versions.name, version=version).set(0)
+    for version, share in versions.shares().items():
+        metrics.version_share.labels(name=versions.name, version=version).set(share)
 
 
 # How often rows past the outcome store's retention period are deleted, seconds.
@@ -133,31 +170,28 @@ async def purge_periodically(store: OutcomeStore, every_s: float = PURGE_EVERY_S
 
 
 def model_lifespan(settings: Settings, metrics: ServiceMetrics,
-                   predictor: ServedModel | None = None) -> Callable[[FastAPI], AsyncContextManager[None]]:
-    """The lifespan of an app: loads settings.model_dir unless a loaded `predictor` is given."""
+                   versions: ModelVersions | None = None) -> Callable[[FastAPI], AsyncContextManager[None]]:
+    """The lifespan of an app: loads settings' model (serving.inference.model_versions) unless `versions` are given."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        model = (predictor if predictor is not None
-                 else await run_in_threadpool(ServedModel.load, settings.model_dir, settings.precision))
-        export = model.export
-        card = export.card
-        metrics.model_info.labels(name=card.name, version=card.version, checksum=export.checksum).set(1)
-        batcher = MicroBatcher(model, max_batch=settings.max_batch, max_wait_s=settings.max_wait_ms / 1000.0,
-                               max_queue=settings.max_queue, metrics=metrics)
-        await batcher.start()
-        app.state.predictor = model
-        app.state.batcher = batcher
-        app.state.monitor = Monitor(export, settings.monitor_window, metrics, refresh_s=settings.monitor_refresh_s)
-        if export.reference is None:
-            logger.info("the export carries no reference population: /v1/monitor answers 'unavailable'")
+        served = versions if versions is not None else await run_in_threadpool(load_versions, settings)
+        await start_versions(served, settings, metrics)
+        # /v1/model, /v1/monitor, the outcome store and /metrics' shift gauges describe the default version.
+        default = served.loaded[served.default]
+        model = default.predictor
+        app.state.versions = served
+        app.state.predictor, app.state.batcher, app.state.monitor = model, default.batcher, default.monitor
         store = await run_in_threadpool(open_outcomes, app, settings, model, metrics)
         purge = asyncio.create_task(purge_periodically(store)) if store is not None else None
-        logger.info("referral: %s", export.metrics.referral.describe())
+        logger.info("referral: %s", model.export.metrics.referral.describe())
         if settings.warmup:
-            warm = asyncio.create_task(warm_up(app, model, batcher, settings))
+            warm = asyncio.create_task(warm_all(app, served, settings, metrics))
         else:
             warm = None
+            for each in served.loaded.values():
+                each.ready = True
+                metrics.version_ready.labels(name=served.name, version=each.version).set(1)
             app.state.ready = True
             metrics.ready.set(1)
         try:
@@ -169,7 +203,9 @@ def model_lifespan(settings: Settings, metrics: ServiceMetrics,
                 warm.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await warm
-            await batcher.stop()
+            for each in served.loaded.values():
+                if each.batcher is not None:
+                    await each.batcher.stop()
             if purge is not None:
                 purge.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -18,7 +18,9 @@ from serving.api.dependencies import (
     ServedModelDep,
     ServingDep,
     SettingsDep,
+    VersionsDep,
 )
+from serving.inference.model_versions import admission_key
 from serving.monitoring.monitor import MonitorReading
 from serving.monitoring.outcome_store import OutcomeError
 from serving.inference.prediction import (
@@ -43,6 +45,7 @@ from serving.schemas import (
     PrecisionInfo,
     PredictResponse,
     ShiftFinding,
+    VersionState,
 )
 
 logger = logging.getLogger(__name__)
@@ -131,8 +134,11 @@ async def predict(
 ) -> PredictResponse:
     """In-hospital mortality probability for one admission, with its predictive uncertainty.
 
-    Concurrent calls are micro-batched into shared forward passes (unless they pass a seed).
+    Concurrent calls are micro-batched into shared forward passes (unless they pass a seed). With several
+    versions served, the admission's version is the traffic split's (sticky per admission) or the default;
+    `model` names it.
     """
+    serving = serving.routed(admission_key(body))
     settings, predictor = serving.settings, serving.predictor
     samples = resolve_num_samples(num_samples, settings)
     check_event_limit(body, settings, ("body",))
@@ -143,7 +149,7 @@ async def predict(
     _log(request, "predict", [prediction], samples)
     export = predictor.export
     return PredictResponse(**prediction.model_dump(), num_samples=samples, ensemble_size=export.ensemble_size,
-                           model=model_identity(predictor), calibration=calibration(export),
+                           model=model_identity(predictor, serving.selected_by), calibration=calibration(export),
                            request_id=request.state.request_id)
 
 
@@ -158,7 +164,11 @@ async def predict_batch(
     seed: SeedQuery = None,
     include_samples: IncludeSamplesQuery = False,
 ) -> BatchResponse:
-    """Predictions for up to the server's max patients, in request order, from one forward pass."""
+    """Predictions for up to the server's max patients, in request order, from one forward pass.
+
+    One version answers the whole batch (`model` names it): the one its first admission is routed to.
+    """
+    serving = serving.routed(admission_key(body.patients[0]))
     settings, predictor = serving.settings, serving.predictor
     samples = resolve_num_samples(num_samples, settings)
     if len(body.patients) > settings.max_patients:
@@ -174,14 +184,20 @@ async def predict_batch(
     _log(request, "predict_batch", predictions, samples)
     export = predictor.export
     return BatchResponse(predictions=predictions, num_samples=samples, ensemble_size=export.ensemble_size,
-                         model=model_identity(predictor), calibration=calibration(export),
+                         model=model_identity(predictor, serving.selected_by), calibration=calibration(export),
                          request_id=request.state.request_id)
 
 
 @v1_router.get("/model", response_model=ModelInfo, summary="The served model: card, metrics, config")
-async def model_info(settings: SettingsDep, predictor: ServedModelDep) -> ModelInfo:
-    """The model card, held-out metrics and bagging config of the loaded export, and this server's limits."""
+async def model_info(settings: SettingsDep, predictor: ServedModelDep, versions: VersionsDep) -> ModelInfo:
+    """The model card, held-out metrics and bagging config of the default version, this server's limits, and the
+    state of every version."""
     export = predictor.export
+    shares = versions.shares()
+    states = [VersionState(version=v, state="ready" if served.ready else "warming_up", default=v == versions.default,
+                           share_percent=shares[v]) for v, served in versions.loaded.items()]
+    states += [VersionState(version=v, state="failed", default=False, share_percent=0, reason=why)
+               for v, why in versions.failed.items()]
     return ModelInfo(
         model=model_identity(predictor),
         precision=PrecisionInfo(**predictor.choice.as_dict()),
@@ -197,6 +213,7 @@ async def model_info(settings: SettingsDep, predictor: ServedModelDep) -> ModelI
             "max_num_samples": settings.max_num_samples,
             "max_batch": settings.max_batch,
         },
+        versions=sorted(states, key=lambda state: int(state.version) if state.version.isdigit() else 0),
     )
 
 

@@ -37,11 +37,10 @@ from serving.settings import Settings
 INLINE_ENCODE_EVENTS = 2000
 
 
-def model_identity(predictor: ServedModel) -> ModelIdentity:
-    """Name, version, checksum and served precision of the loaded export, as every answer names it."""
-    export = predictor.export
-    return ModelIdentity(name=export.card.name, version=export.card.version, checksum=export.checksum,
-                         precision=predictor.precision)
+def model_identity(predictor: ServedModel, selected_by: str = "default") -> ModelIdentity:
+    """Name, version, checksum and served precision of the version that answered, and how it was chosen."""
+    return ModelIdentity(name=predictor.name, version=predictor.version, checksum=predictor.export.checksum,
+                         precision=predictor.precision, selected_by=selected_by)
 
 
 def calibration(export: Export) -> Calibration:

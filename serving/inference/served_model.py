@@ -39,10 +39,14 @@ class ModelDirError(RuntimeError):
 class ServedModel:
     """A verified export plus its loaded SavedModel signature; forward() is thread-safe."""
 
-    def __init__(self, loaded: LoadedExport, choice: PrecisionChoice | None = None):
+    def __init__(self, loaded: LoadedExport, choice: PrecisionChoice | None = None, *, name: str | None = None,
+                 version: str | None = None):
         self._loaded = loaded  # holds the SavedModel and its variables
         self.export: Export = loaded.files
         self.choice = choice or precision_choice.fixed(loaded.precision)
+        # What answers name: a model repository's NAME/VERSION folders, else the model card's name and version.
+        self.name = name or self.export.card.name
+        self.version = version or self.export.card.version
 
     @property
     def precision(self) -> str:
@@ -50,8 +54,11 @@ class ServedModel:
         return self._loaded.precision
 
     @classmethod
-    def load(cls, model_dir: str | pathlib.Path, precision: str = "float32") -> ServedModel:
+    def load(cls, model_dir: str | pathlib.Path, precision: str = "float32", *, name: str | None = None,
+             version: str | None = None) -> ServedModel:
         """Verifies every checksum, validates the side files and loads the SavedModel (model.export.load.load_export).
+
+        name and version: what answers call it (a model repository's folders); None: its model card's.
 
         precision "bfloat16" serves the export's bfloat16 signature (probabilities within the
         tolerance docs/serving.md states), "float32" the exact one, "auto" float32 until
@@ -62,13 +69,13 @@ class ServedModel:
         except ExportError as err:
             raise ModelDirError(str(err)) from None
         export = loaded.files
-        logger.info("loaded model %s %s (K=%d, --precision %s) from %s", export.card.name, export.card.version,
-                    export.ensemble_size, precision, export.directory)
+        logger.info("loaded model %s %s (K=%d, --precision %s) from %s", name or export.card.name,
+                    version or export.card.version, export.ensemble_size, precision, export.directory)
         choice = None
         if precision == precision_choice.AUTO:
             choice = precision_choice.fixed("float32", "auto times both signatures at warm-up; until then, or "
                                                        "with --no-warmup, float32 (exact)")
-        return cls(loaded, choice)
+        return cls(loaded, choice, name=name, version=version)
 
     def choose_precision(self, examples: Sequence[bytes], num_samples: int) -> PrecisionChoice:
         """With --precision auto: times both signatures on `examples` and serves the faster (serving.inference.precision).

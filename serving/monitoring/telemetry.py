@@ -54,6 +54,16 @@ class ServiceMetrics:
         # A labelled gauge, not prometheus_client's Info, which shows an unlabelled series before a model loads.
         self.model_info = Gauge(f"{ns}_model_info", "The loaded model (value always 1).",
                                 ("name", "version", "checksum"), registry=reg)
+        # Several versions side by side (serving.inference.model_versions): who answered, and the split.
+        self.version_requests = Counter(f"{ns}_model_version_requests_total", "Prediction requests routed to each "
+                                        "model version, by how the version was chosen (default, split, request).",
+                                        ("name", "version", "selected_by"), registry=reg)
+        self.version_share = Gauge(f"{ns}_model_version_share_percent", "Percent of admissions the traffic split "
+                                   "sends to each loaded version (100 for the default without a split).",
+                                   ("name", "version"), registry=reg)
+        self.version_ready = Gauge(f"{ns}_model_version_ready", "1 when a version of the model repository is loaded "
+                                   "and warmed up; 0 while warming up or when it did not load (the start-up log "
+                                   "says why).", ("name", "version"), registry=reg)
         # The population monitor (serving.monitoring.monitor): the shift report of the recent admissions.
         self.shift_level = Gauge(f"{ns}_shift_level", "Shift of the recent admissions against the training "
                                  "population: 0 none, 1 moderate, 2 severe, -1 no reference to compare with, "

@@ -77,6 +77,19 @@ def check_record(example: bytes, export: Export, where: str, schema_version: int
     return CheckedRecord(example, admission, bags, sum(c not in export.vocabulary for c in distinct))
 
 
+def admission_key(example: bytes) -> str | None:
+    """The key a record's admission is routed by under a traffic split, 'subject=<id>|hadm=<id>' from its context;
+    None when it is not a record with both ids (check_record then names what is wrong)."""
+    try:
+        features = protos.SequenceExample.FromString(example).context.feature
+    except DecodeError:
+        return None
+    ids = [list(features[k].int64_list.value) if k in features else [] for k in (spec.SUBJECT_ID, spec.HADM_ID)]
+    if any(len(v) != 1 for v in ids):
+        return None
+    return f"subject={ids[0][0]}|hadm={ids[1][0]}"
+
+
 def _context(proto, where: str) -> dict:
     """Context feature -> its one value; every feature of the spec, of its kind, and no other."""
     features = proto.context.feature

@@ -30,6 +30,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from serving import __version__
+from serving.inference.model_versions import ModelVersions, ServedVersion, admission_key
 from serving.inference.prediction import check_event_limit, predict_admissions
 from serving.inference.served_model import ServedModel
 from serving.oip import records
@@ -69,8 +70,9 @@ _ERROR = {"content": {"application/json": {"schema": {"type": "object", "require
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {**_ERROR, "description": "The protocol or the model refuses the request (the field named)."},
     401: {**_ERROR, "description": "Missing or invalid API key."},
-    404: {**_ERROR, "description": "Another model or version than the one served."},
-    503: {**_ERROR, "description": "Model not loaded yet, or too many requests waiting."},
+    404: {**_ERROR, "description": "Another model, or a version not in the server's model repository."},
+    503: {**_ERROR, "description": "Model not loaded yet, a version that did not load (the reason given), or too "
+                                  "many requests waiting."},
 }
 _TENSOR = {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
     "name": {"type": "string", "enum": ["admission_json", "sequence_example"]},
@@ -89,14 +91,19 @@ def protocol_error(status: int, message: str, headers: dict | None = None) -> JS
     return JSONResponse(status_code=status, content={"error": message}, headers=headers)
 
 
-def _check_model(predictor: ServedModel, name: str, version: str | None) -> None:
-    """ProtocolError 404 unless `name` (and `version`, when given) are the served model's."""
-    card = predictor.export.card
-    if name != card.name:
-        raise ProtocolError(f"model {name[:80]!r} is not served here (this server serves {card.name!r})", 404)
-    if version is not None and version != card.version:
-        raise ProtocolError(f"model {card.name!r} has no version {version[:40]!r} here (served: {card.version!r})",
-                            404)
+def _check_model(versions: ModelVersions, name: str, version: str | None) -> ServedVersion | None:
+    """The loaded `version` a route names (None when it names none); ProtocolError 404 for another model or an
+    unknown version, 503 with the reason for a version that did not load."""
+    if name != versions.name:
+        raise ProtocolError(f"model {name[:80]!r} is not served here (this server serves {versions.name!r})", 404)
+    if version is None:
+        return None
+    if version in versions.failed:
+        raise ProtocolError(f"version {version!r} of {name!r} did not load: {versions.failed[version]}", 503)
+    if version not in versions.loaded:
+        raise ProtocolError(f"model {name!r} has no version {version[:40]!r} here (served: "
+                            f"{', '.join(versions.loaded)})", 404)
+    return versions.loaded[version]
 
 
 def _outputs(keeps_outcomes: bool) -> tuple[tuple, ...]:
@@ -104,12 +111,13 @@ def _outputs(keeps_outcomes: bool) -> tuple[tuple, ...]:
     return (*OUTPUTS, PREDICTION_ID) if keeps_outcomes else OUTPUTS
 
 
-def model_metadata(predictor: ServedModel, keeps_outcomes: bool = False) -> dict:
-    """The protocol's model metadata: name, versions, platform, and the input and output tensors."""
+def model_metadata(predictor: ServedModel, keeps_outcomes: bool = False, versions: list[str] | None = None) -> dict:
+    """The protocol's model metadata: name, versions (those a request may name; default: predictor's), platform, and
+    predictor's input and output tensors."""
     export = predictor.export
     sizes = {"N": -1, "S": -1, "K": export.ensemble_size}
     return {
-        "name": export.card.name, "versions": [export.card.version], "platform": "tensorflow_savedmodel",
+        "name": predictor.name, "versions": versions or [predictor.version], "platform": "tensorflow_savedmodel",
         "inputs": [
             {"name": ADMISSION_JSON, "datatype": "BYTES", "shape": [-1],
              "parameters": {"description": "one /v1/predict request body (JSON text) per admission"}},
@@ -166,10 +174,30 @@ def _binary_map(req: InferRequest, keeps_outcomes: bool) -> dict[str, bool]:
     return dict(req.outputs)
 
 
+def _element(tensor: InputTensor, i: int) -> bytes:
+    """Element i of a sequence_example tensor as raw bytes."""
+    element = tensor.elements[i]
+    return element if tensor.from_binary else base64_element(element, f"{SEQUENCE_EXAMPLE}[{i}]")
+
+
+def _routed(serving: Any, versions: ModelVersions, name: str, version: str | None, tensor: InputTensor,
+            admissions: list[PredictRequest] | None) -> Any:
+    """The serving bundle of the version that answers: the one the route names, else the one the request's first
+    admission is routed to (the traffic split's, or the default; the whole request goes to one version)."""
+    if _check_model(versions, name, version) is not None:
+        return serving.addressed(version)
+    if admissions is not None:
+        return serving.routed(admission_key(admissions[0]))
+    if versions.split is None:  # the default: the record is read once, by its check
+        return serving.routed("")
+    key = records.admission_key(_element(tensor, 0))
+    return serving.routed(key) if key is not None else serving  # not a record: the default refuses it, uncounted
+
+
 async def _infer(request: Request, serving: Any, name: str, version: str | None) -> Response:
-    """One infer call: parse, score through the prediction road, answer the named tensors."""
-    settings, predictor = serving.settings, serving.predictor
-    _check_model(predictor, name, version)
+    """One infer call: parse, pick the version, score through the prediction road, answer the named tensors."""
+    settings = serving.settings
+    _check_model(serving.versions, name, version)
     req = parse_request(await request.body(), request.headers.get(HEADER_LENGTH))
     num_samples = int_parameter(req.parameters, "num_samples", 1, settings.max_num_samples)
     num_samples = settings.default_num_samples if num_samples is None else num_samples
@@ -178,11 +206,13 @@ async def _infer(request: Request, serving: Any, name: str, version: str | None)
     if not 1 <= len(tensor.elements) <= settings.max_patients:
         raise ProtocolError(f"input {tensor.name!r}: 1 to {settings.max_patients} admissions per request, got "
                             f"{len(tensor.elements)}")
+    admissions = _admissions(tensor) if tensor.name == ADMISSION_JSON else None
+    serving = _routed(serving, serving.versions, name, version, tensor, admissions)
+    predictor = serving.predictor
     export = predictor.export
     common = dict(num_samples=num_samples, seed=seed, batcher=serving.batcher, arrival=serving.arrival,
                   metrics=serving.metrics, monitor=serving.monitor)
-    if tensor.name == ADMISSION_JSON:
-        admissions = _admissions(tensor)
+    if admissions is not None:
         locs = [(ADMISSION_JSON, i) for i in range(len(admissions))]
         try:
             for body, loc in zip(admissions, locs):
@@ -200,18 +230,18 @@ async def _infer(request: Request, serving: Any, name: str, version: str | None)
         ids = [p.prediction_id for p in predictions] if serving.outcomes is not None else None
     else:
         schema_version = int_parameter(req.parameters, "schema_version", 0, 2**31)
-        checked = [records.check_record(e if tensor.from_binary else base64_element(e, f"{SEQUENCE_EXAMPLE}[{i}]"),
-                                        export, f"input {SEQUENCE_EXAMPLE!r} element {i}", schema_version)
-                   for i, e in enumerate(tensor.elements)]
+        checked = [records.check_record(_element(tensor, i), export, f"input {SEQUENCE_EXAMPLE!r} element {i}",
+                                        schema_version) for i in range(len(tensor.elements))]
         probs, s, ids = await records.predict_records(checked, export=export, outcomes=serving.outcomes, **common)
         outputs = _output_tensors(probs, s.probability, s.lower, s.upper, s.predictive_entropy, s.epistemic, s.refer,
                                   export.ensemble_size, num_samples)
     if ids is not None:
         outputs.append(OutputTensor(PREDICTION_ID[0], PREDICTION_ID[1], np.asarray(ids, dtype=object)))
-    head = {"model_name": export.card.name, "model_version": export.card.version,
+    head = {"model_name": predictor.name, "model_version": predictor.version,
             **({"id": req.id} if req.id is not None else {}),
             "parameters": {"num_samples": num_samples, "ensemble_size": export.ensemble_size,
-                           "checksum": export.checksum, "precision": predictor.precision}}
+                           "checksum": export.checksum, "precision": predictor.precision,
+                           "selected_by": serving.selected_by}}
     content, json_size = encode_response(head, [o for o in outputs if o.name in binary], binary)
     if json_size is None:
         return Response(content, media_type="application/json")
@@ -230,9 +260,9 @@ def _answer_errors(handler: Callable) -> Callable:
     return wrapped
 
 
-def oip_routers(serving_dep: Any, model_dep: Any, outcomes_dep: Any) -> tuple[APIRouter, APIRouter]:
-    """(open health router, keyed router) of the protocol; serving_dep, model_dep and outcomes_dep (the outcome
-    store or None) are the app's Annotated deps."""
+def oip_routers(serving_dep: Any, versions_dep: Any, outcomes_dep: Any) -> tuple[APIRouter, APIRouter]:
+    """(open health router, keyed router) of the protocol; serving_dep, versions_dep (the model's versions,
+    serving.inference.model_versions) and outcomes_dep (the outcome store or None) are the app's Annotated deps."""
     health = APIRouter(prefix=PREFIX, tags=["open inference protocol"])
     keyed = APIRouter(prefix=PREFIX, tags=["open inference protocol"])
 
@@ -249,38 +279,45 @@ def oip_routers(serving_dep: Any, model_dep: Any, outcomes_dep: Any) -> tuple[AP
     async def server_metadata() -> dict:
         return {"name": SERVER_NAME, "version": __version__, "extensions": [BINARY_EXTENSION]}
 
-    async def metadata(predictor: ServedModel, outcomes: Any, name: str, version: str | None) -> Response:
-        _check_model(predictor, name, version)
-        return JSONResponse(model_metadata(predictor, keeps_outcomes=outcomes is not None))
+    async def metadata(versions: ModelVersions, outcomes: Any, name: str, version: str | None) -> Response:
+        served = _check_model(versions, name, version) or versions.loaded[versions.default]
+        return JSONResponse(model_metadata(served.predictor, keeps_outcomes=outcomes is not None,
+                                           versions=list(versions.loaded)))
 
-    async def model_ready(request: Request, predictor: ServedModel, name: str, version: str | None) -> Response:
-        _check_model(predictor, name, version)
-        is_ready = bool(getattr(request.app.state, "ready", False))
-        return JSONResponse({"name": name, "ready": is_ready}, status_code=200 if is_ready else 503)
+    async def model_ready(request: Request, versions: ModelVersions, name: str, version: str | None) -> Response:
+        if version is not None and name == versions.name and version in versions.failed:
+            # Not an error: the version is known and not ready, and the answer says why.
+            return JSONResponse({"name": name, "version": version, "ready": False,
+                                 "reason": f"did not load: {versions.failed[version]}"}, status_code=503)
+        served = _check_model(versions, name, version)
+        is_ready = served.ready if served is not None else bool(getattr(request.app.state, "ready", False))
+        return JSONResponse({"name": name, **({"version": version} if version is not None else {}),
+                             "ready": is_ready}, status_code=200 if is_ready else 503)
 
-    @keyed.get("/models/{name}", summary="OIP v2: model metadata", responses=_ERRORS)
+    @keyed.get("/models/{name}", summary="OIP v2: model metadata (the default version's)", responses=_ERRORS)
     @_answer_errors
-    async def model_metadata_route(name: str, predictor: model_dep, outcomes: outcomes_dep) -> Response:
-        return await metadata(predictor, outcomes, name, None)
+    async def model_metadata_route(name: str, versions: versions_dep, outcomes: outcomes_dep) -> Response:
+        return await metadata(versions, outcomes, name, None)
 
     @keyed.get("/models/{name}/versions/{version}", summary="OIP v2: model metadata of one version", responses=_ERRORS)
     @_answer_errors
-    async def version_metadata_route(name: str, version: str, predictor: model_dep,
+    async def version_metadata_route(name: str, version: str, versions: versions_dep,
                                      outcomes: outcomes_dep) -> Response:
-        return await metadata(predictor, outcomes, name, version)
+        return await metadata(versions, outcomes, name, version)
 
     @keyed.get("/models/{name}/ready", summary="OIP v2: the model is ready", responses=_ERRORS)
     @_answer_errors
-    async def model_ready_route(request: Request, name: str, predictor: model_dep) -> Response:
-        return await model_ready(request, predictor, name, None)
+    async def model_ready_route(request: Request, name: str, versions: versions_dep) -> Response:
+        return await model_ready(request, versions, name, None)
 
     @keyed.get("/models/{name}/versions/{version}/ready", summary="OIP v2: this version of the model is ready",
                responses=_ERRORS)
     @_answer_errors
-    async def version_ready_route(request: Request, name: str, version: str, predictor: model_dep) -> Response:
-        return await model_ready(request, predictor, name, version)
+    async def version_ready_route(request: Request, name: str, version: str, versions: versions_dep) -> Response:
+        return await model_ready(request, versions, name, version)
 
-    @keyed.post("/models/{name}/infer", summary="OIP v2: infer", openapi_extra=_INFER_BODY, responses=_ERRORS)
+    @keyed.post("/models/{name}/infer", summary="OIP v2: infer (the admission's version: the traffic split's, or "
+                                               "the default)", openapi_extra=_INFER_BODY, responses=_ERRORS)
     @_answer_errors
     async def infer_route(request: Request, name: str, serving: serving_dep) -> Response:
         return await _infer(request, serving, name, None)
@@ -292,4 +329,3 @@ def oip_routers(serving_dep: Any, model_dep: Any, outcomes_dep: Any) -> tuple[AP
         return await _infer(request, serving, name, version)
 
     return health, keyed
-

@@ -170,7 +170,7 @@ def test_predict_returns_uncertainty_from_model_metrics(client, export_dir):
                                   "source": "the held-out test split", "ece": 0.05, "nll": 0.31}
     manifest_sha = hashlib.sha256((export_dir / "manifest.json").read_bytes()).hexdigest()
     assert out["model"] == {"name": TINY_MODEL_NAME, "version": ehr_base.__version__, "checksum": manifest_sha,
-                            "precision": "float32"}
+                            "precision": "float32", "selected_by": "default"}
     assert out["id"] == "case-1" and r.headers["x-request-id"] == out["request_id"]
 
 
