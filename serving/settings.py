@@ -57,7 +57,7 @@ class Settings(BaseModel):
                           "instead of --model.")
     default_version: int | None = Field(
         None, ge=1, description="The repository's version that answers /v1, FHIR and /v2/models/NAME without "
-                                "--traffic-split; None: the highest version that loaded.")
+                                "--traffic-split; unset, the highest version that loaded.")
     traffic_split: dict[int, int] | None = Field(
         None, description="Share of admissions per repository version, percent, e.g. '1=90,2=10' (summing to "
                           "100): an admission's version is fixed by a hash of the admission (sticky: the same "
