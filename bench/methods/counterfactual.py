@@ -57,6 +57,10 @@ SECTION = "counterfactual"
 # --early-stop: the plateau schedule and early stopping (model.fit.training_loop.StopRule), in validations.
 EARLY_STOP = {"lr_schedule": "plateau", "early_stopping_patience": 6, "early_stopping_min_delta": 0.001,
               "lr_decay_patience": 3, "lr_decay_factor": 0.5}
+# ... and neither a stop nor a decay before this share of --steps: a run on its first plateau (validation NLL
+# near the base rate's) has not yet found the trajectory: without it one of the first 7,000-patient runs stopped
+# at step 1,200 having learned nothing (model.fit.training_loop.StopRule.min_steps).
+EARLY_STOP_MIN_SHARE = 0.5
 # The uncertainty comparison's groups: quartiles of |the truth's trajectory contribution to the logit|.
 DECIDED_QUANTILE, UNDECIDED_QUANTILE = 0.75, 0.25
 EPS = 1e-7
@@ -79,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"also train the other {ENSEMBLE_SIZE - 1} members of a deep ensemble of deterministic runs")
     p.add_argument("--no-baselines", action="store_true", help="skip the logistic, boosted-tree and well-specified rows")
     p.add_argument("--early-stop", action="store_true",
-                   help=f"train with {EARLY_STOP} up to --steps (runs of their own)")
+                   help=f"train with {EARLY_STOP} up to --steps, no stop before {EARLY_STOP_MIN_SHARE:g} of "
+                        "them (runs of their own)")
     p.add_argument("--time-inputs", nargs="+", default=[], choices=TIME_INPUTS, metavar="INPUT",
                    help=f"train with these model.time_inputs on (any of {', '.join(TIME_INPUTS)}; runs of their own); "
                         "none: the config's")
@@ -109,7 +114,8 @@ def _train_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.early_stop:
         scale = SCALES[ns.scale]
         ns.scale = f"{ns.scale}+early_stop"
-        SCALES[ns.scale] = {**scale, "train": {**scale["train"], **EARLY_STOP}}
+        SCALES[ns.scale] = {**scale, "train": {**scale["train"], **EARLY_STOP, "early_stopping_min_steps":
+                                               int(EARLY_STOP_MIN_SHARE * (args.steps or scale["steps"]))}}
     if args.time_inputs:
         scale = SCALES[ns.scale]
         ns.scale = f"{ns.scale}+time_inputs"
@@ -119,7 +125,7 @@ def _train_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def _tag(args: argparse.Namespace) -> str:
     """The suffix of a variant's run folders and section name."""
-    return ("_es" if args.early_stop else "") + ("_ti-" + "-".join(sorted(args.time_inputs)) if args.time_inputs else "")
+    return ("_esmin" if args.early_stop else "") + ("_ti-" + "-".join(sorted(args.time_inputs)) if args.time_inputs else "")
 
 
 def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dict]:

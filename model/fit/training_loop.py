@@ -117,6 +117,7 @@ class StopRule:
     min_delta: float = 0.0  # nats per example: an NLL counts as an improvement only when lower by more than this
     decay_patience: int = 0  # plateau schedule: decay after this many validations without one; 0 = no decay
     decay_factor: float = 1.0  # plateau schedule: the learning rate's factor at each decay
+    min_steps: int = 0  # neither a stop nor a decay before this training step (BestTracker.update)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +209,12 @@ class BestTracker:
 
     def update(self, step: int, validation_nll: float, checkpoint: tf.train.Checkpoint) -> bool:
         """Records one validation (saving the model if it is the best); True when training should stop."""
-        self.progress = advance(self.progress, validation_nll, self.rule)
+        before = self.progress
+        self.progress = advance(before, validation_nll, self.rule)
+        if step < self.rule.min_steps and (self.progress.stop or self.progress.decayed):
+            # A network on its first plateau (validation NLL near the base rate's) has not yet found its
+            # signals: stopping or slowing it there would end the run before it learns. Patience counts on.
+            self.progress = dataclasses.replace(self.progress, stop=False, decayed=False, decays=before.decays)
         if self.progress.new_best:
             self.step, self.validation_nll = step, validation_nll
             # max_to_keep=1: only the best survives, whatever the periodic manager deletes.
@@ -310,6 +316,7 @@ class LoopSettings:
     early_stopping_min_delta: float = 0.0  # nats per example (StopRule.min_delta)
     lr_decay_patience: int = 0  # the plateau schedule's patience in validations; 0 = no plateau schedule
     lr_decay_factor: float = 1.0
+    early_stopping_min_steps: int = 0  # StopRule.min_steps
 
     @property
     def first_eligible_step(self) -> int:
@@ -320,7 +327,7 @@ class LoopSettings:
     def stop_rule(self) -> StopRule:
         """The rule BestTracker applies to the validations."""
         return StopRule(self.early_stopping_patience, self.early_stopping_min_delta, self.lr_decay_patience,
-                        self.lr_decay_factor)
+                        self.lr_decay_factor, self.early_stopping_min_steps)
 
     @classmethod
     def of(cls, train_config, *, name: str, max_steps: int, num_train_examples: int, kl_annealing_steps: int,
@@ -332,7 +339,8 @@ class LoopSettings:
         return cls(name, max_steps, num_train_examples, tc.kl_scale, kl_annealing_steps, tc.clip_norm,
                    tc.log_every_steps, tc.eval_every_steps, tc.checkpoint_every_steps, tc.keep_checkpoints,
                    tc.early_stopping_patience, best_metric, getattr(tc, "early_stopping_min_delta", 0.0),
-                   tc.lr_decay_patience if plateau else 0, tc.lr_decay_factor if plateau else 1.0)
+                   tc.lr_decay_patience if plateau else 0, tc.lr_decay_factor if plateau else 1.0,
+                   getattr(tc, "early_stopping_min_steps", 0))
 
 
 @dataclasses.dataclass

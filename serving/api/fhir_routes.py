@@ -222,14 +222,20 @@ async def predict_mortality(
     return JSONResponse(answer, media_type=fhir_answers.FHIR_JSON)
 
 
-@fhir_open_router.get("/metadata", summary="FHIR CapabilityStatement", response_class=JSONResponse)
+@fhir_open_router.get("/metadata", summary="FHIR CapabilityStatement", response_class=JSONResponse,
+                      responses={200: {"description": "A FHIR R4 CapabilityStatement.",
+                                       "content": {fhir_answers.FHIR_JSON: {}}}})
 async def capability_statement() -> JSONResponse:
     """What this FHIR endpoint does: the $predict-mortality operation and the StructureDefinitions it serves."""
     return JSONResponse(fhir_answers.capability_statement(__version__), media_type=fhir_answers.FHIR_JSON)
 
 
 @fhir_open_router.get("/StructureDefinition/{definition_id}", summary="One of our extensions' StructureDefinitions",
-                      response_class=JSONResponse)
+                      response_class=JSONResponse,
+                      responses={200: {"description": "A FHIR R4 StructureDefinition.",
+                                       "content": {fhir_answers.FHIR_JSON: {}}},
+                                 404: {"description": "No StructureDefinition of that id (an OperationOutcome naming "
+                                                      "those served).", "content": {fhir_answers.FHIR_JSON: {}}}})
 async def structure_definition(definition_id: str, request: Request) -> JSONResponse:
     """The StructureDefinition of one of the answer's extensions (their canonical URLs end in its id)."""
     found = fhir_answers.structure_definitions().get(definition_id)

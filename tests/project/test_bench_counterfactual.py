@@ -29,11 +29,12 @@ def test_time_inputs_and_early_stopping_reach_the_run_config_and_name_their_runs
     plain = bench.build_parser().parse_args(["--scale", "tiny"])
     both = bench.build_parser().parse_args(["--scale", "tiny", "--early-stop", "--time-inputs", "since_admit",
                                             "bag_gap"])
-    assert bench._tag(plain) == "" and bench._tag(both) == "_es_ti-bag_gap-since_admit"
+    assert bench._tag(plain) == "" and bench._tag(both) == "_esmin_ti-bag_gap-since_admit"
     config = run_config("deterministic", 11, bench._train_args(both))
     assert "tiny+early_stop+time_inputs" in scales
     assert set(config.model.time_inputs) == {"bag_gap", "since_admit"}
     assert config.train.lr_schedule == "plateau" and config.train.max_steps == 600
+    assert config.train.early_stopping_min_steps == 300  # half the scale's steps
     assert run_config("deterministic", 11, bench._train_args(plain)).model.time_inputs == ()
     with pytest.raises(SystemExit):  # an input the model does not have is refused by the parser
         bench.build_parser().parse_args(["--time-inputs", "slope_of_creatinine"])

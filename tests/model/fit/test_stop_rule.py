@@ -2,6 +2,7 @@
 and a tiny real run that ends on the rule before its max_steps."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -57,6 +58,25 @@ def test_the_tracker_applies_the_same_rule_and_resumes_it(tmp_path):
     assert "early stop at step 50" in tracker.stop_reason and "best 0.5850 at step 40" in tracker.stop_reason
     resumed = BestTracker.load(tmp_path, patience=3, rule=rule)
     assert resumed.to_dict() == tracker.to_dict() and resumed.learning_rate_factor == 0.125
+
+
+def test_no_stop_and_no_decay_before_min_steps_while_patience_counts_on(tmp_path):
+    # A first plateau: the NLL sits still for six validations, then falls once the network finds its signal.
+    rule = StopRule(patience=2, decay_patience=1, decay_factor=0.5, min_steps=70)
+    tracker = BestTracker(tmp_path, patience=2, rule=rule)
+    checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+    nlls = [0.36, 0.36, 0.36, 0.36, 0.36, 0.36, 0.30, 0.31, 0.32]
+    stops = [tracker.update(10 * (i + 1), nll, checkpoint) for i, nll in enumerate(nlls)]
+    # Without min_steps the rule would stop at the third validation (step 30), two decays in.
+    assert replay(nlls, StopRule(patience=2, decay_patience=1, decay_factor=0.5)).validations == 3
+    assert stops == [False] * 8 + [True]  # patience 2 from the fall at step 70: the stop at step 90
+    assert (tracker.step, tracker.validation_nll) == (70, 0.30)
+    assert tracker.progress.decays == 2  # steps 80 and 90 only: none on the plateau before step 70
+    assert "early stop at step 90" in tracker.stop_reason
+    # Patience counted on the plateau: a run still on it at min_steps stops there.
+    still = BestTracker(tmp_path / "still", patience=2, rule=dataclasses.replace(rule, min_steps=60))
+    (tmp_path / "still").mkdir()
+    assert [still.update(10 * (i + 1), 0.36, checkpoint) for i in range(6)] == [False] * 5 + [True]
 
 
 def test_the_kl_warm_up_keeps_no_best_checkpoint_unless_it_is_the_whole_run():
