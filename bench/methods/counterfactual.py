@@ -57,9 +57,9 @@ SECTION = "counterfactual"
 # --early-stop: the plateau schedule and early stopping (model.fit.training_loop.StopRule), in validations.
 EARLY_STOP = {"lr_schedule": "plateau", "early_stopping_patience": 6, "early_stopping_min_delta": 0.001,
               "lr_decay_patience": 3, "lr_decay_factor": 0.5}
-# ... and neither a stop nor a decay before this share of --steps: a run on its first plateau (validation NLL
-# near the base rate's) has not yet found the trajectory: without it one of the first 7,000-patient runs stopped
-# at step 1,200 having learned nothing (model.fit.training_loop.StopRule.min_steps).
+# ... and neither a stop nor a decay before this share of --steps: a run that has learned the window's values
+# can sit on a plateau before it finds the trajectory; without it one of the first 7,000-patient runs stopped
+# there at step 1,200 (model.fit.training_loop.StopRule.min_steps).
 EARLY_STOP_MIN_SHARE = 0.5
 # The uncertainty comparison's groups: quartiles of |the truth's trajectory contribution to the logit|.
 DECIDED_QUANTILE, UNDECIDED_QUANTILE = 0.75, 0.25

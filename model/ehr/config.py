@@ -181,8 +181,9 @@ class TrainConfig(ConfigModel):
                          "lowest NLL's checkpoint is kept whatever the gain. 0 = any decrease counts.")
     early_stopping_min_steps: _NonNegInt = Field(
         0, description="No early stop and no plateau decay before this step (patience still counts): a network "
-                       "on its first plateau, validation NLL near the base rate's, has not yet found its signals, "
-                       "and a stop there ends the run before it learns. 0 = from the first validation.")
+                       "can sit on a plateau for a while before it finds a slower signal (on the temporal truth: the "
+                       "window's values first, the trajectory thousands of steps later), and a stop there ends the "
+                       "run before it learns it. 0 = from the first validation.")
     eval_samples: _PosInt = Field(4, description="S samples per member for the periodic validation.")
     checkpoint_every_steps: _PosInt = 500
     keep_checkpoints: _PosInt = 3

@@ -212,8 +212,8 @@ class BestTracker:
         before = self.progress
         self.progress = advance(before, validation_nll, self.rule)
         if step < self.rule.min_steps and (self.progress.stop or self.progress.decayed):
-            # A network on its first plateau (validation NLL near the base rate's) has not yet found its
-            # signals: stopping or slowing it there would end the run before it learns. Patience counts on.
+            # A network can sit on a plateau before it finds a slower signal: stopping or slowing it
+            # there would end the run before it learns it. Patience counts on.
             self.progress = dataclasses.replace(self.progress, stop=False, decayed=False, decays=before.decays)
         if self.progress.new_best:
             self.step, self.validation_nll = step, validation_nll
