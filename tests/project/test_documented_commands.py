@@ -728,7 +728,9 @@ def test_documented_commands_run_as_written(small_release, trained_rank1, tmp_pa
     # on 2 cores shared with other jobs (load average ~10): 842 s for the 37 commands run (1,269 s of
     # command time over the two threads; 1,023 s and 2,023 s for the 47 run before the skips of
     # duplicated paths above), plus the trained_rank1 fixture the suite builds anyway; -rA prints each
-    # command's seconds.
+    # command's seconds. With the later commands of each console script called in this process
+    # (InProcess), the module took 196-230 CPU-seconds (this process and its children, trained_rank1
+    # included) against 252 with a process per command, on the same loaded 2-core machine.
     runs = {d: sum(isinstance(classify(c), Run) for c in document_commands(d)) for d in DOCUMENTS}
     documents = sorted((d for d in DOCUMENTS if runs[d]), key=lambda d: -runs[d])  # the longest first
     failures, not_run, timings = [], [], []
