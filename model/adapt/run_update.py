@@ -13,7 +13,7 @@ from model.adapt.export_update import write_update
 from model.adapt.local_data import read_local, read_outcomes
 from model.adapt.update import adapt
 from model.evaluation.statistics import metrics
-from model.export.load import load_export
+from model.export.load import LoadedExport, load_export
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,7 @@ class UpdateResult:
 
     export_dir: pathlib.Path
     adaptation: dict
+    export: LoadedExport  # the written export as read back (what ehr-serve and ehr-eval will see)
 
     def summary(self) -> str:
         """A few lines for the console: method, choice, local data, the stored recalibration, the export."""
@@ -44,10 +45,11 @@ class UpdateResult:
         return "\n".join(lines)
 
 
-def run_update(model_dir: str | os.PathLike[str], data_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-               config: AdaptConfig, *, progress: bool = False, overwrite: bool = False,
+def run_update(model_dir: str | os.PathLike[str] | LoadedExport, data_dir: str | os.PathLike[str],
+               out_dir: str | os.PathLike[str], config: AdaptConfig, *, progress: bool = False, overwrite: bool = False,
                from_outcomes: bool = False) -> UpdateResult:
-    """Loads the export, reads the local admissions, updates with config.method and writes the updated export.
+    """Loads the export (or takes it loaded), reads the local admissions, updates with config.method and writes
+    the updated export.
 
     data_dir is a data folder (its config.split is read), or with ``from_outcomes`` the service's outcome
     store folder (--outcome-dir; the admissions it kept that the export's model version answered).
@@ -55,9 +57,12 @@ def run_update(model_dir: str | os.PathLike[str], data_dir: str | os.PathLike[st
     out_dir is written whole once the update is complete; an earlier export there is replaced only with
     ``overwrite``, and any other folder is refused before the update starts (output_folder.check_target).
     """
+    # A loaded export is read, never changed: a caller holding one spares its load (seconds: every checksum).
+    loaded = model_dir if isinstance(model_dir, LoadedExport) else None
+    model_dir = loaded.path if loaded is not None else model_dir
     output_folder.check_target(out_dir, kind=output_folder.MODEL_EXPORT, overwrite=overwrite,
                                inputs=[str(model_dir), str(data_dir)])
-    loaded = load_export(model_dir)
+    loaded = loaded or load_export(model_dir)
     local = (read_outcomes(loaded, data_dir, sample_size=config.sample_size, seed=config.seed) if from_outcomes else
              read_local(loaded, data_dir, config.split, sample_size=config.sample_size, seed=config.seed))
     update = adapt(loaded, local, config, progress=progress)
@@ -65,4 +70,4 @@ def run_update(model_dir: str | os.PathLike[str], data_dir: str | os.PathLike[st
     export_dir = write_update(out_dir, loaded, local, update, config, overwrite=overwrite)
     written = load_export(export_dir)  # read back through the one reader: what ehr-serve and ehr-eval will see
     log.info("wrote %s (%s, parent %s)", export_dir, config.method, loaded.files.checksum[:12])
-    return UpdateResult(export_dir, dict(written.files.adaptation.model_dump()))
+    return UpdateResult(export_dir, dict(written.files.adaptation.model_dump()), written)

@@ -63,6 +63,9 @@ def fit_weights(model: tf.keras.Model, featurizer: Featurizer, fit: LocalSample,
     if not variables:
         raise ValueError("no variables to fit")
     optimizer = tf.keras.optimizers.Adam(learning_rate)
+    # Slots made now, not in the first traced step: a tf.function that creates variables is traced
+    # twice (with and without the creation), and a trace of this step costs seconds.
+    optimizer.build(variables)
     n_fit = float(fit.n)
 
     @tf.function(input_signature=[_STRINGS, _LABELS], autograph=False)

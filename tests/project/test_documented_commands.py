@@ -29,6 +29,14 @@ written:
 * ``EHR_API_KEYS``: a fresh 43-character key, as docs/serving.md's first command makes one (a
   document's own ``export`` replaces it).
 
+How they run: the first command of each console script (ehr-pipeline, ehr-eval, ehr-analyze) runs as
+a reader's shell runs it, the installed script in a fresh process; the rest of that script's commands
+call its ``main`` with the command's words in this process (in the document's folder, one at a time,
+stdout captured), which spares each ~5 s of TensorFlow and Beam start-up. Every other command
+(``ehr-serve``, ``curl``, ``export``, a ``python`` script) and any command with shell syntax (``$``, a
+glob, a pipe, a redirection, a leading assignment) runs with ``bash -c``, but for ``python -c CODE``,
+whose CODE runs in this process too.
+
 What is substituted, and only that: each ``Run`` lists its own substitutions (``subs``, with
 ``why``); every ``ehr-serve`` listens on 127.0.0.1 at a free port (``--host 0.0.0.0`` and
 ``--port``, or no port, are replaced: the test machine is shared), and every curl's
@@ -40,6 +48,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import importlib
+import io
 import os
 import pathlib
 import re
@@ -50,6 +60,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -539,15 +550,65 @@ def serve_on_loopback(text: str, port: int) -> str:
     return re.sub(r"--port \S+", f"--port {port}", text) if "--port" in text else f"{text} --port {port}"
 
 
+# The console scripts whose later commands call their main in this process (pyproject.toml's entry points).
+IN_PROCESS = {"ehr-pipeline": "ehr_pipeline.cli:main", "ehr-eval": "model.cli.ehr_eval:main",
+              "ehr-analyze": "model.cli.ehr_analyze:main"}
+
+
+@dataclasses.dataclass
+class InProcess:
+    """The documents' calls of console scripts' mains in this process, one at a time (the working folder
+    and sys.stdout are the process's), after each script's first command has run in a fresh process."""
+
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    ran_as_process: set[str] = dataclasses.field(default_factory=set)
+
+    def main_for(self, text: str):
+        """What runs `text` here, a function of its argv returning the exit code; None for a subprocess (a
+        program not in IN_PROCESS, shell syntax, or the console script's first command of the test).
+
+        ``python -c CODE`` runs CODE here as __main__ (it is no console script: no first run in a process).
+        """
+        if re.search(r"[$`*?\[~\\\n]", text):  # expansions, globs, escapes: the shell's to read
+            return None
+        lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
+        if any(set(w) <= set("();<>|&") for w in words) or re.match(r"^[A-Za-z_]\w*=", words[0]):
+            return None  # a pipe, list, redirection or subshell; a leading assignment
+        if words[:2] == ["python", "-c"] and len(words) == 3:
+            return lambda argv: exec(compile(words[2], "<string>", "exec"), {"__name__": "__main__"})
+        if words[0] not in IN_PROCESS:
+            return None
+        with self.lock:
+            if words[0] not in self.ran_as_process:
+                self.ran_as_process.add(words[0])
+                return None
+        module, _, name = IN_PROCESS[words[0]].partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def call(self, main, argv: list[str], work: pathlib.Path) -> tuple[int, str, str]:
+        """main(argv) run in `work` as its program would run it: (exit code, stdout, stderr)."""
+        out, err = io.StringIO(), io.StringIO()
+        with self.lock, contextlib.chdir(work), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exit_:  # argparse's error, or a sys.exit inside
+                code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        return int(code or 0), out.getvalue(), err.getvalue()
+
+
 @dataclasses.dataclass
 class DocumentSession:
     """One document's commands, run in order in one working folder, with the server the last ehr-serve started."""
 
     work: pathlib.Path
     env: dict[str, str]
+    in_process: InProcess
     server: subprocess.Popen | None = None
     port: int | None = None
     ran: int = 0
+    called_in_process: bool = False  # how the last command ran (for the timings)
     timings: list[str] = dataclasses.field(default_factory=list)  # wall seconds per command
 
     def run(self, command: Command, entry: Run) -> None:
@@ -555,9 +616,11 @@ class DocumentSession:
         try:
             self._run(command, entry)
         finally:
-            self.timings.append(f"{time.perf_counter() - started:6.1f} s  {command}"[:150])
+            where = "in process" if self.called_in_process else "process   "
+            self.timings.append(f"{time.perf_counter() - started:6.1f} s  {where}  {command}"[:160])
 
     def _run(self, command: Command, entry: Run) -> None:
+        self.called_in_process = False
         text = command.text
         for old, new in entry.subs:
             text = text.replace(old, new)
@@ -569,13 +632,19 @@ class DocumentSession:
             text = re.sub(r"(localhost|127\.0\.0\.1):8000", f"127.0.0.1:{self.port}", text)
         exported = re.match(r"^export ([A-Za-z_]\w*)=", text)
         script = f'{text}\nprintf %s "${{{exported.group(1)}}}"' if exported else text
-        proc = subprocess.run(["bash", "-c", script], cwd=self.work, env=self.env, capture_output=True, text=True,
-                              timeout=COMMAND_TIMEOUT_S)
-        assert proc.returncode in entry.exit_codes, \
-            f"{command}\nexit code {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-        assert entry.check in proc.stdout, f"{command}\ndid not print {entry.check!r}:\n{proc.stdout[-3000:]}"
+        main = self.in_process.main_for(text)
+        self.called_in_process = main is not None
+        if main is not None:
+            returncode, stdout, stderr = self.in_process.call(main, shlex.split(text)[1:], self.work)
+        else:
+            proc = subprocess.run(["bash", "-c", script], cwd=self.work, env=self.env, capture_output=True,
+                                  text=True, timeout=COMMAND_TIMEOUT_S)
+            returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+        assert returncode in entry.exit_codes, \
+            f"{command}\nexit code {returncode}\n{stdout[-2000:]}\n{stderr[-3000:]}"
+        assert entry.check in stdout, f"{command}\ndid not print {entry.check!r}:\n{stdout[-3000:]}"
         if exported:
-            self.env[exported.group(1)] = proc.stdout
+            self.env[exported.group(1)] = stdout
         self.ran += 1
 
     def start_server(self, command: Command, text: str) -> None:
@@ -663,14 +732,17 @@ def test_documented_commands_run_as_written(small_release, trained_rank1, tmp_pa
     # on 2 cores shared with other jobs (load average ~10): 842 s for the 37 commands run (1,269 s of
     # command time over the two threads; 1,023 s and 2,023 s for the 47 run before the skips of
     # duplicated paths above), plus the trained_rank1 fixture the suite builds anyway; -rA prints each
-    # command's seconds.
+    # command's seconds. With the later commands of each console script called in this process
+    # (InProcess), the module took 196-230 CPU-seconds (this process and its children, trained_rank1
+    # included) against 252 with a process per command, on the same loaded 2-core machine.
     runs = {d: sum(isinstance(classify(c), Run) for c in document_commands(d)) for d in DOCUMENTS}
     documents = sorted((d for d in DOCUMENTS if runs[d]), key=lambda d: -runs[d])  # the longest first
     failures, not_run, timings = [], [], []
+    in_process = InProcess()
 
     def one(document: pathlib.Path) -> None:
         work = tmp_path / document.stem
-        session = DocumentSession(work / "run", prepare(work, small_release, trained_rank1["run"]))
+        session = DocumentSession(work / "run", prepare(work, small_release, trained_rank1["run"]), in_process)
         try:
             not_run.extend(run_document(document, session))
         except AssertionError as err:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import types
 
 import numpy as np
 import pytest
@@ -107,7 +108,9 @@ WIDE_RUNS = {"wide_l1": {"wide_l1": 1e-3, "time_inputs": list(TIME_INPUTS)},
 def wide_run(request, tmp_path_factory, synthetic_data):
     """A 10-step rank-1 run of synthetic_data with a 24-hour wide part (WIDE_RUNS), trained once for the module:
     its run folder; read-only."""
-    config = parse_config(tiny_config_dict("rank1", steps=10, eval_every_steps=10))
+    # No validation inside the loop: at step 10 of the 20-step KL warm-up it keeps no best checkpoint, so the
+    # export holds the last step's weights either way (and load_run restores the newest checkpoint).
+    config = parse_config(tiny_config_dict("rank1", steps=10, eval_every_steps=0))
     config = config.with_overrides(model={"wide": True, "wide_window_hours": 24.0, **WIDE_RUNS[request.param]})
     out = tmp_path_factory.mktemp(request.param) / "run"
     result = train(config, synthetic_data, out, progress=False)
@@ -115,17 +118,30 @@ def wide_run(request, tmp_path_factory, synthetic_data):
     return out
 
 
-def test_a_wide_run_exports_its_window_aggregates(synthetic_data, wide_run):
+@pytest.fixture(scope="module")
+def wide_loaded(wide_run, synthetic_data):
+    """The wide run restored (load_run) with its Predictor, its export loaded and the test records, once per run
+    for the module's tests; a test that changes the model's weights puts them back."""
     _, model, featurizer, _ = load_run(wide_run, synthetic_data)
-    assert featurizer.window_hours == 24.0
     records = data_folder.read_split(data_folder.load_data_files(synthetic_data), "test").records
-    predictor = Predictor(featurizer, model)  # its traced graph reads the variables at each call
+    # Its traced graph reads the variables at each call: one trace serves both tests, whatever they assign.
+    return types.SimpleNamespace(model=model, featurizer=featurizer, predictor=Predictor(featurizer, model),
+                                 export=load_export(wide_run / "export"), records=records)
+
+
+def test_a_wide_run_exports_its_window_aggregates(wide_loaded):
+    model, predictor, records = wide_loaded.model, wide_loaded.predictor, wide_loaded.records
+    assert wide_loaded.featurizer.window_hours == 24.0
     in_memory = predict_probs(predictor, records, 3, seed=7)
-    np.testing.assert_allclose(predict_probs(load_export(wide_run / "export"), records, 3, seed=7), in_memory,
-                               rtol=0, atol=1e-6)
-    for weight in model.wide.weights:  # the export would predict otherwise without the wide part
-        weight.assign(tf.zeros_like(weight))
-    assert np.abs(predict_probs(predictor, records, 3, seed=7) - in_memory).max() > 1e-4
+    np.testing.assert_allclose(predict_probs(wide_loaded.export, records, 3, seed=7), in_memory, rtol=0, atol=1e-6)
+    trained = [weight.numpy() for weight in model.wide.weights]
+    try:
+        for weight in model.wide.weights:  # the export would predict otherwise without the wide part
+            weight.assign(tf.zeros_like(weight))
+        assert np.abs(predict_probs(predictor, records, 3, seed=7) - in_memory).max() > 1e-4
+    finally:
+        for weight, value in zip(model.wide.weights, trained):
+            weight.assign(value)
 
 
 def test_bfloat16_signature_draws_the_same_noise_and_stays_within_tolerance(trained, rank1_export, restored):
@@ -228,13 +244,11 @@ def test_an_export_that_records_no_time_inputs_answers_as_before(trained, rank1_
 
 
 @pytest.mark.parametrize("wide_run", ["wide_l1"], indirect=True)  # the run that reads every time input
-def test_a_run_with_every_time_input_records_them_and_exports_what_it_trained(synthetic_data, wide_run):
-    _, model, featurizer, _ = load_run(wide_run, synthetic_data)
-    assert featurizer.time_inputs == TIME_INPUTS
-    exported = load_export(wide_run / "export")
+def test_a_run_with_every_time_input_records_them_and_exports_what_it_trained(wide_loaded):
+    assert wide_loaded.featurizer.time_inputs == TIME_INPUTS
+    exported, records = wide_loaded.export, wide_loaded.records
     assert exported.files.time_inputs == TIME_INPUTS
-    records = data_folder.read_split(data_folder.load_data_files(synthetic_data), "test").records
-    in_memory = predict_probs(Predictor(featurizer, model), records, 2, seed=7)
+    in_memory = predict_probs(wide_loaded.predictor, records, 2, seed=7)
     np.testing.assert_allclose(predict_probs(exported, records, 2, seed=7), in_memory, rtol=0, atol=1e-6)
     # It reads the previous discharge: the same admissions said to follow a discharge 3 days ago answer otherwise.
     moved = [_with_previous_discharge(r, seqex.sequence_example_to_dict(r)[spec.ADMIT_OFFSET] + 3 * 86400)
