@@ -124,13 +124,17 @@ def run_config(method: str, seed: int, args: argparse.Namespace):
 
 def train_run(method: str, seed: int, args, data: pathlib.Path, truth: pathlib.Path, work: pathlib.Path,
            name: str | None = None):
-    """(export folder, trainable parameters, train seconds) of one run (runs/NAME); a finished run is reused."""
+    """(export folder, trainable parameters, train seconds) of one run (runs/NAME); a finished run is reused
+    only when it was trained with the same config (else ConfigMismatchError: another scale's run, say)."""
     from model.ehr.train import train
+    from model.fit.training_loop import check_run_folder
 
     run_dir = work / "runs" / (name or f"{method}_s{seed}")
     export_dir = run_dir / "export"
     timing = run_dir / "train_seconds.json"
-    if not (export_dir / "manifest.json").exists():
+    if (export_dir / "manifest.json").exists():
+        check_run_folder(run_dir, run_config(method, seed, args))
+    else:
         started = time.time()
         log.info("training %s seed %d -> %s", method, seed, run_dir)
         train(run_config(method, seed, args), data, run_dir, progress=False, truth_path=truth,
