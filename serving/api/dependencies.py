@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Query, Request, status
 
@@ -34,13 +34,18 @@ def get_metrics(request: Request) -> ServiceMetrics:
     return request.app.state.metrics
 
 
-def get_predictor(request: Request) -> ServedModel:
-    """The loaded model; 503 while start-up has not loaded it yet."""
-    predictor = getattr(request.app.state, "predictor", None)
-    if predictor is None:
+def _loaded(request: Request, name: str) -> Any:
+    """app.state.NAME, set once start-up has loaded the model; 503 (retry in 1 s) before."""
+    found = getattr(request.app.state, name, None)
+    if found is None:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the model is not loaded yet",
                             headers={"Retry-After": "1"})
-    return predictor
+    return found
+
+
+def get_predictor(request: Request) -> ServedModel:
+    """The loaded model; 503 while start-up has not loaded it yet."""
+    return _loaded(request, "predictor")
 
 
 def get_monitor(request: Request) -> Monitor | None:
@@ -60,11 +65,7 @@ def get_outcome_monitor(request: Request) -> OutcomeMonitor | None:
 
 def get_versions(request: Request) -> ModelVersions:
     """Every version of the model (serving.inference.model_versions); 503 while start-up has not loaded them."""
-    versions = getattr(request.app.state, "versions", None)
-    if versions is None:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the model is not loaded yet",
-                            headers={"Retry-After": "1"})
-    return versions
+    return _loaded(request, "versions")
 
 
 def get_batcher(request: Request) -> MicroBatcher:
