@@ -142,6 +142,12 @@ def machine_info() -> str:
     ])
 
 
+def run_footer(cmdline: str, load_at_start: float, detail: str = "") -> list[str]:
+    """A section's closing lines: the command, detail and the 1-minute load average at its start, then machine_info."""
+    return [f"Run with `{cmdline}` ({detail}1-minute load average at start: {load_at_start:.1f}):", "",
+            machine_info()]
+
+
 def _vm_hwm_mb(status_path: str) -> float | None:
     """VmHWM (peak RSS of the process's current memory image) from a /proc status file, MiB."""
     try:

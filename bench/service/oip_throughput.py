@@ -143,10 +143,7 @@ def to_markdown(model: dict, rounds: dict[str, list[dict]], tri: dict, args: arg
             f"{b['throughput'] / a['throughput']:.2f}" for a, b in zip(rounds["/v1/predict"], rounds["OIP v2 infer"]))
         + " (their spread is the machine's noise; the target row uses the totals).",
         "",
-        f"Run with `{args.cmdline}` (1-minute load average at start: "
-        f"{args.load_at_start:.1f}):",
-        "",
-        harness.machine_info(),
+        *harness.run_footer(args.cmdline, args.load_at_start),
     ]
     return "\n".join(lines)
 

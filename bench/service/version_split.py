@@ -121,10 +121,7 @@ def to_markdown(result: dict, args: argparse.Namespace) -> str:
         f"The broken version, as the server logged it: `{result['skipped']}`; /v2/models/{NAME}/versions/3/ready "
         f"answered {result['ready_3']}.",
         "",
-        f"Run with `{args.cmdline}` ({result['wall_s']:.0f} s of requests; 1-minute load average at start: "
-        f"{args.load_at_start:.1f}):",
-        "",
-        harness.machine_info(),
+        *harness.run_footer(args.cmdline, args.load_at_start, f"{result['wall_s']:.0f} s of requests; "),
     ]
     return "\n".join(lines)
 
