@@ -236,7 +236,9 @@ class Featurizer(tf.Module):
 
         offsets = parsed[spec.BAG_OFFSET]  # ragged [B, (bags)] seconds
         token_bag = codes.values.value_rowids()  # [tokens] index into the batch's flat bags
-        token_example = tf.gather(codes.value_rowids(), token_bag)
+        # Each token's admission: only the value changes and the window's aggregates read it.
+        needs_example = "value_change" in self.time_inputs or self.window_hours is not None
+        token_example = tf.gather(codes.value_rowids(), token_bag) if needs_example else None
         if "value_change" in self.time_inputs:
             change = self._value_change(values[:, 1], tf.gather(offsets.flat_values, token_bag), stat, usable,
                                         token_example)
