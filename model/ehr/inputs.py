@@ -262,15 +262,7 @@ class Featurizer(tf.Module):
             *bag_time,
         ], axis=-1)
 
-        gender = self._genders.lookup(parsed[spec.GENDER])
-        adm = self._admission_types.lookup(parsed[spec.ADMISSION_TYPE])
-        adm = tf.where(adm >= 0, adm, len(ADMISSION_TYPES))  # unknown type -> the "other" slot
-        context = tf.concat([
-            parsed[spec.AGE_YEARS][:, None] / spec.AGE_CAP_YEARS,
-            tf.one_hot(gender, len(spec.GENDERS)),  # an unknown gender (-1) one-hots to zeros
-            tf.one_hot(adm, len(ADMISSION_TYPES) + 1),
-            *context_time,
-        ], axis=-1)
+        context = self._context(parsed, context_time)
         features = {
             "code_ids": codes.with_flat_values(ids),
             "code_values": codes.with_flat_values(values),
@@ -288,6 +280,18 @@ class Featurizer(tf.Module):
                 self._window_values(values, weight, stat, usable, token_example, in_window, codes.nrows()),
                 context], axis=-1)
         return features
+
+    def _context(self, parsed: Mapping[str, Any], context_time: list[tf.Tensor]) -> tf.Tensor:
+        """[B, .] per-admission inputs: age / cap, gender and admission type one-hots, the time inputs' context."""
+        gender = self._genders.lookup(parsed[spec.GENDER])
+        adm = self._admission_types.lookup(parsed[spec.ADMISSION_TYPE])
+        adm = tf.where(adm >= 0, adm, len(ADMISSION_TYPES))  # unknown type -> the "other" slot
+        return tf.concat([
+            parsed[spec.AGE_YEARS][:, None] / spec.AGE_CAP_YEARS,
+            tf.one_hot(gender, len(spec.GENDERS)),  # an unknown gender (-1) one-hots to zeros
+            tf.one_hot(adm, len(ADMISSION_TYPES) + 1),
+            *context_time,
+        ], axis=-1)
 
     def _time_features(self, offsets, admit_offset, in_admission, parsed) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
         """The time inputs' per-bag ([flat bags, .]) and per-admission ([B, .]) features (module docstring)."""
