@@ -12,6 +12,7 @@ import numpy as np
 
 from bench.methods.compare_setup import (BASELINES, BELLA_METHODS, DEEP_ENSEMBLE, ENSEMBLE_SIZE, METHODS, RAW, SCALES, SHIFTED,
                                  WELL_SPECIFIED, split_names)
+from model.evaluation.statistics.against_truth import design_coefficients
 
 # The truth's own row; the coverage columns' interval levels; the share of site B referred.
 TRUTH = "truth (P_DEATH)"
@@ -249,11 +250,6 @@ def _harmonisation_lines(runs, truth) -> list[str]:
 STRONG_TREND_LOGIT = 1.0
 
 
-def _logit(p: np.ndarray) -> np.ndarray:
-    q = np.clip(p, 1e-6, 1 - 1e-6)
-    return np.log(q) - np.log1p(-q)
-
-
 def trajectory_lines(runs, truth: dict[str, np.ndarray], designs: dict[str, np.ndarray],
                      coefficients: tuple[float, float]) -> list[str]:
     """Which trajectory term each method follows: its logit regressed on the truth's design, and abs(p - P) by group.
@@ -273,7 +269,7 @@ def trajectory_lines(runs, truth: dict[str, np.ndarray], designs: dict[str, np.n
                 continue
             x, t = designs[key], truth[f"truth_{key}"]
             p = t if name == TRUTH else run["probs_A"].mean(axis=1)
-            beta = np.linalg.lstsq(np.column_stack([np.ones(len(x)), x]), _logit(p), rcond=None)[0]
+            beta = design_coefficients(p, x)
             strong = np.abs(coefficients[0] * x[:, -2]) >= STRONG_TREND_LOGIT
             readmission = x[:, -1] != 0.0
             err = np.abs(p - t)

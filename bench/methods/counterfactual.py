@@ -51,7 +51,8 @@ from ehr_pipeline.synth.counterfactual import (CHANGES, COUNTERFACTUAL_FILE, DEF
 from ehr_pipeline.synth.temporal import temporal_model  # noqa: E402
 from model.ehr.inputs import TIME_INPUTS  # noqa: E402
 from model.evaluation.statistics.against_truth import (LARGE_TRUTH_CHANGE, all_uncertainties,  # noqa: E402
-                                                       counterfactual_response, uncertainty_where_decided)
+                                                       carried_coefficients, counterfactual_response,
+                                                       interval_coverage, truth_error, uncertainty_where_decided)
 
 SECTION = "counterfactual"
 # --early-stop: the plateau schedule and early stopping (model.fit.training_loop.StopRule), in validations.
@@ -88,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-inputs", nargs="+", default=[], choices=TIME_INPUTS, metavar="INPUT",
                    help=f"train with these model.time_inputs on (any of {', '.join(TIME_INPUTS)}; runs of their own); "
                         "none: the config's")
+    p.add_argument("--reference", default=None, metavar="RUN",
+                   help="a finished run under WORK/runs scored first, as the row the others are paired with "
+                        "(e.g. deterministic_esmin_s44: the deterministic LSTM without time inputs); none: the first method")
     p.add_argument("--samples", type=int, default=25, help="S evaluation samples per member (1 for deterministic)")
     p.add_argument("--n-bootstrap", type=int, default=1000, help="case resamples of the intervals")
     p.add_argument("--work", default="out/counterfactual", help="folder for releases, data and runs")
@@ -159,6 +163,13 @@ def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dic
         ended = (best.get("stop_reason") or "").split(":")[0].split(" (")[0].replace(" reached", "")
         return f"{best['step']}, {best['validation_nll']:.4f}; {ended}"
 
+    if args.reference:
+        export = work / "runs" / args.reference / "export"
+        if not (export / "manifest.json").exists():
+            raise SystemExit(f"--reference {args.reference}: no finished run's export at {export}")
+        card = json.loads((export / "model_card.json").read_text())
+        samples = 1 if card["method"] == "deterministic" else args.samples
+        scored(f"reference: {args.reference}", [export], samples, float("nan"), [run_steps(export)])
     for method in args.methods:
         seeds = range(ENSEMBLE_SIZE if method == "deterministic" and args.deep_ensemble else 1)
         runs = [train_run(method, args.seed * ENSEMBLE_SIZE + k, targs, work / "data", truth, work,
@@ -223,11 +234,11 @@ def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict]
         lines.append(f"| {name} | {r['slope']:.3f} ({r['slope_lower']:.3f}, {r['slope_upper']:.3f}) | "
                      f"{r['sign_agreement']:.2f} (n={r['n_large']}) | {r['mean_abs_dp']:.4f} "
                      f"({r['truth_mean_abs_dp']:.4f}) | {steps} | {s['seconds']:.0f} |")
+    rows = truth_design(work / "release")
+    design = np.stack([rows[h] for h in ids])
+    lines += factual_lines(args, scores, design, load_split(work / "data", work / "release", "test").truth)
     sampled = {n: s for n, s in scores.items() if s["K"] * s["S"] > 1 and n != DEEP_ENSEMBLE}
     if sampled:
-        release = work / "release"
-        rows = truth_design(release)
-        design = np.stack([rows[h] for h in ids])
         trajectory = np.abs(design[:, -2:] @ temporal_model(1.0).coefficients())
         decided = trajectory >= np.quantile(trajectory, DECIDED_QUANTILE)
         undecided = trajectory <= np.quantile(trajectory, UNDECIDED_QUANTILE)
@@ -244,6 +255,34 @@ def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict]
                              f"{u['difference']:+.4f} ({u['lower']:+.4f}, {u['upper']:+.4f}) |")
     lines += ["", machine_info()]
     return "\n".join(lines)
+
+
+def factual_lines(args: argparse.Namespace, scores: dict[str, dict], design: np.ndarray,
+                  truth: np.ndarray) -> list[str]:
+    """The original test split against P_DEATH: abs(p - P) (paired with the first method), coefficients carried, coverage."""
+    coefficients = temporal_model(1.0).coefficients()
+    trajectory_columns = [design.shape[1] - 2, design.shape[1] - 1]  # TemporalModel.design's two terms come last
+    names = list(scores)
+    lines = ["", "The original test split against the truth (P_DEATH), 95% case-bootstrap intervals: abs(p - P) of "
+             f"the predictive mean, paired minus {names[0]}'s on the same cases; the coefficient of each trajectory "
+             "term its logit carries (regressed on the truth's own design, as in docs/results.md's bisection table); "
+             "the share of cases whose P lies in the 95% interval of the sampled probabilities.", "",
+             f"| method | abs(p - P) | minus {names[0]} | trend coef. (truth {coefficients[0]:g}) | readmission coef. "
+             f"(truth {coefficients[1]:g}) | 95% coverage |", "|---|---|---|---|---|---|"]
+    reference = scores[names[0]]["before"].mean(axis=1)
+    for name, s in scores.items():
+        p = s["before"].mean(axis=1)
+        err = truth_error(p, truth, reference=reference, n_bootstrap=args.n_bootstrap, seed=args.seed)
+        trend, readm = carried_coefficients(p, design, trajectory_columns, n_bootstrap=args.n_bootstrap,
+                                            seed=args.seed)
+        coverage = interval_coverage(s["before"], truth, (0.95,))["0.95"]
+        paired = ("-" if name == names[0] else
+                  f"{err['difference']:+.4f} ({err['difference_lower']:+.4f}, {err['difference_upper']:+.4f})")
+        lines.append(f"| {name} | {err['mean']:.4f} ({err['lower']:.4f}, {err['upper']:.4f}) | {paired} | "
+                     f"{trend['estimate']:.2f} ({trend['lower']:.2f}, {trend['upper']:.2f}) | "
+                     f"{readm['estimate']:.2f} ({readm['lower']:.2f}, {readm['upper']:.2f}) | "
+                     f"{'-' if np.isnan(coverage) else f'{coverage:.2f}'} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,3 +38,24 @@ def test_time_inputs_and_early_stopping_reach_the_run_config_and_name_their_runs
     assert run_config("deterministic", 11, bench._train_args(plain)).model.time_inputs == ()
     with pytest.raises(SystemExit):  # an input the model does not have is refused by the parser
         bench.build_parser().parse_args(["--time-inputs", "slope_of_creatinine"])
+
+
+def test_the_factual_table_gives_the_truth_its_own_coefficients_and_pairs_each_row_with_the_first(bench):
+    import argparse
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = 300
+    design = rng.normal(0, [1.0] * 9 + [0.1, 1.0], (n, 11))  # nine linear terms, then trend and readmission
+    truth = 1.0 / (1.0 + np.exp(-(-2.0 + design[:, :9] @ np.full(9, 0.2) + 10.0 * design[:, 9] + design[:, 10])))
+    half = 1.0 / (1.0 + np.exp(-(-2.0 + design[:, :9] @ np.full(9, 0.2) + 5.0 * design[:, 9])))
+    scores = {"truth_itself": {"before": truth[:, None], "K": 1, "S": 1},
+              "half_the_trend": {"before": np.repeat(half[:, None], 4, axis=1), "K": 4, "S": 1}}
+    lines = bench.factual_lines(argparse.Namespace(n_bootstrap=50, seed=0), scores, design, truth)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if line.startswith("| ")}
+    assert rows["truth_itself"][1].startswith("0.0000") and rows["truth_itself"][2] == "-"
+    assert rows["truth_itself"][3].startswith("10.00") and rows["truth_itself"][4].startswith("1.00")
+    assert rows["half_the_trend"][3].startswith("5.00") and rows["half_the_trend"][4].startswith("0.00")
+    assert rows["half_the_trend"][2].startswith("+")  # farther from the truth than the first row, on the same cases
+    assert rows["half_the_trend"][5].rstrip(" |") == "0.00"  # four identical members: a zero-width interval

@@ -287,3 +287,61 @@ def uncertainty_where_decided(uncertainty, decided, undecided, *, n_bootstrap: i
     return {"decided_mean": float(u[a].mean()), "undecided_mean": float(u[b].mean()), "difference": estimate,
             "lower": interval["lower"], "upper": interval["upper"], "n_decided": int(a.sum()),
             "n_undecided": int(b.sum()), "ratio": float(u[a].mean() / u[b].mean()) if u[b].mean() > 0 else float("nan")}
+
+
+def design_coefficients(p, design) -> np.ndarray:
+    """Least-squares coefficients of logit(p) [N] on [1, design [N, T]]: [T + 1], the intercept first.
+
+    Regressed on the truth's own design, a model's coefficient of a term says how much of that term
+    its logit carries (the truth's own coefficient when all of it; 0 when none).
+    """
+    x = np.asarray(design, np.float64)
+    q = np.clip(np.asarray(p, np.float64), EPS, 1.0 - EPS)
+    if x.ndim != 2 or q.shape != (x.shape[0],):
+        raise ValueError(f"expected p [N] and design [N, T], got {q.shape} and {x.shape}")
+    return np.linalg.lstsq(np.column_stack([np.ones(len(x)), x]), np.log(q) - np.log1p(-q), rcond=None)[0]
+
+
+def carried_coefficients(p, design, columns: Sequence[int], *, n_bootstrap: int = 1000, alpha: float = 0.05,
+                         seed: int = 0) -> list[dict[str, float]]:
+    """design_coefficients of the given design columns, each with a case-bootstrap (1 - alpha) interval."""
+    q, x = np.asarray(p, np.float64), np.asarray(design, np.float64)
+    picks = [c + 1 for c in columns]  # after the intercept
+    estimate = design_coefficients(q, x)[picks]
+    rng = np.random.default_rng(seed)
+    n = len(q)
+    replicates = np.array([design_coefficients(q[rows], x[rows])[picks]
+                           for rows in (rng.integers(0, n, n) for _ in range(n_bootstrap))])
+    out = []
+    for j, value in enumerate(estimate):
+        interval = bootstrap_interval(replicates[:, j], float(value), alpha)
+        out.append({"estimate": float(value), "lower": interval["lower"], "upper": interval["upper"]})
+    return out
+
+
+def truth_error(p, truth, *, reference=None, n_bootstrap: int = 1000, alpha: float = 0.05,
+                seed: int = 0) -> dict[str, float]:
+    """Mean |p - truth| over the cases with a case-bootstrap interval; with `reference` [N] also the paired difference.
+
+    difference: mean |p - truth| - mean |reference - truth| on the same cases (< 0: p is closer to
+    the truth), its interval from the same resamples.
+    """
+    p = np.asarray(p, np.float64)
+    if reference is not None and np.shape(reference) != p.shape:
+        raise ValueError(f"p and reference must be [N] alike, got {p.shape} and {np.shape(reference)}")
+    err = np.abs(p - as_truth(truth, len(p)))
+    ref = None if reference is None else np.abs(np.asarray(reference, np.float64) - as_truth(truth, len(p)))
+    rng = np.random.default_rng(seed)
+    n = err.size
+    draws = [rng.integers(0, n, n) for _ in range(n_bootstrap)]
+    out = {"mean": float(err.mean()), **_interval([err[r].mean() for r in draws], float(err.mean()), alpha, "")}
+    if ref is not None:
+        diff = err - ref
+        out.update({"difference": float(diff.mean()),
+                    **_interval([diff[r].mean() for r in draws], float(diff.mean()), alpha, "difference_")})
+    return out
+
+
+def _interval(replicates, estimate: float, alpha: float, prefix: str) -> dict[str, float]:
+    interval = bootstrap_interval(replicates, estimate, alpha)
+    return {f"{prefix}lower": interval["lower"], f"{prefix}upper": interval["upper"]}
