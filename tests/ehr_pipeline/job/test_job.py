@@ -255,7 +255,9 @@ def test_another_sites_units_are_converted_to_the_models(demo_run, demo_dir, tmp
     reference_dir, _, reference = demo_run
     release = tmp_path / "si"
     assert _si_copy(demo_dir, release, 10000 / 113.12, "umol/L") > 100
-    config = PipelineConfig.model_validate(CONFIG)
+    # Labs only: the cohort (every admission) is the same, a lab value's bag is set by its own time (CONFIG keeps
+    # every bag), and which unit a lab code is judged in is the lab table's census alone; half the demo's events.
+    config = PipelineConfig.model_validate({**CONFIG, "sources": ["lab"]})
     model_units = layout.read_json(str(reference_dir / layout.UNITS))
     converted = tmp_path / "converted"
     # As `--units-from` passes them: the canonical units, and the training medians the conversions must land near.
@@ -276,8 +278,7 @@ def test_another_sites_units_are_converted_to_the_models(demo_run, demo_dir, tmp
     assert not manifest["units"]["values"]["lab"].get(units.IMPLAUSIBLE)
 
     own = tmp_path / "own"
-    # Labs only: which unit a lab code is judged in is the lab table's census alone, a fraction of the job's time.
-    run_job(str(release), str(own), PipelineConfig.model_validate({**CONFIG, "sources": ["lab"]}))
+    run_job(str(release), str(own), config)
     units_doc = layout.read_json(str(own / layout.UNITS))
     assert units_doc["canonical"]["lab:50912"] == "umol/L" and units_doc["canonical_from"] == "this release"
 
