@@ -211,3 +211,24 @@ def rank1_export(trained_rank1):
     from model.export.load import load_export
 
     return load_export(trained_rank1["export"])
+
+
+@pytest.fixture(scope="session")
+def demo_meds_job(demo_meds_conversion, tmp_path_factory) -> tuple[pathlib.Path, dict]:
+    """`ehr-pipeline run --meds-dir` on demo_meds_conversion (job_outputs.CONFIG, two workers), once per session:
+    (the data folder, its manifest), read-only.
+
+    tests/ehr_pipeline/job/test_to_meds.py pins its bytes (the same on one worker or two); the MEDS round-trip
+    test reads its examples as the MEDS job's on the demo.
+    """
+    # Beam is imported only by the tests that run a job; collection stays light.
+    from ehr_pipeline.contract import PipelineConfig
+    from ehr_pipeline.job import SpillOptions, run_meds_job
+    from tests.support.job_outputs import CONFIG
+
+    def build(base: pathlib.Path) -> None:
+        run_meds_job(str(demo_meds_conversion), str(base / "data"), PipelineConfig.model_validate(CONFIG),
+                     resources=SpillOptions(workers=2))
+
+    out = built_once(tmp_path_factory, "demo_meds_job", build) / "data"
+    return out, json.loads((out / "manifest.json").read_text())

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from tests.support.paths import REPO_ROOT
 
@@ -45,9 +46,15 @@ def test_a_folder_without_a_release_is_one_line_and_exit_2(tmp_path):
 def test_without_data_the_whole_path_runs_on_a_synthetic_release(tmp_path):
     # A tenth of the measurement rate (~30k events instead of ~270k, still ~290 admissions): the same
     # path, and the Beam job, most of this test's time at full rate, has a tenth of the events to bag.
+    # The demo's own config with the final evaluation of the training run as small as --samples makes ehr-eval's
+    # (2 samples per member, 50 resamples instead of 25 and 1000): the same model and path, a fraction of its time.
+    config = yaml.safe_load((REPO_ROOT / "configs" / "ehr_demo.yaml").read_text())
+    config["eval"].update(num_samples=2, n_bootstrap=50)
+    (tmp_path / "ehr_demo.yaml").write_text(yaml.safe_dump(config))
     out = tmp_path / "out"
-    proc = _run("--mimic-dir", str(tmp_path / "no-mimic-here"), "--out", str(out),
-                "--patients", "200", "--events-scale", "0.1", "--steps", "10", "--samples", "2")
+    proc = _run("--mimic-dir", str(tmp_path / "no-mimic-here"), "--out", str(out), "--config",
+                str(tmp_path / "ehr_demo.yaml"), "--patients", "200", "--events-scale", "0.1", "--steps", "10",
+                "--samples", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     first = proc.stdout.splitlines()[0]
     assert first.startswith(f"No MIMIC-III data at {tmp_path / 'no-mimic-here'}") and "synthetic" in first

@@ -4,7 +4,8 @@
 LOINC parent, subject_splits.parquet) and a label file of one row per admission. Each fault of ``FAULTS``
 rewrites one file of a fresh copy and says what a correct job makes of it: the exact one-line error
 (``{meds}``, ``{labels}`` stand for the dataset folder and the label file), or the manifest entries the
-fault moves and whether the examples stay the unfaulted dataset's, record for record.
+fault moves and whether the examples stay the unfaulted dataset's, record for record. ``TOGETHER`` groups
+faults that a correct job reads alike into one dataset each (one job run for the group).
 """
 from __future__ import annotations
 
@@ -492,7 +493,40 @@ FAULTS: dict[str, Callable[[pathlib.Path], Expect]] = {
 }
 
 
+# Faults a correct job reads without an error, each on files or columns no other of its group touches and each
+# moving counts of its own (or none): one dataset holds the group, so one job run (~4 s) checks them all, each
+# by its own expectation. Not grouped: every error (the first would hide the others), the faults whose dead
+# letters' lines or label counts another test or fault reads, and faults on the same column.
+TOGETHER: dict[str, tuple[str, ...]] = {
+    "storage_in_other_types": ("numbers_in_other_widths", "text_in_other_encodings", "times_in_other_units",
+                               "codes_without_parent_codes", "subject_twice_in_one_split"),
+    "storage_finer_times_and_large_lists": ("times_with_nanoseconds", "codes_parent_codes_as_large_lists"),
+    "labels_in_other_storage": ("labels_with_aces_null_columns", "labels_with_an_extra_column",
+                                "labels_in_other_widths"),
+    "null_codes_and_values_beyond_float32": ("null_codes_and_times", "values_beyond_float32"),
+    "optional_columns_absent_or_null": ("without_numeric_value", "all_null_optional_columns"),
+}
+
+
+def _together(expects: list[Expect]) -> Expect:
+    """What a group's faults expect of one run: each one's counts, the examples unchanged only if no fault moves them."""
+    assert all(e.error is None for e in expects) and len({e.labels for e in expects}) == 1, expects
+    counts: dict[str, int] = {}
+    for path, value in (c for e in expects for c in e.counts):
+        assert counts.setdefault(path, value) == value, path  # a group never moves one count twice
+    return Expect(counts=tuple(counts.items()), labels=expects[0].labels,
+                  same_examples=all(e.same_examples for e in expects))
+
+
 def faulted_meds(dest: pathlib.Path, fault: str) -> Expect:
-    """Writes the dataset with one fault to dest; returns what running the job on it must give."""
+    """Writes the dataset with one fault (or a TOGETHER group's faults) to dest; returns what the job must give."""
     write_base(pathlib.Path(dest))
-    return FAULTS[fault](pathlib.Path(dest))
+    return _together([FAULTS[f](pathlib.Path(dest)) for f in TOGETHER[fault]]) if fault in TOGETHER else \
+        FAULTS[fault](pathlib.Path(dest))
+
+
+def fault_cases() -> list[str]:
+    """The faults one run each, then the TOGETHER groups: every fault of FAULTS once."""
+    grouped = [f for faults in TOGETHER.values() for f in faults]
+    assert len(grouped) == len(set(grouped)) and set(grouped) <= FAULTS.keys()
+    return sorted(f for f in FAULTS if f not in grouped) + sorted(TOGETHER)

@@ -28,7 +28,8 @@ from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
-CONFIG = {"num_shards": {"train": 2, "validation": 1, "test": 1}}
+# Two sources keep each run short: a fault stops the job at a stage every source's events pass through.
+CONFIG = {"num_shards": {"train": 2, "validation": 1, "test": 1}, "sources": ["lab", "diagnosis"]}
 # Fields of a folder that legitimately differ between two runs on the same input: when it ran.
 RUN_TIMES = ("run_info.json", "to_meds_manifest.json")
 
@@ -56,9 +57,9 @@ def releases(tmp_path_factory) -> dict[str, pathlib.Path]:
     base = tmp_path_factory.mktemp("fault_releases")
     for name, seed in (("first", 11), ("second", 12)):
         write_release(SynthConfig(patients=40, seed=seed, events_scale=0.3), base / name, show_progress=False)
-    (base / "pipeline.yaml").write_text("num_shards: {train: 2, validation: 1, test: 1}\n")
+    (base / "pipeline.yaml").write_text("num_shards: {train: 2, validation: 1, test: 1}\nsources: [lab, diagnosis]\n")
     # The previous outputs have one train shard more: a shard of theirs surviving a re-run would show.
-    (base / "previous.yaml").write_text("num_shards: {train: 3, validation: 1, test: 1}\n")
+    (base / "previous.yaml").write_text("num_shards: {train: 3, validation: 1, test: 1}\nsources: [lab, diagnosis]\n")
     return {"first": base / "first", "second": base / "second", "config": base / "pipeline.yaml",
             "previous_config": base / "previous.yaml"}
 
@@ -80,7 +81,7 @@ def job_outputs(releases, tmp_path_factory) -> dict[str, pathlib.Path]:
     base = tmp_path_factory.mktemp("fault_job")
     config = PipelineConfig.model_validate(CONFIG)
     run_job(str(releases["first"]), str(base / "first"), PipelineConfig.model_validate(
-        {"num_shards": {"train": 3, "validation": 1, "test": 1}}))
+        {**CONFIG, "num_shards": {"train": 3, "validation": 1, "test": 1}}))
     run_job(str(releases["second"]), str(base / "reference"), config)
     return {"first": base / "first", "reference": base / "reference"}
 

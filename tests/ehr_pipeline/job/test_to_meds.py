@@ -184,14 +184,14 @@ def test_the_meds_job_gives_the_bytes_of_the_job_that_grouped_examples(synthetic
     assert not (tmp_path / "out" / "_tmp" / "spill").exists()
 
 
-def test_the_meds_job_on_the_converted_demo_gives_the_same_bytes(demo_meds, tmp_path):
+def test_the_meds_job_on_the_converted_demo_gives_the_same_bytes(demo_meds, demo_meds_job):
     # The conversion the demo test pins (two workers; its bucket size changes no byte of it). The MEDS job
-    # on two workers too (the demo alone would get one): the job's multi-process road, against its pin.
-    manifest = run_meds_job(str(demo_meds), str(tmp_path / "out"), PipelineConfig.model_validate(CONFIG),
-                            resources=SpillOptions(workers=2))
-    assert manifest["balanced"]
-    assert output_digests(tmp_path / "out") == GROUPED["meds_job_demo"]
-    assert not (tmp_path / "out" / "_tmp" / "spill").exists()
+    # on two workers too (the demo alone would get one): the job's multi-process road, against its pin. The
+    # session's run (tests/conftest.py), which the MEDS round-trip test reads as well.
+    out, manifest = demo_meds_job
+    assert manifest["balanced"] and manifest["input"]["meds_dir"] == str(demo_meds)
+    assert output_digests(out) == GROUPED["meds_job_demo"]
+    assert not (out / "_tmp" / "spill").exists()
 
 
 def test_dead_values_of_hashed_buckets_are_merged_in_file_order(tmp_path):

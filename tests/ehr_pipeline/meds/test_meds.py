@@ -141,10 +141,11 @@ def test_to_meds_output_passes_the_meds_schemas_and_accounts_for_every_row(demo_
     assert manifest["task_rows"] == {"admissions/missing_time": 0, "admissions/written": 129, "patients/written": 100}
 
 
-def test_round_trip_built_in_task_equals_the_csv_run(demo_meds, mimic_examples, demo_dir, tmp_path):
+def test_round_trip_built_in_task_equals_the_csv_run(demo_meds, mimic_examples, demo_meds_job, demo_dir):
     meds_dir, _ = demo_meds
-    manifest = run_meds_job(str(meds_dir), str(tmp_path), PipelineConfig.model_validate(CONFIG))
-    examples = read_examples(tmp_path)
+    # The session's MEDS job on this conversion (tests/conftest.py; its bytes pinned by the job's tests).
+    out, manifest = demo_meds_job
+    examples = read_examples(out)
     assert {h: e[spec.LABEL] for h, e in examples.items()} == independent_cohort(demo_dir)
     byte_equal = assert_same_examples(examples, mimic_examples)
     assert 0 < byte_equal < len(examples)  # float32 rounding reaches some records, not all
@@ -157,7 +158,7 @@ def test_round_trip_built_in_task_equals_the_csv_run(demo_meds, mimic_examples, 
     assert manifest["cohort"]["counts"]["under_age"] == 1 and manifest["cohort"]["counts"]["died_before_trigger"] == 9
     meds_rows = manifest["tables"][TABLE]
     assert meds_rows["rows_read"] == sum(pq.read_metadata(f).num_rows for f in glob.glob(str(meds_dir / "data/*/*")))
-    assert (tmp_path / "meds_codes.json").is_file() and manifest["meds_codes"]["sha256"]
+    assert (out / "meds_codes.json").is_file() and manifest["meds_codes"]["sha256"]
 
 
 def test_round_trip_with_aces_labels_equals_the_csv_run(demo_meds, mimic_examples, tmp_path):

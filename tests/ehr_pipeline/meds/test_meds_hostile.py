@@ -26,7 +26,7 @@ from ehr_pipeline.meds.labels import PREDICTION_TIMES, exact_prediction_times
 from ehr_pipeline.reader import read_dead_letters
 from tests.support.job_outputs import job_group_site, read_examples
 from tests.support.paths import REPO_ROOT
-from tests.support.hostile_meds import DATA0, FAULTS, LABELS, T0, Expect, faulted_meds, write_base
+from tests.support.hostile_meds import DATA0, LABELS, T0, Expect, fault_cases, faulted_meds, write_base
 
 CONFIG = "num_shards: {train: 1, validation: 1, test: 1}\nvocab: {min_count: 1}\n"
 
@@ -86,7 +86,8 @@ def _faulted_run(fault: str, runs: dict[str, FaultedRun], factory, capsys) -> Fa
     return runs[fault]
 
 
-@pytest.mark.parametrize("fault", sorted(FAULTS))
+# Every fault once: alone, or in a group of faults read alike whose one dataset holds them all (TOGETHER).
+@pytest.mark.parametrize("fault", fault_cases())
 def test_faulted_meds_fails_in_one_exact_line_or_is_accounted_for(fault, unfaulted, faulted_runs, tmp_path_factory,
                                                                    capsys):
     run = _faulted_run(fault, faulted_runs, tmp_path_factory, capsys)

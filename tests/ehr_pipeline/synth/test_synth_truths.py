@@ -202,8 +202,11 @@ def test_the_beam_job_keeps_what_the_trajectory_terms_read(tmp_path):
     # 250 patients: the job's local runner takes ~20 s; fewer leave too few readmissions to count.
     release = tmp_path / "release"
     t = _release(release, **{**TEMPORAL, "patients": 250})
+    # The sources the checks read: labs (the course), diagnoses and the prescriptions that may share their bag;
+    # a bag is set by its events' own times, so the other sources' events change none of these bags.
     run_job(str(release), str(tmp_path / "data"), PipelineConfig.model_validate(
-        {"num_shards": {"train": 1, "validation": 1, "test": 1}, "vocab": {"min_count": 1}}))
+        {"num_shards": {"train": 1, "validation": 1, "test": 1}, "vocab": {"min_count": 1},
+         "sources": ["lab", "diagnosis", "prescription"]}))
     _, feats = recompute.trajectory_features(t)
     ids = t["ADMISSIONS"].HADM_ID.to_numpy()
     gap = dict(zip(ids, feats.discharge_gap_days))
