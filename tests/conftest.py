@@ -213,3 +213,13 @@ def rank1_export(trained_rank1):
     from model.export.load import load_export
 
     return load_export(trained_rank1["export"])
+
+
+@pytest.fixture(scope="session")
+def units_model(tmp_path_factory, tiny_export) -> pathlib.Path:
+    """A folder with data/ and export/ in mg/dL and mmol/L (tests/support/units_model.py), read-only: the
+    hostile-input and unit-plausibility tests of ehr-eval share its one export."""
+    # TensorFlow loads only for the tests that ask for an export.
+    from tests.support.units_model import write_units_model
+
+    return write_units_model(tmp_path_factory.mktemp("units_model"), tiny_export)
