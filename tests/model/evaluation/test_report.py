@@ -32,7 +32,7 @@ def _no_network(page: str) -> None:
 
 @pytest.fixture(scope="module")
 def model_report(rank1_test_evaluation):
-    """The session's `ehr-eval` of the trained rank-1 run (its truth, --threshold sensitivity:0.8): its report folder."""
+    """The session's `ehr-eval` of the trained rank-1 run (its truth, --threshold sensitivity:0.8): the folder."""
     assert rank1_test_evaluation["code"] == 0
     return rank1_test_evaluation["out"]
 
