@@ -147,15 +147,17 @@ def reference_export(tmp_path_factory, tiny_export) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def rank1_test_evaluation(trained_rank1, tmp_path_factory) -> dict:
-    """`ehr-eval` of trained_rank1's run on its test split (S = 4, seed 3, its truth, 30 resamples), once per
-    session: the report folder ("out"), its arguments ("argv") and what it printed ("printed"), read-only."""
+    """`ehr-eval` of trained_rank1's run on its test split (S = 4, seed 3, its truth, 30 resamples, operating
+    threshold sensitivity:0.8), once per session: the report folder ("out"), its arguments ("argv") and what it
+    printed ("printed"), read-only. The model report's tests (tests/model/evaluation/test_report.py) read its page."""
     # TensorFlow loads only for the tests that ask for an evaluation.
     from model.cli import ehr_eval
 
     def build(base: pathlib.Path) -> None:
         argv = ["--model", str(trained_rank1["run"]), "--data", str(trained_rank1["data"]), "--split", "test",
                 "--samples", "4", "--seed", "3", "--out", str(base / "eval"), "--truth",
-                str(trained_rank1["data"] / "SYNTH_TRUTH.csv"), "--bootstrap", "30", "--no-progress"]
+                str(trained_rank1["data"] / "SYNTH_TRUTH.csv"), "--bootstrap", "30", "--threshold", "sensitivity:0.8",
+                "--no-progress"]
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
             code = ehr_eval.main(argv)
@@ -232,3 +234,13 @@ def demo_meds_job(demo_meds_conversion, tmp_path_factory) -> tuple[pathlib.Path,
 
     out = built_once(tmp_path_factory, "demo_meds_job", build) / "data"
     return out, json.loads((out / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def units_model(tmp_path_factory, tiny_export) -> pathlib.Path:
+    """A folder with data/ and export/ in mg/dL and mmol/L (tests/support/units_model.py), read-only: the
+    hostile-input and unit-plausibility tests of ehr-eval share its one export."""
+    # TensorFlow loads only for the tests that ask for an export.
+    from tests.support.units_model import write_units_model
+
+    return write_units_model(tmp_path_factory.mktemp("units_model"), tiny_export)

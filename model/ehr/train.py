@@ -143,8 +143,9 @@ def train(config: ExperimentConfig, data_dir: str | os.PathLike[str], out_dir: s
                               seed=tc.seed * 1_000_003 + start, shuffle_buffer=tc.shuffle_buffer,
                               cache=tc.cache_featurized)
 
-    validator = make_validator(model, inputs.dataset(files, featurizer, "validation", ec.batch_size),
-                               tc.eval_samples, ec.num_bins)
+    # Without periodic validation the loop never calls it: building the validation dataset costs seconds.
+    validator = (make_validator(model, inputs.dataset(files, featurizer, "validation", ec.batch_size),
+                                tc.eval_samples, ec.num_bins) if tc.eval_every_steps else None)
     # The plateau schedule changes the optimizer's own rate between steps: log that, not the starting value.
     logged_rate = (lambda _: slow_opt.learning_rate) if tc.lr_schedule == "plateau" else slow_rate
     loop = training_loop.run(model, slow_opt=slow_opt, fast_opt=fast_opt, learning_rate=logged_rate,

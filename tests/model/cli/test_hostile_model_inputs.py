@@ -23,30 +23,15 @@ from ehr_pipeline.shift import population, unit_mismatch
 from model.cli import ehr_analyze, ehr_eval
 from tests.support.ehr_testdata import write_data_dir
 from tests.support.serving_fixtures import write_manifest
+from tests.support.units_model import CREATININE, LACTATE, MODEL_UNITS, PEEP, SIZES, UMOL_PER_MG_DL
 
-CREATININE, LACTATE, PEEP = "lab:50912", "lab:50813", "chart:211"
-UMOL_PER_MG_DL = 88.4
-MODEL_UNITS = {"codes": {CREATININE: {"mg/dL": 100}, LACTATE: {"mmol/L": 100}},
-               "canonical": {CREATININE: "mg/dL", LACTATE: "mmol/L"}}
-SIZES = (("train", 40), ("validation", 24), ("test", 24))
 EVAL = ["--split", "test", "--samples", "2", "--bootstrap", "10", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory, tiny_export) -> pathlib.Path:
-    """A data folder, a tiny export of its vocabulary with a reference of it, in mg/dL and mmol/L."""
-    from model.evaluation import against_reference
-    from model.data_folder import load_data_files
-
-    root = tmp_path_factory.mktemp("hostile_model")
-    files = load_data_files(write_data_dir(root / "data", sizes=SIZES, train_shards=1, constant={PEEP: 5.0},
-                                           units=MODEL_UNITS["canonical"]))
-    vocabulary = {s: [c.split(":", 1)[1] for c in codes] for s, codes in files.vocabulary.items()}
-    # The session's export factory writes it; the folder holds a link, as the tests read base / "export".
-    (root / "export").symlink_to(tiny_export(vocabulary=vocabulary, units=MODEL_UNITS,
-                                             lab_loinc={"2160-0": ["50912"], "2524-7": ["50813"]},
-                                             reference=against_reference.reference_profile(files)))
-    return root
+def base(units_model) -> pathlib.Path:
+    """A data folder, a tiny export of its vocabulary with a reference of it, in mg/dL and mmol/L (the session's)."""
+    return units_model
 
 
 def _copy(base: pathlib.Path, tmp_path: pathlib.Path) -> pathlib.Path:

@@ -20,19 +20,15 @@ from ehr_pipeline.encode import magnitudes, units
 from model.evaluation.unit_check import UnitMismatchError, plan_units
 from model.export.load import load_export
 from tests.support.ehr_testdata import write_data_dir
+from tests.support.units_model import CREATININE, LACTATE, MODEL_UNITS, TRAINING_MEDIAN, UMOL_PER_MG_DL
 
-CREATININE, LACTATE = "lab:50912", "lab:50813"
-UMOL_PER_MG_DL = 88.4
-TRAINING_MEDIAN = 1.1  # creatinine, mg/dL
-MODEL_UNITS = {"codes": {CREATININE: {"mg/dL": 100}, LACTATE: {"mmol/L": 100}},
-               "canonical": {CREATININE: "mg/dL", LACTATE: "mmol/L"},
-               "medians": {CREATININE: TRAINING_MEDIAN, LACTATE: 1.8}}
 SIZES = (("train", 12), ("validation", 4), ("test", 4))
 
 
 @pytest.fixture(scope="module")
-def export(tiny_export):
-    return load_export(tiny_export(units=MODEL_UNITS, lab_loinc={"2160-0": ["50912"], "2524-7": ["50813"]}))
+def export(units_model):
+    """The session's tiny export in mg/dL and mmol/L, creatinine's training median 1.1 mg/dL (its units.json)."""
+    return load_export(units_model / "export")
 
 
 def _si_folder(path: pathlib.Path, creatinine_median: float | None) -> pathlib.Path:

@@ -31,14 +31,10 @@ def _no_network(page: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def model_report(trained_rank1, tmp_path_factory):
-    out = tmp_path_factory.mktemp("report") / "eval"
-    data = trained_rank1["data"]
-    code = ehr_eval.main(["--model", str(trained_rank1["run"]), "--data", str(data), "--samples", "3",
-                          "--truth", str(data / "SYNTH_TRUTH.csv"), "--bootstrap", "30", "--out", str(out),
-                          "--threshold", "sensitivity:0.8", "--no-progress"])
-    assert code == 0
-    return out
+def model_report(rank1_test_evaluation):
+    """The session's `ehr-eval` of the trained rank-1 run (its truth, --threshold sensitivity:0.8): the folder."""
+    assert rank1_test_evaluation["code"] == 0
+    return rank1_test_evaluation["out"]
 
 
 def test_model_report_is_the_metrics_json_rendered(model_report):
