@@ -42,13 +42,25 @@ def export_dir(tmp_path_factory, tiny_export):
     return tiny_export(vocabulary=vocabulary, reference=reference, lab_loinc={"2160-0": ["50912"], "32693-4": ["50813"]})
 
 
-def _stream(export_dir, bodies: list[dict]) -> list[dict]:
-    """The /v1/monitor answers after every STEP requests of `bodies`, on a fresh server."""
+# Each export loaded once for the module's streams (a load verifies every checksum and reads the SavedModel,
+# seconds); every stream's app still starts its own batcher and monitor, so no window is shared.
+@pytest.fixture(scope="module")
+def model(export_dir) -> ServedModel:
+    return ServedModel.load(export_dir)
+
+
+@pytest.fixture(scope="module")
+def reference_model(reference_export) -> ServedModel:
+    return ServedModel.load(reference_export)
+
+
+def _stream(model: ServedModel, bodies: list[dict]) -> list[dict]:
+    """The /v1/monitor answers after every STEP requests of `bodies`, on a fresh server of `model`."""
     # monitor_refresh_s 0: each answer is the report of every request sent so far.
-    settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", warmup=False, monitor_window=500,
-                             monitor_refresh_s=0)
+    settings = make_settings(model_dir=model.export.directory, no_auth=True, host="127.0.0.1", warmup=False,
+                             monitor_window=500, monitor_refresh_s=0)
     answers = []
-    with ThreadedServer(create_app(settings, ServedModel.load(export_dir))) as server, \
+    with ThreadedServer(create_app(settings, model)) as server, \
             httpx.Client(base_url=server.base_url, timeout=120.0) as client:
         for start in range(0, len(bodies), STEP):
             r = client.post("/v1/predict/batch", json={"patients": bodies[start:start + STEP]}, params=PARAMS)
@@ -63,8 +75,8 @@ def _gauge(text: str, name: str) -> float:
 
 
 @pytest.mark.slow
-def test_a_stream_from_the_training_population_raises_nothing(export_dir):
-    answers = _stream(export_dir, admission_requests(200, seed=21, units={CREATININE: "mg/dL"}))
+def test_a_stream_from_the_training_population_raises_nothing(model):
+    answers = _stream(model, admission_requests(200, seed=21, units={CREATININE: "mg/dL"}))
     assert [a["admissions"] for a in answers] == [50, 100, 150, 200]
     assert [a["level"] for a in answers] == ["none"] * 4, answers[-1]["findings"]
     assert answers[-1]["summary"]["tests"] >= 10
@@ -72,9 +84,9 @@ def test_a_stream_from_the_training_population_raises_nothing(export_dir):
 
 
 @pytest.mark.slow
-def test_creatinine_sent_in_umol_per_litre_with_its_unit_is_flagged_as_converted(export_dir):
-    answers = _stream(export_dir, admission_requests(200, seed=22, scale={CREATININE: UMOL_PER_MG_DL},
-                                                     units={CREATININE: "umol/L"}))
+def test_creatinine_sent_in_umol_per_litre_with_its_unit_is_flagged_as_converted(model):
+    answers = _stream(model, admission_requests(200, seed=22, scale={CREATININE: UMOL_PER_MG_DL},
+                                                units={CREATININE: "umol/L"}))
     first = next(i for i, a in enumerate(answers) if a["level"] != "none")
     last = answers[-1]
     assert last["level"] == "moderate", last["findings"]
@@ -88,8 +100,8 @@ def test_creatinine_sent_in_umol_per_litre_with_its_unit_is_flagged_as_converted
 
 
 @pytest.mark.slow
-def test_creatinine_sent_in_umol_per_litre_without_a_unit_is_named_severe_within_200_requests(export_dir):
-    answers = _stream(export_dir, admission_requests(200, seed=23, scale={CREATININE: UMOL_PER_MG_DL}))
+def test_creatinine_sent_in_umol_per_litre_without_a_unit_is_named_severe_within_200_requests(model):
+    answers = _stream(model, admission_requests(200, seed=23, scale={CREATININE: UMOL_PER_MG_DL}))
     first = next(i for i, a in enumerate(answers) if a["level"] == "severe")
     assert (first + 1) * STEP <= 200
     [shifted] = [f for f in answers[-1]["findings"] if f["subject"] == CREATININE]
@@ -123,9 +135,9 @@ def _with_constant(bodies: list[dict], value: float) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("value, level", [(5.0, "none"), (10.0, "severe")])
-def test_a_code_constant_in_training_keeps_monitor_and_metrics_answering(reference_export, value, level):
+def test_a_code_constant_in_training_keeps_monitor_and_metrics_answering(reference_model, value, level):
     # The session's reference export: its training folder records CONSTANT at 5.0 in every admission that has it.
-    answers = _stream(reference_export, _with_constant(admission_requests(100, seed=31), value))
+    answers = _stream(reference_model, _with_constant(admission_requests(100, seed=31), value))
     last = answers[-1]
     assert last["level"] == level, last["findings"]
     assert _gauge(last["metrics"], "ehr_shift_level") == {"none": 0.0, "severe": 2.0}[level]

@@ -26,10 +26,17 @@ def export_dir(reference_export):
     return reference_export  # an export with a reference, so its monitor reports
 
 
-def _client(export_dir, refresh_s: float) -> TestClient:
-    settings = make_settings(model_dir=export_dir, no_auth=True, host="127.0.0.1", warmup=False, monitor_window=100,
-                             monitor_refresh_s=refresh_s)
-    return TestClient(create_app(settings, ServedModel.load(export_dir)))
+@pytest.fixture(scope="module")
+def model(export_dir) -> ServedModel:
+    # Loaded once for the module (a load verifies every checksum and reads the SavedModel, seconds); each
+    # test's app still starts its own batcher and monitor, so no window or report is shared.
+    return ServedModel.load(export_dir)
+
+
+def _client(model: ServedModel, refresh_s: float) -> TestClient:
+    settings = make_settings(model_dir=model.export.directory, no_auth=True, host="127.0.0.1", warmup=False,
+                             monitor_window=100, monitor_refresh_s=refresh_s)
+    return TestClient(create_app(settings, model))
 
 
 def _send(client: TestClient, n: int, seed: int) -> None:
@@ -54,8 +61,8 @@ def test_the_default_refresh_is_a_setting_with_its_help():
     assert field.default == 10.0 and "seconds" in field.description
 
 
-def test_a_young_report_is_served_as_it_is_while_admissions_keep_coming(export_dir):
-    with _client(export_dir, refresh_s=3600) as client:
+def test_a_young_report_is_served_as_it_is_while_admissions_keep_coming(model):
+    with _client(model, refresh_s=3600) as client:
         _send(client, 3, seed=1)
         first = client.get("/v1/monitor").json()  # the first report: made while it waits
         assert first["admissions"] == 3 and 0 <= first["age_s"] < 60
@@ -67,16 +74,16 @@ def test_a_young_report_is_served_as_it_is_while_admissions_keep_coming(export_d
         assert _gauge(scrape, "ehr_shift_report_age_seconds") >= again["age_s"]
 
 
-def test_refresh_zero_makes_the_report_of_every_window(export_dir):
-    with _client(export_dir, refresh_s=0) as client:
+def test_refresh_zero_makes_the_report_of_every_window(model):
+    with _client(model, refresh_s=0) as client:
         _send(client, 3, seed=1)
         assert client.get("/v1/monitor").json()["admissions"] == 3
         _send(client, 4, seed=2)
         assert client.get("/v1/monitor").json()["admissions"] == 7
 
 
-def test_an_old_report_is_answered_at_once_and_made_again_in_the_background(export_dir):
-    with _client(export_dir, refresh_s=0.2) as client:
+def test_an_old_report_is_answered_at_once_and_made_again_in_the_background(model):
+    with _client(model, refresh_s=0.2) as client:
         _report_of_3_then_4_more(client)
         assert client.get("/v1/monitor").json()["admissions"] == 3  # the last one, while the next is made
         deadline = time.monotonic() + 60
@@ -85,8 +92,8 @@ def test_an_old_report_is_answered_at_once_and_made_again_in_the_background(expo
             time.sleep(0.1)
 
 
-def test_a_caller_never_waits_for_a_report_another_is_making(export_dir):
-    with _client(export_dir, refresh_s=0.2) as client:
+def test_a_caller_never_waits_for_a_report_another_is_making(model):
+    with _client(model, refresh_s=0.2) as client:
         _report_of_3_then_4_more(client)
         monitor = client.app.state.monitor
         monitor._compute.acquire()  # a report of the window in the making elsewhere

@@ -11,6 +11,7 @@ them), so the two protos must match byte for byte.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 
 import pyarrow as pa
 import pytest
@@ -105,6 +106,18 @@ def event_sets(draw):
     return rows
 
 
+@functools.cache
+def job_dofn() -> bag.BagExample:
+    """The job's BagExample DoFn, set up once as a worker sets it up once for every bundle it processes.
+
+    Its unit Converter is a cache of unit readings (pint's registry takes ~0.7 s CPU to build): set up
+    again for every generated example, it was most of this module's time.
+    """
+    dofn = bag.BagExample(CONFIG.to_dict())
+    dofn.setup()
+    return dofn
+
+
 def job_record(rows, chunk_order, export) -> bytes:
     """The job's record for the admission: extraction, cohort cut and packing per table, then its DoFn."""
     cohort_index = pa.table({"SUBJECT_ID": [0], "HADM_ID": [HADM], "trigger_time": [TRIGGER]})
@@ -138,8 +151,7 @@ def job_record(rows, chunk_order, export) -> bytes:
             # What the service writes, as for the ids: a request does not carry them.
             "ethnicity": spec.NOT_RECORDED, "insurance": spec.NOT_RECORDED,
             "previous_discharge_seconds": job_cohort_row()["previous_discharge_seconds"]}
-    dofn = bag.BagExample(CONFIG.to_dict())
-    dofn.setup()
+    dofn = job_dofn()
     ordered = [chunks[i] for i in chunk_order(len(chunks))]
     # The job's unit plan for this model (--units-from the export) on a release of this one admission:
     # its canonical units, its labs' LOINC codes, its training medians and the admission's census.
