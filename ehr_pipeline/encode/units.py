@@ -135,6 +135,23 @@ class Conversion:
 IDENTITY = Conversion(1.0)
 
 
+_REGISTRY_LOCK = threading.Lock()
+_REGISTRY: list[Any] = []  # the process's one unit registry, once built
+
+
+def _process_registry() -> Any:
+    """The process's UCUM unit registry, built on first use (about a second) and shared by every Converter."""
+    # Building it costs ~0.7 s of CPU: a job stage, a test or a request path that makes a Converter of its
+    # own would otherwise pay that each time. The registry is read-only once built.
+    with _REGISTRY_LOCK:  # the service converts on several threads: build it once
+        if not _REGISTRY:
+            # Imported here: pint and the grammar cost a second, paid only when a unit needs them.
+            from ucumvert import PintUcumRegistry
+
+            _REGISTRY.append(PintUcumRegistry())
+    return _REGISTRY[0]
+
+
 class Converter:
     """Reads unit strings as UCUM and finds conversions; loads pint on the first unit that needs it.
 
@@ -143,7 +160,6 @@ class Converter:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._registry: Any = None
         self._readings: dict[str, unit_strings.Reading] = {}
         self._pint: dict[str, Any] = {}
@@ -157,12 +173,8 @@ class Converter:
         self._registry_()
 
     def _registry_(self) -> Any:
-        with self._lock:  # the service converts on several threads: build the registry once
-            if self._registry is None:
-                # Imported here: pint and the grammar cost a second, paid only when a unit needs them.
-                from ucumvert import PintUcumRegistry
-
-                self._registry = PintUcumRegistry()
+        if self._registry is None:
+            self._registry = _process_registry()
         return self._registry
 
     def _parse(self, ucum: str) -> Any:
