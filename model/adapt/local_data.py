@@ -95,17 +95,17 @@ OUTCOME_SPLIT = "outcome-store"  # the split a LocalData read from the service's
 
 def read_outcomes(loaded: LoadedExport, outcome_dir: str | os.PathLike[str], *, sample_size: int | None,
                   seed: int) -> LocalData:
-    """The outcome store's kept admissions answered by the export's model version, with their outcomes (all, or
+    """The outcome store's kept admissions answered by this export (its checksum), with their outcomes (all, or
     `sample_size` drawn with `seed`); AdaptError when the store holds none of them."""
     outcome_dir = os.fspath(outcome_dir)
     version = loaded.files.card.version
     try:
-        kept = read_kept_admissions(outcome_dir, version)
+        kept = read_kept_admissions(outcome_dir, loaded.files.checksum)
     except OutcomeFileError as err:
         raise AdaptError(str(err)) from None
     labels = np.asarray(kept.outcomes, np.int64)
     counts = {k: v for k, v in kept.counts.items() if k != "used"}
-    for reason in ("without_outcome", "admission_not_kept", "other_model_version"):
+    for reason in ("without_outcome", "admission_not_kept", "other_model", "model_not_recorded"):
         if counts[reason]:
             log.warning("%s: %d prediction(s) not used: %s", outcome_dir, counts[reason], reason.replace("_", " "))
     chosen = _draw(np.arange(len(labels)), sample_size, seed, f"{outcome_dir}: the outcome store", counts)

@@ -149,7 +149,7 @@ def open_outcomes(app: FastAPI, settings: Settings, model: ServedModel, metrics:
     export = model.export
     app.state.outcomes = store
     app.state.outcome_monitor = OutcomeMonitor(
-        store, metrics, model_version=export.card.version, refresh_s=settings.monitor_refresh_s,
+        store, metrics, model_version=export.card.version, model_checksum=export.checksum, refresh_s=settings.monitor_refresh_s,
         thresholds=metrics_report.decision_thresholds(export.metrics.decision_threshold))
     logger.info("outcome store %s: %s, %d rows past %g days deleted%s", store.path, store.counts(), deleted,
                 settings.outcome_retention_days, "; keeping encoded admissions" if store.keep_admissions else "")

@@ -130,8 +130,9 @@ async def predict_admissions(
     metrics.referrals.inc(sum(p.refer for p in out))
     if outcomes is not None:
         # Off the event loop: the row is on disk (fsync) before the answer names it.
-        ids = await run_in_threadpool(outcomes.record_predictions, export.card.version, [p.probability for p in out],
-                                      probs, [e.example for e in encoded])
+        ids = await run_in_threadpool(outcomes.record_predictions,
+                                      export.card.version, [p.probability for p in out], probs,
+                                      [e.example for e in encoded], model_checksum=export.checksum)
         out = [p.model_copy(update={"prediction_id": i}) for p, i in zip(out, ids)]
     return out
 

@@ -41,10 +41,11 @@ SERVICE_DRAWS = 500
 class OutcomeMonitor:
     """The outcome store's realized and expected performance, cached until outcomes arrive, as JSON and gauges."""
 
-    def __init__(self, store: OutcomeStore, metrics: ServiceMetrics, *, model_version: str,
+    def __init__(self, store: OutcomeStore, metrics: ServiceMetrics, *, model_version: str, model_checksum: str,
                  thresholds: Sequence[float], refresh_s: float):
         self.store = store
         self.model_version = model_version
+        self.model_checksum = model_checksum
         self.thresholds = tuple(thresholds)
         self.refresh_s = refresh_s
         self._lock = threading.Lock()
@@ -73,7 +74,7 @@ class OutcomeMonitor:
             return {**counts, **self._reading}
 
     def _make(self) -> dict[str, Any]:
-        p, samples, y = self.store.matched(self.model_version)
+        p, samples, y = self.store.matched(self.model_checksum)
         if y.size == 0:
             return {"matched": 0}
         estimate = metrics_report.expected_performance(p, samples, thresholds=self.thresholds,
@@ -87,6 +88,7 @@ class OutcomeMonitor:
         alarm = outcome_alarm.oe_alarm(p, y)
         self._alarm.set(1.0 if alarm["fires"] else 0.0)
         return {"matched": int(y.size), "deaths": int(y.sum()), "model_version": self.model_version,
+                "model_checksum": self.model_checksum,
                 "expected": estimate, "realized": realized, "alarm": alarm, "update": _update_choice(samples, y)}
 
 

@@ -6,10 +6,11 @@ returned with that answer, never to whatever the window holds when it arrives.
 
 Privacy by design (docs/serving.md "Outcomes"): the store is off unless ``Settings.outcome_dir``
 names a folder; a row holds the prediction identifier (random, carrying its creation time and
-nothing about the patient), the model version, the time, the predicted probability and the model's
-sampled probabilities, and, only when ``keep_admissions`` is set (for updating the model), the
-encoded admission (the model's own tensors: no names, raw identifiers or free text). Rows older
-than the retention period are deleted (``purge``, run at start and then hourly by the app).
+nothing about the patient), the model version and the export's checksum, the time, the predicted
+probability and the model's sampled probabilities, and, only when ``keep_admissions`` is set (for
+updating the model), the encoded admission (the model's own tensors: no names, raw identifiers or
+free text). Rows older than the retention period are deleted (``purge``, run at start and then
+hourly by the app).
 
 The file's schema is ``model.adapt.outcome_file``'s, whose reader ``ehr-adapt --outcomes`` uses to
 take the kept admissions as a site's local data.
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from model.adapt.outcome_file import SCHEMA, STORE_FILE, TABLE
+from model.adapt.outcome_file import SCHEMA, STORE_FILE, TABLE, add_checksum_column
 
 # Twelve hex digits of milliseconds since 1970 (until the year 10889) and 20 random hex digits
 # (80 bits): the time says whether an identifier the store no longer holds has expired (410) or
@@ -84,6 +85,7 @@ class OutcomeStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        add_checksum_column(self._db)  # a file from before the column: its old rows stay unattributed (NULL)
 
     def close(self) -> None:
         """Closes the database (everything written is already on disk)."""
@@ -91,20 +93,22 @@ class OutcomeStore:
             self._db.close()
 
     def record_predictions(self, model_version: str, probabilities: Sequence[float], samples,
-                           admissions: Sequence[bytes] | None = None, *, now: float | None = None) -> list[str]:
-        """Stores answered predictions (samples [n, M]) in one transaction; returns their new identifiers.
+                           admissions: Sequence[bytes] | None = None, *, model_checksum: str,
+                           now: float | None = None) -> list[str]:
+        """Stores predictions (samples [n, M]) the export with `model_checksum` answered, in one transaction;
+        returns their new identifiers.
 
         `admissions` (encoded examples) are kept only when the store keeps admissions."""
         now = time.time() if now is None else now
         samples = np.asarray(samples, dtype=np.float32)
         ids = [new_prediction_id(now) for _ in probabilities]
         kept = admissions if (self.keep_admissions and admissions is not None) else [None] * len(ids)
-        rows = [(i, model_version, now, float(p), samples[j].tobytes(), kept[j])
+        rows = [(i, model_version, model_checksum, now, float(p), samples[j].tobytes(), kept[j])
                 for j, (i, p) in enumerate(zip(ids, probabilities))]
         with self._lock:
             self._db.execute("BEGIN")
-            self._db.executemany(f"INSERT INTO {TABLE} (prediction_id, model_version, predicted_at, probability, "
-                                 "samples, admission) VALUES (?, ?, ?, ?, ?, ?)", rows)
+            self._db.executemany(f"INSERT INTO {TABLE} (prediction_id, model_version, model_checksum, predicted_at, "
+                                 "probability, samples, admission) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
             self._db.execute("COMMIT")
         return ids
 
@@ -149,14 +153,15 @@ class OutcomeStore:
                 f"SELECT COUNT(*), COUNT(outcome) FROM {TABLE}").fetchone()
         return {"predictions": int(total), "outcomes": int(with_outcome)}
 
-    def matched(self, model_version: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def matched(self, model_checksum: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(probability [n], sampled probabilities [n, M], outcome [n]) of every prediction with its outcome,
-        oldest first; only `model_version`'s when given (samples of another version may have another M)."""
+        oldest first; only the export with `model_checksum`'s when given (another export's probabilities say
+        nothing of this one's calibration, and its samples may have another M)."""
         query = f"SELECT probability, samples, outcome FROM {TABLE} WHERE outcome IS NOT NULL"
         args: tuple = ()
-        if model_version is not None:
-            query += " AND model_version = ?"
-            args = (model_version,)
+        if model_checksum is not None:
+            query += " AND model_checksum = ?"
+            args = (model_checksum,)
         with self._lock:
             rows = self._db.execute(query + " ORDER BY predicted_at", args).fetchall()
         if not rows:

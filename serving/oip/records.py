@@ -169,6 +169,8 @@ async def predict_records(records: list[CheckedRecord], *, num_samples: int, see
     if outcomes is not None:
         # The checked record is the encoded admission the JSON road stores (the same bytes reach the model),
         # so it is kept under the same rule; off the event loop: the row is on disk before the answer names it.
-        ids = await run_in_threadpool(outcomes.record_predictions, export.card.version,
-                                      [float(v) for v in summary.probability], probs, [r.example for r in records])
+        ids = await run_in_threadpool(outcomes.record_predictions,
+                                      export.card.version,
+                                      [float(v) for v in summary.probability], probs, [r.example for r in records],
+                                      model_checksum=export.checksum)
     return probs, summary, ids

@@ -79,11 +79,13 @@ def test_a_sample_larger_than_the_split_is_refused(trained_rank1, site, tmp_path
         run_update(trained_rank1["export"], site, tmp_path / "x", AdaptConfig(sample_size=500, samples=2))
 
 
-def _service_store(folder, version: str, records: list[bytes], labels, *, keep: bool = True) -> None:
-    """An outcome store written by the service's own class: each record answered by `version`, then its outcome."""
+def _service_store(folder, version: str, checksum: str, records: list[bytes], labels, *, keep: bool = True) -> None:
+    """An outcome store written by the service's own class: each record answered by the export (`version`,
+    `checksum`), then its outcome."""
     store = OutcomeStore(folder, retention_s=10 * 86400.0, keep_admissions=keep)
     for i, (record, label) in enumerate(zip(records, labels)):
-        [pid] = store.record_predictions(version, [0.5], [[0.5, 0.5]], [record], now=1.8e9 + i)
+        [pid] = store.record_predictions(version, [0.5], [[0.5, 0.5]], [record], model_checksum=checksum,
+                                         now=1.8e9 + i)
         store.record_outcome(pid, int(label), now=1.8e9 + i)
     store.close()
 
@@ -95,11 +97,12 @@ def test_ehr_adapt_reads_the_services_outcome_store_as_its_local_data(trained_ra
     version = parent.files.card.version
     train = data_folder.read_split(data_folder.load_data_files(site), "train")
     folder = tmp_path / "outcomes"
-    _service_store(folder, version, train.records, train.labels)
-    # Rows the update cannot use, each counted by reason: another version's, an outcome still to come.
-    _service_store(folder, version + "-other", train.records[:3], train.labels[:3])
+    _service_store(folder, version, parent.files.checksum, train.records, train.labels)
+    # Rows the update cannot use, each counted by reason: another export's of the same version, an outcome still
+    # to come.
+    _service_store(folder, version, "0" * 64, train.records[:3], train.labels[:3])
     OutcomeStore(folder, retention_s=86400.0, keep_admissions=True).record_predictions(
-        version, [0.5], [[0.5, 0.5]], [train.records[0]])
+        version, [0.5], [[0.5, 0.5]], [train.records[0]], model_checksum=parent.files.checksum)
     out = tmp_path / "from-store"
     assert ehr_adapt.main(["--model", str(trained_rank1["export"]), "--outcomes", str(folder), "--out", str(out),
                            "--method", "recalibrate", "--samples", "3", "--no-progress"]) == 0
@@ -107,7 +110,8 @@ def test_ehr_adapt_reads_the_services_outcome_store_as_its_local_data(trained_ra
     assert (record.method, record.n, record.events) == ("recalibrate", 160, sum(train.labels))
     local = record.model_extra["local_data"]
     assert local["split"] == "outcome-store"
-    assert local["records"] == {"read": 164, "without_outcome": 1, "admission_not_kept": 0, "other_model_version": 3,
+    assert local["records"] == {"read": 164, "without_outcome": 1, "admission_not_kept": 0, "other_model": 3,
+                                "model_not_recorded": 0,
                                 "not_drawn": 0, "used": 160}
     # The same admissions and outcomes as the data folder's train split, in the same order: the same recalibration.
     folder_fit = load_export(recalibrated.export_dir).files.adaptation.recalibration
