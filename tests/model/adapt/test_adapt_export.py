@@ -118,10 +118,12 @@ def test_ehr_adapt_reads_the_services_outcome_store_as_its_local_data(trained_ra
     assert (record.recalibration.intercept, record.recalibration.slope) == pytest.approx(
         (folder_fit.intercept, folder_fit.slope), rel=1e-6)
     capsys.readouterr()
-    # One line each: a store of another model version only, and one that kept no admissions.
-    _service_store(tmp_path / "other", "0.0.0-other", train.records[:4], train.labels[:4])
-    _service_store(tmp_path / "unkept", version, train.records[:4], train.labels[:4], keep=False)
-    for name, why in (("other", "answered by model version(s) 0.0.0-other, not " + version),
+    # One line each: a store of another export only (same version), and one that kept no admissions.
+    _service_store(tmp_path / "other", version, "e5" * 32, train.records[:4], train.labels[:4])
+    _service_store(tmp_path / "unkept", version, parent.files.checksum, train.records[:4], train.labels[:4],
+                   keep=False)
+    for name, why in (("other", "answered by other export(s) (checksum e5e5e5e5e5e5...), not "
+                       + parent.files.checksum[:12]),
                       ("unkept", "only with --outcome-keep-admissions")):
         assert ehr_adapt.main(["--model", str(trained_rank1["export"]), "--outcomes", str(tmp_path / name),
                                "--out", str(tmp_path / f"x-{name}"), "--no-progress"]) == 2
