@@ -212,7 +212,8 @@ def _well_specified(work: pathlib.Path, changed: pathlib.Path, test_ids: np.ndar
 
 def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict], argv) -> str:
     """The section's markdown: the counterfactual table and, for sampled posteriors, the uncertainty table."""
-    ids = load_split(work / "data", work / "release", "test").hadm_ids
+    test = load_split(work / "data", work / "release", "test")
+    ids = test.hadm_ids
     cf = pd.read_csv(_changed_release(work, args.change) / COUNTERFACTUAL_FILE).set_index("HADM_ID").reindex(ids)
     truth_before, truth_after = cf.LOGIT_BEFORE.to_numpy(), cf.LOGIT_AFTER.to_numpy()
     title = (f"## Counterfactual: {args.change}{', early stopping' if args.early_stop else ''}"
@@ -236,7 +237,7 @@ def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict]
                      f"({r['truth_mean_abs_dp']:.4f}) | {steps} | {s['seconds']:.0f} |")
     rows = truth_design(work / "release")
     design = np.stack([rows[h] for h in ids])
-    lines += factual_lines(args, scores, design, load_split(work / "data", work / "release", "test").truth)
+    lines += factual_lines(args, scores, design, test.truth)
     sampled = {n: s for n, s in scores.items() if s["K"] * s["S"] > 1 and n != DEEP_ENSEMBLE}
     if sampled:
         trajectory = np.abs(design[:, -2:] @ temporal_model(1.0).coefficients())
