@@ -258,6 +258,12 @@ def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict]
     return "\n".join(lines)
 
 
+def _coef(c: dict) -> str:
+    """A coefficient and its interval to 2 decimals; a rounding residue such as -1e-15 prints as 0.00, not -0.00."""
+    return " ".join([f"{round(c['estimate'], 2) + 0.0:.2f}",
+                     f"({round(c['lower'], 2) + 0.0:.2f}, {round(c['upper'], 2) + 0.0:.2f})"])
+
+
 def factual_lines(args: argparse.Namespace, scores: dict[str, dict], design: np.ndarray,
                   truth: np.ndarray) -> list[str]:
     """The original test split against P_DEATH: abs(p - P) (paired with the first method), coefficients carried, coverage."""
@@ -280,8 +286,7 @@ def factual_lines(args: argparse.Namespace, scores: dict[str, dict], design: np.
         paired = ("-" if name == names[0] else
                   f"{err['difference']:+.4f} ({err['difference_lower']:+.4f}, {err['difference_upper']:+.4f})")
         lines.append(f"| {name} | {err['mean']:.4f} ({err['lower']:.4f}, {err['upper']:.4f}) | {paired} | "
-                     f"{trend['estimate']:.2f} ({trend['lower']:.2f}, {trend['upper']:.2f}) | "
-                     f"{readm['estimate']:.2f} ({readm['lower']:.2f}, {readm['upper']:.2f}) | "
+                     f"{_coef(trend)} | {_coef(readm)} | "
                      f"{'-' if np.isnan(coverage) else f'{coverage:.2f}'} |")
     return lines
 
