@@ -25,7 +25,9 @@ smallest (bottom quartile), with a case-bootstrap interval.
 --early-stop trains with the plateau schedule and early stopping on validation NLL
 (train.lr_schedule plateau, patience, min_delta) up to --steps, in runs of their own;
 --time-inputs NAME ... trains with those model.time_inputs on (docs/model.md, "Time inputs"), in
-runs and a section of their own: the ablation of each input against the same release and seed.
+runs and a section of their own: the ablation of each input against the same release and seed;
+--set model.KEY=VALUE / train.KEY=VALUE varies a size or the optimisation the same way (a search
+made on validation NLL, which every run's table row prints).
 """
 from __future__ import annotations
 
@@ -89,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-inputs", nargs="+", default=[], choices=TIME_INPUTS, metavar="INPUT",
                    help=f"train with these model.time_inputs on (any of {', '.join(TIME_INPUTS)}; runs of their own); "
                         "none: the config's")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a model. or train. value of the scale's configs, as ehr-train --set does "
+                        "(e.g. model.rnn_dim=64; runs of their own, named by the overrides)")
     p.add_argument("--reference", default=None, metavar="RUN",
                    help="a finished run under WORK/runs scored first, as the row the others are paired with "
                         "(e.g. deterministic_esmin_s44: the deterministic LSTM without time inputs); none: the first method")
@@ -124,12 +129,35 @@ def _train_args(args: argparse.Namespace) -> argparse.Namespace:
         scale = SCALES[ns.scale]
         ns.scale = f"{ns.scale}+time_inputs"
         SCALES[ns.scale] = {**scale, "model": {**scale["model"], "time_inputs": list(args.time_inputs)}}
+    overrides = _overrides(args)
+    if overrides:
+        scale = SCALES[ns.scale]
+        ns.scale = f"{ns.scale}+set"
+        SCALES[ns.scale] = {**scale, **{section: {**scale[section], **values} for section, values in overrides.items()}}
     return ns
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    """--set items as {'model': {...}, 'train': {...}}; another section is refused (SystemExit naming it)."""
+    from model.cli.ehr_train import parse_overrides
+    from ehr_base.yaml_config import ConfigError
+
+    try:
+        overrides = parse_overrides(args.overrides)
+    except ConfigError as err:
+        raise SystemExit(str(err)) from None
+    other = sorted(set(overrides) - {"model", "train"})
+    if other:
+        raise SystemExit(f"--set {other[0]}.*: only model. and train. values vary a run here")
+    return overrides
 
 
 def _tag(args: argparse.Namespace) -> str:
     """The suffix of a variant's run folders and section name."""
-    return ("_esmin" if args.early_stop else "") + ("_ti-" + "-".join(sorted(args.time_inputs)) if args.time_inputs else "")
+    sets = "".join(f"_{key.split('.', 1)[1]}-{value}" for key, value in
+                   sorted(item.partition("=")[::2] for item in args.overrides))
+    return ("_esmin" if args.early_stop else "") + (
+        "_ti-" + "-".join(sorted(args.time_inputs)) if args.time_inputs else "") + sets
 
 
 def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dict]:

@@ -40,6 +40,20 @@ def test_time_inputs_and_early_stopping_reach_the_run_config_and_name_their_runs
         bench.build_parser().parse_args(["--time-inputs", "slope_of_creatinine"])
 
 
+
+def test_set_overrides_reach_the_run_config_and_name_their_runs(bench, scales):
+    from bench.methods.compare_runs import run_config
+
+    args = bench.build_parser().parse_args(["--scale", "tiny", "--set", "model.rnn_dim=64", "--set",
+                                            "train.learning_rate=1e-3"])
+    assert bench._tag(args) == "_rnn_dim-64_learning_rate-1e-3"  # sorted by SECTION.KEY
+    config = run_config("rank1_normal", 11, bench._train_args(args))
+    assert config.model.rnn_dim == 64 and config.train.learning_rate == pytest.approx(1e-3)
+    assert config.model.hidden_layer_dim == 32  # the rest stays the scale's
+    for bad, match in ((["--set", "eval.num_samples=3"], "only model. and train."), (["--set", "rnn_dim"], "SECTION.KEY")):
+        with pytest.raises(SystemExit, match=match):
+            bench._train_args(bench.build_parser().parse_args(bad))
+
 def test_the_factual_table_gives_the_truth_its_own_coefficients_and_pairs_each_row_with_the_first(bench):
     import argparse
 
