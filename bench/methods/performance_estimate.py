@@ -19,7 +19,8 @@ test split (S samples per member). Per (site, release) cell:
   writes, since its dependencies would change the product's;
 * the alarm (model.adapt.outcome_alarm): --streams streams of outcomes drawn from P_DEATH for the
   release's cases resampled in random order; the share of streams whose alarm fired by 300, 1,000
-  and 3,000 outcomes (at A: the false-alarm rate).
+  and 3,000 outcomes (at A: the false-alarm rate); beside it the calibration slope's Wald test
+  (slope 1 outside its 95% interval), one test at each of those sizes.
 
 Output: WORK/perf_estimate.json (every cell) and WORK/perf_estimate.md (the tables). Numbers are
 claimed for the sizes and seeds this command ran with, printed beside them.
@@ -43,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 import ehr_base  # noqa: E402,F401  (pins the Keras flavour before TensorFlow loads)
 from bench.methods.compare_runs import load_split, make_data, make_release  # noqa: E402
 from model.adapt import outcome_alarm  # noqa: E402
-from model.evaluation.statistics import metrics, metrics_report  # noqa: E402
+from model.evaluation.statistics import logistic_calibration, metrics, metrics_report  # noqa: E402
 
 log = logging.getLogger("bench.methods.performance_estimate")
 
@@ -104,16 +105,21 @@ def cbpe_auroc(python: str | None, p_ref, y_ref, p_new, threshold: float) -> flo
         return json.loads(out.stdout.strip().splitlines()[-1])["roc_auc"]
 
 
-def stream_power(p, truth, *, streams: int, seed: int) -> dict[str, float]:
-    """Share of outcome streams (cases resampled in random order, outcomes ~ P_DEATH) whose O/E alarm fired by each
-    of STREAM_SIZES outcomes."""
+def stream_power(p, truth, *, streams: int, seed: int) -> dict[str, dict[str, float]]:
+    """Over outcome streams (cases resampled in random order, outcomes ~ P_DEATH), the share in which each test fired
+    by each of STREAM_SIZES outcomes: "oe", the service's O/E alarm (its looks, its spent alpha); "slope", the
+    calibration slope's 95% Wald interval excluding 1, one test after exactly that many outcomes."""
     rng = np.random.default_rng(seed)
-    fired_at = []
+    fired_at, slope_fired = [], {n: [] for n in STREAM_SIZES}
     for _ in range(streams):
         idx = rng.integers(0, p.size, size=max(STREAM_SIZES))
         y = (rng.random(idx.size) < truth[idx]).astype(float)
         fired_at.append(outcome_alarm.first_alarm(p[idx], y))
-    return {str(n): float(np.mean([f is not None and f <= n for f in fired_at])) for n in STREAM_SIZES}
+        for n in STREAM_SIZES:
+            slope = logistic_calibration.calibration_fit(p[idx[:n]], y[:n])["slope"]
+            slope_fired[n].append(bool(not slope["lower"] <= 1.0 <= slope["upper"]))
+    return {"oe": {str(n): float(np.mean([f is not None and f <= n for f in fired_at])) for n in STREAM_SIZES},
+            "slope": {str(n): float(np.mean(slope_fired[n])) for n in STREAM_SIZES}}
 
 
 def score_cell(args, probs, labels, truth, p_val, y_val, threshold: float, seed: int) -> dict:
@@ -216,15 +222,54 @@ def format_tables(doc: dict) -> str:
             cbpe = f"{s['abs_error_cbpe']:.3f}" if "abs_error_cbpe" in s else "-"
             lines.append(f"| {site} | {metric} | {s['cells']} | {s['abs_error']:.3f} | {s['abs_error_mean_only']:.3f} "
                          f"| {s['abs_error_naive']:.3f} | {cbpe} | {s['coverage']:.2f} | {s['width_ratio']:.2f} |")
+    lines += paired_lines(doc)
     lines += ["", "| site | release | AUROC estimated [90%] | truth-expected | realized | O/E estimated | O/E truth-"
-              "expected | alarm fired by 300 / 1,000 / 3,000 outcomes |", "|---|---|---|---|---|---|---|---|"]
+              "expected | O/E alarm fired by 300 / 1,000 / 3,000 outcomes | slope test fired by 300 / 1,000 / 3,000 |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for c in doc["cells"]:
         auc, oe = c["metrics"]["auc_roc"], c["metrics"]["observed_expected"]
-        alarm = " / ".join(f"{c['alarm'][str(n)]:.2f}" for n in STREAM_SIZES)
+        alarm = " / ".join(f"{c['alarm']['oe'][str(n)]:.2f}" for n in STREAM_SIZES)
+        slope = " / ".join(f"{c['alarm']['slope'][str(n)]:.2f}" for n in STREAM_SIZES)
         lines.append(f"| {c['site']} | {c['seed']} | {auc['estimate']:.3f} [{auc['lower']:.3f}, {auc['upper']:.3f}] "
                      f"| {auc['truth_expected']:.3f} | {_f(auc['realized'])} | {oe['estimate']:.2f} | "
-                     f"{oe['truth_expected']:.2f} | {alarm} |")
+                     f"{oe['truth_expected']:.2f} | {alarm} | {slope} |")
     return "\n".join(lines)
+
+
+def paired_difference(diffs, *, n_boot: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of per-cell paired differences with a 95% bootstrap interval over cells (few cells: a wide interval)."""
+    diffs = np.asarray(diffs, dtype=float)
+    means = diffs[np.random.default_rng(seed).integers(0, diffs.size, (n_boot, diffs.size))].mean(axis=1)
+    return float(diffs.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def paired_lines(doc: dict) -> list[str]:
+    """Markdown: per site and over A-C, |estimate - truth-expected| minus that of CBPE and of the validation split,
+    paired on the same cells (below 0: the posterior estimate is closer)."""
+    lines = ["", "Paired on the same cells: mean |posterior estimate - truth-expected| minus that of the other "
+             "answer, 95% bootstrap interval over cells (below 0: the posterior estimate is closer).", "",
+             "| sites | cells | AUROC: minus CBPE | AUROC: minus validation split | Brier: minus validation split | "
+             "O/E: minus validation split |", "|---|---|---|---|---|---|"]
+    groups = [(site, (site,)) for site in sorted({c["site"] for c in doc["cells"]})]
+    if {"A", "B", "C"} <= {c["site"] for c in doc["cells"]}:
+        groups.append(("A, B, C", ("A", "B", "C")))
+    for label, sites in groups:
+        cells = [c for c in doc["cells"] if c["site"] in sites]
+
+        def err(metric, key, cells=cells):
+            return np.array([abs(c["metrics"][metric][key] - c["metrics"][metric]["truth_expected"]) for c in cells])
+
+        row = [label, str(len(cells))]
+        if all(c["cbpe_auroc"] is not None for c in cells):
+            cbpe = np.array([abs(c["cbpe_auroc"] - c["metrics"]["auc_roc"]["truth_expected"]) for c in cells])
+            row.append("{:+.4f} ({:+.4f}, {:+.4f})".format(*paired_difference(err("auc_roc", "estimate") - cbpe)))
+        else:
+            row.append("-")
+        for metric in METRICS:
+            row.append("{:+.4f} ({:+.4f}, {:+.4f})".format(
+                *paired_difference(err(metric, "estimate") - err(metric, "naive_validation"))))
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
 
 
 if __name__ == "__main__":

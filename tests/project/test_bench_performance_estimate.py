@@ -36,9 +36,22 @@ def test_streams_of_a_calibrated_model_rarely_fire_and_those_of_a_site_dying_twi
     p = rng.beta(1.0, 7.0, size=400)
     calm = bench.stream_power(p, p, streams=20, seed=0)
     loud = bench.stream_power(p, np.minimum(2.0 * p, 1.0), streams=20, seed=0)
-    assert calm["3000"] <= 0.15  # at most 5 % expected; 20 streams
-    assert loud["300"] >= 0.9 and loud["3000"] == 1.0
-    assert list(calm) == ["300", "1000", "3000"] and calm["300"] <= calm["1000"] <= calm["3000"]
+    assert calm["oe"]["3000"] <= 0.15  # at most 5 % expected; 20 streams
+    assert loud["oe"]["300"] >= 0.9 and loud["oe"]["3000"] == 1.0
+    assert list(calm["oe"]) == ["300", "1000", "3000"] and calm["oe"]["300"] <= calm["oe"]["1000"] <= calm["oe"]["3000"]
+    assert max(calm["slope"].values()) <= 0.2  # one 5 % test per size; 20 streams
+
+
+def test_the_slope_test_sees_a_site_whose_predictors_act_half_as_strongly_where_the_oe_alarm_does_not(bench):
+    rng = np.random.default_rng(4)
+    p = rng.beta(1.0, 4.0, size=400)
+    logit = np.log(p) - np.log1p(-p)
+    # Half the model's log-odds around the logit of its mean risk: the same share of deaths, flatter risks.
+    centre = np.log(p.mean()) - np.log1p(-p.mean())
+    flat = 1.0 / (1.0 + np.exp(-(centre + 0.5 * (logit - centre))))
+    power = bench.stream_power(p, flat, streams=20, seed=0)
+    assert power["slope"]["3000"] >= 0.9 and power["slope"]["300"] <= power["slope"]["3000"]
+    assert power["oe"]["3000"] < power["slope"]["3000"]
 
 
 def test_the_tables_show_every_site_and_cell(bench):
@@ -51,5 +64,6 @@ def test_the_tables_show_every_site_and_cell(bench):
     doc = {"command": "python bench/methods/performance_estimate.py --quick", "patients": 300, "releases": 1,
            "steps": 60, "samples": 1, "draws": 100, "streams": 2, "seconds": 1.0, "cells": cells}
     text = bench.format_tables(doc)
-    assert text.count("| A | ") == 4 and text.count("| D | ") == 4  # three metrics and one release row each
+    # three metrics, one paired row and one release row each
+    assert text.count("| A | ") == 5 and text.count("| D | ") == 5
     assert "--quick" in text.splitlines()[0]
