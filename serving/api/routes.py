@@ -226,18 +226,20 @@ async def monitor_report(settings: SettingsDep, predictor: ServedModelDep, monit
     out of the model's vocabulary, charting frequency, case mix and the model's mutual
     information (docs/shift.md); 'unavailable' when the export carries no reference; 'error' (with the
     reason in one line, logged and counted in ehr_monitor_errors_total) when the report could not be made.
+    Beside it, the performance the model expects over the window before outcomes arrive.
     """
     reading = (await run_in_threadpool(monitor.report)) if monitor is not None else MonitorReading(None, 0)
     outcomes = (await run_in_threadpool(outcome_monitor.reading)) if outcome_monitor is not None else None
     if reading.report is None:
         return MonitorResponse(level="error" if reading.error else "unavailable", admissions=reading.admissions,
                                window=settings.monitor_window, findings=[], summary={}, error=reading.error,
-                               age_s=reading.age_s(),
-                               model=model_identity(predictor), outcomes=outcomes)
+                               age_s=reading.age_s(), model=model_identity(predictor),
+                               performance_estimate=reading.performance, outcomes=outcomes)
     doc = reading.report.to_json()
     return MonitorResponse(level=reading.report.level, admissions=reading.admissions, window=settings.monitor_window,
                            findings=[ShiftFinding(**f) for f in doc["findings"]], summary=doc["summary"],
-                           age_s=reading.age_s(), model=model_identity(predictor), outcomes=outcomes)
+                           age_s=reading.age_s(), model=model_identity(predictor),
+                           performance_estimate=reading.performance, outcomes=outcomes)
 
 
 @v1_router.post("/outcomes", response_model=OutcomeResponse, summary="The outcome of an answered admission",

@@ -125,7 +125,7 @@ async def predict_admissions(
                                else enc.warnings, samples=probs[i] if include_samples else None))
         _count_inputs(enc, metrics, [*enc.warning_kinds, *([admission_type.KIND] if mixed else [])])
         if monitor is not None:
-            monitor.record(enc.context, enc.bags, enc.unit_rows, float(s.epistemic[i]))
+            monitor.record(enc.context, enc.bags, enc.unit_rows, float(s.epistemic[i]), probs[i])
     metrics.predictions.inc(len(out))
     metrics.referrals.inc(sum(p.refer for p in out))
     if outcomes is not None:

@@ -9,6 +9,13 @@ the units their values came in, and compares them with the export's reference
 (``ehr_pipeline.shift.compare``): ``GET /v1/monitor`` answers the findings, and the gauges of
 ``serving.monitoring.telemetry`` carry the level and the main numbers for alerting.
 
+Beside the report, the performance the model expects over the window before any outcome arrives
+(``model.evaluation.statistics.metrics_report.expected_performance``: outcomes drawn from each admission's
+sampled probabilities, so the interval carries the posterior's spread and the window's size; docs/shift.md
+"Performance before outcomes"): /v1/monitor's ``performance_estimate`` and the
+``ehr_window_expected_performance`` gauges. It holds under the estimate's assumptions (the model calibrated
+for this population, no concept shift); the outcome monitor checks it when outcomes arrive.
+
 The report is computed when asked for (a scrape or /v1/monitor), never on a request's path, and
 at most once every ``refresh_s`` seconds (``Settings.monitor_refresh_s``): under load the window
 changes with every prediction, and a report per scrape (~0.1 s for 500 admissions on a quiet
@@ -33,11 +40,14 @@ import threading
 import time
 from collections.abc import Mapping
 
+import numpy as np
+
 from ehr_base.cli_args import one_line
 from ehr_pipeline import shift
 from ehr_pipeline.contract import spec
 from ehr_pipeline.encode import bagging
 from ehr_pipeline.shift import Admission, Profile, admission_from_bags
+from model.evaluation.statistics import metrics_report
 from model.export.load import Export
 from serving.monitoring import malloc
 from serving.monitoring.telemetry import ServiceMetrics
@@ -46,6 +56,9 @@ logger = logging.getLogger(__name__)
 
 # ehr_shift_level while the last report failed (-1: nothing to compare with; 0-2: the report's level).
 LEVEL_ERROR = -2
+# Sampled probabilities kept per admission for the window's expected performance: requests ask for
+# different numbers of samples, and one matrix needs one width (a row with fewer repeats its own).
+WINDOW_COLUMNS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +69,8 @@ class MonitorReading:
     admissions: int  # in the window
     error: str | None = None  # one line: the report could not be made (logged, counted)
     made_at: float | None = None  # time.monotonic() when it was made; None: never made (nothing to compare)
+    # expected_performance over the window's sampled probabilities; None: no admission carried them, or it failed
+    performance: dict | None = None
 
     def age_s(self) -> float | None:
         """Seconds since the reading was made; None when it never was."""
@@ -72,7 +87,7 @@ class Monitor:
         self.refresh_s = float(refresh_s)  # 0: a new report whenever the window changed
         self.metrics = metrics
         self.thresholds = thresholds or shift.Thresholds()
-        self._items: collections.deque[tuple[Admission, Mapping[tuple[str, str], int]]] = \
+        self._items: collections.deque[tuple[Admission, Mapping[tuple[str, str], int], np.ndarray | None]] = \
             collections.deque(maxlen=max(self.window, 1))
         self._lock = threading.Lock()  # guards the window
         self._compute = threading.Lock()  # one report at a time; released by whoever made it
@@ -90,16 +105,18 @@ class Monitor:
         return self.export.reference is not None and self.window > 0
 
     def record(self, context: spec.AdmissionContext, bags: bagging.Bags, unit_rows: Mapping[tuple[str, str], int],
-               mutual_information: float) -> None:
+               mutual_information: float, probs=None) -> None:
         """Adds one answered admission to the window: summarised from the context and bags its record was written
         from, as the job's records are (``ehr_pipeline.shift.admission_from_bags``), with its unit rows ((code, unit as
-        written) -> values) and the model's mutual information."""
+        written) -> values), the model's mutual information and its sampled probabilities (for the window's expected
+        performance; None leaves it out of that estimate)."""
         if not self.available:
             return
         try:
             admission = admission_from_bags(context.age_years, context.gender, context.admission_type, bags,
                                             float(mutual_information))
-            item = (admission, dict(unit_rows))
+            columns = None if probs is None else np.resize(np.asarray(probs, dtype=np.float32).ravel(), WINDOW_COLUMNS)
+            item = (admission, dict(unit_rows), columns)
         except Exception as err:  # noqa: BLE001  (never fail the prediction that is being answered)
             self._failed("record", err)
             return
@@ -131,13 +148,15 @@ class Monitor:
                 version, items = self._version, list(self._items)
             if self._reading[0] == version:
                 return self._reading[1]
+            performance = self._expected(items)
             try:
                 report = self._compare(items)
                 if self.metrics is not None:
                     self.metrics.update_shift(report, len(items))
-                reading = MonitorReading(report, len(items), made_at=time.monotonic())
+                reading = MonitorReading(report, len(items), made_at=time.monotonic(), performance=performance)
             except Exception as err:  # noqa: BLE001  (whatever the data does to the statistics: see the docstring)
-                reading = MonitorReading(None, len(items), self._failed("report", err), made_at=time.monotonic())
+                reading = MonitorReading(None, len(items), self._failed("report", err), made_at=time.monotonic(),
+                                         performance=performance)
             self._reading = (version, reading)
             # A report allocates and frees tens of MiB on whichever thread makes it: hand the free
             # pages back (~ms, at most once per refresh_s) rather than keep them in that thread's arena.
@@ -146,14 +165,32 @@ class Monitor:
         finally:
             self._compute.release()
 
-    def _compare(self, items: list[tuple[Admission, Mapping[tuple[str, str], int]]]) -> shift.ShiftReport:
+    def _expected(self, items: list) -> dict | None:
+        """The performance expected over the window's admissions that carried their sampled probabilities (None
+        when none did, or when it could not be made: logged and counted as stage "estimate"); sets its gauges."""
+        columns = [c for _, _, c in items if c is not None]
+        if not columns:
+            return None
+        try:
+            probs = np.stack(columns).astype(np.float64)
+            estimate = metrics_report.expected_performance(
+                probs.mean(axis=1), probs, thresholds=metrics_report.decision_thresholds(self.export.metrics.decision_threshold))
+        except Exception as err:  # noqa: BLE001  (never take the report or the service down with it)
+            self._failed("estimate", err)
+            return None
+        if self.metrics is not None:
+            self.metrics.update_expected(estimate)
+        return estimate
+
+    def _compare(self, items: list[tuple[Admission, Mapping[tuple[str, str], int], np.ndarray | None]]
+                 ) -> shift.ShiftReport:
         """The shift report of `items` against the export's reference."""
         units: dict[str, dict[str, int]] = {}
-        for _, rows in items:
+        for _, rows, _ in items:
             for (code, unit), n in rows.items():
                 by_unit = units.setdefault(code, {})
                 by_unit[unit] = by_unit.get(unit, 0) + n
-        current = Profile.build([a for a, _ in items], vocabulary=self.export.vocabulary, bins_from=self.export.reference,
+        current = Profile.build([a for a, _, _ in items], vocabulary=self.export.vocabulary, bins_from=self.export.reference,
                                 units=units, canonical=self.export.units,
                                 description=f"the service's last {len(items)} admissions")
         harmoniser = self.export.harmoniser

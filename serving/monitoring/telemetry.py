@@ -69,8 +69,9 @@ class ServiceMetrics:
                                  "population: 0 none, 1 moderate, 2 severe, -1 no reference to compare with, "
                                  "-2 the last report failed (ehr_monitor_errors_total).", registry=reg)
         self.monitor_errors = Counter(f"{ns}_monitor_errors_total", "Population monitor failures (logged with "
-                                      "their traceback), by stage: record (an admission left out of the window) or "
-                                      "report (no report for that window).", ("stage",), registry=reg)
+                                      "their traceback), by stage: record (an admission left out of the window), "
+                                      "report (no report for that window) or estimate (no expected performance "
+                                      "for it).", ("stage",), registry=reg)
         self.shift_findings = Gauge(f"{ns}_shift_findings", "Shift findings in the monitor window, by kind and "
                                     "severity.", ("kind", "severity"), registry=reg)
         self.shift_worst_psi = Gauge(f"{ns}_shift_worst_psi", "Largest population stability index of a compared "
@@ -87,6 +88,18 @@ class ServiceMetrics:
         self.shift_report_age = Gauge(f"{ns}_shift_report_age_seconds", "Age of the shift report the ehr_shift_* "
                                       "gauges and /v1/monitor show, seconds (made again at most every "
                                       "--monitor-refresh-s; NaN before the first).", registry=reg)
+        self.window_expected = Gauge(f"{ns}_window_expected_performance", "Performance the model expects over "
+                                     "the monitor window's admissions before their outcomes arrive (outcomes drawn "
+                                     "from its sampled probabilities): the estimate and its 90% interval's lower and "
+                                     "upper bound, by metric (auc_roc, auc_pr, brier, observed_expected).",
+                                     ("metric", "bound"), registry=reg)
+
+    def update_expected(self, estimate: dict) -> None:
+        """Sets the window's expected-performance gauges from metrics_report.expected_performance's answer."""
+        for metric, row in estimate["metrics"].items():
+            for bound in ("estimate", "lower", "upper"):
+                value = row[bound]
+                self.window_expected.labels(metric=metric, bound=bound).set(float("nan") if value is None else value)
 
     def update_shift(self, report, admissions: int) -> None:
         """Sets the shift gauges from a report (ehr_pipeline.shift.ShiftReport) of `admissions` admissions."""

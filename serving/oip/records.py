@@ -162,7 +162,7 @@ async def predict_records(records: list[CheckedRecord], *, num_samples: int, see
     for i, record in enumerate(records):
         metrics.oov_codes.inc(record.oov_count)
         if monitor is not None:
-            monitor.record(record.context, record.bags, {}, float(summary.epistemic[i]))
+            monitor.record(record.context, record.bags, {}, float(summary.epistemic[i]), probs[i])
     metrics.predictions.inc(len(records))
     metrics.referrals.inc(int(np.sum(summary.refer)))
     ids = None

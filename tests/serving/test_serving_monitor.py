@@ -83,6 +83,31 @@ def test_a_stream_from_the_training_population_raises_nothing(model):
     assert _gauge(answers[-1]["metrics"], "ehr_shift_level") == 0.0
 
 
+def test_the_window_carries_the_performance_expected_before_outcomes_whatever_samples_each_request_asked(model):
+    settings = make_settings(model_dir=model.export.directory, no_auth=True, host="127.0.0.1", warmup=False,
+                             monitor_window=500, monitor_refresh_s=0)
+    bodies = admission_requests(60, seed=24, units={CREATININE: "mg/dL"})
+    with ThreadedServer(create_app(settings, model)) as server, \
+            httpx.Client(base_url=server.base_url, timeout=120.0) as client:
+        assert client.get("/v1/monitor").json()["performance_estimate"] is None  # nothing answered yet
+        # Two widths of sampled probabilities in one window: 2 and 5 samples per member.
+        for start, samples in ((0, 2), (30, 5)):
+            r = client.post("/v1/predict/batch", json={"patients": bodies[start:start + 30]},
+                            params={"num_samples": samples, "seed": 0})
+            assert r.status_code == 200, r.text[:300]
+        answer = client.get("/v1/monitor").json()
+        metrics = client.get("/metrics").text
+    estimate = answer["performance_estimate"]
+    assert estimate["n"] == 60 and estimate["level"] == 0.9
+    for name in ("auc_roc", "auc_pr", "brier", "observed_expected"):
+        row = estimate["metrics"][name]
+        assert row["lower"] <= row["estimate"] <= row["upper"], (name, row)
+        assert _gauge(metrics, f'ehr_window_expected_performance{{bound="estimate",metric="{name}"}}') == \
+            pytest.approx(row["estimate"])
+    # Outcomes drawn from the model's own probabilities: as many deaths as it expects, on average.
+    assert estimate["metrics"]["observed_expected"]["estimate"] == pytest.approx(1.0, abs=0.1)
+    assert [row["threshold"] for row in estimate["net_benefit"]]
+
 @pytest.mark.slow
 def test_creatinine_sent_in_umol_per_litre_with_its_unit_is_flagged_as_converted(model):
     answers = _stream(model, admission_requests(200, seed=22, scale={CREATININE: UMOL_PER_MG_DL},
