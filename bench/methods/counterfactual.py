@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--patients", type=int, default=3000, help="patients of the temporal release")
     p.add_argument("--seed", type=int, default=11, help="the release's seed (and the runs' seed)")
+    p.add_argument("--truth", choices=("temporal", "linear"), default="temporal",
+                   help="the release's truth family (ehr-pipeline synth --truth); linear: no trajectory terms, so no "
+                        "counterfactual: only the factual table (abs(p - P) paired, coverage), to check that time "
+                        "inputs cost nothing where the truth has no trajectory")
     p.add_argument("--change", choices=CHANGES, default="reverse-course", help="the counterfactual "
                    f"(ehr-pipeline synth-counterfactual --change; delay-readmission by {DEFAULT_DELAY_DAYS} days)")
     p.add_argument("--scale", choices=tuple(SCALES), default="medium", help="model sizes and optimisation "
@@ -162,16 +166,19 @@ def _tag(args: argparse.Namespace) -> str:
 
 def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dict]:
     """{method: {'before': [N, M] probs, 'after': [N, M] probs, 'K': members, 'S': samples}} on the test split."""
-    release, changed = work / "release", _changed_release(work, args.change)
-    make_release("A", args.patients, args.seed, release, truth="temporal")
-    if not (changed / COUNTERFACTUAL_FILE).exists():
-        make_counterfactual(release, changed, args.change)
+    temporal = args.truth == "temporal"
+    release, changed = work / "release", (_changed_release(work, args.change) if temporal else None)
+    make_release("A", args.patients, args.seed, release, truth=args.truth)
     make_data(release, work / "data")
-    make_data(changed, work / f"data_{args.change}")
     before = load_split(work / "data", release, "test")
-    after = load_split(work / f"data_{args.change}", changed, "test")
-    if not np.array_equal(before.hadm_ids, after.hadm_ids):
-        raise RuntimeError("the counterfactual's test split holds other admissions than the original's")
+    after = None
+    if temporal:
+        if not (changed / COUNTERFACTUAL_FILE).exists():
+            make_counterfactual(release, changed, args.change)
+        make_data(changed, work / f"data_{args.change}")
+        after = load_split(work / f"data_{args.change}", changed, "test")
+        if not np.array_equal(before.hadm_ids, after.hadm_ids):
+            raise RuntimeError("the counterfactual's test split holds other admissions than the original's")
     targs = _train_args(args)
     tag = _tag(args)
     truth = release / "SYNTH_TRUTH.csv"
@@ -182,7 +189,7 @@ def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dic
 
         loaded = [load_export(str(e)) for e in exports]
         out[name] = {"before": predict(loaded, before, samples, args.seed),
-                     "after": predict(loaded, after, samples, args.seed),
+                     "after": None if after is None else predict(loaded, after, samples, args.seed),
                      "K": sum(e.ensemble_size for e in loaded), "S": samples, "seconds": seconds, "steps": steps}
 
     def run_steps(export: pathlib.Path) -> str:
@@ -213,7 +220,8 @@ def score_methods(args: argparse.Namespace, work: pathlib.Path) -> dict[str, dic
             started = time.time()
             fitted = fit_baseline(work / "data", kind, seed=0)
             out[kind] = {"before": fitted.predict_data(work / "data", "test")[:, None],
-                         "after": fitted.predict_data(work / f"data_{args.change}", "test")[:, None],
+                         "after": fitted.predict_data(work / f"data_{args.change}", "test")[:, None] if temporal
+                         else None,
                          "K": 1, "S": 1, "seconds": time.time() - started, "steps": []}
         out[WELL_SPECIFIED] = _well_specified(work, changed, before.hadm_ids)
     return out
@@ -224,17 +232,18 @@ def _changed_release(work: pathlib.Path, change: str) -> pathlib.Path:
     return work / f"release_{change}"
 
 
-def _well_specified(work: pathlib.Path, changed: pathlib.Path, test_ids: np.ndarray) -> dict:
-    """The truth's own design with coefficients fitted on the training split, scored before and after."""
+def _well_specified(work: pathlib.Path, changed: pathlib.Path | None, test_ids: np.ndarray) -> dict:
+    """The truth's own design with coefficients fitted on the training split, scored before and after (no
+    counterfactual: before only)."""
     from sklearn.linear_model import LogisticRegression
 
     started = time.time()
     rows = truth_design(work / "release")
-    rows_after = truth_design(changed)
+    rows_after = None if changed is None else truth_design(changed)
     train = load_split(work / "data", work / "release", "train")
     fit = LogisticRegression(C=1e6, max_iter=5000).fit(np.stack([rows[h] for h in train.hadm_ids]), train.labels)
     return {"before": fit.predict_proba(np.stack([rows[h] for h in test_ids]))[:, 1:],
-            "after": fit.predict_proba(np.stack([rows_after[h] for h in test_ids]))[:, 1:],
+            "after": None if rows_after is None else fit.predict_proba(np.stack([rows_after[h] for h in test_ids]))[:, 1:],
             "K": 1, "S": 1, "seconds": time.time() - started, "steps": []}
 
 
@@ -242,6 +251,8 @@ def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict]
     """The section's markdown: the counterfactual table and, for sampled posteriors, the uncertainty table."""
     test = load_split(work / "data", work / "release", "test")
     ids = test.hadm_ids
+    if args.truth == "linear":
+        return linear_report(args, scores, test, truth_design(work / "release"), argv)
     cf = pd.read_csv(_changed_release(work, args.change) / COUNTERFACTUAL_FILE).set_index("HADM_ID").reindex(ids)
     truth_before, truth_after = cf.LOGIT_BEFORE.to_numpy(), cf.LOGIT_AFTER.to_numpy()
     title = (f"## Counterfactual: {args.change}{', early stopping' if args.early_stop else ''}"
@@ -286,6 +297,20 @@ def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict]
     return "\n".join(lines)
 
 
+def linear_report(args: argparse.Namespace, scores: dict[str, dict], test, rows: dict, argv) -> str:
+    """The section's markdown on a linear-truth release: the factual table alone (no trajectory to change)."""
+    design = np.stack([rows[h] for h in test.hadm_ids])
+    title = (f"## Factual: linear truth{', early stopping' if args.early_stop else ''}"
+             f"{', time inputs ' + ' '.join(args.time_inputs) if args.time_inputs else ''}")
+    lines = [f"{title} (`bench/methods/counterfactual.py`)", "", f"Command: `{command_line(__file__, argv)}`", "",
+             f"One site-A linear-truth release ({args.patients:,} patients, seed {args.seed}); "
+             f"{len(test.hadm_ids):,} test admissions. Scale {args.scale}, run seed {args.seed}; one release and one "
+             "run per method: a measurement, not a finding."]
+    lines += factual_lines(args, scores, design, test.truth, trajectory=False)
+    lines += ["", machine_info()]
+    return "\n".join(lines)
+
+
 def _coef(c: dict) -> str:
     """A coefficient and its interval to 2 decimals; a rounding residue such as -1e-15 prints as 0.00, not -0.00."""
     return " ".join([f"{round(c['estimate'], 2) + 0.0:.2f}",
@@ -293,29 +318,35 @@ def _coef(c: dict) -> str:
 
 
 def factual_lines(args: argparse.Namespace, scores: dict[str, dict], design: np.ndarray,
-                  truth: np.ndarray) -> list[str]:
-    """The original test split against P_DEATH: abs(p - P) (paired with the first method), coefficients carried, coverage."""
+                  truth: np.ndarray, trajectory: bool = True) -> list[str]:
+    """The original test split against P_DEATH: abs(p - P) (paired with the first method), coefficients carried (a
+    temporal truth's two trajectory terms; trajectory=False: none), coverage."""
     coefficients = temporal_model(1.0).coefficients()
     trajectory_columns = [design.shape[1] - 2, design.shape[1] - 1]  # TemporalModel.design's two terms come last
     names = list(scores)
+    columns = (f" | trend coef. (truth {coefficients[0]:g}) | readmission coef. (truth {coefficients[1]:g})"
+               if trajectory else "")
     lines = ["", "The original test split against the truth (P_DEATH), 95% case-bootstrap intervals: abs(p - P) of "
-             f"the predictive mean, paired minus {names[0]}'s on the same cases; the coefficient of each trajectory "
-             "term its logit carries (regressed on the truth's own design, as in docs/results.md's bisection table); "
-             "the share of cases whose P lies in the 95% interval of the sampled probabilities.", "",
-             f"| method | abs(p - P) | minus {names[0]} | trend coef. (truth {coefficients[0]:g}) | readmission coef. "
-             f"(truth {coefficients[1]:g}) | 95% coverage |", "|---|---|---|---|---|---|"]
+             f"the predictive mean, paired minus {names[0]}'s on the same cases; "
+             + ("the coefficient of each trajectory term its logit carries (regressed on the truth's own design, as in "
+                "docs/results.md's bisection table); " if trajectory else "")
+             + "the share of cases whose P lies in the 95% interval of the sampled probabilities.", "",
+             f"| method | abs(p - P) | minus {names[0]}{columns} | 95% coverage |",
+             "|---|---|---|" + ("---|---|" if trajectory else "") + "---|"]
     reference = scores[names[0]]["before"].mean(axis=1)
     for name, s in scores.items():
         p = s["before"].mean(axis=1)
         err = truth_error(p, truth, reference=reference, n_bootstrap=args.n_bootstrap, seed=args.seed)
-        trend, readm = carried_coefficients(p, design, trajectory_columns, n_bootstrap=args.n_bootstrap,
-                                            seed=args.seed)
+        carried = ""
+        if trajectory:
+            trend, readm = carried_coefficients(p, design, trajectory_columns, n_bootstrap=args.n_bootstrap,
+                                                seed=args.seed)
+            carried = f"{_coef(trend)} | {_coef(readm)} | "
         coverage = interval_coverage(s["before"], truth, (0.95,))["0.95"]
         paired = ("-" if name == names[0] else
                   f"{err['difference']:+.4f} ({err['difference_lower']:+.4f}, {err['difference_upper']:+.4f})")
         lines.append(f"| {name} | {err['mean']:.4f} ({err['lower']:.4f}, {err['upper']:.4f}) | {paired} | "
-                     f"{_coef(trend)} | {_coef(readm)} | "
-                     f"{'-' if np.isnan(coverage) else f'{coverage:.2f}'} |")
+                     f"{carried}{'-' if np.isnan(coverage) else f'{coverage:.2f}'} |")
     return lines
 
 
@@ -325,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     work = pathlib.Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     scores = score_methods(args, work)
-    section = f"{SECTION}_{args.change}" + ("_early_stop" if args.early_stop else "") + (
+    change = args.change if args.truth == "temporal" else "linear_truth"
+    section = f"{SECTION}_{change}" + ("_early_stop" if args.early_stop else "") + (
         "_time_inputs" if args.time_inputs else "")
     publish(section, report(args, work, scores, argv), args.out, write=not args.no_write)
     return 0

@@ -73,3 +73,21 @@ def test_the_factual_table_gives_the_truth_its_own_coefficients_and_pairs_each_r
     assert rows["half_the_trend"][3].startswith("5.00") and rows["half_the_trend"][4].startswith("0.00")
     assert rows["half_the_trend"][2].startswith("+")  # farther from the truth than the first row, on the same cases
     assert rows["half_the_trend"][5].rstrip(" |") == "0.00"  # four identical members: a zero-width interval
+
+
+def test_a_linear_truth_gets_the_factual_table_without_trajectory_columns(bench):
+    import argparse
+
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    design = rng.normal(0, 1.0, (200, 9))  # the linear truth's nine terms, no trajectory
+    truth = 1.0 / (1.0 + np.exp(-(-2.0 + design @ np.full(9, 0.3))))
+    scores = {"truth_itself": {"before": truth[:, None], "K": 1, "S": 1},
+              "shrunk": {"before": np.repeat((0.5 * truth)[:, None], 2, axis=1), "K": 2, "S": 1}}
+    lines = bench.factual_lines(argparse.Namespace(n_bootstrap=50, seed=0), scores, design, truth, trajectory=False)
+    header = next(line for line in lines if line.startswith("| method"))
+    assert "coef." not in header and header.count(" | ") == 3
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if line.startswith("| ")}
+    assert len(rows["shrunk"]) == 4 and rows["shrunk"][2].startswith("+")
+    assert bench.build_parser().parse_args(["--truth", "linear"]).truth == "linear"
