@@ -1,8 +1,10 @@
-"""Every shell command in README.md and docs/*.md runs as written, or is listed here as skipped, with why.
+"""Every shell command in README.md, docs/*.md and docs/tasks/*.md runs as written, or is listed here as skipped, with why.
 
 A command is a line of a fenced block labelled bash, sh, shell or console (in a console block, a line
 starting with "$ "), with backslash continuations and quotes that span lines joined and comments
-dropped. An unlabelled block that starts with one of our programs fails: label it so it is seen.
+dropped (tests/support/doc_commands.py). An unlabelled block that starts with one of our programs fails:
+label it so it is seen. After a task page's commands ran, every output path its "Where the outputs land"
+table names must be there, where a Run command (or a trained run's copy, below) put it.
 
 COMMANDS classifies them: the first entry whose pattern matches a command (re.search on its text,
 runs of white space as one space; ``document`` limits an entry to one file) decides. A command no
@@ -68,11 +70,12 @@ import time
 import httpx
 import pytest
 
+from tests.support.doc_commands import Command, document_commands, fenced_blocks
+from tests.support.doc_outputs import attributed_outputs
 from tests.support.paths import DEMO_DIR, DEMO_MISSING, REPO_ROOT, demo_available
 
 DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")),
              *sorted((REPO_ROOT / "docs" / "tasks").glob("*.md"))]
-SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
 # An unlabelled fenced block starting with one of these is a command block in disguise.
 PROGRAMS = ("ehr-pipeline", "ehr-train", "ehr-eval", "ehr-analyze", "ehr-serve", "python", "make", "curl",
             "docker", "export")
@@ -318,95 +321,6 @@ COMMANDS: list[Run | Skip] = [
 
 
 # ------------------------------------------------------------------------------ extraction
-
-
-@dataclasses.dataclass(frozen=True)
-class Command:
-    """One documented command: where it is and its text (comments dropped, continuations joined)."""
-
-    document: str  # relative to the checkout
-    line: int
-    text: str
-
-    @property
-    def flat(self) -> str:
-        """The text with every run of white space as one space (what patterns match)."""
-        return " ".join(self.text.split())
-
-    def __str__(self) -> str:
-        return f"{self.document}:{self.line}: {self.flat}"
-
-
-def _drop_comment(line: str) -> str:
-    """The line without a trailing '# ...' comment outside quotes."""
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = None
-            elif ch == "\\" and quote == '"':
-                continue
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i].rstrip()
-    return line.rstrip()
-
-
-def _complete(text: str) -> bool:
-    """Whether shell text ends outside quotes and without a line continuation."""
-    if text.endswith("\\"):
-        return False
-    try:
-        shlex.split(text, comments=False)
-    except ValueError:  # an open quote
-        return False
-    return True
-
-
-def fenced_blocks(path: pathlib.Path) -> list[tuple[str, int, list[str]]]:
-    """(language, line number of the first content line, lines) of every fenced block of a markdown file."""
-    blocks, current = [], None
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        fence = re.match(r"^\s*(```|~~~)\s*([\w+-]*)", line)
-        if current is None and fence:
-            current = (fence.group(2).lower(), number + 1, [])
-        elif current is not None and re.match(r"^\s*(```|~~~)\s*$", line):
-            blocks.append(current)
-            current = None
-        elif current is not None:
-            current[2].append(line)
-    return blocks
-
-
-def document_commands(path: pathlib.Path) -> list[Command]:
-    """The commands of a document's shell blocks, in order."""
-    name = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
-    out = []
-    for language, first, lines in fenced_blocks(path):
-        if language not in SHELL_LANGUAGES:
-            continue
-        pending, start = "", 0
-        for offset, raw in enumerate(lines):
-            line = raw
-            if not pending:
-                if language == "console":
-                    if not line.startswith("$ "):
-                        continue
-                    line = line[2:]
-                if not line.strip() or line.lstrip().startswith("#"):
-                    continue
-                start = first + offset
-                pending = _drop_comment(line.strip())
-            else:  # inside a quote the line is data: keep it whole
-                in_quote = not _complete(pending.rstrip("\\"))
-                pending = (pending + "\n" + raw) if in_quote else (pending[:-1].rstrip() + " " + _drop_comment(
-                    raw.strip()))
-            if _complete(pending):
-                out.append(Command(name, start, pending))
-                pending = ""
-        assert not pending, f"{name}:{start}: command not finished at the end of its block"
-    return out
 
 
 def all_commands() -> list[Command]:
@@ -790,8 +704,6 @@ def run_document(document: pathlib.Path, session: DocumentSession) -> list[str]:
 
 def assert_outputs_written(document: pathlib.Path, work: pathlib.Path) -> None:
     """Each output path a task page names, where the run wrote it: a Run command's, or a trained run's copy."""
-    from tests.project.test_doc_paths_flags import attributed_outputs  # that module imports this one
-
     outputs, _ = attributed_outputs(document)  # which command writes what: test_doc_paths_flags.py's to check
     missing = [f"line {o.line}: {o.path}" for o in outputs
                if (o.command is not None and isinstance(classify(o.command), Run)
