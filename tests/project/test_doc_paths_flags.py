@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gzip
 import importlib.util
 import io
@@ -48,6 +49,7 @@ def _load_script(path: pathlib.Path):
     return module
 
 
+@functools.cache  # a parser per program, not per quoted flag
 def parser_of(program: str):
     """The argparse parser of a program, or None where it has no flags this test checks (make, docker, curl)."""
     if program.startswith("ehr-pipeline"):
