@@ -2,8 +2,8 @@
 # The prediction service (ehr-serve) in a slim, non-root image with only what serving needs
 # (the `serve` optional dependencies of pyproject.toml, pinned by constraints.txt).
 #
-#   docker build -t ehr-serve .
-#   docker run --rm -p 8000:8000 -v "$PWD/runs/demo/export:/model:ro" \
+#   docker build --target serve -t ehr-serve .   # the serve stage; also what `docker build .` builds (the last stage)
+#   docker run --rm -p 8000:8000 -v "$PWD/out/demo/run/export:/model:ro" \
 #       -e EHR_API_KEYS="$(paste -sd, keys.txt)" ehr-serve
 #
 # GPU training image (same pinned stack + CUDA wheels; needs the NVIDIA container toolkit):

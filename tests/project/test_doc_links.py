@@ -1,4 +1,4 @@
-"""Every relative link in README.md and docs/*.md reaches a file of the checkout, and every #anchor a heading.
+"""Every relative link in README.md and docs/ reaches a file of the checkout, and every #anchor a heading.
 
 Anchors are the ones a code host derives from headings (GitHub's rule: lower case, punctuation but
 hyphens and underscores dropped, spaces as hyphens, a repeat numbered -1, -2, ...), plus explicit
@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.paths import REPO_ROOT
 
-DOCUMENTS = [REPO_ROOT / "README.md", REPO_ROOT / "CHANGELOG.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [REPO_ROOT / "README.md", REPO_ROOT / "CHANGELOG.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"(?<!!)\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 
@@ -84,5 +84,6 @@ def test_every_docs_page_is_reached_from_the_readme():
                 destination = (page.parent / file_part).resolve()
                 if destination.exists():
                     todo.append(destination)
-    orphans = sorted(p.name for p in (REPO_ROOT / "docs").glob("*.md") if p.resolve() not in reached)
+    orphans = sorted(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "docs").rglob("*.md")
+                     if p.resolve() not in reached)
     assert not orphans, f"docs pages no link from README.md leads to: {orphans}"

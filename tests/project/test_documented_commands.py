@@ -1,8 +1,10 @@
-"""Every shell command in README.md and docs/*.md runs as written, or is listed here as skipped, with why.
+"""Every shell command in README.md, docs/*.md and docs/tasks/*.md runs as written, or is listed here as skipped, with why.
 
 A command is a line of a fenced block labelled bash, sh, shell or console (in a console block, a line
 starting with "$ "), with backslash continuations and quotes that span lines joined and comments
-dropped. An unlabelled block that starts with one of our programs fails: label it so it is seen.
+dropped (tests/support/doc_commands.py). An unlabelled block that starts with one of our programs fails:
+label it so it is seen. After a task page's commands ran, every output path its "Where the outputs land"
+table names must be there, where a Run command (or a trained run's copy, below) put it.
 
 COMMANDS classifies them: the first entry whose pattern matches a command (re.search on its text,
 runs of white space as one space; ``document`` limits an entry to one file) decides. A command no
@@ -23,8 +25,8 @@ written:
   small synthetic release (same layout) stands in, and the commands marked ``needs_demo`` (one of
   the real demo's admissions by its HADM_ID) are not run: the test then skips, saying so.
 * ``configs/``, ``bench/``, ``tests/``, ``setup.py``: links into the checkout.
-* ``runs/rank1``, ``runs/demo``, ``runs/site-a``: copies of the session's tiny trained rank-1 run
-  (``trained_rank1``). The training commands that would make them take minutes to hours and are
+* ``runs/rank1``, ``out/demo/run`` (the run folder ``make demo`` trains), ``runs/site-a``: copies of the
+  session's tiny trained rank-1 run (``trained_rank1``). The training commands that would make them take minutes to hours and are
   skipped; what the documents do with their runs is run.
 * ``EHR_API_KEYS``: a fresh 43-character key, as docs/serving.md's first command makes one (a
   document's own ``export`` replaces it).
@@ -68,15 +70,18 @@ import time
 import httpx
 import pytest
 
+from tests.support.doc_commands import Command, document_commands, fenced_blocks
+from tests.support.doc_outputs import attributed_outputs
 from tests.support.paths import DEMO_DIR, DEMO_MISSING, REPO_ROOT, demo_available
 
-DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
-SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
+DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")),
+             *sorted((REPO_ROOT / "docs" / "tasks").glob("*.md"))]
 # An unlabelled fenced block starting with one of these is a command block in disguise.
 PROGRAMS = ("ehr-pipeline", "ehr-train", "ehr-eval", "ehr-analyze", "ehr-serve", "python", "make", "curl",
             "docker", "export")
 LINKED = ("configs", "bench", "tests", "setup.py")
-TRAINED_RUNS = ("rank1", "demo", "site-a")
+# Where the documents expect a trained run: `make demo`'s run folder and the runs the skipped ehr-train commands write.
+TRAINED_RUNS = ("runs/rank1", "out/demo/run", "runs/site-a")
 COMMAND_TIMEOUT_S = 600
 
 
@@ -152,6 +157,12 @@ COMMANDS: list[Run | Skip] = [
         why="DIR is a placeholder: the small synthetic release (all 13 tables, as the demo's layout; the demo "
             "took 42 s here on the loaded 2-core machine, and the README runs the same job on it); 8 worker "
             "processes on a 2-core test machine: 2"),
+    Run(r"^ehr-pipeline run --mimic-dir out/synth-b --out out/data-b --units-from runs/site-a/export$",
+        check="wrote out/data-b", subs=((" --units-from runs/site-a/export", ""),),
+        why="the suite's tiny trained run learnt from data without units.json (tests/support/ehr_testdata.py), so "
+            "its export has none to convert to; an export trained on the Beam job's output carries it, and the "
+            "README's --units-from command runs",
+        document="docs/tasks/second_hospital.md"),
     Run(r"^ehr-pipeline run --mimic-dir out/", check="wrote out/"),
     Skip(r"--runner=(Flink|Spark|Dataflow)Runner", "needs a Flink or Spark cluster with Beam's job-server jars, "
                                                    "or Google Cloud credentials"),
@@ -169,7 +180,11 @@ COMMANDS: list[Run | Skip] = [
     Skip(r"^ehr-pipeline demo --mimic-dir \.\./shared/mimic-iii-demo --out out/demo$",
          "the README's `ehr-pipeline run` runs the same Beam job on the same demo; tests/project/test_demo_script.py "
          "runs `ehr-pipeline demo`'s own entry point (scripts/demo.py's step 1) on a synthetic release; the "
-         "ehr-eval after it is skipped below", document="docs/model.md"),
+         "ehr-eval after it is skipped below"),
+    # docs/tasks/full_mimic.md: the credentialed release.
+    Skip(r"^ehr-pipeline (summarize|run) --mimic-dir \.\./mimic-iii-1\.4 ",
+         "needs the full MIMIC-III v1.4 (credentialed access) and half an hour (docs/pipeline.md, 'At full size'); "
+         "the README runs both commands on the demo", document="docs/tasks/full_mimic.md"),
     Skip(r"^ehr-pipeline run --mimic-dir site-c/ ", "site-c/ stands for another site's release; the README's "
                                                      "--units-from command runs on synthetic site C",
          document="docs/units.md"),
@@ -192,6 +207,16 @@ COMMANDS: list[Run | Skip] = [
     # ---- ehr-adapt (docs/model.md: a site's release bagged in the model's units, the model updated on it)
     Skip(r"^ehr-pipeline run --mimic-dir SITE_RELEASE ", "SITE_RELEASE is a placeholder for a site's release; the "
          "README's --units-from command runs on synthetic site C", document="docs/model.md"),
+    Run(r"^ehr-adapt --model runs/site-a/export --data out/data-b --out runs/site-b --method bayes$",
+        check="updated export: runs/site-b", subs=(("--method bayes", "--method bayes --epochs 2"),),
+        why="what is checked is that the update runs and writes the export the page evaluates next, not how well "
+            "it fits (tests/model/adapt/ and bench/methods/site_update.py measure that): the default 30 epochs "
+            "took 46 s of the page's 75 here",
+        document="docs/tasks/second_hospital.md"),
+    Skip(r"^ehr-adapt --model runs/site-a/export --data out/data-c --out runs/site-c --method bayes$",
+         "docs/tasks/second_hospital.md runs the same update (--method bayes on another site's data bagged "
+         "--units-from the site-A model); tests/model/adapt/test_adapt_export.py runs every method",
+         document="README.md"),
     Skip(r"^ehr-adapt --model runs/rank1/export --data site_data ",
          "site_data is the placeholder release bagged above; tests/model/adapt/test_adapt_export.py runs ehr-adapt "
          "on the tiny trained model and a relabelled site (every weight method too)", document="docs/model.md"),
@@ -207,17 +232,33 @@ COMMANDS: list[Run | Skip] = [
         check="nll", subs=(("--samples 25", "--samples 2 --bootstrap 100"),),
         why="the check is that it evaluates and prints the metrics, whatever the number of samples and resamples: "
             "25 samples and 1000 resamples cost ~2 s CPU more on the demo's test split"),
-    Skip(r"^ehr-eval --model runs/det-0 --model runs/det-1 --model runs/det-2 --data out/data --export-ensemble ",
+    Skip(r"^ehr-eval --model runs/det-0 --model runs/det-1 --model runs/det-2 --data out/(synth-)?data --export-ensemble ",
          "three runs evaluated and written as one ensemble export, ~60 s CPU; tests/model/evaluation/test_evaluate.py runs "
          "ehr-eval --model A --model B --export-ensemble on tiny runs"),
     Run(r"^ehr-eval --model runs/rank1/export --data out/synth-data --truth ", check="nll"),
     Run(r"^ehr-eval --baseline logistic --data out/synth-data ", check="nll"),
+    # docs/tasks/train_evaluate.md's comparison: its ehr-eval --compare in this process (the README's is the one
+    # command of ehr-eval run in a fresh process), and with --out, whose folder the page names.
+    Run(r"^ehr-eval --compare runs/rank1/eval-synth/predictions\.csv runs/logistic/predictions\.csv --truth "
+        r"out/synth/SYNTH_TRUTH\.csv --out runs/rank1-vs-logistic$", check="nll",
+        document="docs/tasks/train_evaluate.md"),
+    Run(r"^ehr-eval --compare eval/site-b-before/predictions\.csv eval/site-b-after/predictions\.csv --out ",
+        check="nll", document="docs/tasks/second_hospital.md"),
     # ehr-eval's command in a fresh process: --compare, its cheapest (no export, no data folder to load).
     Run(r"^ehr-eval --compare ", check="nll", process=True),
-    Skip(r"^ehr-eval --model runs/demo --data out/demo/data --split test --out runs/demo/eval_again$",
-         "on out/demo/data (its `ehr-pipeline demo` is skipped above): the README's ehr-eval runs on the same demo's "
-         "Beam output, and tests/model/ehr/test_ktied_run.py runs ehr-eval --model RUN_FOLDER --data --split test "
-         "--out; ~35 s CPU of Beam, TensorFlow and the export's load", document="docs/model.md"),
+    Skip(r"^ehr-eval --model out/demo/run/export --data out/demo/data --split test --samples 25 --out out/demo/eval "
+         r"--overwrite$",
+         "make demo's step 3 on out/demo/data (its `ehr-pipeline demo` is skipped above): the README's ehr-eval runs "
+         "on the same demo's Beam output, and tests/project/test_demo_script.py runs the demo's steps; ~35 s CPU of "
+         "Beam, TensorFlow and the export's load"),
+    Skip(r"^ehr-eval --model runs/mimic-rank1/export --data out/mimic ",
+         "needs the full MIMIC-III and its trained model (docs/tasks/full_mimic.md)", document="docs/tasks/full_mimic.md"),
+    # docs/tasks/second_hospital.md: site B scored by the site-A model before and after ehr-adapt, and compared.
+    Run(r"^ehr-eval --model runs/site-(a/export|b) --data out/data-b --split test --out eval/site-b-(before|after)$",
+        check="nll", subs=(("--split test", "--split test --samples 2 --bootstrap 100"),),
+        why="the check is that it evaluates the export before and after the update on site B and writes the "
+            "folders the page names, whatever the number of samples and resamples",
+        document="docs/tasks/second_hospital.md"),
     Skip(r"^ehr-eval --model runs/site-a/export --data out/site-b-data ",
          "on site B's data bagged above (skipped): the same ehr-eval --model EXPORT --data DATA --truth TRUTH on a "
          "synthetic release's Beam output as the README's (run); ~25 s CPU of TensorFlow and the export's load",
@@ -229,6 +270,8 @@ COMMANDS: list[Run | Skip] = [
     # ---- ehr-analyze
     Run(r"^ehr-analyze shift --model runs/site-a/export --data out/data-c ", check="shift:",
         exit_codes=(0, 3), process=True),
+    Run(r"^ehr-analyze shift --model runs/site-a/export --data out/data-b --out shift/site-b$", check="shift:",
+        exit_codes=(0, 3), document="docs/tasks/second_hospital.md"),
     Skip(r"^ehr-analyze posterior-rank --model runs/fully_bayesian --data (out/data|DATA_DIR) --split validation$",
          "needs a trained fully_bayesian run (training is skipped); tests/model/evaluation/test_posterior_rank.py runs the command"),
     Skip(r"^ehr-analyze posterior-rank .*\[", SYNOPSIS),
@@ -247,11 +290,15 @@ COMMANDS: list[Run | Skip] = [
     # ---- ehr-serve and its clients
     Run(r"^export EHR_API_KEYS="),
     Run(r"^ehr-serve --help$", check="--precision"),
-    Skip(r"^ehr-serve --model runs/demo/export$", "the same command runs in docs/fhir.md (a server start costs "
+    Skip(r"^ehr-serve --model out/demo/run/export$", "the same command runs in docs/fhir.md (a server start costs "
                                                  "~10 s CPU)", document="docs/serving.md"),
-    Skip(r"^ehr-serve --model runs/demo/export --no-auth$", "--no-auth runs with docs/serving.md's "
+    Skip(r"^ehr-serve --model out/demo/run/export --no-auth$", "--no-auth runs with docs/serving.md's "
                                                            "`ehr-serve --model out/tiny-export --no-auth`"),
-    Skip(r"^ehr-serve --model runs/demo/export .*--api-keys-file /run/secrets/ehr_keys",
+    Skip(r"^ehr-serve --model out/demo/run/export --host 127\.0\.0\.1 --port 8000 --api-keys-file keys\.txt$",
+         "keys.txt is the hospital's key file; the same export starts in docs/tasks/demo.md (run), "
+         "test_documented_ehr_serve_settings_are_accepted reads this command's key file, and "
+         "tests/serving/test_serving_startup.py serves with --api-keys-file", document="docs/tasks/deploy.md"),
+    Skip(r"^ehr-serve --model out/demo/run/export .*--api-keys-file /run/secrets/ehr_keys",
          "/run/secrets is a deployment's secret mount; the same start on a trained export runs in the README and "
          "docs/fhir.md (a start costs ~15 s CPU), test_documented_ehr_serve_settings_are_accepted reads this "
          "command's key file, and tests/serving/test_serving_startup.py serves with --api-keys-file",
@@ -262,6 +309,8 @@ COMMANDS: list[Run | Skip] = [
          document="docs/serving.md"),
     Run(r"^(EHR_API_KEYS=\S+ )?ehr-serve --model "),
     Run(r"^python -c \"from serving\.tools\.tiny_export import write_tiny_model_export"),
+    Skip(r"^python -m serving\.tools\.demo --model out/demo/run/export ",
+         "make demo's step 4 on out/demo/data (skipped above); tests/project/test_demo_script.py runs it"),
     Skip(r"^curl .*\{\.\.\.Patient\.\.\.\}", "abridged: {...Patient...} stands for the prefetched resources; "
                                              "tests/serving/test_fhir_api.py posts whole ones"),
     Run(r"^curl .*/fhir/r4/", check='"resourceType":"RiskAssessment"', needs_demo=True),
@@ -272,95 +321,6 @@ COMMANDS: list[Run | Skip] = [
 
 
 # ------------------------------------------------------------------------------ extraction
-
-
-@dataclasses.dataclass(frozen=True)
-class Command:
-    """One documented command: where it is and its text (comments dropped, continuations joined)."""
-
-    document: str  # relative to the checkout
-    line: int
-    text: str
-
-    @property
-    def flat(self) -> str:
-        """The text with every run of white space as one space (what patterns match)."""
-        return " ".join(self.text.split())
-
-    def __str__(self) -> str:
-        return f"{self.document}:{self.line}: {self.flat}"
-
-
-def _drop_comment(line: str) -> str:
-    """The line without a trailing '# ...' comment outside quotes."""
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = None
-            elif ch == "\\" and quote == '"':
-                continue
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i].rstrip()
-    return line.rstrip()
-
-
-def _complete(text: str) -> bool:
-    """Whether shell text ends outside quotes and without a line continuation."""
-    if text.endswith("\\"):
-        return False
-    try:
-        shlex.split(text, comments=False)
-    except ValueError:  # an open quote
-        return False
-    return True
-
-
-def fenced_blocks(path: pathlib.Path) -> list[tuple[str, int, list[str]]]:
-    """(language, line number of the first content line, lines) of every fenced block of a markdown file."""
-    blocks, current = [], None
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        fence = re.match(r"^\s*(```|~~~)\s*([\w+-]*)", line)
-        if current is None and fence:
-            current = (fence.group(2).lower(), number + 1, [])
-        elif current is not None and re.match(r"^\s*(```|~~~)\s*$", line):
-            blocks.append(current)
-            current = None
-        elif current is not None:
-            current[2].append(line)
-    return blocks
-
-
-def document_commands(path: pathlib.Path) -> list[Command]:
-    """The commands of a document's shell blocks, in order."""
-    name = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
-    out = []
-    for language, first, lines in fenced_blocks(path):
-        if language not in SHELL_LANGUAGES:
-            continue
-        pending, start = "", 0
-        for offset, raw in enumerate(lines):
-            line = raw
-            if not pending:
-                if language == "console":
-                    if not line.startswith("$ "):
-                        continue
-                    line = line[2:]
-                if not line.strip() or line.lstrip().startswith("#"):
-                    continue
-                start = first + offset
-                pending = _drop_comment(line.strip())
-            else:  # inside a quote the line is data: keep it whole
-                in_quote = not _complete(pending.rstrip("\\"))
-                pending = (pending + "\n" + raw) if in_quote else (pending[:-1].rstrip() + " " + _drop_comment(
-                    raw.strip()))
-            if _complete(pending):
-                out.append(Command(name, start, pending))
-                pending = ""
-        assert not pending, f"{name}:{start}: command not finished at the end of its block"
-    return out
 
 
 def all_commands() -> list[Command]:
@@ -446,6 +406,10 @@ def _parsers(program: str, argv: list[str]) -> list:
         from serving import cli
 
         return [cli.build_parser()]
+    if program == "ehr-adapt":
+        from model.cli import ehr_adapt
+
+        return [ehr_adapt.build_parser()]
     if program.startswith("bench/"):
         import importlib.util
 
@@ -710,7 +674,7 @@ def prepare(work: pathlib.Path, small_release: pathlib.Path, trained_run: pathli
     for name in LINKED:
         (work / "run" / name).symlink_to(REPO_ROOT / name)
     for name in TRAINED_RUNS:
-        shutil.copytree(trained_run, work / "run" / "runs" / name, ignore=shutil.ignore_patterns("tensorboard"))
+        shutil.copytree(trained_run, work / "run" / name, ignore=shutil.ignore_patterns("tensorboard"))
     key = secrets.token_urlsafe(32)
     bin_dir = str(pathlib.Path(sys.executable).parent)
     env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), "EHR_API_KEYS": key,
@@ -733,7 +697,20 @@ def run_document(document: pathlib.Path, session: DocumentSession) -> list[str]:
             session.run(command, entry)
     finally:
         session.stop_server()
+    if document.parent.name == "tasks" and not not_run:
+        assert_outputs_written(document, session.work)
     return not_run
+
+
+def assert_outputs_written(document: pathlib.Path, work: pathlib.Path) -> None:
+    """Each output path a task page names, where the run wrote it: a Run command's, or a trained run's copy."""
+    outputs, _ = attributed_outputs(document)  # which command writes what: test_doc_paths_flags.py's to check
+    missing = [f"line {o.line}: {o.path}" for o in outputs
+               if (o.command is not None and isinstance(classify(o.command), Run)
+                   or any(o.path == t or o.path.startswith(t + "/") for t in TRAINED_RUNS))
+               and not (work / o.path).exists()]
+    assert not missing, (f"{document.relative_to(REPO_ROOT)}: paths the page names, not written by its "
+                         "commands here:\n" + "\n".join(missing))
 
 
 @pytest.mark.slow
