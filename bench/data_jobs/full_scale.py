@@ -248,7 +248,7 @@ def to_markdown(results: list[dict], command: str) -> str:
         lines.append(f"| {r['release']} | {kind} | {r['job']} | {r['event_rows']:,} | {r['wall_s']:.0f} | {r['load']:.1f} "
                      f"| {r['cpu_s']:.0f} | {r['event_rows'] / r['wall_s']:,.0f} | {r['event_rows'] / r['cpu_s']:,.0f} "
                      f"| {r['peak_rss_mb']:,.0f} | {temp} | {r['peak_out_mb']:,.0f} | {same} |")
-    lines += ["", "Targets (issue 30): peak RSS <= 2 GB at every size; >= 200k rows per wall second on 2 cores.",
+    lines += ["", "Targets: peak RSS <= 2 GB at every size; >= 200k rows per wall second on 2 cores.",
               "", "Machine:", "", machine_info()]
     return "\n".join(lines) + "\n"
 
