@@ -307,6 +307,8 @@ def linear_report(args: argparse.Namespace, scores: dict[str, dict], test, rows:
              f"{len(test.hadm_ids):,} test admissions. Scale {args.scale}, run seed {args.seed}; one release and one "
              "run per method: a measurement, not a finding."]
     lines += factual_lines(args, scores, design, test.truth, trajectory=False)
+    lines += ["", "| method | best step, validation NLL; end | train s |", "|---|---|---|"]
+    lines += [f"| {name} | {' / '.join(sc['steps']) or '-'} | {sc['seconds']:.0f} |" for name, sc in scores.items()]
     lines += ["", machine_info()]
     return "\n".join(lines)
 
