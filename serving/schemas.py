@@ -389,7 +389,7 @@ class MonitorResponse(BaseModel):
         None, description="The performance the model expects over the window's admissions before their outcomes "
                           "arrive: per metric (auc_roc, auc_pr, brier, observed_expected) the estimate and its 90% "
                           "interval, and net benefit at the decision thresholds, from outcomes drawn from each "
-                          "admission's sampled probabilities (docs/shift.md 'Performance before outcomes'); it holds "
+                          "admission's sampled probabilities (docs/shift.md 'Expected performance before outcomes'); it holds "
                           "only if the model is calibrated for this population. Null before any admission.")
     outcomes: dict[str, Any] | None = Field(
         None, description="With an outcome store: the outcomes received, realized performance beside the "

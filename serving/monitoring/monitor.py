@@ -12,7 +12,7 @@ the units their values came in, and compares them with the export's reference
 Beside the report, the performance the model expects over the window before any outcome arrives
 (``model.evaluation.statistics.metrics_report.expected_performance``: outcomes drawn from each admission's
 sampled probabilities, so the interval carries the posterior's spread and the window's size; docs/shift.md
-"Performance before outcomes"): /v1/monitor's ``performance_estimate`` and the
+"Expected performance before outcomes"): /v1/monitor's ``performance_estimate`` and the
 ``ehr_window_expected_performance`` gauges. It holds under the estimate's assumptions (the model calibrated
 for this population, no concept shift); the outcome monitor checks it when outcomes arrive.
 
@@ -173,8 +173,8 @@ class Monitor:
             return None
         try:
             probs = np.stack(columns).astype(np.float64)
-            estimate = metrics_report.expected_performance(
-                probs.mean(axis=1), probs, thresholds=metrics_report.decision_thresholds(self.export.metrics.decision_threshold))
+            thresholds = metrics_report.decision_thresholds(self.export.metrics.decision_threshold)
+            estimate = metrics_report.expected_performance(probs.mean(axis=1), probs, thresholds=thresholds)
         except Exception as err:  # noqa: BLE001  (never take the report or the service down with it)
             self._failed("estimate", err)
             return None
