@@ -240,7 +240,8 @@ def paired_difference(diffs, *, n_boot: int = 10_000, seed: int = 0) -> tuple[fl
     """Mean of per-cell paired differences with a 95% bootstrap interval over cells (few cells: a wide interval)."""
     diffs = np.asarray(diffs, dtype=float)
     means = diffs[np.random.default_rng(seed).integers(0, diffs.size, (n_boot, diffs.size))].mean(axis=1)
-    return float(diffs.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+    interval = metrics.bootstrap_interval(means, float(diffs.mean()))
+    return float(diffs.mean()), interval["lower"], interval["upper"]
 
 
 def paired_lines(doc: dict) -> list[str]:
