@@ -143,8 +143,8 @@ def _train_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def _overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
     """--set items as {'model': {...}, 'train': {...}}; another section is refused (SystemExit naming it)."""
-    from model.cli.ehr_train import parse_overrides
     from ehr_base.yaml_config import ConfigError
+    from model.cli.ehr_train import parse_overrides
 
     try:
         overrides = parse_overrides(args.overrides)
