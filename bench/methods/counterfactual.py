@@ -247,6 +247,12 @@ def _well_specified(work: pathlib.Path, changed: pathlib.Path | None, test_ids: 
             "K": 1, "S": 1, "seconds": time.time() - started, "steps": []}
 
 
+def _settings(args: argparse.Namespace) -> str:
+    """The section title's tail: the training settings that differ from the scale's."""
+    return (", early stopping" if args.early_stop else "") + (
+        ", time inputs " + " ".join(args.time_inputs) if args.time_inputs else "")
+
+
 def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict], argv) -> str:
     """The section's markdown: the counterfactual table and, for sampled posteriors, the uncertainty table."""
     test = load_split(work / "data", work / "release", "test")
@@ -255,8 +261,7 @@ def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict]
         return linear_report(args, scores, test, truth_design(work / "release"), argv)
     cf = pd.read_csv(_changed_release(work, args.change) / COUNTERFACTUAL_FILE).set_index("HADM_ID").reindex(ids)
     truth_before, truth_after = cf.LOGIT_BEFORE.to_numpy(), cf.LOGIT_AFTER.to_numpy()
-    title = (f"## Counterfactual: {args.change}{', early stopping' if args.early_stop else ''}"
-             f"{', time inputs ' + ' '.join(args.time_inputs) if args.time_inputs else ''}")
+    title = f"## Counterfactual: {args.change}{_settings(args)}"
     lines = [f"{title} (`bench/methods/counterfactual.py`)", "", f"Command: `{command_line(__file__, argv)}`", "",
              f"One site-A temporal release ({args.patients:,} patients, seed {args.seed}) and its {args.change} "
              f"counterfactual; {len(ids):,} test admissions, {int(cf.CHANGED.sum()):,} of them changed (the truth's "
@@ -300,8 +305,7 @@ def report(args: argparse.Namespace, work: pathlib.Path, scores: dict[str, dict]
 def linear_report(args: argparse.Namespace, scores: dict[str, dict], test, rows: dict, argv) -> str:
     """The section's markdown on a linear-truth release: the factual table alone (no trajectory to change)."""
     design = np.stack([rows[h] for h in test.hadm_ids])
-    title = (f"## Factual: linear truth{', early stopping' if args.early_stop else ''}"
-             f"{', time inputs ' + ' '.join(args.time_inputs) if args.time_inputs else ''}")
+    title = f"## Factual: linear truth{_settings(args)}"
     lines = [f"{title} (`bench/methods/counterfactual.py`)", "", f"Command: `{command_line(__file__, argv)}`", "",
              f"One site-A linear-truth release ({args.patients:,} patients, seed {args.seed}); "
              f"{len(test.hadm_ids):,} test admissions. Scale {args.scale}, run seed {args.seed}; one release and one "

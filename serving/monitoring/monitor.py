@@ -59,6 +59,9 @@ LEVEL_ERROR = -2
 # Sampled probabilities kept per admission for the window's expected performance: requests ask for
 # different numbers of samples, and one matrix needs one width (a row with fewer repeats its own).
 WINDOW_COLUMNS = 16
+# One answered admission in the window: its summary, its unit rows ((code, unit as written) -> values) and its
+# sampled probabilities (None: left out of the expected performance).
+WindowItem = tuple[Admission, Mapping[tuple[str, str], int], np.ndarray | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +90,7 @@ class Monitor:
         self.refresh_s = float(refresh_s)  # 0: a new report whenever the window changed
         self.metrics = metrics
         self.thresholds = thresholds or shift.Thresholds()
-        self._items: collections.deque[tuple[Admission, Mapping[tuple[str, str], int], np.ndarray | None]] = \
-            collections.deque(maxlen=max(self.window, 1))
+        self._items: collections.deque[WindowItem] = collections.deque(maxlen=max(self.window, 1))
         self._lock = threading.Lock()  # guards the window
         self._compute = threading.Lock()  # one report at a time; released by whoever made it
         self._version = 0
@@ -165,7 +167,7 @@ class Monitor:
         finally:
             self._compute.release()
 
-    def _expected(self, items: list) -> dict | None:
+    def _expected(self, items: list[WindowItem]) -> dict | None:
         """The performance expected over the window's admissions that carried their sampled probabilities (None
         when none did, or when it could not be made: logged and counted as stage "estimate"); sets its gauges."""
         columns = [c for _, _, c in items if c is not None]
@@ -182,8 +184,7 @@ class Monitor:
             self.metrics.update_expected(estimate)
         return estimate
 
-    def _compare(self, items: list[tuple[Admission, Mapping[tuple[str, str], int], np.ndarray | None]]
-                 ) -> shift.ShiftReport:
+    def _compare(self, items: list[WindowItem]) -> shift.ShiftReport:
         """The shift report of `items` against the export's reference."""
         units: dict[str, dict[str, int]] = {}
         for _, rows, _ in items:
